@@ -1,0 +1,376 @@
+//! Metric arithmetic: nearest-rank percentiles, round throughput, the steady-state
+//! interior window, and spread across rounds. Pure functions over samples; no I/O.
+//!
+//! Definitions (docs/metrics.md states them for users):
+//! - nearest rank: `sorted[ceil(p*n) - 1]`, computed in integers so `p*n` never rounds
+//!   the wrong way; p95 of fewer than 20 samples is therefore the maximum;
+//! - a round's elapsed time runs from its first dispatch to its last completion, and its
+//!   throughput is successful requests over that (`complete_wave_including_ramp_and_drain`);
+//! - the steady-state window of a complete round with n > 2c drops the first and last c
+//!   completions: it runs from completion c to completion n-c and holds n-2c requests;
+//! - across rounds, the median is the ordinary median (mean of the two middle values).
+
+use std::collections::BTreeMap;
+
+use crate::record::Outcome;
+
+/// What the metrics need of one exchange.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub outcome: Outcome,
+    pub start_offset_us: i64,
+    pub total_us: Option<i64>,
+    pub first_byte_us: Option<i64>,
+    pub connect_us: Option<i64>,
+}
+
+impl Sample {
+    /// Completion time on the run's clock.
+    pub fn end_offset_us(&self) -> i64 {
+        self.start_offset_us + self.total_us.unwrap_or(0)
+    }
+}
+
+/// Nearest-rank percentile `pct`/100 of sorted samples; `None` when empty.
+pub fn nearest_rank(sorted: &[i64], pct: u32) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let n = sorted.len() as u64;
+    let rank = (u64::from(pct) * n).div_ceil(100).max(1);
+    sorted.get((rank - 1) as usize).copied()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Percentiles {
+    pub p50: Option<i64>,
+    pub p95: Option<i64>,
+    pub p99: Option<i64>,
+}
+
+impl Percentiles {
+    pub fn of(mut v: Vec<i64>) -> Percentiles {
+        v.sort_unstable();
+        Percentiles {
+            p50: nearest_rank(&v, 50),
+            p95: nearest_rank(&v, 95),
+            p99: nearest_rank(&v, 99),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SteadyState {
+    pub available: bool,
+    pub reason: Option<String>,
+    /// Window bounds on the run's clock (µs), and what it holds.
+    pub start_us: Option<i64>,
+    pub end_us: Option<i64>,
+    pub requests: Option<u64>,
+    pub requests_per_second: Option<f64>,
+}
+
+impl SteadyState {
+    fn unavailable(reason: impl Into<String>) -> SteadyState {
+        SteadyState {
+            available: false,
+            reason: Some(reason.into()),
+            start_us: None,
+            end_us: None,
+            requests: None,
+            requests_per_second: None,
+        }
+    }
+}
+
+/// The interior window of a round: completions sorted, the first and last `c` dropped.
+pub fn steady_state(completions_us: &[i64], concurrency: usize, complete: bool) -> SteadyState {
+    let n = completions_us.len();
+    let c = concurrency;
+    if !complete {
+        return SteadyState::unavailable("round incomplete");
+    }
+    if n <= 2 * c {
+        return SteadyState::unavailable(format!(
+            "needs more than 2 x concurrency completions (n = {n}, c = {c})"
+        ));
+    }
+    let mut sorted = completions_us.to_vec();
+    sorted.sort_unstable();
+    let start = sorted[c - 1];
+    let end = sorted[n - c - 1];
+    let requests = (n - 2 * c) as u64;
+    if end <= start {
+        return SteadyState::unavailable("window has zero length");
+    }
+    let secs = (end - start) as f64 / 1e6;
+    SteadyState {
+        available: true,
+        reason: None,
+        start_us: Some(start),
+        end_us: Some(end),
+        requests: Some(requests),
+        requests_per_second: Some(requests as f64 / secs),
+    }
+}
+
+pub const THROUGHPUT_SCOPE: &str = "complete_wave_including_ramp_and_drain";
+
+/// Metrics of one measured round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundMetrics {
+    pub case_name: String,
+    pub concurrency: usize,
+    pub repetition: usize,
+    pub planned_requests: u64,
+    pub attempted_requests: u64,
+    pub successful_requests: u64,
+    /// Failure kind -> count (only kinds that occurred).
+    pub failures: BTreeMap<Outcome, u64>,
+    pub elapsed_seconds: f64,
+    pub successful_requests_per_second: Option<f64>,
+    pub total_us: Percentiles,
+    pub first_byte_us: Percentiles,
+    pub connect_us: Percentiles,
+    pub failure_total_us: Percentiles,
+    /// The whole budget was attempted and every request succeeded.
+    pub complete: bool,
+    pub steady_state: SteadyState,
+}
+
+pub fn round_metrics(
+    case_name: &str,
+    concurrency: usize,
+    repetition: usize,
+    planned: u64,
+    samples: &[Sample],
+) -> RoundMetrics {
+    let attempted = samples.len() as u64;
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.outcome == Outcome::Ok).collect();
+    let successful = ok.len() as u64;
+    let mut failures = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.outcome != Outcome::Ok) {
+        *failures.entry(s.outcome).or_insert(0) += 1;
+    }
+    let first = samples.iter().map(|s| s.start_offset_us).min();
+    let last = samples.iter().map(Sample::end_offset_us).max();
+    let elapsed_seconds = match (first, last) {
+        (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
+        _ => 0.0,
+    };
+    let successful_requests_per_second =
+        (elapsed_seconds > 0.0).then(|| successful as f64 / elapsed_seconds);
+    let complete = attempted == planned && successful == planned;
+    let completions: Vec<i64> = ok.iter().map(|s| s.end_offset_us()).collect();
+    RoundMetrics {
+        case_name: case_name.to_string(),
+        concurrency,
+        repetition,
+        planned_requests: planned,
+        attempted_requests: attempted,
+        successful_requests: successful,
+        failures,
+        elapsed_seconds,
+        successful_requests_per_second,
+        total_us: Percentiles::of(ok.iter().filter_map(|s| s.total_us).collect()),
+        first_byte_us: Percentiles::of(ok.iter().filter_map(|s| s.first_byte_us).collect()),
+        connect_us: Percentiles::of(ok.iter().filter_map(|s| s.connect_us).collect()),
+        failure_total_us: Percentiles::of(
+            samples
+                .iter()
+                .filter(|s| s.outcome != Outcome::Ok)
+                .filter_map(|s| s.total_us)
+                .collect(),
+        ),
+        complete,
+        steady_state: steady_state(&completions, concurrency, complete),
+    }
+}
+
+/// Spread of one metric across complete rounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub rounds: usize,
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+    /// `(max - min) / median`; `None` when the median is 0.
+    pub relative_spread: Option<f64>,
+}
+
+/// Ordinary median (mean of the two middle values for an even count).
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+pub fn spread(values: &[f64]) -> Option<Spread> {
+    let med = median(values)?;
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(Spread {
+        rounds: values.len(),
+        min,
+        median: med,
+        max,
+        relative_spread: (med != 0.0).then(|| (max - min) / med),
+    })
+}
+
+/// Per (case, concurrency) summary over its rounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Aggregate {
+    pub case_name: String,
+    pub concurrency: usize,
+    pub planned_rounds: usize,
+    pub attempted_rounds: usize,
+    pub complete_rounds: usize,
+    pub incomplete_rounds: usize,
+    /// Metric name -> spread over complete rounds (`None`: no complete round had it).
+    pub metrics: Vec<(&'static str, Option<Spread>)>,
+}
+
+pub fn aggregate(case_name: &str, concurrency: usize, planned_rounds: usize, rounds: &[&RoundMetrics]) -> Aggregate {
+    let attempted: Vec<&&RoundMetrics> = rounds.iter().filter(|r| r.attempted_requests > 0).collect();
+    let complete: Vec<&&RoundMetrics> = rounds.iter().filter(|r| r.complete).collect();
+    let secs = |v: Option<i64>| v.map(|us| us as f64 / 1e6);
+    let collect = |f: &dyn Fn(&RoundMetrics) -> Option<f64>| -> Vec<f64> {
+        complete.iter().filter_map(|r| f(r)).collect()
+    };
+    let metrics = vec![
+        (
+            "successful_requests_per_second",
+            spread(&collect(&|r| r.successful_requests_per_second)),
+        ),
+        (
+            "steady_state_requests_per_second",
+            spread(&collect(&|r| r.steady_state.requests_per_second)),
+        ),
+        ("latency_p50_seconds", spread(&collect(&|r| secs(r.total_us.p50)))),
+        ("latency_p95_seconds", spread(&collect(&|r| secs(r.total_us.p95)))),
+        ("first_byte_p50_seconds", spread(&collect(&|r| secs(r.first_byte_us.p50)))),
+    ];
+    Aggregate {
+        case_name: case_name.to_string(),
+        concurrency,
+        planned_rounds,
+        attempted_rounds: attempted.len(),
+        complete_rounds: complete.len(),
+        incomplete_rounds: attempted.len() - complete.len(),
+        metrics,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(start_us: i64, total_us: i64) -> Sample {
+        Sample {
+            outcome: Outcome::Ok,
+            start_offset_us: start_us,
+            total_us: Some(total_us),
+            first_byte_us: Some(total_us / 2),
+            connect_us: None,
+        }
+    }
+
+    #[test]
+    fn nearest_rank_definition() {
+        let v: Vec<i64> = (1..=10).collect();
+        assert_eq!(nearest_rank(&v, 50), Some(5));
+        assert_eq!(nearest_rank(&v, 95), Some(10));
+        assert_eq!(nearest_rank(&v, 99), Some(10));
+        assert_eq!(nearest_rank(&[], 50), None);
+        assert_eq!(nearest_rank(&[7], 1), Some(7));
+        // p95 of fewer than 20 samples is the maximum; at 20 it is the 19th.
+        let v19: Vec<i64> = (1..=19).collect();
+        assert_eq!(nearest_rank(&v19, 95), Some(19));
+        let v20: Vec<i64> = (1..=20).collect();
+        assert_eq!(nearest_rank(&v20, 95), Some(19));
+        let v100: Vec<i64> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v100, 50), Some(50));
+        assert_eq!(nearest_rank(&v100, 99), Some(99));
+    }
+
+    #[test]
+    fn steady_state_window_from_issue() {
+        // Completions at t = 1..8 s with c = 2: window from t=2 to t=6, 4 requests in 4.0 s.
+        let completions: Vec<i64> = (1..=8).map(|s| s * 1_000_000).collect();
+        let ss = steady_state(&completions, 2, true);
+        assert_eq!(
+            ss,
+            SteadyState {
+                available: true,
+                reason: None,
+                start_us: Some(2_000_000),
+                end_us: Some(6_000_000),
+                requests: Some(4),
+                requests_per_second: Some(1.0),
+            }
+        );
+    }
+
+    #[test]
+    fn steady_state_unavailable_reasons() {
+        let c: Vec<i64> = (1..=4).collect();
+        let ss = steady_state(&c, 2, true);
+        assert!(!ss.available);
+        assert_eq!(ss.reason.as_deref(), Some("needs more than 2 x concurrency completions (n = 4, c = 2)"));
+        assert_eq!(steady_state(&c, 1, false).reason.as_deref(), Some("round incomplete"));
+    }
+
+    #[test]
+    fn round_throughput_and_failures() {
+        // 4 requests: 3 ok, 1 timeout; first dispatch at 1 s, last completion at 3 s.
+        let mut s = vec![ok(1_000_000, 500_000), ok(1_000_000, 1_000_000), ok(2_000_000, 1_000_000)];
+        s.push(Sample {
+            outcome: Outcome::Timeout,
+            start_offset_us: 1_500_000,
+            total_us: Some(1_000_000),
+            first_byte_us: None,
+            connect_us: None,
+        });
+        let r = round_metrics("a", 2, 0, 4, &s);
+        assert_eq!(r.attempted_requests, 4);
+        assert_eq!(r.successful_requests, 3);
+        assert_eq!(r.failures, BTreeMap::from([(Outcome::Timeout, 1)]));
+        assert_eq!(r.elapsed_seconds, 2.0);
+        assert_eq!(r.successful_requests_per_second, Some(1.5));
+        assert_eq!(r.total_us.p50, Some(1_000_000));
+        assert_eq!(r.total_us.p95, Some(1_000_000));
+        assert_eq!(r.failure_total_us.p50, Some(1_000_000));
+        assert!(!r.complete);
+        assert!(!r.steady_state.available);
+    }
+
+    #[test]
+    fn ordinary_median_and_spread() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        let s = spread(&[90.0, 110.0]).unwrap();
+        assert_eq!((s.min, s.median, s.max), (90.0, 100.0, 110.0));
+        assert_eq!(s.relative_spread, Some(0.2));
+        assert_eq!(spread(&[0.0, 0.0]).unwrap().relative_spread, None);
+        assert_eq!(spread(&[]), None);
+    }
+
+    #[test]
+    fn aggregate_counts_rounds() {
+        let complete = round_metrics("a", 1, 0, 2, &[ok(0, 1_000_000), ok(1_000_000, 1_000_000)]);
+        let partial = round_metrics("a", 1, 1, 2, &[ok(0, 1_000_000)]);
+        let a = aggregate("a", 1, 3, &[&complete, &partial]);
+        assert_eq!((a.planned_rounds, a.attempted_rounds, a.complete_rounds, a.incomplete_rounds), (3, 2, 1, 1));
+        let rps = a.metrics[0].1.unwrap();
+        assert_eq!((rps.rounds, rps.median), (1, 1.0));
+    }
+}

@@ -1,0 +1,411 @@
+//! The built-in mock worker: a small OpenAI-compatible server for demos and tests.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health`,
+//! `GET /v1/models`. Generated text is a deterministic function of the prompt and
+//! `max_tokens`, so oracles can be frozen; `id` and `created` are volatile, as on a real
+//! server. Latency follows a simple serving model: a request waits for one of
+//! `max_batch` slots, then takes `prefill_ms + tokens * per_token_ms`.
+//!
+//! Faults are chosen per request with the `x-mock-fault` header or a `"mock_fault"`
+//! field in the JSON body: `http500`, `wrong-body`, `stall` (no answer for `stall_ms`),
+//! `reset` (head and half the body, then the connection is cut), `close` (answer, then
+//! close the keep-alive connection). The mock is test equipment: it must never be
+//! mistaken for a measurement of anything but the tool itself.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinSet;
+
+use crate::clock;
+
+/// Latency model and defaults of the mock.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    pub prefill_ms: f64,
+    pub per_token_ms: f64,
+    /// Requests served at once; more wait in a queue.
+    pub max_batch: usize,
+    /// Tokens generated when a request gives no `max_tokens`.
+    pub default_max_tokens: u32,
+    /// How long the `stall` fault withholds its answer.
+    pub stall_ms: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            prefill_ms: 5.0,
+            per_token_ms: 0.5,
+            max_batch: 8,
+            default_max_tokens: 16,
+            stall_ms: 60_000,
+        }
+    }
+}
+
+/// One request as the mock received it (for tests that check what was sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenRequest {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+struct State {
+    config: MockConfig,
+    batch: Semaphore,
+    next_id: AtomicU64,
+    seen: Mutex<Vec<SeenRequest>>,
+}
+
+/// A running mock worker. Dropping it (or [`MockWorker::shutdown`]) stops the server and
+/// closes every connection.
+pub struct MockWorker {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl MockWorker {
+    /// Bind `listen` (use port 0 for any free port) and serve on the current runtime.
+    pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<MockWorker> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            batch: Semaphore::new(config.max_batch.max(1)),
+            config,
+            next_id: AtomicU64::new(1),
+            seen: Mutex::new(Vec::new()),
+        });
+        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => break,
+                    accepted = listener.accept() => {
+                        let Ok((tcp, _)) = accepted else { continue };
+                        let _ = tcp.set_nodelay(true);
+                        let st = st.clone();
+                        conns.spawn(async move {
+                            let svc = service_fn(move |req| handle(st.clone(), req));
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(tcp), svc)
+                                .await;
+                        });
+                    }
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                }
+            }
+            conns.abort_all();
+        });
+        Ok(MockWorker {
+            addr,
+            state,
+            stop: Some(stop_tx),
+            task: Some(task),
+        })
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:39121`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn seen(&self) -> Vec<SeenRequest> {
+        self.state.seen.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for MockWorker {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The mock's response body: whole, or cut after half its declared length.
+pub enum MockBody {
+    Full(Option<Bytes>),
+    Cut(Option<Bytes>, bool),
+}
+
+impl Body for MockBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match &mut *self {
+            MockBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            MockBody::Cut(b, failed) => {
+                if let Some(b) = b.take() {
+                    Poll::Ready(Some(Ok(Frame::data(b))))
+                } else if !*failed {
+                    *failed = true;
+                    Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "mock fault: reset mid-body",
+                    ))))
+                } else {
+                    Poll::Ready(None)
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, MockBody::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            MockBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            MockBody::Full(None) => SizeHint::with_exact(0),
+            MockBody::Cut(..) => SizeHint::default(),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<MockBody> {
+    let body = Bytes::from(serde_json::to_vec(v).unwrap_or_default());
+    let mut r = Response::new(MockBody::Full(Some(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error(status: StatusCode, message: &str) -> Response<MockBody> {
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": "invalid_request_error"}}),
+    )
+}
+
+const VOCAB: [&str; 32] = [
+    "the", "model", "answers", "with", "a", "steady", "stream", "of", "tokens", "that", "look",
+    "plausible", "enough", "for", "a", "benchmark", "run", "under", "load", "while", "every",
+    "byte", "is", "recorded", "and", "judged", "against", "an", "oracle", "frozen", "in", "advance",
+];
+
+/// Deterministic text of `tokens` words for `prompt`.
+pub fn generate_text(prompt: &str, tokens: u32) -> String {
+    let digest = Sha256::digest(prompt.as_bytes());
+    let mut seed = u64::from_le_bytes(digest[..8].try_into().unwrap_or([7; 8])) | 1;
+    let mut words = Vec::with_capacity(tokens as usize);
+    for _ in 0..tokens {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        words.push(VOCAB[(seed % VOCAB.len() as u64) as usize]);
+    }
+    words.join(" ")
+}
+
+fn prompt_of(chat: bool, req: &Value) -> Option<String> {
+    if chat {
+        let msgs = req.get("messages")?.as_array()?;
+        let parts: Vec<String> = msgs
+            .iter()
+            .map(|m| match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            })
+            .collect();
+        Some(parts.join("\n"))
+    } else {
+        match req.get("prompt")? {
+            Value::String(s) => Some(s.clone()),
+            other => Some(other.to_string()),
+        }
+    }
+}
+
+async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(error(StatusCode::BAD_REQUEST, "could not read the request body")),
+    };
+    let path = parts.uri.path().to_string();
+    if let Ok(mut seen) = st.seen.lock() {
+        seen.push(SeenRequest {
+            method: parts.method.to_string(),
+            path: parts
+                .uri
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| path.clone()),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .collect(),
+            body: body.clone(),
+        });
+    }
+    let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+    let fault = parts
+        .headers
+        .get("x-mock-fault")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            parsed
+                .as_ref()
+                .and_then(|v| v.get("mock_fault"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+    let resp = match (&parts.method, path.as_str()) {
+        (&Method::GET, "/health") => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        (&Method::GET, "/v1/models") => json_response(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [{"id": "mock", "object": "model", "created": 0, "owned_by": "matrix-proxy"}]}),
+        ),
+        (&Method::POST, "/v1/chat/completions") => {
+            complete(&st, true, parsed.as_ref(), fault.as_deref()).await
+        }
+        (&Method::POST, "/v1/completions") => {
+            complete(&st, false, parsed.as_ref(), fault.as_deref()).await
+        }
+        (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        }
+        _ => error(StatusCode::NOT_FOUND, &format!("no route for {path}")),
+    };
+    Ok(resp)
+}
+
+async fn complete(
+    st: &State,
+    chat: bool,
+    req: Option<&Value>,
+    fault: Option<&str>,
+) -> Response<MockBody> {
+    let Some(req) = req else {
+        return error(StatusCode::BAD_REQUEST, "request body is not valid JSON");
+    };
+    let Some(prompt) = prompt_of(chat, req) else {
+        let field = if chat { "messages" } else { "prompt" };
+        return error(StatusCode::BAD_REQUEST, &format!("missing '{field}'"));
+    };
+    let tokens = req
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .map(|t| t.min(4096) as u32)
+        .unwrap_or(st.config.default_max_tokens);
+    let model = req.get("model").and_then(Value::as_str).unwrap_or("mock").to_string();
+
+    if fault == Some("stall") {
+        tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
+    }
+    {
+        let _slot = st.batch.acquire().await;
+        let ms = st.config.prefill_ms + f64::from(tokens) * st.config.per_token_ms;
+        if ms > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
+        }
+    }
+    if fault == Some("http500") {
+        return json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": {"message": "mock fault: internal error", "type": "server_error"}}),
+        );
+    }
+    let mut text = generate_text(&prompt, tokens);
+    if fault == Some("wrong-body") {
+        text = text.chars().rev().collect();
+    }
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let created = clock::wall_now_us() / 1_000_000;
+    let prompt_tokens = prompt.split_whitespace().count();
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize});
+    let v = if chat {
+        json!({
+            "id": format!("chatcmpl-mock-{n:08x}"),
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": usage,
+        })
+    } else {
+        json!({
+            "id": format!("cmpl-mock-{n:08x}"),
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            "usage": usage,
+        })
+    };
+    let mut resp = json_response(StatusCode::OK, &v);
+    match fault {
+        Some("reset") => {
+            let full = match std::mem::replace(resp.body_mut(), MockBody::Full(None)) {
+                MockBody::Full(Some(b)) => b,
+                _ => Bytes::new(),
+            };
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, http::HeaderValue::from(full.len()));
+            *resp.body_mut() = MockBody::Cut(Some(full.slice(..full.len() / 2)), false);
+        }
+        Some("close") => {
+            resp.headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        _ => {}
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_deterministic() {
+        assert_eq!(generate_text("hello", 4), generate_text("hello", 4));
+        assert_ne!(generate_text("hello", 4), generate_text("hellp", 4));
+        assert_eq!(generate_text("hello", 5).split(' ').count(), 5);
+        assert_eq!(generate_text("x", 0), "");
+    }
+}

@@ -1,0 +1,517 @@
+//! Oracles: judging a response body against what the plan predeclared.
+//!
+//! Two oracles exist: type-strict JSON with RFC 6901 `ignore_paths`, and exact bytes.
+//! JSON comparison is strict about types (`true` != `1`, `1` != `1.0`), ignores key order,
+//! keeps array order and requires equal key sets. An ignored leaf must still exist in the
+//! response with the same JSON type. A mismatch names the first differing JSON pointer.
+//! This module never alters the bytes it judges and never does I/O. Nesting depth is
+//! bounded by `serde_json`'s parser (128 levels), so comparison cannot overflow the stack.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+use serde_json::{Number, Value};
+
+/// A parsed RFC 6901 JSON pointer (never the root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointer {
+    text: String,
+    tokens: Vec<String>,
+}
+
+impl Pointer {
+    pub fn parse(s: &str) -> Result<Pointer, String> {
+        if s.is_empty() {
+            return Err(
+                "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
+                    .into(),
+            );
+        }
+        let Some(rest) = s.strip_prefix('/') else {
+            return Err("a JSON pointer starts with '/' (RFC 6901)".into());
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut tok = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' {
+                    match chars.next() {
+                        Some('0') => tok.push('~'),
+                        Some('1') => tok.push('/'),
+                        _ => return Err("'~' must be followed by 0 or 1 (RFC 6901)".into()),
+                    }
+                } else {
+                    tok.push(c);
+                }
+            }
+            tokens.push(tok);
+        }
+        Ok(Pointer {
+            text: s.to_string(),
+            tokens,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// Escape one reference token for a pointer (RFC 6901 section 3).
+fn escape_token(tok: &str, out: &mut String) {
+    for c in tok.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn pointer_of(path: &[PathTok<'_>]) -> String {
+    let mut s = String::new();
+    for t in path {
+        s.push('/');
+        match t {
+            PathTok::Key(k) => escape_token(k, &mut s),
+            PathTok::Index(i) => s.push_str(&i.to_string()),
+        }
+    }
+    s
+}
+
+#[derive(Clone, Copy)]
+enum PathTok<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn is_canonical_index(tok: &str) -> bool {
+    tok == "0"
+        || (!tok.is_empty()
+            && !tok.starts_with('0')
+            && tok.len() <= 18
+            && tok.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// JSON type with the integer/fractional distinction the oracle is strict about.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a fractional number",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn num_eq(a: &Number, b: &Number) -> bool {
+    match (a.is_f64(), b.is_f64()) {
+        (false, false) => a.as_i64() == b.as_i64() && a.as_u64() == b.as_u64(),
+        (true, true) => a.as_f64() == b.as_f64(),
+        _ => false,
+    }
+}
+
+/// Ignore paths as a trie, so comparison walks them alongside the values.
+#[derive(Debug, Clone, Default)]
+struct IgnoreNode {
+    leaf: bool,
+    children: BTreeMap<String, IgnoreNode>,
+}
+
+impl IgnoreNode {
+    fn insert(&mut self, p: &Pointer) {
+        let mut node = self;
+        for t in &p.tokens {
+            node = node.children.entry(t.clone()).or_default();
+        }
+        node.leaf = true;
+    }
+}
+
+/// Where and why a response differs from its oracle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// First differing JSON pointer (`""` is the whole document); `None` for exact bytes.
+    pub pointer: Option<String>,
+    pub reason: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.pointer {
+            Some(p) if p.is_empty() => write!(f, "at the document root: {}", self.reason),
+            Some(p) => write!(f, "at {p}: {}", self.reason),
+            None => write!(f, "{}", self.reason),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Oracle {
+    /// Type-strict JSON equality with ignored primitive leaves.
+    Json {
+        expected: Value,
+        ignore_paths: Vec<Pointer>,
+        ignore: IgnoreTrie,
+    },
+    /// Exact bytes.
+    Bytes(Bytes),
+}
+
+/// Opaque trie of ignore paths (built by [`Oracle::json`]).
+#[derive(Debug, Clone, Default)]
+pub struct IgnoreTrie(IgnoreNode);
+
+impl Oracle {
+    /// A JSON oracle. Every ignore path must resolve to a primitive leaf of `expected`
+    /// through canonical array indices; `Err` lists every path that does not.
+    pub fn json(expected: Value, ignore_paths: Vec<Pointer>) -> Result<Oracle, Vec<String>> {
+        let mut o = Oracle::Json {
+            expected,
+            ignore_paths: Vec::new(),
+            ignore: IgnoreTrie::default(),
+        };
+        o.add_ignore_paths(ignore_paths)?;
+        Ok(o)
+    }
+
+    /// Add ignore paths to a JSON oracle (validated as in [`Oracle::json`]). For an
+    /// exact-bytes oracle this is a no-op: validation rejects that combination earlier.
+    pub fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
+        let Oracle::Json {
+            expected,
+            ignore_paths,
+            ignore,
+        } = self
+        else {
+            return Ok(());
+        };
+        let mut errs = Vec::new();
+        for p in paths {
+            match resolve_leaf(expected, &p) {
+                Ok(()) => {
+                    if !ignore_paths.contains(&p) {
+                        ignore.0.insert(&p);
+                        ignore_paths.push(p);
+                    }
+                }
+                Err(e) => errs.push(format!("ignore path '{}'{e}", p.as_str())),
+            }
+        }
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Oracle::Json { .. } => "json",
+            Oracle::Bytes(_) => "bytes",
+        }
+    }
+
+    /// Judge a response body.
+    pub fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
+        match self {
+            Oracle::Bytes(expected) => {
+                if expected[..] == *body {
+                    return Ok(());
+                }
+                let at = expected
+                    .iter()
+                    .zip(body)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(expected.len().min(body.len()));
+                Err(Mismatch {
+                    pointer: None,
+                    reason: format!(
+                        "bytes differ at offset {at} (expected {} bytes, got {})",
+                        expected.len(),
+                        body.len()
+                    ),
+                })
+            }
+            Oracle::Json {
+                expected, ignore, ..
+            } => {
+                let actual: Value = serde_json::from_slice(body).map_err(|e| Mismatch {
+                    pointer: Some(String::new()),
+                    reason: format!("response is not valid JSON ({e})"),
+                })?;
+                let mut path = Vec::new();
+                compare(expected, &actual, Some(&ignore.0), &mut path)
+            }
+        }
+    }
+}
+
+fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), String> {
+    let mut cur = root;
+    for tok in &p.tokens {
+        cur = match cur {
+            Value::Object(m) => m
+                .get(tok)
+                .ok_or_else(|| " does not exist in the oracle".to_string())?,
+            Value::Array(a) => {
+                if !is_canonical_index(tok) {
+                    return Err(format!(": '{tok}' is not a canonical array index"));
+                }
+                let i: usize = tok
+                    .parse()
+                    .map_err(|_| " does not exist in the oracle".to_string())?;
+                a.get(i)
+                    .ok_or_else(|| " does not exist in the oracle".to_string())?
+            }
+            _ => return Err(" does not exist in the oracle".into()),
+        };
+    }
+    match cur {
+        Value::Object(_) | Value::Array(_) => Err(format!(
+            " must end at a primitive leaf, but it reaches {}",
+            kind(cur)
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn compare<'a>(
+    expected: &'a Value,
+    actual: &'a Value,
+    ignore: Option<&IgnoreNode>,
+    path: &mut Vec<PathTok<'a>>,
+) -> Result<(), Mismatch> {
+    let fail = |path: &[PathTok<'_>], reason: String| Mismatch {
+        pointer: Some(pointer_of(path)),
+        reason,
+    };
+    if let Some(node) = ignore
+        && node.leaf
+    {
+        return if kind(expected) == kind(actual) {
+            Ok(())
+        } else {
+            Err(fail(
+                path,
+                format!(
+                    "ignored leaf must keep its type: expected {}, found {}",
+                    kind(expected),
+                    kind(actual)
+                ),
+            ))
+        };
+    }
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (k, ev) in e {
+                path.push(PathTok::Key(k));
+                let child = ignore.and_then(|n| n.children.get(k.as_str()));
+                match a.get(k) {
+                    Some(av) => compare(ev, av, child, path)?,
+                    None => {
+                        let what = if child.is_some_and(|c| c.leaf) {
+                            "ignored leaf is missing from the response"
+                        } else {
+                            "key is missing from the response"
+                        };
+                        return Err(fail(path, what.into()));
+                    }
+                }
+                path.pop();
+            }
+            if let Some(k) = a.keys().find(|k| !e.contains_key(k.as_str())) {
+                path.push(PathTok::Key(k));
+                return Err(fail(path, "unexpected key in the response".into()));
+            }
+            Ok(())
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            for (i, (ev, av)) in e.iter().zip(a).enumerate() {
+                path.push(PathTok::Index(i));
+                let child = ignore.and_then(|n| n.children.get(&i.to_string()));
+                compare(ev, av, child, path)?;
+                path.pop();
+            }
+            if e.len() != a.len() {
+                path.push(PathTok::Index(e.len().min(a.len())));
+                let reason = if a.len() > e.len() {
+                    format!("unexpected array element (expected {} elements, found {})", e.len(), a.len())
+                } else {
+                    format!("array element is missing (expected {} elements, found {})", e.len(), a.len())
+                };
+                return Err(fail(path, reason));
+            }
+            Ok(())
+        }
+        (Value::Number(e), Value::Number(a)) => {
+            if num_eq(e, a) {
+                Ok(())
+            } else if e.is_f64() != a.is_f64() {
+                Err(fail(path, format!("expected {} {e}, found {} {a}", kind(expected), kind(actual))))
+            } else {
+                Err(fail(path, format!("expected {e}, found {a}")))
+            }
+        }
+        (Value::String(e), Value::String(a)) if e == a => Ok(()),
+        (Value::Bool(e), Value::Bool(a)) if e == a => Ok(()),
+        (Value::Null, Value::Null) => Ok(()),
+        _ if kind(expected) == kind(actual) => Err(fail(
+            path,
+            format!("expected {}, found {}", short(expected), short(actual)),
+        )),
+        _ => Err(fail(
+            path,
+            format!(
+                "expected {} ({}), found {} ({})",
+                kind(expected),
+                short(expected),
+                kind(actual),
+                short(actual)
+            ),
+        )),
+    }
+}
+
+/// A value rendered for an error message, cut to 80 characters.
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        let cut: String = s.chars().take(77).collect();
+        format!("{cut}...")
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn oracle(expected: Value, ignore: &[&str]) -> Oracle {
+        let ptrs = ignore.iter().map(|p| Pointer::parse(p).unwrap()).collect();
+        Oracle::json(expected, ptrs).unwrap()
+    }
+
+    fn check(o: &Oracle, body: &str) -> Result<(), (Option<String>, String)> {
+        o.check(body.as_bytes()).map_err(|m| (m.pointer, m.reason))
+    }
+
+    fn ptr(r: Result<(), (Option<String>, String)>) -> Option<String> {
+        r.err().and_then(|e| e.0)
+    }
+
+    #[test]
+    fn booleans_are_not_integers() {
+        let o = oracle(json!({"a": true}), &[]);
+        assert_eq!(
+            check(&o, r#"{"a": 1}"#),
+            Err((Some("/a".into()), "expected a boolean (true), found an integer (1)".into()))
+        );
+        assert_eq!(check(&o, r#"{"a": true}"#), Ok(()));
+    }
+
+    #[test]
+    fn integers_are_not_floats() {
+        let o = oracle(json!({"n": 1}), &[]);
+        assert_eq!(
+            check(&o, r#"{"n": 1.0}"#),
+            Err((Some("/n".into()), "expected an integer 1, found a fractional number 1.0".into()))
+        );
+        let f = Oracle::json(serde_json::from_str(r#"{"n": 0.75}"#).unwrap(), vec![]).unwrap();
+        assert_eq!(check(&f, r#"{"n": 0.750}"#), Ok(()));
+        assert_eq!(ptr(check(&f, r#"{"n": 0.76}"#)), Some("/n".into()));
+    }
+
+    #[test]
+    fn key_order_is_ignored_but_array_order_is_not() {
+        let o = oracle(json!({"a": 1, "b": [1, 2]}), &[]);
+        assert_eq!(check(&o, r#"{"b": [1, 2], "a": 1}"#), Ok(()));
+        assert_eq!(ptr(check(&o, r#"{"a": 1, "b": [2, 1]}"#)), Some("/b/0".into()));
+    }
+
+    #[test]
+    fn extra_and_missing_keys_and_elements() {
+        let o = oracle(json!({"a": 1, "l": [1]}), &[]);
+        assert_eq!(
+            check(&o, r#"{"a": 1, "l": [1], "z": 0}"#),
+            Err((Some("/z".into()), "unexpected key in the response".into()))
+        );
+        assert_eq!(
+            check(&o, r#"{"l": [1]}"#),
+            Err((Some("/a".into()), "key is missing from the response".into()))
+        );
+        assert_eq!(ptr(check(&o, r#"{"a": 1, "l": [1, 2]}"#)), Some("/l/1".into()));
+        assert_eq!(ptr(check(&o, r#"{"a": 1, "l": []}"#)), Some("/l/0".into()));
+    }
+
+    #[test]
+    fn ignored_leaves_must_exist_with_the_same_type() {
+        let o = oracle(json!({"id": "x", "created": 1, "v": [{"t": 0.5}]}), &["/id", "/created", "/v/0/t"]);
+        assert_eq!(check(&o, r#"{"id": "other", "created": 99, "v": [{"t": 0.25}]}"#), Ok(()));
+        assert_eq!(
+            check(&o, r#"{"created": 99, "v": [{"t": 0.25}]}"#),
+            Err((Some("/id".into()), "ignored leaf is missing from the response".into()))
+        );
+        assert_eq!(
+            check(&o, r#"{"id": 5, "created": 99, "v": [{"t": 0.25}]}"#),
+            Err((
+                Some("/id".into()),
+                "ignored leaf must keep its type: expected a string, found an integer".into()
+            ))
+        );
+        assert_eq!(ptr(check(&o, r#"{"id": "a", "created": 1.5, "v": [{"t": 0.25}]}"#)), Some("/created".into()));
+    }
+
+    #[test]
+    fn escaped_pointer_tokens() {
+        let o = oracle(json!({"a/b": 1, "m~n": 2}), &["/a~1b"]);
+        assert_eq!(check(&o, r#"{"a/b": 7, "m~n": 2}"#), Ok(()));
+        assert_eq!(ptr(check(&o, r#"{"a/b": 7, "m~n": 3}"#)), Some("/m~0n".into()));
+    }
+
+    #[test]
+    fn invalid_json_never_matches_even_null() {
+        let o = oracle(Value::Null, &[]);
+        assert_eq!(check(&o, "null"), Ok(()));
+        let e = check(&o, "").unwrap_err();
+        assert_eq!(e.0, Some(String::new()));
+        assert!(e.1.starts_with("response is not valid JSON"), "{}", e.1);
+        assert!(check(&o, "nul").is_err());
+        assert!(check(&o, "null garbage").is_err());
+    }
+
+    #[test]
+    fn deeply_nested_response_is_a_mismatch_not_a_crash() {
+        let o = oracle(json!([]), &[]);
+        let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
+        let e = check(&o, &deep).unwrap_err();
+        assert!(e.1.contains("recursion limit"), "{}", e.1);
+        // 120 levels parse and compare fine
+        let ok = format!("{}{}", "[".repeat(120), "]".repeat(120));
+        let o2 = Oracle::json(serde_json::from_str(&ok).unwrap(), vec![]).unwrap();
+        assert_eq!(check(&o2, &ok), Ok(()));
+    }
+
+    #[test]
+    fn exact_bytes() {
+        let o = Oracle::Bytes(Bytes::from_static(b"hello"));
+        assert_eq!(o.check(b"hello"), Ok(()));
+        let m = o.check(b"help").unwrap_err();
+        assert_eq!(m.pointer, None);
+        assert_eq!(m.reason, "bytes differ at offset 3 (expected 5 bytes, got 4)");
+        assert_eq!(o.check(b"hello!").unwrap_err().reason, "bytes differ at offset 5 (expected 5 bytes, got 6)");
+    }
+
+    #[test]
+    fn pointer_parse_rules() {
+        assert!(Pointer::parse("").is_err());
+        assert!(Pointer::parse("a").is_err());
+        assert!(Pointer::parse("/~").is_err());
+        assert_eq!(Pointer::parse("/").unwrap().tokens, vec![String::new()]);
+        assert_eq!(Pointer::parse("/a~1b/~0").unwrap().tokens, vec!["a/b".to_string(), "~".to_string()]);
+    }
+}

@@ -1,0 +1,1300 @@
+//! Frozen plans: the raw JSON shape, its complete validation, and the resolved [`Plan`].
+//!
+//! Input is read in two stages. The file is parsed into a `serde_json::Value` and walked by
+//! [`Plan::from_json_bytes`], which checks every rule of schema v1 and collects *all*
+//! problems, each with the JSON path it concerns (`cases[1].variants[0].request`) and the
+//! rule it broke. Only a plan with no problem becomes a [`Plan`], a type that cannot
+//! represent an invalid plan: everything after validation takes it and never re-checks.
+//! This module never opens a socket and never writes a file.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+use serde_json::{Map, Value};
+
+use crate::oracle::{Oracle, Pointer};
+
+/// The provenance keys every plan must carry with a non-blank string value.
+pub const REQUIRED_METADATA: [&str; 11] = [
+    "gpu",
+    "gpu_ids",
+    "driver",
+    "cuda",
+    "precision",
+    "model_revision",
+    "runtime_revision",
+    "cache_policy",
+    "cuda_evidence",
+    "reservation",
+    "host",
+];
+
+const TOP_FIELDS: &[&str] = &[
+    "endpoint",
+    "health_endpoint",
+    "cases",
+    "concurrency",
+    "requests_per_case",
+    "repetitions",
+    "warmup_per_case",
+    "timeout_seconds",
+    "metadata",
+    "connection",
+    "on_failure",
+    "auth",
+    "name",
+    "description",
+];
+const CASE_FIELDS: &[&str] = &[
+    "name",
+    "request",
+    "request_text",
+    "content_type",
+    "expected_response",
+    "expected_response_text",
+    "ignore_paths",
+    "variants",
+    "method",
+    "path",
+    "headers",
+    "expected_status",
+];
+const VARIANT_FIELDS: &[&str] = &[
+    "name",
+    "request",
+    "request_text",
+    "content_type",
+    "expected_response",
+    "expected_response_text",
+    "ignore_paths",
+];
+
+/// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
+const ENGINE_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-type",
+];
+/// Header names that carry secrets: never stored in a plan (the plan is copied into
+/// every run directory).
+pub const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+];
+
+/// One validation problem: where in the plan, and what rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in a plan, in document order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PlanError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(f, "{n} problem{}", if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// A validated http(s) URL: no credentials, no fragment, a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub scheme: Scheme,
+    /// Host to connect to (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// `Host` header value: the authority as written in the URL.
+    pub authority: String,
+    /// Origin-form request target, `/path?query`.
+    pub path_and_query: String,
+}
+
+impl Endpoint {
+    pub fn parse(s: &str) -> Result<Endpoint, String> {
+        if s.contains('#') {
+            return Err("must not contain a fragment ('#')".into());
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("must not contain whitespace or control characters".into());
+        }
+        let uri: http::Uri = s
+            .parse()
+            .map_err(|e| format!("is not a valid absolute URL ({e})"))?;
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::Http,
+            Some("https") => Scheme::Https,
+            Some(other) => return Err(format!("scheme '{other}' is not supported; use http or https")),
+            None => return Err("must be an absolute http:// or https:// URL".into()),
+        };
+        let authority = uri
+            .authority()
+            .ok_or_else(|| "must name a host".to_string())?
+            .as_str()
+            .to_string();
+        if authority.contains('@') {
+            return Err(
+                "must not contain credentials (user:pass@); use auth.bearer_token_env for a token"
+                    .into(),
+            );
+        }
+        let host = uri.host().unwrap_or("");
+        if host.is_empty() {
+            return Err("must name a host".into());
+        }
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let port = uri.port_u16().unwrap_or(match scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        });
+        let path_and_query = uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".to_string());
+        Ok(Endpoint {
+            scheme,
+            host,
+            port,
+            authority,
+            path_and_query,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority,
+            self.path_and_query
+        )
+    }
+
+    /// The same origin with another origin-form target.
+    pub fn with_path(&self, path_and_query: &str) -> Endpoint {
+        Endpoint {
+            path_and_query: path_and_query.to_string(),
+            ..self.clone()
+        }
+    }
+
+    /// This endpoint's path on `origin`'s scheme, host and port.
+    pub fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
+        origin.with_path(&self.path_and_query)
+    }
+
+    /// Whether two endpoints share scheme, host and port (so one connection serves both).
+    pub fn same_origin(&self, other: &Endpoint) -> bool {
+        self.scheme == other.scheme && self.host == other.host && self.port == other.port
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionPolicy {
+    /// A new connection for every request (connect, and TLS without resumption, in every sample).
+    Fresh,
+    /// Each worker owns one connection and reopens it only when the peer closed it.
+    KeepAlive,
+}
+
+impl ConnectionPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionPolicy::Fresh => "fresh",
+            ConnectionPolicy::KeepAlive => "keep-alive",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The first failure stops new dispatch; admitted requests drain; later phases are skipped.
+    Stop,
+    /// Failures are recorded and the whole budget runs.
+    Continue,
+}
+
+impl OnFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFailure::Stop => "stop",
+            OnFailure::Continue => "continue",
+        }
+    }
+}
+
+/// One request shape of a case with its oracle.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// `None` for a case without a `variants` list.
+    pub name: Option<String>,
+    pub body: Bytes,
+    pub content_type: Option<HeaderValue>,
+    pub oracle: Oracle,
+}
+
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: String,
+    pub method: Method,
+    /// The endpoint this case's requests go to (the plan endpoint, or its origin with the
+    /// case's `path`).
+    pub endpoint: Endpoint,
+    /// The case's own `path`, if it set one (kept so an endpoint override can re-apply it).
+    pub path: Option<String>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub expected_status: u16,
+    pub variants: Vec<Variant>,
+}
+
+/// A plan that passed validation. Constructed only by [`Plan::from_json_bytes`].
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub endpoint: Endpoint,
+    pub health_endpoint: Endpoint,
+    pub cases: Vec<Case>,
+    pub concurrency: Vec<usize>,
+    pub requests_per_case: usize,
+    pub repetitions: usize,
+    pub warmup_per_case: usize,
+    pub timeout_seconds: f64,
+    pub timeout: Duration,
+    pub metadata: Map<String, Value>,
+    pub connection: ConnectionPolicy,
+    pub on_failure: OnFailure,
+    pub bearer_token_env: Option<String>,
+}
+
+impl Plan {
+    /// Parse and validate a plan. `Err` carries every problem found.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Plan, PlanError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| PlanError {
+            problems: vec![Problem {
+                path: String::new(),
+                message: format!("plan is not valid UTF-8 (byte {})", e.valid_up_to()),
+            }],
+        })?;
+        let value: Value = serde_json::from_str(text).map_err(|e| PlanError {
+            problems: vec![Problem {
+                path: String::new(),
+                message: format!("plan is not valid JSON: {e}"),
+            }],
+        })?;
+        let mut v = Validator::default();
+        let plan = v.plan(&value);
+        match plan {
+            Some(p) if v.problems.is_empty() => Ok(p),
+            _ => Err(PlanError {
+                problems: v.problems,
+            }),
+        }
+    }
+
+    /// Replace the endpoint's origin and path by `url` (`--endpoint`); the health endpoint
+    /// keeps its path on the new origin, and cases with their own `path` keep it.
+    pub fn override_endpoint(&mut self, url: &Endpoint) {
+        self.endpoint = url.clone();
+        self.health_endpoint = self.health_endpoint.on_origin_of(url);
+        for case in &mut self.cases {
+            case.endpoint = match &case.path {
+                Some(p) => url.with_path(p),
+                None => url.clone(),
+            };
+        }
+    }
+
+    /// Replace only the origin (scheme, host, port) of every endpoint (`--mock-worker`).
+    pub fn override_origin(&mut self, origin: &Endpoint) {
+        self.endpoint = self.endpoint.on_origin_of(origin);
+        self.health_endpoint = self.health_endpoint.on_origin_of(origin);
+        for case in &mut self.cases {
+            case.endpoint = case.endpoint.on_origin_of(origin);
+        }
+    }
+
+    /// Requests the plan implies, health GET included.
+    pub fn planned_requests(&self) -> u64 {
+        let n = self.requests_per_case as u64;
+        let mut total = 1u64;
+        for case in &self.cases {
+            let v = case.variants.len() as u64;
+            total += v + v * self.warmup_per_case as u64;
+            for &c in &self.concurrency {
+                total += (c.min(self.requests_per_case)) as u64 + self.repetitions as u64 * n;
+            }
+        }
+        total
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    problems: Vec<Problem>,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a fractional number",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+impl Validator {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn unknown_fields(&mut self, obj: &Map<String, Value>, path: &str, known: &[&str]) {
+        for key in obj.keys() {
+            if !known.contains(&key.as_str()) {
+                self.err(
+                    join(path, key),
+                    format!("unknown field; the fields allowed here are: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn object<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a Map<String, Value>> {
+        match v {
+            Value::Object(m) => Some(m),
+            other => {
+                self.err(path, format!("must be an object, found {}", type_name(other)));
+                None
+            }
+        }
+    }
+
+    fn string<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
+        match v {
+            Value::String(s) => Some(s),
+            other => {
+                self.err(path, format!("must be a string, found {}", type_name(other)));
+                None
+            }
+        }
+    }
+
+    fn nonblank<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
+        let s = self.string(v, path)?;
+        if s.trim().is_empty() {
+            self.err(path, "must not be blank");
+            return None;
+        }
+        Some(s)
+    }
+
+    /// An integer >= `min`, given as a JSON integer (not `2.0`, not `"2"`).
+    fn integer(&mut self, v: &Value, path: &str, min: u64) -> Option<usize> {
+        let n = match v {
+            Value::Number(n) if n.is_u64() => n.as_u64(),
+            Value::Number(n) if n.is_i64() => {
+                self.err(path, format!("must be an integer >= {min}, found {n}"));
+                return None;
+            }
+            other => {
+                self.err(
+                    path,
+                    format!("must be an integer >= {min}, found {}", type_name(other)),
+                );
+                return None;
+            }
+        }?;
+        if n < min {
+            self.err(path, format!("must be an integer >= {min}, found {n}"));
+            return None;
+        }
+        match usize::try_from(n) {
+            Ok(n) if n <= 1 << 40 => Some(n),
+            _ => {
+                self.err(path, format!("{n} is too large"));
+                None
+            }
+        }
+    }
+
+    fn plan(&mut self, root: &Value) -> Option<Plan> {
+        let top = self.object(root, "")?;
+        self.unknown_fields(top, "", TOP_FIELDS);
+
+        let endpoint = match top.get("endpoint") {
+            None => {
+                self.err("endpoint", "is required: the URL every case is POSTed to");
+                None
+            }
+            Some(v) => self.string(v, "endpoint").and_then(|s| match Endpoint::parse(s) {
+                Ok(e) => Some(e),
+                Err(m) => {
+                    self.err("endpoint", format!("'{s}' {m}"));
+                    None
+                }
+            }),
+        };
+        let health_endpoint = match top.get("health_endpoint") {
+            None => endpoint.as_ref().map(|e| e.with_path("/health")),
+            Some(v) => self
+                .string(v, "health_endpoint")
+                .and_then(|s| match Endpoint::parse(s) {
+                    Ok(e) => Some(e),
+                    Err(m) => {
+                        self.err("health_endpoint", format!("'{s}' {m}"));
+                        None
+                    }
+                }),
+        };
+
+        let requests_per_case = match top.get("requests_per_case") {
+            None => {
+                self.err("requests_per_case", "is required (an integer >= 1)");
+                None
+            }
+            Some(v) => self.integer(v, "requests_per_case", 1),
+        };
+        let concurrency = self.concurrency(top.get("concurrency"), requests_per_case);
+        let repetitions = match top.get("repetitions") {
+            None => Some(2),
+            Some(v) => self.integer(v, "repetitions", 2),
+        };
+        let warmup_per_case = match top.get("warmup_per_case") {
+            None => Some(2),
+            Some(v) => self.integer(v, "warmup_per_case", 2),
+        };
+        let timeout = self.timeout(top.get("timeout_seconds"));
+        let metadata = self.metadata(top.get("metadata"));
+        let connection = match top.get("connection") {
+            None => Some(ConnectionPolicy::Fresh),
+            Some(v) => match self.string(v, "connection") {
+                Some("fresh") => Some(ConnectionPolicy::Fresh),
+                Some("keep-alive") => Some(ConnectionPolicy::KeepAlive),
+                Some(other) => {
+                    self.err(
+                        "connection",
+                        format!("'{other}' is not a connection policy; use \"fresh\" or \"keep-alive\""),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let on_failure = match top.get("on_failure") {
+            None => Some(OnFailure::Stop),
+            Some(v) => match self.string(v, "on_failure") {
+                Some("stop") => Some(OnFailure::Stop),
+                Some("continue") => Some(OnFailure::Continue),
+                Some(other) => {
+                    self.err(
+                        "on_failure",
+                        format!("'{other}' is not allowed; use \"stop\" or \"continue\""),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let bearer_token_env = self.auth(top.get("auth"));
+        for key in ["name", "description"] {
+            if let Some(v) = top.get(key) {
+                self.string(v, key);
+            }
+        }
+        let cases = self.cases(top.get("cases"), endpoint.as_ref());
+
+        Some(Plan {
+            endpoint: endpoint?,
+            health_endpoint: health_endpoint?,
+            cases: cases?,
+            concurrency: concurrency?,
+            requests_per_case: requests_per_case?,
+            repetitions: repetitions?,
+            warmup_per_case: warmup_per_case?,
+            timeout_seconds: timeout?.0,
+            timeout: timeout?.1,
+            metadata: metadata?,
+            connection: connection?,
+            on_failure: on_failure?,
+            bearer_token_env: bearer_token_env?,
+        })
+    }
+
+    fn concurrency(&mut self, v: Option<&Value>, n: Option<usize>) -> Option<Vec<usize>> {
+        let Some(v) = v else {
+            self.err("concurrency", "is required: a non-empty list of integers");
+            return None;
+        };
+        let Value::Array(items) = v else {
+            self.err(
+                "concurrency",
+                format!("must be a non-empty list of integers, found {}", type_name(v)),
+            );
+            return None;
+        };
+        if items.is_empty() {
+            self.err("concurrency", "must not be empty");
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("concurrency[{i}]");
+            match self.integer(item, &path, 1) {
+                Some(c) => {
+                    if !seen.insert(c) {
+                        self.err(&path, format!("{c} appears more than once"));
+                        ok = false;
+                    }
+                    if let Some(n) = n
+                        && c > n
+                    {
+                        self.err(
+                            &path,
+                            format!("{c} is above requests_per_case ({n}); a round could never fill it"),
+                        );
+                        ok = false;
+                    }
+                    out.push(c);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn timeout(&mut self, v: Option<&Value>) -> Option<(f64, Duration)> {
+        let Some(v) = v else {
+            self.err("timeout_seconds", "is required: a finite number of seconds > 0");
+            return None;
+        };
+        let Some(t) = v.as_f64().filter(|_| v.is_number()) else {
+            self.err(
+                "timeout_seconds",
+                format!("must be a number of seconds > 0, found {}", type_name(v)),
+            );
+            return None;
+        };
+        if !t.is_finite() || t <= 0.0 {
+            self.err("timeout_seconds", format!("must be finite and > 0, found {t}"));
+            return None;
+        }
+        match Duration::try_from_secs_f64(t) {
+            Ok(d) if t <= 7.0 * 86_400.0 => Some((t, d)),
+            _ => {
+                self.err("timeout_seconds", format!("{t} is too large (at most one week)"));
+                None
+            }
+        }
+    }
+
+    fn metadata(&mut self, v: Option<&Value>) -> Option<Map<String, Value>> {
+        let Some(v) = v else {
+            self.err(
+                "metadata",
+                format!(
+                    "is required: provenance with non-blank {} (write \"N/A: reason\" where one does not apply)",
+                    REQUIRED_METADATA.join(", ")
+                ),
+            );
+            return None;
+        };
+        let m = self.object(v, "metadata")?;
+        let mut ok = true;
+        for key in REQUIRED_METADATA {
+            let path = format!("metadata.{key}");
+            match m.get(key) {
+                None => {
+                    self.err(
+                        &path,
+                        "is required (write \"N/A: reason\" where it does not apply)",
+                    );
+                    ok = false;
+                }
+                Some(val) => {
+                    if self.nonblank(val, &path).is_none() {
+                        ok = false;
+                    }
+                }
+            }
+        }
+        ok.then(|| m.clone())
+    }
+
+    fn auth(&mut self, v: Option<&Value>) -> Option<Option<String>> {
+        let Some(v) = v else { return Some(None) };
+        let m = self.object(v, "auth")?;
+        self.unknown_fields(m, "auth", &["bearer_token_env"]);
+        let Some(env) = m.get("bearer_token_env") else {
+            return Some(None);
+        };
+        let name = self.nonblank(env, "auth.bearer_token_env")?;
+        let valid = name
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+        if !valid {
+            self.err(
+                "auth.bearer_token_env",
+                format!("'{name}' is not an environment variable name (letters, digits, '_')"),
+            );
+            return None;
+        }
+        Some(Some(name.to_string()))
+    }
+
+    fn cases(&mut self, v: Option<&Value>, endpoint: Option<&Endpoint>) -> Option<Vec<Case>> {
+        let Some(v) = v else {
+            self.err("cases", "is required: a non-empty list of cases");
+            return None;
+        };
+        let Value::Array(items) = v else {
+            self.err("cases", format!("must be a non-empty list, found {}", type_name(v)));
+            return None;
+        };
+        if items.is_empty() {
+            self.err("cases", "must not be empty");
+            return None;
+        }
+        let mut names = HashSet::new();
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("cases[{i}]");
+            match self.case(item, &path, endpoint) {
+                Some(c) => {
+                    if !names.insert(c.name.clone()) {
+                        self.err(
+                            format!("{path}.name"),
+                            format!("case name '{}' is used more than once", c.name),
+                        );
+                        ok = false;
+                    }
+                    out.push(c);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn case(&mut self, v: &Value, path: &str, endpoint: Option<&Endpoint>) -> Option<Case> {
+        let m = self.object(v, path)?;
+        self.unknown_fields(m, path, CASE_FIELDS);
+        let name = match m.get("name") {
+            None => {
+                self.err(join(path, "name"), "is required");
+                None
+            }
+            Some(n) => self.nonblank(n, &join(path, "name")).map(str::to_string),
+        };
+        let method = match m.get("method") {
+            None => Some(Method::POST),
+            Some(v) => {
+                let p = join(path, "method");
+                self.string(v, &p).and_then(|s| {
+                    let upper = s.chars().all(|c| c.is_ascii_uppercase());
+                    match Method::from_bytes(s.as_bytes()) {
+                        Ok(m) if upper && !s.is_empty() => Some(m),
+                        _ => {
+                            self.err(&p, format!("'{s}' is not an upper-case HTTP method token"));
+                            None
+                        }
+                    }
+                })
+            }
+        };
+        let case_path = match m.get("path") {
+            None => Some(None),
+            Some(v) => {
+                let p = join(path, "path");
+                self.string(v, &p).and_then(|s| {
+                    let valid = s.starts_with('/')
+                        && !s.contains('#')
+                        && s.parse::<http::uri::PathAndQuery>().is_ok();
+                    if valid {
+                        Some(Some(s.to_string()))
+                    } else {
+                        self.err(&p, format!("'{s}' must be an origin-form target starting with '/' (no fragment)"));
+                        None
+                    }
+                })
+            }
+        };
+        let headers = self.headers(m.get("headers"), &join(path, "headers"));
+        let expected_status = match m.get("expected_status") {
+            None => Some(200),
+            Some(v) => {
+                let p = join(path, "expected_status");
+                self.integer(v, &p, 100).and_then(|s| {
+                    if s <= 599 {
+                        Some(s as u16)
+                    } else {
+                        self.err(&p, format!("{s} is not an HTTP status (100..=599)"));
+                        None
+                    }
+                })
+            }
+        };
+        let no_body = matches!(method, Some(ref m) if m == Method::GET || m == Method::HEAD);
+        let case_ignore = match m.get("ignore_paths") {
+            None => Some(Vec::new()),
+            Some(v) => self.pointers(v, &join(path, "ignore_paths")),
+        };
+
+        let variants = match m.get("variants") {
+            Some(vs) => {
+                for key in [
+                    "request",
+                    "request_text",
+                    "content_type",
+                    "expected_response",
+                    "expected_response_text",
+                ] {
+                    if m.contains_key(key) {
+                        self.err(
+                            join(path, key),
+                            "a case with variants takes its requests and oracles from the variants; move this field into each variant",
+                        );
+                    }
+                }
+                self.variants(vs, &join(path, "variants"), no_body, case_ignore.as_deref())
+            }
+            None => self
+                .variant_body(m, path, None, no_body, case_ignore.as_deref().unwrap_or(&[]))
+                .map(|v| vec![v]),
+        };
+
+        let case_path = case_path?;
+        let endpoint = endpoint.map(|e| match &case_path {
+            Some(p) => e.with_path(p),
+            None => e.clone(),
+        });
+        Some(Case {
+            name: name?,
+            method: method?,
+            endpoint: endpoint?,
+            path: case_path,
+            headers: headers?,
+            expected_status: expected_status?,
+            variants: variants?,
+        })
+    }
+
+    fn variants(
+        &mut self,
+        v: &Value,
+        path: &str,
+        no_body: bool,
+        case_ignore: Option<&[Pointer]>,
+    ) -> Option<Vec<Variant>> {
+        let Value::Array(items) = v else {
+            self.err(path, format!("must be a non-empty list, found {}", type_name(v)));
+            return None;
+        };
+        if items.is_empty() {
+            self.err(path, "must not be empty (leave it out for a case with one request)");
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut names = HashSet::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            let Some(m) = self.object(item, &p) else {
+                ok = false;
+                continue;
+            };
+            self.unknown_fields(m, &p, VARIANT_FIELDS);
+            let name = match m.get("name") {
+                None => {
+                    self.err(join(&p, "name"), "is required");
+                    None
+                }
+                Some(n) => self.nonblank(n, &join(&p, "name")).map(str::to_string),
+            };
+            if let Some(n) = &name
+                && !names.insert(n.clone())
+            {
+                self.err(
+                    join(&p, "name"),
+                    format!("variant name '{n}' is used more than once in this case"),
+                );
+                ok = false;
+            }
+            let own_ignore = match m.get("ignore_paths") {
+                None => Some(Vec::new()),
+                Some(v) => self.pointers(v, &join(&p, "ignore_paths")),
+            };
+            match (
+                name,
+                own_ignore,
+                self.variant_body(m, &p, None, no_body, case_ignore.unwrap_or(&[])),
+            ) {
+                (Some(n), Some(own), Some(mut var)) => {
+                    var.name = Some(n);
+                    if !own.is_empty() {
+                        if let Err(msgs) = var.oracle.add_ignore_paths(own) {
+                            for msg in msgs {
+                                self.err(join(&p, "ignore_paths"), msg);
+                            }
+                            ok = false;
+                        }
+                    }
+                    out.push(var);
+                }
+                _ => ok = false,
+            }
+        }
+        (ok && case_ignore.is_some()).then_some(out)
+    }
+
+    /// The request and oracle fields of a case without variants, or of one variant.
+    fn variant_body(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        name: Option<String>,
+        no_body: bool,
+        inherited_ignore: &[Pointer],
+    ) -> Option<Variant> {
+        let mut ok = true;
+        let (body, default_ct) = match (m.get("request"), m.get("request_text")) {
+            (Some(_), Some(_)) => {
+                self.err(
+                    join(path, "request_text"),
+                    "give either request (JSON) or request_text (raw text), not both",
+                );
+                (None, None)
+            }
+            (Some(req), None) => (
+                serde_json::to_vec(req).ok().map(Bytes::from),
+                Some("application/json"),
+            ),
+            (None, Some(t)) => (
+                self.string(t, &join(path, "request_text"))
+                    .map(|s| Bytes::copy_from_slice(s.as_bytes())),
+                Some("text/plain; charset=utf-8"),
+            ),
+            (None, None) if no_body => (Some(Bytes::new()), None),
+            (None, None) => {
+                self.err(
+                    join(path, "request"),
+                    "is required: the JSON body to send (or request_text for a raw body)",
+                );
+                (None, None)
+            }
+        };
+        if no_body && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            self.err(join(path, "request"), "a GET or HEAD case sends no body");
+            ok = false;
+        }
+        let content_type = match m.get("content_type") {
+            None => Some(default_ct.map(HeaderValue::from_static)),
+            Some(v) => {
+                let p = join(path, "content_type");
+                self.nonblank(v, &p).and_then(|s| match HeaderValue::from_str(s) {
+                    Ok(h) => Some(Some(h)),
+                    Err(_) => {
+                        self.err(&p, "is not a valid header value");
+                        None
+                    }
+                })
+            }
+        };
+        let oracle = match (m.get("expected_response"), m.get("expected_response_text")) {
+            (Some(_), Some(_)) => {
+                self.err(
+                    join(path, "expected_response_text"),
+                    "a case has exactly one oracle: give expected_response or expected_response_text, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.err(
+                    join(path, "expected_response"),
+                    "is required: the oracle (expected_response for type-strict JSON, expected_response_text for exact bytes)",
+                );
+                None
+            }
+            (Some(expected), None) => {
+                match Oracle::json(expected.clone(), inherited_ignore.to_vec()) {
+                    Ok(o) => Some(o),
+                    Err(msgs) => {
+                        for msg in msgs {
+                            self.err(join(path, "expected_response"), msg);
+                        }
+                        None
+                    }
+                }
+            }
+            (None, Some(text)) => {
+                let p = join(path, "expected_response_text");
+                let t = self.string(text, &p);
+                if !inherited_ignore.is_empty() || m.contains_key("ignore_paths") {
+                    self.err(
+                        join(path, "ignore_paths"),
+                        "ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte",
+                    );
+                    ok = false;
+                }
+                t.map(|t| Oracle::Bytes(Bytes::copy_from_slice(t.as_bytes())))
+            }
+        };
+        if !ok {
+            return None;
+        }
+        Some(Variant {
+            name,
+            body: body?,
+            content_type: content_type?,
+            oracle: oracle?,
+        })
+    }
+
+    fn pointers(&mut self, v: &Value, path: &str) -> Option<Vec<Pointer>> {
+        let Value::Array(items) = v else {
+            self.err(path, format!("must be a list of JSON pointers, found {}", type_name(v)));
+            return None;
+        };
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            let Some(s) = self.string(item, &p) else {
+                ok = false;
+                continue;
+            };
+            match Pointer::parse(s) {
+                Ok(ptr) => {
+                    if !seen.insert(s.to_string()) {
+                        self.err(&p, format!("'{s}' appears more than once"));
+                        ok = false;
+                    }
+                    out.push(ptr);
+                }
+                Err(msg) => {
+                    self.err(&p, format!("'{s}': {msg}"));
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn headers(&mut self, v: Option<&Value>, path: &str) -> Option<Vec<(HeaderName, HeaderValue)>> {
+        let Some(v) = v else { return Some(Vec::new()) };
+        let m = self.object(v, path)?;
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (k, val) in m {
+            let p = format!("{path}.{k}");
+            let Ok(name) = HeaderName::from_bytes(k.as_bytes()) else {
+                self.err(&p, "is not a valid header name");
+                ok = false;
+                continue;
+            };
+            if SECRET_HEADERS.contains(&name.as_str()) {
+                self.err(
+                    &p,
+                    "carries a secret, and the plan is copied into every run directory; use auth.bearer_token_env (or --bearer-token-env) for a bearer token",
+                );
+                ok = false;
+                continue;
+            }
+            if ENGINE_HEADERS.contains(&name.as_str()) {
+                self.err(
+                    &p,
+                    "is set by the engine (use the case's content_type field for Content-Type)",
+                );
+                ok = false;
+                continue;
+            }
+            let Some(s) = self.string(val, &p) else {
+                ok = false;
+                continue;
+            };
+            match HeaderValue::from_str(s) {
+                Ok(hv) if s.bytes().all(|b| (0x20..0x7f).contains(&b)) => out.push((name, hv)),
+                _ => {
+                    self.err(&p, "must be printable ASCII");
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const META: &str = r#""metadata": {"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
+        "precision": "N/A", "model_revision": "m", "runtime_revision": "r", "cache_policy": "none",
+        "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"}"#;
+
+    fn plan(body: &str) -> Result<Plan, PlanError> {
+        let text = format!("{{ {body}, {META} }}");
+        Plan::from_json_bytes(text.as_bytes())
+    }
+
+    fn problems(body: &str) -> Vec<String> {
+        match plan(body) {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    const BASE: &str = r#""endpoint": "http://127.0.0.1:8000/v1/x", "concurrency": [1, 2],
+        "requests_per_case": 4, "timeout_seconds": 2"#;
+
+    #[test]
+    fn minimal_plan_resolves_with_defaults() {
+        let p = plan(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{"z": 1, "a": 2}}, "expected_response": {{"ok": true}}}}]"#
+        ))
+        .expect("valid");
+        assert_eq!(p.repetitions, 2);
+        assert_eq!(p.warmup_per_case, 2);
+        assert_eq!(p.connection, ConnectionPolicy::Fresh);
+        assert_eq!(p.on_failure, OnFailure::Stop);
+        assert_eq!(p.health_endpoint.url(), "http://127.0.0.1:8000/health");
+        // key order of the request is kept as written in the plan
+        assert_eq!(&p.cases[0].variants[0].body[..], br#"{"z":1,"a":2}"#);
+        // 1 health + 1 readiness + 2 warmup + (1 + 2*4) + (2 + 2*4)
+        assert_eq!(p.planned_requests(), 1 + 1 + 2 + 9 + 10);
+    }
+
+    #[test]
+    fn duplicate_case_and_variant_names() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [
+              {{"name": "a", "request": {{}}, "expected_response": {{}}}},
+              {{"name": "a", "variants": [
+                 {{"name": "v", "request": {{}}, "expected_response": {{}}}},
+                 {{"name": "v", "request": {{}}, "expected_response": {{}}}}]}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "cases[1].variants[1].name: variant name 'v' is used more than once in this case",
+                "cases[1].name: case name 'a' is used more than once",
+            ]
+        );
+    }
+
+    #[test]
+    fn concurrency_rules() {
+        let errs = problems(
+            r#""endpoint": "http://h/x", "concurrency": [1, 1, 5, 0, 2.0], "requests_per_case": 4,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
+        );
+        assert_eq!(
+            errs,
+            vec![
+                "concurrency[1]: 1 appears more than once",
+                "concurrency[2]: 5 is above requests_per_case (4); a round could never fill it",
+                "concurrency[3]: must be an integer >= 1, found 0",
+                "concurrency[4]: must be an integer >= 1, found a fractional number",
+            ]
+        );
+    }
+
+    #[test]
+    fn non_finite_and_bad_timeouts() {
+        // serde_json refuses non-finite literals: the error names JSON, line and column.
+        let e = Plan::from_json_bytes(br#"{"timeout_seconds": NaN}"#).unwrap_err();
+        assert!(e.problems[0].message.starts_with("plan is not valid JSON"), "{e}");
+        let e = Plan::from_json_bytes(br#"{"timeout_seconds": 1e999}"#).unwrap_err();
+        assert!(e.problems[0].message.starts_with("plan is not valid JSON"), "{e}");
+        let errs = problems(
+            r#""endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 1,
+            "timeout_seconds": 0, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
+        );
+        assert_eq!(errs, vec!["timeout_seconds: must be finite and > 0, found 0"]);
+    }
+
+    #[test]
+    fn blank_and_missing_metadata() {
+        let text = r#"{"endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 1,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}],
+            "metadata": {"gpu": "  ", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
+            "precision": "N/A", "model_revision": "m", "runtime_revision": "r", "cache_policy": "none",
+            "cuda_evidence": "N/A", "reservation": "N/A"}}"#;
+        let e = Plan::from_json_bytes(text.as_bytes()).unwrap_err();
+        let msgs: Vec<String> = e.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            msgs,
+            vec![
+                "metadata.gpu: must not be blank",
+                "metadata.host: is required (write \"N/A: reason\" where it does not apply)",
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_pointers() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}},
+               "expected_response": {{"id": "x", "list": [1, {{"k": 2}}], "obj": {{"a": 1}}}},
+               "ignore_paths": ["", "id", "/id", "/id", "/~2", "/list/01", "/obj", "/missing", "/list/1/k"]}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "cases[0].ignore_paths[0]: '': the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case",
+                "cases[0].ignore_paths[1]: 'id': a JSON pointer starts with '/' (RFC 6901)",
+                "cases[0].ignore_paths[3]: '/id' appears more than once",
+                "cases[0].ignore_paths[4]: '/~2': '~' must be followed by 0 or 1 (RFC 6901)",
+            ]
+        );
+        // Pointers that parse are then resolved against the oracle.
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}},
+               "expected_response": {{"id": "x", "list": [1, {{"k": 2}}], "obj": {{"a": 1}}}},
+               "ignore_paths": ["/list/01", "/obj", "/missing", "/list/1/k"]}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "cases[0].expected_response: ignore path '/list/01': '01' is not a canonical array index",
+                "cases[0].expected_response: ignore path '/obj' must end at a primitive leaf, but it reaches an object",
+                "cases[0].expected_response: ignore path '/missing' does not exist in the oracle",
+            ]
+        );
+    }
+
+    #[test]
+    fn ignore_paths_with_exact_bytes_oracle_is_rejected() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "expected_response_text": "ok",
+                "ignore_paths": ["/id"]}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec!["cases[0].ignore_paths: ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte"]
+        );
+    }
+
+    #[test]
+    fn endpoint_rules() {
+        for (url, msg) in [
+            ("ftp://h/x", "scheme 'ftp' is not supported"),
+            ("http://u:p@h/x", "must not contain credentials"),
+            ("http://h/x#frag", "must not contain a fragment"),
+            ("/relative", "must be an absolute"),
+        ] {
+            let errs = problems(&format!(
+                r#""endpoint": "{url}", "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1,
+                "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}}}}]"#
+            ));
+            assert_eq!(errs.len(), 1, "{url}: {errs:?}");
+            assert!(errs[0].starts_with("endpoint: ") && errs[0].contains(msg), "{url}: {errs:?}");
+        }
+        let e = Endpoint::parse("https://[::1]:8443/v1?x=1").unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.authority.as_str()), ("::1", 8443, "[::1]:8443"));
+        assert_eq!(e.path_and_query, "/v1?x=1");
+    }
+
+    #[test]
+    fn secrets_and_engine_headers_are_refused() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}},
+               "headers": {{"Authorization": "Bearer x", "Content-Length": "3", "X-Ok": "yes"}}}}]"#
+        ));
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs[0].starts_with("cases[0].headers.Authorization: carries a secret"));
+        assert!(errs[1].starts_with("cases[0].headers.Content-Length: is set by the engine"));
+    }
+
+    #[test]
+    fn unknown_fields_and_types() {
+        let errs = problems(&format!(
+            r#"{BASE}, "repetition": 3, "cases": [{{"name": 5, "request": {{}}, "expected_response": {{}}, "oracle": 1}}]"#
+        ));
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert!(errs[0].starts_with("repetition: unknown field"));
+        assert!(errs[1].starts_with("cases[0].oracle: unknown field"));
+        assert_eq!(errs[2], "cases[0].name: must be a string, found an integer");
+    }
+
+    #[test]
+    fn variants_with_case_level_request_are_refused() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "variants": [
+                {{"name": "v", "request": {{}}, "expected_response": {{}}}}]}}]"#
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].starts_with("cases[0].request: a case with variants"));
+    }
+
+    #[test]
+    fn deeply_nested_plan_is_an_error_not_a_crash() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = Plan::from_json_bytes(deep.as_bytes()).unwrap_err();
+        assert!(e.problems[0].message.contains("recursion limit"), "{e}");
+    }
+}

@@ -1,0 +1,646 @@
+//! The recorder: exchange rows to rolling, zstd-compressed Parquet part files.
+//!
+//! Drivers hand finished [`ExchangeRecord`]s to [`Recorder::submit`] after the exchange
+//! has ended, so recording never stalls a response in flight. Rows cross a bounded queue
+//! (a semaphore of free slots in front of a channel) to a dedicated OS thread, which owns
+//! all Arrow conversion, redaction, compression and fsync; nothing here runs on the async
+//! runtime. A full queue applies back-pressure (the one policy replay uses).
+//!
+//! Part files are written as `.part-NNNNN.parquet.inprogress` (a name no reader globs),
+//! then finished, fsynced, renamed to `part-NNNNN.parquet`, and the directory fsynced.
+//! A crash loses at most the open part; a clean stop loses nothing. Secrets are replaced
+//! by `<redacted>` while the row is converted, so they exist only in memory.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arrow_array::builder::{
+    BinaryBuilder, BooleanBuilder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder,
+};
+use arrow_array::{ArrayRef, BinaryArray, ListArray, RecordBatch, StringArray, StructArray};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
+use tokio::sync::Semaphore;
+
+use crate::clock;
+
+/// Version of the exchange schema, stored in each file's key-value metadata.
+pub const SCHEMA_VERSION: &str = "1";
+pub const REDACTED: &[u8] = b"<redacted>";
+
+/// Headers whose values never reach disk.
+pub const DEFAULT_REDACT_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+];
+/// Query parameters whose values never reach disk.
+pub const DEFAULT_REDACT_QUERY: &[&str] = &["api_key", "apikey", "key", "token", "access_token"];
+
+/// The only values of the `phase` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Health,
+    Readiness,
+    Warmup,
+    Feasibility,
+    Measured,
+    Live,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Health => "health",
+            Phase::Readiness => "readiness",
+            Phase::Warmup => "warmup",
+            Phase::Feasibility => "feasibility",
+            Phase::Measured => "measured",
+            Phase::Live => "live",
+        }
+    }
+}
+
+/// The only values of the `outcome` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Ok,
+    /// Status other than the expected one.
+    Http,
+    /// Oracle mismatch.
+    Correctness,
+    /// The plan's deadline cancelled the exchange.
+    Timeout,
+    /// Connect, reset, malformed or cut response.
+    Transport,
+    /// serve: the client went away.
+    ClientAborted,
+    /// serve: cut at the end of the shutdown grace period.
+    ShutdownCut,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Ok,
+        Outcome::Http,
+        Outcome::Correctness,
+        Outcome::Timeout,
+        Outcome::Transport,
+        Outcome::ClientAborted,
+        Outcome::ShutdownCut,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Http => "http",
+            Outcome::Correctness => "correctness",
+            Outcome::Timeout => "timeout",
+            Outcome::Transport => "transport",
+            Outcome::ClientAborted => "client_aborted",
+            Outcome::ShutdownCut => "shutdown_cut",
+        }
+    }
+}
+
+/// One exchange, as a row of `exchanges/*.parquet`. Timings are microseconds from the
+/// exchange's t0 on the monotonic clock.
+#[derive(Debug, Clone)]
+pub struct ExchangeRecord {
+    pub run_id: Arc<str>,
+    pub exchange_id: i64,
+    pub phase: Phase,
+    pub case_name: Option<Arc<str>>,
+    pub variant: Option<Arc<str>>,
+    pub concurrency: Option<i32>,
+    pub repetition: Option<i32>,
+    pub dispatch_index: i64,
+    pub worker: i32,
+    pub connection_id: Option<i64>,
+    pub connection_reused: bool,
+    pub connection_retried: bool,
+    /// Wall clock, microseconds since the Unix epoch (UTC).
+    pub started_at_us: i64,
+    pub start_offset_us: i64,
+    pub method: http::Method,
+    /// Full URL; secret query parameters are redacted when the row is written.
+    pub url: String,
+    /// Secret values are redacted when the row is written.
+    pub request_headers: HeaderMap,
+    pub request_body: Bytes,
+    pub request_body_len: i64,
+    pub request_body_truncated: bool,
+    pub status: Option<i32>,
+    pub response_headers: HeaderMap,
+    pub response_body: Bytes,
+    pub response_body_len: i64,
+    pub response_body_truncated: bool,
+    pub connect_us: Option<i64>,
+    pub tls_us: Option<i64>,
+    pub tls_resumed: Option<bool>,
+    pub request_sent_us: Option<i64>,
+    pub first_byte_us: Option<i64>,
+    pub first_body_us: Option<i64>,
+    pub total_us: Option<i64>,
+    pub outcome: Outcome,
+    pub error_message: Option<String>,
+    pub oracle_mismatch_pointer: Option<String>,
+}
+
+impl ExchangeRecord {
+    fn approx_bytes(&self) -> usize {
+        512 + self.request_body.len() + self.response_body.len() + self.url.len()
+    }
+}
+
+/// The Arrow schema of `exchanges/*.parquet` (documented in docs/output.md).
+pub fn exchange_schema() -> SchemaRef {
+    let header = header_list_type();
+    let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
+    Arc::new(Schema::new(vec![
+        f("run_id", DataType::Utf8, false),
+        f("exchange_id", DataType::Int64, false),
+        f("phase", DataType::Utf8, false),
+        f("case_name", DataType::Utf8, true),
+        f("variant", DataType::Utf8, true),
+        f("concurrency", DataType::Int32, true),
+        f("repetition", DataType::Int32, true),
+        f("dispatch_index", DataType::Int64, false),
+        f("worker", DataType::Int32, false),
+        f("connection_id", DataType::Int64, true),
+        f("connection_reused", DataType::Boolean, false),
+        f("connection_retried", DataType::Boolean, false),
+        f("started_at", ts, false),
+        f("start_offset_us", DataType::Int64, false),
+        f("method", DataType::Utf8, false),
+        f("url", DataType::Utf8, false),
+        f("request_headers", header.clone(), false),
+        f("request_body", DataType::Binary, false),
+        f("request_body_len", DataType::Int64, false),
+        f("request_body_truncated", DataType::Boolean, false),
+        f("status", DataType::Int32, true),
+        f("response_headers", header, false),
+        f("response_body", DataType::Binary, false),
+        f("response_body_len", DataType::Int64, false),
+        f("response_body_truncated", DataType::Boolean, false),
+        f("connect_us", DataType::Int64, true),
+        f("tls_us", DataType::Int64, true),
+        f("tls_resumed", DataType::Boolean, true),
+        f("request_sent_us", DataType::Int64, true),
+        f("first_byte_us", DataType::Int64, true),
+        f("first_body_us", DataType::Int64, true),
+        f("total_us", DataType::Int64, true),
+        f("outcome", DataType::Utf8, false),
+        f("error_message", DataType::Utf8, true),
+        f("oracle_mismatch_pointer", DataType::Utf8, true),
+    ]))
+}
+
+fn header_struct_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("value", DataType::Binary, false),
+    ])
+}
+
+fn header_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(header_struct_fields()),
+        false,
+    )))
+}
+
+/// Which secrets are redacted, and how.
+#[derive(Debug, Clone)]
+pub struct Redaction {
+    pub headers: Vec<HeaderName>,
+    /// Lower-case query parameter names.
+    pub query: Vec<String>,
+}
+
+impl Default for Redaction {
+    fn default() -> Self {
+        Redaction {
+            headers: DEFAULT_REDACT_HEADERS
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect(),
+            query: DEFAULT_REDACT_QUERY.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl Redaction {
+    /// The URL with the values of secret query parameters replaced by `<redacted>`.
+    pub fn url(&self, url: &str) -> String {
+        let Some((head, query)) = url.split_once('?') else {
+            return url.to_string();
+        };
+        let mut out = String::with_capacity(url.len());
+        out.push_str(head);
+        out.push('?');
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            let name = pair.split_once('=').map_or(pair, |(n, _)| n);
+            if pair.contains('=') && self.query.iter().any(|q| q.eq_ignore_ascii_case(name)) {
+                out.push_str(name);
+                out.push_str("=<redacted>");
+            } else {
+                out.push_str(pair);
+            }
+        }
+        out
+    }
+
+    fn header_value<'a>(&self, name: &HeaderName, value: &'a [u8]) -> &'a [u8] {
+        if self.headers.contains(name) {
+            REDACTED
+        } else {
+            value
+        }
+    }
+}
+
+fn headers_array(rows: &[ExchangeRecord], redact: &Redaction, response: bool) -> ArrayRef {
+    let mut names = StringBuilder::new();
+    let mut values = BinaryBuilder::new();
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
+    offsets.push(0);
+    let mut n: i32 = 0;
+    for r in rows {
+        let map = if response {
+            &r.response_headers
+        } else {
+            &r.request_headers
+        };
+        for (name, value) in map {
+            names.append_value(name.as_str());
+            values.append_value(redact.header_value(name, value.as_bytes()));
+            n += 1;
+        }
+        offsets.push(n);
+    }
+    let names: ArrayRef = Arc::new(names.finish());
+    let values: ArrayRef = Arc::new(values.finish());
+    let structs = StructArray::new(header_struct_fields(), vec![names, values], None);
+    let item = Arc::new(Field::new(
+        "item",
+        DataType::Struct(header_struct_fields()),
+        false,
+    ));
+    Arc::new(ListArray::new(
+        item,
+        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+        Arc::new(structs),
+        None,
+    ))
+}
+
+/// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets.
+pub fn to_batch(rows: &[ExchangeRecord], redact: &Redaction) -> Result<RecordBatch, arrow_schema::ArrowError> {
+    macro_rules! col {
+        ($b:expr, $f:expr) => {{
+            let mut b = $b;
+            for r in rows {
+                b.append_option($f(r));
+            }
+            Arc::new(b.finish()) as ArrayRef
+        }};
+    }
+    let run_id: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &*r.run_id)));
+    let phase: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.phase.as_str())));
+    let case_name: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.case_name.as_deref())));
+    let variant: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.variant.as_deref())));
+    let method: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.method.as_str())));
+    let url: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| redact.url(&r.url))));
+    let request_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(rows.iter().map(|r| &r.request_body[..])));
+    let response_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(rows.iter().map(|r| &r.response_body[..])));
+    let outcome: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.outcome.as_str())));
+    let error_message: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.error_message.as_deref())));
+    let mismatch: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.oracle_mismatch_pointer.as_deref())));
+    let columns: Vec<ArrayRef> = vec![
+        run_id,
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.exchange_id)),
+        phase,
+        case_name,
+        variant,
+        col!(Int32Builder::new(), |r: &ExchangeRecord| r.concurrency),
+        col!(Int32Builder::new(), |r: &ExchangeRecord| r.repetition),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.dispatch_index)),
+        col!(Int32Builder::new(), |r: &ExchangeRecord| Some(r.worker)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.connection_id),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.connection_reused)),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.connection_retried)),
+        col!(
+            TimestampMicrosecondBuilder::new().with_timezone("UTC"),
+            |r: &ExchangeRecord| Some(r.started_at_us)
+        ),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.start_offset_us)),
+        method,
+        url,
+        headers_array(rows, redact, false),
+        request_body,
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.request_body_len)),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.request_body_truncated)),
+        col!(Int32Builder::new(), |r: &ExchangeRecord| r.status),
+        headers_array(rows, redact, true),
+        response_body,
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.response_body_len)),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.response_body_truncated)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.connect_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.tls_us),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| r.tls_resumed),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.request_sent_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.first_byte_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.first_body_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.total_us),
+        outcome,
+        error_message,
+        mismatch,
+    ];
+    RecordBatch::try_new(exchange_schema(), columns)
+}
+
+/// Where and how parts are written.
+#[derive(Debug, Clone)]
+pub struct RecorderOptions {
+    /// The `exchanges/` directory (must exist).
+    pub dir: PathBuf,
+    /// Roll to a new part after this many rows.
+    pub part_rows: usize,
+    /// Roll to a new part when the open one is this old (and has rows).
+    pub part_seconds: f64,
+    /// Rows queued between the drivers and the writer thread.
+    pub queue_rows: usize,
+    pub redaction: Redaction,
+    /// Extra key-value metadata for every part (run id, ...).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl RecorderOptions {
+    pub fn new(dir: PathBuf) -> RecorderOptions {
+        RecorderOptions {
+            dir,
+            part_rows: 100_000,
+            part_seconds: 60.0,
+            queue_rows: 4096,
+            redaction: Redaction::default(),
+            metadata: Vec::new(),
+        }
+    }
+}
+
+/// What the writer did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    pub rows: u64,
+    pub parts: u32,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("recorder: {0}")]
+pub struct RecordError(pub String);
+
+/// Handle to the writer thread.
+pub struct Recorder {
+    tx: Option<mpsc::Sender<ExchangeRecord>>,
+    slots: Arc<Semaphore>,
+    submitted: AtomicU64,
+    handle: Option<JoinHandle<Result<WriterStats, RecordError>>>,
+}
+
+/// Rows are converted and handed to Parquet in batches of this many rows or bytes.
+const BATCH_ROWS: usize = 1024;
+const BATCH_BYTES: usize = 32 << 20;
+
+impl Recorder {
+    pub fn start(opts: RecorderOptions) -> io::Result<Recorder> {
+        let (tx, rx) = mpsc::channel();
+        let slots = Arc::new(Semaphore::new(opts.queue_rows.max(1)));
+        let thread_slots = slots.clone();
+        let handle = std::thread::Builder::new()
+            .name("matrix-recorder".into())
+            .spawn(move || {
+                let r = writer_loop(opts, rx, &thread_slots);
+                // Wake and fail every submitter still waiting for a slot.
+                thread_slots.close();
+                r
+            })?;
+        Ok(Recorder {
+            tx: Some(tx),
+            slots,
+            submitted: AtomicU64::new(0),
+            handle: Some(handle),
+        })
+    }
+
+    /// Queue a finished exchange, waiting for a free slot (back-pressure). Fails only when
+    /// the writer has stopped on an error (see [`Recorder::finish`] for the reason).
+    pub async fn submit(&self, rec: ExchangeRecord) -> Result<(), RecordError> {
+        let permit = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| RecordError("the writer stopped".into()))?;
+        permit.forget();
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| RecordError("recorder already finished".into()))?;
+        tx.send(rec)
+            .map_err(|_| RecordError("the writer stopped".into()))?;
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Rows accepted by [`Recorder::submit`] so far.
+    pub fn submitted(&self) -> u64 {
+        self.submitted.load(Ordering::Relaxed)
+    }
+
+    /// Close the queue, let the writer finish every part, and wait for it. Blocking.
+    pub fn finish(mut self) -> Result<WriterStats, RecordError> {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(RecordError("the writer thread panicked".into())),
+            None => Err(RecordError("recorder already finished".into())),
+        }
+    }
+}
+
+struct OpenPart {
+    writer: ArrowWriter<File>,
+    tmp: PathBuf,
+    final_path: PathBuf,
+    rows: usize,
+    opened_ns: u64,
+}
+
+fn writer_props(opts: &RecorderOptions) -> WriterProperties {
+    let mut kv = vec![KeyValue::new(
+        "matrix_proxy.schema_version".to_string(),
+        SCHEMA_VERSION.to_string(),
+    )];
+    for (k, v) in &opts.metadata {
+        kv.push(KeyValue::new(k.clone(), v.clone()));
+    }
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_max_row_group_row_count(Some(64 * 1024))
+        .set_max_row_group_bytes(Some(128 << 20))
+        .set_column_dictionary_enabled(ColumnPath::from("request_body"), false)
+        .set_column_dictionary_enabled(ColumnPath::from("response_body"), false)
+        .set_key_value_metadata(Some(kv))
+        .build()
+}
+
+fn open_part(opts: &RecorderOptions, index: u32, schema: &SchemaRef) -> Result<OpenPart, RecordError> {
+    let tmp = opts.dir.join(format!(".part-{index:05}.parquet.inprogress"));
+    let final_path = opts.dir.join(format!("part-{index:05}.parquet"));
+    let file = File::create(&tmp)
+        .map_err(|e| RecordError(format!("{}: cannot create: {e}", tmp.display())))?;
+    let writer = ArrowWriter::try_new(file, schema.clone(), Some(writer_props(opts)))
+        .map_err(|e| RecordError(format!("{}: {e}", tmp.display())))?;
+    Ok(OpenPart {
+        writer,
+        tmp,
+        final_path,
+        rows: 0,
+        opened_ns: clock::now_ns(),
+    })
+}
+
+fn close_part(part: OpenPart, dir: &Path) -> Result<(), RecordError> {
+    let ctx = |e: &dyn std::fmt::Display| RecordError(format!("{}: {e}", part.tmp.display()));
+    let file = part.writer.into_inner().map_err(|e| ctx(&e))?;
+    file.sync_all().map_err(|e| ctx(&e))?;
+    drop(file);
+    fs::rename(&part.tmp, &part.final_path).map_err(|e| ctx(&e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RecordError(format!("{}: fsync: {e}", dir.display())))?;
+    Ok(())
+}
+
+fn writer_loop(
+    opts: RecorderOptions,
+    rx: mpsc::Receiver<ExchangeRecord>,
+    slots: &Semaphore,
+) -> Result<WriterStats, RecordError> {
+    let schema = exchange_schema();
+    let mut stats = WriterStats::default();
+    let mut pending: Vec<ExchangeRecord> = Vec::with_capacity(BATCH_ROWS);
+    let mut pending_bytes = 0usize;
+    let mut part: Option<OpenPart> = None;
+    let part_ns = (opts.part_seconds.max(0.001) * 1e9) as u64;
+
+    let flush = |pending: &mut Vec<ExchangeRecord>,
+                 pending_bytes: &mut usize,
+                 part: &mut Option<OpenPart>,
+                 stats: &mut WriterStats|
+     -> Result<(), RecordError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if part.is_none() {
+            *part = Some(open_part(&opts, stats.parts, &schema)?);
+            stats.parts += 1;
+        }
+        let p = part.as_mut().ok_or_else(|| RecordError("no open part".into()))?;
+        // Never let one part overshoot part_rows: split the batch at the boundary.
+        let take = pending.len().min(opts.part_rows.max(1) - p.rows);
+        let batch = to_batch(&pending[..take], &opts.redaction)
+            .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
+        p.writer
+            .write(&batch)
+            .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
+        p.rows += take;
+        stats.rows += take as u64;
+        pending.drain(..take);
+        *pending_bytes = pending.iter().map(ExchangeRecord::approx_bytes).sum();
+        if p.rows >= opts.part_rows.max(1)
+            && let Some(full) = part.take()
+        {
+            close_part(full, &opts.dir)?;
+        }
+        Ok(())
+    };
+
+    let result = (|| -> Result<(), RecordError> {
+        loop {
+            let wait = match &part {
+                Some(p) => {
+                    let age = clock::now_ns().saturating_sub(p.opened_ns);
+                    Duration::from_nanos(part_ns.saturating_sub(age)).min(Duration::from_millis(500))
+                }
+                None => Duration::from_millis(500),
+            };
+            match rx.recv_timeout(wait) {
+                Ok(rec) => {
+                    slots.add_permits(1);
+                    pending_bytes += rec.approx_bytes();
+                    pending.push(rec);
+                    while pending.len() >= BATCH_ROWS || pending_bytes >= BATCH_BYTES {
+                        flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // Idle: hand pending rows to the part so the age check sees them.
+                    while !pending.is_empty() {
+                        flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    while !pending.is_empty() {
+                        flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
+                    }
+                    if let Some(p) = part.take() {
+                        close_part(p, &opts.dir)?;
+                    }
+                    return Ok(());
+                }
+            }
+            if let Some(p) = &part
+                && p.rows > 0
+                && clock::now_ns().saturating_sub(p.opened_ns) >= part_ns
+            {
+                while !pending.is_empty() {
+                    flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
+                }
+                if let Some(p) = part.take() {
+                    close_part(p, &opts.dir)?;
+                }
+            }
+        }
+    })();
+    match result {
+        Ok(()) => Ok(stats),
+        Err(e) => {
+            // Keep what was written: try to close the open part so its rows survive.
+            if let Some(p) = part.take() {
+                let _ = close_part(p, &opts.dir);
+            }
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The run directory: created fresh, never reused, and written so a reader never sees a
+//! half-written file.
+//!
+//! Layout: `plan.json` (the plan's exact bytes), `config.json`, `exchanges/` (Parquet
+//! parts, owned by the recorder), `rounds.parquet`, `summary.json`. JSON files are written
+//! to a temporary name, fsynced and renamed into place. This module never deletes or
+//! overwrites anything that existed before the run.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    #[error("{0}: already exists; choose a new --out directory (runs are never overwritten or merged)")]
+    Exists(PathBuf),
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: io::Error },
+}
+
+pub struct RunDir {
+    pub path: PathBuf,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
+    move |err| RunDirError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+impl RunDir {
+    /// Create `path` (its parents as needed); refuse it if it exists.
+    pub fn create(path: &Path) -> Result<RunDir, RunDirError> {
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        match fs::create_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(RunDirError::Exists(path.to_path_buf()));
+            }
+            Err(e) => return Err(io_err(path)(e)),
+        }
+        let ex = path.join("exchanges");
+        fs::create_dir(&ex).map_err(io_err(&ex))?;
+        Ok(RunDir {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn exchanges(&self) -> PathBuf {
+        self.path.join("exchanges")
+    }
+
+    /// Write `bytes` to `name` atomically (temporary file, fsync, rename).
+    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), RunDirError> {
+        let dest = self.path.join(name);
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
+        File::open(&self.path)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.path))
+    }
+
+    pub fn write_json(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
+        let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
+        bytes.push(b'\n');
+        self.write_file(name, &bytes)
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// SHA-256 of the running binary (streamed, so a large binary costs no memory).
+pub fn binary_sha256() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let mut f = File::open(exe).ok()?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = io::Read::read(&mut f, &mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Some(hex(&h.finalize()))
+}
+
+/// Host identity for config.json.
+pub fn host_identity() -> Value {
+    let read = |p: &str| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    serde_json::json!({
+        "hostname": read("/proc/sys/kernel/hostname").or_else(|| std::env::var("HOSTNAME").ok()),
+        "os": std::env::consts::OS,
+        "os_release": read("/proc/sys/kernel/osrelease"),
+        "arch": std::env::consts::ARCH,
+        "cpu_count": std::thread::available_parallelism().map(|n| n.get()).ok(),
+    })
+}
