@@ -146,15 +146,23 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { Exit::Usage as i32 } else { 0 };
+            let code = if e.use_stderr() {
+                Exit::Usage as i32
+            } else {
+                0
+            };
             let _ = e.print();
             return code;
         }
     };
     let result = match cli.command {
         Command::Validate { plan } => validate(&plan),
-        Command::Replay(args) => with_runtime(|interrupt| async move { replay_cmd(args, interrupt).await }),
-        Command::MockWorker(args) => with_runtime(|interrupt| async move { mock_cmd(args, interrupt).await }),
+        Command::Replay(args) => {
+            with_runtime(|interrupt| async move { replay_cmd(args, interrupt).await })
+        }
+        Command::MockWorker(args) => {
+            with_runtime(|interrupt| async move { mock_cmd(args, interrupt).await })
+        }
     };
     match result {
         Ok(exit) => exit as i32,
@@ -185,7 +193,8 @@ where
 fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
     tokio::spawn(async move {
         #[cfg(unix)]
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         loop {
             #[cfg(unix)]
             let got = match term.as_mut() {
@@ -204,14 +213,18 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
                 eprintln!("matrix-proxy: interrupted twice, exiting now");
                 std::process::exit(Exit::Interrupted as i32);
             }
-            eprintln!("matrix-proxy: interrupted: no new requests; finishing in-flight exchanges and closing files (again to exit at once)");
+            eprintln!(
+                "matrix-proxy: interrupted: no new requests; finishing in-flight exchanges and closing files (again to exit at once)"
+            );
         }
     });
 }
 
 fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
-    let bytes = std::fs::read(path).map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
-    let plan = Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
+    let plan =
+        Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok((bytes, plan))
 }
 
@@ -240,10 +253,14 @@ fn read_token(name: &str, source: &str) -> Result<String, CliError> {
         ))
     })?;
     let s = val.to_str().ok_or_else(|| {
-        usage(format!("environment variable {name} (named by {source}) is not valid UTF-8"))
+        usage(format!(
+            "environment variable {name} (named by {source}) is not valid UTF-8"
+        ))
     })?;
     if s.is_empty() {
-        return Err(usage(format!("environment variable {name} (named by {source}) is empty")));
+        return Err(usage(format!(
+            "environment variable {name} (named by {source}) is empty"
+        )));
     }
     if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         return Err(usage(format!(
@@ -255,7 +272,11 @@ fn read_token(name: &str, source: &str) -> Result<String, CliError> {
 
 fn run_id(now_us: i64) -> String {
     let seed = format!("{}-{}-{}", now_us, std::process::id(), clock::now_ns());
-    format!("{}-{}", clock::compact_utc(now_us), &rundir::sha256_hex(seed.as_bytes())[..8])
+    format!(
+        "{}-{}",
+        clock::compact_utc(now_us),
+        &rundir::sha256_hex(seed.as_bytes())[..8]
+    )
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -263,7 +284,9 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     // 1. Everything that can be wrong with the input is checked before any output exists.
     let (plan_bytes, mut plan) = load_plan(&args.plan)?;
     let endpoint_override = match &args.endpoint {
-        Some(url) => Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?),
+        Some(url) => {
+            Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?)
+        }
         None => None,
     };
     let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
@@ -303,9 +326,14 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     // 2. The mock worker, when asked for, replaces the plan's origin.
     let mock_config = MockConfig::default();
     let mock = if args.mock_worker {
-        let m = MockWorker::start("127.0.0.1:0".parse().map_err(|_| tool("bad mock address"))?, mock_config.clone())
-            .await
-            .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
+        let m = MockWorker::start(
+            "127.0.0.1:0"
+                .parse()
+                .map_err(|_| tool("bad mock address"))?,
+            mock_config.clone(),
+        )
+        .await
+        .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
         let origin = Endpoint::parse(&m.url()).map_err(tool)?;
         plan.override_origin(&origin);
         Some(m)
@@ -319,7 +347,8 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
         Err(e) => return Err(tool(e.to_string())),
     };
-    dir.write_file("plan.json", &plan_bytes).map_err(|e| tool(e.to_string()))?;
+    dir.write_file("plan.json", &plan_bytes)
+        .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
     let extra = serde_json::json!({
         "endpoint_override": args.endpoint,
@@ -348,7 +377,8 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         started_at_us,
         extra,
     );
-    dir.write_json("config.json", &config).map_err(|e| tool(e.to_string()))?;
+    dir.write_json("config.json", &config)
+        .map_err(|e| tool(e.to_string()))?;
     if !args.quiet {
         eprintln!(
             "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
@@ -381,7 +411,8 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
 
     // 5. Reports. Each is written even if an earlier step failed, so nothing is lost.
     let mut problems = Vec::new();
-    if let Err(e) = summary::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds) {
+    if let Err(e) = summary::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds)
+    {
         problems.push(format!("rounds.parquet: {e}"));
     }
     let mut summary_v = result.summary.clone();

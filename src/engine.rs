@@ -341,9 +341,8 @@ impl Engine {
                 .ok_or_else(|| EngineError {
                     message: "internal: https endpoint without a TLS configuration".into(),
                 })?;
-                let name = ServerName::try_from(ep.host.clone()).map_err(|e| {
-                    EngineError::new(&format!("tls server name '{}'", ep.host), &e)
-                })?;
+                let name = ServerName::try_from(ep.host.clone())
+                    .map_err(|e| EngineError::new(&format!("tls server name '{}'", ep.host), &e))?;
                 let tls = tokio_rustls::TlsConnector::from(config)
                     .connect(name, tcp)
                     .await

@@ -146,7 +146,10 @@ pub fn round_metrics(
     samples: &[Sample],
 ) -> RoundMetrics {
     let attempted = samples.len() as u64;
-    let ok: Vec<&Sample> = samples.iter().filter(|s| s.outcome == Outcome::Ok).collect();
+    let ok: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.outcome == Outcome::Ok)
+        .collect();
     let successful = ok.len() as u64;
     let mut failures = BTreeMap::new();
     for s in samples.iter().filter(|s| s.outcome != Outcome::Ok) {
@@ -239,8 +242,14 @@ pub struct Aggregate {
     pub metrics: Vec<(&'static str, Option<Spread>)>,
 }
 
-pub fn aggregate(case_name: &str, concurrency: usize, planned_rounds: usize, rounds: &[&RoundMetrics]) -> Aggregate {
-    let attempted: Vec<&&RoundMetrics> = rounds.iter().filter(|r| r.attempted_requests > 0).collect();
+pub fn aggregate(
+    case_name: &str,
+    concurrency: usize,
+    planned_rounds: usize,
+    rounds: &[&RoundMetrics],
+) -> Aggregate {
+    let attempted: Vec<&&RoundMetrics> =
+        rounds.iter().filter(|r| r.attempted_requests > 0).collect();
     let complete: Vec<&&RoundMetrics> = rounds.iter().filter(|r| r.complete).collect();
     let secs = |v: Option<i64>| v.map(|us| us as f64 / 1e6);
     let collect = |f: &dyn Fn(&RoundMetrics) -> Option<f64>| -> Vec<f64> {
@@ -255,9 +264,18 @@ pub fn aggregate(case_name: &str, concurrency: usize, planned_rounds: usize, rou
             "steady_state_requests_per_second",
             spread(&collect(&|r| r.steady_state.requests_per_second)),
         ),
-        ("latency_p50_seconds", spread(&collect(&|r| secs(r.total_us.p50)))),
-        ("latency_p95_seconds", spread(&collect(&|r| secs(r.total_us.p95)))),
-        ("first_byte_p50_seconds", spread(&collect(&|r| secs(r.first_byte_us.p50)))),
+        (
+            "latency_p50_seconds",
+            spread(&collect(&|r| secs(r.total_us.p50))),
+        ),
+        (
+            "latency_p95_seconds",
+            spread(&collect(&|r| secs(r.total_us.p95))),
+        ),
+        (
+            "first_byte_p50_seconds",
+            spread(&collect(&|r| secs(r.first_byte_us.p50))),
+        ),
     ];
     Aggregate {
         case_name: case_name.to_string(),
@@ -325,14 +343,24 @@ mod tests {
         let c: Vec<i64> = (1..=4).collect();
         let ss = steady_state(&c, 2, true);
         assert!(!ss.available);
-        assert_eq!(ss.reason.as_deref(), Some("needs more than 2 x concurrency completions (n = 4, c = 2)"));
-        assert_eq!(steady_state(&c, 1, false).reason.as_deref(), Some("round incomplete"));
+        assert_eq!(
+            ss.reason.as_deref(),
+            Some("needs more than 2 x concurrency completions (n = 4, c = 2)")
+        );
+        assert_eq!(
+            steady_state(&c, 1, false).reason.as_deref(),
+            Some("round incomplete")
+        );
     }
 
     #[test]
     fn round_throughput_and_failures() {
         // 4 requests: 3 ok, 1 timeout; first dispatch at 1 s, last completion at 3 s.
-        let mut s = vec![ok(1_000_000, 500_000), ok(1_000_000, 1_000_000), ok(2_000_000, 1_000_000)];
+        let mut s = vec![
+            ok(1_000_000, 500_000),
+            ok(1_000_000, 1_000_000),
+            ok(2_000_000, 1_000_000),
+        ];
         s.push(Sample {
             outcome: Outcome::Timeout,
             start_offset_us: 1_500_000,
@@ -369,7 +397,15 @@ mod tests {
         let complete = round_metrics("a", 1, 0, 2, &[ok(0, 1_000_000), ok(1_000_000, 1_000_000)]);
         let partial = round_metrics("a", 1, 1, 2, &[ok(0, 1_000_000)]);
         let a = aggregate("a", 1, 3, &[&complete, &partial]);
-        assert_eq!((a.planned_rounds, a.attempted_rounds, a.complete_rounds, a.incomplete_rounds), (3, 2, 1, 1));
+        assert_eq!(
+            (
+                a.planned_rounds,
+                a.attempted_rounds,
+                a.complete_rounds,
+                a.incomplete_rounds
+            ),
+            (3, 2, 1, 1)
+        );
         let rps = a.metrics[0].1.unwrap();
         assert_eq!((rps.rounds, rps.median), (1, 1.0));
     }

@@ -13,6 +13,7 @@
 //! mistaken for a measurement of anything but the tool itself.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,7 +135,11 @@ impl MockWorker {
 
     /// Every request received so far, in arrival order.
     pub fn seen(&self) -> Vec<SeenRequest> {
-        self.state.seen.lock().map(|v| v.clone()).unwrap_or_default()
+        self.state
+            .seen
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
     }
 
     pub async fn shutdown(mut self) {
@@ -155,10 +160,15 @@ impl Drop for MockWorker {
     }
 }
 
-/// The mock's response body: whole, or cut after half its declared length.
+/// The mock's response body: whole, or cut after half its declared length (the half is
+/// flushed first, then the connection is reset a few milliseconds later).
 pub enum MockBody {
     Full(Option<Bytes>),
-    Cut(Option<Bytes>, bool),
+    Cut {
+        half: Option<Bytes>,
+        pause: Pin<Box<tokio::time::Sleep>>,
+        failed: bool,
+    },
 }
 
 impl Body for MockBody {
@@ -167,14 +177,21 @@ impl Body for MockBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         match &mut *self {
             MockBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            MockBody::Cut(b, failed) => {
-                if let Some(b) = b.take() {
+            MockBody::Cut {
+                half,
+                pause,
+                failed,
+            } => {
+                if let Some(b) = half.take() {
                     Poll::Ready(Some(Ok(Frame::data(b))))
                 } else if !*failed {
+                    if pause.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
                     *failed = true;
                     Poll::Ready(Some(Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,
@@ -195,7 +212,7 @@ impl Body for MockBody {
         match self {
             MockBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             MockBody::Full(None) => SizeHint::with_exact(0),
-            MockBody::Cut(..) => SizeHint::default(),
+            MockBody::Cut { .. } => SizeHint::default(),
         }
     }
 }
@@ -219,9 +236,38 @@ fn error(status: StatusCode, message: &str) -> Response<MockBody> {
 }
 
 const VOCAB: [&str; 32] = [
-    "the", "model", "answers", "with", "a", "steady", "stream", "of", "tokens", "that", "look",
-    "plausible", "enough", "for", "a", "benchmark", "run", "under", "load", "while", "every",
-    "byte", "is", "recorded", "and", "judged", "against", "an", "oracle", "frozen", "in", "advance",
+    "the",
+    "model",
+    "answers",
+    "with",
+    "a",
+    "steady",
+    "stream",
+    "of",
+    "tokens",
+    "that",
+    "look",
+    "plausible",
+    "enough",
+    "for",
+    "a",
+    "benchmark",
+    "run",
+    "under",
+    "load",
+    "while",
+    "every",
+    "byte",
+    "is",
+    "recorded",
+    "and",
+    "judged",
+    "against",
+    "an",
+    "oracle",
+    "frozen",
+    "in",
+    "advance",
 ];
 
 /// Deterministic text of `tokens` words for `prompt`.
@@ -262,7 +308,12 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => return Ok(error(StatusCode::BAD_REQUEST, "could not read the request body")),
+        Err(_) => {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                "could not read the request body",
+            ));
+        }
     };
     let path = parts.uri.path().to_string();
     if let Ok(mut seen) = st.seen.lock() {
@@ -276,7 +327,12 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
             headers: parts
                 .headers
                 .iter()
-                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
                 .collect(),
             body: body.clone(),
         });
@@ -332,7 +388,11 @@ async fn complete(
         .and_then(Value::as_u64)
         .map(|t| t.min(4096) as u32)
         .unwrap_or(st.config.default_max_tokens);
-    let model = req.get("model").and_then(Value::as_str).unwrap_or("mock").to_string();
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock")
+        .to_string();
 
     if fault == Some("stall") {
         tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
@@ -386,7 +446,11 @@ async fn complete(
             };
             resp.headers_mut()
                 .insert(header::CONTENT_LENGTH, http::HeaderValue::from(full.len()));
-            *resp.body_mut() = MockBody::Cut(Some(full.slice(..full.len() / 2)), false);
+            *resp.body_mut() = MockBody::Cut {
+                half: Some(full.slice(..full.len() / 2)),
+                pause: Box::pin(tokio::time::sleep(Duration::from_millis(20))),
+                failed: false,
+            };
         }
         Some("close") => {
             resp.headers_mut()

@@ -338,9 +338,17 @@ fn compare<'a>(
             if e.len() != a.len() {
                 path.push(PathTok::Index(e.len().min(a.len())));
                 let reason = if a.len() > e.len() {
-                    format!("unexpected array element (expected {} elements, found {})", e.len(), a.len())
+                    format!(
+                        "unexpected array element (expected {} elements, found {})",
+                        e.len(),
+                        a.len()
+                    )
                 } else {
-                    format!("array element is missing (expected {} elements, found {})", e.len(), a.len())
+                    format!(
+                        "array element is missing (expected {} elements, found {})",
+                        e.len(),
+                        a.len()
+                    )
                 };
                 return Err(fail(path, reason));
             }
@@ -350,7 +358,14 @@ fn compare<'a>(
             if num_eq(e, a) {
                 Ok(())
             } else if e.is_f64() != a.is_f64() {
-                Err(fail(path, format!("expected {} {e}, found {} {a}", kind(expected), kind(actual))))
+                Err(fail(
+                    path,
+                    format!(
+                        "expected {} {e}, found {} {a}",
+                        kind(expected),
+                        kind(actual)
+                    ),
+                ))
             } else {
                 Err(fail(path, format!("expected {e}, found {a}")))
             }
@@ -409,7 +424,10 @@ mod tests {
         let o = oracle(json!({"a": true}), &[]);
         assert_eq!(
             check(&o, r#"{"a": 1}"#),
-            Err((Some("/a".into()), "expected a boolean (true), found an integer (1)".into()))
+            Err((
+                Some("/a".into()),
+                "expected a boolean (true), found an integer (1)".into()
+            ))
         );
         assert_eq!(check(&o, r#"{"a": true}"#), Ok(()));
     }
@@ -419,7 +437,10 @@ mod tests {
         let o = oracle(json!({"n": 1}), &[]);
         assert_eq!(
             check(&o, r#"{"n": 1.0}"#),
-            Err((Some("/n".into()), "expected an integer 1, found a fractional number 1.0".into()))
+            Err((
+                Some("/n".into()),
+                "expected an integer 1, found a fractional number 1.0".into()
+            ))
         );
         let f = Oracle::json(serde_json::from_str(r#"{"n": 0.75}"#).unwrap(), vec![]).unwrap();
         assert_eq!(check(&f, r#"{"n": 0.750}"#), Ok(()));
@@ -430,7 +451,10 @@ mod tests {
     fn key_order_is_ignored_but_array_order_is_not() {
         let o = oracle(json!({"a": 1, "b": [1, 2]}), &[]);
         assert_eq!(check(&o, r#"{"b": [1, 2], "a": 1}"#), Ok(()));
-        assert_eq!(ptr(check(&o, r#"{"a": 1, "b": [2, 1]}"#)), Some("/b/0".into()));
+        assert_eq!(
+            ptr(check(&o, r#"{"a": 1, "b": [2, 1]}"#)),
+            Some("/b/0".into())
+        );
     }
 
     #[test]
@@ -444,17 +468,29 @@ mod tests {
             check(&o, r#"{"l": [1]}"#),
             Err((Some("/a".into()), "key is missing from the response".into()))
         );
-        assert_eq!(ptr(check(&o, r#"{"a": 1, "l": [1, 2]}"#)), Some("/l/1".into()));
+        assert_eq!(
+            ptr(check(&o, r#"{"a": 1, "l": [1, 2]}"#)),
+            Some("/l/1".into())
+        );
         assert_eq!(ptr(check(&o, r#"{"a": 1, "l": []}"#)), Some("/l/0".into()));
     }
 
     #[test]
     fn ignored_leaves_must_exist_with_the_same_type() {
-        let o = oracle(json!({"id": "x", "created": 1, "v": [{"t": 0.5}]}), &["/id", "/created", "/v/0/t"]);
-        assert_eq!(check(&o, r#"{"id": "other", "created": 99, "v": [{"t": 0.25}]}"#), Ok(()));
+        let o = oracle(
+            json!({"id": "x", "created": 1, "v": [{"t": 0.5}]}),
+            &["/id", "/created", "/v/0/t"],
+        );
+        assert_eq!(
+            check(&o, r#"{"id": "other", "created": 99, "v": [{"t": 0.25}]}"#),
+            Ok(())
+        );
         assert_eq!(
             check(&o, r#"{"created": 99, "v": [{"t": 0.25}]}"#),
-            Err((Some("/id".into()), "ignored leaf is missing from the response".into()))
+            Err((
+                Some("/id".into()),
+                "ignored leaf is missing from the response".into()
+            ))
         );
         assert_eq!(
             check(&o, r#"{"id": 5, "created": 99, "v": [{"t": 0.25}]}"#),
@@ -463,14 +499,23 @@ mod tests {
                 "ignored leaf must keep its type: expected a string, found an integer".into()
             ))
         );
-        assert_eq!(ptr(check(&o, r#"{"id": "a", "created": 1.5, "v": [{"t": 0.25}]}"#)), Some("/created".into()));
+        assert_eq!(
+            ptr(check(
+                &o,
+                r#"{"id": "a", "created": 1.5, "v": [{"t": 0.25}]}"#
+            )),
+            Some("/created".into())
+        );
     }
 
     #[test]
     fn escaped_pointer_tokens() {
         let o = oracle(json!({"a/b": 1, "m~n": 2}), &["/a~1b"]);
         assert_eq!(check(&o, r#"{"a/b": 7, "m~n": 2}"#), Ok(()));
-        assert_eq!(ptr(check(&o, r#"{"a/b": 7, "m~n": 3}"#)), Some("/m~0n".into()));
+        assert_eq!(
+            ptr(check(&o, r#"{"a/b": 7, "m~n": 3}"#)),
+            Some("/m~0n".into())
+        );
     }
 
     #[test]
@@ -502,8 +547,14 @@ mod tests {
         assert_eq!(o.check(b"hello"), Ok(()));
         let m = o.check(b"help").unwrap_err();
         assert_eq!(m.pointer, None);
-        assert_eq!(m.reason, "bytes differ at offset 3 (expected 5 bytes, got 4)");
-        assert_eq!(o.check(b"hello!").unwrap_err().reason, "bytes differ at offset 5 (expected 5 bytes, got 6)");
+        assert_eq!(
+            m.reason,
+            "bytes differ at offset 3 (expected 5 bytes, got 4)"
+        );
+        assert_eq!(
+            o.check(b"hello!").unwrap_err().reason,
+            "bytes differ at offset 5 (expected 5 bytes, got 6)"
+        );
     }
 
     #[test]
@@ -512,6 +563,9 @@ mod tests {
         assert!(Pointer::parse("a").is_err());
         assert!(Pointer::parse("/~").is_err());
         assert_eq!(Pointer::parse("/").unwrap().tokens, vec![String::new()]);
-        assert_eq!(Pointer::parse("/a~1b/~0").unwrap().tokens, vec!["a/b".to_string(), "~".to_string()]);
+        assert_eq!(
+            Pointer::parse("/a~1b/~0").unwrap().tokens,
+            vec!["a/b".to_string(), "~".to_string()]
+        );
     }
 }

@@ -172,7 +172,11 @@ impl Endpoint {
         let scheme = match uri.scheme_str() {
             Some("http") => Scheme::Http,
             Some("https") => Scheme::Https,
-            Some(other) => return Err(format!("scheme '{other}' is not supported; use http or https")),
+            Some(other) => {
+                return Err(format!(
+                    "scheme '{other}' is not supported; use http or https"
+                ));
+            }
             None => return Err("must be an absolute http:// or https:// URL".into()),
         };
         let authority = uri
@@ -190,7 +194,10 @@ impl Endpoint {
         if host.is_empty() {
             return Err("must name a host".into());
         }
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let port = uri.port_u16().unwrap_or(match scheme {
             Scheme::Http => 80,
             Scheme::Https => 443,
@@ -413,7 +420,10 @@ impl Validator {
             if !known.contains(&key.as_str()) {
                 self.err(
                     join(path, key),
-                    format!("unknown field; the fields allowed here are: {}", known.join(", ")),
+                    format!(
+                        "unknown field; the fields allowed here are: {}",
+                        known.join(", ")
+                    ),
                 );
             }
         }
@@ -423,7 +433,10 @@ impl Validator {
         match v {
             Value::Object(m) => Some(m),
             other => {
-                self.err(path, format!("must be an object, found {}", type_name(other)));
+                self.err(
+                    path,
+                    format!("must be an object, found {}", type_name(other)),
+                );
                 None
             }
         }
@@ -433,7 +446,10 @@ impl Validator {
         match v {
             Value::String(s) => Some(s),
             other => {
-                self.err(path, format!("must be a string, found {}", type_name(other)));
+                self.err(
+                    path,
+                    format!("must be a string, found {}", type_name(other)),
+                );
                 None
             }
         }
@@ -486,13 +502,15 @@ impl Validator {
                 self.err("endpoint", "is required: the URL every case is POSTed to");
                 None
             }
-            Some(v) => self.string(v, "endpoint").and_then(|s| match Endpoint::parse(s) {
-                Ok(e) => Some(e),
-                Err(m) => {
-                    self.err("endpoint", format!("'{s}' {m}"));
-                    None
-                }
-            }),
+            Some(v) => self
+                .string(v, "endpoint")
+                .and_then(|s| match Endpoint::parse(s) {
+                    Ok(e) => Some(e),
+                    Err(m) => {
+                        self.err("endpoint", format!("'{s}' {m}"));
+                        None
+                    }
+                }),
         };
         let health_endpoint = match top.get("health_endpoint") {
             None => endpoint.as_ref().map(|e| e.with_path("/health")),
@@ -527,18 +545,20 @@ impl Validator {
         let metadata = self.metadata(top.get("metadata"));
         let connection = match top.get("connection") {
             None => Some(ConnectionPolicy::Fresh),
-            Some(v) => match self.string(v, "connection") {
-                Some("fresh") => Some(ConnectionPolicy::Fresh),
-                Some("keep-alive") => Some(ConnectionPolicy::KeepAlive),
-                Some(other) => {
-                    self.err(
+            Some(v) => {
+                match self.string(v, "connection") {
+                    Some("fresh") => Some(ConnectionPolicy::Fresh),
+                    Some("keep-alive") => Some(ConnectionPolicy::KeepAlive),
+                    Some(other) => {
+                        self.err(
                         "connection",
                         format!("'{other}' is not a connection policy; use \"fresh\" or \"keep-alive\""),
                     );
-                    None
+                        None
+                    }
+                    None => None,
                 }
-                None => None,
-            },
+            }
         };
         let on_failure = match top.get("on_failure") {
             None => Some(OnFailure::Stop),
@@ -588,7 +608,10 @@ impl Validator {
         let Value::Array(items) = v else {
             self.err(
                 "concurrency",
-                format!("must be a non-empty list of integers, found {}", type_name(v)),
+                format!(
+                    "must be a non-empty list of integers, found {}",
+                    type_name(v)
+                ),
             );
             return None;
         };
@@ -612,7 +635,9 @@ impl Validator {
                     {
                         self.err(
                             &path,
-                            format!("{c} is above requests_per_case ({n}); a round could never fill it"),
+                            format!(
+                                "{c} is above requests_per_case ({n}); a round could never fill it"
+                            ),
                         );
                         ok = false;
                     }
@@ -626,7 +651,10 @@ impl Validator {
 
     fn timeout(&mut self, v: Option<&Value>) -> Option<(f64, Duration)> {
         let Some(v) = v else {
-            self.err("timeout_seconds", "is required: a finite number of seconds > 0");
+            self.err(
+                "timeout_seconds",
+                "is required: a finite number of seconds > 0",
+            );
             return None;
         };
         let Some(t) = v.as_f64().filter(|_| v.is_number()) else {
@@ -637,13 +665,19 @@ impl Validator {
             return None;
         };
         if !t.is_finite() || t <= 0.0 {
-            self.err("timeout_seconds", format!("must be finite and > 0, found {t}"));
+            self.err(
+                "timeout_seconds",
+                format!("must be finite and > 0, found {t}"),
+            );
             return None;
         }
         match Duration::try_from_secs_f64(t) {
             Ok(d) if t <= 7.0 * 86_400.0 => Some((t, d)),
             _ => {
-                self.err("timeout_seconds", format!("{t} is too large (at most one week)"));
+                self.err(
+                    "timeout_seconds",
+                    format!("{t} is too large (at most one week)"),
+                );
                 None
             }
         }
@@ -710,7 +744,10 @@ impl Validator {
             return None;
         };
         let Value::Array(items) = v else {
-            self.err("cases", format!("must be a non-empty list, found {}", type_name(v)));
+            self.err(
+                "cases",
+                format!("must be a non-empty list, found {}", type_name(v)),
+            );
             return None;
         };
         if items.is_empty() {
@@ -723,17 +760,17 @@ impl Validator {
         for (i, item) in items.iter().enumerate() {
             let path = format!("cases[{i}]");
             match self.case(item, &path, endpoint) {
-                Some(c) => {
-                    if !names.insert(c.name.clone()) {
-                        self.err(
-                            format!("{path}.name"),
-                            format!("case name '{}' is used more than once", c.name),
-                        );
-                        ok = false;
-                    }
-                    out.push(c);
-                }
+                Some(c) => out.push(c),
                 None => ok = false,
+            }
+            if let Some(name) = item.get("name").and_then(Value::as_str)
+                && !names.insert(name.to_string())
+            {
+                self.err(
+                    format!("{path}.name"),
+                    format!("case name '{name}' is used more than once"),
+                );
+                ok = false;
             }
         }
         ok.then_some(out)
@@ -822,7 +859,13 @@ impl Validator {
                 self.variants(vs, &join(path, "variants"), no_body, case_ignore.as_deref())
             }
             None => self
-                .variant_body(m, path, None, no_body, case_ignore.as_deref().unwrap_or(&[]))
+                .variant_body(
+                    m,
+                    path,
+                    None,
+                    no_body,
+                    case_ignore.as_deref().unwrap_or(&[]),
+                )
                 .map(|v| vec![v]),
         };
 
@@ -850,11 +893,17 @@ impl Validator {
         case_ignore: Option<&[Pointer]>,
     ) -> Option<Vec<Variant>> {
         let Value::Array(items) = v else {
-            self.err(path, format!("must be a non-empty list, found {}", type_name(v)));
+            self.err(
+                path,
+                format!("must be a non-empty list, found {}", type_name(v)),
+            );
             return None;
         };
         if items.is_empty() {
-            self.err(path, "must not be empty (leave it out for a case with one request)");
+            self.err(
+                path,
+                "must not be empty (leave it out for a case with one request)",
+            );
             return None;
         }
         let mut out = Vec::new();
@@ -894,13 +943,13 @@ impl Validator {
             ) {
                 (Some(n), Some(own), Some(mut var)) => {
                     var.name = Some(n);
-                    if !own.is_empty() {
-                        if let Err(msgs) = var.oracle.add_ignore_paths(own) {
-                            for msg in msgs {
-                                self.err(join(&p, "ignore_paths"), msg);
-                            }
-                            ok = false;
+                    if !own.is_empty()
+                        && let Err(msgs) = var.oracle.add_ignore_paths(own)
+                    {
+                        for msg in msgs {
+                            self.err(join(&p, "ignore_paths"), msg);
                         }
+                        ok = false;
                     }
                     out.push(var);
                 }
@@ -954,13 +1003,14 @@ impl Validator {
             None => Some(default_ct.map(HeaderValue::from_static)),
             Some(v) => {
                 let p = join(path, "content_type");
-                self.nonblank(v, &p).and_then(|s| match HeaderValue::from_str(s) {
-                    Ok(h) => Some(Some(h)),
-                    Err(_) => {
-                        self.err(&p, "is not a valid header value");
-                        None
-                    }
-                })
+                self.nonblank(v, &p)
+                    .and_then(|s| match HeaderValue::from_str(s) {
+                        Ok(h) => Some(Some(h)),
+                        Err(_) => {
+                            self.err(&p, "is not a valid header value");
+                            None
+                        }
+                    })
             }
         };
         let oracle = match (m.get("expected_response"), m.get("expected_response_text")) {
@@ -1015,7 +1065,10 @@ impl Validator {
 
     fn pointers(&mut self, v: &Value, path: &str) -> Option<Vec<Pointer>> {
         let Value::Array(items) = v else {
-            self.err(path, format!("must be a list of JSON pointers, found {}", type_name(v)));
+            self.err(
+                path,
+                format!("must be a list of JSON pointers, found {}", type_name(v)),
+            );
             return None;
         };
         let mut out = Vec::new();
@@ -1167,14 +1220,23 @@ mod tests {
     fn non_finite_and_bad_timeouts() {
         // serde_json refuses non-finite literals: the error names JSON, line and column.
         let e = Plan::from_json_bytes(br#"{"timeout_seconds": NaN}"#).unwrap_err();
-        assert!(e.problems[0].message.starts_with("plan is not valid JSON"), "{e}");
+        assert!(
+            e.problems[0].message.starts_with("plan is not valid JSON"),
+            "{e}"
+        );
         let e = Plan::from_json_bytes(br#"{"timeout_seconds": 1e999}"#).unwrap_err();
-        assert!(e.problems[0].message.starts_with("plan is not valid JSON"), "{e}");
+        assert!(
+            e.problems[0].message.starts_with("plan is not valid JSON"),
+            "{e}"
+        );
         let errs = problems(
             r#""endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 1,
             "timeout_seconds": 0, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
         );
-        assert_eq!(errs, vec!["timeout_seconds: must be finite and > 0, found 0"]);
+        assert_eq!(
+            errs,
+            vec!["timeout_seconds: must be finite and > 0, found 0"]
+        );
     }
 
     #[test]
@@ -1235,7 +1297,9 @@ mod tests {
         ));
         assert_eq!(
             errs,
-            vec!["cases[0].ignore_paths: ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte"]
+            vec![
+                "cases[0].ignore_paths: ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte"
+            ]
         );
     }
 
@@ -1252,10 +1316,16 @@ mod tests {
                 "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}}}}]"#
             ));
             assert_eq!(errs.len(), 1, "{url}: {errs:?}");
-            assert!(errs[0].starts_with("endpoint: ") && errs[0].contains(msg), "{url}: {errs:?}");
+            assert!(
+                errs[0].starts_with("endpoint: ") && errs[0].contains(msg),
+                "{url}: {errs:?}"
+            );
         }
         let e = Endpoint::parse("https://[::1]:8443/v1?x=1").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.authority.as_str()), ("::1", 8443, "[::1]:8443"));
+        assert_eq!(
+            (e.host.as_str(), e.port, e.authority.as_str()),
+            ("::1", 8443, "[::1]:8443")
+        );
         assert_eq!(e.path_and_query, "/v1?x=1");
     }
 

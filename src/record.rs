@@ -316,7 +316,10 @@ fn headers_array(rows: &[ExchangeRecord], redact: &Redaction, response: bool) ->
 }
 
 /// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets.
-pub fn to_batch(rows: &[ExchangeRecord], redact: &Redaction) -> Result<RecordBatch, arrow_schema::ArrowError> {
+pub fn to_batch(
+    rows: &[ExchangeRecord],
+    redact: &Redaction,
+) -> Result<RecordBatch, arrow_schema::ArrowError> {
     macro_rules! col {
         ($b:expr, $f:expr) => {{
             let mut b = $b;
@@ -326,46 +329,86 @@ pub fn to_batch(rows: &[ExchangeRecord], redact: &Redaction) -> Result<RecordBat
             Arc::new(b.finish()) as ArrayRef
         }};
     }
-    let run_id: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &*r.run_id)));
-    let phase: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.phase.as_str())));
-    let case_name: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.case_name.as_deref())));
-    let variant: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.variant.as_deref())));
-    let method: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.method.as_str())));
-    let url: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| redact.url(&r.url))));
-    let request_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(rows.iter().map(|r| &r.request_body[..])));
-    let response_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(rows.iter().map(|r| &r.response_body[..])));
-    let outcome: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.outcome.as_str())));
-    let error_message: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.error_message.as_deref())));
-    let mismatch: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.oracle_mismatch_pointer.as_deref())));
+    let run_id: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| &*r.run_id),
+    ));
+    let phase: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.phase.as_str()),
+    ));
+    let case_name: ArrayRef = Arc::new(StringArray::from_iter(
+        rows.iter().map(|r| r.case_name.as_deref()),
+    ));
+    let variant: ArrayRef = Arc::new(StringArray::from_iter(
+        rows.iter().map(|r| r.variant.as_deref()),
+    ));
+    let method: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.method.as_str()),
+    ));
+    let url: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| redact.url(&r.url)),
+    ));
+    let request_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(
+        rows.iter().map(|r| &r.request_body[..]),
+    ));
+    let response_body: ArrayRef = Arc::new(BinaryArray::from_iter_values(
+        rows.iter().map(|r| &r.response_body[..]),
+    ));
+    let outcome: ArrayRef = Arc::new(StringArray::from_iter_values(
+        rows.iter().map(|r| r.outcome.as_str()),
+    ));
+    let error_message: ArrayRef = Arc::new(StringArray::from_iter(
+        rows.iter().map(|r| r.error_message.as_deref()),
+    ));
+    let mismatch: ArrayRef = Arc::new(StringArray::from_iter(
+        rows.iter().map(|r| r.oracle_mismatch_pointer.as_deref()),
+    ));
     let columns: Vec<ArrayRef> = vec![
         run_id,
-        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.exchange_id)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(
+            r.exchange_id
+        )),
         phase,
         case_name,
         variant,
         col!(Int32Builder::new(), |r: &ExchangeRecord| r.concurrency),
         col!(Int32Builder::new(), |r: &ExchangeRecord| r.repetition),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.dispatch_index)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(
+            r.dispatch_index
+        )),
         col!(Int32Builder::new(), |r: &ExchangeRecord| Some(r.worker)),
         col!(Int64Builder::new(), |r: &ExchangeRecord| r.connection_id),
-        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.connection_reused)),
-        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.connection_retried)),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
+            r.connection_reused
+        )),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
+            r.connection_retried
+        )),
         col!(
             TimestampMicrosecondBuilder::new().with_timezone("UTC"),
             |r: &ExchangeRecord| Some(r.started_at_us)
         ),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.start_offset_us)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(
+            r.start_offset_us
+        )),
         method,
         url,
         headers_array(rows, redact, false),
         request_body,
-        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.request_body_len)),
-        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.request_body_truncated)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(
+            r.request_body_len
+        )),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
+            r.request_body_truncated
+        )),
         col!(Int32Builder::new(), |r: &ExchangeRecord| r.status),
         headers_array(rows, redact, true),
         response_body,
-        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(r.response_body_len)),
-        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(r.response_body_truncated)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| Some(
+            r.response_body_len
+        )),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
+            r.response_body_truncated
+        )),
         col!(Int64Builder::new(), |r: &ExchangeRecord| r.connect_us),
         col!(Int64Builder::new(), |r: &ExchangeRecord| r.tls_us),
         col!(BooleanBuilder::new(), |r: &ExchangeRecord| r.tls_resumed),
@@ -514,8 +557,14 @@ fn writer_props(opts: &RecorderOptions) -> WriterProperties {
         .build()
 }
 
-fn open_part(opts: &RecorderOptions, index: u32, schema: &SchemaRef) -> Result<OpenPart, RecordError> {
-    let tmp = opts.dir.join(format!(".part-{index:05}.parquet.inprogress"));
+fn open_part(
+    opts: &RecorderOptions,
+    index: u32,
+    schema: &SchemaRef,
+) -> Result<OpenPart, RecordError> {
+    let tmp = opts
+        .dir
+        .join(format!(".part-{index:05}.parquet.inprogress"));
     let final_path = opts.dir.join(format!("part-{index:05}.parquet"));
     let file = File::create(&tmp)
         .map_err(|e| RecordError(format!("{}: cannot create: {e}", tmp.display())))?;
@@ -566,7 +615,9 @@ fn writer_loop(
             *part = Some(open_part(&opts, stats.parts, &schema)?);
             stats.parts += 1;
         }
-        let p = part.as_mut().ok_or_else(|| RecordError("no open part".into()))?;
+        let p = part
+            .as_mut()
+            .ok_or_else(|| RecordError("no open part".into()))?;
         // Never let one part overshoot part_rows: split the batch at the boundary.
         let take = pending.len().min(opts.part_rows.max(1) - p.rows);
         let batch = to_batch(&pending[..take], &opts.redaction)
@@ -591,7 +642,8 @@ fn writer_loop(
             let wait = match &part {
                 Some(p) => {
                     let age = clock::now_ns().saturating_sub(p.opened_ns);
-                    Duration::from_nanos(part_ns.saturating_sub(age)).min(Duration::from_millis(500))
+                    Duration::from_nanos(part_ns.saturating_sub(age))
+                        .min(Duration::from_millis(500))
                 }
                 None => Duration::from_millis(500),
             };

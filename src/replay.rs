@@ -137,16 +137,27 @@ pub async fn run(
             ProgressDrawTarget::stderr_with_hz(10),
         );
         pb.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         pb
     };
-    let case_names = plan.cases.iter().map(|c| Arc::from(c.name.as_str())).collect();
+    let case_names = plan
+        .cases
+        .iter()
+        .map(|c| Arc::from(c.name.as_str()))
+        .collect();
     let variant_names = plan
         .cases
         .iter()
-        .map(|c| c.variants.iter().map(|v| v.name.as_deref().map(Arc::from)).collect())
+        .map(|c| {
+            c.variants
+                .iter()
+                .map(|v| v.name.as_deref().map(Arc::from))
+                .collect()
+        })
         .collect();
     let token = opts
         .bearer_token
@@ -181,7 +192,11 @@ pub async fn run(
 
     let ctx = match Arc::try_unwrap(ctx) {
         Ok(c) => c,
-        Err(_) => return Err(RecordError("internal: replay tasks outlived the run".into())),
+        Err(_) => {
+            return Err(RecordError(
+                "internal: replay tasks outlived the run".into(),
+            ));
+        }
     };
     let interrupted = ctx.interrupted.load(Ordering::Relaxed);
     let failures = ctx.failures.load(Ordering::Relaxed);
@@ -253,7 +268,8 @@ async fn phases(
             plan.warmup_per_case
         };
         for (ci, case) in plan.cases.iter().enumerate() {
-            ctx.progress.set_message(format!("{} {}", phase.as_str(), case.name));
+            ctx.progress
+                .set_message(format!("{} {}", phase.as_str(), case.name));
             for vi in 0..case.variants.len() {
                 for i in 0..per_variant {
                     if ctx.stopped() {
@@ -301,7 +317,9 @@ async fn phases(
                     plan.repetitions
                 ));
                 let samples = wave(ctx, &mut slots, ci, Phase::Measured, c, Some(rep), n).await;
-                rounds.push(metrics::round_metrics(&case.name, c, rep, n as u64, &samples));
+                rounds.push(metrics::round_metrics(
+                    &case.name, c, rep, n as u64, &samples,
+                ));
             }
         }
     }
@@ -330,7 +348,17 @@ async fn wave(
                 if ctx.stopped() {
                     break;
                 }
-                let i = next.fetch_add(1, Ordering::Relaxed);
+                // Feasibility is one wave: worker w sends exactly request w, so all c
+                // connections are opened and exercised at once. Measured rounds are a
+                // closed loop: a worker takes the next index as soon as it is free.
+                let i = if phase == Phase::Feasibility {
+                    if !samples.is_empty() {
+                        break;
+                    }
+                    w
+                } else {
+                    next.fetch_add(1, Ordering::Relaxed)
+                };
                 if i >= n {
                     break;
                 }
@@ -391,7 +419,11 @@ fn build_request(ctx: &Ctx, d: &Dispatch) -> (Request<ReqBody>, Endpoint, Bytes)
     if let Some(ct) = ctype {
         headers.insert(header::CONTENT_TYPE, ct.clone());
     }
-    if !body.is_empty() || method == Method::POST || method == Method::PUT || method == Method::PATCH {
+    if !body.is_empty()
+        || method == Method::POST
+        || method == Method::PUT
+        || method == Method::PATCH
+    {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     }
     for (k, v) in extra {
@@ -546,7 +578,9 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         ctx.progress.println(format!(
             "failure {f}: {} {} -> {}",
             d.phase.as_str(),
-            d.case.map(|c| ctx.plan.cases[c].name.as_str()).unwrap_or("health"),
+            d.case
+                .map(|c| ctx.plan.cases[c].name.as_str())
+                .unwrap_or("health"),
             outcome.as_str()
         ));
         if ctx.plan.on_failure == OnFailure::Stop {

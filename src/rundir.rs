@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
-    #[error("{0}: already exists; choose a new --out directory (runs are never overwritten or merged)")]
+    #[error(
+        "{0}: already exists; choose a new --out directory (runs are never overwritten or merged)"
+    )]
     Exists(PathBuf),
     #[error("{path}: {err}")]
     Io { path: PathBuf, err: io::Error },

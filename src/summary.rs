@@ -165,13 +165,40 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
         "case_name",
         DataType::Utf8,
         false,
-        Arc::new(StringArray::from_iter_values(rounds.iter().map(|r| r.case_name.as_str()))),
+        Arc::new(StringArray::from_iter_values(
+            rounds.iter().map(|r| r.case_name.as_str()),
+        )),
     );
-    push("concurrency", DataType::Int64, false, i64col(&|r| Some(r.concurrency as i64)));
-    push("repetition", DataType::Int64, false, i64col(&|r| Some(r.repetition as i64)));
-    push("planned_requests", DataType::Int64, false, i64col(&|r| Some(r.planned_requests as i64)));
-    push("attempted_requests", DataType::Int64, false, i64col(&|r| Some(r.attempted_requests as i64)));
-    push("successful_requests", DataType::Int64, false, i64col(&|r| Some(r.successful_requests as i64)));
+    push(
+        "concurrency",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.concurrency as i64)),
+    );
+    push(
+        "repetition",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.repetition as i64)),
+    );
+    push(
+        "planned_requests",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.planned_requests as i64)),
+    );
+    push(
+        "attempted_requests",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.attempted_requests as i64)),
+    );
+    push(
+        "successful_requests",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.successful_requests as i64)),
+    );
     for o in &Outcome::ALL[1..] {
         push(
             &format!("failures_{}", o.as_str()),
@@ -180,7 +207,12 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
             i64col(&fail(*o)),
         );
     }
-    push("elapsed_seconds", DataType::Float64, false, f64col(&|r| Some(r.elapsed_seconds)));
+    push(
+        "elapsed_seconds",
+        DataType::Float64,
+        false,
+        f64col(&|r| Some(r.elapsed_seconds)),
+    );
     push(
         "successful_requests_per_second",
         DataType::Float64,
@@ -195,30 +227,61 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
         ("failure_total", |r| &r.failure_total_us),
     ];
     for (name, pick) in groups {
-        push(&format!("{name}_p50_us"), DataType::Int64, true, i64col(&|r| pick(r).p50));
-        push(&format!("{name}_p95_us"), DataType::Int64, true, i64col(&|r| pick(r).p95));
-        push(&format!("{name}_p99_us"), DataType::Int64, true, i64col(&|r| pick(r).p99));
+        push(
+            &format!("{name}_p50_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| pick(r).p50),
+        );
+        push(
+            &format!("{name}_p95_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| pick(r).p95),
+        );
+        push(
+            &format!("{name}_p99_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| pick(r).p99),
+        );
     }
     push(
         "complete",
         DataType::Boolean,
         false,
-        Arc::new(BooleanArray::from_iter(rounds.iter().map(|r| Some(r.complete)))),
+        Arc::new(BooleanArray::from_iter(
+            rounds.iter().map(|r| Some(r.complete)),
+        )),
     );
     push(
         "steady_state_available",
         DataType::Boolean,
         false,
-        Arc::new(BooleanArray::from_iter(rounds.iter().map(|r| Some(r.steady_state.available)))),
+        Arc::new(BooleanArray::from_iter(
+            rounds.iter().map(|r| Some(r.steady_state.available)),
+        )),
     );
     push(
         "steady_state_reason",
         DataType::Utf8,
         true,
-        Arc::new(StringArray::from_iter(rounds.iter().map(|r| r.steady_state.reason.as_deref()))),
+        Arc::new(StringArray::from_iter(
+            rounds.iter().map(|r| r.steady_state.reason.as_deref()),
+        )),
     );
-    push("steady_state_start_us", DataType::Int64, true, i64col(&|r| r.steady_state.start_us));
-    push("steady_state_end_us", DataType::Int64, true, i64col(&|r| r.steady_state.end_us));
+    push(
+        "steady_state_start_us",
+        DataType::Int64,
+        true,
+        i64col(&|r| r.steady_state.start_us),
+    );
+    push(
+        "steady_state_end_us",
+        DataType::Int64,
+        true,
+        i64col(&|r| r.steady_state.end_us),
+    );
     push(
         "steady_state_requests",
         DataType::Int64,
@@ -235,16 +298,23 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
         "throughput_scope",
         DataType::Utf8,
         false,
-        Arc::new(StringArray::from_iter_values(rounds.iter().map(|_| THROUGHPUT_SCOPE))),
+        Arc::new(StringArray::from_iter_values(
+            rounds.iter().map(|_| THROUGHPUT_SCOPE),
+        )),
     );
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())?;
     let tmp = path.with_extension("parquet.inprogress");
     let file = File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    let mut w = ArrowWriter::try_new(file, schema, None).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    w.write(&batch).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    let file = w.into_inner().map_err(|e| format!("{}: {e}", tmp.display()))?;
-    file.sync_all().map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let mut w =
+        ArrowWriter::try_new(file, schema, None).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    w.write(&batch)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let file = w
+        .into_inner()
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    file.sync_all()
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -283,7 +353,12 @@ pub fn table(
                 *fails.entry(*k).or_insert(0) += v;
             }
         }
-        let get = |name: &str| a.metrics.iter().find(|(k, _)| *k == name).and_then(|(_, s)| *s);
+        let get = |name: &str| {
+            a.metrics
+                .iter()
+                .find(|(k, _)| *k == name)
+                .and_then(|(_, s)| *s)
+        };
         let rps = get("successful_requests_per_second");
         rows.push([
             a.case_name.clone(),
@@ -334,7 +409,11 @@ pub fn table(
         .collect();
     out.push_str(&format!(
         "excluded phases (ok/attempted): {}\n",
-        if ex.is_empty() { "none".into() } else { ex.join(", ") }
+        if ex.is_empty() {
+            "none".into()
+        } else {
+            ex.join(", ")
+        }
     ));
     out.push_str(&format!(
         "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",

@@ -1,1 +1,8 @@
-fn main(){}
+//! Integration tests, one binary (linking happens once). Every network test talks only to
+//! 127.0.0.1, is bounded in requests and time, and stops by itself.
+
+mod cli;
+mod faults;
+mod replay;
+mod secrets;
+mod support;

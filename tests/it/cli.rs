@@ -1,0 +1,155 @@
+//! The binary as a user runs it: exit codes, stdout/stderr discipline, refusal of an
+//! existing run directory, and the README's demo command.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::support::*;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+}
+
+#[test]
+fn validate_accepts_good_plans_and_names_the_path_of_bad_ones() {
+    for plan in [
+        "plans/demo.json",
+        "tests/fixtures/serving_matrix.example.json",
+    ] {
+        let out = bin().args(["validate", plan]).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{plan}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = write_plan(
+        tmp.path(),
+        "bad.json",
+        &json!({"endpoint": "http://h/x", "cases": [{"name": "a", "variants": [{"name": "v", "request": {}}]}],
+                "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1, "metadata": metadata()}),
+    );
+    let out = bin().arg("validate").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.json: 1 problem"), "{err}");
+    assert!(
+        err.contains("cases[0].variants[0].expected_response: is required"),
+        "{err}"
+    );
+    let out = bin()
+        .args(["validate", "no/such/plan.json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no/such/plan.json: cannot read the plan")
+    );
+}
+
+#[test]
+fn bad_flags_are_usage_errors_and_help_is_success() {
+    assert_eq!(
+        bin()
+            .args(["replay", "--no-such-flag"])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        bin().args(["--help"]).output().unwrap().status.code(),
+        Some(0)
+    );
+    let out = bin()
+        .args([
+            "replay",
+            "plans/demo.json",
+            "--mock-worker",
+            "--endpoint",
+            "http://127.0.0.1:1/x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--endpoint and --mock-worker conflict"
+    );
+}
+
+#[test]
+fn existing_run_directory_is_refused_and_left_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("run");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::write(out_dir.join("keep.txt"), "mine").unwrap();
+    let out = bin()
+        .args(["replay", "plans/demo.json", "--mock-worker", "--out"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    let names: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into())
+        .collect();
+    assert_eq!(names, vec!["keep.txt".to_string()]);
+}
+
+#[test]
+fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("demo");
+    let out = bin()
+        .args(["replay", "plans/demo.json", "--mock-worker", "--out"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("case") && lines[0].contains("req/s") && lines[0].contains("p95 ms"),
+        "{stdout}"
+    );
+    // 2 cases x 2 concurrency levels, then the two footnote lines.
+    assert_eq!(lines.len(), 1 + 4 + 2, "{stdout}");
+    assert!(
+        lines[1].starts_with("chat") && lines[1].contains("2/2") && lines[1].contains("48/48"),
+        "{stdout}"
+    );
+    for f in ["plan.json", "config.json", "summary.json", "rounds.parquet"] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    let rows = Rows::read(&run);
+    assert_eq!(rows.len(), 212);
+    assert!(
+        rows.strs("outcome")
+            .iter()
+            .all(|o| o.as_deref() == Some("ok"))
+    );
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["complete"], json!(true));
+    // --quiet: nothing on stdout at all.
+    let q = bin()
+        .args([
+            "replay",
+            "plans/demo.json",
+            "--mock-worker",
+            "--quiet",
+            "--out",
+        ])
+        .arg(tmp.path().join("quiet"))
+        .output()
+        .unwrap();
+    assert_eq!(q.status.code(), Some(0));
+    assert!(q.stdout.is_empty() && q.stderr.is_empty());
+}

@@ -1,0 +1,379 @@
+//! Test equipment: a scriptable loopback peer that logs exactly what it received, plan
+//! builders, in-process replay, and Parquet read-back.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::{
+    Array, ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, ListArray, RecordBatch,
+    StringArray, StructArray,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use matrix_proxy::cli::{self, CliError, Exit, ReplayArgs};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// One request as a test peer received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub headers: Vec<(&'static str, String)>,
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn json(status: u16, v: &Value) -> Reply {
+        Reply {
+            status,
+            body: serde_json::to_vec(v).unwrap(),
+            headers: vec![("content-type", "application/json".into())],
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+pub type Handler = Arc<dyn Fn(usize, &Seen) -> Reply + Send + Sync>;
+
+/// A loopback HTTP/1.1 peer that logs every request in arrival order and answers with
+/// `handler(index, request)`.
+pub struct Peer {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Peer {
+    pub async fn start(handler: Handler) -> Peer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicUsize::new(0));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let handler = handler.clone();
+                let log = log.clone();
+                let count = count.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let handler = handler.clone();
+                        let log = log.clone();
+                        let count = count.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let seen = Seen {
+                                method: parts.method.to_string(),
+                                path: parts.uri.to_string(),
+                                headers: parts
+                                    .headers
+                                    .iter()
+                                    .map(|(k, v)| {
+                                        (
+                                            k.to_string(),
+                                            String::from_utf8_lossy(v.as_bytes()).into(),
+                                        )
+                                    })
+                                    .collect(),
+                                body,
+                            };
+                            let i = count.fetch_add(1, Ordering::SeqCst);
+                            log.lock().unwrap().push(seen.clone());
+                            let reply = handler(i, &seen);
+                            if !reply.delay.is_zero() {
+                                tokio::time::sleep(reply.delay).await;
+                            }
+                            let mut resp = hyper::Response::new(Full::new(Bytes::from(reply.body)));
+                            *resp.status_mut() = hyper::StatusCode::from_u16(reply.status).unwrap();
+                            for (k, v) in reply.headers {
+                                resp.headers_mut().append(k, v.parse().unwrap());
+                            }
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        Peer { addr, seen, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A handler that answers `GET /health` with 200 and every POST with `{"echo": <request>}`.
+pub fn echo_handler() -> Handler {
+    Arc::new(|_, seen: &Seen| {
+        if seen.method == "GET" {
+            return Reply::json(200, &json!({"status": "ok"}));
+        }
+        let req: Value = serde_json::from_slice(&seen.body).unwrap_or(Value::Null);
+        Reply::json(200, &json!({"echo": req}))
+    })
+}
+
+pub fn metadata() -> Value {
+    json!({"gpu": "N/A: test", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A", "precision": "N/A",
+        "model_revision": "test", "runtime_revision": "test", "cache_policy": "none",
+        "cuda_evidence": "N/A", "reservation": "N/A", "host": "127.0.0.1"})
+}
+
+/// Write `plan` into `dir/name` and return its path.
+pub fn write_plan(dir: &Path, name: &str, plan: &Value) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_vec_pretty(plan).unwrap()).unwrap();
+    p
+}
+
+pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
+    ReplayArgs {
+        plan: plan.to_path_buf(),
+        out: Some(out.to_path_buf()),
+        endpoint: None,
+        mock_worker: false,
+        bearer_token_env: None,
+        ca_cert: None,
+        max_record_body: 16 << 20,
+        quiet: true,
+    }
+}
+
+/// Run `replay` in-process (same code path as the binary, minus argv parsing).
+pub async fn replay(args: ReplayArgs) -> Result<Exit, CliError> {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        cli::replay_cmd(args, Arc::new(AtomicBool::new(false))),
+    )
+    .await
+    .expect("replay finished within 120 s")
+}
+
+/// All rows of a run's `exchanges/part-*.parquet`, in exchange_id order.
+pub struct Rows {
+    pub batches: Vec<RecordBatch>,
+}
+
+pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
+    let f = std::fs::File::open(path).unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    reader.map(|b| b.unwrap()).collect()
+}
+
+pub fn part_files(run: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(run.join("exchanges"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+impl Rows {
+    pub fn read(run: &Path) -> Rows {
+        let files = part_files(run);
+        for f in &files {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name.starts_with("part-") && name.ends_with(".parquet"),
+                "unexpected file left in exchanges/: {name}"
+            );
+        }
+        Rows {
+            batches: files.iter().flat_map(|f| read_parquet(f)).collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.batches.iter().map(|b| b.num_rows()).sum()
+    }
+
+    fn col<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a ArrayRef> {
+        let name = name.to_string();
+        self.batches.iter().map(move |b| {
+            b.column_by_name(&name)
+                .unwrap_or_else(|| panic!("no column {name}"))
+        })
+    }
+
+    pub fn strs(&self, name: &str) -> Vec<Option<String>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .unwrap_or_else(|| panic!("{name} is not Utf8"));
+                (0..a.len())
+                    .map(|i| a.is_valid(i).then(|| a.value(i).to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    pub fn i64s(&self, name: &str) -> Vec<Option<i64>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap_or_else(|| panic!("{name} is not Int64"));
+                (0..a.len())
+                    .map(|i| a.is_valid(i).then(|| a.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    pub fn i32s(&self, name: &str) -> Vec<Option<i32>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .unwrap_or_else(|| panic!("{name} is not Int32"));
+                (0..a.len())
+                    .map(|i| a.is_valid(i).then(|| a.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    pub fn bools(&self, name: &str) -> Vec<Option<bool>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .unwrap_or_else(|| panic!("{name} is not Boolean"));
+                (0..a.len())
+                    .map(|i| a.is_valid(i).then(|| a.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    pub fn bins(&self, name: &str) -> Vec<Vec<u8>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<BinaryArray>()
+                    .unwrap_or_else(|| panic!("{name} is not Binary"));
+                (0..a.len())
+                    .map(|i| a.value(i).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Headers of each row as (name, value) pairs.
+    pub fn headers(&self, name: &str) -> Vec<Vec<(String, Vec<u8>)>> {
+        self.col(name)
+            .flat_map(|a| {
+                let l = a.as_any().downcast_ref::<ListArray>().expect("header list");
+                (0..l.len())
+                    .map(|i| {
+                        let v = l.value(i);
+                        let s = v.as_any().downcast_ref::<StructArray>().unwrap();
+                        let names = s.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                        let vals = s.column(1).as_any().downcast_ref::<BinaryArray>().unwrap();
+                        (0..s.len())
+                            .map(|j| (names.value(j).to_string(), vals.value(j).to_vec()))
+                            .collect()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Row indices grouped by a key function.
+    pub fn count_by(&self, key: impl Fn(usize) -> String) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for i in 0..self.len() {
+            *m.entry(key(i)).or_insert(0) += 1;
+        }
+        m
+    }
+}
+
+/// Every string-like value in a record batch (Utf8, Binary as lossy text, and nested
+/// lists/structs), so a secret search decodes the file instead of grepping bytes.
+pub fn all_text(batches: &[RecordBatch]) -> Vec<String> {
+    fn walk(a: &dyn Array, out: &mut Vec<String>) {
+        if let Some(s) = a.as_any().downcast_ref::<StringArray>() {
+            out.extend(
+                (0..s.len())
+                    .filter(|&i| s.is_valid(i))
+                    .map(|i| s.value(i).to_string()),
+            );
+        } else if let Some(b) = a.as_any().downcast_ref::<BinaryArray>() {
+            out.extend(
+                (0..b.len())
+                    .filter(|&i| b.is_valid(i))
+                    .map(|i| String::from_utf8_lossy(b.value(i)).into_owned()),
+            );
+        } else if let Some(l) = a.as_any().downcast_ref::<ListArray>() {
+            walk(l.values().as_ref(), out);
+        } else if let Some(s) = a.as_any().downcast_ref::<StructArray>() {
+            for c in s.columns() {
+                walk(c.as_ref(), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for b in batches {
+        for c in b.columns() {
+            walk(c.as_ref(), &mut out);
+        }
+    }
+    out
+}
+
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(
+        &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
+}
