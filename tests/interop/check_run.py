@@ -1,0 +1,107 @@
+"""Interop check: a real run directory read with DuckDB, pandas and pyarrow, no glue.
+
+Recomputes every measured round's counts, failure kinds, elapsed time and nearest-rank
+percentiles from exchanges/*.parquet and requires them to equal rounds.parquet and
+summary.json. Usage: python3 tests/interop/check_run.py RUN_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow.parquet as pq
+
+KINDS = ["http", "correctness", "timeout", "transport", "client_aborted", "shutdown_cut"]
+
+
+def nearest_rank(sorted_values, pct):
+    """sorted[ceil(pct/100 * n) - 1], in integers (docs/metrics.md)."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    rank = max(1, -(-pct * n // 100))
+    return int(sorted_values[rank - 1])
+
+
+def main(run: Path) -> int:
+    checks = 0
+    # pandas / pyarrow read the directory as a dataset (dot-files are skipped).
+    ex = pd.read_parquet(run / "exchanges")
+    rounds = pd.read_parquet(run / "rounds.parquet")
+    summary = json.loads((run / "summary.json").read_text())
+
+    # DuckDB globs the same parts and agrees on the count and per-phase totals.
+    con = duckdb.connect()
+    glob = str(run / "exchanges" / "*.parquet")
+    assert con.execute(f"select count(*) from '{glob}'").fetchone()[0] == len(ex)
+    by_phase = dict(con.execute(f"select phase, count(*) from '{glob}' group by all").fetchall())
+    assert by_phase == ex.groupby("phase").size().to_dict(), by_phase
+    checks += 2
+    # Typed columns: a real timestamp with time zone, headers as list<struct>.
+    types = dict(con.execute(f"select column_name, column_type from (describe select * from '{glob}')").fetchall())
+    assert types["started_at"] == "TIMESTAMP WITH TIME ZONE", types["started_at"]
+    assert types["request_headers"].startswith("STRUCT(\"name\" VARCHAR, \"value\" BLOB)[]"), types["request_headers"]
+    names = {r[0] for r in con.execute(f"select unnest(request_headers).name from '{glob}'").fetchall()}
+    assert "host" in names, names
+    checks += 3
+    # Nearest rank in SQL, in integers, equals rounds.parquet.
+    sql_p95 = con.execute(
+        f"""select case_name, concurrency, repetition,
+                   list_sort(list(total_us))[(95 * count(*) + 99) // 100] as p95
+            from '{glob}' where phase = 'measured' and outcome = 'ok' group by all"""
+    ).fetchall()
+    for case, c, rep, p95 in sql_p95:
+        row = rounds[(rounds.case_name == case) & (rounds.concurrency == c) & (rounds.repetition == rep)]
+        assert int(row.total_p95_us.iloc[0]) == p95, (case, c, rep, p95)
+        checks += 1
+
+    measured = ex[ex.phase == "measured"]
+    assert len(rounds) == len(summary["rounds"]) > 0
+    for _, r in rounds.iterrows():
+        sub = measured[
+            (measured.case_name == r.case_name)
+            & (measured.concurrency == r.concurrency)
+            & (measured.repetition == r.repetition)
+        ]
+        ok = sub[sub.outcome == "ok"]
+        assert len(sub) == r.attempted_requests, (r.case_name, len(sub), r.attempted_requests)
+        assert len(ok) == r.successful_requests
+        for kind in KINDS:
+            assert (sub.outcome == kind).sum() == r[f"failures_{kind}"], kind
+        for col in ["total", "first_byte", "connect"]:
+            values = sorted(ok[f"{col}_us"].dropna().tolist())
+            for pct in (50, 95, 99):
+                want = nearest_rank(values, pct)
+                got = r[f"{col}_p{pct}_us"]
+                got = None if pd.isna(got) else int(got)
+                assert got == want, (r.case_name, r.concurrency, r.repetition, col, pct, got, want)
+                checks += 1
+        end = (sub.start_offset_us + sub.total_us).max()
+        elapsed = (end - sub.start_offset_us.min()) / 1e6
+        assert abs(elapsed - r.elapsed_seconds) < 1e-9, (elapsed, r.elapsed_seconds)
+        s = next(
+            x for x in summary["rounds"]
+            if x["case"] == r.case_name and x["concurrency"] == r.concurrency and x["repetition"] == r.repetition
+        )
+        assert s["attempted_requests"] == r.attempted_requests
+        assert s["successful_requests"] == r.successful_requests
+        p50 = r.total_p50_us
+        assert s["successful_latency_seconds"]["p50"] == (None if pd.isna(p50) else p50 / 1e6)
+        checks += 4
+
+    # The footer metadata carries the schema version.
+    for part in sorted((run / "exchanges").glob("part-*.parquet")):
+        meta = pq.read_metadata(part).metadata
+        assert meta[b"matrix_proxy.schema_version"] == b"1"
+        checks += 1
+    print(f"interop: {len(ex)} exchanges, {len(rounds)} rounds, {checks} checks passed")
+    print(f"{checks} passed, 0 failed")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    sys.exit(main(Path(sys.argv[1])))
