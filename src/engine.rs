@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Body;
@@ -213,7 +213,6 @@ pub struct Capture {
     /// True length of the response body seen so far.
     pub body_len: u64,
     pub body_truncated: bool,
-    pub body_complete: bool,
     body_limit: usize,
     stamps: Option<Arc<IoStamps>>,
 }
@@ -238,7 +237,6 @@ impl Capture {
             body: BytesMut::new(),
             body_len: 0,
             body_truncated: false,
-            body_complete: false,
             body_limit,
             stamps: None,
         }
@@ -460,17 +458,11 @@ impl Engine {
                 }
             }
         }
-        cap.body_complete = true;
         if policy == ConnectionPolicy::KeepAlive && !conn.sender.is_closed() {
             *slot = Some(conn);
         }
         Ok(())
     }
-}
-
-/// Freeze a captured body without copying.
-pub fn freeze(body: BytesMut) -> Bytes {
-    body.freeze()
 }
 
 fn client_tls_config(opts: &TlsOptions) -> Result<rustls::ClientConfig, String> {

@@ -568,6 +568,10 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         error_message,
         oracle_mismatch_pointer: mismatch_pointer,
     };
+    // A failure stops dispatch before anything else happens (recording may wait).
+    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
+        ctx.stop.store(true, Ordering::Relaxed);
+    }
     if let Err(e) = ctx.recorder.submit(record).await {
         let _ = ctx.record_failed.set(e);
         ctx.stop.store(true, Ordering::Relaxed);
@@ -583,9 +587,6 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
                 .unwrap_or("health"),
             outcome.as_str()
         ));
-        if ctx.plan.on_failure == OnFailure::Stop {
-            ctx.stop.store(true, Ordering::Relaxed);
-        }
     }
     sample
 }

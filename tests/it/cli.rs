@@ -153,3 +153,70 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
     assert_eq!(q.status.code(), Some(0));
     assert!(q.stdout.is_empty() && q.stderr.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
+    let handler: Handler = std::sync::Arc::new(|_, s: &Seen| {
+        let mut r = if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            Reply::json(
+                200,
+                &json!({"echo": serde_json::from_slice::<serde_json::Value>(&s.body).unwrap()}),
+            )
+        };
+        r.delay = std::time::Duration::from_millis(40);
+        r
+    });
+    let peer = Peer::start(handler).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/x"),
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
+        "concurrency": [2], "requests_per_case": 200, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let run = tmp.path().join("run");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["replay", "--quiet", "--out"])
+        .arg(&run)
+        .arg(&path)
+        .spawn()
+        .unwrap();
+    // Wait until measured traffic flows, then SIGTERM.
+    for _ in 0..400 {
+        if peer.seen().len() >= 12 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(peer.seen().len() >= 12, "replay did not start");
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    let seen = peer.seen().len();
+    assert!(
+        seen < 1 + 1 + 2 + 2 + 400,
+        "dispatch stopped early ({seen} requests)"
+    );
+    let rows = Rows::read(&run);
+    assert_eq!(
+        rows.len(),
+        seen,
+        "every request that reached the peer has its row"
+    );
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["ending"], json!("interrupted"));
+    assert_eq!(summary["complete"], json!(false));
+    assert!(read_json(&run.join("config.json"))["finished_at"].is_string());
+}

@@ -6,3 +6,4 @@ mod faults;
 mod replay;
 mod secrets;
 mod support;
+mod tls;

@@ -505,9 +505,10 @@ async fn first_failure_stops_dispatch_drains_in_flight_and_skips_later_phases() 
     // Nothing lost: every request the peer received has its row.
     assert_eq!(rows.len(), seen.len());
     // 1 + readiness 4 + warmup 8 = 13; alpha feasibility 3 = 16; measured round 0 starts
-    // at request 16; after the failure at most c - 1 = 2 more were in flight.
+    // at request 16 with 16, 17, 18 in flight together. The other c - 1 = 2 workers may
+    // each have started one more before the failure was seen; nothing after that.
     assert!(
-        seen.len() > FAIL_AT && seen.len() <= FAIL_AT + 3,
+        seen.len() > FAIL_AT && seen.len() <= FAIL_AT + 1 + 2 * 2,
         "peer saw {}",
         seen.len()
     );

@@ -62,6 +62,11 @@ pub struct Peer {
 
 impl Peer {
     pub async fn start(handler: Handler) -> Peer {
+        Peer::start_with(handler, None).await
+    }
+
+    /// Like [`Peer::start`], speaking TLS with `acceptor` when given.
+    pub async fn start_with(handler: Handler, acceptor: Option<tokio_rustls::TlsAcceptor>) -> Peer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -76,6 +81,7 @@ impl Peer {
                 let handler = handler.clone();
                 let log = log.clone();
                 let count = count.clone();
+                let acceptor = acceptor.clone();
                 conns.spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let handler = handler.clone();
@@ -117,9 +123,20 @@ impl Peer {
                             Ok::<_, Infallible>(resp)
                         }
                     });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
+                    match acceptor {
+                        None => {
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(tcp), svc)
+                                .await;
+                        }
+                        Some(acc) => {
+                            if let Ok(tls) = acc.accept(tcp).await {
+                                let _ = http1::Builder::new()
+                                    .serve_connection(TokioIo::new(tls), svc)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -376,4 +393,33 @@ pub fn read_json(path: &Path) -> Value {
         &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
     )
     .unwrap()
+}
+
+/// A throwaway CA and a server certificate for 127.0.0.1 signed by it. Returns the CA's
+/// PEM file (for `--ca-cert`) and an acceptor for [`Peer::start_with`].
+pub fn tls_setup(dir: &Path) -> (PathBuf, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca)
+        .unwrap();
+    let ca_path = dir.join("ca.pem");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone(), ca.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    (ca_path, tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
