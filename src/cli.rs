@@ -54,8 +54,81 @@ pub enum Command {
     },
     /// Replay a frozen plan against a worker and record every exchange.
     Replay(ReplayArgs),
+    /// Run the recording reverse proxy in front of a live worker.
+    Serve(ServeArgs),
     /// Run the built-in OpenAI-compatible mock worker.
     MockWorker(MockArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to accept clients on (loopback by default; another address is your choice).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub listen: SocketAddr,
+    /// The worker to forward to, e.g. http://127.0.0.1:8000 (a path is a prefix).
+    #[arg(long, value_name = "URL")]
+    pub upstream: String,
+    /// Run directory to create (refused if it exists). Default: runs/live-<UTC time>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// `pinned`: each client connection gets its own upstream connection, kept alive;
+    /// `fresh`: a new upstream connection per request.
+    #[arg(long, value_enum, default_value_t = UpstreamConnection::Pinned)]
+    pub upstream_connection: UpstreamConnection,
+    /// Seconds to wait for the upstream response head (connect included); then 504.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub upstream_timeout: f64,
+    /// Longest gap between upstream body bytes, in seconds, before the exchange is cut.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub upstream_idle_timeout: f64,
+    /// Bytes of each body (per direction) kept in the record; forwarding is never cut.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub max_record_body: usize,
+    /// Bytes of recorded bodies held in memory at once, across all exchanges.
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    pub record_memory: usize,
+    /// Also redact this header's value (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub redact_header: Vec<String>,
+    /// Also redact this query parameter's value in recorded URLs (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub redact_query: Vec<String>,
+    /// Send the upstream's authority as Host instead of the client's.
+    #[arg(long)]
+    pub rewrite_host: bool,
+    /// PEM certificate chain: serve clients over TLS (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates for an https upstream (default: the platform's roots).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+    /// When the recorder's queue is full: wait (`block`) or drop the row and count it.
+    #[arg(long, value_enum, default_value_t = crate::serve::OnRecordFull::Block)]
+    pub on_record_full: crate::serve::OnRecordFull,
+    /// Roll to a new Parquet part after this many rows.
+    #[arg(long, default_value_t = 100_000)]
+    pub part_rows: usize,
+    /// Roll to a new Parquet part after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub part_seconds: f64,
+    /// Seconds in-flight exchanges may finish after Ctrl-C / SIGTERM before they are cut.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub grace_seconds: f64,
+    /// Seconds between live counter lines on stderr.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub stats_seconds: f64,
+    /// No live counters.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamConnection {
+    Pinned,
+    Fresh,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -159,6 +232,9 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         Command::Validate { plan } => validate(&plan),
         Command::Replay(args) => {
             with_runtime(|interrupt| async move { replay_cmd(args, interrupt).await })
+        }
+        Command::Serve(args) => {
+            with_runtime(|interrupt| async move { serve_cmd(args, interrupt).await })
         }
         Command::MockWorker(args) => {
             with_runtime(|interrupt| async move { mock_cmd(args, interrupt).await })
@@ -465,4 +541,244 @@ pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit
     }
     m.shutdown().await;
     Ok(Exit::Ok)
+}
+
+fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(usage(format!(
+            "{flag} must be a number of seconds > 0, got {v}"
+        )));
+    }
+    std::time::Duration::try_from_secs_f64(v).map_err(|_| usage(format!("{flag} {v} is too large")))
+}
+
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, CliError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| {
+            usage(format!(
+                "--tls-cert {}: not PEM certificates: {e}",
+                cert.display()
+            ))
+        })?;
+    if certs.is_empty() {
+        return Err(usage(format!(
+            "--tls-cert {}: contains no PEM certificate",
+            cert.display()
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        usage(format!(
+            "--tls-key {}: no usable PEM private key: {e}",
+            key.display()
+        ))
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tool(format!("tls configuration: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| usage(format!("--tls-cert/--tls-key: {e}")))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
+pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+    use crate::record::{Recorder, RecorderOptions, Redaction};
+    use crate::serve::{self, ServeOptions};
+    let upstream = Endpoint::parse(&args.upstream)
+        .map_err(|m| usage(format!("--upstream '{}' {m}", args.upstream)))?;
+    if upstream.path_and_query.contains('?') {
+        return Err(usage(format!(
+            "--upstream '{}' must not have a query",
+            args.upstream
+        )));
+    }
+    let upstream_timeout = seconds("--upstream-timeout", args.upstream_timeout)?;
+    let upstream_idle_timeout = seconds("--upstream-idle-timeout", args.upstream_idle_timeout)?;
+    let grace = seconds("--grace-seconds", args.grace_seconds)?;
+    let part_seconds = seconds("--part-seconds", args.part_seconds)?;
+    if args.part_rows == 0 {
+        return Err(usage("--part-rows must be at least 1"));
+    }
+    let mut redaction = Redaction::default();
+    for h in &args.redact_header {
+        let name = http::HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| usage(format!("--redact-header '{h}' is not a header name")))?;
+        redaction.headers.push(name);
+    }
+    redaction
+        .query
+        .extend(args.redact_query.iter().map(|q| q.to_ascii_lowercase()));
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+        _ => None,
+    };
+    let engine = Engine::new(
+        upstream.scheme == Scheme::Https,
+        &TlsOptions {
+            ca_file: args.upstream_ca.clone(),
+        },
+    )
+    .map_err(usage)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
+    let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
+    let started_at_us = clock::wall_now_us();
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
+    });
+    let dir = match RunDir::create(&out) {
+        Ok(d) => d,
+        Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
+        Err(e) => return Err(tool(e.to_string())),
+    };
+    let rid = run_id(started_at_us);
+    let mut rec_opts = RecorderOptions::new(dir.exchanges());
+    rec_opts.part_rows = args.part_rows;
+    rec_opts.part_seconds = part_seconds.as_secs_f64();
+    rec_opts.metadata = vec![("matrix_proxy.run_id".into(), rid.clone())];
+    rec_opts.redaction = redaction.clone();
+    let policy = match args.upstream_connection {
+        UpstreamConnection::Pinned => crate::plan::ConnectionPolicy::KeepAlive,
+        UpstreamConnection::Fresh => crate::plan::ConnectionPolicy::Fresh,
+    };
+    let mut config = serde_json::json!({
+        "run_id": rid,
+        "command": "serve",
+        "tool": {
+            "name": "matrix-proxy",
+            "version": env!("CARGO_PKG_VERSION"),
+            "binary_sha256": rundir::binary_sha256(),
+        },
+        "started_at": clock::iso_utc(started_at_us),
+        "finished_at": serde_json::Value::Null,
+        "host": rundir::host_identity(),
+        "listen": listen_addr.to_string(),
+        "tls": tls.is_some(),
+        "upstream": upstream.url(),
+        "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
+        "upstream_timeout_seconds": args.upstream_timeout,
+        "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
+        "grace_seconds": args.grace_seconds,
+        "rewrite_host": args.rewrite_host,
+        "schema_version": crate::record::SCHEMA_VERSION,
+        "recording": {
+            "max_record_body_bytes": args.max_record_body,
+            "record_memory_bytes": args.record_memory,
+            "on_record_full": match args.on_record_full { serve::OnRecordFull::Block => "block", serve::OnRecordFull::Drop => "drop" },
+            "part_rows": args.part_rows,
+            "part_seconds": args.part_seconds,
+            "redacted_headers": redaction.headers.iter().map(|h| h.as_str().to_string()).collect::<Vec<_>>(),
+            "redacted_query_parameters": redaction.query,
+        },
+        "clock": "durations: one monotonic clock (std::time::Instant); started_at: wall clock, UTC",
+        "timers": {
+            "t0": "the client's request head has been parsed",
+            "connect_us": "upstream TCP connected; null on a reused upstream connection",
+            "tls_us": "upstream TLS handshake done; null for plain HTTP or reuse",
+            "request_sent_us": "last request byte written upstream before the response head",
+            "first_byte_us": "first response byte read from the upstream",
+            "first_body_us": "first response body byte from the upstream",
+            "total_us": "last response body byte from the upstream (for failures: when detected)",
+            "downstream_done_us": "last response byte handed to the client connection",
+        },
+    });
+    dir.write_json("config.json", &config)
+        .map_err(|e| tool(e.to_string()))?;
+    let recorder = Arc::new(
+        Recorder::start(rec_opts)
+            .map_err(|e| tool(format!("cannot start the writer thread: {e}")))?,
+    );
+    if !args.quiet {
+        eprintln!(
+            "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
+            if tls.is_some() { "https" } else { "http" },
+            listen_addr,
+            upstream.url(),
+            config["connection_policy"].as_str().unwrap_or(""),
+            dir.path.display()
+        );
+    }
+    let opts = ServeOptions {
+        upstream,
+        policy,
+        upstream_timeout,
+        upstream_idle_timeout,
+        max_record_body: args.max_record_body,
+        record_memory: args.record_memory,
+        rewrite_host: args.rewrite_host,
+        tls,
+        on_record_full: args.on_record_full,
+        grace,
+        run_id: rid,
+        stats_interval: if args.quiet {
+            None
+        } else {
+            Some(seconds("--stats-seconds", args.stats_seconds)?)
+        },
+        buffer_frames: 64,
+    };
+    let (stats, recorder) = serve::run(listener, opts, engine, recorder, interrupt).await;
+    let writer = tokio::task::spawn_blocking(move || recorder.finish())
+        .await
+        .map_err(|e| tool(format!("writer join: {e}")))?;
+    let (rows, mut problems) = match writer {
+        Ok(w) => (w.rows, Vec::new()),
+        Err(e) => (0, vec![e.to_string()]),
+    };
+    if let Some(e) = &stats.record_error {
+        problems.push(e.to_string());
+    }
+    let secs = |v: Option<i64>| v.map(|us| us as f64 / 1e6);
+    let failures: serde_json::Map<String, serde_json::Value> = stats
+        .by_outcome
+        .iter()
+        .filter(|(o, _)| **o != crate::record::Outcome::Ok)
+        .map(|(o, n)| (o.as_str().to_string(), serde_json::json!(n)))
+        .collect();
+    let summary = serde_json::json!({
+        "ending": "stopped",
+        "requests": stats.requests,
+        "successful_requests": stats.by_outcome.get(&crate::record::Outcome::Ok).copied().unwrap_or(0),
+        "failures": failures,
+        "rows_written": rows,
+        "dropped_rows": stats.dropped_rows,
+        "successful_latency_seconds": {"p50": secs(stats.ok_total.p50), "p95": secs(stats.ok_total.p95), "p99": secs(stats.ok_total.p99)},
+        "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
+        "definitions": {
+            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over successful exchanges",
+            "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
+        },
+    });
+    if let Err(e) = dir.write_json("summary.json", &summary) {
+        problems.push(e.to_string());
+    }
+    config["finished_at"] = serde_json::json!(clock::iso_utc(clock::wall_now_us()));
+    if let Err(e) = dir.write_json("config.json", &config) {
+        problems.push(e.to_string());
+    }
+    if !args.quiet || stats.dropped_rows > 0 {
+        eprintln!(
+            "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",
+            stats.requests,
+            rows,
+            stats.dropped_rows,
+            dir.path.display()
+        );
+    }
+    if !problems.is_empty() {
+        return Err(tool(format!(
+            "{} (what was written is kept in {})",
+            problems.join("; "),
+            dir.path.display()
+        )));
+    }
+    Ok(Exit::Interrupted)
 }

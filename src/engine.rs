@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Body;
+use hyper::body::{Body, Frame, Incoming};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 
 use crate::clock;
 use crate::plan::{ConnectionPolicy, Endpoint, Scheme};
+use crate::record::{BudgetHold, MemoryBudget, Timings};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -214,12 +215,19 @@ pub struct Capture {
     pub body_len: u64,
     pub body_truncated: bool,
     body_limit: usize,
+    budget: Option<Arc<MemoryBudget>>,
+    budget_held: usize,
     stamps: Option<Arc<IoStamps>>,
 }
 
 impl Capture {
     /// Start an exchange now; keep at most `body_limit` response body bytes.
     pub fn start(body_limit: usize) -> Capture {
+        Capture::start_with_budget(body_limit, None)
+    }
+
+    /// Like [`Capture::start`], also drawing recorded bytes from a global `budget`.
+    pub fn start_with_budget(body_limit: usize, budget: Option<Arc<MemoryBudget>>) -> Capture {
         Capture {
             t0_ns: clock::now_ns(),
             connection_id: None,
@@ -238,20 +246,53 @@ impl Capture {
             body_len: 0,
             body_truncated: false,
             body_limit,
+            budget,
+            budget_held: 0,
             stamps: None,
         }
     }
 
-    fn on_body_frame(&mut self, data: &[u8], now_ns: u64) {
+    /// Hook: a response body frame arrived at `now_ns`. Copies what the limits allow.
+    pub fn on_body_frame(&mut self, data: &[u8], now_ns: u64) {
         if self.first_body_ns.is_none() && !data.is_empty() {
             self.first_body_ns = Some(now_ns);
         }
         self.body_len += data.len() as u64;
-        let room = self.body_limit.saturating_sub(self.body.len());
-        if data.len() > room {
+        let room = self
+            .body_limit
+            .saturating_sub(self.body.len())
+            .min(data.len());
+        let granted = match &self.budget {
+            Some(b) => b.take(room),
+            None => room,
+        };
+        self.budget_held += if self.budget.is_some() { granted } else { 0 };
+        if data.len() > granted {
             self.body_truncated = true;
         }
-        self.body.extend_from_slice(&data[..data.len().min(room)]);
+        self.body.extend_from_slice(&data[..granted]);
+    }
+
+    /// The memory this capture's recorded bytes hold in the global budget; released
+    /// when the row has been written.
+    pub fn take_budget_hold(&mut self) -> Option<BudgetHold> {
+        let budget = self.budget.clone()?;
+        let bytes = std::mem::take(&mut self.budget_held);
+        Some(BudgetHold::new(budget, bytes))
+    }
+
+    /// Timing columns of the row, in microseconds from t0.
+    pub fn timings(&self) -> Timings {
+        Timings {
+            connect_us: self.us(self.connect_ns),
+            tls_us: self.us(self.tls_ns),
+            tls_resumed: self.tls_resumed,
+            request_sent_us: self.us(self.request_sent_ns),
+            first_byte_us: self.us(self.first_byte_ns),
+            first_body_us: self.us(self.first_body_ns),
+            total_us: self.us(self.end_ns),
+            downstream_done_us: None,
+        }
     }
 
     /// Pull the socket stamps of the connection in use (also after a cancel), and close
@@ -371,26 +412,28 @@ impl Engine {
         Ok(Conn { id, sender, stamps })
     }
 
-    /// Run one exchange. `slot` holds the worker's connection (keep-alive) and is refilled
-    /// only when the exchange ended cleanly; the response body ends in `cap`.
+    /// Send `req` and wait for the response head. `conn` is the caller's connection to
+    /// reuse, if any (taken only under `keep-alive`). Returns the connection that carried
+    /// the request (hand it back with [`Engine::release`] once the body has ended) and the
+    /// response, whose body the caller reads with [`Engine::next_frame`].
     ///
     /// Keep-alive rule: a reused connection that the worker had already closed (hyper hands
     /// the request back unsent) is replaced and the request is sent once more on the new
     /// connection (`connection_retried`). There are no other retries.
-    pub async fn exchange<B>(
+    pub async fn send<B>(
         &self,
-        slot: &mut Option<Conn<B>>,
+        conn: Option<Conn<B>>,
         ep: &Endpoint,
         policy: ConnectionPolicy,
         req: Request<B>,
         cap: &mut Capture,
-    ) -> Result<(), EngineError>
+    ) -> Result<(Conn<B>, http::Response<Incoming>), EngineError>
     where
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
-        let reusable = match slot.take() {
+        let reusable = match conn {
             Some(c) if policy == ConnectionPolicy::KeepAlive && !c.sender.is_closed() => Some(c),
             _ => None,
         };
@@ -436,31 +479,65 @@ impl Engine {
         };
         cap.request_sent_ns = IoStamps::get(&conn.stamps.last_write_ns);
         cap.first_byte_ns = IoStamps::get(&conn.stamps.first_read_ns).or(Some(clock::now_ns()));
-        let (parts, mut body) = resp.into_parts();
-        cap.status = Some(parts.status);
-        cap.response_headers = parts.headers;
-        loop {
-            match body.frame().await {
-                Some(Ok(frame)) => {
-                    let now = clock::now_ns();
-                    if let Some(data) = frame.data_ref() {
-                        cap.on_body_frame(data, now);
-                    }
-                    if body.is_end_stream() {
-                        cap.end_ns = Some(now);
-                        break;
-                    }
+        cap.status = Some(resp.status());
+        Ok((conn, resp))
+    }
+
+    /// Read the next response body frame, stamping it into `cap` (and copying data, up to
+    /// the capture's limit, out of hyper's buffers). `Ok(None)` is the end of the body.
+    pub async fn next_frame(
+        body: &mut Incoming,
+        cap: &mut Capture,
+    ) -> Result<Option<Frame<Bytes>>, EngineError> {
+        if body.is_end_stream() {
+            cap.end_ns.get_or_insert_with(clock::now_ns);
+            return Ok(None);
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                let now = clock::now_ns();
+                if let Some(data) = frame.data_ref() {
+                    cap.on_body_frame(data, now);
                 }
-                Some(Err(e)) => return Err(EngineError::new("read response body", &e)),
-                None => {
-                    cap.end_ns = Some(clock::now_ns());
-                    break;
+                if body.is_end_stream() {
+                    cap.end_ns = Some(now);
                 }
+                Ok(Some(frame))
+            }
+            Some(Err(e)) => Err(EngineError::new("read response body", &e)),
+            None => {
+                cap.end_ns.get_or_insert_with(clock::now_ns);
+                Ok(None)
             }
         }
-        if policy == ConnectionPolicy::KeepAlive && !conn.sender.is_closed() {
-            *slot = Some(conn);
-        }
+    }
+
+    /// Keep a connection whose exchange ended cleanly for the next request (keep-alive
+    /// only, and only if the worker did not close it).
+    pub fn release<B>(conn: Conn<B>, policy: ConnectionPolicy) -> Option<Conn<B>> {
+        (policy == ConnectionPolicy::KeepAlive && !conn.sender.is_closed()).then_some(conn)
+    }
+
+    /// Run one whole exchange: send, read the body into `cap`, and refill `slot` with the
+    /// connection when the exchange ended cleanly.
+    pub async fn exchange<B>(
+        &self,
+        slot: &mut Option<Conn<B>>,
+        ep: &Endpoint,
+        policy: ConnectionPolicy,
+        req: Request<B>,
+        cap: &mut Capture,
+    ) -> Result<(), EngineError>
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+    {
+        let (conn, resp) = self.send(slot.take(), ep, policy, req, cap).await?;
+        let (parts, mut body) = resp.into_parts();
+        cap.response_headers = parts.headers;
+        while Engine::next_frame(&mut body, cap).await?.is_some() {}
+        *slot = Engine::release(conn, policy);
         Ok(())
     }
 }

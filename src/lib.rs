@@ -15,4 +15,5 @@ pub mod plan;
 pub mod record;
 pub mod replay;
 pub mod rundir;
+pub mod serve;
 pub mod summary;

@@ -15,7 +15,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -118,9 +118,89 @@ impl Outcome {
     }
 }
 
-/// One exchange, as a row of `exchanges/*.parquet`. Timings are microseconds from the
-/// exchange's t0 on the monotonic clock.
-#[derive(Debug, Clone)]
+/// A global byte budget for recorded bodies held in memory (serve's `--record-memory`).
+#[derive(Debug)]
+pub struct MemoryBudget {
+    remaining: AtomicI64,
+}
+
+impl MemoryBudget {
+    pub fn new(bytes: usize) -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget {
+            remaining: AtomicI64::new(i64::try_from(bytes).unwrap_or(i64::MAX)),
+        })
+    }
+
+    /// Take up to `want` bytes; returns what was granted (0 when the budget is spent).
+    pub fn take(&self, want: usize) -> usize {
+        let want = i64::try_from(want).unwrap_or(i64::MAX);
+        let mut cur = self.remaining.load(Ordering::Relaxed);
+        loop {
+            let grant = want.min(cur.max(0));
+            if grant == 0 {
+                return 0;
+            }
+            match self.remaining.compare_exchange_weak(
+                cur,
+                cur - grant,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return grant as usize,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub fn give_back(&self, bytes: usize) {
+        self.remaining
+            .fetch_add(i64::try_from(bytes).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    pub fn remaining(&self) -> i64 {
+        self.remaining.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes of a [`MemoryBudget`] held by one row until the writer has encoded it.
+#[derive(Debug)]
+pub struct BudgetHold {
+    budget: Arc<MemoryBudget>,
+    bytes: usize,
+}
+
+impl BudgetHold {
+    pub fn new(budget: Arc<MemoryBudget>, bytes: usize) -> BudgetHold {
+        BudgetHold { budget, bytes }
+    }
+
+    pub fn add(&mut self, bytes: usize) {
+        self.bytes += bytes;
+    }
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+/// The timing columns: microseconds from the exchange's t0 on the monotonic clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    pub connect_us: Option<i64>,
+    pub tls_us: Option<i64>,
+    pub tls_resumed: Option<bool>,
+    pub request_sent_us: Option<i64>,
+    pub first_byte_us: Option<i64>,
+    pub first_body_us: Option<i64>,
+    pub total_us: Option<i64>,
+    /// serve only: last response byte handed to the client.
+    pub downstream_done_us: Option<i64>,
+}
+
+/// One exchange, as a row of `exchanges/*.parquet`.
+#[derive(Debug)]
 pub struct ExchangeRecord {
     pub run_id: Arc<str>,
     pub exchange_id: i64,
@@ -150,16 +230,12 @@ pub struct ExchangeRecord {
     pub response_body: Bytes,
     pub response_body_len: i64,
     pub response_body_truncated: bool,
-    pub connect_us: Option<i64>,
-    pub tls_us: Option<i64>,
-    pub tls_resumed: Option<bool>,
-    pub request_sent_us: Option<i64>,
-    pub first_byte_us: Option<i64>,
-    pub first_body_us: Option<i64>,
-    pub total_us: Option<i64>,
+    pub timings: Timings,
     pub outcome: Outcome,
     pub error_message: Option<String>,
     pub oracle_mismatch_pointer: Option<String>,
+    /// Recorded bytes held in serve's memory budget, released once the row is encoded.
+    pub memory: Option<BudgetHold>,
 }
 
 impl ExchangeRecord {
@@ -206,6 +282,7 @@ pub fn exchange_schema() -> SchemaRef {
         f("first_byte_us", DataType::Int64, true),
         f("first_body_us", DataType::Int64, true),
         f("total_us", DataType::Int64, true),
+        f("downstream_done_us", DataType::Int64, true),
         f("outcome", DataType::Utf8, false),
         f("error_message", DataType::Utf8, true),
         f("oracle_mismatch_pointer", DataType::Utf8, true),
@@ -409,13 +486,26 @@ pub fn to_batch(
         col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
             r.response_body_truncated
         )),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.connect_us),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.tls_us),
-        col!(BooleanBuilder::new(), |r: &ExchangeRecord| r.tls_resumed),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.request_sent_us),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.first_byte_us),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.first_body_us),
-        col!(Int64Builder::new(), |r: &ExchangeRecord| r.total_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .timings
+            .connect_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.timings.tls_us),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| r
+            .timings
+            .tls_resumed),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .timings
+            .request_sent_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .timings
+            .first_byte_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .timings
+            .first_body_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r.timings.total_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .timings
+            .downstream_done_us),
         outcome,
         error_message,
         mismatch,
@@ -463,12 +553,19 @@ pub struct WriterStats {
 #[error("recorder: {0}")]
 pub struct RecordError(pub String);
 
-/// Handle to the writer thread.
+enum Msg {
+    Row(Box<ExchangeRecord>),
+    /// Finish every part and stop (sent by [`Recorder::finish`]).
+    Close,
+}
+
+/// Handle to the writer thread. Shared by reference (`&self`) between all tasks.
 pub struct Recorder {
-    tx: Option<mpsc::Sender<ExchangeRecord>>,
+    tx: mpsc::Sender<Msg>,
     slots: Arc<Semaphore>,
     submitted: AtomicU64,
-    handle: Option<JoinHandle<Result<WriterStats, RecordError>>>,
+    dropped: AtomicU64,
+    handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
 }
 
 /// Rows are converted and handed to Parquet in batches of this many rows or bytes.
@@ -489,10 +586,11 @@ impl Recorder {
                 r
             })?;
         Ok(Recorder {
-            tx: Some(tx),
+            tx,
             slots,
             submitted: AtomicU64::new(0),
-            handle: Some(handle),
+            dropped: AtomicU64::new(0),
+            handle: std::sync::Mutex::new(Some(handle)),
         })
     }
 
@@ -505,14 +603,38 @@ impl Recorder {
             .await
             .map_err(|_| RecordError("the writer stopped".into()))?;
         permit.forget();
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| RecordError("recorder already finished".into()))?;
-        tx.send(rec)
+        self.tx
+            .send(Msg::Row(Box::new(rec)))
             .map_err(|_| RecordError("the writer stopped".into()))?;
         self.submitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Queue a finished exchange only if a slot is free (`--on-record-full drop`).
+    /// `Ok(false)`: the queue was full and the row was dropped (and counted).
+    pub fn try_submit(&self, rec: ExchangeRecord) -> Result<bool, RecordError> {
+        match self.slots.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.tx
+                    .send(Msg::Row(Box::new(rec)))
+                    .map_err(|_| RecordError("the writer stopped".into()))?;
+                self.submitted.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                Err(RecordError("the writer stopped".into()))
+            }
+        }
+    }
+
+    /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Rows accepted by [`Recorder::submit`] so far.
@@ -520,10 +642,13 @@ impl Recorder {
         self.submitted.load(Ordering::Relaxed)
     }
 
-    /// Close the queue, let the writer finish every part, and wait for it. Blocking.
-    pub fn finish(mut self) -> Result<WriterStats, RecordError> {
-        self.tx = None;
-        match self.handle.take().map(|h| h.join()) {
+    /// Close the queue (later submits fail), let the writer write every row already
+    /// queued and finish every part, and wait for it. Blocking; call it once.
+    pub fn finish(&self) -> Result<WriterStats, RecordError> {
+        self.slots.close();
+        let _ = self.tx.send(Msg::Close);
+        let handle = self.handle.lock().ok().and_then(|mut h| h.take());
+        match handle.map(|h| h.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(RecordError("the writer thread panicked".into())),
             None => Err(RecordError("recorder already finished".into())),
@@ -593,7 +718,7 @@ fn close_part(part: OpenPart, dir: &Path) -> Result<(), RecordError> {
 
 fn writer_loop(
     opts: RecorderOptions,
-    rx: mpsc::Receiver<ExchangeRecord>,
+    rx: mpsc::Receiver<Msg>,
     slots: &Semaphore,
 ) -> Result<WriterStats, RecordError> {
     let schema = exchange_schema();
@@ -648,10 +773,10 @@ fn writer_loop(
                 None => Duration::from_millis(500),
             };
             match rx.recv_timeout(wait) {
-                Ok(rec) => {
+                Ok(Msg::Row(rec)) => {
                     slots.add_permits(1);
                     pending_bytes += rec.approx_bytes();
-                    pending.push(rec);
+                    pending.push(*rec);
                     while pending.len() >= BATCH_ROWS || pending_bytes >= BATCH_BYTES {
                         flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
                     }
@@ -662,7 +787,7 @@ fn writer_loop(
                         flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Ok(Msg::Close) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                     while !pending.is_empty() {
                         flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
                     }

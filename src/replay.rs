@@ -553,13 +553,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         request_body_len,
         request_body_truncated,
         status: cap.status.map(|s| i32::from(s.as_u16())),
-        connect_us: cap.us(cap.connect_ns),
-        tls_us: cap.us(cap.tls_ns),
-        tls_resumed: cap.tls_resumed,
-        request_sent_us: cap.us(cap.request_sent_ns),
-        first_byte_us: cap.us(cap.first_byte_ns),
-        first_body_us: cap.us(cap.first_body_ns),
-        total_us,
+        timings: cap.timings(),
         response_headers: std::mem::take(&mut cap.response_headers),
         response_body_len: cap.body_len as i64,
         response_body_truncated: cap.body_truncated,
@@ -567,6 +561,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         outcome,
         error_message,
         oracle_mismatch_pointer: mismatch_pointer,
+        memory: None,
     };
     // A failure stops dispatch before anything else happens (recording may wait).
     if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {

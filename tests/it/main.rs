@@ -5,5 +5,7 @@ mod cli;
 mod faults;
 mod replay;
 mod secrets;
+mod serve;
+mod serve_lifecycle;
 mod support;
 mod tls;

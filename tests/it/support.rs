@@ -396,7 +396,8 @@ pub fn read_json(path: &Path) -> Value {
 }
 
 /// A throwaway CA and a server certificate for 127.0.0.1 signed by it. Returns the CA's
-/// PEM file (for `--ca-cert`) and an acceptor for [`Peer::start_with`].
+/// PEM file (for `--ca-cert`) and an acceptor for [`Peer::start_with`]; also writes the
+/// server's chain and key as `server.pem` / `server.key` in `dir`.
 pub fn tls_setup(dir: &Path) -> (PathBuf, tokio_rustls::TlsAcceptor) {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -410,6 +411,12 @@ pub fn tls_setup(dir: &Path) -> (PathBuf, tokio_rustls::TlsAcceptor) {
         .unwrap();
     let ca_path = dir.join("ca.pem");
     std::fs::write(&ca_path, ca.pem()).unwrap();
+    std::fs::write(
+        dir.join("server.pem"),
+        format!("{}{}", leaf.pem(), ca.pem()),
+    )
+    .unwrap();
+    std::fs::write(dir.join("server.key"), leaf_key.serialize_pem()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -422,4 +429,118 @@ pub fn tls_setup(dir: &Path) -> (PathBuf, tokio_rustls::TlsAcceptor) {
         .unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     (ca_path, tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A plain HTTP/1.1 client connection for tests (keep-alive: reuse the same `Client`).
+pub struct Client {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+pub type Answer = (hyper::StatusCode, hyper::HeaderMap, Bytes);
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Client { sender }
+    }
+
+    /// Send a request; `Err` if the response (head or body) did not arrive whole.
+    pub async fn send(&mut self, req: hyper::Request<Full<Bytes>>) -> Result<Answer, String> {
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
+        Ok((parts.status, parts.headers, body))
+    }
+}
+
+pub fn request(
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    body: impl Into<Bytes>,
+) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+/// A `serve` run in-process: its address, run directory, stop flag and task.
+pub struct Serve {
+    pub addr: SocketAddr,
+    pub out: PathBuf,
+    pub stop: Arc<AtomicBool>,
+    pub task: tokio::task::JoinHandle<Result<Exit, CliError>>,
+}
+
+pub fn serve_args(upstream: &str, out: &Path) -> cli::ServeArgs {
+    use clap::Parser;
+    let cli = cli::Cli::try_parse_from([
+        "matrix-proxy",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    match cli.command {
+        cli::Command::Serve(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+impl Serve {
+    pub async fn start(args: cli::ServeArgs) -> Serve {
+        let out = args.out.clone().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(cli::serve_cmd(args, stop.clone()));
+        let config = out.join("config.json");
+        for _ in 0..500 {
+            if config.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let addr = read_json(&config)["listen"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        Serve {
+            addr,
+            out,
+            stop,
+            task,
+        }
+    }
+
+    /// Stop as Ctrl-C would, and wait for the files to be closed.
+    pub async fn stop(self) -> Result<Exit, CliError> {
+        self.stop.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("serve stopped within 60 s")
+            .unwrap()
+    }
 }

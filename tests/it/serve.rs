@@ -1,0 +1,454 @@
+//! serve: the live recording proxy, over real loopback sockets, with the mock worker and
+//! purpose-built peers upstream.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use matrix_proxy::cli::Exit;
+use matrix_proxy::mock::{MockConfig, MockWorker};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+async fn fast_mock() -> MockWorker {
+    MockWorker::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockConfig {
+            prefill_ms: 1.0,
+            per_token_ms: 0.2,
+            stall_ms: 5_000,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn chat(prompt: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "mock", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_every_exchange_recorded_byte_for_byte() {
+    let mock = fast_mock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(&mock.url(), &tmp.path().join("live"))).await;
+    let addr = serve.addr;
+    // 12 keep-alive clients x 4 requests, and 12 clients with a fresh connection each.
+    let mut tasks = Vec::new();
+    for c in 0..24 {
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut client = Client::connect(addr).await;
+            for r in 0..4 {
+                if c >= 12 && r > 0 {
+                    client = Client::connect(addr).await;
+                }
+                let body = chat(&format!("client {c} request {r}"));
+                let ans = client
+                    .send(request("POST", addr, "/v1/chat/completions", body.clone()))
+                    .await
+                    .unwrap();
+                assert_eq!(ans.0, 200);
+                got.push((body, ans.2));
+            }
+            got
+        }));
+    }
+    let mut sent: Vec<(Vec<u8>, Bytes)> = Vec::new();
+    for t in tasks {
+        sent.extend(t.await.unwrap());
+    }
+    let out = serve.out.clone();
+    assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
+    let rows = Rows::read(&out);
+    assert_eq!(rows.len(), 96, "one row per request");
+    assert!(
+        rows.strs("phase")
+            .iter()
+            .all(|p| p.as_deref() == Some("live"))
+    );
+    assert!(
+        rows.strs("outcome")
+            .iter()
+            .all(|o| o.as_deref() == Some("ok")),
+        "{:?}",
+        rows.strs("error_message")
+    );
+    // Byte for byte: what the client sent is what the worker got and what was recorded;
+    // what the worker answered is what the client got and what was recorded.
+    let recorded: BTreeMap<Vec<u8>, Vec<u8>> = rows
+        .bins("request_body")
+        .into_iter()
+        .zip(rows.bins("response_body"))
+        .collect();
+    let seen: Vec<Vec<u8>> = mock.seen().iter().map(|s| s.body.to_vec()).collect();
+    assert_eq!(seen.len(), 96);
+    for (req, resp) in &sent {
+        assert_eq!(
+            recorded.get(req).map(Vec::as_slice),
+            Some(&resp[..]),
+            "request {}",
+            String::from_utf8_lossy(req)
+        );
+        assert!(seen.contains(req));
+    }
+    // Pinned upstream connections mirror the clients: 12 + 12 * 4 downstream connections.
+    let conns: std::collections::BTreeSet<i64> = rows
+        .i64s("connection_id")
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(conns.len(), 12 + 48);
+    let reused = rows
+        .bools("connection_reused")
+        .iter()
+        .filter(|r| **r == Some(true))
+        .count();
+    assert_eq!(reused, 12 * 3);
+    // Timings are ordered, and the downstream end comes after the upstream end.
+    let (fb, total, down) = (
+        rows.i64s("first_byte_us"),
+        rows.i64s("total_us"),
+        rows.i64s("downstream_done_us"),
+    );
+    for i in 0..rows.len() {
+        assert!(
+            fb[i].unwrap() <= total[i].unwrap() && total[i].unwrap() <= down[i].unwrap(),
+            "row {i}"
+        );
+    }
+    let summary = read_json(&out.join("summary.json"));
+    assert_eq!(
+        (
+            summary["requests"].as_u64(),
+            summary["rows_written"].as_u64()
+        ),
+        (Some(96), Some(96))
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_are_rewritten_per_rfc_9110_and_secrets_never_reach_disk() {
+    let peer = Peer::start(Arc::new(|_, _s: &Seen| {
+        let mut r = Reply::json(200, &json!({"ok": true}));
+        r.headers
+            .push(("set-cookie", "sid=SET-COOKIE-SECRET".into()));
+        r.headers.push(("x-upstream-canary", "up-canary-31".into()));
+        r
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
+    args.redact_header = vec!["x-custom-secret".into()];
+    args.redact_query = vec!["sig".into()];
+    let serve = Serve::start(args).await;
+    let mut c = Client::connect(serve.addr).await;
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/v1/x?api_key=QUERY-SECRET-1&keep=visible&sig=SIG-SECRET&token=TOK-SECRET")
+        .header("host", "client.example:9000")
+        .header("authorization", "Bearer BEARER-SECRET")
+        .header("cookie", "c=COOKIE-SECRET")
+        .header("x-api-key", "APIKEY-SECRET")
+        .header("x-custom-secret", "CUSTOM-SECRET")
+        .header("x-canary", "down-canary-17")
+        .header("connection", "x-hop")
+        .header("x-hop", "must-not-pass")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .header("x-forwarded-for", "10.9.8.7")
+        .body(http_body_util::Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let ans = c.send(req).await.unwrap();
+    assert_eq!(ans.0, 200);
+    assert!(
+        ans.1.get("set-cookie").is_some(),
+        "the client still gets its cookie"
+    );
+    let seen = &peer.seen()[0];
+    let h: BTreeMap<&str, &str> = seen
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        h.get("host"),
+        Some(&"client.example:9000"),
+        "Host kept as the client sent it"
+    );
+    assert!(
+        !h.contains_key("x-hop") && !h.contains_key("keep-alive") && !h.contains_key("connection")
+    );
+    assert_eq!(h.get("te"), Some(&"trailers"));
+    assert_eq!(h.get("x-forwarded-for"), Some(&"10.9.8.7, 127.0.0.1"));
+    assert_eq!(h.get("x-forwarded-proto"), Some(&"http"));
+    assert_eq!(
+        h.get("forwarded"),
+        Some(&"for=127.0.0.1;proto=http;host=\"client.example:9000\"")
+    );
+    assert_eq!(
+        h.get("authorization"),
+        Some(&"Bearer BEARER-SECRET"),
+        "forwarded untouched"
+    );
+    assert_eq!(
+        seen.path,
+        "/v1/x?api_key=QUERY-SECRET-1&keep=visible&sig=SIG-SECRET&token=TOK-SECRET"
+    );
+    drop(c);
+    serve.stop().await.unwrap();
+
+    let out = tmp.path().join("live");
+    let mut texts = Vec::new();
+    for f in part_files(&out) {
+        texts.extend(all_text(&read_parquet(&f)));
+    }
+    for f in ["config.json", "summary.json"] {
+        texts.push(std::fs::read_to_string(out.join(f)).unwrap());
+    }
+    let all = texts.join("\n");
+    for canary in ["down-canary-17", "up-canary-31", "keep=visible"] {
+        assert!(
+            all.contains(canary),
+            "{canary} must be found (the search works)"
+        );
+    }
+    for secret in [
+        "BEARER-SECRET",
+        "COOKIE-SECRET",
+        "APIKEY-SECRET",
+        "CUSTOM-SECRET",
+        "SET-COOKIE-SECRET",
+        "QUERY-SECRET",
+        "SIG-SECRET",
+        "TOK-SECRET",
+    ] {
+        assert!(!all.contains(secret), "{secret} reached disk");
+    }
+    let rows = Rows::read(&out);
+    assert_eq!(
+        rows.strs("url")[0].as_deref(),
+        Some(&*peer.url("/v1/x?api_key=<redacted>&keep=visible&sig=<redacted>&token=<redacted>"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failures_become_502_504_or_an_aborted_body_and_the_next_request_works() {
+    let mock = fast_mock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&mock.url(), &tmp.path().join("live"));
+    args.upstream_timeout = 0.3;
+    let serve = Serve::start(args).await;
+    let addr = serve.addr;
+    let fault = |f: &str| {
+        let mut r = request("POST", addr, "/v1/chat/completions", chat("x"));
+        r.headers_mut().insert("x-mock-fault", f.parse().unwrap());
+        r
+    };
+    let mut c = Client::connect(addr).await;
+    // stall: no head within --upstream-timeout -> 504
+    let ans = c.send(fault("stall")).await.unwrap();
+    assert_eq!(ans.0, 504);
+    assert!(String::from_utf8_lossy(&ans.2).contains("--upstream-timeout"));
+    // the same client connection keeps working
+    assert_eq!(
+        c.send(request("POST", addr, "/v1/chat/completions", chat("ok 1")))
+            .await
+            .unwrap()
+            .0,
+        200
+    );
+    // reset mid-body: the head was sent, so the client's body must be cut, not complete
+    let err = c.send(fault("reset")).await.unwrap_err();
+    assert!(err.starts_with("body:"), "{err}");
+    let mut c = Client::connect(addr).await;
+    assert_eq!(
+        c.send(request("POST", addr, "/v1/chat/completions", chat("ok 2")))
+            .await
+            .unwrap()
+            .0,
+        200
+    );
+    // a 500 from the worker is passed through and recorded as such
+    assert_eq!(c.send(fault("http500")).await.unwrap().0, 500);
+    serve.stop().await.unwrap();
+
+    // An upstream that refuses connections: 502.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = Serve::start(serve_args(
+        &format!("http://127.0.0.1:{port}"),
+        &tmp.path().join("dead"),
+    ))
+    .await;
+    let mut c = Client::connect(dead.addr).await;
+    let ans = c
+        .send(request("GET", dead.addr, "/health", ""))
+        .await
+        .unwrap();
+    assert_eq!(ans.0, 502);
+    assert!(String::from_utf8_lossy(&ans.2).contains("connect to 127.0.0.1"));
+    dead.stop().await.unwrap();
+
+    let rows = Rows::read(&tmp.path().join("live"));
+    let outcome: Vec<String> = rows
+        .strs("outcome")
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    let status = rows.i32s("status");
+    let mut by: Vec<(String, Option<i32>)> = outcome.into_iter().zip(status).collect();
+    by.sort();
+    assert_eq!(
+        by,
+        vec![
+            ("ok".into(), Some(200)),
+            ("ok".into(), Some(200)),
+            ("ok".into(), Some(500)),
+            ("timeout".into(), None),
+            ("transport".into(), Some(200)),
+        ]
+    );
+    let dead_rows = Rows::read(&tmp.path().join("dead"));
+    assert_eq!(
+        dead_rows.strs("outcome"),
+        vec![Some("transport".to_string())]
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_stream_both_ways_and_the_record_is_truncated_not_the_traffic() {
+    const MB8: usize = 8 << 20;
+    let big: Bytes = (0..MB8)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let reply = big.clone();
+    let peer = Peer::start(Arc::new(move |_, s: &Seen| {
+        assert_eq!(s.body.len(), MB8, "the upload arrived whole");
+        Reply {
+            status: 200,
+            body: reply.to_vec(),
+            headers: vec![],
+            delay: Duration::ZERO,
+        }
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
+    args.max_record_body = 1 << 20;
+    let serve = Serve::start(args).await;
+    let mut c = Client::connect(serve.addr).await;
+    let ans = c
+        .send(request("POST", serve.addr, "/upload", big.clone()))
+        .await
+        .unwrap();
+    assert_eq!(ans.2.len(), MB8);
+    assert!(ans.2 == big, "the download arrived byte for byte");
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&tmp.path().join("live"));
+    assert_eq!(rows.i64s("request_body_len"), vec![Some(MB8 as i64)]);
+    assert_eq!(rows.i64s("response_body_len"), vec![Some(MB8 as i64)]);
+    assert_eq!(rows.bools("request_body_truncated"), vec![Some(true)]);
+    assert_eq!(rows.bools("response_body_truncated"), vec![Some(true)]);
+    assert_eq!(rows.bins("request_body")[0], big[..1 << 20].to_vec());
+    assert_eq!(rows.bins("response_body")[0], big[..1 << 20].to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_204_304_and_chunked_uploads_pass_through() {
+    let peer = Peer::start(Arc::new(|_, s: &Seen| match s.path.as_str() {
+        "/nocontent" => Reply {
+            status: 204,
+            body: vec![],
+            headers: vec![],
+            delay: Duration::ZERO,
+        },
+        "/notmodified" => Reply {
+            status: 304,
+            body: vec![],
+            headers: vec![],
+            delay: Duration::ZERO,
+        },
+        _ => Reply::json(200, &json!({"len": s.body.len(), "method": s.method})),
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(&peer.url(""), &tmp.path().join("live"))).await;
+    let addr = serve.addr;
+    let mut c = Client::connect(addr).await;
+    let head = c.send(request("HEAD", addr, "/thing", "")).await.unwrap();
+    assert_eq!((head.0.as_u16(), head.2.len()), (200, 0));
+    assert!(head.1.get("content-length").is_some());
+    assert_eq!(
+        c.send(request("GET", addr, "/nocontent", ""))
+            .await
+            .unwrap()
+            .0,
+        204
+    );
+    assert_eq!(
+        c.send(request("GET", addr, "/notmodified", ""))
+            .await
+            .unwrap()
+            .0,
+        304
+    );
+    // A chunked upload (no Content-Length): the worker sees the whole body.
+    let chunks = Chunked(vec![Bytes::from_static(b"abc"), Bytes::from_static(b"defg")].into());
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/chunked")
+        .header("host", addr.to_string())
+        .body(chunks)
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap(),
+        json!({"len": 7, "method": "POST"})
+    );
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&tmp.path().join("live"));
+    assert_eq!(rows.len(), 4);
+    assert!(
+        rows.strs("outcome")
+            .iter()
+            .all(|o| o.as_deref() == Some("ok")),
+        "{:?}",
+        rows.strs("error_message")
+    );
+    assert_eq!(rows.bins("request_body")[3], b"abcdefg".to_vec());
+    assert_eq!(rows.i64s("request_body_len")[3], Some(7));
+}
+
+/// A request body of several frames with no known length (sent chunked).
+struct Chunked(std::collections::VecDeque<Bytes>);
+
+impl hyper::body::Body for Chunked {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
