@@ -712,7 +712,8 @@ async fn pump_and_record(
                 }
                 Ok(Ok(None)) => return None,
                 Ok(Ok(Some(frame))) => {
-                    let last = p.cap.end_ns.is_some();
+                    // Trailers always end a body.
+                    let last = p.cap.end_ns.is_some() || frame.is_trailers();
                     if tx.send(Ok((frame, last))).await.is_err() {
                         return Some((
                             Outcome::ClientAborted,

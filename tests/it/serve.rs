@@ -452,3 +452,109 @@ impl hyper::body::Body for Chunked {
         std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(hyper::body::Frame::data(b))))
     }
 }
+
+/// A body of one data frame followed by trailers.
+struct WithTrailers(u8);
+
+impl hyper::body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.0 += 1;
+        std::task::Poll::Ready(match self.0 {
+            1 => Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"hello")))),
+            2 => {
+                let mut t = hyper::HeaderMap::new();
+                t.insert("x-checksum", "abc123".parse().unwrap());
+                Some(Ok(hyper::body::Frame::trailers(t)))
+            }
+            _ => None,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_pass_when_asked_for_and_expect_100_continue_is_answered() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let log = log.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = http_body_util::BodyExt::collect(body)
+                                .await
+                                .unwrap()
+                                .to_bytes();
+                            log.lock().unwrap().push((parts.headers.clone(), body));
+                            let mut r = hyper::Response::new(WithTrailers(0));
+                            r.headers_mut()
+                                .insert("trailer", "x-checksum".parse().unwrap());
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(
+        &format!("http://{up}"),
+        &tmp.path().join("live"),
+    ))
+    .await;
+    let tcp = tokio::net::TcpStream::connect(serve.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/t")
+        .header("host", serve.addr.to_string())
+        .header("te", "trailers")
+        .header("expect", "100-continue")
+        .body(http_body_util::Full::new(Bytes::from_static(b"payload")))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let collected = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("trailers reached the client");
+    assert_eq!(trailers.get("x-checksum").unwrap(), "abc123");
+    assert_eq!(&collected.to_bytes()[..], b"hello");
+    let (headers, body) = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        &body[..],
+        b"payload",
+        "the body went up after the proxy answered Expect"
+    );
+    assert!(
+        headers.get("expect").is_none(),
+        "Expect is answered by the proxy, not forwarded"
+    );
+    assert_eq!(headers.get("te").unwrap(), "trailers");
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    assert_eq!(rows.strs("outcome"), vec![Some("ok".to_string())]);
+    assert_eq!(rows.bins("response_body")[0], b"hello".to_vec());
+}
