@@ -821,3 +821,95 @@ fn writer_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: i64, body: &'static [u8]) -> ExchangeRecord {
+        ExchangeRecord {
+            run_id: Arc::from("r"),
+            exchange_id: i,
+            phase: Phase::Live,
+            case_name: None,
+            variant: None,
+            concurrency: None,
+            repetition: None,
+            dispatch_index: i,
+            worker: 0,
+            connection_id: None,
+            connection_reused: false,
+            connection_retried: false,
+            started_at_us: 0,
+            start_offset_us: 0,
+            method: http::Method::GET,
+            url: "http://h/x?token=abc&keep=1".into(),
+            request_headers: HeaderMap::new(),
+            request_body: Bytes::from_static(body),
+            request_body_len: body.len() as i64,
+            request_body_truncated: false,
+            status: Some(200),
+            response_headers: HeaderMap::new(),
+            response_body: Bytes::new(),
+            response_body_len: 0,
+            response_body_truncated: false,
+            timings: Timings::default(),
+            outcome: Outcome::Ok,
+            error_message: None,
+            oracle_mismatch_pointer: None,
+            memory: None,
+        }
+    }
+
+    #[test]
+    fn drop_policy_counts_every_row_it_does_not_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = RecorderOptions::new(dir.path().to_path_buf());
+        opts.queue_rows = 1;
+        opts.part_rows = 7_000;
+        let rec = Recorder::start(opts).unwrap();
+        let n = 50_000;
+        let mut kept = 0u64;
+        for i in 0..n {
+            if rec.try_submit(row(i, b"x")).unwrap() {
+                kept += 1;
+            }
+        }
+        let stats = rec.finish().unwrap();
+        assert_eq!(stats.rows, kept, "every accepted row is written");
+        assert_eq!(
+            rec.dropped(),
+            n as u64 - kept,
+            "every other row is counted as dropped"
+        );
+        assert!(
+            rec.dropped() > 0,
+            "a one-row queue under a tight loop must overflow"
+        );
+        assert_eq!(stats.parts as u64, kept.div_ceil(7_000));
+        // After finish, submitting is an error, not a silent loss.
+        assert!(rec.try_submit(row(0, b"x")).is_err());
+    }
+
+    #[test]
+    fn memory_budget_grants_what_is_left_and_holds_release_it() {
+        let b = MemoryBudget::new(10);
+        assert_eq!(b.take(4), 4);
+        assert_eq!(b.take(10), 6);
+        assert_eq!(b.take(1), 0);
+        let hold = BudgetHold::new(b.clone(), 10);
+        drop(hold);
+        assert_eq!(b.remaining(), 10);
+    }
+
+    #[test]
+    fn url_redaction_keeps_other_parameters() {
+        let r = Redaction::default();
+        assert_eq!(
+            r.url("http://h/x?token=abc&keep=1&API_KEY=z"),
+            "http://h/x?token=<redacted>&keep=1&API_KEY=<redacted>"
+        );
+        assert_eq!(r.url("http://h/x"), "http://h/x");
+        assert_eq!(r.url("http://h/x?key"), "http://h/x?key");
+    }
+}

@@ -558,3 +558,44 @@ async fn trailers_pass_when_asked_for_and_expect_100_continue_is_answered() {
     assert_eq!(rows.strs("outcome"), vec![Some("ok".to_string())]);
     assert_eq!(rows.bins("response_body")[0], b"hello".to_vec());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_record_memory_budget_truncates_the_record_not_the_traffic() {
+    let reply = vec![b'r'; 3000];
+    let peer = Peer::start(Arc::new(move |_, _s: &Seen| Reply {
+        status: 200,
+        body: reply.clone(),
+        headers: vec![],
+        delay: Duration::ZERO,
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
+    args.record_memory = 4096;
+    let serve = Serve::start(args).await;
+    let mut c = Client::connect(serve.addr).await;
+    let ans = c
+        .send(request("POST", serve.addr, "/x", vec![b'q'; 3000]))
+        .await
+        .unwrap();
+    assert_eq!(ans.2.len(), 3000, "forwarding is never truncated");
+    assert_eq!(peer.seen()[0].body.len(), 3000);
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    assert_eq!(
+        (
+            rows.bins("request_body")[0].len(),
+            rows.bools("request_body_truncated")[0]
+        ),
+        (3000, Some(false))
+    );
+    assert_eq!(
+        (
+            rows.bins("response_body")[0].len(),
+            rows.bools("response_body_truncated")[0]
+        ),
+        (1096, Some(true))
+    );
+    assert_eq!(rows.i64s("response_body_len")[0], Some(3000));
+}
