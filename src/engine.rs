@@ -30,7 +30,8 @@ use tokio::net::TcpStream;
 
 use crate::clock;
 use crate::plan::{ConnectionPolicy, Endpoint, Scheme};
-use crate::record::{BudgetHold, MemoryBudget, Timings};
+use crate::record::{BudgetHold, MemoryBudget, StreamColumns, Timings};
+use crate::sse::{Event, LineTooLong, SseParser, StreamTracker};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -218,6 +219,30 @@ pub struct Capture {
     budget: Option<Arc<MemoryBudget>>,
     budget_held: usize,
     stamps: Option<Arc<IoStamps>>,
+    sse: Option<Box<SseState>>,
+}
+
+/// Event-stream state of one exchange: the parser and what the events said so far.
+#[derive(Debug, Default)]
+struct SseState {
+    parser: SseParser,
+    tracker: StreamTracker,
+    scratch: Vec<Event>,
+    error: Option<LineTooLong>,
+}
+
+impl SseState {
+    fn feed(&mut self, data: &[u8], now_ns: u64) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.parser.feed(data, now_ns, &mut self.scratch) {
+            self.error = Some(e);
+        }
+        for ev in self.scratch.drain(..) {
+            self.tracker.on_event(&ev);
+        }
+    }
 }
 
 impl Capture {
@@ -249,6 +274,7 @@ impl Capture {
             budget,
             budget_held: 0,
             stamps: None,
+            sse: None,
         }
     }
 
@@ -271,6 +297,64 @@ impl Capture {
             self.body_truncated = true;
         }
         self.body.extend_from_slice(&data[..granted]);
+        if let Some(sse) = self.sse.as_mut() {
+            sse.feed(data, now_ns);
+        }
+    }
+
+    /// Hook: the response head says `text/event-stream`; stamp every event from now on.
+    pub fn on_event_stream(&mut self) {
+        self.sse = Some(Box::default());
+    }
+
+    /// Why a stream that ended cleanly is still incomplete: an OpenAI-style stream must end
+    /// with `data: [DONE]`, and no event line may exceed the parser's limit.
+    pub fn stream_incomplete(&self) -> Option<String> {
+        let sse = self.sse.as_ref()?;
+        if let Some(e) = &sse.error {
+            return Some(format!("event stream: {e}"));
+        }
+        (sse.tracker.openai && !sse.tracker.done)
+            .then(|| "OpenAI-style event stream ended without data: [DONE]".to_string())
+    }
+
+    /// The stream columns of the row (`None` when the response was not an event stream).
+    pub fn stream_columns(&self) -> Option<StreamColumns> {
+        let sse = self.sse.as_ref()?;
+        let t = &sse.tracker;
+        let offs = |v: &[u64]| {
+            v.iter()
+                .map(|&n| clock::us_between(self.t0_ns, n))
+                .collect::<Vec<i64>>()
+        };
+        let event_offsets_us = offs(&t.event_offsets_ns);
+        // Content events: those carrying generated text in an OpenAI-style stream; for any
+        // other event stream, every event but `[DONE]`.
+        let content_offsets_us = if t.openai {
+            offs(&t.content_ns)
+        } else {
+            offs(&t.event_offsets_ns)
+        };
+        let ttft_us = content_offsets_us.first().copied();
+        let (output_tokens, source) = match t.usage_field("completion_tokens") {
+            Some(n) => (Some(n), "usage"),
+            None => (Some(content_offsets_us.len() as i64), "events"),
+        };
+        let total_us = self.us(self.end_ns);
+        let tpot_us = match (total_us, ttft_us, output_tokens) {
+            (Some(total), Some(ttft), Some(n)) if n > 1 => Some((total - ttft) / (n - 1)),
+            _ => None,
+        };
+        Some(StreamColumns {
+            event_count: t.events as i64,
+            event_offsets_us,
+            content_offsets_us,
+            ttft_us,
+            tpot_us,
+            output_tokens,
+            output_tokens_source: source,
+            prompt_tokens: t.usage_field("prompt_tokens"),
+        })
     }
 
     /// The memory this capture's recorded bytes hold in the global budget; released
@@ -480,6 +564,18 @@ impl Engine {
         cap.request_sent_ns = IoStamps::get(&conn.stamps.last_write_ns);
         cap.first_byte_ns = IoStamps::get(&conn.stamps.first_read_ns).or(Some(clock::now_ns()));
         cap.status = Some(resp.status());
+        let is_sse = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            });
+        if is_sse {
+            cap.on_event_stream();
+        }
         Ok((conn, resp))
     }
 

@@ -16,4 +16,5 @@ pub mod record;
 pub mod replay;
 pub mod rundir;
 pub mod serve;
+pub mod sse;
 pub mod summary;

@@ -12,6 +12,7 @@
 //! close the keep-alive connection). The mock is test equipment: it must never be
 //! mistaken for a measurement of anything but the tool itself.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -72,9 +73,12 @@ pub struct SeenRequest {
 
 struct State {
     config: MockConfig,
-    batch: Semaphore,
+    batch: Arc<Semaphore>,
     next_id: AtomicU64,
     seen: Mutex<Vec<SeenRequest>>,
+    /// Response id -> monotonic stamps (`clock::now_ns`) at which each SSE event was
+    /// handed to the connection.
+    event_log: Mutex<HashMap<String, Vec<u64>>>,
 }
 
 /// A running mock worker. Dropping it (or [`MockWorker::shutdown`]) stops the server and
@@ -92,10 +96,11 @@ impl MockWorker {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
-            batch: Semaphore::new(config.max_batch.max(1)),
+            batch: Arc::new(Semaphore::new(config.max_batch.max(1))),
             config,
             next_id: AtomicU64::new(1),
             seen: Mutex::new(Vec::new()),
+            event_log: Mutex::new(HashMap::new()),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -142,6 +147,11 @@ impl MockWorker {
             .unwrap_or_default()
     }
 
+    /// When each event of the streamed response `id` was written (monotonic ns).
+    pub fn event_log(&self, id: &str) -> Option<Vec<u64>> {
+        self.state.event_log.lock().ok()?.get(id).cloned()
+    }
+
     pub async fn shutdown(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -160,8 +170,9 @@ impl Drop for MockWorker {
     }
 }
 
-/// The mock's response body: whole, or cut after half its declared length (the half is
-/// flushed first, then the connection is reset a few milliseconds later).
+/// The mock's response body: whole, cut after half its declared length (the half is
+/// flushed first, then the connection is reset a few milliseconds later), or an event
+/// stream paced by the latency model.
 pub enum MockBody {
     Full(Option<Bytes>),
     Cut {
@@ -169,6 +180,75 @@ pub enum MockBody {
         pause: Pin<Box<tokio::time::Sleep>>,
         failed: bool,
     },
+    Stream(Box<MockStream>),
+}
+
+/// One step of a streamed answer.
+enum Step {
+    /// Write this event when the previous one has been written.
+    Now(Bytes),
+    /// Wait `Duration` after the previous deadline, then write.
+    After(Duration, Bytes),
+    /// Reset the connection (the `stream-cut` fault).
+    Cut,
+}
+
+/// A paced SSE answer. Deadlines are absolute (each one is the previous plus the step's
+/// delay), so timer slack never accumulates; every write is stamped into the event log.
+pub struct MockStream {
+    steps: std::collections::VecDeque<Step>,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    waited: bool,
+    id: String,
+    state: Arc<State>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl MockStream {
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        loop {
+            let delay = match self.steps.front() {
+                None => {
+                    self._slot = None;
+                    return Poll::Ready(None);
+                }
+                Some(Step::After(d, _)) if !self.waited => Some(*d),
+                _ => None,
+            };
+            if let Some(d) = delay {
+                let next = self.sleep.deadline() + d;
+                self.sleep.as_mut().reset(next);
+                self.waited = true;
+            }
+            if self.waited {
+                if self.sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.waited = false;
+            }
+            match self.steps.pop_front() {
+                Some(Step::Now(b)) | Some(Step::After(_, b)) => {
+                    if let Ok(mut log) = self.state.event_log.lock() {
+                        log.entry(self.id.clone())
+                            .or_default()
+                            .push(clock::now_ns());
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
+                }
+                Some(Step::Cut) => {
+                    self.steps.clear();
+                    return Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "mock fault: stream cut",
+                    ))));
+                }
+                None => continue,
+            }
+        }
+    }
 }
 
 impl Body for MockBody {
@@ -181,6 +261,7 @@ impl Body for MockBody {
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         match &mut *self {
             MockBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            MockBody::Stream(st) => st.poll_next(cx),
             MockBody::Cut {
                 half,
                 pause,
@@ -212,7 +293,7 @@ impl Body for MockBody {
         match self {
             MockBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             MockBody::Full(None) => SizeHint::with_exact(0),
-            MockBody::Cut { .. } => SizeHint::default(),
+            MockBody::Cut { .. } | MockBody::Stream(_) => SizeHint::default(),
         }
     }
 }
@@ -371,7 +452,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
 }
 
 async fn complete(
-    st: &State,
+    st: &Arc<State>,
     chat: bool,
     req: Option<&Value>,
     fault: Option<&str>,
@@ -396,6 +477,14 @@ async fn complete(
 
     if fault == Some("stall") {
         tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
+    }
+    if req.get("stream").and_then(Value::as_bool) == Some(true) {
+        let include_usage = req
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        return stream_response(st, chat, &prompt, tokens, &model, include_usage, fault).await;
     }
     {
         let _slot = st.batch.acquire().await;
@@ -459,6 +548,116 @@ async fn complete(
         _ => {}
     }
     resp
+}
+
+/// The words of [`generate_text`] as stream tokens: joined, they are the same text.
+pub fn stream_tokens(prompt: &str, tokens: u32) -> Vec<String> {
+    let text = generate_text(prompt, tokens);
+    if text.is_empty() {
+        return Vec::new();
+    }
+    text.split(' ')
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                w.to_string()
+            } else {
+                format!(" {w}")
+            }
+        })
+        .collect()
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// A streamed completion: role chunk at once, the first token after the prefill, one token
+/// per `per_token_ms`, the finish chunk, the usage chunk when asked for, `[DONE]`. Holds a
+/// batch slot for the whole stream, like a real server's running batch.
+async fn stream_response(
+    st: &Arc<State>,
+    chat: bool,
+    prompt: &str,
+    tokens: u32,
+    model: &str,
+    include_usage: bool,
+    fault: Option<&str>,
+) -> Response<MockBody> {
+    let slot = st.batch.clone().acquire_owned().await.ok();
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = if chat {
+        format!("chatcmpl-mock-{n:08x}")
+    } else {
+        format!("cmpl-mock-{n:08x}")
+    };
+    let created = clock::wall_now_us() / 1_000_000;
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let chunk = |choice: Value| json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+    let piece = |text: &str, finish: Value| {
+        if chat {
+            let delta = if text.is_empty() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            chunk(json!({"index": 0, "delta": delta, "finish_reason": finish}))
+        } else {
+            chunk(json!({"index": 0, "text": text, "finish_reason": finish}))
+        }
+    };
+    let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
+    let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
+    let words = stream_tokens(prompt, tokens);
+    let mut steps = std::collections::VecDeque::new();
+    if chat {
+        steps.push_back(Step::Now(sse(&chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+        ))));
+    }
+    let half = words.len() / 2;
+    for (i, w) in words.iter().enumerate() {
+        if i == half && fault == Some("stream-cut") {
+            steps.push_back(Step::Cut);
+            break;
+        }
+        let mut delay = if i == 0 { prefill } else { per_token };
+        if i == half && i > 0 && fault == Some("stream-stall") {
+            delay += Duration::from_millis(st.config.stall_ms);
+        }
+        steps.push_back(Step::After(delay, sse(&piece(w, Value::Null))));
+    }
+    steps.push_back(Step::Now(sse(&piece("", json!("length")))));
+    if include_usage {
+        let prompt_tokens = prompt.split_whitespace().count();
+        steps.push_back(Step::Now(sse(&json!({
+            "id": id, "object": object, "created": created, "model": model, "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize},
+        }))));
+    }
+    steps.push_back(Step::Now(Bytes::from_static(b"data: [DONE]\n\n")));
+    let body = MockStream {
+        steps,
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        waited: false,
+        id,
+        state: st.clone(),
+        _slot: slot,
+    };
+    let mut r = Response::new(MockBody::Stream(Box::new(body)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    r
 }
 
 #[cfg(test)]

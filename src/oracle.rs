@@ -162,6 +162,29 @@ pub enum Oracle {
     },
     /// Exact bytes.
     Bytes(Bytes),
+    /// An event stream judged as the virtual document
+    /// `{"text": ..., "usage": ..., "events": [...]}` (pointers in mismatches use it).
+    Stream(Box<StreamOracle>),
+}
+
+/// What one expected event's `data` must be.
+#[derive(Debug, Clone)]
+pub enum EventExpect {
+    /// Exactly this text (e.g. `[DONE]`).
+    Text(String),
+    /// JSON, compared type-strictly, with the ignore paths that resolve in it.
+    Json(Value, IgnoreTrie),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StreamOracle {
+    /// The assembled generated text (choice 0) must equal this exactly.
+    pub text: Option<String>,
+    /// The stream's final `usage` object, type-strict, with the ignore paths that resolve in it.
+    pub usage: Option<(Value, IgnoreTrie)>,
+    /// The exact list of event payloads.
+    pub events: Option<Vec<EventExpect>>,
+    pub ignore_paths: Vec<Pointer>,
 }
 
 /// Opaque trie of ignore paths (built by [`Oracle::json`]).
@@ -184,6 +207,9 @@ impl Oracle {
     /// Add ignore paths to a JSON oracle (validated as in [`Oracle::json`]). For an
     /// exact-bytes oracle this is a no-op: validation rejects that combination earlier.
     pub fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
+        if let Oracle::Stream(so) = self {
+            return so.add_ignore_paths(paths);
+        }
         let Oracle::Json {
             expected,
             ignore_paths,
@@ -211,6 +237,7 @@ impl Oracle {
         match self {
             Oracle::Json { .. } => "json",
             Oracle::Bytes(_) => "bytes",
+            Oracle::Stream(_) => "stream",
         }
     }
 
@@ -245,7 +272,134 @@ impl Oracle {
                 let mut path = Vec::new();
                 compare(expected, &actual, Some(&ignore.0), &mut path)
             }
+            Oracle::Stream(so) => so.check(body),
         }
+    }
+}
+
+impl StreamOracle {
+    /// Each path must resolve to a primitive leaf in at least one JSON payload (an expected
+    /// event or the usage object); it is applied to the payloads where it resolves.
+    fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
+        let mut errs = Vec::new();
+        for p in paths {
+            let mut used = false;
+            if let Some((v, trie)) = self.usage.as_mut()
+                && resolve_leaf(v, &p).is_ok()
+            {
+                trie.0.insert(&p);
+                used = true;
+            }
+            for e in self.events.iter_mut().flatten() {
+                if let EventExpect::Json(v, trie) = e
+                    && resolve_leaf(v, &p).is_ok()
+                {
+                    trie.0.insert(&p);
+                    used = true;
+                }
+            }
+            if used {
+                self.ignore_paths.push(p);
+            } else {
+                errs.push(format!(
+                    "ignore path '{}' does not end at a primitive leaf of any expected event or of expected_usage",
+                    p.as_str()
+                ));
+            }
+        }
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
+        let events = crate::sse::parse_all(body).map_err(|e| Mismatch {
+            pointer: Some(String::new()),
+            reason: format!("response is not a readable event stream ({e})"),
+        })?;
+        let mut tracker = crate::sse::StreamTracker::default();
+        for e in &events {
+            tracker.on_event(e);
+        }
+        if let Some(expected) = &self.events {
+            for (i, exp) in expected.iter().enumerate() {
+                let Some(got) = events.get(i) else {
+                    return Err(Mismatch {
+                        pointer: Some(format!("/events/{i}")),
+                        reason: format!(
+                            "event is missing (expected {} events, found {})",
+                            expected.len(),
+                            events.len()
+                        ),
+                    });
+                };
+                match exp {
+                    EventExpect::Text(t) if *t == got.data => {}
+                    EventExpect::Text(t) => {
+                        return Err(Mismatch {
+                            pointer: Some(format!("/events/{i}")),
+                            reason: format!(
+                                "expected data {t:?}, found {:?}",
+                                short_str(&got.data)
+                            ),
+                        });
+                    }
+                    EventExpect::Json(v, trie) => {
+                        let actual: Value =
+                            serde_json::from_str(&got.data).map_err(|e| Mismatch {
+                                pointer: Some(format!("/events/{i}")),
+                                reason: format!("event data is not valid JSON ({e})"),
+                            })?;
+                        let mut path = vec![PathTok::Key("events"), PathTok::Index(i)];
+                        compare(v, &actual, Some(&trie.0), &mut path)?;
+                    }
+                }
+            }
+            if events.len() > expected.len() {
+                return Err(Mismatch {
+                    pointer: Some(format!("/events/{}", expected.len())),
+                    reason: format!(
+                        "unexpected event (expected {} events, found {})",
+                        expected.len(),
+                        events.len()
+                    ),
+                });
+            }
+        }
+        if let Some(t) = &self.text
+            && *t != tracker.text
+        {
+            let at = t
+                .chars()
+                .zip(tracker.text.chars())
+                .position(|(a, b)| a != b)
+                .unwrap_or(t.chars().count().min(tracker.text.chars().count()));
+            return Err(Mismatch {
+                pointer: Some("/text".into()),
+                reason: format!(
+                    "generated text differs at character {at}: expected {:?}, found {:?}",
+                    short_str(t),
+                    short_str(&tracker.text)
+                ),
+            });
+        }
+        if let Some((v, trie)) = &self.usage {
+            let Some(actual) = &tracker.usage else {
+                return Err(Mismatch {
+                    pointer: Some("/usage".into()),
+                    reason: "the stream carried no usage object (ask for it with stream_options.include_usage)".into(),
+                });
+            };
+            let mut path = vec![PathTok::Key("usage")];
+            compare(v, actual, Some(&trie.0), &mut path)?;
+        }
+        Ok(())
+    }
+}
+
+fn short_str(s: &str) -> String {
+    if s.chars().count() > 80 {
+        format!("{}...", s.chars().take(77).collect::<String>())
+    } else {
+        s.to_string()
     }
 }
 
@@ -566,6 +720,113 @@ mod tests {
         assert_eq!(
             Pointer::parse("/a~1b/~0").unwrap().tokens,
             vec!["a/b".to_string(), "~".to_string()]
+        );
+    }
+
+    fn stream_oracle(
+        text: Option<&str>,
+        usage: Option<Value>,
+        events: Option<Vec<Value>>,
+        ignore: &[&str],
+    ) -> Oracle {
+        let so = StreamOracle {
+            text: text.map(str::to_string),
+            usage: usage.map(|u| (u, IgnoreTrie::default())),
+            events: events.map(|es| {
+                es.into_iter()
+                    .map(|e| match e {
+                        Value::String(s) => EventExpect::Text(s),
+                        v => EventExpect::Json(v, IgnoreTrie::default()),
+                    })
+                    .collect()
+            }),
+            ignore_paths: vec![],
+        };
+        let mut o = Oracle::Stream(Box::new(so));
+        o.add_ignore_paths(ignore.iter().map(|p| Pointer::parse(p).unwrap()).collect())
+            .unwrap();
+        o
+    }
+
+    const STREAM: &str = concat!(
+        "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+        "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n",
+        "data: [DONE]\n\n"
+    );
+
+    #[test]
+    fn stream_text_and_usage() {
+        let o = stream_oracle(
+            Some("Hello"),
+            Some(json!({"prompt_tokens": 3, "completion_tokens": 2})),
+            None,
+            &[],
+        );
+        assert_eq!(o.check(STREAM.as_bytes()), Ok(()));
+        let o = stream_oracle(Some("Help"), None, None, &[]);
+        let m = o.check(STREAM.as_bytes()).unwrap_err();
+        assert_eq!(m.pointer.as_deref(), Some("/text"));
+        assert!(
+            m.reason
+                .starts_with("generated text differs at character 3"),
+            "{}",
+            m.reason
+        );
+        let o = stream_oracle(
+            Some("Hello"),
+            Some(json!({"prompt_tokens": 3, "completion_tokens": 2.0})),
+            None,
+            &[],
+        );
+        assert_eq!(
+            o.check(STREAM.as_bytes()).unwrap_err().pointer.as_deref(),
+            Some("/usage/completion_tokens")
+        );
+        let no_usage = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\ndata: [DONE]\n\n";
+        let o = stream_oracle(Some("Hello"), Some(json!({})), None, &[]);
+        assert_eq!(
+            o.check(no_usage.as_bytes()).unwrap_err().pointer.as_deref(),
+            Some("/usage")
+        );
+    }
+
+    #[test]
+    fn stream_events_exact_with_ignore_paths() {
+        let ev =
+            |c: &str| json!({"id": "other", "choices": [{"index": 0, "delta": {"content": c}}]});
+        let usage = json!({"id": "zzz", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let o = stream_oracle(
+            None,
+            None,
+            Some(vec![ev("Hel"), ev("lo"), usage.clone(), json!("[DONE]")]),
+            &["/id"],
+        );
+        assert_eq!(o.check(STREAM.as_bytes()), Ok(()));
+        let o = stream_oracle(
+            None,
+            None,
+            Some(vec![ev("Hel"), ev("lo!"), usage.clone(), json!("[DONE]")]),
+            &["/id"],
+        );
+        assert_eq!(
+            o.check(STREAM.as_bytes()).unwrap_err().pointer.as_deref(),
+            Some("/events/1/choices/0/delta/content")
+        );
+        let o = stream_oracle(None, None, Some(vec![ev("Hel"), ev("lo"), usage]), &["/id"]);
+        let m = o.check(STREAM.as_bytes()).unwrap_err();
+        assert_eq!(
+            (m.pointer.as_deref(), m.reason.as_str()),
+            (
+                Some("/events/3"),
+                "unexpected event (expected 3 events, found 4)"
+            )
+        );
+        // Without the ignore path the volatile id is compared.
+        let o = stream_oracle(None, None, Some(vec![ev("Hel")]), &[]);
+        assert_eq!(
+            o.check(STREAM.as_bytes()).unwrap_err().pointer.as_deref(),
+            Some("/events/0/id")
         );
     }
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
-use crate::oracle::{Oracle, Pointer};
+use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle};
 
 /// The provenance keys every plan must carry with a non-blank string value.
 pub const REQUIRED_METADATA: [&str; 11] = [
@@ -55,6 +55,9 @@ const CASE_FIELDS: &[&str] = &[
     "content_type",
     "expected_response",
     "expected_response_text",
+    "expected_stream_text",
+    "expected_events",
+    "expected_usage",
     "ignore_paths",
     "variants",
     "method",
@@ -69,7 +72,18 @@ const VARIANT_FIELDS: &[&str] = &[
     "content_type",
     "expected_response",
     "expected_response_text",
+    "expected_stream_text",
+    "expected_events",
+    "expected_usage",
     "ignore_paths",
+];
+
+/// The fields that hold a request's oracle (exactly one per request).
+const ORACLE_FIELDS: &[&str] = &[
+    "expected_response",
+    "expected_response_text",
+    "expected_stream_text",
+    "expected_events",
 ];
 
 /// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
@@ -848,6 +862,9 @@ impl Validator {
                     "content_type",
                     "expected_response",
                     "expected_response_text",
+                    "expected_stream_text",
+                    "expected_events",
+                    "expected_usage",
                 ] {
                     if m.contains_key(key) {
                         self.err(
@@ -1013,44 +1030,82 @@ impl Validator {
                     })
             }
         };
-        let oracle = match (m.get("expected_response"), m.get("expected_response_text")) {
-            (Some(_), Some(_)) => {
-                self.err(
-                    join(path, "expected_response_text"),
-                    "a case has exactly one oracle: give expected_response or expected_response_text, not both",
-                );
-                None
-            }
-            (None, None) => {
+        let primaries: Vec<&str> = ORACLE_FIELDS
+            .iter()
+            .copied()
+            .filter(|k| m.contains_key(*k))
+            .collect();
+        let has_ignore = !inherited_ignore.is_empty() || m.contains_key("ignore_paths");
+        if m.contains_key("expected_usage")
+            && !primaries
+                .iter()
+                .any(|k| matches!(*k, "expected_stream_text" | "expected_events"))
+        {
+            self.err(
+                join(path, "expected_usage"),
+                "goes with a streaming oracle: expected_stream_text or expected_events",
+            );
+            ok = false;
+        }
+        let oracle = match primaries.as_slice() {
+            [] => {
                 self.err(
                     join(path, "expected_response"),
-                    "is required: the oracle (expected_response for type-strict JSON, expected_response_text for exact bytes)",
+                    "is required: the oracle (expected_response for type-strict JSON, expected_response_text for exact bytes, expected_stream_text or expected_events for an event stream)",
                 );
                 None
             }
-            (Some(expected), None) => {
-                match Oracle::json(expected.clone(), inherited_ignore.to_vec()) {
-                    Ok(o) => Some(o),
-                    Err(msgs) => {
-                        for msg in msgs {
-                            self.err(join(path, "expected_response"), msg);
+            [_, second, ..] => {
+                self.err(
+                    join(path, second),
+                    format!(
+                        "a request has exactly one oracle: give one of {}, not {}",
+                        ORACLE_FIELDS.join(", "),
+                        primaries.join(" and ")
+                    ),
+                );
+                None
+            }
+            ["expected_response"] => {
+                let asks_stream = m
+                    .get("request")
+                    .and_then(|r| r.get("stream"))
+                    .and_then(Value::as_bool)
+                    == Some(true);
+                if asks_stream {
+                    self.err(
+                        join(path, "expected_response"),
+                        "the request asks for a stream (\"stream\": true), so the answer is an event stream, not one JSON document: use expected_stream_text (with optional expected_usage) or expected_events",
+                    );
+                    None
+                } else {
+                    let expected = m.get("expected_response").cloned().unwrap_or(Value::Null);
+                    match Oracle::json(expected, inherited_ignore.to_vec()) {
+                        Ok(o) => Some(o),
+                        Err(msgs) => {
+                            for msg in msgs {
+                                self.err(join(path, "expected_response"), msg);
+                            }
+                            None
                         }
-                        None
                     }
                 }
             }
-            (None, Some(text)) => {
+            ["expected_response_text"] => {
                 let p = join(path, "expected_response_text");
-                let t = self.string(text, &p);
-                if !inherited_ignore.is_empty() || m.contains_key("ignore_paths") {
+                let t = m
+                    .get("expected_response_text")
+                    .and_then(|v| self.string(v, &p));
+                if has_ignore {
                     self.err(
                         join(path, "ignore_paths"),
-                        "ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte",
+                        "ignore_paths only applies to JSON oracles (expected_response, expected_events, expected_usage); an exact-bytes oracle compares every byte",
                     );
                     ok = false;
                 }
                 t.map(|t| Oracle::Bytes(Bytes::copy_from_slice(t.as_bytes())))
             }
+            _ => self.stream_oracle(m, path, inherited_ignore),
         };
         if !ok {
             return None;
@@ -1061,6 +1116,77 @@ impl Validator {
             content_type: content_type?,
             oracle: oracle?,
         })
+    }
+
+    /// `expected_stream_text` or `expected_events`, with optional `expected_usage`.
+    fn stream_oracle(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        inherited_ignore: &[Pointer],
+    ) -> Option<Oracle> {
+        let mut so = StreamOracle::default();
+        let mut ok = true;
+        if let Some(v) = m.get("expected_stream_text") {
+            so.text = self
+                .string(v, &join(path, "expected_stream_text"))
+                .map(str::to_string);
+            ok &= so.text.is_some();
+        }
+        if let Some(v) = m.get("expected_events") {
+            let p = join(path, "expected_events");
+            match v {
+                Value::Array(items) if !items.is_empty() => {
+                    so.events = Some(
+                        items
+                            .iter()
+                            .map(|e| match e {
+                                Value::String(s) => EventExpect::Text(s.clone()),
+                                other => EventExpect::Json(other.clone(), Default::default()),
+                            })
+                            .collect(),
+                    );
+                }
+                other => {
+                    self.err(
+                        &p,
+                        format!(
+                            "must be a non-empty list of event payloads (a string is compared as raw data, anything else as JSON), found {}",
+                            type_name(other)
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        if let Some(v) = m.get("expected_usage") {
+            match v {
+                Value::Object(_) => so.usage = Some((v.clone(), Default::default())),
+                other => {
+                    self.err(
+                        join(path, "expected_usage"),
+                        format!(
+                            "must be an object (the stream's final usage), found {}",
+                            type_name(other)
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let mut oracle = Oracle::Stream(Box::new(so));
+        if !inherited_ignore.is_empty()
+            && let Err(msgs) = oracle.add_ignore_paths(inherited_ignore.to_vec())
+        {
+            for msg in msgs {
+                self.err(join(path, "ignore_paths"), msg);
+            }
+            return None;
+        }
+        Some(oracle)
     }
 
     fn pointers(&mut self, v: &Value, path: &str) -> Option<Vec<Pointer>> {
@@ -1298,7 +1424,7 @@ mod tests {
         assert_eq!(
             errs,
             vec![
-                "cases[0].ignore_paths: ignore_paths only applies to expected_response (JSON); an exact-bytes oracle compares every byte"
+                "cases[0].ignore_paths: ignore_paths only applies to JSON oracles (expected_response, expected_events, expected_usage); an exact-bytes oracle compares every byte"
             ]
         );
     }
@@ -1366,5 +1492,59 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         let e = Plan::from_json_bytes(deep.as_bytes()).unwrap_err();
         assert!(e.problems[0].message.contains("recursion limit"), "{e}");
+    }
+
+    #[test]
+    fn streaming_requests_need_streaming_oracles() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{"stream": true}}, "expected_response": {{}}}}]"#
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("cases[0].expected_response: the request asks for a stream"),
+            "{errs:?}"
+        );
+        assert!(errs[0].contains("expected_stream_text") && errs[0].contains("expected_events"));
+        let ok = plan(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{"stream": true}}, "expected_stream_text": "hi",
+                "expected_usage": {{"completion_tokens": 2, "prompt_tokens": 1}}}},
+                {{"name": "b", "request": {{"stream": true}}, "ignore_paths": ["/id"],
+                "expected_events": [{{"id": "x", "choices": []}}, "[DONE]"]}}]"#
+        ));
+        assert!(ok.is_ok(), "{:?}", ok.err());
+    }
+
+    #[test]
+    fn streaming_oracle_combinations() {
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [
+              {{"name": "a", "request": {{}}, "expected_stream_text": "x", "expected_events": ["[DONE]"]}},
+              {{"name": "b", "request": {{}}, "expected_response": {{}}, "expected_usage": {{}}}},
+              {{"name": "c", "request": {{}}, "expected_stream_text": "x", "ignore_paths": ["/id"]}},
+              {{"name": "d", "request": {{}}, "expected_events": []}}]"#
+        ));
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(
+            errs[0].starts_with("cases[0].expected_events: a request has exactly one oracle"),
+            "{}",
+            errs[0]
+        );
+        assert!(
+            errs[1].starts_with("cases[1].expected_usage: goes with a streaming oracle"),
+            "{}",
+            errs[1]
+        );
+        assert!(
+            errs[2].starts_with(
+                "cases[2].ignore_paths: ignore path '/id' does not end at a primitive leaf"
+            ),
+            "{}",
+            errs[2]
+        );
+        assert!(
+            errs[3].starts_with("cases[3].expected_events: must be a non-empty list"),
+            "{}",
+            errs[3]
+        );
     }
 }

@@ -199,6 +199,19 @@ pub struct Timings {
     pub downstream_done_us: Option<i64>,
 }
 
+/// Event-stream columns of a row (SSE responses only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamColumns {
+    pub event_count: i64,
+    pub event_offsets_us: Vec<i64>,
+    pub content_offsets_us: Vec<i64>,
+    pub ttft_us: Option<i64>,
+    pub tpot_us: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub output_tokens_source: &'static str,
+    pub prompt_tokens: Option<i64>,
+}
+
 /// One exchange, as a row of `exchanges/*.parquet`.
 #[derive(Debug)]
 pub struct ExchangeRecord {
@@ -231,6 +244,8 @@ pub struct ExchangeRecord {
     pub response_body_len: i64,
     pub response_body_truncated: bool,
     pub timings: Timings,
+    /// `None`: the response was not an event stream.
+    pub stream: Option<StreamColumns>,
     pub outcome: Outcome,
     pub error_message: Option<String>,
     pub oracle_mismatch_pointer: Option<String>,
@@ -247,6 +262,7 @@ impl ExchangeRecord {
 /// The Arrow schema of `exchanges/*.parquet` (documented in docs/output.md).
 pub fn exchange_schema() -> SchemaRef {
     let header = header_list_type();
+    let int_list = DataType::List(Arc::new(Field::new("item", DataType::Int64, false)));
     let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
     Arc::new(Schema::new(vec![
@@ -283,6 +299,15 @@ pub fn exchange_schema() -> SchemaRef {
         f("first_body_us", DataType::Int64, true),
         f("total_us", DataType::Int64, true),
         f("downstream_done_us", DataType::Int64, true),
+        f("is_stream", DataType::Boolean, false),
+        f("event_count", DataType::Int64, true),
+        f("event_offsets_us", int_list.clone(), true),
+        f("content_offsets_us", int_list, true),
+        f("ttft_us", DataType::Int64, true),
+        f("tpot_us", DataType::Int64, true),
+        f("output_tokens", DataType::Int64, true),
+        f("output_tokens_source", DataType::Utf8, true),
+        f("prompt_tokens", DataType::Int64, true),
         f("outcome", DataType::Utf8, false),
         f("error_message", DataType::Utf8, true),
         f("oracle_mismatch_pointer", DataType::Utf8, true),
@@ -390,6 +415,22 @@ fn headers_array(rows: &[ExchangeRecord], redact: &Redaction, response: bool) ->
         Arc::new(structs),
         None,
     ))
+}
+
+/// A nullable `List<Int64>` column from each row's stream columns.
+fn int_list_array(rows: &[ExchangeRecord], pick: fn(&StreamColumns) -> &Vec<i64>) -> ArrayRef {
+    let mut b = arrow_array::builder::ListBuilder::new(Int64Builder::new())
+        .with_field(Arc::new(Field::new("item", DataType::Int64, false)));
+    for r in rows {
+        match &r.stream {
+            Some(s) => {
+                b.values().append_slice(pick(s));
+                b.append(true);
+            }
+            None => b.append(false),
+        }
+    }
+    Arc::new(b.finish())
 }
 
 /// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets.
@@ -506,6 +547,35 @@ pub fn to_batch(
         col!(Int64Builder::new(), |r: &ExchangeRecord| r
             .timings
             .downstream_done_us),
+        col!(BooleanBuilder::new(), |r: &ExchangeRecord| Some(
+            r.stream.is_some()
+        )),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .stream
+            .as_ref()
+            .map(|s| s.event_count)),
+        int_list_array(rows, |s| &s.event_offsets_us),
+        int_list_array(rows, |s| &s.content_offsets_us),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .stream
+            .as_ref()
+            .and_then(|s| s.ttft_us)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .stream
+            .as_ref()
+            .and_then(|s| s.tpot_us)),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .stream
+            .as_ref()
+            .and_then(|s| s.output_tokens)),
+        Arc::new(StringArray::from_iter(
+            rows.iter()
+                .map(|r| r.stream.as_ref().map(|s| s.output_tokens_source)),
+        )),
+        col!(Int64Builder::new(), |r: &ExchangeRecord| r
+            .stream
+            .as_ref()
+            .and_then(|s| s.prompt_tokens)),
         outcome,
         error_message,
         mismatch,
@@ -854,6 +924,7 @@ mod tests {
             response_body_len: 0,
             response_body_truncated: false,
             timings: Timings::default(),
+            stream: None,
             outcome: Outcome::Ok,
             error_message: None,
             oracle_mismatch_pointer: None,

@@ -480,7 +480,9 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         Ok(Err(e)) => (Outcome::Transport, Some(e.message)),
         Ok(Ok(())) => {
             let status = cap.status.map(|s| s.as_u16()).unwrap_or(0);
-            if status != expected_status {
+            if let Some(why) = cap.stream_incomplete() {
+                (Outcome::Transport, Some(why))
+            } else if status != expected_status {
                 (
                     Outcome::Http,
                     Some(format!("status {status}, expected {expected_status}")),
@@ -554,6 +556,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         request_body_truncated,
         status: cap.status.map(|s| i32::from(s.as_u16())),
         timings: cap.timings(),
+        stream: cap.stream_columns(),
         response_headers: std::mem::take(&mut cap.response_headers),
         response_body_len: cap.body_len as i64,
         response_body_truncated: cap.body_truncated,

@@ -737,6 +737,7 @@ async fn pump_and_record(
     {
         *s = Some(c);
     }
+    let failure = failure.or_else(|| p.cap.stream_incomplete().map(|m| (Outcome::Transport, m)));
     let end = wait_downstream(&sh, done_rx).await;
     let (outcome, message) = match (failure, &end) {
         (Some((o, m)), _) => (o, Some(m)),
@@ -807,6 +808,7 @@ async fn record(
         response_body_truncated: p.cap.body_truncated,
         response_body: std::mem::take(&mut p.cap.body).freeze(),
         timings,
+        stream: p.cap.stream_columns(),
         outcome,
         error_message: message,
         oracle_mismatch_pointer: None,

@@ -1,0 +1,308 @@
+//! Server-Sent Events: an incremental parser, and what a model stream says about itself.
+//!
+//! [`SseParser`] takes body bytes in whatever pieces the socket delivered (events split
+//! across reads, several events in one read, `\r\n`, `\n` or `\r` line ends, comments,
+//! multi-line `data:`) and yields complete events with the stamp of the read that completed
+//! them. [`StreamTracker`] reads those events as an OpenAI-compatible stream when they look
+//! like one (JSON with `choices`): which events carry generated content, the assembled
+//! text, the final `usage`, and whether `data: [DONE]` arrived. Nothing here does I/O or
+//! reads a clock: stamps come in from the caller.
+
+use serde_json::Value;
+
+/// Longest line kept while waiting for its end; a longer one is an error (a peer that
+/// never ends a line must not make the parser hold unbounded memory).
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The `event:` field, if any.
+    pub event: Option<String>,
+    /// `data:` lines joined with `\n`.
+    pub data: String,
+    /// Stamp of the read that completed the event.
+    pub at_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event stream line longer than {MAX_LINE_BYTES} bytes")]
+pub struct LineTooLong;
+
+/// Incremental SSE parser (WHATWG HTML, "event stream interpretation").
+#[derive(Debug, Default)]
+pub struct SseParser {
+    line: Vec<u8>,
+    /// The previous byte was `\r`: a following `\n` belongs to the same line end.
+    after_cr: bool,
+    data: String,
+    has_data: bool,
+    event: Option<String>,
+    /// No byte seen yet (a leading BOM is skipped).
+    started: bool,
+}
+
+impl SseParser {
+    pub fn new() -> SseParser {
+        SseParser::default()
+    }
+
+    /// Feed bytes read at `at_ns`; complete events are pushed to `out`.
+    pub fn feed(
+        &mut self,
+        mut bytes: &[u8],
+        at_ns: u64,
+        out: &mut Vec<Event>,
+    ) -> Result<(), LineTooLong> {
+        if !self.started && !bytes.is_empty() {
+            self.started = true;
+            if let Some(rest) = bytes.strip_prefix(b"\xEF\xBB\xBF") {
+                bytes = rest;
+            }
+        }
+        for &b in bytes {
+            match b {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    self.after_cr = b == b'\r';
+                    self.end_line(at_ns, out);
+                }
+                _ => {
+                    self.after_cr = false;
+                    if self.line.len() >= MAX_LINE_BYTES {
+                        return Err(LineTooLong);
+                    }
+                    self.line.push(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_line(&mut self, at_ns: u64, out: &mut Vec<Event>) {
+        let line = std::mem::take(&mut self.line);
+        if line.is_empty() {
+            // Blank line: dispatch.
+            if self.has_data {
+                out.push(Event {
+                    event: self.event.take(),
+                    data: std::mem::take(&mut self.data),
+                    at_ns,
+                });
+            }
+            self.has_data = false;
+            self.data.clear();
+            self.event = None;
+            return;
+        }
+        if line[0] == b':' {
+            return; // comment
+        }
+        let (field, value) = match line.iter().position(|&c| c == b':') {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (&line[..], &b""[..]),
+        };
+        let value = String::from_utf8_lossy(value);
+        match field {
+            b"data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(&value);
+                self.has_data = true;
+            }
+            b"event" => self.event = Some(value.into_owned()),
+            _ => {} // id, retry and unknown fields do not matter here
+        }
+        self.line = line;
+        self.line.clear();
+    }
+}
+
+/// What an OpenAI-compatible stream's events say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamTracker {
+    pub event_offsets_ns: Vec<u64>,
+    /// Stamps of events that carried generated content.
+    pub content_ns: Vec<u64>,
+    /// Generated text, choice 0, in order.
+    pub text: String,
+    /// The last non-null `usage` object seen.
+    pub usage: Option<Value>,
+    /// An event's data was exactly `[DONE]`.
+    pub done: bool,
+    /// At least one event was JSON with a `choices` array (an OpenAI-style stream).
+    pub openai: bool,
+    pub events: u64,
+}
+
+impl StreamTracker {
+    pub fn on_event(&mut self, ev: &Event) {
+        self.events += 1;
+        self.event_offsets_ns.push(ev.at_ns);
+        if ev.data == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+            return;
+        };
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        self.openai = true;
+        let mut content = false;
+        for c in choices {
+            let piece = c
+                .get("delta")
+                .and_then(|d| d.get("content"))
+                .or_else(|| c.get("text"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if piece.is_empty() {
+                continue;
+            }
+            content = true;
+            if c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0 {
+                self.text.push_str(piece);
+            }
+        }
+        if content {
+            self.content_ns.push(ev.at_ns);
+        }
+    }
+
+    /// `usage.<field>` as an integer.
+    pub fn usage_field(&self, field: &str) -> Option<i64> {
+        self.usage.as_ref()?.get(field)?.as_i64()
+    }
+}
+
+/// Parse a whole recorded body (for oracles): every event, stamps zero.
+pub fn parse_all(body: &[u8]) -> Result<Vec<Event>, LineTooLong> {
+    let mut p = SseParser::new();
+    let mut out = Vec::new();
+    p.feed(body, 0, &mut out)?;
+    // A final event without its blank line is not dispatched (spec), but a stream that
+    // ends right after `data: [DONE]\n` is common enough to accept.
+    p.feed(b"\n", 0, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(chunks: &[&[u8]]) -> Vec<(String, u64)> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            p.feed(c, i as u64 + 1, &mut out).unwrap();
+        }
+        out.into_iter().map(|e| (e.data, e.at_ns)).collect()
+    }
+
+    #[test]
+    fn events_split_across_reads_get_the_stamp_of_the_completing_read() {
+        assert_eq!(
+            events(&[b"da", b"ta: hel", b"lo\n", b"\n"]),
+            vec![("hello".to_string(), 4)]
+        );
+    }
+
+    #[test]
+    fn several_events_in_one_read() {
+        assert_eq!(
+            events(&[b"data: a\n\ndata: b\n\ndata: c"]),
+            vec![("a".to_string(), 1), ("b".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn crlf_cr_and_lf_line_ends() {
+        assert_eq!(
+            events(&[b"data: a\r\n\r\ndata: b\r\rdata: c\n\n"]),
+            vec![("a".into(), 1), ("b".into(), 1), ("c".into(), 1)]
+        );
+        // \r at the end of one read and \n at the start of the next are one line end.
+        assert_eq!(events(&[b"data: a\r", b"\n\r\n"]), vec![("a".into(), 2)]);
+    }
+
+    #[test]
+    fn comments_multiline_data_and_fields() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(
+            b": keep-alive\n\nevent: delta\nid: 7\ndata: one\ndata:two\ndata\n\n",
+            5,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            vec![Event {
+                event: Some("delta".into()),
+                data: "one\ntwo\n".into(),
+                at_ns: 5
+            }]
+        );
+    }
+
+    #[test]
+    fn bom_is_skipped_and_long_lines_are_refused() {
+        assert_eq!(events(&[b"\xEF\xBB\xBFdata: x\n\n"]), vec![("x".into(), 1)]);
+        let mut p = SseParser::new();
+        let big = vec![b'a'; MAX_LINE_BYTES + 1];
+        assert_eq!(p.feed(&big, 1, &mut Vec::new()), Err(LineTooLong));
+    }
+
+    #[test]
+    fn openai_chat_stream_tracking() {
+        let body = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let mut t = StreamTracker::default();
+        for (i, e) in parse_all(body.as_bytes()).unwrap().iter().enumerate() {
+            let mut e = e.clone();
+            e.at_ns = 10 * (i as u64 + 1);
+            t.on_event(&e);
+        }
+        assert_eq!(t.events, 6);
+        assert_eq!(t.content_ns, vec![20, 30]);
+        assert_eq!(t.text, "Hello");
+        assert!(t.done && t.openai);
+        assert_eq!(
+            (
+                t.usage_field("prompt_tokens"),
+                t.usage_field("completion_tokens")
+            ),
+            (Some(3), Some(2))
+        );
+    }
+
+    #[test]
+    fn completions_stream_text_field() {
+        let mut t = StreamTracker::default();
+        for e in
+            parse_all(b"data: {\"choices\":[{\"index\":0,\"text\":\"a b\"}]}\n\ndata: [DONE]\n")
+                .unwrap()
+        {
+            t.on_event(&e);
+        }
+        assert_eq!(
+            (t.text.as_str(), t.content_ns.len(), t.done),
+            ("a b", 1, true)
+        );
+    }
+}
