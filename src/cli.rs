@@ -445,12 +445,14 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             "redacted_query_parameters": crate::record::DEFAULT_REDACT_QUERY,
         },
     });
+    let run_t0_ns = clock::now_ns();
     let mut config = replay::config_json(
         &plan,
         &rid,
         &args.plan.display().to_string(),
         &rundir::sha256_hex(&plan_bytes),
         started_at_us,
+        run_t0_ns,
         extra,
     );
     dir.write_json("config.json", &config)
@@ -470,6 +472,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     let result = replay::run(
         ReplayOptions {
             plan: plan.clone(),
+            run_t0_ns,
             run_id: rid,
             bearer_token,
             max_record_body: args.max_record_body,

@@ -15,13 +15,107 @@ use std::collections::BTreeMap;
 use crate::record::Outcome;
 
 /// What the metrics need of one exchange.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Sample {
     pub outcome: Outcome,
     pub start_offset_us: i64,
     pub total_us: Option<i64>,
     pub first_byte_us: Option<i64>,
     pub connect_us: Option<i64>,
+    /// Event-stream facts, for SSE responses.
+    pub stream: Option<StreamSample>,
+}
+
+/// What the streaming metrics need of one exchange.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StreamSample {
+    pub ttft_us: Option<i64>,
+    pub tpot_us: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub prompt_tokens: Option<i64>,
+    /// Gaps between consecutive content events (inter-token latency samples).
+    pub gaps_us: Vec<i64>,
+}
+
+impl StreamSample {
+    pub fn from_columns(c: &crate::record::StreamColumns) -> StreamSample {
+        StreamSample {
+            ttft_us: c.ttft_us,
+            tpot_us: c.tpot_us,
+            output_tokens: c.output_tokens,
+            prompt_tokens: c.prompt_tokens,
+            gaps_us: c
+                .content_offsets_us
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .collect(),
+        }
+    }
+}
+
+/// Streaming metrics of a round, over its successful event-stream exchanges.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StreamMetrics {
+    pub requests: u64,
+    pub ttft_us: Percentiles,
+    pub tpot_us: Percentiles,
+    /// Pooled over every gap of every successful exchange.
+    pub itl_us: Percentiles,
+    pub output_tokens: i64,
+    /// Mean over exchanges of `output_tokens / (total - ttft)`.
+    pub output_tokens_per_second_mean: Option<f64>,
+    /// All output tokens / the round's elapsed time (overlap is credited).
+    pub output_tokens_per_second_aggregate: Option<f64>,
+    /// Mean over exchanges of `prompt_tokens / ttft`.
+    pub prefill_tokens_per_second_mean: Option<f64>,
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Streaming metrics over successful samples and the round's elapsed seconds.
+pub fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetrics> {
+    let streams: Vec<(&Sample, &StreamSample)> = ok
+        .iter()
+        .filter_map(|s| s.stream.as_ref().map(|st| (*s, st)))
+        .collect();
+    if streams.is_empty() {
+        return None;
+    }
+    let output_tokens: i64 = streams.iter().filter_map(|(_, st)| st.output_tokens).sum();
+    let per_request: Vec<f64> = streams
+        .iter()
+        .filter_map(|(s, st)| {
+            let decode_us = s.total_us? - st.ttft_us?;
+            let n = st.output_tokens?;
+            (decode_us > 0 && n > 0).then(|| n as f64 / (decode_us as f64 / 1e6))
+        })
+        .collect();
+    let prefill: Vec<f64> = streams
+        .iter()
+        .filter_map(|(_, st)| {
+            let ttft = st.ttft_us?;
+            let n = st.prompt_tokens?;
+            (ttft > 0).then(|| n as f64 / (ttft as f64 / 1e6))
+        })
+        .collect();
+    Some(StreamMetrics {
+        requests: streams.len() as u64,
+        ttft_us: Percentiles::of(streams.iter().filter_map(|(_, st)| st.ttft_us).collect()),
+        tpot_us: Percentiles::of(streams.iter().filter_map(|(_, st)| st.tpot_us).collect()),
+        itl_us: Percentiles::of(
+            streams
+                .iter()
+                .flat_map(|(_, st)| st.gaps_us.iter().copied())
+                .collect(),
+        ),
+        output_tokens,
+        output_tokens_per_second_mean: mean(&per_request),
+        output_tokens_per_second_aggregate: (elapsed_seconds > 0.0)
+            .then(|| output_tokens as f64 / elapsed_seconds),
+        prefill_tokens_per_second_mean: mean(&prefill),
+    })
 }
 
 impl Sample {
@@ -136,6 +230,8 @@ pub struct RoundMetrics {
     /// The whole budget was attempted and every request succeeded.
     pub complete: bool,
     pub steady_state: SteadyState,
+    /// `None` when no successful exchange of the round was an event stream.
+    pub stream: Option<StreamMetrics>,
 }
 
 pub fn round_metrics(
@@ -187,6 +283,7 @@ pub fn round_metrics(
         ),
         complete,
         steady_state: steady_state(&completions, concurrency, complete),
+        stream: stream_metrics(&ok, elapsed_seconds),
     }
 }
 
@@ -276,6 +373,26 @@ pub fn aggregate(
             "first_byte_p50_seconds",
             spread(&collect(&|r| secs(r.first_byte_us.p50))),
         ),
+        (
+            "ttft_p50_seconds",
+            spread(&collect(&|r| secs(r.stream.as_ref()?.ttft_us.p50))),
+        ),
+        (
+            "itl_p50_seconds",
+            spread(&collect(&|r| secs(r.stream.as_ref()?.itl_us.p50))),
+        ),
+        (
+            "output_tokens_per_second_aggregate",
+            spread(&collect(&|r| {
+                r.stream.as_ref()?.output_tokens_per_second_aggregate
+            })),
+        ),
+        (
+            "output_tokens_per_second_mean",
+            spread(&collect(&|r| {
+                r.stream.as_ref()?.output_tokens_per_second_mean
+            })),
+        ),
     ];
     Aggregate {
         case_name: case_name.to_string(),
@@ -299,7 +416,46 @@ mod tests {
             total_us: Some(total_us),
             first_byte_us: Some(total_us / 2),
             connect_us: None,
+            stream: None,
         }
+    }
+
+    fn streamed(start_us: i64, ttft_us: i64, total_us: i64, tokens: i64, prompt: i64) -> Sample {
+        let step = (total_us - ttft_us) / (tokens - 1);
+        let offsets: Vec<i64> = (0..tokens).map(|i| ttft_us + i * step).collect();
+        Sample {
+            stream: Some(StreamSample {
+                ttft_us: Some(ttft_us),
+                tpot_us: Some((total_us - ttft_us) / (tokens - 1)),
+                output_tokens: Some(tokens),
+                prompt_tokens: Some(prompt),
+                gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+            }),
+            ..ok(start_us, total_us)
+        }
+    }
+
+    #[test]
+    fn token_rates_from_the_issue() {
+        // Two exchanges of 10 tokens with 100 ms and 200 ms of decode: per-request
+        // 100 and 50 tok/s, mean 75. Together 20 tokens in a 1 s round: 20 tok/s.
+        let a = streamed(0, 100_000, 200_000, 10, 50);
+        let b = streamed(0, 800_000, 1_000_000, 10, 40);
+        let r = round_metrics("s", 2, 0, 2, &[a, b]);
+        let st = r.stream.unwrap();
+        assert_eq!(st.requests, 2);
+        assert_eq!(st.output_tokens, 20);
+        assert_eq!(st.output_tokens_per_second_mean, Some(75.0));
+        assert_eq!(r.elapsed_seconds, 1.0);
+        assert_eq!(st.output_tokens_per_second_aggregate, Some(20.0));
+        // prefill: 50 tokens in 0.1 s = 500/s and 40 in 0.8 s = 50/s, mean 275/s
+        assert_eq!(st.prefill_tokens_per_second_mean, Some(275.0));
+        assert_eq!(st.ttft_us.p50, Some(100_000));
+        assert_eq!(st.ttft_us.p95, Some(800_000));
+        // ITL pooled: 9 gaps of 11_111 us and 9 of 22_222 us; p50 is the 9th smallest.
+        assert_eq!(st.itl_us.p50, Some(11_111));
+        assert_eq!(st.itl_us.p95, Some(22_222));
+        assert_eq!(st.tpot_us.p50, Some(11_111));
     }
 
     #[test]
@@ -367,6 +523,7 @@ mod tests {
             total_us: Some(1_000_000),
             first_byte_us: None,
             connect_us: None,
+            stream: None,
         });
         let r = round_metrics("a", 2, 0, 4, &s);
         assert_eq!(r.attempted_requests, 4);

@@ -54,7 +54,7 @@ impl Default for MockConfig {
     fn default() -> Self {
         MockConfig {
             prefill_ms: 5.0,
-            per_token_ms: 0.5,
+            per_token_ms: 1.0,
             max_batch: 8,
             default_max_tokens: 16,
             stall_ms: 60_000,
@@ -189,8 +189,9 @@ enum Step {
     Now(Bytes),
     /// Wait `Duration` after the previous deadline, then write.
     After(Duration, Bytes),
-    /// Reset the connection (the `stream-cut` fault).
-    Cut,
+    /// Reset the connection (the `stream-cut` fault), after a pause so that what was
+    /// written before is flushed to the client.
+    Cut(Duration),
 }
 
 /// A paced SSE answer. Deadlines are absolute (each one is the previous plus the step's
@@ -215,7 +216,7 @@ impl MockStream {
                     self._slot = None;
                     return Poll::Ready(None);
                 }
-                Some(Step::After(d, _)) if !self.waited => Some(*d),
+                Some(Step::After(d, _)) | Some(Step::Cut(d)) if !self.waited => Some(*d),
                 _ => None,
             };
             if let Some(d) = delay {
@@ -238,7 +239,7 @@ impl MockStream {
                     }
                     return Poll::Ready(Some(Ok(Frame::data(b))));
                 }
-                Some(Step::Cut) => {
+                Some(Step::Cut(_)) => {
                     self.steps.clear();
                     return Poll::Ready(Some(Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,
@@ -622,7 +623,7 @@ async fn stream_response(
     let half = words.len() / 2;
     for (i, w) in words.iter().enumerate() {
         if i == half && fault == Some("stream-cut") {
-            steps.push_back(Step::Cut);
+            steps.push_back(Step::Cut(Duration::from_millis(20)));
             break;
         }
         let mut delay = if i == 0 { prefill } else { per_token };

@@ -78,8 +78,9 @@ impl Phase {
 }
 
 /// The only values of the `outcome` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum Outcome {
+    #[default]
     Ok,
     /// Status other than the expected one.
     Http,

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::clock;
 use crate::engine::{Capture, Conn, Engine};
-use crate::metrics::{self, RoundMetrics, Sample};
+use crate::metrics::{self, RoundMetrics, Sample, StreamSample};
 use crate::plan::{Endpoint, OnFailure, Plan};
 use crate::record::{ExchangeRecord, Outcome, Phase, RecordError, Recorder, RecorderOptions};
 use crate::rundir::RunDir;
@@ -33,6 +33,9 @@ type Slot = Option<Conn<ReqBody>>;
 /// Everything a replay needs besides the plan.
 pub struct ReplayOptions {
     pub plan: Plan,
+    /// The run's start on the monotonic clock (`clock::now_ns`); `start_offset_us` counts
+    /// from here.
+    pub run_t0_ns: u64,
     pub run_id: String,
     /// Value of `Authorization: Bearer ...`, already read and checked.
     pub bearer_token: Option<String>,
@@ -174,7 +177,7 @@ pub async fn run(
         max_record_body: opts.max_record_body,
         recorder,
         run_id: Arc::from(opts.run_id.as_str()),
-        run_t0_ns: clock::now_ns(),
+        run_t0_ns: opts.run_t0_ns,
         next_exchange: AtomicI64::new(0),
         stop: AtomicBool::new(false),
         interrupted: interrupt,
@@ -512,12 +515,14 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
     };
 
     let total_us = cap.us(cap.end_ns);
+    let stream = cap.stream_columns();
     let sample = Sample {
         outcome,
         start_offset_us,
         total_us,
         first_byte_us: cap.us(cap.first_byte_ns),
         connect_us: cap.us(cap.connect_ns),
+        stream: stream.as_ref().map(StreamSample::from_columns),
     };
     let request_body_len = body.len() as i64;
     let request_body_truncated = body.len() > ctx.max_record_body;
@@ -556,7 +561,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         request_body_truncated,
         status: cap.status.map(|s| i32::from(s.as_u16())),
         timings: cap.timings(),
-        stream: cap.stream_columns(),
+        stream,
         response_headers: std::mem::take(&mut cap.response_headers),
         response_body_len: cap.body_len as i64,
         response_body_truncated: cap.body_truncated,
@@ -596,6 +601,7 @@ pub fn config_json(
     plan_path: &str,
     plan_sha256: &str,
     started_at_us: i64,
+    run_t0_ns: u64,
     extra: Value,
 ) -> Value {
     json!({
@@ -625,6 +631,7 @@ pub fn config_json(
         "on_failure": plan.on_failure.as_str(),
         "schema_version": crate::record::SCHEMA_VERSION,
         "clock": "durations: one monotonic clock (std::time::Instant); started_at: wall clock, UTC",
+        "monotonic_start_ns": run_t0_ns,
         "timers": {
             "t0": "the worker starts the exchange, before it connects or reuses a connection",
             "connect_us": "TCP connected (includes name resolution); null on a reused connection",

@@ -83,6 +83,19 @@ fn round_json(r: &RoundMetrics) -> Value {
         "throughput_scope": THROUGHPUT_SCOPE,
         "first_byte_seconds": pct_json(&r.first_byte_us),
         "connect_seconds": pct_json(&r.connect_us),
+        "stream": r.stream.as_ref().map(|st| json!({
+            "requests": st.requests,
+            "ttft_seconds": pct_json(&st.ttft_us),
+            "tpot_seconds": pct_json(&st.tpot_us),
+            "itl_seconds": pct_json(&st.itl_us),
+            "itl_scope": "pooled over every inter-token gap of every successful exchange",
+            "output_tokens": st.output_tokens,
+            "output_tokens_per_second": {
+                "per_request_mean": st.output_tokens_per_second_mean,
+                "aggregate": st.output_tokens_per_second_aggregate,
+            },
+            "prefill_tokens_per_second_mean": st.prefill_tokens_per_second_mean,
+        })),
     })
 }
 
@@ -142,6 +155,11 @@ pub fn summary_json(
             "throughput_scope": "successful requests / (last completion - first dispatch) of the round, ramp and drain included",
             "steady_state": "complete rounds with n > 2c: completions sorted, first and last c dropped; rate over completion c .. completion n-c",
             "round_aggregates": "over complete rounds only; median is the ordinary median; relative_spread = (max - min) / median",
+            "ttft": "t0 to the first event carrying generated content (OpenAI: non-empty delta.content or text; other event streams: the first event)",
+            "tpot": "(total - ttft) / (output_tokens - 1), per exchange with more than one output token",
+            "itl": "gaps between consecutive content events, pooled over every successful exchange of the round",
+            "output_tokens_per_second": "per_request_mean: mean of output_tokens / (total - ttft); aggregate: all output tokens of successful exchanges / round elapsed time",
+            "prefill_tokens_per_second_mean": "mean of prompt_tokens / ttft",
         },
     })
 }
@@ -246,6 +264,74 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
             i64col(&|r| pick(r).p99),
         );
     }
+    type PickS = fn(&metrics::StreamMetrics) -> &Percentiles;
+    let sgroups: [(&str, PickS); 3] = [
+        ("ttft", |s| &s.ttft_us),
+        ("tpot", |s| &s.tpot_us),
+        ("itl", |s| &s.itl_us),
+    ];
+    push(
+        "stream_requests",
+        DataType::Int64,
+        false,
+        i64col(&|r| Some(r.stream.as_ref().map_or(0, |s| s.requests as i64))),
+    );
+    for (name, pick) in sgroups {
+        push(
+            &format!("{name}_p50_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| r.stream.as_ref().and_then(|s| pick(s).p50)),
+        );
+        push(
+            &format!("{name}_p95_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| r.stream.as_ref().and_then(|s| pick(s).p95)),
+        );
+        push(
+            &format!("{name}_p99_us"),
+            DataType::Int64,
+            true,
+            i64col(&|r| r.stream.as_ref().and_then(|s| pick(s).p99)),
+        );
+    }
+    push(
+        "output_tokens",
+        DataType::Int64,
+        true,
+        i64col(&|r| r.stream.as_ref().map(|s| s.output_tokens)),
+    );
+    push(
+        "output_tokens_per_second_mean",
+        DataType::Float64,
+        true,
+        f64col(&|r| {
+            r.stream
+                .as_ref()
+                .and_then(|s| s.output_tokens_per_second_mean)
+        }),
+    );
+    push(
+        "output_tokens_per_second_aggregate",
+        DataType::Float64,
+        true,
+        f64col(&|r| {
+            r.stream
+                .as_ref()
+                .and_then(|s| s.output_tokens_per_second_aggregate)
+        }),
+    );
+    push(
+        "prefill_tokens_per_second_mean",
+        DataType::Float64,
+        true,
+        f64col(&|r| {
+            r.stream
+                .as_ref()
+                .and_then(|s| s.prefill_tokens_per_second_mean)
+        }),
+    );
     push(
         "complete",
         DataType::Boolean,
@@ -329,7 +415,8 @@ pub fn table(
     aggs: &[Aggregate],
     excluded: &BTreeMap<Phase, PhaseCounts>,
 ) -> String {
-    let mut rows: Vec<[String; 9]> = vec![[
+    let streams = rounds.iter().any(|r| r.stream.is_some());
+    let mut rows: Vec<Vec<String>> = vec![vec![
         "case".into(),
         "c".into(),
         "rounds".into(),
@@ -337,9 +424,11 @@ pub fn table(
         "spread".into(),
         "p50 ms".into(),
         "p95 ms".into(),
-        "ok/attempted".into(),
-        "failures".into(),
     ]];
+    if streams {
+        rows[0].extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
+    }
+    rows[0].extend(["ok/attempted".into(), "failures".into()]);
     for a in aggs {
         let rs: Vec<&RoundMetrics> = rounds
             .iter()
@@ -360,7 +449,7 @@ pub fn table(
                 .and_then(|(_, s)| *s)
         };
         let rps = get("successful_requests_per_second");
-        rows.push([
+        let mut row = vec![
             a.case_name.clone(),
             a.concurrency.to_string(),
             format!("{}/{}", a.complete_rounds, a.planned_rounds),
@@ -369,6 +458,16 @@ pub fn table(
                 .map_or("-".into(), |s| format!("{:.1}%", s * 100.0)),
             fmt_ms(get("latency_p50_seconds").map(|s| s.median)),
             fmt_ms(get("latency_p95_seconds").map(|s| s.median)),
+        ];
+        if streams {
+            row.push(fmt_ms(get("ttft_p50_seconds").map(|s| s.median)));
+            row.push(fmt_ms(get("itl_p50_seconds").map(|s| s.median)));
+            row.push(
+                get("output_tokens_per_second_aggregate")
+                    .map_or("-".into(), |s| format!("{:.0}", s.median)),
+            );
+        }
+        row.extend([
             format!("{ok}/{att}"),
             if fails.is_empty() {
                 "0".into()
@@ -380,8 +479,9 @@ pub fn table(
                     .join(" ")
             },
         ]);
+        rows.push(row);
     }
-    let mut widths = [0usize; 9];
+    let mut widths = vec![0usize; rows[0].len()];
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
             widths[i] = widths[i].max(c.chars().count());
@@ -419,5 +519,8 @@ pub fn table(
         "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",
         plan.connection.as_str()
     ));
+    if streams {
+        out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
+    }
     out
 }

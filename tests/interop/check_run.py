@@ -78,6 +78,26 @@ def main(run: Path) -> int:
                 got = None if pd.isna(got) else int(got)
                 assert got == want, (r.case_name, r.concurrency, r.repetition, col, pct, got, want)
                 checks += 1
+        # Streaming: TTFT per exchange, ITL pooled over every gap of every exchange.
+        streams = ok[ok.is_stream]
+        if len(streams):
+            ttft = sorted(streams.ttft_us.dropna().astype(int).tolist())
+            gaps = sorted(
+                int(b - a)
+                for offs in streams.content_offsets_us
+                for a, b in zip(list(offs)[:-1], list(offs)[1:])
+            )
+            for name, values in (("ttft", ttft), ("itl", gaps)):
+                for pct in (50, 95, 99):
+                    got = r[f"{name}_p{pct}_us"]
+                    assert int(got) == nearest_rank(values, pct), (r.case_name, name, pct)
+                    checks += 1
+            tokens = int(streams.output_tokens.sum())
+            assert tokens == r.output_tokens
+            assert abs(tokens / r.elapsed_seconds - r.output_tokens_per_second_aggregate) < 1e-6
+            checks += 2
+        else:
+            assert pd.isna(r.ttft_p50_us) and r.stream_requests == 0
         end = (sub.start_offset_us + sub.total_us).max()
         elapsed = (end - sub.start_offset_us.min()) / 1e6
         assert abs(elapsed - r.elapsed_seconds) < 1e-9, (elapsed, r.elapsed_seconds)

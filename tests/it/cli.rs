@@ -120,8 +120,13 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
         lines[0].starts_with("case") && lines[0].contains("req/s") && lines[0].contains("p95 ms"),
         "{stdout}"
     );
-    // 2 cases x 2 concurrency levels, then the two footnote lines.
-    assert_eq!(lines.len(), 1 + 4 + 2, "{stdout}");
+    // 3 cases x 2 concurrency levels, then three footnote lines (one for streams).
+    assert_eq!(lines.len(), 1 + 6 + 3, "{stdout}");
+    assert!(
+        lines[0].contains("TTFT ms") && lines[0].contains("tok/s"),
+        "{stdout}"
+    );
+    assert!(lines[5].starts_with("chat-stream"), "{stdout}");
     assert!(
         lines[1].starts_with("chat") && lines[1].contains("2/2") && lines[1].contains("48/48"),
         "{stdout}"
@@ -130,7 +135,15 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
         assert!(run.join(f).is_file(), "{f} missing");
     }
     let rows = Rows::read(&run);
-    assert_eq!(rows.len(), 212);
+    assert_eq!(rows.len(), 316);
+    // chat-stream: readiness 1 + warm-up 2 + feasibility 1 + 4 + measured 4 x 24.
+    assert_eq!(
+        rows.bools("is_stream")
+            .iter()
+            .filter(|s| **s == Some(true))
+            .count(),
+        104
+    );
     assert!(
         rows.strs("outcome")
             .iter()

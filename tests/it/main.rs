@@ -7,5 +7,6 @@ mod replay;
 mod secrets;
 mod serve;
 mod serve_lifecycle;
+mod streaming;
 mod support;
 mod tls;

@@ -325,6 +325,27 @@ impl Rows {
             .collect()
     }
 
+    /// A nullable `List<Int64>` column.
+    pub fn int_lists(&self, name: &str) -> Vec<Option<Vec<i64>>> {
+        self.col(name)
+            .flat_map(|a| {
+                let l = a
+                    .as_any()
+                    .downcast_ref::<ListArray>()
+                    .unwrap_or_else(|| panic!("{name} is not a list"));
+                (0..l.len())
+                    .map(|i| {
+                        l.is_valid(i).then(|| {
+                            let v = l.value(i);
+                            let v = v.as_any().downcast_ref::<Int64Array>().unwrap();
+                            v.values().to_vec()
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Headers of each row as (name, value) pairs.
     pub fn headers(&self, name: &str) -> Vec<Vec<(String, Vec<u8>)>> {
         self.col(name)
