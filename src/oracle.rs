@@ -96,8 +96,9 @@ fn is_canonical_index(tok: &str) -> bool {
             && tok.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// JSON type with the integer/fractional distinction the oracle is strict about.
-fn kind(v: &Value) -> &'static str {
+/// JSON type with the integer/fractional distinction the oracle is strict about, as a
+/// phrase for messages ("an integer", "a fractional number", ...).
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -231,14 +232,6 @@ impl Oracle {
             }
         }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
-    }
-
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Oracle::Json { .. } => "json",
-            Oracle::Bytes(_) => "bytes",
-            Oracle::Stream(_) => "stream",
-        }
     }
 
     /// Judge a response body.
@@ -426,7 +419,7 @@ fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), String> {
     match cur {
         Value::Object(_) | Value::Array(_) => Err(format!(
             " must end at a primitive leaf, but it reaches {}",
-            kind(cur)
+            json_kind(cur)
         )),
         _ => Ok(()),
     }
@@ -445,15 +438,15 @@ fn compare<'a>(
     if let Some(node) = ignore
         && node.leaf
     {
-        return if kind(expected) == kind(actual) {
+        return if json_kind(expected) == json_kind(actual) {
             Ok(())
         } else {
             Err(fail(
                 path,
                 format!(
                     "ignored leaf must keep its type: expected {}, found {}",
-                    kind(expected),
-                    kind(actual)
+                    json_kind(expected),
+                    json_kind(actual)
                 ),
             ))
         };
@@ -516,8 +509,8 @@ fn compare<'a>(
                     path,
                     format!(
                         "expected {} {e}, found {} {a}",
-                        kind(expected),
-                        kind(actual)
+                        json_kind(expected),
+                        json_kind(actual)
                     ),
                 ))
             } else {
@@ -527,7 +520,7 @@ fn compare<'a>(
         (Value::String(e), Value::String(a)) if e == a => Ok(()),
         (Value::Bool(e), Value::Bool(a)) if e == a => Ok(()),
         (Value::Null, Value::Null) => Ok(()),
-        _ if kind(expected) == kind(actual) => Err(fail(
+        _ if json_kind(expected) == json_kind(actual) => Err(fail(
             path,
             format!("expected {}, found {}", short(expected), short(actual)),
         )),
@@ -535,9 +528,9 @@ fn compare<'a>(
             path,
             format!(
                 "expected {} ({}), found {} ({})",
-                kind(expected),
+                json_kind(expected),
                 short(expected),
-                kind(actual),
+                json_kind(actual),
                 short(actual)
             ),
         )),

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
-use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle};
+use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
 /// The provenance keys every plan must carry with a non-blank string value.
 pub const REQUIRED_METADATA: [&str; 11] = [
@@ -98,16 +98,6 @@ const ENGINE_HEADERS: &[&str] = &[
     "trailer",
     "upgrade",
     "content-type",
-];
-/// Header names that carry secrets: never stored in a plan (the plan is copied into
-/// every run directory).
-pub const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-api-key",
-    "api-key",
 ];
 
 /// One validation problem: where in the plan, and what rule it breaks.
@@ -401,18 +391,6 @@ struct Validator {
     problems: Vec<Problem>,
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(n) if n.is_f64() => "a fractional number",
-        Value::Number(_) => "an integer",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
@@ -449,7 +427,7 @@ impl Validator {
             other => {
                 self.err(
                     path,
-                    format!("must be an object, found {}", type_name(other)),
+                    format!("must be an object, found {}", json_kind(other)),
                 );
                 None
             }
@@ -462,7 +440,7 @@ impl Validator {
             other => {
                 self.err(
                     path,
-                    format!("must be a string, found {}", type_name(other)),
+                    format!("must be a string, found {}", json_kind(other)),
                 );
                 None
             }
@@ -489,7 +467,7 @@ impl Validator {
             other => {
                 self.err(
                     path,
-                    format!("must be an integer >= {min}, found {}", type_name(other)),
+                    format!("must be an integer >= {min}, found {}", json_kind(other)),
                 );
                 return None;
             }
@@ -507,6 +485,17 @@ impl Validator {
         }
     }
 
+    fn endpoint(&mut self, v: &Value, path: &str) -> Option<Endpoint> {
+        let s = self.string(v, path)?;
+        match Endpoint::parse(s) {
+            Ok(e) => Some(e),
+            Err(m) => {
+                self.err(path, format!("'{s}' {m}"));
+                None
+            }
+        }
+    }
+
     fn plan(&mut self, root: &Value) -> Option<Plan> {
         let top = self.object(root, "")?;
         self.unknown_fields(top, "", TOP_FIELDS);
@@ -516,27 +505,11 @@ impl Validator {
                 self.err("endpoint", "is required: the URL every case is POSTed to");
                 None
             }
-            Some(v) => self
-                .string(v, "endpoint")
-                .and_then(|s| match Endpoint::parse(s) {
-                    Ok(e) => Some(e),
-                    Err(m) => {
-                        self.err("endpoint", format!("'{s}' {m}"));
-                        None
-                    }
-                }),
+            Some(v) => self.endpoint(v, "endpoint"),
         };
         let health_endpoint = match top.get("health_endpoint") {
             None => endpoint.as_ref().map(|e| e.with_path("/health")),
-            Some(v) => self
-                .string(v, "health_endpoint")
-                .and_then(|s| match Endpoint::parse(s) {
-                    Ok(e) => Some(e),
-                    Err(m) => {
-                        self.err("health_endpoint", format!("'{s}' {m}"));
-                        None
-                    }
-                }),
+            Some(v) => self.endpoint(v, "health_endpoint"),
         };
 
         let requests_per_case = match top.get("requests_per_case") {
@@ -624,7 +597,7 @@ impl Validator {
                 "concurrency",
                 format!(
                     "must be a non-empty list of integers, found {}",
-                    type_name(v)
+                    json_kind(v)
                 ),
             );
             return None;
@@ -674,7 +647,7 @@ impl Validator {
         let Some(t) = v.as_f64().filter(|_| v.is_number()) else {
             self.err(
                 "timeout_seconds",
-                format!("must be a number of seconds > 0, found {}", type_name(v)),
+                format!("must be a number of seconds > 0, found {}", json_kind(v)),
             );
             return None;
         };
@@ -760,7 +733,7 @@ impl Validator {
         let Value::Array(items) = v else {
             self.err(
                 "cases",
-                format!("must be a non-empty list, found {}", type_name(v)),
+                format!("must be a non-empty list, found {}", json_kind(v)),
             );
             return None;
         };
@@ -912,7 +885,7 @@ impl Validator {
         let Value::Array(items) = v else {
             self.err(
                 path,
-                format!("must be a non-empty list, found {}", type_name(v)),
+                format!("must be a non-empty list, found {}", json_kind(v)),
             );
             return None;
         };
@@ -1152,7 +1125,7 @@ impl Validator {
                         &p,
                         format!(
                             "must be a non-empty list of event payloads (a string is compared as raw data, anything else as JSON), found {}",
-                            type_name(other)
+                            json_kind(other)
                         ),
                     );
                     ok = false;
@@ -1167,7 +1140,7 @@ impl Validator {
                         join(path, "expected_usage"),
                         format!(
                             "must be an object (the stream's final usage), found {}",
-                            type_name(other)
+                            json_kind(other)
                         ),
                     );
                     ok = false;
@@ -1193,7 +1166,7 @@ impl Validator {
         let Value::Array(items) = v else {
             self.err(
                 path,
-                format!("must be a list of JSON pointers, found {}", type_name(v)),
+                format!("must be a list of JSON pointers, found {}", json_kind(v)),
             );
             return None;
         };
@@ -1235,7 +1208,7 @@ impl Validator {
                 ok = false;
                 continue;
             };
-            if SECRET_HEADERS.contains(&name.as_str()) {
+            if crate::record::DEFAULT_REDACT_HEADERS.contains(&name.as_str()) {
                 self.err(
                     &p,
                     "carries a secret, and the plan is copied into every run directory; use auth.bearer_token_env (or --bearer-token-env) for a bearer token",

@@ -41,7 +41,8 @@ use crate::clock;
 pub const SCHEMA_VERSION: &str = "1";
 pub const REDACTED: &[u8] = b"<redacted>";
 
-/// Headers whose values never reach disk.
+/// Headers whose values never reach disk (and that a plan may not carry, since the plan
+/// is copied into every run directory).
 pub const DEFAULT_REDACT_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::{MockConfig, MockWorker, generate_text};
+use matrix_proxy::mock::{MockConfig, generate_text};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -29,17 +29,13 @@ fn chat_case(name: &str, fault: Option<&str>, prompt: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_mock_fault_is_recorded_with_its_outcome() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 0.0,
-            per_token_ms: 0.0,
-            stall_ms: 5_000,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 0.0,
+        per_token_ms: 0.0,
+        stall_ms: 5_000,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let plan = json!({
         "endpoint": format!("{}/v1/chat/completions", mock.url()),

@@ -13,17 +13,13 @@ use serde_json::{Value, json};
 use crate::support::*;
 
 async fn fast_mock() -> MockWorker {
-    MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 1.0,
-            per_token_ms: 0.2,
-            stall_ms: 5_000,
-            ..MockConfig::default()
-        },
-    )
+    start_mock(MockConfig {
+        prefill_ms: 1.0,
+        per_token_ms: 0.2,
+        stall_ms: 5_000,
+        ..MockConfig::default()
+    })
     .await
-    .unwrap()
 }
 
 fn chat(prompt: &str) -> Vec<u8> {

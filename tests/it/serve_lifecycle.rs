@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use matrix_proxy::mock::{MockConfig, MockWorker};
+use matrix_proxy::mock::MockConfig;
 use serde_json::json;
 
 use crate::support::*;
@@ -80,16 +80,12 @@ fn chat(prompt: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_exchanges_finish_and_records_them_all() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 400.0,
-            per_token_ms: 0.0,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 400.0,
+        per_token_ms: 0.0,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut p = spawn_serve(&mock.url(), &tmp.path().join("live"), &[]).await;
     let addr = p.addr;
@@ -136,17 +132,13 @@ async fn sigterm_lets_in_flight_exchanges_finish_and_records_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exchanges_still_running_at_the_end_of_the_grace_period_are_cut_and_recorded() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 0.0,
-            per_token_ms: 0.0,
-            stall_ms: 20_000,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 0.0,
+        per_token_ms: 0.0,
+        stall_ms: 20_000,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut p = spawn_serve(
         &mock.url(),
@@ -185,16 +177,12 @@ async fn exchanges_still_running_at_the_end_of_the_grace_period_are_cut_and_reco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_loses_at_most_the_open_part() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 0.0,
-            per_token_ms: 0.0,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 0.0,
+        per_token_ms: 0.0,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut p = spawn_serve(&mock.url(), &tmp.path().join("live"), &["--part-rows", "5"]).await;
     let mut c = Client::connect(p.addr).await;
@@ -381,9 +369,7 @@ async fn a_512_mib_upload_and_download_go_through_in_bounded_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_can_speak_tls_to_serve() {
-    let mock = MockWorker::start("127.0.0.1:0".parse().unwrap(), MockConfig::default())
-        .await
-        .unwrap();
+    let mock = start_mock(MockConfig::default()).await;
     let tmp = tempfile::tempdir().unwrap();
     let (ca, _) = tls_setup(tmp.path());
     let cert = tmp.path().join("server.pem");

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::{MockConfig, MockWorker, generate_text};
+use matrix_proxy::mock::{MockConfig, generate_text};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -30,16 +30,12 @@ fn id_of(body: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_stamps_match_the_mocks_write_times_within_a_millisecond() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 50.0,
-            per_token_ms: 10.0,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 50.0,
+        per_token_ms: 10.0,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let plan = json!({
         "endpoint": format!("{}/v1/chat/completions", mock.url()),
@@ -124,17 +120,13 @@ async fn event_stamps_match_the_mocks_write_times_within_a_millisecond() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_oracles_and_stream_faults_in_replay() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 1.0,
-            per_token_ms: 1.0,
-            stall_ms: 5_000,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 1.0,
+        per_token_ms: 1.0,
+        stall_ms: 5_000,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut wrong = stream_case("wrong-text", "alpha beta", 6, false);
     wrong["expected_stream_text"] = json!("not what the mock says");
@@ -254,16 +246,12 @@ async fn an_openai_stream_without_done_is_a_transport_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_records_the_same_stream_fields_and_a_late_reader_does_not_delay_them() {
-    let mock = MockWorker::start(
-        "127.0.0.1:0".parse().unwrap(),
-        MockConfig {
-            prefill_ms: 20.0,
-            per_token_ms: 5.0,
-            ..MockConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mock = start_mock(MockConfig {
+        prefill_ms: 20.0,
+        per_token_ms: 5.0,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let serve = Serve::start(serve_args(&mock.url(), &tmp.path().join("live"))).await;
     let addr = serve.addr;

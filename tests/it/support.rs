@@ -531,23 +531,35 @@ pub fn serve_args(upstream: &str, out: &Path) -> cli::ServeArgs {
     }
 }
 
+/// The address a `serve` run listens on, once its config.json exists (up to 10 s).
+pub async fn serve_address(out: &Path) -> SocketAddr {
+    let config = out.join("config.json");
+    for _ in 0..1000 {
+        if config.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    read_json(&config)["listen"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The built-in mock worker on a free loopback port.
+pub async fn start_mock(config: matrix_proxy::mock::MockConfig) -> matrix_proxy::mock::MockWorker {
+    matrix_proxy::mock::MockWorker::start("127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap()
+}
+
 impl Serve {
     pub async fn start(args: cli::ServeArgs) -> Serve {
         let out = args.out.clone().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(cli::serve_cmd(args, stop.clone()));
-        let config = out.join("config.json");
-        for _ in 0..500 {
-            if config.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let addr = read_json(&config)["listen"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let addr = serve_address(&out).await;
         Serve {
             addr,
             out,
