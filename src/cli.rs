@@ -346,6 +346,26 @@ fn read_token(name: &str, source: &str) -> Result<String, CliError> {
     Ok(s.to_string())
 }
 
+/// Create the run directory; `default_name`: the user did not choose it, so a taken name
+/// gets a numeric suffix instead of being refused.
+fn create_run_dir(out: &Path, default_name: bool) -> Result<RunDir, CliError> {
+    let mut candidate = out.to_path_buf();
+    for n in 2..1000 {
+        match RunDir::create(&candidate) {
+            Ok(d) => return Ok(d),
+            Err(RunDirError::Exists(_)) if default_name => {
+                candidate = PathBuf::from(format!("{}-{n}", out.display()));
+            }
+            Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
+            Err(e) => return Err(tool(e.to_string())),
+        }
+    }
+    Err(usage(format!(
+        "{}: too many runs with this name",
+        out.display()
+    )))
+}
+
 fn run_id(now_us: i64) -> String {
     let seed = format!("{}-{}-{}", now_us, std::process::id(), clock::now_ns());
     format!(
@@ -417,12 +437,9 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         None
     };
 
-    // 3. The run directory.
-    let dir = match RunDir::create(&out) {
-        Ok(d) => d,
-        Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
-        Err(e) => return Err(tool(e.to_string())),
-    };
+    // 3. The run directory (a default name that is taken gets a -2, -3, ... suffix, so
+    // the demo command can be run again and again; an explicit --out is never reused).
+    let dir = create_run_dir(&out, args.out.is_none())?;
     dir.write_file("plan.json", &plan_bytes)
         .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
@@ -637,11 +654,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
     });
-    let dir = match RunDir::create(&out) {
-        Ok(d) => d,
-        Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
-        Err(e) => return Err(tool(e.to_string())),
-    };
+    let dir = create_run_dir(&out, args.out.is_none())?;
     let rid = run_id(started_at_us);
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows;
@@ -784,4 +797,21 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         )));
     }
     Ok(Exit::Interrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_default_run_name_gets_a_suffix_but_an_explicit_one_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("demo-20261129T000000Z");
+        assert_eq!(create_run_dir(&out, true).unwrap().path, out);
+        let second = create_run_dir(&out, true).unwrap();
+        assert_eq!(second.path, tmp.path().join("demo-20261129T000000Z-2"));
+        let err = create_run_dir(&out, false).err().unwrap();
+        assert_eq!(err.exit, Exit::Usage);
+        assert!(err.message.contains("already exists"), "{}", err.message);
+    }
 }

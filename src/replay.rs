@@ -582,6 +582,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
     ctx.progress.inc(1);
     if outcome != Outcome::Ok {
         let f = ctx.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        ctx.progress.set_prefix(format!("failures {f}"));
         ctx.progress.println(format!(
             "failure {f}: {} {} -> {}",
             d.phase.as_str(),

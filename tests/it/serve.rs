@@ -595,3 +595,41 @@ async fn the_global_record_memory_budget_truncates_the_record_not_the_traffic() 
     );
     assert_eq!(rows.i64s("response_body_len")[0], Some(3000));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_resets_mid_head_is_a_502_and_a_transport_row() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw peer: reads the request, writes half a status line, closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let _ = tcp.write_all(b"HTTP/1.1 200 O").await;
+                drop(tcp);
+            });
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(
+        &format!("http://{up}"),
+        &tmp.path().join("live"),
+    ))
+    .await;
+    let mut c = Client::connect(serve.addr).await;
+    let ans = c.send(request("GET", serve.addr, "/x", "")).await.unwrap();
+    assert_eq!(ans.0, 502);
+    // The proxy keeps serving on the same client connection.
+    let ans = c.send(request("GET", serve.addr, "/y", "")).await.unwrap();
+    assert_eq!(ans.0, 502);
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    assert_eq!(rows.strs("outcome"), vec![Some("transport".to_string()); 2]);
+    assert_eq!(rows.i32s("status"), vec![None, None]);
+    let msg = rows.strs("error_message")[0].clone().unwrap();
+    assert!(msg.contains("send request"), "{msg}");
+}
