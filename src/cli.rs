@@ -379,6 +379,8 @@ fn run_id(now_us: i64) -> String {
 pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     // 1. Everything that can be wrong with the input is checked before any output exists.
     let (plan_bytes, mut plan) = load_plan(&args.plan)?;
+    // Hash the binary off the runtime's threads (config.json records it).
+    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let endpoint_override = match &args.endpoint {
         Some(url) => {
             Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?)
@@ -611,6 +613,7 @@ fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, Cl
 pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     use crate::record::{Recorder, RecorderOptions, Redaction};
     use crate::serve::{self, ServeOptions};
+    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let upstream = Endpoint::parse(&args.upstream)
         .map_err(|m| usage(format!("--upstream '{}' {m}", args.upstream)))?;
     if upstream.path_and_query.contains('?') {

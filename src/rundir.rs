@@ -94,8 +94,14 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// SHA-256 of the running binary (streamed, so a large binary costs no memory).
+/// SHA-256 of the running binary (streamed, so a large binary costs no memory). Computed
+/// once per process; call it first from a blocking context (it reads the whole binary).
 pub fn binary_sha256() -> Option<String> {
+    static HASH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    HASH.get_or_init(hash_current_exe).clone()
+}
+
+fn hash_current_exe() -> Option<String> {
     let exe = std::env::current_exe().ok()?;
     let mut f = File::open(exe).ok()?;
     let mut h = Sha256::new();

@@ -2,6 +2,7 @@
 //! 127.0.0.1, is bounded in requests and time, and stops by itself.
 
 mod cli;
+mod fault_matrix;
 mod faults;
 mod replay;
 mod secrets;

@@ -353,7 +353,10 @@ async fn a_512_mib_upload_and_download_go_through_in_bounded_memory() {
     assert_eq!(got, N);
     assert_eq!(uploaded.load(std::sync::atomic::Ordering::Relaxed), N);
     let peak_kb = peak_rss_kb(p.child.id().unwrap());
-    eprintln!("serve peak RSS after 512 MiB each way: {} MiB", peak_kb / 1024);
+    eprintln!(
+        "serve peak RSS after 512 MiB each way: {} MiB",
+        peak_kb / 1024
+    );
     p.signal("-TERM");
     assert_eq!(p.wait().await, Some(130));
     // Two 16 MiB record copies plus buffers: far below the 1 GiB that went through.
