@@ -895,10 +895,10 @@ fn writer_loop(
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
 
-    fn row(i: i64, body: &'static [u8]) -> ExchangeRecord {
+    pub fn row(i: i64, body: &'static [u8]) -> ExchangeRecord {
         ExchangeRecord {
             run_id: Arc::from("r"),
             exchange_id: i,
@@ -933,6 +933,12 @@ mod tests {
             memory: None,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::row;
+    use super::*;
 
     #[test]
     fn drop_policy_counts_every_row_it_does_not_keep() {
@@ -984,5 +990,44 @@ mod tests {
         );
         assert_eq!(r.url("http://h/x"), "http://h/x");
         assert_eq!(r.url("http://h/x?key"), "http://h/x?key");
+    }
+}
+
+#[cfg(test)]
+mod disk_full {
+    use super::tests_support::row;
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_a_clear_error_not_a_panic_and_submitters_are_told() {
+        let dir = tempfile::tempdir().unwrap();
+        // /dev/full answers every write with ENOSPC.
+        std::os::unix::fs::symlink(
+            "/dev/full",
+            dir.path().join(".part-00000.parquet.inprogress"),
+        )
+        .unwrap();
+        let mut opts = RecorderOptions::new(dir.path().to_path_buf());
+        opts.part_rows = 1_000;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // The first part closes at 1,000 rows: its write fails, the writer stops, and
+        // submitters are refused from then on instead of queueing forever.
+        let refused = rt.block_on(async {
+            for i in 0..100_000 {
+                if let Err(e) = rec.submit(row(i, b"x")).await {
+                    return Some((i, e));
+                }
+            }
+            None
+        });
+        let (at, _) = refused.expect("submitters learn that the writer stopped");
+        assert!(at < 1_000 + 4_096 + 1_024 + 1, "refused only at row {at}");
+        let err = rec.finish().unwrap_err();
+        assert!(err.0.contains(".part-00000.parquet.inprogress"), "{err}");
+        assert!(err.0.contains("No space left on device"), "{err}");
     }
 }

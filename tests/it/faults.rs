@@ -240,3 +240,60 @@ async fn oversized_response_is_truncated_in_the_record_and_not_judged_as_passing
     assert_eq!(rows.bins("response_body")[1].len(), 1000);
     assert_eq!(rows.strs("outcome")[1].as_deref(), Some("correctness"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_with_exit_3_and_a_clear_error() {
+    let handler: Handler = std::sync::Arc::new(|_, s: &Seen| {
+        let mut r = Reply::json(
+            200,
+            &json!({"echo": serde_json::from_slice::<Value>(&s.body).unwrap_or(Value::Null)}),
+        );
+        if s.method == "GET" {
+            // Give the test time to put /dev/full where the first part will be written.
+            r.delay = Duration::from_millis(300);
+        }
+        r
+    });
+    let peer = Peer::start(handler).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/x"),
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
+        "concurrency": [1], "requests_per_case": 3, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let out = tmp.path().join("run");
+    let run = tokio::spawn(replay(replay_args(&path, &out)));
+    let part = out.join("exchanges").join(".part-00000.parquet.inprogress");
+    for _ in 0..200 {
+        if out.join("exchanges").is_dir() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    std::os::unix::fs::symlink("/dev/full", &part).unwrap();
+    let err = run.await.unwrap().unwrap_err();
+    assert_eq!(err.exit, Exit::Tool);
+    assert!(
+        err.message.contains("No space left on device"),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains(".part-00000.parquet.inprogress"),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("what was written is kept"),
+        "{}",
+        err.message
+    );
+    let summary = read_json(&out.join("summary.json"));
+    assert!(
+        summary["record_error"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device")
+    );
+}
