@@ -1,6 +1,7 @@
 //! Integration tests, one binary (linking happens once). Every network test talks only to
 //! 127.0.0.1, is bounded in requests and time, and stops by itself.
 
+mod accounting;
 mod cli;
 mod fault_matrix;
 mod faults;
