@@ -117,6 +117,16 @@ pub struct ServeArgs {
     /// Seconds in-flight exchanges may finish after Ctrl-C / SIGTERM before they are cut.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub grace_seconds: f64,
+    /// Largest request head (request line and headers) accepted from a client; larger: 431.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
+    pub max_header_bytes: usize,
+    /// Seconds a client has to send a complete request head before it is disconnected.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub header_read_timeout: f64,
+    /// Client connections served at once; more wait in the listen backlog. The open-file
+    /// limit is raised to fit, as far as the hard limit allows.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_connections: usize,
     /// Seconds between live counter lines on stderr.
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub stats_seconds: f64,
@@ -649,6 +659,18 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         },
     )
     .map_err(usage)?;
+    if args.max_connections == 0 {
+        return Err(usage("--max-connections must be at least 1"));
+    }
+    // Each client connection may hold an upstream connection too.
+    let wanted_fds = (args.max_connections as u64) * 2 + 256;
+    let nofile = rlimit::increase_nofile_limit(wanted_fds).unwrap_or(0);
+    if nofile < wanted_fds && !args.quiet {
+        eprintln!(
+            "matrix-proxy: warning: the open-file limit is {nofile}, below the {wanted_fds} that --max-connections {} may need; raise the hard limit (ulimit -Hn) or lower --max-connections",
+            args.max_connections
+        );
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
@@ -686,6 +708,12 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         "upstream_timeout_seconds": args.upstream_timeout,
         "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
         "grace_seconds": args.grace_seconds,
+        "limits": {
+            "max_header_bytes": args.max_header_bytes,
+            "header_read_timeout_seconds": args.header_read_timeout,
+            "max_connections": args.max_connections,
+            "open_file_limit": nofile,
+        },
         "rewrite_host": args.rewrite_host,
         "schema_version": crate::record::SCHEMA_VERSION,
         "recording": {
@@ -743,6 +771,9 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             Some(seconds("--stats-seconds", args.stats_seconds)?)
         },
         buffer_frames: 64,
+        max_header_bytes: args.max_header_bytes,
+        header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
+        max_connections: args.max_connections,
     };
     let (stats, recorder) = serve::run(listener, opts, engine, recorder, interrupt).await;
     let writer = tokio::task::spawn_blocking(move || recorder.finish())

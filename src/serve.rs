@@ -74,6 +74,12 @@ pub struct ServeOptions {
     pub stats_interval: Option<Duration>,
     /// Frames buffered between the upstream reader and the client.
     pub buffer_frames: usize,
+    /// Largest request head accepted from a client (larger: 431).
+    pub max_header_bytes: usize,
+    /// Time a client has to send a complete request head (then the connection is closed).
+    pub header_read_timeout: Duration,
+    /// Client connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 /// What a serve run did.
@@ -171,15 +177,22 @@ pub async fn run(
 
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        shared.opts.max_connections.max(1),
+    ));
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, peer)) = accepted else { continue };
+            accepted = async {
+                let permit = slots.clone().acquire_owned().await;
+                (permit, listener.accept().await)
+            } => {
+                let (Ok(permit), Ok((tcp, peer))) = accepted else { continue };
                 let _ = tcp.set_nodelay(true);
                 let sh = shared.clone();
                 let pending = pending.clone();
                 let watcher = graceful.watcher();
                 conns.spawn(async move {
+                    let _permit = permit;
                     match sh.opts.tls.clone() {
                         None => serve_conn(sh, pending, watcher, tcp, peer).await,
                         Some(acceptor) => {
@@ -247,6 +260,7 @@ async fn serve_conn<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let conn_no = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+    let sh_limits = (sh.opts.max_header_bytes, sh.opts.header_read_timeout);
     let slot: Slot = Arc::new(Mutex::new(None));
     let requests = Arc::new(AtomicI64::new(0));
     let svc = service_fn(move |req| {
@@ -263,6 +277,9 @@ async fn serve_conn<I>(
     });
     let conn = http1::Builder::new()
         .keep_alive(true)
+        .max_buf_size(sh_limits.0.max(8192))
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(sh_limits.1)
         .serve_connection(TokioIo::new(io), svc);
     let _ = watcher.watch(conn).await;
 }

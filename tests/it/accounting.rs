@@ -15,7 +15,13 @@ const PER_CLIENT: usize = 1_300; // 20,800 requests
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_accounts_for_every_request_under_a_fault_mix() {
-    let mock = start_mock(MockConfig { prefill_ms: 0.0, per_token_ms: 0.0, max_batch: 64, ..MockConfig::default() }).await;
+    let mock = start_mock(MockConfig {
+        prefill_ms: 0.0,
+        per_token_ms: 0.0,
+        max_batch: 64,
+        ..MockConfig::default()
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut args = serve_args(&mock.url(), &tmp.path().join("live"));
     args.part_rows = 5_000;
@@ -30,7 +36,12 @@ async fn serve_accounts_for_every_request_under_a_fault_mix() {
             let mut client = Client::connect(addr).await;
             for i in 0..PER_CLIENT {
                 let n = c * PER_CLIENT + i;
-                let mut req = request("POST", addr, "/v1/completions", format!("{{\"prompt\": \"p{n}\", \"max_tokens\": 1}}"));
+                let mut req = request(
+                    "POST",
+                    addr,
+                    "/v1/completions",
+                    format!("{{\"prompt\": \"p{n}\", \"max_tokens\": 1}}"),
+                );
                 let fault = match n % 100 {
                     0..=6 => Some("http500"),
                     7..=9 => Some("reset"),
@@ -65,16 +76,37 @@ async fn serve_accounts_for_every_request_under_a_fault_mix() {
     let total = (CLIENTS * PER_CLIENT) as u64;
     assert_eq!(seen.values().sum::<u64>(), total);
     let rows = Rows::read(&out);
-    eprintln!("accounting: {total} requests through serve in {took:.1} s, {} parts, client saw {seen:?}", part_files(&out).len());
-    assert_eq!(rows.len() as u64, total, "rows == requests the clients sent");
-    let ids: BTreeSet<i64> = rows.i64s("exchange_id").into_iter().map(Option::unwrap).collect();
+    eprintln!(
+        "accounting: {total} requests through serve in {took:.1} s, {} parts, client saw {seen:?}",
+        part_files(&out).len()
+    );
+    assert_eq!(
+        rows.len() as u64,
+        total,
+        "rows == requests the clients sent"
+    );
+    let ids: BTreeSet<i64> = rows
+        .i64s("exchange_id")
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
     assert_eq!(ids.len() as u64, total, "no duplicate exchange ids");
     let outcome = rows.strs("outcome");
     let status = rows.i32s("status");
-    let ok_200 = (0..rows.len()).filter(|&i| outcome[i].as_deref() == Some("ok") && status[i] == Some(200)).count() as u64;
-    let ok_500 = (0..rows.len()).filter(|&i| outcome[i].as_deref() == Some("ok") && status[i] == Some(500)).count() as u64;
-    let transport = outcome.iter().filter(|o| o.as_deref() == Some("transport")).count() as u64;
-    assert_eq!((ok_200, ok_500, transport), (seen["200"], seen["500"], seen["cut"]));
+    let ok_200 = (0..rows.len())
+        .filter(|&i| outcome[i].as_deref() == Some("ok") && status[i] == Some(200))
+        .count() as u64;
+    let ok_500 = (0..rows.len())
+        .filter(|&i| outcome[i].as_deref() == Some("ok") && status[i] == Some(500))
+        .count() as u64;
+    let transport = outcome
+        .iter()
+        .filter(|o| o.as_deref() == Some("transport"))
+        .count() as u64;
+    assert_eq!(
+        (ok_200, ok_500, transport),
+        (seen["200"], seen["500"], seen["cut"])
+    );
     assert_eq!(transport, total * 3 / 100);
     let summary = read_json(&out.join("summary.json"));
     assert_eq!(summary["requests"], json!(total));
@@ -106,20 +138,44 @@ async fn replay_accounts_for_every_request_against_a_worker_that_fails_a_known_f
     });
     let path = write_plan(tmp.path(), "p.json", &plan);
     let out = tmp.path().join("run");
-    assert_eq!(replay(replay_args(&path, &out)).await.unwrap(), Exit::Failure);
+    assert_eq!(
+        replay(replay_args(&path, &out)).await.unwrap(),
+        Exit::Failure
+    );
     let seen = peer.seen();
     let total = 1 + 1 + 2 + 16 + 2 * 10_000;
     assert_eq!(seen.len(), total, "the whole budget ran");
     let rows = Rows::read(&out);
     assert_eq!(rows.len(), total, "rows == requests the worker received");
-    let ids: BTreeSet<i64> = rows.i64s("exchange_id").into_iter().map(Option::unwrap).collect();
+    let ids: BTreeSet<i64> = rows
+        .i64s("exchange_id")
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
     assert_eq!(ids.len(), total);
     let failed = (0..total).filter(|i| i % 50 == 7).count();
     let outcome = rows.strs("outcome");
-    assert_eq!(outcome.iter().filter(|o| o.as_deref() == Some("http")).count(), failed);
-    assert_eq!(outcome.iter().filter(|o| o.as_deref() == Some("ok")).count(), total - failed);
+    assert_eq!(
+        outcome
+            .iter()
+            .filter(|o| o.as_deref() == Some("http"))
+            .count(),
+        failed
+    );
+    assert_eq!(
+        outcome
+            .iter()
+            .filter(|o| o.as_deref() == Some("ok"))
+            .count(),
+        total - failed
+    );
     let summary = read_json(&out.join("summary.json"));
     assert_eq!(summary["failures"], json!({"http": failed}));
-    let attempted: u64 = summary["rounds"].as_array().unwrap().iter().map(|r| r["attempted_requests"].as_u64().unwrap()).sum();
+    let attempted: u64 = summary["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["attempted_requests"].as_u64().unwrap())
+        .sum();
     assert_eq!(attempted, 20_000);
 }

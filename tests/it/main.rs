@@ -5,6 +5,7 @@ mod accounting;
 mod cli;
 mod fault_matrix;
 mod faults;
+mod hostile;
 mod replay;
 mod secrets;
 mod serve;

@@ -12,13 +12,13 @@ use serde_json::json;
 
 use crate::support::*;
 
-struct Proc {
-    child: tokio::process::Child,
-    addr: SocketAddr,
-    out: PathBuf,
+pub struct Proc {
+    pub child: tokio::process::Child,
+    pub addr: SocketAddr,
+    pub out: PathBuf,
 }
 
-async fn spawn_serve(upstream: &str, out: &Path, extra: &[&str]) -> Proc {
+pub async fn spawn_serve(upstream: &str, out: &Path, extra: &[&str]) -> Proc {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
         .args([
             "serve",
@@ -54,7 +54,7 @@ async fn spawn_serve(upstream: &str, out: &Path, extra: &[&str]) -> Proc {
 }
 
 impl Proc {
-    fn signal(&self, sig: &str) {
+    pub fn signal(&self, sig: &str) {
         let pid = self.child.id().unwrap().to_string();
         assert!(
             std::process::Command::new("kill")
@@ -64,7 +64,7 @@ impl Proc {
                 .success()
         );
     }
-    async fn wait(&mut self) -> Option<i32> {
+    pub async fn wait(&mut self) -> Option<i32> {
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("exited")
@@ -314,7 +314,7 @@ impl hyper::body::Body for Generated {
     }
 }
 
-fn peak_rss_kb(pid: u32) -> u64 {
+pub fn peak_rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()

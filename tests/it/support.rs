@@ -56,6 +56,7 @@ pub type Handler = Arc<dyn Fn(usize, &Seen) -> Reply + Send + Sync>;
 /// `handler(index, request)`.
 pub struct Peer {
     pub addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<Seen>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -72,12 +73,15 @@ impl Peer {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let count = Arc::new(AtomicUsize::new(0));
         let log = seen.clone();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let accepts = accepted.clone();
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
+                accepts.fetch_add(1, Ordering::SeqCst);
                 let handler = handler.clone();
                 let log = log.clone();
                 let count = count.clone();
@@ -140,7 +144,17 @@ impl Peer {
                 });
             }
         });
-        Peer { addr, seen, task }
+        Peer {
+            addr,
+            accepted,
+            seen,
+            task,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     pub fn url(&self, path: &str) -> String {
