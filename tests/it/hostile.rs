@@ -111,12 +111,11 @@ async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
                 break;
             }
             let mut buf = [0u8; 256];
-            if let Ok(Ok(n)) =
-                tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut buf)).await
+            let read = tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut buf)).await;
+            if let Ok(Ok(n)) = read
+                && (n == 0 || buf.starts_with(b"HTTP/1.1 408"))
             {
-                if n == 0 || buf.starts_with(b"HTTP/1.1 408") {
-                    break;
-                }
+                break;
             }
         }
         Duration::from_nanos(matrix_proxy::clock::now_ns() - started)
