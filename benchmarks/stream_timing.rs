@@ -78,6 +78,8 @@ async fn run(requests: u64) {
             ca_cert: None,
             max_record_body: 16 << 20,
             quiet: true,
+            part_rows: 100_000,
+            part_seconds: 60.0,
         },
         Arc::new(AtomicBool::new(false)),
     )

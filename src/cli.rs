@@ -14,9 +14,10 @@ use crate::clock;
 use crate::engine::{Engine, TlsOptions};
 use crate::mock::{MockConfig, MockWorker};
 use crate::plan::{Endpoint, Plan, Scheme};
-use crate::replay::{self, Ending, ReplayOptions};
+use crate::replay::{self, ReplayOptions};
 use crate::rundir::{self, RunDir, RunDirError};
 use crate::summary;
+use crate::summary::Ending;
 
 /// Exit codes, the same for every command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,19 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the built-in OpenAI-compatible mock worker.
     MockWorker(MockArgs),
+    /// Rebuild rounds.parquet and summary.json of a run from its exchanges/ (also after a crash).
+    Summarize {
+        /// The run directory.
+        dir: PathBuf,
+        /// No table.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Quarantine a crashed run's unfinished Parquet part and count the rows it held.
+    Recover {
+        /// The run directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -164,6 +178,12 @@ pub struct ReplayArgs {
     /// the record and fail their oracle.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     pub max_record_body: usize,
+    /// Roll to a new Parquet part after this many rows (a crash loses at most one part).
+    #[arg(long, default_value_t = 100_000)]
+    pub part_rows: usize,
+    /// Roll to a new Parquet part after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub part_seconds: f64,
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
@@ -249,6 +269,8 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         Command::MockWorker(args) => {
             with_runtime(|interrupt| async move { mock_cmd(args, interrupt).await })
         }
+        Command::Summarize { dir, quiet } => summarize_cmd(&dir, quiet),
+        Command::Recover { dir } => recover_cmd(&dir),
     };
     match result {
         Ok(exit) => exit as i32,
@@ -411,6 +433,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     }
     let need_tls = !args.mock_worker
         && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
+    if args.part_rows == 0 {
+        return Err(usage("--part-rows must be at least 1"));
+    }
+    seconds("--part-seconds", args.part_seconds)?;
     let engine = Engine::new(
         need_tls,
         &TlsOptions {
@@ -506,6 +532,8 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             bearer_token,
             max_record_body: args.max_record_body,
             quiet: args.quiet,
+            part_rows: args.part_rows,
+            part_seconds: args.part_seconds,
         },
         engine,
         &dir,
@@ -786,27 +814,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Some(e) = &stats.record_error {
         problems.push(e.to_string());
     }
-    let secs = |v: Option<i64>| v.map(|us| us as f64 / 1e6);
-    let failures: serde_json::Map<String, serde_json::Value> = stats
-        .by_outcome
-        .iter()
-        .filter(|(o, _)| **o != crate::record::Outcome::Ok)
-        .map(|(o, n)| (o.as_str().to_string(), serde_json::json!(n)))
-        .collect();
-    let summary = serde_json::json!({
-        "ending": "stopped",
-        "requests": stats.requests,
-        "successful_requests": stats.by_outcome.get(&crate::record::Outcome::Ok).copied().unwrap_or(0),
-        "failures": failures,
-        "rows_written": rows,
-        "dropped_rows": stats.dropped_rows,
-        "successful_latency_seconds": {"p50": secs(stats.ok_total.p50), "p95": secs(stats.ok_total.p95), "p99": secs(stats.ok_total.p99)},
-        "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
-        "definitions": {
-            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over successful exchanges",
-            "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
-        },
-    });
+    let summary = summary::serve_summary_json(&stats, rows);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
     }
@@ -848,4 +856,160 @@ mod tests {
         assert_eq!(err.exit, Exit::Usage);
         assert!(err.message.contains("already exists"), "{}", err.message);
     }
+}
+
+/// The `summarize` command: rebuild rounds.parquet and summary.json from exchanges/.
+pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
+    use crate::record::Outcome;
+    let config_path = dir.join("config.json");
+    let config: serde_json::Value = std::fs::read(&config_path)
+        .map_err(|e| {
+            usage(format!(
+                "{}: {e} (is this a run directory?)",
+                config_path.display()
+            ))
+        })
+        .and_then(|b| {
+            serde_json::from_slice(&b)
+                .map_err(|e| usage(format!("{}: not valid JSON: {e}", config_path.display())))
+        })?;
+    let facts = crate::record::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
+    let run = RunDir {
+        path: dir.to_path_buf(),
+    };
+    let finished = config["finished_at"].is_string();
+    match config["command"].as_str() {
+        Some("replay") => {
+            let plan_path = dir.join("plan.json");
+            let plan_bytes = std::fs::read(&plan_path)
+                .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+            let sha = rundir::sha256_hex(&plan_bytes);
+            if config["plan_sha256"].as_str() != Some(sha.as_str()) {
+                return Err(usage(format!(
+                    "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run, so its rounds cannot be rebuilt",
+                    plan_path.display(),
+                    config["plan_sha256"]
+                )));
+            }
+            let plan = Plan::from_json_bytes(&plan_bytes)
+                .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+            let (rounds, excluded, failures) = summary::rounds_from_rows(&plan, &facts);
+            let ending = if !finished {
+                Ending::Interrupted
+            } else if failures > 0 {
+                Ending::Failed
+            } else {
+                Ending::Passed
+            };
+            let aggs = summary::aggregates(&plan, &rounds);
+            let mut s = summary::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
+            s["rows_written"] = serde_json::json!(facts.len());
+            s["rebuilt_from_exchanges"] = serde_json::json!(true);
+            summary::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
+            run.write_json("summary.json", &s)
+                .map_err(|e| tool(e.to_string()))?;
+            if !quiet {
+                print!("{}", summary::table(&plan, &rounds, &aggs, &excluded));
+            }
+            eprintln!(
+                "matrix-proxy: rebuilt {} round(s) from {} rows in {}{}",
+                rounds.len(),
+                facts.len(),
+                dir.display(),
+                if finished {
+                    ""
+                } else {
+                    " (the run did not finish: its rounds may be partial)"
+                }
+            );
+            Ok(if ending == Ending::Passed {
+                Exit::Ok
+            } else {
+                Exit::Failure
+            })
+        }
+        Some("serve") => {
+            let mut stats = crate::serve::ServeStats::default();
+            let mut ok = Vec::new();
+            for f in &facts {
+                stats.requests += 1;
+                *stats.by_outcome.entry(f.sample.outcome).or_insert(0) += 1;
+                if f.sample.outcome == Outcome::Ok
+                    && let Some(t) = f.sample.total_us
+                {
+                    ok.push(t);
+                }
+            }
+            stats.ok_total = crate::metrics::Percentiles::of(ok);
+            let previous: Option<serde_json::Value> = std::fs::read(dir.join("summary.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            stats.dropped_rows = previous
+                .as_ref()
+                .and_then(|p| p["dropped_rows"].as_u64())
+                .unwrap_or(0);
+            let mut s = summary::serve_summary_json(&stats, facts.len() as u64);
+            s["rebuilt_from_exchanges"] = serde_json::json!(true);
+            if !finished {
+                s["ending"] = serde_json::json!("crashed");
+            }
+            run.write_json("summary.json", &s)
+                .map_err(|e| tool(e.to_string()))?;
+            eprintln!(
+                "matrix-proxy: rebuilt the summary of {} rows in {}",
+                facts.len(),
+                dir.display()
+            );
+            Ok(
+                if stats.requests == stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0)
+                    && finished
+                {
+                    Exit::Ok
+                } else {
+                    Exit::Failure
+                },
+            )
+        }
+        other => Err(usage(format!(
+            "{}: command {other:?} is not replay or serve; is this a matrix-proxy run directory?",
+            config_path.display()
+        ))),
+    }
+}
+
+/// The `recover` command: quarantine unfinished parts and count the rows they held.
+pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
+    if !dir.join("exchanges").is_dir() {
+        return Err(usage(format!(
+            "{}: no exchanges/ directory; is this a run directory?",
+            dir.display()
+        )));
+    }
+    let r = crate::record::recover(dir).map_err(tool)?;
+    let report = serde_json::json!({
+        "quarantined": r.quarantined.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "rows_lost": r.rows_lost,
+        "rows_kept": r.rows_kept,
+        "definitions": {
+            "rows_lost": "rows the writer had handed to the unfinished parts (from its ledger); rows still queued in memory at the moment of a crash are not on disk anywhere and cannot be counted here",
+            "rows_kept": "rows in closed parts, all readable",
+        },
+    });
+    RunDir {
+        path: dir.to_path_buf(),
+    }
+    .write_json("recovery.json", &report)
+    .map_err(|e| tool(e.to_string()))?;
+    eprintln!(
+        "matrix-proxy: {} unfinished part(s) moved to quarantine/; {} rows lost, {} rows kept in closed parts (recovery.json); run `matrix-proxy summarize {}` next",
+        r.quarantined.len(),
+        r.rows_lost,
+        r.rows_kept,
+        dir.display()
+    );
+    Ok(if r.rows_lost > 0 {
+        Exit::Failure
+    } else {
+        Exit::Ok
+    })
 }

@@ -12,7 +12,7 @@
 //! by `<redacted>` while the row is converted, so they exist only in memory.
 
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -729,6 +729,7 @@ impl Recorder {
 }
 
 struct OpenPart {
+    index: u32,
     writer: ArrowWriter<File>,
     tmp: PathBuf,
     final_path: PathBuf,
@@ -768,6 +769,7 @@ fn open_part(
     let writer = ArrowWriter::try_new(file, schema.clone(), Some(writer_props(opts)))
         .map_err(|e| RecordError(format!("{}: {e}", tmp.display())))?;
     Ok(OpenPart {
+        index,
         writer,
         tmp,
         final_path,
@@ -799,11 +801,16 @@ fn writer_loop(
     let mut pending_bytes = 0usize;
     let mut part: Option<OpenPart> = None;
     let part_ns = (opts.part_seconds.max(0.001) * 1e9) as u64;
+    let mut ledger = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(opts.dir.join(LEDGER))
+        .ok();
 
-    let flush = |pending: &mut Vec<ExchangeRecord>,
-                 pending_bytes: &mut usize,
-                 part: &mut Option<OpenPart>,
-                 stats: &mut WriterStats|
+    let mut flush = |pending: &mut Vec<ExchangeRecord>,
+                     pending_bytes: &mut usize,
+                     part: &mut Option<OpenPart>,
+                     stats: &mut WriterStats|
      -> Result<(), RecordError> {
         if pending.is_empty() {
             return Ok(());
@@ -824,6 +831,11 @@ fn writer_loop(
             .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
         p.rows += take;
         stats.rows += take as u64;
+        // The ledger survives a crash of this process (the page cache outlives it), so
+        // `recover` can count what an unfinished part held.
+        if let Some(l) = ledger.as_mut() {
+            let _ = writeln!(l, "{} {}", p.index, p.rows);
+        }
         pending.drain(..take);
         *pending_bytes = pending.iter().map(ExchangeRecord::approx_bytes).sum();
         if p.rows >= opts.part_rows.max(1)
@@ -849,7 +861,11 @@ fn writer_loop(
                     slots.add_permits(1);
                     pending_bytes += rec.approx_bytes();
                     pending.push(*rec);
-                    while pending.len() >= BATCH_ROWS || pending_bytes >= BATCH_BYTES {
+                    // Never hold more rows than would complete the open part, so that
+                    // a crash loses at most that part (plus rows still in the queue).
+                    let open_rows = part.as_ref().map_or(0, |p| p.rows);
+                    let batch_limit = BATCH_ROWS.min(opts.part_rows.max(1) - open_rows).max(1);
+                    while pending.len() >= batch_limit || pending_bytes >= BATCH_BYTES {
                         flush(&mut pending, &mut pending_bytes, &mut part, &mut stats)?;
                     }
                 }
@@ -1031,3 +1047,204 @@ mod disk_full {
         assert!(err.0.contains("No space left on device"), "{err}");
     }
 }
+
+/// What the metrics need of one recorded row (read back by `summarize`).
+#[derive(Debug, Clone)]
+pub struct RowFacts {
+    pub phase: String,
+    pub case_name: Option<String>,
+    pub concurrency: Option<i32>,
+    pub repetition: Option<i32>,
+    pub exchange_id: i64,
+    pub sample: crate::metrics::Sample,
+}
+
+/// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
+/// Left-over `.inprogress` parts are not read (see `recover`).
+pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
+    use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut parts: Vec<PathBuf> = fs::read_dir(exchanges)
+        .map_err(|e| format!("{}: {e}", exchanges.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            n.starts_with("part-") && n.ends_with(".parquet")
+        })
+        .collect();
+    parts.sort();
+    const WANT: [&str; 16] = [
+        "phase",
+        "case_name",
+        "concurrency",
+        "repetition",
+        "exchange_id",
+        "outcome",
+        "start_offset_us",
+        "total_us",
+        "first_byte_us",
+        "connect_us",
+        "is_stream",
+        "ttft_us",
+        "tpot_us",
+        "output_tokens",
+        "prompt_tokens",
+        "content_offsets_us",
+    ];
+    let mut out = Vec::new();
+    for part in parts {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        let f = File::open(&part).map_err(|e| ctx(&e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
+        let roots: Vec<usize> = WANT
+            .iter()
+            .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
+            .collect::<Result<_, _>>()?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder.with_projection(mask).build().map_err(|e| ctx(&e))?;
+        for batch in reader {
+            let b = batch.map_err(|e| ctx(&e))?;
+            let col = |n: &str| {
+                b.column_by_name(n)
+                    .ok_or_else(|| ctx(&format!("no column {n}")))
+            };
+            macro_rules! typed {
+                ($n:expr, $t:ty) => {
+                    col($n)?
+                        .as_any()
+                        .downcast_ref::<$t>()
+                        .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
+                };
+            }
+            let phase = typed!("phase", StringArray);
+            let case = typed!("case_name", StringArray);
+            let conc = typed!("concurrency", Int32Array);
+            let rep = typed!("repetition", Int32Array);
+            let id = typed!("exchange_id", Int64Array);
+            let outcome = typed!("outcome", StringArray);
+            let start = typed!("start_offset_us", Int64Array);
+            let total = typed!("total_us", Int64Array);
+            let fb = typed!("first_byte_us", Int64Array);
+            let connect = typed!("connect_us", Int64Array);
+            let is_stream = typed!("is_stream", BooleanArray);
+            let ttft = typed!("ttft_us", Int64Array);
+            let tpot = typed!("tpot_us", Int64Array);
+            let out_tok = typed!("output_tokens", Int64Array);
+            let prompt = typed!("prompt_tokens", Int64Array);
+            let content = typed!("content_offsets_us", ListArray);
+            let opt = |a: &Int64Array, i: usize| a.is_valid(i).then(|| a.value(i));
+            for i in 0..b.num_rows() {
+                let outcome = Outcome::ALL
+                    .into_iter()
+                    .find(|o| o.as_str() == outcome.value(i))
+                    .ok_or_else(|| ctx(&format!("unknown outcome {:?}", outcome.value(i))))?;
+                let stream = (is_stream.value(i)).then(|| {
+                    let offsets: Vec<i64> = if content.is_valid(i) {
+                        let v = content.value(i);
+                        v.as_any()
+                            .downcast_ref::<Int64Array>()
+                            .map(|a| a.values().to_vec())
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    crate::metrics::StreamSample {
+                        ttft_us: opt(ttft, i),
+                        tpot_us: opt(tpot, i),
+                        output_tokens: opt(out_tok, i),
+                        prompt_tokens: opt(prompt, i),
+                        gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+                    }
+                });
+                out.push(RowFacts {
+                    phase: phase.value(i).to_string(),
+                    case_name: case.is_valid(i).then(|| case.value(i).to_string()),
+                    concurrency: conc.is_valid(i).then(|| conc.value(i)),
+                    repetition: rep.is_valid(i).then(|| rep.value(i)),
+                    exchange_id: id.value(i),
+                    sample: crate::metrics::Sample {
+                        outcome,
+                        start_offset_us: start.value(i),
+                        total_us: opt(total, i),
+                        first_byte_us: opt(fb, i),
+                        connect_us: opt(connect, i),
+                        stream,
+                    },
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What `recover` found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Left-over `.inprogress` parts moved to `quarantine/`.
+    pub quarantined: Vec<PathBuf>,
+    /// Rows the ledger says were written into those parts: lost.
+    pub rows_lost: u64,
+    /// Rows in the closed parts.
+    pub rows_kept: u64,
+}
+
+/// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
+/// its footer cannot be read) and count, from the writer's ledger, the rows they held.
+pub fn recover(run: &Path) -> Result<Recovery, String> {
+    let ex = run.join("exchanges");
+    let mut rec = Recovery::default();
+    let ledger = read_ledger(&ex);
+    let entries: Vec<PathBuf> = fs::read_dir(&ex)
+        .map_err(|e| format!("{}: {e}", ex.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    for p in entries {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(idx) = name
+            .strip_prefix(".part-")
+            .and_then(|s| s.strip_suffix(".parquet.inprogress"))
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            let q = run.join("quarantine");
+            fs::create_dir_all(&q).map_err(|e| format!("{}: {e}", q.display()))?;
+            let dest = q.join(&name);
+            fs::rename(&p, &dest).map_err(|e| format!("{}: {e}", p.display()))?;
+            rec.rows_lost += ledger.get(&idx).copied().unwrap_or(0);
+            rec.quarantined.push(dest);
+        } else if name.starts_with("part-") && name.ends_with(".parquet") {
+            let f = File::open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let reader = parquet::file::serialized_reader::SerializedFileReader::new(f)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            rec.rows_kept += parquet::file::reader::FileReader::metadata(&reader)
+                .file_metadata()
+                .num_rows() as u64;
+        }
+    }
+    Ok(rec)
+}
+
+/// The writer's ledger: rows handed to each part so far (last line per part wins).
+fn read_ledger(ex: &Path) -> std::collections::BTreeMap<u32, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    if let Ok(text) = fs::read_to_string(ex.join(LEDGER)) {
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(p), Some(r)) = (it.next(), it.next())
+                && let (Ok(p), Ok(r)) = (p.parse(), r.parse())
+            {
+                m.insert(p, r);
+            }
+        }
+    }
+    m
+}
+
+/// Name of the writer's ledger in `exchanges/` (a dot-file: no reader globs it).
+pub const LEDGER: &str = ".ledger";

@@ -25,7 +25,7 @@ use crate::metrics::{self, RoundMetrics, Sample, StreamSample};
 use crate::plan::{Endpoint, OnFailure, Plan};
 use crate::record::{ExchangeRecord, Outcome, Phase, RecordError, Recorder, RecorderOptions};
 use crate::rundir::RunDir;
-use crate::summary;
+use crate::summary::{self, Ending, PhaseCounts};
 
 type ReqBody = Full<Bytes>;
 type Slot = Option<Conn<ReqBody>>;
@@ -41,17 +41,8 @@ pub struct ReplayOptions {
     pub bearer_token: Option<String>,
     pub max_record_body: usize,
     pub quiet: bool,
-}
-
-/// How a replay ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    /// Every request of the budget succeeded.
-    Passed,
-    /// At least one failure was recorded.
-    Failed,
-    /// Ctrl-C / SIGTERM.
-    Interrupted,
+    pub part_rows: usize,
+    pub part_seconds: f64,
 }
 
 pub struct ReplayResult {
@@ -101,25 +92,6 @@ impl Ctx {
     }
 }
 
-/// Per-phase counts of the excluded (non-measured) phases.
-#[derive(Debug, Clone, Default)]
-pub struct PhaseCounts {
-    pub attempted: u64,
-    pub successful: u64,
-    pub failures: BTreeMap<Outcome, u64>,
-}
-
-impl PhaseCounts {
-    fn add(&mut self, s: &Sample) {
-        self.attempted += 1;
-        if s.outcome == Outcome::Ok {
-            self.successful += 1;
-        } else {
-            *self.failures.entry(s.outcome).or_insert(0) += 1;
-        }
-    }
-}
-
 /// Run the plan into `dir`. `interrupt` flips to true on Ctrl-C / SIGTERM.
 pub async fn run(
     opts: ReplayOptions,
@@ -128,6 +100,8 @@ pub async fn run(
     interrupt: Arc<AtomicBool>,
 ) -> Result<ReplayResult, RecordError> {
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
+    rec_opts.part_rows = opts.part_rows.max(1);
+    rec_opts.part_seconds = opts.part_seconds;
     rec_opts.metadata = vec![("matrix_proxy.run_id".into(), opts.run_id.clone())];
     let recorder = Recorder::start(rec_opts)
         .map_err(|e| RecordError(format!("cannot start the writer thread: {e}")))?;

@@ -12,10 +12,40 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use serde_json::{Map, Value, json};
 
+use crate::metrics::Sample;
 use crate::metrics::{self, Aggregate, Percentiles, RoundMetrics, Spread, THROUGHPUT_SCOPE};
 use crate::plan::Plan;
 use crate::record::{Outcome, Phase};
-use crate::replay::{Ending, PhaseCounts};
+
+/// How a replay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every request of the budget succeeded.
+    Passed,
+    /// At least one failure was recorded.
+    Failed,
+    /// Ctrl-C / SIGTERM.
+    Interrupted,
+}
+
+/// Per-phase counts of the excluded (non-measured) phases.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseCounts {
+    pub attempted: u64,
+    pub successful: u64,
+    pub failures: BTreeMap<Outcome, u64>,
+}
+
+impl PhaseCounts {
+    pub fn add(&mut self, s: &Sample) {
+        self.attempted += 1;
+        if s.outcome == Outcome::Ok {
+            self.successful += 1;
+        } else {
+            *self.failures.entry(s.outcome).or_insert(0) += 1;
+        }
+    }
+}
 
 pub fn aggregates(plan: &Plan, rounds: &[RoundMetrics]) -> Vec<Aggregate> {
     let mut out = Vec::new();
@@ -523,4 +553,81 @@ pub fn table(
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
     }
     out
+}
+
+/// Rebuild a replay run's measured rounds and excluded-phase counts from its rows.
+/// Returns the rounds in plan order, the excluded phases, and the number of failures.
+pub fn rounds_from_rows(
+    plan: &Plan,
+    facts: &[crate::record::RowFacts],
+) -> (Vec<RoundMetrics>, BTreeMap<Phase, PhaseCounts>, u64) {
+    let mut rounds = Vec::new();
+    for case in &plan.cases {
+        for &c in &plan.concurrency {
+            for rep in 0..plan.repetitions {
+                let samples: Vec<Sample> = facts
+                    .iter()
+                    .filter(|f| {
+                        f.phase == Phase::Measured.as_str()
+                            && f.case_name.as_deref() == Some(case.name.as_str())
+                            && f.concurrency == Some(c as i32)
+                            && f.repetition == Some(rep as i32)
+                    })
+                    .map(|f| f.sample.clone())
+                    .collect();
+                if !samples.is_empty() {
+                    rounds.push(metrics::round_metrics(
+                        &case.name,
+                        c,
+                        rep,
+                        plan.requests_per_case as u64,
+                        &samples,
+                    ));
+                }
+            }
+        }
+    }
+    let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
+    for f in facts {
+        let phase = [
+            Phase::Health,
+            Phase::Readiness,
+            Phase::Warmup,
+            Phase::Feasibility,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == f.phase);
+        if let Some(p) = phase {
+            excluded.entry(p).or_default().add(&f.sample);
+        }
+    }
+    let failures = facts
+        .iter()
+        .filter(|f| f.sample.outcome != Outcome::Ok)
+        .count() as u64;
+    (rounds, excluded, failures)
+}
+
+/// serve's summary.json.
+pub fn serve_summary_json(stats: &crate::serve::ServeStats, rows: u64) -> Value {
+    let failures: Map<String, Value> = stats
+        .by_outcome
+        .iter()
+        .filter(|(o, _)| **o != Outcome::Ok)
+        .map(|(o, n)| (o.as_str().to_string(), json!(n)))
+        .collect();
+    json!({
+        "ending": "stopped",
+        "requests": stats.requests,
+        "successful_requests": stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0),
+        "failures": failures,
+        "rows_written": rows,
+        "dropped_rows": stats.dropped_rows,
+        "successful_latency_seconds": pct_json(&stats.ok_total),
+        "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
+        "definitions": {
+            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over successful exchanges",
+            "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
+        },
+    })
 }

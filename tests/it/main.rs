@@ -3,6 +3,7 @@
 
 mod accounting;
 mod cli;
+mod crash;
 mod fault_matrix;
 mod faults;
 mod hostile;

@@ -206,6 +206,8 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         ca_cert: None,
         max_record_body: 16 << 20,
         quiet: true,
+        part_rows: 100_000,
+        part_seconds: 60.0,
     }
 }
 
@@ -233,10 +235,12 @@ pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
     reader.map(|b| b.unwrap()).collect()
 }
 
+/// Every file in `run/exchanges` but the writer's ledger.
 pub fn part_files(run: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(run.join("exchanges"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != matrix_proxy::record::LEDGER)
         .collect();
     v.sort();
     v
@@ -244,7 +248,10 @@ pub fn part_files(run: &Path) -> Vec<PathBuf> {
 
 impl Rows {
     pub fn read(run: &Path) -> Rows {
-        let files = part_files(run);
+        let files: Vec<PathBuf> = part_files(run)
+            .into_iter()
+            .filter(|f| f.file_name().unwrap() != matrix_proxy::record::LEDGER)
+            .collect();
         for f in &files {
             let name = f.file_name().unwrap().to_string_lossy().into_owned();
             assert!(

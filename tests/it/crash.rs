@@ -1,0 +1,158 @@
+//! After the fact: `summarize` rebuilds a run's reports from exchanges/ (and refuses a plan
+//! changed since), `recover` quarantines what a SIGKILL left unfinished and counts it.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summarize_rebuilds_the_same_reports_from_the_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("demo");
+    let mut args = replay_args(std::path::Path::new("plans/demo.json"), &out);
+    args.mock_worker = true;
+    replay(args).await.unwrap();
+    let original = read_json(&out.join("summary.json"));
+    let original_rounds = read_parquet(&out.join("rounds.parquet"));
+    std::fs::remove_file(out.join("summary.json")).unwrap();
+    std::fs::remove_file(out.join("rounds.parquet")).unwrap();
+    let r = bin()
+        .args(["summarize", "--quiet"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let rebuilt = read_json(&out.join("summary.json"));
+    for key in [
+        "complete",
+        "failures",
+        "rounds",
+        "round_aggregates",
+        "excluded_phases",
+        "ending",
+        "planned_requests",
+    ] {
+        assert_eq!(rebuilt[key], original[key], "{key}");
+    }
+    assert_eq!(rebuilt["rebuilt_from_exchanges"], json!(true));
+    assert_eq!(read_parquet(&out.join("rounds.parquet")), original_rounds);
+
+    // A plan edited after the run cannot be summarised against rows it did not produce.
+    let mut plan: Value = read_json(&out.join("plan.json"));
+    plan["requests_per_case"] = json!(25);
+    std::fs::write(out.join("plan.json"), serde_json::to_vec(&plan).unwrap()).unwrap();
+    let r = bin().args(["summarize"]).arg(&out).output().unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("the plan was changed after the run"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was_kept() {
+    let handler: Handler = Arc::new(|_, s: &Seen| {
+        let mut r = Reply::json(
+            200,
+            &json!({"echo": serde_json::from_slice::<Value>(&s.body).unwrap_or(Value::Null)}),
+        );
+        r.delay = Duration::from_millis(3);
+        r
+    });
+    let peer = Peer::start(handler).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/x"),
+        "connection": "keep-alive",
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
+        "concurrency": [4], "requests_per_case": 2_000, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let run = tmp.path().join("run");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["replay", "--quiet", "--part-rows", "50", "--out"])
+        .arg(&run)
+        .arg(&path)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let closed = || {
+        part_files(&run)
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+            .count()
+    };
+    for _ in 0..1000 {
+        if run.join("exchanges").is_dir() && closed() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(closed() >= 3, "three parts closed before the kill");
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _ = child.wait().await;
+    let seen = peer.seen().len() as u64;
+
+    let r = bin().arg("recover").arg(&run).output().unwrap();
+    let report = read_json(&run.join("recovery.json"));
+    let (kept, lost) = (
+        report["rows_kept"].as_u64().unwrap(),
+        report["rows_lost"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        r.status.code(),
+        Some(if lost > 0 { 1 } else { 0 }),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(
+        kept,
+        closed() as u64 * 50,
+        "closed parts hold exactly their rows"
+    );
+    // What the worker answered is in the closed parts, in the counted loss, or was still
+    // in memory: at most the rest of the open part and the 4 exchanges in flight.
+    assert!(
+        kept + lost <= seen,
+        "kept {kept} + lost {lost} > seen {seen}"
+    );
+    assert!(
+        seen - kept - lost <= 50 + 4,
+        "uncounted: {} (seen {seen}, kept {kept}, lost {lost})",
+        seen - kept - lost
+    );
+    assert!(
+        part_files(&run)
+            .iter()
+            .all(|p| p.extension().is_some_and(|e| e == "parquet")),
+        "nothing unfinished left in exchanges/"
+    );
+
+    let r = bin()
+        .args(["summarize", "--quiet"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1), "an unfinished run is not a pass");
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["ending"], json!("interrupted"));
+    assert_eq!(summary["rows_written"], json!(kept));
+    assert_eq!(summary["complete"], json!(false));
+}
