@@ -841,23 +841,6 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     Ok(Exit::Interrupted)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_taken_default_run_name_gets_a_suffix_but_an_explicit_one_is_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("demo-20261129T000000Z");
-        assert_eq!(create_run_dir(&out, true).unwrap().path, out);
-        let second = create_run_dir(&out, true).unwrap();
-        assert_eq!(second.path, tmp.path().join("demo-20261129T000000Z-2"));
-        let err = create_run_dir(&out, false).err().unwrap();
-        assert_eq!(err.exit, Exit::Usage);
-        assert!(err.message.contains("already exists"), "{}", err.message);
-    }
-}
-
 /// The `summarize` command: rebuild rounds.parquet and summary.json from exchanges/.
 pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
     use crate::record::Outcome;
@@ -1012,4 +995,21 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
     } else {
         Exit::Ok
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_default_run_name_gets_a_suffix_but_an_explicit_one_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("demo-20261129T000000Z");
+        assert_eq!(create_run_dir(&out, true).unwrap().path, out);
+        let second = create_run_dir(&out, true).unwrap();
+        assert_eq!(second.path, tmp.path().join("demo-20261129T000000Z-2"));
+        let err = create_run_dir(&out, false).err().unwrap();
+        assert_eq!(err.exit, Exit::Usage);
+        assert!(err.message.contains("already exists"), "{}", err.message);
+    }
 }
