@@ -328,7 +328,20 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
     });
 }
 
+/// Largest plan file accepted.
+pub const MAX_PLAN_BYTES: u64 = 64 << 20;
+
 fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.len() > MAX_PLAN_BYTES
+    {
+        return Err(usage(format!(
+            "{}: the plan is {} bytes; plans are limited to {} MiB (a plan describes requests; it does not carry bulk data)",
+            path.display(),
+            meta.len(),
+            MAX_PLAN_BYTES >> 20
+        )));
+    }
     let bytes = std::fs::read(path)
         .map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
     let plan =

@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod clock;
 pub mod engine;
+pub mod fuzzing;
 pub mod metrics;
 pub mod mock;
 pub mod oracle;

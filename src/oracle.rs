@@ -822,4 +822,22 @@ mod tests {
             Some("/events/0/id")
         );
     }
+
+    #[test]
+    fn floats_are_compared_as_correctly_rounded_doubles() {
+        // Found by fuzzing: without correct rounding, the same number written two ways
+        // (or written back out) could parse to two different doubles.
+        let o = Oracle::json(
+            serde_json::from_str("7.777777777777755555555555555573777775777505e40").unwrap(),
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(check(&o, "7.777777777777756e40"), Ok(()));
+        let o = oracle(json!({"p": 0.1}), &[]);
+        assert_eq!(
+            check(&o, r#"{"p": 0.1000000000000000055511151231257827}"#),
+            Ok(())
+        );
+        assert!(check(&o, r#"{"p": 0.10000000000000002}"#).is_err());
+    }
 }

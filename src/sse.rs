@@ -38,8 +38,10 @@ pub struct SseParser {
     data: String,
     has_data: bool,
     event: Option<String>,
-    /// No byte seen yet (a leading BOM is skipped).
+    /// Past the stream's start (a leading BOM is skipped).
     started: bool,
+    /// Bytes of a leading BOM seen so far.
+    bom_seen: usize,
 }
 
 impl SseParser {
@@ -50,16 +52,35 @@ impl SseParser {
     /// Feed bytes read at `at_ns`; complete events are pushed to `out`.
     pub fn feed(
         &mut self,
-        mut bytes: &[u8],
+        bytes: &[u8],
         at_ns: u64,
         out: &mut Vec<Event>,
     ) -> Result<(), LineTooLong> {
-        if !self.started && !bytes.is_empty() {
-            self.started = true;
-            if let Some(rest) = bytes.strip_prefix(b"\xEF\xBB\xBF") {
-                bytes = rest;
+        let mut bytes = bytes;
+        // A leading byte-order mark is skipped, even when it arrives split across reads.
+        while !self.started && !bytes.is_empty() {
+            const BOM: &[u8; 3] = b"\xEF\xBB\xBF";
+            if bytes[0] == BOM[self.bom_seen] {
+                self.bom_seen += 1;
+                bytes = &bytes[1..];
+                if self.bom_seen == BOM.len() {
+                    self.started = true;
+                }
+            } else {
+                self.started = true;
+                let partial = BOM[..self.bom_seen].to_vec();
+                self.feed_bytes(&partial, at_ns, out)?;
             }
         }
+        self.feed_bytes(bytes, at_ns, out)
+    }
+
+    fn feed_bytes(
+        &mut self,
+        bytes: &[u8],
+        at_ns: u64,
+        out: &mut Vec<Event>,
+    ) -> Result<(), LineTooLong> {
         for &b in bytes {
             match b {
                 b'\n' if self.after_cr => self.after_cr = false,
@@ -257,6 +278,12 @@ mod tests {
     #[test]
     fn bom_is_skipped_and_long_lines_are_refused() {
         assert_eq!(events(&[b"\xEF\xBB\xBFdata: x\n\n"]), vec![("x".into(), 1)]);
+        assert_eq!(
+            events(&[b"\xEF", b"\xBB\xBFdata: x\n\n"]),
+            vec![("x".into(), 2)]
+        );
+        // Not a BOM after all: the bytes stay (here they spoil the field name).
+        assert_eq!(events(&[b"\xEF", b"data: x\n\n"]).len(), 0);
         let mut p = SseParser::new();
         let big = vec![b'a'; MAX_LINE_BYTES + 1];
         assert_eq!(p.feed(&big, 1, &mut Vec::new()), Err(LineTooLong));

@@ -233,3 +233,43 @@ async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
     assert_eq!(summary["complete"], json!(false));
     assert!(read_json(&run.join("config.json"))["finished_at"].is_string());
 }
+
+#[test]
+fn hostile_plans_get_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "nested.json",
+            format!("{}{}", "[".repeat(200_000), "]".repeat(200_000)).into_bytes(),
+            "recursion limit",
+        ),
+        (
+            "utf8.json",
+            b"{\"endpoint\": \"\xff\"}".to_vec(),
+            "not valid UTF-8",
+        ),
+        (
+            "hugenum.json",
+            b"{\"requests_per_case\": 1e400}".to_vec(),
+            "not valid JSON",
+        ),
+        ("empty.json", Vec::new(), "not valid JSON"),
+    ];
+    for (name, bytes, msg) in cases {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let out = bin().arg("validate").arg(&p).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(msg) && err.contains(name), "{name}: {err}");
+    }
+    // A 100 MB plan is refused by its size, before it is read.
+    let big = tmp.path().join("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(100 << 20)
+        .unwrap();
+    let out = bin().arg("validate").arg(&big).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("plans are limited to 64 MiB"));
+}

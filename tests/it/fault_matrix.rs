@@ -411,11 +411,12 @@ async fn a_worker_that_closes_after_every_response_costs_reconnects_not_lost_row
                     Some(true),
                     "row {i}: only a reused connection can race"
                 );
+                // EOF or RST, depending on whether the close beat the request's bytes.
+                let e = err[i].as_deref().unwrap();
                 assert!(
-                    err[i]
-                        .as_deref()
-                        .unwrap()
-                        .contains("connection closed before message completed"),
+                    e.starts_with("send request:")
+                        && (e.contains("connection closed before message completed")
+                            || e.contains("reset by peer")),
                     "row {i}: {:?}",
                     err[i]
                 );
@@ -455,4 +456,67 @@ async fn a_worker_that_closes_after_every_response_costs_reconnects_not_lost_row
         assert!(*s == 200 || *s == 502, "{statuses:?}");
         assert_eq!(outcome[i].as_deref(), Some(want), "{statuses:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_gib_response_is_judged_too_large_and_recorded_truncated_in_bounded_memory() {
+    const N: u64 = 1 << 30;
+    let (peer, _) = bulk_peer(N).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": format!("http://{peer}/bulk"),
+        "health_endpoint": format!("http://{peer}/bulk"),
+        "cases": [{"name": "big", "request_text": "x", "expected_response_text": "z"}],
+        "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 120, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let out = tmp.path().join("run");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["replay", "--quiet", "--max-record-body", "1048576", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let mut peak_kb = 0;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            && let Some(kb) = text
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak_kb = peak_kb.max(kb);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the health check passes, the oracle cannot judge 1 GiB"
+    );
+    eprintln!(
+        "replay of a 1 GiB response: peak RSS {} MiB",
+        peak_kb / 1024
+    );
+    assert!(peak_kb < 200 * 1024, "peak RSS {} MiB", peak_kb / 1024);
+    let rows = Rows::read(&out);
+    let big: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows.strs("case_name")[i].as_deref() == Some("big"))
+        .collect();
+    let i = big[0];
+    assert_eq!(rows.i64s("response_body_len")[i], Some(N as i64));
+    assert_eq!(rows.bins("response_body")[i].len(), 1 << 20);
+    assert_eq!(rows.bools("response_body_truncated")[i], Some(true));
+    assert_eq!(rows.strs("outcome")[i].as_deref(), Some("correctness"));
+    assert!(
+        rows.strs("error_message")[i]
+            .as_deref()
+            .unwrap()
+            .contains("larger than --max-record-body")
+    );
 }

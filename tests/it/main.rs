@@ -6,6 +6,7 @@ mod cli;
 mod crash;
 mod fault_matrix;
 mod faults;
+mod fuzz_corpus;
 mod hostile;
 mod replay;
 mod secrets;
