@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One command for the side-by-side benchmarks of issue 5 (see benchmarks/README.md):
+# installs nginx, HAProxy, wrk and oha from the package registries, builds matrix-proxy in
+# release, and runs benchmarks/harness.py. Loopback only; bounded in time
+# (about 4 x ROUNDS x 3 x DUR s for the proxy table and 5 x ROUNDS x 3 x DUR s for the
+# generator table; SOAK=1 adds 10 minutes).
+#
+#   DUR=5 ROUNDS=3 bash benchmarks/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v nginx >/dev/null || need+=(nginx-light)
+command -v haproxy >/dev/null || need+=(haproxy)
+command -v wrk >/dev/null || need+=(wrk)
+command -v taskset >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq "${need[@]}"
+fi
+command -v oha >/dev/null || cargo install oha --locked
+cargo build --release --locked
+exec python3 benchmarks/harness.py
