@@ -630,7 +630,7 @@ async fn handle(
     };
     let failure = match sent {
         Some(Ok(Ok((conn, resp)))) => {
-            let (mut parts, body) = resp.into_parts();
+            let (mut parts, mut body) = resp.into_parts();
             let no_body = p.method == http::Method::HEAD
                 || parts.status.is_informational()
                 || parts.status == StatusCode::NO_CONTENT
@@ -638,6 +638,28 @@ async fn handle(
             p.cap.response_headers = parts.headers.clone();
             strip_hop_by_hop(&mut parts.headers);
             let (tx, rx) = mpsc::channel(sh.opts.buffer_frames.max(1));
+            // If the first body frame is already here, queue it before the head goes out:
+            // hyper then writes head and body in one go instead of flushing the head alone
+            // (measured: a second write per response, and a second wake-up of the client).
+            // Never waits: a stream's head is not held back for its first event.
+            let mut initial_failure = None;
+            if !no_body {
+                let polled = {
+                    let mut next = std::pin::pin!(Engine::next_frame(&mut body, &mut p.cap));
+                    std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await
+                };
+                match polled {
+                    Poll::Ready(Ok(Some(frame))) => {
+                        let last = p.cap.end_ns.is_some() || frame.is_trailers();
+                        let _ = tx.try_send(Ok((frame, last)));
+                    }
+                    Poll::Ready(Err(e)) => {
+                        let _ = tx.try_send(Err(io::Error::other(e.message.clone())));
+                        initial_failure = Some((Outcome::Transport, e.message));
+                    }
+                    Poll::Ready(Ok(None)) | Poll::Pending => {}
+                }
+            }
             let (done_tx, done_rx) = oneshot::channel();
             let resp = Response::from_parts(
                 parts,
@@ -648,7 +670,17 @@ async fn handle(
                     done: Some(done_tx),
                 },
             );
-            tokio::spawn(pump_and_record(sh, guard, p, conn, body, tx, done_rx, slot));
+            tokio::spawn(pump_and_record(
+                sh,
+                guard,
+                p,
+                conn,
+                body,
+                tx,
+                done_rx,
+                slot,
+                initial_failure,
+            ));
             return Ok(resp);
         }
         Some(Ok(Err(e))) => (
@@ -710,41 +742,49 @@ async fn pump_and_record(
     tx: mpsc::Sender<Chunk>,
     done_rx: oneshot::Receiver<DownstreamEnd>,
     slot: Slot,
+    initial_failure: Option<(Outcome, String)>,
 ) {
     let idle = sh.opts.upstream_idle_timeout;
-    let pump = async {
-        loop {
-            match tokio::time::timeout(idle, Engine::next_frame(&mut body, &mut p.cap)).await {
-                Err(_) => {
-                    let msg = format!(
-                        "upstream sent no body bytes for --upstream-idle-timeout ({} s)",
-                        idle.as_secs_f64()
-                    );
-                    let _ = tx.send(Err(io::Error::other(msg.clone()))).await;
-                    return Some((Outcome::Timeout, msg));
-                }
-                Ok(Err(e)) => {
-                    let _ = tx.send(Err(io::Error::other(e.message.clone()))).await;
-                    return Some((Outcome::Transport, e.message));
-                }
-                Ok(Ok(None)) => return None,
-                Ok(Ok(Some(frame))) => {
-                    // Trailers always end a body.
-                    let last = p.cap.end_ns.is_some() || frame.is_trailers();
-                    if tx.send(Ok((frame, last))).await.is_err() {
-                        return Some((
-                            Outcome::ClientAborted,
-                            "the client went away before the response ended".into(),
-                        ));
+    let mut cut = sh.cut.clone();
+    let failure = match initial_failure {
+        Some(f) => Some(f),
+        None => {
+            let pump = async {
+                loop {
+                    match tokio::time::timeout(idle, Engine::next_frame(&mut body, &mut p.cap))
+                        .await
+                    {
+                        Err(_) => {
+                            let msg = format!(
+                                "upstream sent no body bytes for --upstream-idle-timeout ({} s)",
+                                idle.as_secs_f64()
+                            );
+                            let _ = tx.send(Err(io::Error::other(msg.clone()))).await;
+                            return Some((Outcome::Timeout, msg));
+                        }
+                        Ok(Err(e)) => {
+                            let _ = tx.send(Err(io::Error::other(e.message.clone()))).await;
+                            return Some((Outcome::Transport, e.message));
+                        }
+                        Ok(Ok(None)) => return None,
+                        Ok(Ok(Some(frame))) => {
+                            // Trailers always end a body.
+                            let last = p.cap.end_ns.is_some() || frame.is_trailers();
+                            if tx.send(Ok((frame, last))).await.is_err() {
+                                return Some((
+                                    Outcome::ClientAborted,
+                                    "the client went away before the response ended".into(),
+                                ));
+                            }
+                        }
                     }
                 }
+            };
+            tokio::select! {
+                f = pump => f,
+                _ = cut.wait_for(|c| *c) => Some((Outcome::ShutdownCut, "cut at the end of the shutdown grace period".into())),
             }
         }
-    };
-    let mut cut = sh.cut.clone();
-    let failure = tokio::select! {
-        f = pump => f,
-        _ = cut.wait_for(|c| *c) => Some((Outcome::ShutdownCut, "cut at the end of the shutdown grace period".into())),
     };
     drop(tx);
     p.cap.finish(clock::now_ns());
