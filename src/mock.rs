@@ -9,8 +9,11 @@
 //! Faults are chosen per request with the `x-mock-fault` header or a `"mock_fault"`
 //! field in the JSON body: `http500`, `wrong-body`, `stall` (no answer for `stall_ms`),
 //! `reset` (head and half the body, then the connection is cut), `close` (answer, then
-//! close the keep-alive connection). The mock is test equipment: it must never be
-//! mistaken for a measurement of anything but the tool itself.
+//! close the keep-alive connection), and for `"stream": true` answers `stream-cut` and
+//! `stream-stall`. Streamed events are paced by absolute deadlines and their write times
+//! are logged (`MockWorker::event_log`) so tests can check the tool's stamps against them.
+//! The mock is test equipment: it must never be mistaken for a measurement of anything but
+//! the tool itself.
 
 use std::collections::HashMap;
 use std::convert::Infallible;

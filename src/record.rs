@@ -4,7 +4,9 @@
 //! has ended, so recording never stalls a response in flight. Rows cross a bounded queue
 //! (a semaphore of free slots in front of a channel) to a dedicated OS thread, which owns
 //! all Arrow conversion, redaction, compression and fsync; nothing here runs on the async
-//! runtime. A full queue applies back-pressure (the one policy replay uses).
+//! runtime. The thread polls its queue on a short tick instead of blocking in it, so a
+//! submit never pays for waking it. A full queue applies back-pressure (`submit`, the one
+//! policy replay uses) or drops and counts the row (`try_submit`, serve's opt-in).
 //!
 //! Part files are written as `.part-NNNNN.parquet.inprogress` (a name no reader globs),
 //! then finished, fsynced, renamed to `part-NNNNN.parquet`, and the directory fsynced.
