@@ -474,38 +474,24 @@ impl hyper::body::Body for WithTrailers {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_pass_when_asked_for_and_expect_100_continue_is_answered() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = listener.local_addr().unwrap();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (tcp, _) = listener.accept().await.unwrap();
-            let log = log.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let log = log.clone();
-                        async move {
-                            let (parts, body) = req.into_parts();
-                            let body = http_body_util::BodyExt::collect(body)
-                                .await
-                                .unwrap()
-                                .to_bytes();
-                            log.lock().unwrap().push((parts.headers.clone(), body));
-                            let mut r = hyper::Response::new(WithTrailers(0));
-                            r.headers_mut()
-                                .insert("trailer", "x-checksum".parse().unwrap());
-                            Ok::<_, std::convert::Infallible>(r)
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
-            });
+    let up = http_server(move |req: hyper::Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = http_body_util::BodyExt::collect(body)
+                .await
+                .unwrap()
+                .to_bytes();
+            log.lock().unwrap().push((parts.headers.clone(), body));
+            let mut r = hyper::Response::new(WithTrailers(0));
+            r.headers_mut()
+                .insert("trailer", "x-checksum".parse().unwrap());
+            r
         }
-    });
+    })
+    .await;
     let tmp = tempfile::tempdir().unwrap();
     let serve = Serve::start(serve_args(
         &format!("http://{up}"),
