@@ -241,11 +241,6 @@ impl Endpoint {
     pub fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
         origin.with_path(&self.path_and_query)
     }
-
-    /// Whether two endpoints share scheme, host and port (so one connection serves both).
-    pub fn same_origin(&self, other: &Endpoint) -> bool {
-        self.scheme == other.scheme && self.host == other.host && self.port == other.port
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -637,7 +637,6 @@ enum Msg {
 pub struct Recorder {
     tx: mpsc::Sender<Msg>,
     slots: Arc<Semaphore>,
-    submitted: AtomicU64,
     dropped: AtomicU64,
     handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
 }
@@ -665,7 +664,6 @@ impl Recorder {
         Ok(Recorder {
             tx,
             slots,
-            submitted: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             handle: std::sync::Mutex::new(Some(handle)),
         })
@@ -683,7 +681,6 @@ impl Recorder {
         self.tx
             .send(Msg::Row(Box::new(rec)))
             .map_err(|_| RecordError("the writer stopped".into()))?;
-        self.submitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -696,7 +693,6 @@ impl Recorder {
                 self.tx
                     .send(Msg::Row(Box::new(rec)))
                     .map_err(|_| RecordError("the writer stopped".into()))?;
-                self.submitted.fetch_add(1, Ordering::Relaxed);
                 Ok(true)
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => {
@@ -712,11 +708,6 @@ impl Recorder {
     /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Rows accepted by [`Recorder::submit`] so far.
-    pub fn submitted(&self) -> u64 {
-        self.submitted.load(Ordering::Relaxed)
     }
 
     /// Close the queue (later submits fail), let the writer write every row already

@@ -495,8 +495,7 @@ fn forwarded_for(ip: std::net::IpAddr) -> String {
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
 /// `100 Continue` when the body is first read), forwarding headers added, `Host` kept
 /// unless `rewrite_host`.
-fn upstream_headers(down: &HeaderMap, peer: SocketAddr, sh: &Shared) -> HeaderMap {
-    let mut h = down.clone();
+fn upstream_headers(mut h: HeaderMap, peer: SocketAddr, sh: &Shared) -> HeaderMap {
     strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
     let ip = peer.ip();
@@ -586,7 +585,7 @@ async fn handle(
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let target = upstream_target(&sh.opts.upstream, &parts.uri);
-    let headers = upstream_headers(&parts.headers, peer, &sh);
+    let headers = upstream_headers(parts.headers, peer, &sh);
     let (tee_tx, tee_rx) = oneshot::channel();
     let tee = TeeBody {
         inner: body,

@@ -136,12 +136,8 @@ async fn replay_accounts_for_every_request_against_a_worker_that_fails_a_known_f
         "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
         "concurrency": [16], "requests_per_case": 10_000, "timeout_seconds": 10, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let seen = peer.seen();
     let total = 1 + 1 + 2 + 16 + 2 * 10_000;
     assert_eq!(seen.len(), total, "the whole budget ran");

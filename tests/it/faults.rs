@@ -71,14 +71,7 @@ async fn each_mock_fault_is_recorded_with_its_outcome() {
     // Per case: readiness 1 + warmup 2 + feasibility 1 + 2 rounds x 2 = 8 rows.
     assert_eq!(rows.len(), 1 + 7 * 8);
     let case = rows.strs("case_name");
-    let outcome = rows.strs("outcome");
-    let by_case = rows.count_by(|i| {
-        format!(
-            "{}:{}",
-            case[i].clone().unwrap_or_default(),
-            outcome[i].clone().unwrap()
-        )
-    });
+    let by_case = rows.outcomes_by_case();
     for (c, o) in [
         ("ok", "ok"),
         ("http500", "http"),
@@ -186,12 +179,8 @@ async fn unreachable_worker_is_a_recorded_transport_failure() {
         "cases": [{"name": "a", "request": {}, "expected_response": {}}],
         "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 2, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let rows = Rows::read(&out);
     assert_eq!(rows.len(), 1, "the health check fails and stops the run");
     assert_eq!(rows.strs("phase")[0].as_deref(), Some("health"));

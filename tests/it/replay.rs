@@ -365,9 +365,8 @@ async fn exchanges_parquet_is_typed_and_holds_the_exact_bytes() {
     let peer = Peer::start(echo_handler()).await;
     let tmp = tempfile::tempdir().unwrap();
     let plan = variant_plan(&peer.url("/v1/echo?x=1"), "keep-alive");
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(replay(replay_args(&path, &out)).await.unwrap(), Exit::Ok);
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
     let files = part_files(&out);
     let batches = read_parquet(&files[0]);
     let schema = batches[0].schema();
@@ -494,12 +493,8 @@ async fn first_failure_stops_dispatch_drains_in_flight_and_skips_later_phases() 
     let mut plan = variant_plan(&peer.url("/v1/echo"), "keep-alive");
     plan["concurrency"] = json!([3]);
     plan["warmup_per_case"] = json!(2);
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let seen = peer.seen();
     let rows = Rows::read(&out);
     // Nothing lost: every request the peer received has its row.
@@ -565,12 +560,8 @@ async fn on_failure_continue_runs_the_whole_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let mut plan = variant_plan(&peer.url("/v1/echo"), "fresh");
     plan["on_failure"] = json!("continue");
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let seen = peer.seen();
     assert_eq!(seen.len(), 65, "the whole budget ran");
     let rows = Rows::read(&out);

@@ -330,12 +330,7 @@ async fn large_bodies_stream_both_ways_and_the_record_is_truncated_not_the_traff
     let reply = big.clone();
     let peer = Peer::start(Arc::new(move |_, s: &Seen| {
         assert_eq!(s.body.len(), MB8, "the upload arrived whole");
-        Reply {
-            status: 200,
-            body: reply.to_vec(),
-            headers: vec![],
-            delay: Duration::ZERO,
-        }
+        Reply::bytes(200, reply.to_vec())
     }))
     .await;
     let tmp = tempfile::tempdir().unwrap();
@@ -544,11 +539,8 @@ async fn trailers_pass_when_asked_for_and_expect_100_continue_is_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_global_record_memory_budget_truncates_the_record_not_the_traffic() {
     let reply = vec![b'r'; 3000];
-    let peer = Peer::start(Arc::new(move |_, _s: &Seen| Reply {
-        status: 200,
-        body: reply.clone(),
-        headers: vec![],
-        delay: Duration::ZERO,
+    let peer = Peer::start(Arc::new(move |_, _s: &Seen| {
+        Reply::bytes(200, reply.clone())
     }))
     .await;
     let tmp = tempfile::tempdir().unwrap();

@@ -43,9 +43,8 @@ async fn event_stamps_match_the_mocks_write_times_within_a_millisecond() {
         "cases": [stream_case("s", "time every token", 12, true)],
         "concurrency": [1, 2], "requests_per_case": 4, "timeout_seconds": 10, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(replay(replay_args(&path, &out)).await.unwrap(), Exit::Ok);
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
     let config = read_json(&out.join("config.json"));
     let run_t0 = config["monotonic_start_ns"].as_u64().unwrap() as i64;
     let rows = Rows::read(&out);
@@ -152,25 +151,14 @@ async fn stream_oracles_and_stream_faults_in_replay() {
         ],
         "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 0.5, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let rows = Rows::read(&out);
     let case = rows.strs("case_name");
-    let outcome = rows.strs("outcome");
     let ptr = rows.strs("oracle_mismatch_pointer");
     let err = rows.strs("error_message");
     let events = rows.int_lists("event_offsets_us");
-    let by = rows.count_by(|i| {
-        format!(
-            "{}:{}",
-            case[i].clone().unwrap_or_default(),
-            outcome[i].clone().unwrap()
-        )
-    });
+    let by = rows.outcomes_by_case();
     for (c, o) in [
         ("ok", "ok"),
         ("events", "ok"),
@@ -225,12 +213,8 @@ async fn an_openai_stream_without_done_is_a_transport_failure() {
         "cases": [{"name": "s", "request": {"stream": true}, "expected_stream_text": "ab"}],
         "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 2, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let out = tmp.path().join("run");
-    assert_eq!(
-        replay(replay_args(&path, &out)).await.unwrap(),
-        Exit::Failure
-    );
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
     let rows = Rows::read(&out);
     assert_eq!(rows.strs("outcome")[1].as_deref(), Some("transport"));
     assert_eq!(

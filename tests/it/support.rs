@@ -40,6 +40,16 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// `body` as it is, with no headers.
+    pub fn bytes(status: u16, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            body,
+            headers: vec![],
+            delay: Duration::ZERO,
+        }
+    }
+
     pub fn json(status: u16, v: &Value) -> Reply {
         Reply {
             status,
@@ -209,6 +219,15 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         part_rows: 100_000,
         part_seconds: 60.0,
     }
+}
+
+/// Write `plan` as `dir/p.json` and replay it into `dir/run`; the run directory and the
+/// exit code (a CLI error is a test failure here).
+pub async fn replay_plan(dir: &Path, plan: &Value) -> (PathBuf, Exit) {
+    let path = write_plan(dir, "p.json", plan);
+    let out = dir.join("run");
+    let exit = replay(replay_args(&path, &out)).await.unwrap();
+    (out, exit)
 }
 
 /// Run `replay` in-process (same code path as the binary, minus argv parsing).
@@ -385,6 +404,18 @@ impl Rows {
                     .collect::<Vec<_>>()
             })
             .collect()
+    }
+
+    /// Rows counted by `case:outcome` (health rows have an empty case).
+    pub fn outcomes_by_case(&self) -> HashMap<String, usize> {
+        let (case, outcome) = (self.strs("case_name"), self.strs("outcome"));
+        self.count_by(|i| {
+            format!(
+                "{}:{}",
+                case[i].clone().unwrap_or_default(),
+                outcome[i].clone().unwrap()
+            )
+        })
     }
 
     /// Row indices grouped by a key function.
