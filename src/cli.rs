@@ -827,6 +827,11 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Some(e) = &stats.record_error {
         problems.push(e.to_string());
     }
+    let mut stats = stats;
+    match crate::record::read_ok_totals(&dir.path.join("exchanges")) {
+        Ok(totals) => stats.ok_total = crate::metrics::Percentiles::of(totals),
+        Err(e) => problems.push(format!("reading the recorded rows back: {e}")),
+    }
     let summary = summary::serve_summary_json(&stats, rows);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());

@@ -684,6 +684,24 @@ impl Recorder {
         Ok(())
     }
 
+    /// Queue a finished exchange if a slot is free, without waiting; a full queue hands
+    /// the row back (`Ok(Some(row))`) for the caller to [`Recorder::submit`] later.
+    pub fn submit_now(&self, rec: ExchangeRecord) -> Result<Option<ExchangeRecord>, RecordError> {
+        match self.slots.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.tx
+                    .send(Msg::Row(Box::new(rec)))
+                    .map_err(|_| RecordError("the writer stopped".into()))?;
+                Ok(None)
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(Some(rec)),
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                Err(RecordError("the writer stopped".into()))
+            }
+        }
+    }
+
     /// Queue a finished exchange only if a slot is free (`--on-record-full drop`).
     /// `Ok(false)`: the queue was full and the row was dropped (and counted).
     pub fn try_submit(&self, rec: ExchangeRecord) -> Result<bool, RecordError> {
@@ -733,6 +751,24 @@ struct OpenPart {
     opened_ns: u64,
 }
 
+/// zstd level of the parts: level 1 compresses recorded JSON nearly as well as the default
+/// (3) at a fraction of the CPU, and the writer shares a core with the run.
+const ZSTD_LEVEL: i32 = 1;
+
+/// Columns whose values come from a small set, dictionary-encoded (Parquet paths).
+const DICTIONARY_COLUMNS: [&[&str]; 10] = [
+    &["run_id"],
+    &["phase"],
+    &["case_name"],
+    &["variant"],
+    &["method"],
+    &["url"],
+    &["request_headers", "list", "item", "name"],
+    &["response_headers", "list", "item", "name"],
+    &["outcome"],
+    &["output_tokens_source"],
+];
+
 fn writer_props(opts: &RecorderOptions) -> WriterProperties {
     let mut kv = vec![KeyValue::new(
         "matrix_proxy.schema_version".to_string(),
@@ -741,14 +777,24 @@ fn writer_props(opts: &RecorderOptions) -> WriterProperties {
     for (k, v) in &opts.metadata {
         kv.push(KeyValue::new(k.clone(), v.clone()));
     }
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+    // Dictionary encoding costs a hash and a compare per value; it pays only where values
+    // repeat from a small set. Everything else (bodies, header values, timings) is left to
+    // zstd, which finds the repetition anyway (measured with `cargo bench --bench writer`).
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(ZSTD_LEVEL).unwrap_or_default(),
+        ))
         .set_max_row_group_row_count(Some(64 * 1024))
         .set_max_row_group_bytes(Some(128 << 20))
-        .set_column_dictionary_enabled(ColumnPath::from("request_body"), false)
-        .set_column_dictionary_enabled(ColumnPath::from("response_body"), false)
-        .set_key_value_metadata(Some(kv))
-        .build()
+        .set_dictionary_enabled(false)
+        .set_key_value_metadata(Some(kv));
+    for col in DICTIONARY_COLUMNS {
+        b = b.set_column_dictionary_enabled(
+            ColumnPath::new(col.iter().map(|p| p.to_string()).collect()),
+            true,
+        );
+    }
+    b.build()
 }
 
 fn open_part(
@@ -1081,18 +1127,7 @@ pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     use parquet::arrow::ProjectionMask;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let mut parts: Vec<PathBuf> = fs::read_dir(exchanges)
-        .map_err(|e| format!("{}: {e}", exchanges.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            n.starts_with("part-") && n.ends_with(".parquet")
-        })
-        .collect();
-    parts.sort();
+    let parts = closed_parts(exchanges)?;
     const WANT: [&str; 16] = [
         "phase",
         "case_name",
@@ -1195,6 +1230,61 @@ pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
         }
     }
     Ok(out)
+}
+
+/// `total_us` of every successful row in the closed parts of `exchanges/` (serve's
+/// end-of-run latency percentiles are computed from what was recorded, so that the
+/// proxy holds no per-request state in memory while it runs).
+pub fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
+    use arrow_array::{Array, Int64Array};
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut out = Vec::new();
+    for part in closed_parts(exchanges)? {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        let f = File::open(&part).map_err(|e| ctx(&e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
+        let roots = ["outcome", "total_us"]
+            .iter()
+            .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
+            .collect::<Result<Vec<usize>, _>>()?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder.with_projection(mask).build().map_err(|e| ctx(&e))?;
+        for batch in reader {
+            let b = batch.map_err(|e| ctx(&e))?;
+            let outcome = b
+                .column_by_name("outcome")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .ok_or_else(|| ctx(&"column outcome is missing or not a string"))?;
+            let total = b
+                .column_by_name("total_us")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+                .ok_or_else(|| ctx(&"column total_us is missing or not an int64"))?;
+            for i in 0..b.num_rows() {
+                if outcome.value(i) == Outcome::Ok.as_str() && total.is_valid(i) {
+                    out.push(total.value(i));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The closed parts (`part-*.parquet`) of an `exchanges/` directory, in file order.
+fn closed_parts(exchanges: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut parts: Vec<PathBuf> = fs::read_dir(exchanges)
+        .map_err(|e| format!("{}: {e}", exchanges.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            n.starts_with("part-") && n.ends_with(".parquet")
+        })
+        .collect();
+    parts.sort();
+    Ok(parts)
 }
 
 /// What `recover` found and did.

@@ -93,6 +93,15 @@ pub struct ServeStats {
     pub record_error: Option<RecordError>,
 }
 
+/// Running counts, and the current interval's latencies for the live line.
+#[derive(Debug, Default)]
+struct Live {
+    requests: u64,
+    by_outcome: BTreeMap<Outcome, u64>,
+    window: Vec<i64>,
+    window_n: u64,
+}
+
 #[derive(Debug)]
 struct DownstreamEnd {
     at_ns: u64,
@@ -110,7 +119,9 @@ struct Shared {
     next_conn: AtomicI64,
     in_flight: AtomicI64,
     cut: watch::Receiver<bool>,
-    stats_tx: mpsc::UnboundedSender<(Outcome, Option<i64>)>,
+    /// Counters updated as each row is submitted (a short, uncontended lock per request:
+    /// no task, no channel on the forwarding path).
+    live: Mutex<Live>,
     record_failed: OnceLock<RecordError>,
     proto: &'static str,
 }
@@ -151,7 +162,6 @@ pub async fn run(
     stop: Arc<AtomicBool>,
 ) -> (ServeStats, Arc<Recorder>) {
     let (cut_tx, cut_rx) = watch::channel(false);
-    let (stats_tx, stats_rx) = mpsc::unbounded_channel();
     let proto = if opts.tls.is_some() { "https" } else { "http" };
     let shared = Arc::new(Shared {
         engine,
@@ -163,17 +173,16 @@ pub async fn run(
         next_conn: AtomicI64::new(0),
         in_flight: AtomicI64::new(0),
         cut: cut_rx,
-        stats_tx,
+        live: Mutex::new(Live::default()),
         record_failed: OnceLock::new(),
         proto,
         opts,
     });
     let pending = Arc::new(Pending::default());
-    let stats_task = tokio::spawn(stats_loop(
-        stats_rx,
-        shared.opts.stats_interval,
-        Arc::downgrade(&shared),
-    ));
+    let stats_task = shared
+        .opts
+        .stats_interval
+        .map(|every| tokio::spawn(stats_loop(every, Arc::downgrade(&shared))));
 
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
@@ -242,8 +251,15 @@ pub async fn run(
     while conns.join_next().await.is_some() {}
     let recorder = shared.recorder.clone();
     let record_error = shared.record_failed.get().cloned();
+    if let Some(t) = stats_task {
+        t.abort();
+    }
+    let mut stats = ServeStats::default();
+    if let Ok(live) = shared.live.lock() {
+        stats.requests = live.requests;
+        stats.by_outcome = live.by_outcome.clone();
+    }
     drop(shared);
-    let mut stats = stats_task.await.unwrap_or_default();
     stats.dropped_rows = recorder.dropped();
     stats.record_error = record_error;
     (stats, recorder)
@@ -374,7 +390,47 @@ pub struct ProxyBody {
     full: Option<Bytes>,
     /// The last frame has been handed to the client connection.
     finished: bool,
-    done: Option<oneshot::Sender<DownstreamEnd>>,
+    done: Option<OnEnd>,
+}
+
+/// What happens when the client's response ends.
+enum OnEnd {
+    /// Tell the task that reads the upstream body (it records the exchange).
+    Notify(oneshot::Sender<DownstreamEnd>),
+    /// The upstream body was complete before the head went out: record from here, with
+    /// no task of its own (the common case of a small response).
+    Record(Box<FastEnd>),
+}
+
+/// An exchange whose upstream side is over, waiting only for the client's side.
+struct FastEnd {
+    sh: Arc<Shared>,
+    p: InFlight,
+    guard: PendingGuard,
+}
+
+impl FastEnd {
+    fn finish(self, complete: bool) {
+        let FastEnd { sh, p, guard } = self;
+        let end = DownstreamEnd {
+            at_ns: clock::now_ns(),
+            complete,
+        };
+        let (outcome, message) = if complete {
+            (Outcome::Ok, None)
+        } else if *sh.cut.borrow() {
+            (
+                Outcome::ShutdownCut,
+                Some("cut at the end of the shutdown grace period".to_string()),
+            )
+        } else {
+            (
+                Outcome::ClientAborted,
+                Some("the client went away before the response ended".to_string()),
+            )
+        };
+        record_now(&sh, p, outcome, message, Some(end), guard);
+    }
 }
 
 /// A frame from the upstream reader, and whether it is the body's last.
@@ -382,11 +438,15 @@ type Chunk = Result<(Frame<Bytes>, bool), io::Error>;
 
 impl ProxyBody {
     fn report(&mut self, complete: bool) {
-        if let Some(tx) = self.done.take() {
-            let _ = tx.send(DownstreamEnd {
-                at_ns: clock::now_ns(),
-                complete,
-            });
+        match self.done.take() {
+            Some(OnEnd::Notify(tx)) => {
+                let _ = tx.send(DownstreamEnd {
+                    at_ns: clock::now_ns(),
+                    complete,
+                });
+            }
+            Some(OnEnd::Record(f)) => f.finish(complete),
+            None => {}
         }
     }
 }
@@ -636,13 +696,14 @@ async fn handle(
                 || parts.status == StatusCode::NOT_MODIFIED;
             p.cap.response_headers = parts.headers.clone();
             strip_hop_by_hop(&mut parts.headers);
-            let (tx, rx) = mpsc::channel(sh.opts.buffer_frames.max(1));
             // If the first body frame is already here, queue it before the head goes out:
             // hyper then writes head and body in one go instead of flushing the head alone
             // (measured: a second write per response, and a second wake-up of the client).
             // Never waits: a stream's head is not held back for its first event.
+            let mut first = None;
             let mut initial_failure = None;
-            if !no_body {
+            let mut ended = false;
+            if !no_body || body.is_end_stream() {
                 let polled = {
                     let mut next = std::pin::pin!(Engine::next_frame(&mut body, &mut p.cap));
                     std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await
@@ -650,14 +711,50 @@ async fn handle(
                 match polled {
                     Poll::Ready(Ok(Some(frame))) => {
                         let last = p.cap.end_ns.is_some() || frame.is_trailers();
-                        let _ = tx.try_send(Ok((frame, last)));
+                        first = Some(Ok((frame, last)));
                     }
                     Poll::Ready(Err(e)) => {
-                        let _ = tx.try_send(Err(io::Error::other(e.message.clone())));
+                        first = Some(Err(io::Error::other(e.message.clone())));
                         initial_failure = Some((Outcome::Transport, e.message));
                     }
-                    Poll::Ready(Ok(None)) | Poll::Pending => {}
+                    Poll::Ready(Ok(None)) => ended = true,
+                    Poll::Pending => {}
                 }
+            }
+            // The whole upstream body is here (one data frame, or none): no reader task,
+            // no channel; the row is written when the client's side ends.
+            let whole = match first.take() {
+                Some(Ok((frame, true))) if frame.is_data() => Some(frame.into_data().ok()),
+                None if ended => Some(None),
+                other => {
+                    first = other;
+                    None
+                }
+            };
+            if let Some(data) = whole
+                && p.cap.stream_incomplete().is_none()
+            {
+                p.cap.finish(clock::now_ns());
+                if let Some(c) = Engine::release(conn, sh.opts.policy)
+                    && let Ok(mut s) = slot.lock()
+                {
+                    *s = Some(c);
+                }
+                let finished = no_body || data.is_none();
+                let end = FastEnd { sh, p, guard };
+                return Ok(Response::from_parts(
+                    parts,
+                    ProxyBody {
+                        rx: None,
+                        full: data,
+                        finished,
+                        done: Some(OnEnd::Record(Box::new(end))),
+                    },
+                ));
+            }
+            let (tx, rx) = mpsc::channel(sh.opts.buffer_frames.max(1));
+            if let Some(chunk) = first {
+                let _ = tx.try_send(chunk);
             }
             let (done_tx, done_rx) = oneshot::channel();
             let resp = Response::from_parts(
@@ -666,7 +763,7 @@ async fn handle(
                     rx: Some(rx),
                     full: None,
                     finished: no_body,
-                    done: Some(done_tx),
+                    done: Some(OnEnd::Notify(done_tx)),
                 },
             );
             tokio::spawn(pump_and_record(
@@ -709,7 +806,7 @@ async fn handle(
     p.cap.finish(clock::now_ns());
     let (mut resp, _) = error_response(status, kind, &message);
     let (done_tx, done_rx) = oneshot::channel();
-    resp.body_mut().done = Some(done_tx);
+    resp.body_mut().done = Some(OnEnd::Notify(done_tx));
     tokio::spawn(async move {
         let end = wait_downstream(&sh, done_rx).await;
         record(&sh, p, outcome, Some(message), end).await;
@@ -818,7 +915,6 @@ async fn record(
     message: Option<String>,
     end: Option<DownstreamEnd>,
 ) {
-    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
     let tee = match tokio::time::timeout(Duration::from_secs(1), &mut p.tee).await {
         Ok(Ok(t)) => t,
         _ => TeeResult {
@@ -828,6 +924,77 @@ async fn record(
             held: 0,
         },
     };
+    let rec = build_record(sh, p, tee, outcome, message, end);
+    let r = match sh.opts.on_record_full {
+        OnRecordFull::Block => sh.recorder.submit(rec).await,
+        OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
+    };
+    if let Err(e) = r {
+        let _ = sh.record_failed.set(e);
+    }
+}
+
+/// Record without waiting when nothing needs waiting for (the request body copy is
+/// delivered and the recorder's queue has room); otherwise hand the rest to a task.
+fn record_now(
+    sh: &Arc<Shared>,
+    mut p: InFlight,
+    outcome: Outcome,
+    message: Option<String>,
+    end: Option<DownstreamEnd>,
+    guard: PendingGuard,
+) {
+    let spawn = |fut: Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(fut);
+        }
+    };
+    let tee = match p.tee.try_recv() {
+        Ok(t) => t,
+        Err(_) => {
+            let sh = sh.clone();
+            spawn(Box::pin(async move {
+                record(&sh, p, outcome, message, end).await;
+                drop(guard);
+            }));
+            return;
+        }
+    };
+    let rec = build_record(sh, p, tee, outcome, message, end);
+    let r = match sh.opts.on_record_full {
+        OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
+        OnRecordFull::Block => match sh.recorder.submit_now(rec) {
+            Ok(None) => Ok(()),
+            Ok(Some(rec)) => {
+                // The queue is full: wait for the writer in a task of its own.
+                let sh = sh.clone();
+                spawn(Box::pin(async move {
+                    if let Err(e) = sh.recorder.submit(rec).await {
+                        let _ = sh.record_failed.set(e);
+                    }
+                    drop(guard);
+                }));
+                return;
+            }
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(e) = r {
+        let _ = sh.record_failed.set(e);
+    }
+    drop(guard);
+}
+
+/// The row of a finished exchange; also counts it in the live counters.
+fn build_record(
+    sh: &Shared,
+    mut p: InFlight,
+    tee: TeeResult,
+    outcome: Outcome,
+    message: Option<String>,
+    end: Option<DownstreamEnd>,
+) -> ExchangeRecord {
+    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
     let mut timings = p.cap.timings();
     timings.downstream_done_us = end
         .as_ref()
@@ -836,8 +1003,19 @@ async fn record(
     if let Some(m) = memory.as_mut() {
         m.add(tee.held);
     }
-    let total = timings.total_us;
-    let rec = ExchangeRecord {
+    if let Ok(mut live) = sh.live.lock() {
+        live.requests += 1;
+        *live.by_outcome.entry(outcome).or_insert(0) += 1;
+        if sh.opts.stats_interval.is_some() {
+            live.window_n += 1;
+            if outcome == Outcome::Ok
+                && let Some(t) = timings.total_us
+            {
+                live.window.push(t);
+            }
+        }
+    }
+    ExchangeRecord {
         run_id: sh.run_id.clone(),
         exchange_id: sh.next_exchange.fetch_add(1, Ordering::Relaxed),
         phase: Phase::Live,
@@ -869,59 +1047,41 @@ async fn record(
         error_message: message,
         oracle_mismatch_pointer: None,
         memory,
-    };
-    let _ = sh.stats_tx.send((outcome, total));
-    let r = match sh.opts.on_record_full {
-        OnRecordFull::Block => sh.recorder.submit(rec).await.map(|_| ()),
-        OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
-    };
-    if let Err(e) = r {
-        let _ = sh.record_failed.set(e);
     }
 }
 
-/// Live counters on stderr, and the run's totals.
-async fn stats_loop(
-    mut rx: mpsc::UnboundedReceiver<(Outcome, Option<i64>)>,
-    interval: Option<Duration>,
-    shared: std::sync::Weak<Shared>,
-) -> ServeStats {
-    let mut stats = ServeStats::default();
-    let mut all_ok: Vec<i64> = Vec::new();
-    let mut window: Vec<i64> = Vec::new();
-    let mut window_n = 0u64;
-    let mut tick = tokio::time::interval(interval.unwrap_or(Duration::from_secs(3600)));
+/// Live counters on stderr every `every`.
+async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
+    let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {
-        tokio::select! {
-            m = rx.recv() => match m {
-                Some((outcome, total)) => {
-                    stats.requests += 1;
-                    window_n += 1;
-                    *stats.by_outcome.entry(outcome).or_insert(0) += 1;
-                    if outcome == Outcome::Ok && let Some(t) = total {
-                        all_ok.push(t);
-                        window.push(t);
-                    }
-                }
-                None => break,
+        tick.tick().await;
+        let Some(sh) = shared.upgrade() else { return };
+        let in_flight = sh.in_flight.load(Ordering::Relaxed);
+        let (requests, window_n, window, errors) = {
+            let Ok(mut live) = sh.live.lock() else { return };
+            let errors: Vec<String> = live
+                .by_outcome
+                .iter()
+                .filter(|(o, _)| **o != Outcome::Ok)
+                .map(|(o, n)| format!("{}={n}", o.as_str()))
+                .collect();
+            let n = std::mem::take(&mut live.window_n);
+            (live.requests, n, std::mem::take(&mut live.window), errors)
+        };
+        drop(sh);
+        let p = Percentiles::of(window);
+        let ms =
+            |v: Option<i64>| v.map_or("-".to_string(), |us| format!("{:.1}", us as f64 / 1000.0));
+        eprintln!(
+            "live: {requests} requests (+{window_n}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
+            if errors.is_empty() {
+                "none".into()
+            } else {
+                errors.join(" ")
             },
-            _ = tick.tick(), if interval.is_some() => {
-                let in_flight = shared.upgrade().map(|s| s.in_flight.load(Ordering::Relaxed)).unwrap_or(0);
-                let p = Percentiles::of(std::mem::take(&mut window));
-                let errors: Vec<String> = stats.by_outcome.iter().filter(|(o, _)| **o != Outcome::Ok).map(|(o, n)| format!("{}={n}", o.as_str())).collect();
-                let ms = |v: Option<i64>| v.map_or("-".to_string(), |us| format!("{:.1}", us as f64 / 1000.0));
-                eprintln!(
-                    "live: {} requests (+{window_n}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
-                    stats.requests,
-                    if errors.is_empty() { "none".into() } else { errors.join(" ") },
-                    ms(p.p50),
-                    ms(p.p99),
-                );
-                window_n = 0;
-            }
-        }
+            ms(p.p50),
+            ms(p.p99),
+        );
     }
-    stats.ok_total = Percentiles::of(all_ok);
-    stats
 }

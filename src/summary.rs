@@ -626,7 +626,7 @@ pub fn serve_summary_json(stats: &crate::serve::ServeStats, rows: u64) -> Value 
         "successful_latency_seconds": pct_json(&stats.ok_total),
         "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
         "definitions": {
-            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over successful exchanges",
+            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over the successful exchanges recorded in exchanges/ (rows dropped under --on-record-full drop are not in it)",
             "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
         },
     })
