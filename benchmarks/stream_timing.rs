@@ -80,6 +80,7 @@ async fn run(requests: u64) {
             quiet: true,
             part_rows: 100_000,
             part_seconds: 60.0,
+            no_record: false,
         },
         Arc::new(AtomicBool::new(false)),
     )

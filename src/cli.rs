@@ -184,6 +184,11 @@ pub struct ReplayArgs {
     /// Roll to a new Parquet part after this many seconds.
     #[arg(long, default_value_t = 60.0)]
     pub part_seconds: f64,
+    /// Do not write exchanges/ (rounds.parquet and summary.json are still written, from
+    /// the measurements in memory). For measuring what recording costs; such a run cannot
+    /// be rebuilt by `summarize`.
+    #[arg(long)]
+    pub no_record: bool,
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
@@ -508,6 +513,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             "bearer_token_sent": bearer_token.is_some(),
         },
         "recording": {
+            "exchanges": !args.no_record,
             "max_record_body_bytes": args.max_record_body,
             "redacted_headers": crate::record::DEFAULT_REDACT_HEADERS,
             "redacted_query_parameters": crate::record::DEFAULT_REDACT_QUERY,
@@ -547,6 +553,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             quiet: args.quiet,
             part_rows: args.part_rows,
             part_seconds: args.part_seconds,
+            record_exchanges: !args.no_record,
         },
         engine,
         &dir,
@@ -578,11 +585,18 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     }
     if !args.quiet {
         print!("{}", result.table);
-        eprintln!(
-            "matrix-proxy: {} exchanges recorded in {}",
-            result.rows_written,
-            dir.path.display()
-        );
+        if args.no_record {
+            eprintln!(
+                "matrix-proxy: recording off (--no-record): no exchanges written; reports in {}",
+                dir.path.display()
+            );
+        } else {
+            eprintln!(
+                "matrix-proxy: {} exchanges recorded in {}",
+                result.rows_written,
+                dir.path.display()
+            );
+        }
     }
     if let Some(e) = result.record_error {
         problems.insert(0, e.to_string());

@@ -30,6 +30,14 @@ pub fn us_between(t0_ns: u64, t_ns: u64) -> i64 {
     i64::try_from(t_ns.saturating_sub(t0_ns) / 1_000).unwrap_or(i64::MAX)
 }
 
+/// CPU time used by this process so far (user + system, all threads), in nanoseconds:
+/// the accounting of getrusage(RUSAGE_SELF), read through CLOCK_PROCESS_CPUTIME_ID for
+/// nanosecond resolution.
+pub fn process_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
 /// Wall-clock microseconds since the Unix epoch (UTC). The only wall-clock read.
 #[allow(clippy::disallowed_methods)]
 pub fn wall_now_us() -> i64 {

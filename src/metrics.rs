@@ -236,6 +236,73 @@ pub struct RoundMetrics {
     pub steady_state: SteadyState,
     /// `None` when no successful exchange of the round was an event stream.
     pub stream: Option<StreamMetrics>,
+    /// The load generator's own load during the round (`None` when rebuilt from rows).
+    pub generator: Option<GeneratorLoad>,
+}
+
+/// How busy matrix-proxy itself was while it drove a round, so that nobody mistakes the
+/// tool's limit for the worker's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GeneratorLoad {
+    /// CPU time of the whole process (every thread, the recorder included) during the
+    /// round: user + system, as getrusage counts it.
+    pub cpu_seconds: f64,
+    /// `cpu_seconds / (wall seconds x cores)`: 1.0 means every core the process may run
+    /// on was busy with the tool for the whole round.
+    pub cpu_share: f64,
+    /// Cores the process may run on (its CPU affinity).
+    pub cores: usize,
+    /// Dispatch-lag probe: how late (µs) a tick scheduled every 10 ms on the same runtime
+    /// fired. The runtime's timer has 1 ms granularity, so up to ~1 ms is the timer itself.
+    pub lag_us: Percentiles,
+    pub lag_max_us: Option<i64>,
+    /// Why the generator may have been the bottleneck (`None`: no sign of it).
+    pub warning: Option<String>,
+}
+
+/// CPU share from which a round is flagged as bounded by the generator.
+pub const GENERATOR_CPU_SHARE_WARN: f64 = 0.9;
+/// Dispatch lag (p99, µs) from which a round is flagged.
+pub const GENERATOR_LAG_P99_WARN_US: i64 = 5_000;
+
+impl GeneratorLoad {
+    pub fn new(cpu_ns: u64, wall_ns: u64, cores: usize, lags_us: Vec<i64>) -> GeneratorLoad {
+        let cores = cores.max(1);
+        let cpu_seconds = cpu_ns as f64 / 1e9;
+        let wall = (wall_ns as f64 / 1e9).max(1e-9);
+        let cpu_share = cpu_seconds / (wall * cores as f64);
+        let lag_max_us = lags_us.iter().copied().max();
+        let lag_us = Percentiles::of(lags_us);
+        let mut why = Vec::new();
+        if cpu_share >= GENERATOR_CPU_SHARE_WARN {
+            why.push(format!(
+                "matrix-proxy used {:.0}% of the {cores} core(s) it may run on",
+                cpu_share * 100.0
+            ));
+        }
+        if let Some(p99) = lag_us.p99
+            && p99 >= GENERATOR_LAG_P99_WARN_US
+        {
+            why.push(format!(
+                "its scheduled ticks fired up to {:.1} ms late (p99)",
+                p99 as f64 / 1000.0
+            ));
+        }
+        let warning = (!why.is_empty()).then(|| {
+            format!(
+                "{}: the load generator may be the bottleneck of this round, not the worker",
+                why.join(" and ")
+            )
+        });
+        GeneratorLoad {
+            cpu_seconds,
+            cpu_share,
+            cores,
+            lag_us,
+            lag_max_us,
+            warning,
+        }
+    }
 }
 
 pub fn round_metrics(
@@ -288,6 +355,7 @@ pub fn round_metrics(
         complete,
         steady_state: steady_state(&completions, concurrency, complete),
         stream: stream_metrics(&ok, elapsed_seconds),
+        generator: None,
     }
 }
 
@@ -411,6 +479,34 @@ pub fn aggregate(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn generator_load_flags_a_busy_tool_and_only_then() {
+        // 0.95 s of CPU over 1 s on one core: the tool was the bottleneck.
+        let g = GeneratorLoad::new(950_000_000, 1_000_000_000, 1, vec![900, 1000, 1100]);
+        assert!((g.cpu_share - 0.95).abs() < 1e-9);
+        assert!(
+            g.warning
+                .as_deref()
+                .unwrap()
+                .contains("95% of the 1 core(s)")
+        );
+        // The same CPU over two cores is under half busy; the lag is timer granularity.
+        let g = GeneratorLoad::new(950_000_000, 1_000_000_000, 2, vec![900, 1000, 1100]);
+        assert!((g.cpu_share - 0.475).abs() < 1e-9);
+        assert_eq!(g.warning, None);
+        assert_eq!(g.lag_max_us, Some(1100));
+        // Late ticks alone are enough to warn.
+        let lags: Vec<i64> = (0..100).map(|i| if i < 95 { 800 } else { 7_000 }).collect();
+        let g = GeneratorLoad::new(100_000_000, 1_000_000_000, 2, lags);
+        assert_eq!(g.lag_us.p99, Some(7_000));
+        assert!(g.warning.as_deref().unwrap().contains("7.0 ms late"));
+        // No wall time or no cores never divides by zero.
+        let g = GeneratorLoad::new(0, 0, 0, Vec::new());
+        assert_eq!(g.cores, 1);
+        assert!(g.cpu_share.is_finite() && g.warning.is_none());
+    }
+
     use super::*;
 
     fn ok(start_us: i64, total_us: i64) -> Sample {

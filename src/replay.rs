@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::clock;
 use crate::engine::{Capture, Conn, Engine};
-use crate::metrics::{self, RoundMetrics, Sample, StreamSample};
+use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample, StreamSample};
 use crate::plan::{Endpoint, OnFailure, Plan};
 use crate::record::{ExchangeRecord, Outcome, Phase, RecordError, Recorder, RecorderOptions};
 use crate::rundir::RunDir;
@@ -43,6 +43,9 @@ pub struct ReplayOptions {
     pub quiet: bool,
     pub part_rows: usize,
     pub part_seconds: f64,
+    /// Write a row per exchange to `exchanges/` (off: metrics and the summary only, to
+    /// measure what recording costs).
+    pub record_exchanges: bool,
 }
 
 pub struct ReplayResult {
@@ -73,6 +76,7 @@ struct Ctx {
     opts_token: Option<HeaderValue>,
     max_record_body: usize,
     recorder: Recorder,
+    record_exchanges: bool,
     run_id: Arc<str>,
     run_t0_ns: u64,
     next_exchange: AtomicI64,
@@ -150,6 +154,7 @@ pub async fn run(
         opts_token: token,
         max_record_body: opts.max_record_body,
         recorder,
+        record_exchanges: opts.record_exchanges,
         run_id: Arc::from(opts.run_id.as_str()),
         run_t0_ns: opts.run_t0_ns,
         next_exchange: AtomicI64::new(0),
@@ -293,12 +298,68 @@ async fn phases(
                     rep + 1,
                     plan.repetitions
                 ));
+                let probe = LagProbe::start();
+                let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
                 let samples = wave(ctx, &mut slots, ci, Phase::Measured, c, Some(rep), n).await;
-                rounds.push(metrics::round_metrics(
-                    &case.name, c, rep, n as u64, &samples,
-                ));
+                let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
+                let lags = probe.stop().await;
+                let mut round = metrics::round_metrics(&case.name, c, rep, n as u64, &samples);
+                let load = GeneratorLoad::new(
+                    cpu1.saturating_sub(cpu0),
+                    wall1.saturating_sub(wall0),
+                    cores(),
+                    lags,
+                );
+                if let Some(w) = &load.warning {
+                    ctx.progress.println(format!(
+                        "warning: {} c={c} round {}: {w}",
+                        case.name,
+                        rep + 1
+                    ));
+                }
+                round.generator = Some(load);
+                rounds.push(round);
             }
         }
+    }
+}
+
+/// Cores this process may run on (its CPU affinity, e.g. under `taskset`).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The dispatch-lag probe: a task on the same runtime as the workers that asks to wake
+/// every 10 ms and notes how late it did. A runtime too busy to poll its tasks on time
+/// shows here before it shows anywhere else.
+struct LagProbe {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<i64>>,
+}
+
+impl LagProbe {
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+    fn start() -> LagProbe {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut lags = Vec::new();
+            loop {
+                let due = clock::now_ns() + LagProbe::EVERY.as_nanos() as u64;
+                tokio::select! {
+                    _ = tokio::time::sleep(LagProbe::EVERY) => {
+                        lags.push(clock::us_between(due, clock::now_ns()));
+                    }
+                    _ = &mut stopped => return lags,
+                }
+            }
+        });
+        LagProbe { stop, task }
+    }
+
+    async fn stop(self) -> Vec<i64> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
     }
 }
 
@@ -498,60 +559,62 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
         connect_us: cap.us(cap.connect_ns),
         stream: stream.as_ref().map(StreamSample::from_columns),
     };
-    let request_body_len = body.len() as i64;
-    let request_body_truncated = body.len() > ctx.max_record_body;
-    let request_body = if request_body_truncated {
-        body.slice(..ctx.max_record_body)
-    } else {
-        body
-    };
-    let (case_name, variant) = match d.case {
-        None => (None, None),
-        Some(ci) => (
-            Some(ctx.case_names[ci].clone()),
-            ctx.variant_names[ci][d.variant].clone(),
-        ),
-    };
-    let record = ExchangeRecord {
-        run_id: ctx.run_id.clone(),
-        exchange_id: ctx.next_exchange.fetch_add(1, Ordering::Relaxed),
-        phase: d.phase,
-        case_name,
-        variant,
-        concurrency: d.concurrency,
-        repetition: d.repetition,
-        dispatch_index: d.dispatch_index,
-        worker: d.worker,
-        connection_id: cap.connection_id,
-        connection_reused: cap.connection_reused,
-        connection_retried: cap.connection_retried,
-        started_at_us,
-        start_offset_us,
-        method,
-        url: ep.url(),
-        request_headers,
-        request_body,
-        request_body_len,
-        request_body_truncated,
-        status: cap.status.map(|s| i32::from(s.as_u16())),
-        timings: cap.timings(),
-        stream,
-        response_headers: std::mem::take(&mut cap.response_headers),
-        response_body_len: cap.body_len as i64,
-        response_body_truncated: cap.body_truncated,
-        response_body: cap.body.freeze(),
-        outcome,
-        error_message,
-        oracle_mismatch_pointer: mismatch_pointer,
-        memory: None,
-    };
     // A failure stops dispatch before anything else happens (recording may wait).
     if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
         ctx.stop.store(true, Ordering::Relaxed);
     }
-    if let Err(e) = ctx.recorder.submit(record).await {
-        let _ = ctx.record_failed.set(e);
-        ctx.stop.store(true, Ordering::Relaxed);
+    if ctx.record_exchanges {
+        let request_body_len = body.len() as i64;
+        let request_body_truncated = body.len() > ctx.max_record_body;
+        let request_body = if request_body_truncated {
+            body.slice(..ctx.max_record_body)
+        } else {
+            body
+        };
+        let (case_name, variant) = match d.case {
+            None => (None, None),
+            Some(ci) => (
+                Some(ctx.case_names[ci].clone()),
+                ctx.variant_names[ci][d.variant].clone(),
+            ),
+        };
+        let record = ExchangeRecord {
+            run_id: ctx.run_id.clone(),
+            exchange_id: ctx.next_exchange.fetch_add(1, Ordering::Relaxed),
+            phase: d.phase,
+            case_name,
+            variant,
+            concurrency: d.concurrency,
+            repetition: d.repetition,
+            dispatch_index: d.dispatch_index,
+            worker: d.worker,
+            connection_id: cap.connection_id,
+            connection_reused: cap.connection_reused,
+            connection_retried: cap.connection_retried,
+            started_at_us,
+            start_offset_us,
+            method,
+            url: ep.url(),
+            request_headers,
+            request_body,
+            request_body_len,
+            request_body_truncated,
+            status: cap.status.map(|s| i32::from(s.as_u16())),
+            timings: cap.timings(),
+            stream,
+            response_headers: std::mem::take(&mut cap.response_headers),
+            response_body_len: cap.body_len as i64,
+            response_body_truncated: cap.body_truncated,
+            response_body: cap.body.freeze(),
+            outcome,
+            error_message,
+            oracle_mismatch_pointer: mismatch_pointer,
+            memory: None,
+        };
+        if let Err(e) = ctx.recorder.submit(record).await {
+            let _ = ctx.record_failed.set(e);
+            ctx.stop.store(true, Ordering::Relaxed);
+        }
     }
     ctx.progress.inc(1);
     if outcome != Outcome::Ok {

@@ -113,6 +113,15 @@ fn round_json(r: &RoundMetrics) -> Value {
         "throughput_scope": THROUGHPUT_SCOPE,
         "first_byte_seconds": pct_json(&r.first_byte_us),
         "connect_seconds": pct_json(&r.connect_us),
+        "generator": r.generator.as_ref().map(|g| json!({
+            "cpu_seconds": g.cpu_seconds,
+            "cpu_share": g.cpu_share,
+            "cores": g.cores,
+            "dispatch_lag_seconds": pct_json(&g.lag_us),
+            "dispatch_lag_max_seconds": secs(g.lag_max_us),
+            "warning": g.warning,
+            "scope": GENERATOR_SCOPE,
+        })),
         "stream": r.stream.as_ref().map(|st| json!({
             "requests": st.requests,
             "ttft_seconds": pct_json(&st.ttft_us),
@@ -410,6 +419,54 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
         true,
         f64col(&|r| r.steady_state.requests_per_second),
     );
+    let gen_f64 = |f: &dyn Fn(&crate::metrics::GeneratorLoad) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter(
+            rounds.iter().map(|r| r.generator.as_ref().map(f)),
+        ))
+    };
+    let gen_i64 = |f: &dyn Fn(&crate::metrics::GeneratorLoad) -> Option<i64>| -> ArrayRef {
+        Arc::new(Int64Array::from_iter(
+            rounds.iter().map(|r| r.generator.as_ref().and_then(f)),
+        ))
+    };
+    push(
+        "generator_cpu_seconds",
+        DataType::Float64,
+        true,
+        gen_f64(&|g| g.cpu_seconds),
+    );
+    push(
+        "generator_cpu_share",
+        DataType::Float64,
+        true,
+        gen_f64(&|g| g.cpu_share),
+    );
+    push(
+        "dispatch_lag_p50_us",
+        DataType::Int64,
+        true,
+        gen_i64(&|g| g.lag_us.p50),
+    );
+    push(
+        "dispatch_lag_p99_us",
+        DataType::Int64,
+        true,
+        gen_i64(&|g| g.lag_us.p99),
+    );
+    push(
+        "dispatch_lag_max_us",
+        DataType::Int64,
+        true,
+        gen_i64(&|g| g.lag_max_us),
+    );
+    push(
+        "generator_warning",
+        DataType::Utf8,
+        true,
+        Arc::new(StringArray::from_iter(rounds.iter().map(|r| {
+            r.generator.as_ref().and_then(|g| g.warning.as_deref())
+        }))),
+    );
     push(
         "throughput_scope",
         DataType::Utf8,
@@ -433,6 +490,8 @@ pub fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), 
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
+
+const GENERATOR_SCOPE: &str = "matrix-proxy's own process during the round (workers, recorder, and the built-in mock worker when --mock-worker runs it): CPU time from getrusage-equivalent accounting, share = CPU / (wall x cores it may run on); dispatch lag = how late a 10 ms tick on the same runtime fired (1 ms timer granularity)";
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
@@ -551,6 +610,16 @@ pub fn table(
     ));
     if streams {
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
+    }
+    for r in rounds {
+        if let Some(w) = r.generator.as_ref().and_then(|g| g.warning.as_ref()) {
+            out.push_str(&format!(
+                "warning: {} c={} round {}: {w}\n",
+                r.case_name,
+                r.concurrency,
+                r.repetition + 1
+            ));
+        }
     }
     out
 }

@@ -115,7 +115,11 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
+    // Generator warnings (a busy machine) may follow the table; they are checked below.
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with("warning: "))
+        .collect();
     assert!(
         lines[0].starts_with("case") && lines[0].contains("req/s") && lines[0].contains("p95 ms"),
         "{stdout}"
@@ -151,6 +155,33 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
     );
     let summary = read_json(&run.join("summary.json"));
     assert_eq!(summary["complete"], json!(true));
+    // Every measured round says how busy the tool itself was.
+    let rounds = summary["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 12);
+    for r in rounds {
+        let g = &r["generator"];
+        let share = g["cpu_share"].as_f64().unwrap();
+        assert!(share > 0.0 && share < 1.5, "{g}");
+        assert!(g["cpu_seconds"].as_f64().unwrap() > 0.0, "{g}");
+        assert!(g["cores"].as_u64().unwrap() >= 1, "{g}");
+        // Rounds of the demo last long enough for several 10 ms probe ticks.
+        assert!(g["dispatch_lag_seconds"]["p50"].as_f64().is_some(), "{g}");
+        let warned = stdout.lines().any(|l| {
+            l.starts_with("warning: ")
+                && l.contains(&format!(
+                    "{} c={} round {}",
+                    r["case"].as_str().unwrap(),
+                    r["concurrency"],
+                    r["repetition"].as_u64().unwrap() + 1
+                ))
+        });
+        assert_eq!(warned, !g["warning"].is_null(), "{g}\n{stdout}");
+    }
+    let rp = Rows::read_file(&run.join("rounds.parquet"));
+    assert!(
+        rp.f64s("generator_cpu_share").iter().all(|v| v.is_some()),
+        "rounds.parquet has the generator's CPU share of every round"
+    );
     // --quiet: nothing on stdout at all.
     let q = bin()
         .args([
@@ -272,4 +303,37 @@ fn hostile_plans_get_clear_errors() {
     let out = bin().arg("validate").arg(&big).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("plans are limited to 64 MiB"));
+}
+
+#[test]
+fn no_record_writes_no_exchanges_but_every_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("norec");
+    let out = bin()
+        .args([
+            "replay",
+            "plans/demo.json",
+            "--mock-worker",
+            "--no-record",
+            "--out",
+        ])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("recording off (--no-record)"), "{stderr}");
+    let parts: Vec<_> = std::fs::read_dir(run.join("exchanges"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".parquet"))
+        .collect();
+    assert!(parts.is_empty(), "{parts:?}");
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["complete"], json!(true));
+    assert_eq!(summary["rows_written"], json!(0));
+    assert_eq!(summary["rounds"].as_array().unwrap().len(), 12);
+    let config = read_json(&run.join("config.json"));
+    assert_eq!(config["extra"]["recording"]["exchanges"], json!(false));
+    assert!(run.join("rounds.parquet").is_file());
 }

@@ -218,6 +218,7 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         quiet: true,
         part_rows: 100_000,
         part_seconds: 60.0,
+        no_record: false,
     }
 }
 
@@ -283,8 +284,29 @@ impl Rows {
         }
     }
 
+    /// One Parquet file (rounds.parquet, say).
+    pub fn read_file(path: &Path) -> Rows {
+        Rows {
+            batches: read_parquet(path),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.batches.iter().map(|b| b.num_rows()).sum()
+    }
+
+    pub fn f64s(&self, name: &str) -> Vec<Option<f64>> {
+        self.col(name)
+            .flat_map(|a| {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<arrow_array::Float64Array>()
+                    .unwrap_or_else(|| panic!("{name} is not Float64"));
+                (0..a.len())
+                    .map(|i| a.is_valid(i).then(|| a.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     fn col<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a ArrayRef> {
