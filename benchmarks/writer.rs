@@ -21,6 +21,10 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group};
 use http::{HeaderMap, HeaderValue, Method};
 use matrix_proxy::record::{ExchangeRecord, Outcome, Phase, Recorder, RecorderOptions, Timings};
 
+/// The binary's allocator, so the bench measures what `matrix-proxy` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
     let mut req = HeaderMap::new();
     req.insert("host", HeaderValue::from_static("127.0.0.1:8080"));

@@ -333,6 +333,19 @@ async fn variants_and_budgets_follow_the_plan_with_both_connection_policies() {
             .collect();
         let distinct: std::collections::BTreeSet<i64> =
             measured.iter().map(|&i| conn_id[i].unwrap()).collect();
+        // A one-shot connection says so (the worker then closes first and keeps the
+        // TIME_WAIT state); a kept-alive one does not.
+        let says_close = |s: &Seen| {
+            s.headers
+                .iter()
+                .any(|(k, v)| k == "connection" && v == "close")
+        };
+        assert!(
+            seen.iter()
+                .skip(1)
+                .all(|s| says_close(s) == (connection == "fresh")),
+            "{connection}"
+        );
         if connection == "fresh" {
             assert_eq!(
                 distinct.len(),

@@ -611,3 +611,39 @@ async fn a_worker_that_resets_mid_head_is_a_502_and_a_transport_row() {
     let msg = rows.strs("error_message")[0].clone().unwrap();
     assert!(msg.contains("send request"), "{msg}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_upstream_connections_say_close_so_the_worker_closes_first() {
+    let peer = Peer::start(Arc::new(|_, _s: &Seen| {
+        Reply::json(200, &json!({"ok": true}))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
+    args.upstream_connection = matrix_proxy::cli::UpstreamConnection::Fresh;
+    let serve = Serve::start(args).await;
+    let mut c = Client::connect(serve.addr).await;
+    for _ in 0..3 {
+        let req = hyper::Request::builder()
+            .uri("/v1/models")
+            .header("host", "client.example")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        assert_eq!(c.send(req).await.unwrap().0, 200);
+    }
+    assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
+    let seen = peer.seen();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        assert!(
+            s.headers
+                .iter()
+                .any(|(k, v)| k == "connection" && v == "close"),
+            "{:?}",
+            s.headers
+        );
+    }
+    assert_eq!(peer.connections(), 3, "one upstream connection per request");
+    let rows = Rows::read(&tmp.path().join("live"));
+    assert_eq!(rows.bools("connection_reused"), vec![Some(false); 3]);
+}
