@@ -236,7 +236,7 @@ pub struct ExchangeRecord {
     pub start_offset_us: i64,
     pub method: http::Method,
     /// Full URL; secret query parameters are redacted when the row is written.
-    pub url: String,
+    pub url: Arc<str>,
     /// Secret values are redacted when the row is written.
     pub request_headers: HeaderMap,
     pub request_body: Bytes,
@@ -355,9 +355,9 @@ impl Default for Redaction {
 
 impl Redaction {
     /// The URL with the values of secret query parameters replaced by `<redacted>`.
-    pub fn url(&self, url: &str) -> String {
+    pub fn url<'a>(&self, url: &'a str) -> std::borrow::Cow<'a, str> {
         let Some((head, query)) = url.split_once('?') else {
-            return url.to_string();
+            return std::borrow::Cow::Borrowed(url);
         };
         let mut out = String::with_capacity(url.len());
         out.push_str(head);
@@ -374,7 +374,7 @@ impl Redaction {
                 out.push_str(pair);
             }
         }
-        out
+        std::borrow::Cow::Owned(out)
     }
 
     fn header_value<'a>(&self, name: &HeaderName, value: &'a [u8]) -> &'a [u8] {

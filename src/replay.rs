@@ -77,6 +77,8 @@ struct Ctx {
     max_record_body: usize,
     recorder: Recorder,
     record_exchanges: bool,
+    /// The health endpoint's URL, then each case's (index `case + 1`).
+    urls: Vec<Arc<str>>,
     run_id: Arc<str>,
     run_t0_ns: u64,
     next_exchange: AtomicI64,
@@ -148,6 +150,10 @@ pub async fn run(
             v.set_sensitive(true);
             v
         });
+    let urls = std::iter::once(&plan.health_endpoint)
+        .chain(plan.cases.iter().map(|c| &c.endpoint))
+        .map(|e| Arc::from(e.url()))
+        .collect();
     let ctx = Arc::new(Ctx {
         engine,
         plan,
@@ -155,6 +161,7 @@ pub async fn run(
         max_record_body: opts.max_record_body,
         recorder,
         record_exchanges: opts.record_exchanges,
+        urls,
         run_id: Arc::from(opts.run_id.as_str()),
         run_t0_ns: opts.run_t0_ns,
         next_exchange: AtomicI64::new(0),
@@ -381,7 +388,8 @@ async fn wave(
         let next = next.clone();
         let mut slot = slot.take();
         tasks.push(tokio::spawn(async move {
-            let mut samples = Vec::new();
+            // Closed loop: each worker takes about n / c requests (grown if it takes more).
+            let mut samples = Vec::with_capacity(n / c.max(1) + 1);
             loop {
                 if ctx.stopped() {
                     break;
@@ -433,7 +441,7 @@ async fn wave(
     all
 }
 
-fn build_request(ctx: &Ctx, d: &Dispatch) -> (Request<ReqBody>, Endpoint, Bytes) {
+fn build_request<'a>(ctx: &'a Ctx, d: &Dispatch) -> (Request<ReqBody>, &'a Endpoint, Bytes) {
     let plan = &ctx.plan;
     let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
         match d.case {
@@ -483,7 +491,7 @@ fn build_request(ctx: &Ctx, d: &Dispatch) -> (Request<ReqBody>, Endpoint, Bytes)
         .parse()
         .unwrap_or_else(|_| http::Uri::from_static("/"));
     *req.headers_mut() = headers;
-    (req, ep.clone(), body)
+    (req, ep, body)
 }
 
 /// Run, judge and record one exchange. Returns what the metrics need.
@@ -497,7 +505,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
     let policy = ctx.plan.connection;
     let result = tokio::time::timeout(
         ctx.plan.timeout,
-        ctx.engine.exchange(slot, &ep, policy, req, &mut cap),
+        ctx.engine.exchange(slot, ep, policy, req, &mut cap),
     )
     .await;
     cap.finish(clock::now_ns());
@@ -600,7 +608,7 @@ async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
             started_at_us,
             start_offset_us,
             method,
-            url: ep.url(),
+            url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
             request_headers,
             request_body,
             request_body_len,

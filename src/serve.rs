@@ -1085,7 +1085,7 @@ fn build_record(
         started_at_us: p.started_at_us,
         start_offset_us: p.start_offset_us,
         method: p.method,
-        url: p.url,
+        url: Arc::from(p.url),
         request_headers: p.request_headers,
         request_body_len: tee.len as i64,
         request_body_truncated: tee.truncated,
