@@ -31,7 +31,7 @@ BIN = ROOT / "target" / "release" / "matrix-proxy"
 DUR = int(os.environ.get("DUR", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CONC = [int(c) for c in os.environ.get("CONC", "1,16,64").split(",")]
-UP, NGX, HAP, MPX = 18080, 18081, 18082, 18083
+UP, NGX, HAP, MPX, SOAK = 18080, 18081, 18082, 18083, 18084
 BODY = json.dumps({"id": "bench", "object": "chat.completion", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "x" * 880}, "finish_reason": "stop"}]},
     separators=(",", ":"))
@@ -85,7 +85,7 @@ def oha(c, fresh=False):
     return {"rps": j["summary"]["requestsPerSec"]}
 
 
-def replay(c, n, tmp, fresh=False, tag=""):
+def replay(c, n, tmp, fresh=False, tag="", record=True):
     plan = {
         "endpoint": f"http://127.0.0.1:{UP}/",
         "connection": "fresh" if fresh else "keep-alive",
@@ -98,14 +98,19 @@ def replay(c, n, tmp, fresh=False, tag=""):
     p = tmp / f"plan-{tag}.json"
     p.write_text(json.dumps(plan))
     out = tmp / f"replay-{tag}"
-    r = subprocess.run(["taskset", "-c", "0", str(BIN), "replay", "--quiet", "--out", str(out), str(p)],
-                       capture_output=True, text=True)
+    cmd = ["taskset", "-c", "0", str(BIN), "replay", "--quiet", "--out", str(out), str(p)]
+    if not record:
+        cmd.insert(3, "--no-record")
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"replay failed ({r.returncode}): {r.stderr}")
     s = json.loads((out / "summary.json").read_text())
     rates = [x["successful_requests_per_second"] for x in s["rounds"]]
+    shares = [x["generator"]["cpu_share"] for x in s["rounds"]]
+    warned = sum(1 for x in s["rounds"] if x["generator"]["warning"])
     shutil.rmtree(out, ignore_errors=True)
-    return {"rps": statistics.median(rates)}
+    return {"rps": statistics.median(rates), "cpu_share": statistics.median(shares), "warned": warned,
+            "rounds": len(rates)}
 
 
 def median(rows, key):
@@ -183,7 +188,7 @@ backend b
                 proxy[(name, c)].append(wrk(port, c))
                 print(f"round {r + 1}/{ROUNDS} c={c} {name}: {proxy[(name, c)][-1]['rps']:,.0f} req/s", file=sys.stderr)
 
-    gen = {(t, c): [] for t in ("wrk", "oha", "replay", "oha fresh", "replay fresh") for c in CONC}
+    gen = {(t, c): [] for t in ("wrk", "oha", "replay", "replay norec", "oha fresh", "replay fresh") for c in CONC}
     for r in range(ROUNDS):
         for c in CONC:
             w = wrk(UP, c)
@@ -191,16 +196,18 @@ backend b
             gen[("oha", c)].append(oha(c))
             n = int(w["rps"] * DUR / 2)  # two measured rounds of DUR/2 s each, roughly
             gen[("replay", c)].append(replay(c, n, tmp, tag=f"{r}-{c}"))
+            gen[("replay norec", c)].append(replay(c, n, tmp, tag=f"n{r}-{c}", record=False))
             of = oha(c, fresh=True)
             gen[("oha fresh", c)].append(of)
             gen[("replay fresh", c)].append(replay(c, int(of["rps"] * DUR / 2), tmp, fresh=True, tag=f"f{r}-{c}"))
             print(f"round {r + 1}/{ROUNDS} c={c}: wrk {w['rps']:,.0f}, oha {gen[('oha', c)][-1]['rps']:,.0f}, "
-                  f"replay {gen[('replay', c)][-1]['rps']:,.0f}, oha fresh {of['rps']:,.0f}, "
+                  f"replay {gen[('replay', c)][-1]['rps']:,.0f}, replay --no-record {gen[('replay norec', c)][-1]['rps']:,.0f}, "
+                  f"oha fresh {of['rps']:,.0f}, "
                   f"replay fresh {gen[('replay fresh', c)][-1]['rps']:,.0f}", file=sys.stderr)
 
     soak = None
     if os.environ.get("SOAK") == "1":
-        soak = run_soak(serve.pid, tmp)
+        soak = run_soak(tmp)
 
     serve_rows = None
     for p in procs:
@@ -212,7 +219,8 @@ backend b
     if s.exists():
         serve_rows = json.loads(s.read_text()).get("rows_written")
 
-    lines = report(proxy, gen, soak, serve_rows)
+    wb = writer_bench() if os.environ.get("WRITER", "1") == "1" else None
+    lines = report(proxy, gen, soak, serve_rows, wb)
     text = "\n".join(lines) + "\n"
     print(text)
     out = ROOT / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-proxy.md"
@@ -221,21 +229,54 @@ backend b
     print(f"written to {out.relative_to(ROOT)}", file=sys.stderr)
 
 
-def run_soak(pid, tmp):
-    """serve under 1,000 keep-alive connections for 10 minutes; RSS every 10 s."""
+def run_soak(tmp):
+    """A serve of its own under 1,000 keep-alive connections for SOAK_SECONDS (default 600);
+    RSS every 10 s; then rows written against the requests wrk completed."""
+    secs = int(os.environ.get("SOAK_SECONDS", "600"))
+    out = tmp / "soak-run"
+    p = subprocess.Popen(["taskset", "-c", "1", str(BIN), "serve", "--quiet", "--listen", f"127.0.0.1:{SOAK}",
+                          "--upstream", f"http://127.0.0.1:{UP}", "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp / "logs/soak.log", "w"))
+    wait_port(SOAK)
     samples = []
-    w = subprocess.Popen(["taskset", "-c", "0", "wrk", "-t1", "-c1000", "-d600s", f"http://127.0.0.1:{MPX}/"],
+    w = subprocess.Popen(["taskset", "-c", "0", "wrk", "-t1", "-c1000", f"-d{secs}s", f"http://127.0.0.1:{SOAK}/"],
                          stdout=subprocess.PIPE, text=True)
-    for _ in range(60):
+    for _ in range(secs // 10):
         time.sleep(10)
-        rss = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+        rss = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{p.pid}/status").read_text()).group(1))
         samples.append(rss)
-    out = w.communicate()[0]
-    total = int(re.search(r"(\d+) requests in", out).group(1))
-    return {"rss_kb": samples, "requests": total}
+    wout = w.communicate()[0]
+    total = int(re.search(r"(\d+) requests in", wout).group(1))
+    errors = re.search(r"Socket errors: (.*)", wout)
+    p.terminate()
+    p.wait(timeout=120)
+    summ = json.loads((out / "summary.json").read_text())
+    return {"rss_kb": samples, "requests": total, "rows": summ.get("rows_written"), "served": summ.get("requests"),
+            "ok": summ.get("successful_requests"), "failures": summ.get("failures"),
+            "socket_errors": errors.group(1) if errors else None, "seconds": secs}
 
 
-def report(proxy, gen, soak, serve_rows):
+def writer_bench():
+    """The criterion bench of the Parquet sink, pinned to one core; its summary lines."""
+    r = subprocess.run(["taskset", "-c", "0", "cargo", "bench", "--quiet", "--bench", "writer"],
+                       cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        return [f"writer bench failed: {r.stderr[-500:]}"]
+    lines, name = [], None
+    for l in r.stdout.splitlines():
+        if l.startswith("long run:"):
+            lines.append(l)
+        m = re.match(r"^writer/(.+?)\s*(time:.*)?$", l)
+        if m and not l.strip().startswith(("time:", "thrpt:", "change:")):
+            name = m.group(1).strip()
+        t = re.search(r"thrpt:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", l)
+        if t and name and "%" not in l:
+            lines.append(f"{name}: {t.group(1)} (criterion's estimate)")
+            name = None
+    return lines
+
+
+def report(proxy, gen, soak, serve_rows, wb):
     cpu = ""
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
@@ -267,19 +308,33 @@ def report(proxy, gen, soak, serve_rows):
     for c in CONC:
         w = median(gen[("wrk", c)], "rps")
         o = median(gen[("oha", c)], "rps")
-        for t in ("wrk", "oha", "replay"):
+        names = {"replay": "matrix-proxy replay (validating, recording)",
+                 "replay norec": "matrix-proxy replay (validating, --no-record)"}
+        for t in ("wrk", "oha", "replay", "replay norec"):
             v = median(gen[(t, c)], "rps")
-            lines.append(f"| {c} | {t if t != 'replay' else 'matrix-proxy replay (validating, recording)'} | {fmt(v, 0)} | {v / w:.2f}x | {v / o:.2f}x |")
+            lines.append(f"| {c} | {names.get(t, t)} | {fmt(v, 0)} | {v / w:.2f}x | {v / o:.2f}x |")
         of = median(gen[("oha fresh", c)], "rps")
         rf = median(gen[("replay fresh", c)], "rps")
         lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | - | - |")
         lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | - | {rf / of:.2f}x vs oha fresh |")
+    runs = [x for k, v in gen.items() if k[0].startswith("replay") for x in v]
+    warned = sum(x["warned"] for x in runs)
+    total = sum(x["rounds"] for x in runs)
+    share = statistics.median(x["cpu_share"] for x in runs)
+    lines += ["", f"replay's own reports: median CPU share of its one core {share:.2f}; {warned} of {total} measured "
+              "rounds carry the generator-bound warning (the generator is pinned to one core and saturates it, "
+              "as wrk and oha do)."]
     if serve_rows is not None:
         lines += ["", f"serve recorded {serve_rows:,} exchanges during the proxy runs."]
+    if wb:
+        lines += ["", "## Recorder (`taskset -c 0 cargo bench --bench writer`)", ""] + [f"- {l}" for l in wb]
     if soak:
         rss = soak["rss_kb"]
-        lines += ["", "## Soak", "", f"serve under 1,000 keep-alive connections for 600 s: {soak['requests']:,} requests; "
-                  f"RSS (MiB) every 10 s: {', '.join(str(r // 1024) for r in rss)}"]
+        lines += ["", "## Soak", "", f"serve (its own instance, recording) under 1,000 keep-alive connections from wrk for "
+                  f"{soak['seconds']} s: wrk completed {soak['requests']:,} responses (socket errors: {soak['socket_errors'] or 'none'}); "
+                  f"serve counted {soak['served']:,} requests ({soak['ok']:,} ok, failures {soak['failures']}) and wrote "
+                  f"{soak['rows']:,} rows.",
+                  "", f"RSS (MiB) every 10 s: {', '.join(str(r // 1024) for r in rss)}"]
     return lines
 
 
