@@ -100,7 +100,7 @@ def replay(c, n, tmp, fresh=False, tag="", record=True):
     out = tmp / f"replay-{tag}"
     cmd = ["taskset", "-c", "0", str(BIN), "replay", "--quiet", "--out", str(out), str(p)]
     if not record:
-        cmd.insert(3, "--no-record")
+        cmd.insert(5, "--no-record")
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"replay failed ({r.returncode}): {r.stderr}")
@@ -205,6 +205,11 @@ backend b
                   f"oha fresh {of['rps']:,.0f}, "
                   f"replay fresh {gen[('replay fresh', c)][-1]['rps']:,.0f}", file=sys.stderr)
 
+    # The main tables are written before the soak, so a failed soak loses nothing.
+    wb = writer_bench() if os.environ.get("WRITER", "1") == "1" else None
+    out = ROOT / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-proxy.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(report(proxy, gen, None, None, wb)) + "\n")
     soak = None
     if os.environ.get("SOAK") == "1":
         soak = run_soak(tmp)
@@ -219,12 +224,9 @@ backend b
     if s.exists():
         serve_rows = json.loads(s.read_text()).get("rows_written")
 
-    wb = writer_bench() if os.environ.get("WRITER", "1") == "1" else None
     lines = report(proxy, gen, soak, serve_rows, wb)
     text = "\n".join(lines) + "\n"
     print(text)
-    out = ROOT / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-proxy.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"written to {out.relative_to(ROOT)}", file=sys.stderr)
 
@@ -243,8 +245,12 @@ def run_soak(tmp):
                          stdout=subprocess.PIPE, text=True)
     for _ in range(secs // 10):
         time.sleep(10)
-        rss = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{p.pid}/status").read_text()).group(1))
-        samples.append(rss)
+        m = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{p.pid}/status").read_text())
+        if p.poll() is not None or m is None:
+            w.kill()
+            log = (tmp / "logs/soak.log").read_text()[-2000:]
+            return {"error": f"serve exited with code {p.wait()} during the soak; its log ends:\n{log}"}
+        samples.append(int(m.group(1)))
     wout = w.communicate()[0]
     total = int(re.search(r"(\d+) requests in", wout).group(1))
     errors = re.search(r"Socket errors: (.*)", wout)
@@ -328,7 +334,9 @@ def report(proxy, gen, soak, serve_rows, wb):
         lines += ["", f"serve recorded {serve_rows:,} exchanges during the proxy runs."]
     if wb:
         lines += ["", "## Recorder (`taskset -c 0 cargo bench --bench writer`)", ""] + [f"- {l}" for l in wb]
-    if soak:
+    if soak and "error" in soak:
+        lines += ["", "## Soak", "", "The soak failed: " + soak["error"]]
+    elif soak:
         rss = soak["rss_kb"]
         lines += ["", "## Soak", "", f"serve (its own instance, recording) under 1,000 keep-alive connections from wrk for "
                   f"{soak['seconds']} s: wrk completed {soak['requests']:,} responses (socket errors: {soak['socket_errors'] or 'none'}); "

@@ -124,6 +124,17 @@ async fn concurrent_clients_every_exchange_recorded_byte_for_byte() {
         ),
         (Some(96), Some(96))
     );
+    // The run's latency percentiles are the nearest rank of the recorded rows' total_us.
+    let mut totals: Vec<i64> = total.iter().map(|t| t.unwrap()).collect();
+    totals.sort_unstable();
+    let rank = |p: usize| totals[(p * totals.len()).div_ceil(100) - 1] as f64 / 1e6;
+    for (key, p) in [("p50", 50), ("p95", 95), ("p99", 99)] {
+        assert_eq!(
+            summary["successful_latency_seconds"][key].as_f64(),
+            Some(rank(p)),
+            "{key}"
+        );
+    }
     mock.shutdown().await;
 }
 
