@@ -193,8 +193,10 @@ fn long_run(rows: u64) -> (u64, f64, Vec<u64>) {
     let mut rss = Vec::new();
     rt.block_on(async {
         for i in 0..rows as i64 {
-            rec.submit(row(i, &b, &run_id)).await.expect("writer running");
-            if (i as u64 + 1) % (rows / 10).max(1) == 0 {
+            rec.submit(row(i, &b, &run_id))
+                .await
+                .expect("writer running");
+            if (i as u64 + 1).is_multiple_of((rows / 10).max(1)) {
                 rss.push(status_kib("VmRSS:"));
             }
         }
@@ -211,7 +213,10 @@ fn main() {
         // First, before criterion allocates its batches: resident memory through one
         // 3M-row run, after every tenth of it. Bounded memory means flat after warm-up.
         let (written, secs, rss) = long_run(3_000_000);
-        let mib: Vec<String> = rss.iter().map(|k| format!("{:.0}", *k as f64 / 1024.0)).collect();
+        let mib: Vec<String> = rss
+            .iter()
+            .map(|k| format!("{:.0}", *k as f64 / 1024.0))
+            .collect();
         println!(
             "long run: {written} rows of 1 KiB in {secs:.2} s ({:.0} rows/s, producer and writer together); resident MiB after each tenth: {}; peak {:.0} MiB",
             written as f64 / secs,

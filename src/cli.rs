@@ -128,6 +128,10 @@ pub struct ServeArgs {
     /// Roll to a new Parquet part after this many seconds.
     #[arg(long, default_value_t = 60.0)]
     pub part_seconds: f64,
+    /// Finished exchanges queued between the proxy and the writer thread. When it is
+    /// full, `block` holds each connection's next request until its row is queued.
+    #[arg(long, value_name = "ROWS", default_value_t = 4096)]
+    pub record_queue: usize,
     /// Seconds in-flight exchanges may finish after Ctrl-C / SIGTERM before they are cut.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub grace_seconds: f64,
@@ -739,6 +743,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows;
     rec_opts.part_seconds = part_seconds.as_secs_f64();
+    rec_opts.queue_rows = args.record_queue.max(1);
     rec_opts.metadata = vec![("matrix_proxy.run_id".into(), rid.clone())];
     rec_opts.redaction = redaction.clone();
     let policy = match args.upstream_connection {

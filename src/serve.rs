@@ -90,6 +90,8 @@ pub struct ServeStats {
     /// Total latency of successful exchanges (µs).
     pub ok_total: Percentiles,
     pub dropped_rows: u64,
+    /// Most finished exchanges that waited at once for room in the recorder's queue.
+    pub backlog_peak: u64,
     pub record_error: Option<RecordError>,
 }
 
@@ -122,6 +124,10 @@ struct Shared {
     /// Counters updated as each row is submitted (a short, uncontended lock per request:
     /// no task, no channel on the forwarding path).
     live: Mutex<Live>,
+    /// Finished exchanges waiting for room in the recorder's queue (at most one per
+    /// client connection, by the connection's backlog gate); its peak is reported.
+    waiting_rows: AtomicI64,
+    waiting_rows_peak: AtomicI64,
     record_failed: OnceLock<RecordError>,
     proto: &'static str,
     /// `scheme://authority` of the upstream, then its path prefix (no trailing `/`).
@@ -130,6 +136,14 @@ struct Shared {
     origin_len: usize,
     /// `Host` for the upstream (its authority), when a request needs one.
     upstream_host: Option<HeaderValue>,
+}
+
+impl Shared {
+    /// One more finished exchange waits for room in the recorder's queue.
+    fn backlog_up(&self) {
+        let n = self.waiting_rows.fetch_add(1, Ordering::Relaxed) + 1;
+        self.waiting_rows_peak.fetch_max(n, Ordering::Relaxed);
+    }
 }
 
 /// Counts exchanges whose row is not yet submitted; the stop waits for zero.
@@ -180,6 +194,8 @@ pub async fn run(
         in_flight: AtomicI64::new(0),
         cut: cut_rx,
         live: Mutex::new(Live::default()),
+        waiting_rows: AtomicI64::new(0),
+        waiting_rows_peak: AtomicI64::new(0),
         record_failed: OnceLock::new(),
         proto,
         origin_prefix: format!(
@@ -273,6 +289,7 @@ pub async fn run(
         stats.requests = live.requests;
         stats.by_outcome = live.by_outcome.clone();
     }
+    stats.backlog_peak = shared.waiting_rows_peak.load(Ordering::Relaxed).max(0) as u64;
     drop(shared);
     stats.dropped_rows = recorder.dropped();
     stats.record_error = record_error;
@@ -567,15 +584,22 @@ fn forwarded_for(ip: std::net::IpAddr) -> String {
     }
 }
 
-/// What one client connection adds to every request it forwards, built once per
-/// connection instead of once per request (formatting an address and a `Forwarded`
-/// value per request measured as a few percent of serve's CPU).
+/// State of one client connection shared by its requests: what it adds to every request
+/// it forwards, built once per connection instead of once per request (formatting an
+/// address and a `Forwarded` value per request measured as a few percent of serve's CPU),
+/// and its recorder back-pressure gate.
 struct Forwarding {
     ip: std::net::IpAddr,
     /// `X-Forwarded-For` when the client sent none.
     xff: Option<HeaderValue>,
     /// The last client `Host` seen and the `Forwarded` value made from it.
     last: Mutex<Option<(Option<HeaderValue>, Option<HeaderValue>)>>,
+    /// Set while a finished exchange of this connection waits for room in the recorder's
+    /// queue: the connection's next request waits for it first. So under `block`, rows
+    /// waiting for the writer are bounded by the number of connections, and a slow disk
+    /// slows the clients down instead of growing memory (measured before this gate: a
+    /// soak whose writer stalled on fsync grew to 24 GB and was OOM-killed).
+    backlog: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 impl Forwarding {
@@ -585,6 +609,24 @@ impl Forwarding {
             ip,
             xff: HeaderValue::from_str(&ip.to_string()).ok(),
             last: Mutex::new(None),
+            backlog: Mutex::new(None),
+        }
+    }
+
+    /// Close the gate until the returned sender is dropped.
+    fn hold(&self) -> oneshot::Sender<()> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut b) = self.backlog.lock() {
+            *b = Some(rx);
+        }
+        tx
+    }
+
+    /// Wait until this connection's previous row is in the recorder's queue.
+    async fn wait_backlog(&self) {
+        let gate = self.backlog.lock().ok().and_then(|mut b| b.take());
+        if let Some(rx) = gate {
+            let _ = rx.await;
         }
     }
 
@@ -684,6 +726,7 @@ struct InFlight {
     tee: oneshot::Receiver<TeeResult>,
     conn_no: i64,
     index: i64,
+    client: Arc<Forwarding>,
 }
 
 async fn handle(
@@ -695,13 +738,13 @@ async fn handle(
     index: i64,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    forwarding.wait_backlog().await;
     let cap = Capture::start_with_budget(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run_t0_ns, cap.t0_ns);
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(parts.headers, &forwarding, &sh);
-    drop(forwarding);
     // The record's URL; the upstream target is its tail.
     let url = upstream_url(&sh, &parts.uri);
     let target = &url[sh.origin_len..];
@@ -730,6 +773,7 @@ async fn handle(
         tee: tee_rx,
         conn_no,
         index,
+        client: forwarding,
     };
 
     let conn = slot.lock().ok().and_then(|mut s| s.take());
@@ -978,9 +1022,20 @@ async fn record(
             held: 0,
         },
     };
+    let client = p.client.clone();
     let rec = build_record(sh, p, tee, outcome, message, end);
     let r = match sh.opts.on_record_full {
-        OnRecordFull::Block => sh.recorder.submit(rec).await,
+        OnRecordFull::Block => match sh.recorder.submit_now(rec) {
+            Ok(None) => Ok(()),
+            Ok(Some(rec)) => {
+                let _gate = client.hold();
+                sh.backlog_up();
+                let r = sh.recorder.submit(rec).await;
+                sh.waiting_rows.fetch_sub(1, Ordering::Relaxed);
+                r
+            }
+            Err(e) => Err(e),
+        },
         OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
     };
     if let Err(e) = r {
@@ -1014,18 +1069,24 @@ fn record_now(
             return;
         }
     };
+    let client = p.client.clone();
     let rec = build_record(sh, p, tee, outcome, message, end);
     let r = match sh.opts.on_record_full {
         OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
         OnRecordFull::Block => match sh.recorder.submit_now(rec) {
             Ok(None) => Ok(()),
             Ok(Some(rec)) => {
-                // The queue is full: wait for the writer in a task of its own.
+                // The queue is full: wait for the writer in a task of its own, and hold
+                // this connection's next request until the row is queued.
+                let gate = client.hold();
                 let sh = sh.clone();
+                sh.backlog_up();
                 spawn(Box::pin(async move {
                     if let Err(e) = sh.recorder.submit(rec).await {
                         let _ = sh.record_failed.set(e);
                     }
+                    sh.waiting_rows.fetch_sub(1, Ordering::Relaxed);
+                    drop(gate);
                     drop(guard);
                 }));
                 return;

@@ -692,11 +692,13 @@ pub fn serve_summary_json(stats: &crate::serve::ServeStats, rows: u64) -> Value 
         "failures": failures,
         "rows_written": rows,
         "dropped_rows": stats.dropped_rows,
+        "recorder_backlog_peak_rows": stats.backlog_peak,
         "successful_latency_seconds": pct_json(&stats.ok_total),
         "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
         "definitions": {
             "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over the successful exchanges recorded in exchanges/ (rows dropped under --on-record-full drop are not in it)",
             "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
+            "recorder_backlog_peak_rows": "most finished exchanges waiting at once for room in the recorder's queue (block); each holds its client connection's next request, so it is at most the number of client connections",
         },
     })
 }

@@ -658,3 +658,47 @@ async fn fresh_upstream_connections_say_close_so_the_worker_closes_first() {
     let rows = Rows::read(&tmp.path().join("live"));
     assert_eq!(rows.bools("connection_reused"), vec![Some(false); 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_writer_slows_the_clients_instead_of_growing_memory() {
+    let peer = Peer::start(Arc::new(|_, _s: &Seen| {
+        Reply::json(200, &json!({"ok": true}))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
+    // Every row closes and fsyncs a part of its own, behind a queue of four rows: the
+    // writer is far slower than 16 clients that send as fast as they are answered.
+    args.part_rows = 1;
+    args.record_queue = 4;
+    let serve = Serve::start(args).await;
+    let addr = serve.addr;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            for _ in 0..25 {
+                let req = hyper::Request::builder()
+                    .uri("/v1/models")
+                    .header("host", "client.example")
+                    .body(http_body_util::Full::new(Bytes::new()))
+                    .unwrap();
+                assert_eq!(c.send(req).await.unwrap().0, 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let out = serve.out.clone();
+    assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
+    let summary = read_json(&out.join("summary.json"));
+    assert_eq!(summary["rows_written"], json!(400), "{summary}");
+    assert_eq!(summary["successful_requests"], json!(400), "{summary}");
+    assert_eq!(summary["dropped_rows"], json!(0));
+    // Rows waited for the writer (the gate was used), but never more than one per client
+    // connection: the backlog is bounded by the connections, not by the run's length.
+    let peak = summary["recorder_backlog_peak_rows"].as_u64().unwrap();
+    assert!((1..=16).contains(&peak), "backlog peak {peak}");
+    assert_eq!(Rows::read(&out).len(), 400);
+}
