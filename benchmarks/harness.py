@@ -292,7 +292,7 @@ def report(proxy, gen, soak, serve_rows, wb):
         f"# {datetime.date.today().isoformat()} — proxy overhead and load generation",
         "",
         f"Machine: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}. "
-        f"Command: `DUR={DUR} ROUNDS={ROUNDS} bash benchmarks/run.sh`. Medians of {ROUNDS} interleaved rounds of {DUR} s. "
+        f"Command: `DUR={DUR} ROUNDS={ROUNDS}{' SOAK=1' if os.environ.get('SOAK') == '1' else ''} bash benchmarks/run.sh`. Medians of {ROUNDS} interleaved rounds of {DUR} s. "
         "Load generator on CPU 0; upstream nginx (1 KiB JSON) and the proxy under test on CPU 1. "
         "matrix-proxy records every exchange (bodies and all columns) in both roles.",
         "",

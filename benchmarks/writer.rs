@@ -122,46 +122,30 @@ fn sink(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(10));
     for (label, size, rows) in [("1KiB", 1024usize, 50_000usize), ("64KiB", 64 << 10, 4_000)] {
         let b = body(size);
+        // Setup (untimed): a recorder and the rows; timed: submit them all and finish.
+        let run = |bench: &mut criterion::Bencher| {
+            bench.iter_batched(
+                || {
+                    let dir = tempfile::tempdir().expect("tempdir");
+                    let rec = recorder(dir.path(), rows);
+                    let batch: Vec<ExchangeRecord> =
+                        (0..rows as i64).map(|i| row(i, &b, &run_id)).collect();
+                    (dir, rec, batch)
+                },
+                |(dir, rec, batch)| {
+                    for r in batch {
+                        assert!(rec.try_submit(r).expect("writer running"));
+                    }
+                    black_box(rec.finish().expect("finish"));
+                    dir
+                },
+                BatchSize::PerIteration,
+            );
+        };
         g.throughput(Throughput::Elements(rows as u64));
-        g.bench_function(format!("{label} bodies, exchanges"), |bench| {
-            bench.iter_batched(
-                || {
-                    let dir = tempfile::tempdir().expect("tempdir");
-                    let rec = recorder(dir.path(), rows);
-                    let batch: Vec<ExchangeRecord> =
-                        (0..rows as i64).map(|i| row(i, &b, &run_id)).collect();
-                    (dir, rec, batch)
-                },
-                |(dir, rec, batch)| {
-                    for r in batch {
-                        assert!(rec.try_submit(r).expect("writer running"));
-                    }
-                    black_box(rec.finish().expect("finish"));
-                    dir
-                },
-                BatchSize::PerIteration,
-            );
-        });
+        g.bench_function(format!("{label} bodies, exchanges"), run);
         g.throughput(Throughput::Bytes((rows * size) as u64));
-        g.bench_function(format!("{label} bodies, body bytes"), |bench| {
-            bench.iter_batched(
-                || {
-                    let dir = tempfile::tempdir().expect("tempdir");
-                    let rec = recorder(dir.path(), rows);
-                    let batch: Vec<ExchangeRecord> =
-                        (0..rows as i64).map(|i| row(i, &b, &run_id)).collect();
-                    (dir, rec, batch)
-                },
-                |(dir, rec, batch)| {
-                    for r in batch {
-                        assert!(rec.try_submit(r).expect("writer running"));
-                    }
-                    black_box(rec.finish().expect("finish"));
-                    dir
-                },
-                BatchSize::PerIteration,
-            );
-        });
+        g.bench_function(format!("{label} bodies, body bytes"), run);
     }
     g.finish();
 }

@@ -705,20 +705,11 @@ impl Recorder {
     /// Queue a finished exchange only if a slot is free (`--on-record-full drop`).
     /// `Ok(false)`: the queue was full and the row was dropped (and counted).
     pub fn try_submit(&self, rec: ExchangeRecord) -> Result<bool, RecordError> {
-        match self.slots.try_acquire() {
-            Ok(permit) => {
-                permit.forget();
-                self.tx
-                    .send(Msg::Row(Box::new(rec)))
-                    .map_err(|_| RecordError("the writer stopped".into()))?;
-                Ok(true)
-            }
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
+        match self.submit_now(rec)? {
+            None => Ok(true),
+            Some(_dropped) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 Ok(false)
-            }
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                Err(RecordError("the writer stopped".into()))
             }
         }
     }

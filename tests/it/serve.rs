@@ -635,12 +635,7 @@ async fn fresh_upstream_connections_say_close_so_the_worker_closes_first() {
     let serve = Serve::start(args).await;
     let mut c = Client::connect(serve.addr).await;
     for _ in 0..3 {
-        let req = hyper::Request::builder()
-            .uri("/v1/models")
-            .header("host", "client.example")
-            .body(http_body_util::Full::new(Bytes::new()))
-            .unwrap();
-        assert_eq!(c.send(req).await.unwrap().0, 200);
+        assert_eq!(c.send(models_request()).await.unwrap().0, 200);
     }
     assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
     let seen = peer.seen();
@@ -678,12 +673,7 @@ async fn a_slow_writer_slows_the_clients_instead_of_growing_memory() {
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await;
             for _ in 0..25 {
-                let req = hyper::Request::builder()
-                    .uri("/v1/models")
-                    .header("host", "client.example")
-                    .body(http_body_util::Full::new(Bytes::new()))
-                    .unwrap();
-                assert_eq!(c.send(req).await.unwrap().0, 200);
+                assert_eq!(c.send(models_request()).await.unwrap().0, 200);
             }
         }));
     }
@@ -701,4 +691,13 @@ async fn a_slow_writer_slows_the_clients_instead_of_growing_memory() {
     let peak = summary["recorder_backlog_peak_rows"].as_u64().unwrap();
     assert!((1..=16).contains(&peak), "backlog peak {peak}");
     assert_eq!(Rows::read(&out).len(), 400);
+}
+
+/// `GET /v1/models` with a client `Host`.
+fn models_request() -> hyper::Request<http_body_util::Full<Bytes>> {
+    hyper::Request::builder()
+        .uri("/v1/models")
+        .header("host", "client.example")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap()
 }
