@@ -835,7 +835,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
         max_connections: args.max_connections,
     };
-    let (stats, recorder) = serve::run(listener, opts, engine, recorder, interrupt).await;
+    let (mut stats, recorder) = serve::run(listener, opts, engine, recorder, interrupt).await;
     let writer = tokio::task::spawn_blocking(move || recorder.finish())
         .await
         .map_err(|e| tool(format!("writer join: {e}")))?;
@@ -846,7 +846,6 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Some(e) = &stats.record_error {
         problems.push(e.to_string());
     }
-    let mut stats = stats;
     match crate::record::read_ok_totals(&dir.path.join("exchanges")) {
         Ok(totals) => stats.ok_total = crate::metrics::Percentiles::of(totals),
         Err(e) => problems.push(format!("reading the recorded rows back: {e}")),

@@ -791,18 +791,16 @@ fn writer_props(opts: &RecorderOptions) -> WriterProperties {
     // Min/max statistics of a body or a header value are of no use to a query and cost a
     // byte comparison per value (measured: the largest single cost of encoding a row).
     for col in NO_STATISTICS_COLUMNS {
-        b = b.set_column_statistics_enabled(
-            ColumnPath::new(col.iter().map(|p| p.to_string()).collect()),
-            EnabledStatistics::None,
-        );
+        b = b.set_column_statistics_enabled(column_path(col), EnabledStatistics::None);
     }
     for col in DICTIONARY_COLUMNS {
-        b = b.set_column_dictionary_enabled(
-            ColumnPath::new(col.iter().map(|p| p.to_string()).collect()),
-            true,
-        );
+        b = b.set_column_dictionary_enabled(column_path(col), true);
     }
     b.build()
+}
+
+fn column_path(parts: &[&str]) -> ColumnPath {
+    ColumnPath::new(parts.iter().map(|p| p.to_string()).collect())
 }
 
 fn open_part(
@@ -1133,8 +1131,6 @@ pub struct RowFacts {
 /// Left-over `.inprogress` parts are not read (see `recover`).
 pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
-    use parquet::arrow::ProjectionMask;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let parts = closed_parts(exchanges)?;
     const WANT: [&str; 16] = [
         "phase",
@@ -1157,15 +1153,7 @@ pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     let mut out = Vec::new();
     for part in parts {
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        let f = File::open(&part).map_err(|e| ctx(&e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
-        let roots: Vec<usize> = WANT
-            .iter()
-            .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
-            .collect::<Result<_, _>>()?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let reader = builder.with_projection(mask).build().map_err(|e| ctx(&e))?;
-        for batch in reader {
+        for batch in read_columns(&part, &WANT)? {
             let b = batch.map_err(|e| ctx(&e))?;
             let col = |n: &str| {
                 b.column_by_name(n)
@@ -1245,20 +1233,10 @@ pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
 /// proxy holds no per-request state in memory while it runs).
 pub fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
     use arrow_array::{Array, Int64Array};
-    use parquet::arrow::ProjectionMask;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let mut out = Vec::new();
     for part in closed_parts(exchanges)? {
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        let f = File::open(&part).map_err(|e| ctx(&e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
-        let roots = ["outcome", "total_us"]
-            .iter()
-            .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
-            .collect::<Result<Vec<usize>, _>>()?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let reader = builder.with_projection(mask).build().map_err(|e| ctx(&e))?;
-        for batch in reader {
+        for batch in read_columns(&part, &["outcome", "total_us"])? {
             let b = batch.map_err(|e| ctx(&e))?;
             let outcome = b
                 .column_by_name("outcome")
@@ -1276,6 +1254,24 @@ pub fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
         }
     }
     Ok(out)
+}
+
+/// The batches of one part, read with only the columns named in `want`.
+fn read_columns(
+    part: &Path,
+    want: &[&str],
+) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, String> {
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+    let f = File::open(part).map_err(|e| ctx(&e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
+    let roots = want
+        .iter()
+        .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
+        .collect::<Result<Vec<usize>, _>>()?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    builder.with_projection(mask).build().map_err(|e| ctx(&e))
 }
 
 /// The closed parts (`part-*.parquet`) of an `exchanges/` directory, in file order.

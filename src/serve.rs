@@ -138,14 +138,6 @@ struct Shared {
     upstream_host: Option<HeaderValue>,
 }
 
-impl Shared {
-    /// One more finished exchange waits for room in the recorder's queue.
-    fn backlog_up(&self) {
-        let n = self.waiting_rows.fetch_add(1, Ordering::Relaxed) + 1;
-        self.waiting_rows_peak.fetch_max(n, Ordering::Relaxed);
-    }
-}
-
 /// Counts exchanges whose row is not yet submitted; the stop waits for zero.
 #[derive(Default)]
 struct Pending {
@@ -310,14 +302,14 @@ async fn serve_conn<I>(
     let sh_limits = (sh.opts.max_header_bytes, sh.opts.header_read_timeout);
     let slot: Slot = Arc::new(Mutex::new(None));
     let requests = Arc::new(AtomicI64::new(0));
-    let forwarding = Arc::new(Forwarding::new(peer));
+    let client = Arc::new(ClientConn::new(peer));
     let svc = service_fn(move |req| {
         let index = requests.fetch_add(1, Ordering::Relaxed);
         handle(
             sh.clone(),
             PendingGuard::new(&pending),
             slot.clone(),
-            forwarding.clone(),
+            client.clone(),
             conn_no,
             index,
             req,
@@ -588,7 +580,7 @@ fn forwarded_for(ip: std::net::IpAddr) -> String {
 /// it forwards, built once per connection instead of once per request (formatting an
 /// address and a `Forwarded` value per request measured as a few percent of serve's CPU),
 /// and its recorder back-pressure gate.
-struct Forwarding {
+struct ClientConn {
     ip: std::net::IpAddr,
     /// `X-Forwarded-For` when the client sent none.
     xff: Option<HeaderValue>,
@@ -602,10 +594,10 @@ struct Forwarding {
     backlog: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
-impl Forwarding {
-    fn new(peer: SocketAddr) -> Forwarding {
+impl ClientConn {
+    fn new(peer: SocketAddr) -> ClientConn {
         let ip = peer.ip();
-        Forwarding {
+        ClientConn {
             ip,
             xff: HeaderValue::from_str(&ip.to_string()).ok(),
             last: Mutex::new(None),
@@ -653,7 +645,7 @@ impl Forwarding {
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
 /// `100 Continue` when the body is first read), forwarding headers added, `Host` kept
 /// unless `rewrite_host`.
-fn upstream_headers(mut h: HeaderMap, fw: &Forwarding, sh: &Shared) -> HeaderMap {
+fn upstream_headers(mut h: HeaderMap, fw: &ClientConn, sh: &Shared) -> HeaderMap {
     strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
     if sh.opts.policy == ConnectionPolicy::Fresh {
@@ -726,25 +718,25 @@ struct InFlight {
     tee: oneshot::Receiver<TeeResult>,
     conn_no: i64,
     index: i64,
-    client: Arc<Forwarding>,
+    client: Arc<ClientConn>,
 }
 
 async fn handle(
     sh: Arc<Shared>,
     guard: PendingGuard,
     slot: Slot,
-    forwarding: Arc<Forwarding>,
+    client: Arc<ClientConn>,
     conn_no: i64,
     index: i64,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    forwarding.wait_backlog().await;
+    client.wait_backlog().await;
     let cap = Capture::start_with_budget(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run_t0_ns, cap.t0_ns);
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
-    let headers = upstream_headers(parts.headers, &forwarding, &sh);
+    let headers = upstream_headers(parts.headers, &client, &sh);
     // The record's URL; the upstream target is its tail.
     let url = upstream_url(&sh, &parts.uri);
     let target = &url[sh.origin_len..];
@@ -773,7 +765,7 @@ async fn handle(
         tee: tee_rx,
         conn_no,
         index,
-        client: forwarding,
+        client,
     };
 
     let conn = slot.lock().ok().and_then(|mut s| s.take());
@@ -832,7 +824,9 @@ async fn handle(
             if let Some(data) = whole
                 && p.cap.stream_incomplete().is_none()
             {
-                p.cap.finish(clock::now_ns());
+                // The body has ended: its end stamp is already there, no clock read.
+                let end = p.cap.end_ns.unwrap_or_else(clock::now_ns);
+                p.cap.finish(end);
                 if let Some(c) = Engine::release(conn, sh.opts.policy)
                     && let Ok(mut s) = slot.lock()
                 {
@@ -1007,7 +1001,7 @@ async fn pump_and_record(
 }
 
 async fn record(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     mut p: InFlight,
     outcome: Outcome,
     message: Option<String>,
@@ -1024,22 +1018,8 @@ async fn record(
     };
     let client = p.client.clone();
     let rec = build_record(sh, p, tee, outcome, message, end);
-    let r = match sh.opts.on_record_full {
-        OnRecordFull::Block => match sh.recorder.submit_now(rec) {
-            Ok(None) => Ok(()),
-            Ok(Some(rec)) => {
-                let _gate = client.hold();
-                sh.backlog_up();
-                let r = sh.recorder.submit(rec).await;
-                sh.waiting_rows.fetch_sub(1, Ordering::Relaxed);
-                r
-            }
-            Err(e) => Err(e),
-        },
-        OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
-    };
-    if let Err(e) = r {
-        let _ = sh.record_failed.set(e);
+    if let Some(wait) = queue_row(sh, &client, rec) {
+        wait.await;
     }
 }
 
@@ -1058,38 +1038,50 @@ fn record_now(
             rt.spawn(fut);
         }
     };
-    let tee = match p.tee.try_recv() {
-        Ok(t) => t,
-        Err(_) => {
-            let sh = sh.clone();
-            spawn(Box::pin(async move {
-                record(&sh, p, outcome, message, end).await;
-                drop(guard);
-            }));
-            return;
-        }
+    let Ok(tee) = p.tee.try_recv() else {
+        let sh = sh.clone();
+        spawn(Box::pin(async move {
+            record(&sh, p, outcome, message, end).await;
+            drop(guard);
+        }));
+        return;
     };
     let client = p.client.clone();
     let rec = build_record(sh, p, tee, outcome, message, end);
+    match queue_row(sh, &client, rec) {
+        Some(wait) => spawn(Box::pin(async move {
+            wait.await;
+            drop(guard);
+        })),
+        None => drop(guard),
+    }
+}
+
+/// Hand a row to the recorder under the loss policy, without waiting. When the queue is
+/// full under `block`, returns the wait still to do: the row's client connection is
+/// gated (its next request waits) until that wait has queued the row. `None`: the row is
+/// queued, dropped and counted (`drop`), or refused by a stopped writer (noted).
+fn queue_row(
+    sh: &Arc<Shared>,
+    client: &ClientConn,
+    rec: ExchangeRecord,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
     let r = match sh.opts.on_record_full {
         OnRecordFull::Drop => sh.recorder.try_submit(rec).map(|_| ()),
         OnRecordFull::Block => match sh.recorder.submit_now(rec) {
             Ok(None) => Ok(()),
             Ok(Some(rec)) => {
-                // The queue is full: wait for the writer in a task of its own, and hold
-                // this connection's next request until the row is queued.
                 let gate = client.hold();
+                let n = sh.waiting_rows.fetch_add(1, Ordering::Relaxed) + 1;
+                sh.waiting_rows_peak.fetch_max(n, Ordering::Relaxed);
                 let sh = sh.clone();
-                sh.backlog_up();
-                spawn(Box::pin(async move {
+                return Some(async move {
                     if let Err(e) = sh.recorder.submit(rec).await {
                         let _ = sh.record_failed.set(e);
                     }
                     sh.waiting_rows.fetch_sub(1, Ordering::Relaxed);
                     drop(gate);
-                    drop(guard);
-                }));
-                return;
+                });
             }
             Err(e) => Err(e),
         },
@@ -1097,7 +1089,7 @@ fn record_now(
     if let Err(e) = r {
         let _ = sh.record_failed.set(e);
     }
-    drop(guard);
+    None
 }
 
 /// The row of a finished exchange; also counts it in the live counters.
