@@ -141,8 +141,9 @@ pub struct ServeArgs {
     /// Seconds a client has to send a complete request head before it is disconnected.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub header_read_timeout: f64,
-    /// Client connections served at once; more wait in the listen backlog. The open-file
-    /// limit is raised to fit, as far as the hard limit allows.
+    /// Client connections served at once; more wait in the listen backlog, which is as
+    /// deep (capped by net.core.somaxconn). The open-file limit is raised to fit, as far as
+    /// the hard limit allows.
     #[arg(long, default_value_t = 16_384)]
     pub max_connections: usize,
     /// Seconds between live counter lines on stderr.
@@ -730,8 +731,11 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             args.max_connections
         );
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    // The accept queue is as deep as the connections served at once (the kernel caps it
+    // at net.core.somaxconn): a burst of new clients waits there instead of having its
+    // SYNs dropped.
+    let backlog = u32::try_from(args.max_connections).unwrap_or(u32::MAX);
+    let listener = serve::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
     let started_at_us = clock::wall_now_us();
@@ -772,6 +776,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             "max_header_bytes": args.max_header_bytes,
             "header_read_timeout_seconds": args.header_read_timeout,
             "max_connections": args.max_connections,
+            "listen_backlog": serve::effective_backlog(backlog),
             "open_file_limit": nofile,
         },
         "rewrite_host": args.rewrite_host,

@@ -34,7 +34,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
@@ -96,7 +95,7 @@ pub struct MockWorker {
 impl MockWorker {
     /// Bind `listen` (use port 0 for any free port) and serve on the current runtime.
     pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<MockWorker> {
-        let listener = TcpListener::bind(listen).await?;
+        let listener = crate::serve::bind_listener(listen, 4096)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             batch: Arc::new(Semaphore::new(config.max_batch.max(1))),

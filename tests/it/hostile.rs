@@ -144,7 +144,9 @@ async fn ten_thousand_idle_clients_cost_no_upstream_connections() {
     let mut p = crate::serve_lifecycle::spawn_serve(
         &peer.url(""),
         &tmp.path().join("live"),
-        &["--max-connections", "10100"],
+        // Idle clients that never send a head are cut after --header-read-timeout; this
+        // test is about room, not time, so that limit is out of its way.
+        &["--max-connections", "10100", "--header-read-timeout", "600"],
     )
     .await;
     let addr = p.addr;
@@ -180,4 +182,60 @@ async fn ten_thousand_idle_clients_cost_no_upstream_connections() {
     p.signal("-TERM");
     assert_eq!(p.wait().await, Some(130));
     assert_eq!(Rows::read(&p.out).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_connections_waits_in_the_accept_queue_instead_of_being_dropped() {
+    // With serve stopped (SIGSTOP), the kernel completes handshakes into the listener's
+    // accept queue until it is full, then drops SYNs: the client waits a full second for
+    // the retransmit. A queue as deep as std's default (128) fails this at the 130th
+    // connection; serve's is as deep as --max-connections, capped by net.core.somaxconn.
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(128);
+    let burst = somaxconn.min(1000);
+    let peer = Peer::start(echo_handler()).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut p = crate::serve_lifecycle::spawn_serve(
+        &peer.url(""),
+        &tmp.path().join("live"),
+        &["--max-connections", "2000"],
+    )
+    .await;
+    let addr = p.addr;
+    let config = read_json(&p.out.join("config.json"));
+    assert_eq!(
+        config["limits"]["listen_backlog"].as_u64(),
+        Some(somaxconn.min(2000) as u64),
+        "{config}"
+    );
+    p.signal("-STOP");
+    let mut held = Vec::with_capacity(burst);
+    for i in 0..burst {
+        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => held.push(tcp),
+            other => {
+                p.signal("-CONT");
+                panic!("connection {i} of {burst} was not queued: {other:?}");
+            }
+        }
+    }
+    p.signal("-CONT");
+    // Every queued connection is served once serve runs again.
+    for tcp in held.iter_mut().rev().take(3) {
+        tcp.write_all(format!("GET /q HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut head))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+    }
+    drop(held);
+    p.signal("-TERM");
+    assert_eq!(p.wait().await, Some(130));
+    assert_eq!(Rows::read(&p.out).len(), 3);
 }
