@@ -259,6 +259,7 @@ def run_soak(tmp):
     summ = json.loads((out / "summary.json").read_text())
     return {"rss_kb": samples, "requests": total, "rows": summ.get("rows_written"), "served": summ.get("requests"),
             "ok": summ.get("successful_requests"), "failures": summ.get("failures"),
+            "backlog_peak": summ.get("recorder_backlog_peak_rows"),
             "socket_errors": errors.group(1) if errors else None, "seconds": secs}
 
 
@@ -341,7 +342,8 @@ def report(proxy, gen, soak, serve_rows, wb):
         lines += ["", "## Soak", "", f"serve (its own instance, recording) under 1,000 keep-alive connections from wrk for "
                   f"{soak['seconds']} s: wrk completed {soak['requests']:,} responses (socket errors: {soak['socket_errors'] or 'none'}); "
                   f"serve counted {soak['served']:,} requests ({soak['ok']:,} ok, failures {soak['failures']}) and wrote "
-                  f"{soak['rows']:,} rows.",
+                  f"{soak['rows']:,} rows. Most finished exchanges waiting at once for room in the recorder's queue "
+                  f"(each holds its client's next request): {soak['backlog_peak']}.",
                   "", f"RSS (MiB) every 10 s: {', '.join(str(r // 1024) for r in rss)}"]
     return lines
 
