@@ -113,6 +113,41 @@ def replay(c, n, tmp, fresh=False, tag="", record=True):
             "rounds": len(rates)}
 
 
+def result_path():
+    """benchmarks/results/<date>-proxy.md, or -2, -3 ... when a run of the same day is there."""
+    day = datetime.date.today().isoformat()
+    out = ROOT / "benchmarks" / "results" / f"{day}-proxy.md"
+    n = 2
+    while out.exists():
+        out = out.with_name(f"{day}-proxy-{n}.md")
+        n += 1
+    return out
+
+
+def cpu_times():
+    """(all CPU time, steal time) in ticks since boot, from /proc/stat; None where unreadable."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(f[:8]), (f[7] if len(f) > 7 else 0)
+
+
+def steal_share(a, b):
+    """Share of CPU time the hypervisor gave to others between two cpu_times() samples."""
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return (b[1] - a[1]) / (b[0] - a[0])
+
+
+def spread(rows, key):
+    """(max - min) / median of the rounds, as a percentage: how far the rounds disagreed."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    if len(vals) < 2 or statistics.median(vals) == 0:
+        return "-"
+    return f"{100 * (max(vals) - min(vals)) / statistics.median(vals):.0f}%"
+
+
 def median(rows, key):
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -180,6 +215,7 @@ backend b
     for port in (UP, NGX, HAP, MPX):
         wait_port(port)
 
+    cpu_at_start = cpu_times()
     targets = [("no proxy", UP), ("nginx", NGX), ("HAProxy", HAP), ("matrix-proxy serve", MPX)]
     proxy = {(t, c): [] for t, _ in targets for c in CONC}
     for r in range(ROUNDS):
@@ -205,11 +241,12 @@ backend b
                   f"oha fresh {of['rps']:,.0f}, "
                   f"replay fresh {gen[('replay fresh', c)][-1]['rps']:,.0f}", file=sys.stderr)
 
+    steal = steal_share(cpu_at_start, cpu_times())
     # The main tables are written before the soak, so a failed soak loses nothing.
     wb = writer_bench() if os.environ.get("WRITER", "1") == "1" else None
-    out = ROOT / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-proxy.md"
+    out = result_path()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(report(proxy, gen, None, None, wb)) + "\n")
+    out.write_text("\n".join(report(proxy, gen, None, None, wb, steal)) + "\n")
     soak = None
     if os.environ.get("SOAK") == "1":
         soak = run_soak(tmp)
@@ -224,7 +261,7 @@ backend b
     if s.exists():
         serve_rows = json.loads(s.read_text()).get("rows_written")
 
-    lines = report(proxy, gen, soak, serve_rows, wb)
+    lines = report(proxy, gen, soak, serve_rows, wb, steal)
     text = "\n".join(lines) + "\n"
     print(text)
     out.write_text(text)
@@ -283,7 +320,7 @@ def writer_bench():
     return lines
 
 
-def report(proxy, gen, soak, serve_rows, wb):
+def report(proxy, gen, soak, serve_rows, wb, steal=None):
     cpu = ""
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
@@ -295,12 +332,15 @@ def report(proxy, gen, soak, serve_rows, wb):
         f"Machine: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}. "
         f"Command: `DUR={DUR} ROUNDS={ROUNDS}{' SOAK=1' if os.environ.get('SOAK') == '1' else ''} bash benchmarks/run.sh`. Medians of {ROUNDS} interleaved rounds of {DUR} s. "
         "Load generator on CPU 0; upstream nginx (1 KiB JSON) and the proxy under test on CPU 1. "
-        "matrix-proxy records every exchange (bodies and all columns) in both roles.",
+        "matrix-proxy records every exchange (bodies and all columns) in both roles. "
+        "Spread: (max - min) / median of a cell's rounds; a wide one says the machine was noisy then. "
+        + ("CPU steal time during the measurements (share of all CPU time the hypervisor gave to others): "
+           f"{100 * steal:.1f}%." if steal is not None else "CPU steal time: not readable here."),
         "",
         "## Proxy overhead (wrk -> proxy -> nginx upstream)",
         "",
-        "| c | target | req/s | vs no proxy | vs nginx | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| c | target | req/s | spread | vs no proxy | vs nginx | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in CONC:
         base = median(proxy[("no proxy", c)], "rps")
@@ -308,10 +348,10 @@ def report(proxy, gen, soak, serve_rows, wb):
         for t in ("no proxy", "nginx", "HAProxy", "matrix-proxy serve"):
             rows = proxy[(t, c)]
             rps = median(rows, "rps")
-            lines.append(f"| {c} | {t} | {fmt(rps, 0)} | {rps / base:.2f}x | {rps / ngx:.2f}x | "
+            lines.append(f"| {c} | {t} | {fmt(rps, 0)} | {spread(rows, 'rps')} | {rps / base:.2f}x | {rps / ngx:.2f}x | "
                          f"{fmt(median(rows, 'p50_ms'), 3)} | {fmt(median(rows, 'p99_ms'), 3)} |")
     lines += ["", "## Load generation (generator -> nginx upstream)", "",
-              "| c | generator | req/s | vs wrk | vs oha |", "|---|---|---|---|---|"]
+              "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
     for c in CONC:
         w = median(gen[("wrk", c)], "rps")
         o = median(gen[("oha", c)], "rps")
@@ -319,11 +359,11 @@ def report(proxy, gen, soak, serve_rows, wb):
                  "replay norec": "matrix-proxy replay (validating, --no-record)"}
         for t in ("wrk", "oha", "replay", "replay norec"):
             v = median(gen[(t, c)], "rps")
-            lines.append(f"| {c} | {names.get(t, t)} | {fmt(v, 0)} | {v / w:.2f}x | {v / o:.2f}x |")
+            lines.append(f"| {c} | {names.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x |")
         of = median(gen[("oha fresh", c)], "rps")
         rf = median(gen[("replay fresh", c)], "rps")
-        lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | - | - |")
-        lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | - | {rf / of:.2f}x vs oha fresh |")
+        lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | {spread(gen[('oha fresh', c)], 'rps')} | - | - |")
+        lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | {spread(gen[('replay fresh', c)], 'rps')} | - | {rf / of:.2f}x vs oha fresh |")
     runs = [x for k, v in gen.items() if k[0].startswith("replay") for x in v]
     warned = sum(x["warned"] for x in runs)
     total = sum(x["rounds"] for x in runs)

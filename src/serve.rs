@@ -169,10 +169,10 @@ type Slot = Arc<Mutex<Option<Conn<TeeBody>>>>;
 pub const MAX_LISTEN_BACKLOG: u32 = 65_535;
 
 /// Bind a listening socket whose accept queue holds `backlog` completed connections
-/// (the kernel caps it at `net.core.somaxconn`). The default of std and tokio (128 or
-/// 1,024) is too small for a proxy that a campaign opens thousands of connections to at
-/// once: a connection that finds the queue full has its SYN dropped, and the client
-/// waits a full second for the retransmit. SO_REUSEADDR is set as std does on Unix, so
+/// (the kernel caps it at `net.core.somaxconn`). The queue tokio's `TcpListener::bind`
+/// left (128, as `ss -ltn` showed) is too small for a proxy that a campaign opens
+/// thousands of connections to at once: a connection that finds the queue full has its
+/// SYN dropped, and the client waits a full second for the retransmit. SO_REUSEADDR is set as std does on Unix, so
 /// a restarted proxy can take its port back while old connections sit in TIME_WAIT.
 pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
