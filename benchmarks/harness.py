@@ -140,16 +140,20 @@ def steal_share(a, b):
     return (b[1] - a[1]) / (b[0] - a[0])
 
 
+def values(rows, key):
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
 def spread(rows, key):
     """(max - min) / median of the rounds, as a percentage: how far the rounds disagreed."""
-    vals = [r[key] for r in rows if r.get(key) is not None]
+    vals = values(rows, key)
     if len(vals) < 2 or statistics.median(vals) == 0:
         return "-"
     return f"{100 * (max(vals) - min(vals)) / statistics.median(vals):.0f}%"
 
 
 def median(rows, key):
-    vals = [r[key] for r in rows if r.get(key) is not None]
+    vals = values(rows, key)
     return statistics.median(vals) if vals else None
 
 
