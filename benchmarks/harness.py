@@ -147,9 +147,10 @@ def values(rows, key):
 def spread(rows, key):
     """(max - min) / median of the rounds, as a percentage: how far the rounds disagreed."""
     vals = values(rows, key)
-    if len(vals) < 2 or statistics.median(vals) == 0:
+    mid = statistics.median(vals) if len(vals) >= 2 else 0
+    if mid == 0:
         return "-"
-    return f"{100 * (max(vals) - min(vals)) / statistics.median(vals):.0f}%"
+    return f"{100 * (max(vals) - min(vals)) / mid:.0f}%"
 
 
 def median(rows, key):

@@ -95,6 +95,7 @@ pub struct MockWorker {
 impl MockWorker {
     /// Bind `listen` (use port 0 for any free port) and serve on the current runtime.
     pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<MockWorker> {
+        // A queue deep enough for a fresh-connection replay at high concurrency.
         let listener = crate::serve::bind_listener(listen, 4096)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {

@@ -164,16 +164,17 @@ impl Drop for PendingGuard {
 
 type Slot = Arc<Mutex<Option<Conn<TeeBody>>>>;
 
-/// The most connections the kernel holds completed but not yet accepted on a listener
-/// bound by [`bind_listener`], before the clamp to `net.core.somaxconn`.
-pub const MAX_LISTEN_BACKLOG: u32 = 65_535;
+/// The deepest accept queue [`bind_listener`] asks for; the kernel then caps it at
+/// `net.core.somaxconn`.
+const MAX_LISTEN_BACKLOG: u32 = 65_535;
 
 /// Bind a listening socket whose accept queue holds `backlog` completed connections
 /// (the kernel caps it at `net.core.somaxconn`). The queue tokio's `TcpListener::bind`
 /// left (128, as `ss -ltn` showed) is too small for a proxy that a campaign opens
 /// thousands of connections to at once: a connection that finds the queue full has its
-/// SYN dropped, and the client waits a full second for the retransmit. SO_REUSEADDR is set as std does on Unix, so
-/// a restarted proxy can take its port back while old connections sit in TIME_WAIT.
+/// SYN dropped, and the client waits a full second for the retransmit. SO_REUSEADDR is
+/// set as std does on Unix, so a restarted proxy can take its port back while old
+/// connections sit in TIME_WAIT.
 pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -185,8 +186,8 @@ pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> 
     socket.listen(backlog.clamp(1, MAX_LISTEN_BACKLOG))
 }
 
-/// The accept queue a listener bound with `backlog` really has: the kernel's
-/// `net.core.somaxconn` caps it (read from /proc; `None` where it cannot be read).
+/// The accept queue [`bind_listener`] gets for `backlog`: what it asks for, capped by
+/// `net.core.somaxconn` (read from /proc; `None` where it cannot be read).
 pub fn effective_backlog(backlog: u32) -> Option<u32> {
     let cap = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok()?;
     let cap: u32 = cap.trim().parse().ok()?;

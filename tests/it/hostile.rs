@@ -188,7 +188,7 @@ async fn ten_thousand_idle_clients_cost_no_upstream_connections() {
 async fn a_burst_of_new_connections_waits_in_the_accept_queue_instead_of_being_dropped() {
     // With serve stopped (SIGSTOP), the kernel completes handshakes into the listener's
     // accept queue until it is full, then drops SYNs: the client waits a full second for
-    // the retransmit. A queue as deep as std's default (128) fails this at the 130th
+    // the retransmit. The 128-deep queue tokio's bind left fails this at the 130th
     // connection; serve's is as deep as --max-connections, capped by net.core.somaxconn.
     let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .ok()
