@@ -10,7 +10,22 @@ Results are medians over rounds, reported as ratios measured in the same run. A 
 table goes to stdout and to benchmarks/results/<date>-proxy.md.
 
 Environment: DUR (seconds per measurement, default 5), ROUNDS (default 3), CONC (default
-"1,16,64"), SOAK=1 adds the 10-minute soak of serve under 1,000 keep-alive connections.
+"1,16,64"), SOAK=1 adds the 10-minute soak of serve under 1,000 keep-alive connections,
+WRITER=0 skips the writer bench.
+
+Comparing two builds (the re-layout check; see benchmarks/README.md):
+- OLD_BIN=/path/to/old/matrix-proxy adds `serve` of that binary to the proxy table and its
+  `replay` (recording and --no-record) to the generator table, each measured back to back
+  with the new binary's in every round (the order of the two swapped every round), and a
+  "Re-layout check: new / old" section with the ratios;
+- OLD_WRITER_BENCH=/path/to/old/writer-bench-executable runs the old writer bench and the
+  new one (built by `cargo bench --bench writer --no-run`) alternately, WRITER_ROUNDS times
+  each (default 3, at least 3), as `taskset -c 0 <exe> --bench`, and adds their ratios;
+- ONLY=serve:16,replay:64,writer measures only those cells (with the reference targets
+  their rows need), to rerun a noisy cell cheaply; `serve` or `replay` alone means every
+  concurrency in CONC;
+- NEW_BIN (default target/release/matrix-proxy) and NEW_WRITER_BENCH (default: built as
+  above) override the new side.
 """
 
 import datetime
@@ -27,15 +42,51 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target" / "release" / "matrix-proxy"
+BIN = Path(os.environ.get("NEW_BIN") or ROOT / "target" / "release" / "matrix-proxy")
+OLD_BIN = Path(os.environ["OLD_BIN"]) if os.environ.get("OLD_BIN") else None
+OLD_WRITER_BENCH = Path(os.environ["OLD_WRITER_BENCH"]) if os.environ.get("OLD_WRITER_BENCH") else None
 DUR = int(os.environ.get("DUR", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CONC = [int(c) for c in os.environ.get("CONC", "1,16,64").split(",")]
-UP, NGX, HAP, MPX, SOAK = 18080, 18081, 18082, 18083, 18084
+WRITER_ROUNDS = max(3, int(os.environ.get("WRITER_ROUNDS", "3")))
+UP, NGX, HAP, MPX, SOAK, MPX_OLD = 18080, 18081, 18082, 18083, 18084, 18085
+# The re-layout check's acceptance: new / old median >= ACCEPT_RATIO in every cell; a cell
+# whose rounds spread more than NOISY_PCT % on either side is rerun (ONLY=...).
+ACCEPT_RATIO, NOISY_PCT, ACCEPT_ROUNDS = 0.97, 10.0, 5
 BODY = json.dumps({"id": "bench", "object": "chat.completion", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "x" * 880}, "finish_reason": "stop"}]},
     separators=(",", ":"))
 assert "'" not in BODY and len(BODY) < 1100
+
+
+def parse_only(text):
+    """ONLY="serve:16,replay:64,writer" -> {("serve", 16), ("replay", 64), ("writer", None)};
+    None when unset (everything). `serve` or `replay` without `:C` means every c in CONC."""
+    if not text.strip():
+        return None
+    cells = set()
+    for tok in text.replace(" ", "").split(","):
+        if not tok:
+            continue
+        kind, _, c = tok.partition(":")
+        if kind == "writer" and not c:
+            cells.add(("writer", None))
+        elif kind in ("serve", "replay") and not c:
+            cells.update((kind, x) for x in CONC)
+        elif kind in ("serve", "replay") and c.isdigit() and int(c) > 0:
+            cells.add((kind, int(c)))
+        else:
+            sys.exit(f"ONLY: cannot read {tok!r}; expected serve:C, replay:C, serve, replay or writer, comma-separated")
+    return cells
+
+
+ONLY = parse_only(os.environ.get("ONLY", ""))
+if ONLY is None:
+    PROXY_CONC, GEN_CONC, RUN_WRITER = CONC, CONC, True
+else:
+    PROXY_CONC = sorted(c for k, c in ONLY if k == "serve")
+    GEN_CONC = sorted(c for k, c in ONLY if k == "replay")
+    RUN_WRITER = ("writer", None) in ONLY
 
 procs = []
 
@@ -85,7 +136,7 @@ def oha(c, fresh=False):
     return {"rps": j["summary"]["requestsPerSec"]}
 
 
-def replay(c, n, tmp, fresh=False, tag="", record=True):
+def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None):
     plan = {
         "endpoint": f"http://127.0.0.1:{UP}/",
         "connection": "fresh" if fresh else "keep-alive",
@@ -98,7 +149,7 @@ def replay(c, n, tmp, fresh=False, tag="", record=True):
     p = tmp / f"plan-{tag}.json"
     p.write_text(json.dumps(plan))
     out = tmp / f"replay-{tag}"
-    cmd = ["taskset", "-c", "0", str(BIN), "replay", "--quiet", "--out", str(out), str(p)]
+    cmd = ["taskset", "-c", "0", str(binary or BIN), "replay", "--quiet", "--out", str(out), str(p)]
     if not record:
         cmd.insert(5, "--no-record")
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -111,6 +162,53 @@ def replay(c, n, tmp, fresh=False, tag="", record=True):
     shutil.rmtree(out, ignore_errors=True)
     return {"rps": statistics.median(rates), "cpu_share": statistics.median(shares), "warned": warned,
             "rounds": len(rates)}
+
+
+SERVE, SERVE_OLD = "matrix-proxy serve", "matrix-proxy serve, old binary"
+GEN_NAMES = {"replay": "matrix-proxy replay (validating, recording)",
+             "replay norec": "matrix-proxy replay (validating, --no-record)",
+             "replay old": "matrix-proxy replay (validating, recording), old binary",
+             "replay old norec": "matrix-proxy replay (validating, --no-record), old binary",
+             "oha fresh": "oha --disable-keepalive", "replay fresh": "matrix-proxy replay, fresh connections"}
+TAGS = {"replay": "", "replay old": "o", "replay norec": "n", "replay old norec": "no"}
+SHORT = {"replay norec": "replay --no-record", "replay old": "replay-old",
+         "replay old norec": "replay-old --no-record"}
+
+
+def serve_cmd(binary, port, out):
+    return [str(binary), "serve", "--quiet", "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{UP}",
+            "--out", str(out)]
+
+
+def pair(r, new, old):
+    """The new binary's target and, with OLD_BIN, the old one's, back to back; their order
+    swaps every round, so neither always runs right after the other (on serve's core the
+    recorder of the one before may still be busy) nor always first."""
+    if OLD_BIN is None:
+        return [new]
+    return [new, old] if r % 2 == 0 else [old, new]
+
+
+def cpu_ticks(pid):
+    """utime + stime of a process (all its threads), in clock ticks; None when gone."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def settle(proc, quiet_s=0.3, limit_s=10.0):
+    """Wait until a serve process stops using CPU (its recorder has caught up after wrk
+    ended), at most limit_s, so the next target on its core does not pay for it."""
+    deadline = time.monotonic() + limit_s
+    last = cpu_ticks(proc.pid)
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = cpu_ticks(proc.pid)
+        if now == last:
+            return
+        last = now
 
 
 def result_path():
@@ -144,13 +242,19 @@ def values(rows, key):
     return [r[key] for r in rows if r.get(key) is not None]
 
 
-def spread(rows, key):
-    """(max - min) / median of the rounds, as a percentage: how far the rounds disagreed."""
+def spread_pct(rows, key):
+    """(max - min) / median of the rounds, as a percentage: how far the rounds disagreed;
+    None with fewer than two rounds."""
     vals = values(rows, key)
     mid = statistics.median(vals) if len(vals) >= 2 else 0
     if mid == 0:
-        return "-"
-    return f"{100 * (max(vals) - min(vals)) / mid:.0f}%"
+        return None
+    return 100 * (max(vals) - min(vals)) / mid
+
+
+def spread(rows, key):
+    s = spread_pct(rows, key)
+    return "-" if s is None else f"{s:.0f}%"
 
 
 def median(rows, key):
@@ -212,61 +316,86 @@ frontend f
 backend b
   server s1 127.0.0.1:{UP} maxconn 10000
 """)
+    for b in [BIN] + ([OLD_BIN] if OLD_BIN else []):
+        if not (b.is_file() and os.access(b, os.X_OK)):
+            sys.exit(f"no executable matrix-proxy at {b}")
     start(["nginx", "-p", str(tmp), "-c", str(up_conf)], 1, tmp / "logs/up.log")
     start(["nginx", "-p", str(tmp), "-c", str(ngx_conf)], 1, tmp / "logs/ngx.log")
     start(["haproxy", "-f", str(hap_conf)], 1, tmp / "logs/hap.log")
-    serve = start([str(BIN), "serve", "--quiet", "--listen", f"127.0.0.1:{MPX}", "--upstream", f"http://127.0.0.1:{UP}",
-                   "--out", str(tmp / "serve-run")], 1, tmp / "logs/serve.log")
-    for port in (UP, NGX, HAP, MPX):
+    ports = [UP, NGX, HAP]
+    serves = {}  # target name -> its serve process, to let its recorder settle (OLD_BIN only)
+    if PROXY_CONC:
+        serves[SERVE] = start(serve_cmd(BIN, MPX, tmp / "serve-run"), 1, tmp / "logs/serve.log")
+        ports.append(MPX)
+        if OLD_BIN:
+            serves[SERVE_OLD] = start(serve_cmd(OLD_BIN, MPX_OLD, tmp / "serve-old-run"), 1, tmp / "logs/serve-old.log")
+            ports.append(MPX_OLD)
+    for port in ports:
         wait_port(port)
 
     cpu_at_start = cpu_times()
-    targets = [("no proxy", UP), ("nginx", NGX), ("HAProxy", HAP), ("matrix-proxy serve", MPX)]
-    proxy = {(t, c): [] for t, _ in targets for c in CONC}
+    proxy = {}
     for r in range(ROUNDS):
-        for c in CONC:
+        for c in PROXY_CONC:
+            targets = [("no proxy", UP), ("nginx", NGX)]
+            if ONLY is None:  # a rerun of some cells measures the references their rows need
+                targets.append(("HAProxy", HAP))
+            targets += pair(r, (SERVE, MPX), (SERVE_OLD, MPX_OLD))
             for name, port in targets:
-                proxy[(name, c)].append(wrk(port, c))
+                proxy.setdefault((name, c), []).append(wrk(port, c))
                 print(f"round {r + 1}/{ROUNDS} c={c} {name}: {proxy[(name, c)][-1]['rps']:,.0f} req/s", file=sys.stderr)
+                if name in serves and OLD_BIN:
+                    settle(serves[name])
 
-    gen = {(t, c): [] for t in ("wrk", "oha", "replay", "replay norec", "oha fresh", "replay fresh") for c in CONC}
+    gen = {}
+
+    def add(key, c, v):
+        gen.setdefault((key, c), []).append(v)
+        return v
+
     for r in range(ROUNDS):
-        for c in CONC:
-            w = wrk(UP, c)
-            gen[("wrk", c)].append(w)
-            gen[("oha", c)].append(oha(c))
+        for c in GEN_CONC:
+            w = add("wrk", c, wrk(UP, c))
+            add("oha", c, oha(c))
             n = int(w["rps"] * DUR / 2)  # two measured rounds of DUR/2 s each, roughly
-            gen[("replay", c)].append(replay(c, n, tmp, tag=f"{r}-{c}"))
-            gen[("replay norec", c)].append(replay(c, n, tmp, tag=f"n{r}-{c}", record=False))
-            of = oha(c, fresh=True)
-            gen[("oha fresh", c)].append(of)
-            gen[("replay fresh", c)].append(replay(c, int(of["rps"] * DUR / 2), tmp, fresh=True, tag=f"f{r}-{c}"))
-            print(f"round {r + 1}/{ROUNDS} c={c}: wrk {w['rps']:,.0f}, oha {gen[('oha', c)][-1]['rps']:,.0f}, "
-                  f"replay {gen[('replay', c)][-1]['rps']:,.0f}, replay --no-record {gen[('replay norec', c)][-1]['rps']:,.0f}, "
-                  f"oha fresh {of['rps']:,.0f}, "
-                  f"replay fresh {gen[('replay fresh', c)][-1]['rps']:,.0f}", file=sys.stderr)
+            for key, b in pair(r, ("replay", BIN), ("replay old", OLD_BIN)):
+                add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", binary=b))
+            for key, b in pair(r, ("replay norec", BIN), ("replay old norec", OLD_BIN)):
+                add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", record=False, binary=b))
+            if ONLY is None:
+                of = add("oha fresh", c, oha(c, fresh=True))
+                add("replay fresh", c, replay(c, int(of["rps"] * DUR / 2), tmp, fresh=True, tag=f"f{r}-{c}"))
+            print(f"round {r + 1}/{ROUNDS} c={c}: " + ", ".join(
+                f"{SHORT.get(k, k)} {v[-1]['rps']:,.0f}" for (k, cc), v in gen.items() if cc == c), file=sys.stderr)
 
     steal = steal_share(cpu_at_start, cpu_times())
     # The main tables are written before the soak, so a failed soak loses nothing.
-    wb = writer_bench() if os.environ.get("WRITER", "1") == "1" else None
+    wb = wcheck = None
+    if os.environ.get("WRITER", "1") == "1" and RUN_WRITER:
+        if OLD_WRITER_BENCH:
+            wcheck = writer_compare(tmp)
+            wb = wcheck["lines"]
+        else:
+            wb = writer_bench()
     out = result_path()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(report(proxy, gen, None, None, wb, steal)) + "\n")
+    out.write_text("\n".join(report(proxy, gen, None, None, wb, steal, wcheck)) + "\n")
     soak = None
     if os.environ.get("SOAK") == "1":
         soak = run_soak(tmp)
 
-    serve_rows = None
+    serve_rows = {}
     for p in procs:
         p.terminate()
     for p in procs:
         p.wait(timeout=60)
     procs.clear()
-    s = tmp / "serve-run" / "summary.json"
-    if s.exists():
-        serve_rows = json.loads(s.read_text()).get("rows_written")
+    for name, d in ((SERVE, "serve-run"), (SERVE_OLD, "serve-old-run")):
+        s = tmp / d / "summary.json"
+        if s.exists():
+            serve_rows[name] = json.loads(s.read_text()).get("rows_written")
 
-    lines = report(proxy, gen, soak, serve_rows, wb, steal)
+    lines = report(proxy, gen, soak, serve_rows, wb, steal, wcheck)
     text = "\n".join(lines) + "\n"
     print(text)
     out.write_text(text)
@@ -311,74 +440,276 @@ def writer_bench():
                        cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         return [f"writer bench failed: {r.stderr[-500:]}"]
-    lines, name = [], None
-    for l in r.stdout.splitlines():
+    return parse_writer(r.stdout)[0]
+
+
+UNITS = {"elem/s": 1.0, "Kelem/s": 1e3, "Melem/s": 1e6, "Gelem/s": 1e9,
+         "B/s": 1.0, "KiB/s": 1024.0, "MiB/s": 1024.0 ** 2, "GiB/s": 1024.0 ** 3}
+
+
+def parse_writer(stdout):
+    """benchmarks/writer.rs's output -> (summary lines, {measurement: number}): criterion's
+    throughput estimate per bench (exchanges/s, body bytes/s) and the long run's rows/s."""
+    lines, nums, name = [], {}, None
+    for l in stdout.splitlines():
         if l.startswith("long run:"):
             lines.append(l)
+            m = re.search(r"\((\d+) rows/s", l)
+            if m:
+                nums["long run"] = float(m.group(1))
         m = re.match(r"^writer/(.+?)\s*(time:.*)?$", l)
         if m and not l.strip().startswith(("time:", "thrpt:", "change:")):
             name = m.group(1).strip()
-        t = re.search(r"thrpt:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", l)
+        # criterion: "thrpt:  [low unit estimate unit high unit]" (" elem/s" has a space of its own)
+        t = re.search(r"thrpt:\s+\[\s*\S+\s+\S+\s+(\S+)\s+(\S+)\s+\S+\s+\S+\s*\]", l)
         if t and name and "%" not in l:
-            lines.append(f"{name}: {t.group(1)} (criterion's estimate)")
+            v, unit = t.group(1), t.group(2)
+            lines.append(f"{name}: {v} {unit} (criterion's estimate)")
+            if unit in UNITS:
+                nums[name] = float(v) * UNITS[unit]
             name = None
+    return lines, nums
+
+
+def new_writer_exe():
+    """The new writer bench executable: NEW_WRITER_BENCH, else what `cargo bench --bench
+    writer --no-run` builds (its path from cargo's JSON messages, else the newest executable
+    target/release/deps/writer-*)."""
+    if os.environ.get("NEW_WRITER_BENCH"):
+        return Path(os.environ["NEW_WRITER_BENCH"])
+    r = subprocess.run(["cargo", "bench", "--bench", "writer", "--no-run", "--message-format=json"],
+                       cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"cargo bench --bench writer --no-run failed: {r.stderr[-1000:]}")
+    exe = writer_exe_from_cargo_json(r.stdout)
+    if exe is None:
+        deps = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "release" / "deps"
+        found = [x for x in deps.glob("writer-*") if x.is_file() and not x.suffix and os.access(x, os.X_OK)]
+        if not found:
+            sys.exit(f"cannot find the writer bench executable (cargo's JSON names none; none in {deps})")
+        exe = max(found, key=lambda x: x.stat().st_mtime)
+    return exe
+
+
+def writer_exe_from_cargo_json(stdout):
+    """The `executable` of the writer bench in cargo's --message-format=json messages."""
+    exe = None
+    for l in stdout.splitlines():
+        try:
+            j = json.loads(l)
+        except ValueError:
+            continue
+        t = j.get("target") or {}
+        if j.get("reason") == "compiler-artifact" and t.get("name") == "writer" and "bench" in t.get("kind", []) \
+                and j.get("executable"):
+            exe = Path(j["executable"])
+    return exe
+
+
+def writer_compare(tmp):
+    """The old writer bench executable and the new one, alternately (old, new, old, new ...)
+    WRITER_ROUNDS times each, each as cargo bench runs it (`<exe> --bench`) pinned to CPU 0,
+    each side with its own criterion directory (so neither compares against the other)."""
+    exes = {"old": OLD_WRITER_BENCH, "new": new_writer_exe()}
+    for side, exe in exes.items():
+        if not (exe.is_file() and os.access(exe, os.X_OK)):
+            sys.exit(f"no executable {side} writer bench at {exe}")
+    runs, lines, errors = {"old": [], "new": []}, None, []
+    for i in range(WRITER_ROUNDS):
+        for side in ("old", "new"):
+            env = dict(os.environ, CRITERION_HOME=str(tmp / f"criterion-{side}"))
+            r = subprocess.run(["taskset", "-c", "0", str(exes[side]), "--bench"], cwd=ROOT, env=env,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                errors.append(f"{side} writer bench, run {i + 1}, failed ({r.returncode}): {r.stderr[-500:]}")
+                print(errors[-1], file=sys.stderr)
+                continue
+            ls, nums = parse_writer(r.stdout)
+            runs[side].append(nums)
+            if side == "new" and lines is None:
+                lines = ls
+            print(f"writer run {i + 1}/{WRITER_ROUNDS} {side}: " +
+                  ", ".join(f"{k} {v:,.0f}" for k, v in nums.items() if k == "long run" or k.endswith("exchanges")),
+                  file=sys.stderr)
+    return {"exes": exes, "runs": runs, "errors": errors,
+            "lines": (lines or []) + errors}
+
+
+def command():
+    """The command that reproduces this run, with every knob that was set."""
+    env = [f"DUR={DUR}", f"ROUNDS={ROUNDS}"]
+    for k in ("CONC", "ONLY", "WRITER", "WRITER_ROUNDS", "NEW_BIN", "OLD_BIN", "NEW_WRITER_BENCH", "OLD_WRITER_BENCH"):
+        if os.environ.get(k) and not (k == "WRITER" and os.environ[k] == "1"):
+            env.append(f"{k}={os.environ[k]}")
+    if os.environ.get("SOAK") == "1":
+        env.append("SOAK=1")
+    return " ".join(env) + " bash benchmarks/run.sh"
+
+
+def judge(new, old, s_new, s_old):
+    """The flag of one new/old cell: ratio under ACCEPT_RATIO, or a spread over NOISY_PCT."""
+    flags = []
+    if new is None or old is None:
+        return "no data"
+    if new / old < ACCEPT_RATIO:
+        flags.append(f"ratio < {ACCEPT_RATIO}")
+    if (s_new is not None and s_new > NOISY_PCT) or (s_old is not None and s_old > NOISY_PCT):
+        flags.append(f"spread > {NOISY_PCT:.0f} %: rerun")
+    if s_new is None or s_old is None:
+        flags.append("no spread (one round)")
+    return "; ".join(flags) or "ok"
+
+
+def pct(v):
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def check_section(proxy, gen, wcheck):
+    """Re-layout check: new / old, one row per cell, with the flags of the acceptance rule."""
+    lines = ["## Re-layout check: new / old", ""]
+    if OLD_BIN:
+        lines.append(f"New: `{BIN}`; old: `{OLD_BIN}`. Each pair measured back to back in every round (same CPU "
+                     "pinning, same upstream nginx, same recording settings, a run directory each), the order of "
+                     "new and old swapped every round; in the proxy table each serve waits for its recorder to go "
+                     "idle before the next target runs.")
+    if wcheck:
+        if OLD_BIN:
+            lines.append("")
+        lines.append(f"Writer bench: new `{wcheck['exes']['new']}`, old `{wcheck['exes']['old']}`, each run as "
+                     f"`taskset -c 0 <exe> --bench`, alternated old/new, {WRITER_ROUNDS} runs each.")
+    lines += ["", f"**Acceptance: each new/old median ratio >= {ACCEPT_RATIO}; cells with a spread over "
+              f"{NOISY_PCT:.0f} % are rerun** (`ONLY=serve:C,replay:C,writer`, ROUNDS>={ACCEPT_ROUNDS}). "
+              "Rows marked (informative) are not part of the acceptance.", ""]
+    if ROUNDS < ACCEPT_ROUNDS and OLD_BIN:
+        lines += [f"ROUNDS={ROUNDS} < {ACCEPT_ROUNDS}: not an acceptance run.", ""]
+    lines += ["| cell | new median | new spread | old median | old spread | new/old | flag |",
+              "|---|---|---|---|---|---|---|"]
+    noisy, low = [], []
+
+    def row(label, cell, new_rows, old_rows, key="rps", informative=False, d=0):
+        new, old = median(new_rows, key), median(old_rows, key)
+        s_new, s_old = spread_pct(new_rows, key), spread_pct(old_rows, key)
+        flag = judge(new, old, s_new, s_old)
+        if not informative and ("rerun" in flag or "no spread" in flag) and cell:
+            noisy.append(cell)  # noisy, or one round only: measure again before judging
+        elif not informative and "ratio" in flag:
+            low.append(label)
+        ratio = "-" if new is None or old is None else f"{new / old:.3f}"
+        lines.append(f"| {label}{' (informative)' if informative else ''} | {fmt(new, d)} | {pct(s_new)} | "
+                     f"{fmt(old, d)} | {pct(s_old)} | {ratio} | {flag} |")
+
+    if OLD_BIN:
+        for c in PROXY_CONC:
+            row(f"serve c={c}, req/s", f"serve:{c}", proxy.get((SERVE, c), []), proxy.get((SERVE_OLD, c), []))
+        for c in GEN_CONC:
+            row(f"replay c={c}, req/s", f"replay:{c}", gen.get(("replay", c), []), gen.get(("replay old", c), []))
+        for c in GEN_CONC:
+            row(f"replay --no-record c={c}, req/s", f"replay:{c}", gen.get(("replay norec", c), []),
+                gen.get(("replay old norec", c), []), informative=True)
+    if wcheck:
+        names = sorted({k for side in wcheck["runs"].values() for r in side for k in r if k.endswith("exchanges")})
+        for k in names:
+            row(f"writer, {k.rsplit(',', 1)[0]}, exchanges/s", "writer",
+                [r for r in wcheck["runs"]["new"] if k in r], [r for r in wcheck["runs"]["old"] if k in r], key=k)
+        row("writer, long run 1 KiB with back-pressure, rows/s", "writer",
+            [r for r in wcheck["runs"]["new"] if "long run" in r], [r for r in wcheck["runs"]["old"] if "long run" in r],
+            key="long run", informative=True)
+        for e in wcheck["errors"]:
+            lines.append(f"\n{e}")
+    lines.append("")
+    if low:
+        lines += [f"Below {ACCEPT_RATIO} with both spreads within {NOISY_PCT:.0f} % (fails the acceptance): {'; '.join(low)}.", ""]
+    if noisy:
+        cells = ",".join(dict.fromkeys(noisy))
+        keep = ["NEW_BIN", "OLD_BIN"] + (["NEW_WRITER_BENCH", "OLD_WRITER_BENCH", "WRITER_ROUNDS"] if "writer" in noisy else [])
+        env = "".join(f"{k}={os.environ[k]} " for k in keep if os.environ.get(k))
+        lines.append(f"Noisy (or a single round), to rerun: `ONLY={cells} {env}DUR={DUR} "
+                     f"ROUNDS={max(ROUNDS, ACCEPT_ROUNDS)} bash benchmarks/run.sh`.")
+    if not low and not noisy:
+        lines.append("No cell flagged.")
     return lines
 
 
-def report(proxy, gen, soak, serve_rows, wb, steal=None):
+def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
     cpu = ""
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    only = ""
+    if ONLY is not None:
+        only = ("Only the cells " + ", ".join(f"{k}:{c}" if c else k for k, c in sorted(ONLY, key=str)) +
+                " (ONLY), with the reference targets their rows need (no HAProxy, no fresh-connection pair). ")
     lines = [
         f"# {datetime.date.today().isoformat()} — proxy overhead and load generation",
         "",
         f"Machine: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}. "
-        f"Command: `DUR={DUR} ROUNDS={ROUNDS}{' SOAK=1' if os.environ.get('SOAK') == '1' else ''} bash benchmarks/run.sh`. Medians of {ROUNDS} interleaved rounds of {DUR} s. "
+        f"Command: `{command()}`. Medians of {ROUNDS} interleaved rounds of {DUR} s. " + only +
         "Load generator on CPU 0; upstream nginx (1 KiB JSON) and the proxy under test on CPU 1. "
         "matrix-proxy records every exchange (bodies and all columns) in both roles. "
         "Spread: (max - min) / median of a cell's rounds; a wide one says the machine was noisy then. "
         + ("CPU steal time during the measurements (share of all CPU time the hypervisor gave to others): "
            f"{100 * steal:.1f}%." if steal is not None else "CPU steal time: not readable here."),
         "",
-        "## Proxy overhead (wrk -> proxy -> nginx upstream)",
-        "",
-        "| c | target | req/s | spread | vs no proxy | vs nginx | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for c in CONC:
+    if OLD_BIN or wcheck:
+        lines += check_section(proxy, gen, wcheck)
+    if PROXY_CONC:
+        if lines[-1]:
+            lines.append("")
+        lines += [
+            "## Proxy overhead (wrk -> proxy -> nginx upstream)",
+            "",
+            "| c | target | req/s | spread | vs no proxy | vs nginx | p50 ms | p99 ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    for c in PROXY_CONC:
         base = median(proxy[("no proxy", c)], "rps")
         ngx = median(proxy[("nginx", c)], "rps")
-        for t in ("no proxy", "nginx", "HAProxy", "matrix-proxy serve"):
+        for t in ("no proxy", "nginx", "HAProxy", SERVE, SERVE_OLD):
+            if (t, c) not in proxy:
+                continue
             rows = proxy[(t, c)]
             rps = median(rows, "rps")
             lines.append(f"| {c} | {t} | {fmt(rps, 0)} | {spread(rows, 'rps')} | {rps / base:.2f}x | {rps / ngx:.2f}x | "
                          f"{fmt(median(rows, 'p50_ms'), 3)} | {fmt(median(rows, 'p99_ms'), 3)} |")
-    lines += ["", "## Load generation (generator -> nginx upstream)", "",
-              "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
-    for c in CONC:
+    if GEN_CONC:
+        if lines[-1]:
+            lines.append("")
+        lines += ["## Load generation (generator -> nginx upstream)", "",
+                  "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
+    for c in GEN_CONC:
         w = median(gen[("wrk", c)], "rps")
         o = median(gen[("oha", c)], "rps")
-        names = {"replay": "matrix-proxy replay (validating, recording)",
-                 "replay norec": "matrix-proxy replay (validating, --no-record)"}
-        for t in ("wrk", "oha", "replay", "replay norec"):
+        for t in ("wrk", "oha", "replay", "replay old", "replay norec", "replay old norec"):
+            if (t, c) not in gen:
+                continue
             v = median(gen[(t, c)], "rps")
-            lines.append(f"| {c} | {names.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x |")
-        of = median(gen[("oha fresh", c)], "rps")
-        rf = median(gen[("replay fresh", c)], "rps")
-        lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | {spread(gen[('oha fresh', c)], 'rps')} | - | - |")
-        lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | {spread(gen[('replay fresh', c)], 'rps')} | - | {rf / of:.2f}x vs oha fresh |")
-    runs = [x for k, v in gen.items() if k[0].startswith("replay") for x in v]
-    warned = sum(x["warned"] for x in runs)
-    total = sum(x["rounds"] for x in runs)
-    share = statistics.median(x["cpu_share"] for x in runs)
-    lines += ["", f"replay's own reports: median CPU share of its one core {share:.2f}; {warned} of {total} measured "
-              "rounds carry the generator-bound warning (the generator is pinned to one core and saturates it, "
-              "as wrk and oha do)."]
-    if serve_rows is not None:
-        lines += ["", f"serve recorded {serve_rows:,} exchanges during the proxy runs."]
-    if wb:
+            lines.append(f"| {c} | {GEN_NAMES.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x |")
+        if ("oha fresh", c) in gen:
+            of = median(gen[("oha fresh", c)], "rps")
+            rf = median(gen[("replay fresh", c)], "rps")
+            lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | {spread(gen[('oha fresh', c)], 'rps')} | - | - |")
+            lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | {spread(gen[('replay fresh', c)], 'rps')} | - | {rf / of:.2f}x vs oha fresh |")
+    # replay's own reports, of the new binary (the old one's runs are its own matter)
+    runs = [x for k, v in gen.items() if k[0] in ("replay", "replay norec", "replay fresh") for x in v]
+    if runs:
+        warned = sum(x["warned"] for x in runs)
+        total = sum(x["rounds"] for x in runs)
+        share = statistics.median(x["cpu_share"] for x in runs)
+        lines += ["", f"replay's own reports: median CPU share of its one core {share:.2f}; {warned} of {total} measured "
+                  "rounds carry the generator-bound warning (the generator is pinned to one core and saturates it, "
+                  "as wrk and oha do)."]
+    if serve_rows and serve_rows.get(SERVE) is not None:
+        if SERVE_OLD in serve_rows:
+            lines += ["", f"serve recorded {serve_rows[SERVE]:,} exchanges during the proxy runs "
+                      f"(the old binary's serve: {serve_rows[SERVE_OLD]:,})."]
+        else:
+            lines += ["", f"serve recorded {serve_rows[SERVE]:,} exchanges during the proxy runs."]
+    if wb and wcheck:
+        lines += ["", f"## Recorder (`taskset -c 0 {wcheck['exes']['new']} --bench`, the new build's first run)", ""] + \
+                 [f"- {l}" for l in wb]
+    elif wb:
         lines += ["", "## Recorder (`taskset -c 0 cargo bench --bench writer`)", ""] + [f"- {l}" for l in wb]
     if soak and "error" in soak:
         lines += ["", "## Soak", "", "The soak failed: " + soak["error"]]

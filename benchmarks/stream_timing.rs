@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 
 use arrow_array::{Array, BinaryArray, Int64Array, ListArray};
 use matrix_proxy::cli::{self, ReplayArgs};
-use matrix_proxy::mock::{MockConfig, MockWorker, generate_text};
+use matrix_proxy::{MockConfig, MockWorker, generate_text};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
 

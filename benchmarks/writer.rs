@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
 use http::{HeaderMap, HeaderValue, Method};
-use matrix_proxy::record::{ExchangeRecord, Outcome, Phase, Recorder, RecorderOptions, Timings};
+use matrix_proxy::{ExchangeRecord, Outcome, Phase, Recorder, RecorderOptions, Timings};
 
 /// The binary's allocator, so the bench measures what `matrix-proxy` does.
 #[global_allocator]
@@ -173,7 +173,7 @@ fn long_run(rows: u64) -> (u64, f64, Vec<u64>) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let t0 = matrix_proxy::clock::now_ns();
+    let t0 = matrix_proxy::now_ns();
     let mut rss = Vec::new();
     rt.block_on(async {
         for i in 0..rows as i64 {
@@ -186,7 +186,7 @@ fn long_run(rows: u64) -> (u64, f64, Vec<u64>) {
         }
     });
     let stats = rec.finish().expect("finish");
-    let secs = (matrix_proxy::clock::now_ns() - t0) as f64 / 1e9;
+    let secs = (matrix_proxy::now_ns() - t0) as f64 / 1e9;
     (stats.rows, secs, rss)
 }
 

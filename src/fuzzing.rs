@@ -3,8 +3,8 @@
 //! keeps are replayed through the same functions as ordinary tests on stable
 //! (`tests/it/fuzz_corpus.rs`), so a finding stays fixed.
 
+use crate::config::plan::Plan;
 use crate::oracle::{Oracle, Pointer};
-use crate::plan::Plan;
 use crate::sse::{Event, SseParser};
 
 /// Plan parsing and validation: an error or a plan, never a panic.

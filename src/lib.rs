@@ -1,21 +1,43 @@
 //! matrix-proxy: a recording reverse proxy and frozen-plan replayer for model servers.
 //!
-//! One exchange engine (`engine`) and two drivers: `replay` (frozen plans, closed loop)
-//! and, later, `serve` (live traffic). Both hand finished exchanges to the `record`er,
-//! which writes Parquet off the async runtime. See docs/architecture.md for the map.
+//! One exchange engine (`engine`) and two drivers (`drivers::replay`, frozen plans in a
+//! closed loop; `drivers::serve`, live traffic), both handing finished exchanges to the
+//! recorder (`record`), which writes Parquet off the async runtime. Folders are layers:
+//! docs/architecture.md is the map, and `tests/layering.rs` fails on an import against it.
+//!
+//! The public surface is what the binary, `tests/`, `benchmarks/` and `fuzz/` use, named
+//! below; everything else is crate-private.
 #![forbid(unsafe_code)]
 
+mod budget;
+mod clock;
+mod config;
+mod drivers;
+mod engine;
+mod metrics;
+mod mock;
+mod model;
+mod net;
+mod oracle;
+mod record;
+mod redact;
+mod report;
+mod sse;
+
+/// The command line: argument shapes, the commands, exit codes (the binary is a call of
+/// [`cli::main_with_args`]; tests run commands in-process as a user runs them).
 pub mod cli;
-pub mod clock;
-pub mod engine;
+/// Fuzz entry points with their properties (driven by `fuzz/`, replayed by the tests).
 pub mod fuzzing;
-pub mod metrics;
-pub mod mock;
-pub mod oracle;
-pub mod plan;
-pub mod record;
-pub mod replay;
-pub mod rundir;
-pub mod serve;
-pub mod sse;
-pub mod summary;
+
+/// The monotonic clock every duration is measured on (nanoseconds; never 0).
+pub use clock::now_ns;
+/// The built-in OpenAI-compatible mock worker, its latency model, and its deterministic text.
+pub use mock::{MockConfig, MockWorker, generate_text};
+/// The shared vocabulary of a recorded row: its phase, its outcome, its timing columns.
+pub use model::{Outcome, Phase, Timings};
+/// SHA-256 as lower-case hex, as config.json records the plan's hash.
+pub use record::rundir::sha256_hex;
+/// The recorder, for writing exchange rows without a driver (`benchmarks/writer.rs`), and
+/// the name of its ledger file in `exchanges/` (which readers skip).
+pub use record::{ExchangeRecord, LEDGER, Recorder, RecorderOptions};

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::record::Outcome;
+use crate::model::Outcome;
 
 /// What the metrics need of one exchange.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -38,7 +38,7 @@ pub struct StreamSample {
 }
 
 impl StreamSample {
-    pub fn from_columns(c: &crate::record::StreamColumns) -> StreamSample {
+    pub fn from_columns(c: &crate::model::StreamColumns) -> StreamSample {
         StreamSample {
             ttft_us: c.ttft_us,
             tpot_us: c.tpot_us,

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use matrix_proxy::MockConfig;
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::MockConfig;
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -27,7 +27,7 @@ async fn serve_accounts_for_every_request_under_a_fault_mix() {
     args.part_rows = 5_000;
     let serve = Serve::start(args).await;
     let addr = serve.addr;
-    let started = matrix_proxy::clock::now_ns();
+    let started = matrix_proxy::now_ns();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         tasks.push(tokio::spawn(async move {
@@ -70,7 +70,7 @@ async fn serve_accounts_for_every_request_under_a_fault_mix() {
             *seen.entry(k).or_default() += v;
         }
     }
-    let took = (matrix_proxy::clock::now_ns() - started) as f64 / 1e9;
+    let took = (matrix_proxy::now_ns() - started) as f64 / 1e9;
     let out = serve.out.clone();
     assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
     let total = (CLIENTS * PER_CLIENT) as u64;

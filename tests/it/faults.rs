@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::{MockConfig, generate_text};
+use matrix_proxy::{MockConfig, generate_text};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -59,12 +59,12 @@ async fn each_mock_fault_is_recorded_with_its_outcome() {
     });
     let path = write_plan(tmp.path(), "faults.json", &plan);
     let out = tmp.path().join("run");
-    let started_ns = matrix_proxy::clock::now_ns();
+    let started_ns = matrix_proxy::now_ns();
     assert_eq!(
         replay(replay_args(&path, &out)).await.unwrap(),
         Exit::Failure
     );
-    let took = Duration::from_nanos(matrix_proxy::clock::now_ns() - started_ns);
+    let took = Duration::from_nanos(matrix_proxy::now_ns() - started_ns);
     assert!(took < Duration::from_secs(30), "took {took:?}");
 
     let rows = Rows::read(&out);

@@ -103,7 +103,7 @@ async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
         tcp.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
             .await
             .unwrap();
-        let started = matrix_proxy::clock::now_ns();
+        let started = matrix_proxy::now_ns();
         // One header byte every 100 ms, for up to 5 s.
         for _ in 0..50 {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -118,7 +118,7 @@ async fn a_slowloris_client_is_cut_off_at_the_header_read_timeout() {
                 break;
             }
         }
-        Duration::from_nanos(matrix_proxy::clock::now_ns() - started)
+        Duration::from_nanos(matrix_proxy::now_ns() - started)
     });
     // Meanwhile, a well-behaved client is served.
     let mut c = Client::connect(addr).await;

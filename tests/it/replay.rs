@@ -281,7 +281,7 @@ async fn seed_fixture_runs_unchanged_with_22_posts_and_1_get() {
         config["extra"]["endpoint_override"],
         json!(peer.url("/v1/systemone"))
     );
-    let sha = matrix_proxy::rundir::sha256_hex(
+    let sha = matrix_proxy::sha256_hex(
         &std::fs::read("tests/fixtures/serving_matrix.example.json").unwrap(),
     );
     assert_eq!(config["plan_sha256"], json!(sha));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::{MockConfig, MockWorker};
+use matrix_proxy::{MockConfig, MockWorker};
 use serde_json::{Value, json};
 
 use crate::support::*;

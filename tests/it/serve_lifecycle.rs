@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use matrix_proxy::mock::MockConfig;
+use matrix_proxy::MockConfig;
 use serde_json::json;
 
 use crate::support::*;
@@ -160,9 +160,9 @@ async fn exchanges_still_running_at_the_end_of_the_grace_period_are_cut_and_reco
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     p.signal("-TERM");
-    let started = matrix_proxy::clock::now_ns();
+    let started = matrix_proxy::now_ns();
     assert_eq!(p.wait().await, Some(130));
-    let took = Duration::from_nanos(matrix_proxy::clock::now_ns() - started);
+    let took = Duration::from_nanos(matrix_proxy::now_ns() - started);
     assert!(
         took < Duration::from_secs(5),
         "the grace period bounds the stop ({took:?})"

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use matrix_proxy::cli::Exit;
-use matrix_proxy::mock::{MockConfig, generate_text};
+use matrix_proxy::{MockConfig, generate_text};
 use serde_json::{Value, json};
 
 use crate::support::*;

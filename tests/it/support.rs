@@ -260,7 +260,7 @@ pub fn part_files(run: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(run.join("exchanges"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap() != matrix_proxy::record::LEDGER)
+        .filter(|p| p.file_name().unwrap() != matrix_proxy::LEDGER)
         .collect();
     v.sort();
     v
@@ -270,7 +270,7 @@ impl Rows {
     pub fn read(run: &Path) -> Rows {
         let files: Vec<PathBuf> = part_files(run)
             .into_iter()
-            .filter(|f| f.file_name().unwrap() != matrix_proxy::record::LEDGER)
+            .filter(|f| f.file_name().unwrap() != matrix_proxy::LEDGER)
             .collect();
         for f in &files {
             let name = f.file_name().unwrap().to_string_lossy().into_owned();
@@ -622,8 +622,8 @@ pub async fn serve_address(out: &Path) -> SocketAddr {
 }
 
 /// The built-in mock worker on a free loopback port.
-pub async fn start_mock(config: matrix_proxy::mock::MockConfig) -> matrix_proxy::mock::MockWorker {
-    matrix_proxy::mock::MockWorker::start("127.0.0.1:0".parse().unwrap(), config)
+pub async fn start_mock(config: matrix_proxy::MockConfig) -> matrix_proxy::MockWorker {
+    matrix_proxy::MockWorker::start("127.0.0.1:0".parse().unwrap(), config)
         .await
         .unwrap()
 }

@@ -10,14 +10,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
 
+mod replay;
+
+pub use replay::replay_cmd;
+
 use crate::clock;
-use crate::engine::{Engine, TlsOptions};
+use crate::config::plan::Plan;
+use crate::drivers::RunContext;
+use crate::engine::Engine;
 use crate::mock::{MockConfig, MockWorker};
-use crate::plan::{Endpoint, Plan, Scheme};
-use crate::replay::{self, ReplayOptions};
-use crate::rundir::{self, RunDir, RunDirError};
-use crate::summary;
-use crate::summary::Ending;
+use crate::model::{ConnectionPolicy, Endpoint, Outcome, Scheme};
+use crate::net::tls::TlsOptions;
+use crate::record::RecorderOptions;
+use crate::record::rundir::{self, RunDir, RunDirError};
+use crate::redact::Redaction;
+use crate::report::{self, Ending, ServeStats, config_json};
 
 /// Exit codes, the same for every command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,8 +127,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub upstream_ca: Option<PathBuf>,
     /// When the recorder's queue is full: wait (`block`) or drop the row and count it.
-    #[arg(long, value_enum, default_value_t = crate::serve::OnRecordFull::Block)]
-    pub on_record_full: crate::serve::OnRecordFull,
+    #[arg(long, value_enum, default_value_t = OnRecordFull::Block)]
+    pub on_record_full: OnRecordFull,
     /// Roll to a new Parquet part after this many rows.
     #[arg(long, default_value_t = 100_000)]
     pub part_rows: usize,
@@ -152,6 +159,31 @@ pub struct ServeArgs {
     /// No live counters.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// `--on-record-full`: what serve does when the recorder's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnRecordFull {
+    /// Wait for the writer (back-pressure on the finished exchange, never on the response).
+    Block,
+    /// Drop the row and count it (the count is printed and kept in summary.json).
+    Drop,
+}
+
+impl OnRecordFull {
+    fn policy(self) -> crate::drivers::serve::OnRecordFull {
+        match self {
+            OnRecordFull::Block => crate::drivers::serve::OnRecordFull::Block,
+            OnRecordFull::Drop => crate::drivers::serve::OnRecordFull::Drop,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            OnRecordFull::Block => "block",
+            OnRecordFull::Drop => "drop",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -430,196 +462,6 @@ fn run_id(now_us: i64) -> String {
     )
 }
 
-/// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
-pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
-    // 1. Everything that can be wrong with the input is checked before any output exists.
-    let (plan_bytes, mut plan) = load_plan(&args.plan)?;
-    // Hash the binary off the runtime's threads (config.json records it).
-    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-    let endpoint_override = match &args.endpoint {
-        Some(url) => {
-            Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?)
-        }
-        None => None,
-    };
-    let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
-        (Some(n), _) => (Some(n.clone()), "--bearer-token-env"),
-        (None, Some(n)) => (Some(n.clone()), "the plan's auth.bearer_token_env"),
-        (None, None) => (None, ""),
-    };
-    let bearer_token = match &token_env {
-        Some(n) => Some(read_token(n, token_source)?),
-        None => None,
-    };
-    if let Some(ep) = &endpoint_override {
-        plan.override_endpoint(ep);
-    }
-    let need_tls = !args.mock_worker
-        && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
-    if args.part_rows == 0 {
-        return Err(usage("--part-rows must be at least 1"));
-    }
-    seconds("--part-seconds", args.part_seconds)?;
-    let engine = Engine::new(
-        need_tls,
-        &TlsOptions {
-            ca_file: args.ca_cert.clone(),
-        },
-    )
-    .map_err(usage)?;
-    let started_at_us = clock::wall_now_us();
-    let out = match &args.out {
-        Some(p) => p.clone(),
-        None => {
-            let stem = args
-                .plan
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "plan".into());
-            PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
-        }
-    };
-
-    // 2. The mock worker, when asked for, replaces the plan's origin.
-    let mock_config = MockConfig::default();
-    let mock = if args.mock_worker {
-        let m = MockWorker::start(
-            "127.0.0.1:0"
-                .parse()
-                .map_err(|_| tool("bad mock address"))?,
-            mock_config.clone(),
-        )
-        .await
-        .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
-        let origin = Endpoint::parse(&m.url()).map_err(tool)?;
-        plan.override_origin(&origin);
-        Some(m)
-    } else {
-        None
-    };
-
-    // 3. The run directory (a default name that is taken gets a -2, -3, ... suffix, so
-    // the demo command can be run again and again; an explicit --out is never reused).
-    let dir = create_run_dir(&out, args.out.is_none())?;
-    dir.write_file("plan.json", &plan_bytes)
-        .map_err(|e| tool(e.to_string()))?;
-    let rid = run_id(started_at_us);
-    let extra = serde_json::json!({
-        "endpoint_override": args.endpoint,
-        "mock_worker": mock.as_ref().map(|m| serde_json::json!({
-            "url": m.url(),
-            "prefill_ms": mock_config.prefill_ms,
-            "per_token_ms": mock_config.per_token_ms,
-            "max_batch": mock_config.max_batch,
-            "default_max_tokens": mock_config.default_max_tokens,
-        })),
-        "auth": {
-            "bearer_token_env": token_env,
-            "bearer_token_sent": bearer_token.is_some(),
-        },
-        "recording": {
-            "exchanges": !args.no_record,
-            "max_record_body_bytes": args.max_record_body,
-            "redacted_headers": crate::record::DEFAULT_REDACT_HEADERS,
-            "redacted_query_parameters": crate::record::DEFAULT_REDACT_QUERY,
-        },
-    });
-    let run_t0_ns = clock::now_ns();
-    let mut config = replay::config_json(
-        &plan,
-        &rid,
-        &args.plan.display().to_string(),
-        &rundir::sha256_hex(&plan_bytes),
-        started_at_us,
-        run_t0_ns,
-        extra,
-    );
-    dir.write_json("config.json", &config)
-        .map_err(|e| tool(e.to_string()))?;
-    if !args.quiet {
-        eprintln!(
-            "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
-            args.plan.display(),
-            plan.endpoint.url(),
-            plan.planned_requests(),
-            plan.connection.as_str(),
-            dir.path.display()
-        );
-    }
-
-    // 4. The run.
-    let result = replay::run(
-        ReplayOptions {
-            plan: plan.clone(),
-            run_t0_ns,
-            run_id: rid,
-            bearer_token,
-            max_record_body: args.max_record_body,
-            quiet: args.quiet,
-            part_rows: args.part_rows,
-            part_seconds: args.part_seconds,
-            record_exchanges: !args.no_record,
-        },
-        engine,
-        &dir,
-        interrupt,
-    )
-    .await
-    .map_err(|e| tool(e.to_string()))?;
-    if let Some(m) = mock {
-        m.shutdown().await;
-    }
-
-    // 5. Reports. Each is written even if an earlier step failed, so nothing is lost.
-    let mut problems = Vec::new();
-    if let Err(e) = summary::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds)
-    {
-        problems.push(format!("rounds.parquet: {e}"));
-    }
-    let mut summary_v = result.summary.clone();
-    summary_v["rows_written"] = serde_json::json!(result.rows_written);
-    if let Some(e) = &result.record_error {
-        summary_v["record_error"] = serde_json::json!(e.to_string());
-    }
-    if let Err(e) = dir.write_json("summary.json", &summary_v) {
-        problems.push(e.to_string());
-    }
-    config["finished_at"] = serde_json::json!(clock::iso_utc(clock::wall_now_us()));
-    if let Err(e) = dir.write_json("config.json", &config) {
-        problems.push(e.to_string());
-    }
-    if !args.quiet {
-        print!("{}", result.table);
-        if args.no_record {
-            eprintln!(
-                "matrix-proxy: recording off (--no-record): no exchanges written; reports in {}",
-                dir.path.display()
-            );
-        } else {
-            eprintln!(
-                "matrix-proxy: {} exchanges recorded in {}",
-                result.rows_written,
-                dir.path.display()
-            );
-        }
-    }
-    if let Some(e) = result.record_error {
-        problems.insert(0, e.to_string());
-    }
-    if !problems.is_empty() {
-        return Err(tool(format!(
-            "{} (what was written is kept in {})",
-            problems.join("; "),
-            dir.path.display()
-        )));
-    }
-    Ok(match result.ending {
-        Ending::Passed => Exit::Ok,
-        Ending::Failed => Exit::Failure,
-        Ending::Interrupted => Exit::Interrupted,
-    })
-}
-
 pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     let m = MockWorker::start(args.listen, args.config())
         .await
@@ -644,46 +486,21 @@ fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
     std::time::Duration::try_from_secs_f64(v).map_err(|_| usage(format!("{flag} {v} is too large")))
 }
 
-fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, CliError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| {
-            usage(format!(
-                "--tls-cert {}: not PEM certificates: {e}",
-                cert.display()
-            ))
-        })?;
-    if certs.is_empty() {
-        return Err(usage(format!(
-            "--tls-cert {}: contains no PEM certificate",
-            cert.display()
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-        usage(format!(
-            "--tls-key {}: no usable PEM private key: {e}",
-            key.display()
-        ))
-    })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tool(format!("tls configuration: {e}")))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| usage(format!("--tls-cert/--tls-key: {e}")))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+/// Every flag of `serve` checked, and the TLS and engine set-ups built, before anything
+/// is bound or created.
+struct ServeInput {
+    upstream: Endpoint,
+    upstream_timeout: std::time::Duration,
+    upstream_idle_timeout: std::time::Duration,
+    grace: std::time::Duration,
+    part_seconds: std::time::Duration,
+    redaction: Redaction,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    engine: Engine,
+    nofile: u64,
 }
 
-/// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
-pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
-    use crate::record::{Recorder, RecorderOptions, Redaction};
-    use crate::serve::{self, ServeOptions};
-    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
+fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
     let upstream = Endpoint::parse(&args.upstream)
         .map_err(|m| usage(format!("--upstream '{}' {m}", args.upstream)))?;
     if upstream.path_and_query.contains('?') {
@@ -709,7 +526,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         .query
         .extend(args.redact_query.iter().map(|q| q.to_ascii_lowercase()));
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+        (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
         _ => None,
     };
     let engine = Engine::new(
@@ -731,11 +548,39 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             args.max_connections
         );
     }
+    Ok(ServeInput {
+        upstream,
+        upstream_timeout,
+        upstream_idle_timeout,
+        grace,
+        part_seconds,
+        redaction,
+        tls,
+        engine,
+        nofile,
+    })
+}
+
+/// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
+pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+    use crate::drivers::serve::{self, ServeOptions};
+    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
+    let ServeInput {
+        upstream,
+        upstream_timeout,
+        upstream_idle_timeout,
+        grace,
+        part_seconds,
+        redaction,
+        tls,
+        engine,
+        nofile,
+    } = check_serve(&args)?;
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.
     let backlog = u32::try_from(args.max_connections).unwrap_or(u32::MAX);
-    let listener = serve::bind_listener(args.listen, backlog)
+    let listener = crate::net::listener::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
     let started_at_us = clock::wall_now_us();
@@ -748,65 +593,31 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     rec_opts.part_rows = args.part_rows;
     rec_opts.part_seconds = part_seconds.as_secs_f64();
     rec_opts.queue_rows = args.record_queue.max(1);
-    rec_opts.metadata = vec![("matrix_proxy.run_id".into(), rid.clone())];
     rec_opts.redaction = redaction.clone();
     let policy = match args.upstream_connection {
-        UpstreamConnection::Pinned => crate::plan::ConnectionPolicy::KeepAlive,
-        UpstreamConnection::Fresh => crate::plan::ConnectionPolicy::Fresh,
+        UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
+        UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
-    let mut config = serde_json::json!({
-        "run_id": rid,
-        "command": "serve",
-        "tool": {
-            "name": "matrix-proxy",
-            "version": env!("CARGO_PKG_VERSION"),
-            "binary_sha256": rundir::binary_sha256(),
-        },
-        "started_at": clock::iso_utc(started_at_us),
-        "finished_at": serde_json::Value::Null,
-        "host": rundir::host_identity(),
-        "listen": listen_addr.to_string(),
-        "tls": tls.is_some(),
-        "upstream": upstream.url(),
-        "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
-        "upstream_timeout_seconds": args.upstream_timeout,
-        "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
-        "grace_seconds": args.grace_seconds,
-        "limits": {
-            "max_header_bytes": args.max_header_bytes,
-            "header_read_timeout_seconds": args.header_read_timeout,
-            "max_connections": args.max_connections,
-            "listen_backlog": serve::effective_backlog(backlog),
-            "open_file_limit": nofile,
-        },
-        "rewrite_host": args.rewrite_host,
-        "schema_version": crate::record::SCHEMA_VERSION,
-        "recording": {
-            "max_record_body_bytes": args.max_record_body,
-            "record_memory_bytes": args.record_memory,
-            "on_record_full": match args.on_record_full { serve::OnRecordFull::Block => "block", serve::OnRecordFull::Drop => "drop" },
-            "part_rows": args.part_rows,
-            "part_seconds": args.part_seconds,
-            "redacted_headers": redaction.headers.iter().map(|h| h.as_str().to_string()).collect::<Vec<_>>(),
-            "redacted_query_parameters": redaction.query,
-        },
-        "clock": "durations: one monotonic clock (std::time::Instant); started_at: wall clock, UTC",
-        "timers": {
-            "t0": "the client's request head has been parsed",
-            "connect_us": "upstream TCP connected; null on a reused upstream connection",
-            "tls_us": "upstream TLS handshake done; null for plain HTTP or reuse",
-            "request_sent_us": "last request byte written upstream before the response head",
-            "first_byte_us": "first response byte read from the upstream",
-            "first_body_us": "first response body byte from the upstream",
-            "total_us": "last response body byte from the upstream (for failures: when detected)",
-            "downstream_done_us": "last response byte handed to the client connection",
-        },
-    });
+    let fields = serve_config_fields(
+        &args,
+        &upstream,
+        tls.is_some(),
+        &redaction,
+        listen_addr,
+        backlog,
+        nofile,
+    );
+    let mut config = config_json::config_json(
+        "serve",
+        &rid,
+        started_at_us,
+        fields,
+        config_json::serve_timers(),
+    );
     dir.write_json("config.json", &config)
         .map_err(|e| tool(e.to_string()))?;
-    let recorder = Arc::new(
-        Recorder::start(rec_opts)
-            .map_err(|e| tool(format!("cannot start the writer thread: {e}")))?,
+    let run = Arc::new(
+        RunContext::start(&rid, clock::now_ns(), rec_opts).map_err(|e| tool(e.to_string()))?,
     );
     if !args.quiet {
         eprintln!(
@@ -827,9 +638,8 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         record_memory: args.record_memory,
         rewrite_host: args.rewrite_host,
         tls,
-        on_record_full: args.on_record_full,
+        on_record_full: args.on_record_full.policy(),
         grace,
-        run_id: rid,
         stats_interval: if args.quiet {
             None
         } else {
@@ -840,29 +650,35 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
         max_connections: args.max_connections,
     };
-    let (mut stats, recorder) = serve::run(listener, opts, engine, recorder, interrupt).await;
-    let writer = tokio::task::spawn_blocking(move || recorder.finish())
-        .await
-        .map_err(|e| tool(format!("writer join: {e}")))?;
-    let (rows, mut problems) = match writer {
-        Ok(w) => (w.rows, Vec::new()),
-        Err(e) => (0, vec![e.to_string()]),
-    };
-    if let Some(e) = &stats.record_error {
-        problems.push(e.to_string());
-    }
-    match crate::record::read_ok_totals(&dir.path.join("exchanges")) {
+    let mut stats = serve::run(listener, opts, engine, run.clone(), interrupt).await;
+    let recording = run.finish_recording().await;
+    let rows = recording.rows;
+    let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
+    stats.record_error = recording.problems.first().cloned();
+    match crate::record::read::read_ok_totals(&dir.path.join("exchanges")) {
         Ok(totals) => stats.ok_total = crate::metrics::Percentiles::of(totals),
         Err(e) => problems.push(format!("reading the recorded rows back: {e}")),
     }
-    let summary = summary::serve_summary_json(&stats, rows);
+    let summary = report::serve_summary_json(&stats, rows);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
     }
-    config["finished_at"] = serde_json::json!(clock::iso_utc(clock::wall_now_us()));
+    config_json::finished(&mut config);
     if let Err(e) = dir.write_json("config.json", &config) {
         problems.push(e.to_string());
     }
+    serve_stopped(&args, &stats, rows, &dir, problems)
+}
+
+/// What a stopped serve prints, and its exit: 130 (stopped by a signal) unless writing
+/// failed.
+fn serve_stopped(
+    args: &ServeArgs,
+    stats: &ServeStats,
+    rows: u64,
+    dir: &RunDir,
+    problems: Vec<String>,
+) -> Result<Exit, CliError> {
     if !args.quiet || stats.dropped_rows > 0 {
         eprintln!(
             "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",
@@ -882,9 +698,46 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     Ok(Exit::Interrupted)
 }
 
+/// serve's own keys of config.json.
+fn serve_config_fields(
+    args: &ServeArgs,
+    upstream: &Endpoint,
+    tls: bool,
+    redaction: &Redaction,
+    listen_addr: SocketAddr,
+    backlog: u32,
+    nofile: u64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "listen": listen_addr.to_string(),
+        "tls": tls,
+        "upstream": upstream.url(),
+        "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
+        "upstream_timeout_seconds": args.upstream_timeout,
+        "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
+        "grace_seconds": args.grace_seconds,
+        "limits": {
+            "max_header_bytes": args.max_header_bytes,
+            "header_read_timeout_seconds": args.header_read_timeout,
+            "max_connections": args.max_connections,
+            "listen_backlog": crate::net::listener::effective_backlog(backlog),
+            "open_file_limit": nofile,
+        },
+        "rewrite_host": args.rewrite_host,
+        "recording": {
+            "max_record_body_bytes": args.max_record_body,
+            "record_memory_bytes": args.record_memory,
+            "on_record_full": args.on_record_full.as_str(),
+            "part_rows": args.part_rows,
+            "part_seconds": args.part_seconds,
+            "redacted_headers": redaction.headers.iter().map(|h| h.as_str().to_string()).collect::<Vec<_>>(),
+            "redacted_query_parameters": redaction.query,
+        },
+    })
+}
+
 /// The `summarize` command: rebuild rounds.parquet and summary.json from exchanges/.
 pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
-    use crate::record::Outcome;
     let config_path = dir.join("config.json");
     let config: serde_json::Value = std::fs::read(&config_path)
         .map_err(|e| {
@@ -897,7 +750,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
             serde_json::from_slice(&b)
                 .map_err(|e| usage(format!("{}: not valid JSON: {e}", config_path.display())))
         })?;
-    let facts = crate::record::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
+    let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
     let run = RunDir {
         path: dir.to_path_buf(),
     };
@@ -917,7 +770,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
             }
             let plan = Plan::from_json_bytes(&plan_bytes)
                 .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-            let (rounds, excluded, failures) = summary::rounds_from_rows(&plan, &facts);
+            let (rounds, excluded, failures) = report::rounds_from_rows(&plan, &facts);
             let ending = if !finished {
                 Ending::Interrupted
             } else if failures > 0 {
@@ -925,15 +778,15 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
             } else {
                 Ending::Passed
             };
-            let aggs = summary::aggregates(&plan, &rounds);
-            let mut s = summary::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
+            let aggs = report::aggregates(&plan, &rounds);
+            let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
             s["rows_written"] = serde_json::json!(facts.len());
             s["rebuilt_from_exchanges"] = serde_json::json!(true);
-            summary::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
+            report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
             run.write_json("summary.json", &s)
                 .map_err(|e| tool(e.to_string()))?;
             if !quiet {
-                print!("{}", summary::table(&plan, &rounds, &aggs, &excluded));
+                print!("{}", report::table(&plan, &rounds, &aggs, &excluded));
             }
             eprintln!(
                 "matrix-proxy: rebuilt {} round(s) from {} rows in {}{}",
@@ -953,7 +806,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
             })
         }
         Some("serve") => {
-            let mut stats = crate::serve::ServeStats::default();
+            let mut stats = ServeStats::default();
             let mut ok = Vec::new();
             for f in &facts {
                 stats.requests += 1;
@@ -972,7 +825,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
                 .as_ref()
                 .and_then(|p| p["dropped_rows"].as_u64())
                 .unwrap_or(0);
-            let mut s = summary::serve_summary_json(&stats, facts.len() as u64);
+            let mut s = report::serve_summary_json(&stats, facts.len() as u64);
             s["rebuilt_from_exchanges"] = serde_json::json!(true);
             if !finished {
                 s["ending"] = serde_json::json!("crashed");
@@ -1009,7 +862,7 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
             dir.display()
         )));
     }
-    let r = crate::record::recover(dir).map_err(tool)?;
+    let r = crate::record::recover::recover(dir).map_err(tool)?;
     let report = serde_json::json!({
         "quarantined": r.quarantined.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "rows_lost": r.rows_lost,

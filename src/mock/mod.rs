@@ -96,7 +96,7 @@ impl MockWorker {
     /// Bind `listen` (use port 0 for any free port) and serve on the current runtime.
     pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<MockWorker> {
         // A queue deep enough for a fresh-connection replay at high concurrency.
-        let listener = crate::serve::bind_listener(listen, 4096)?;
+        let listener = crate::net::listener::bind_listener(listen, 4096)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             batch: Arc::new(Semaphore::new(config.max_batch.max(1))),

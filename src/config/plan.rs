@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
+use crate::model::{ConnectionPolicy, Endpoint};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
 /// The provenance keys every plan must carry with a non-blank string value.
@@ -135,132 +136,6 @@ impl fmt::Display for PlanError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
-    Http,
-    Https,
-}
-
-impl Scheme {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scheme::Http => "http",
-            Scheme::Https => "https",
-        }
-    }
-}
-
-/// A validated http(s) URL: no credentials, no fragment, a host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    pub scheme: Scheme,
-    /// Host to connect to (IPv6 without brackets).
-    pub host: String,
-    pub port: u16,
-    /// `Host` header value: the authority as written in the URL.
-    pub authority: String,
-    /// Origin-form request target, `/path?query`.
-    pub path_and_query: String,
-}
-
-impl Endpoint {
-    pub fn parse(s: &str) -> Result<Endpoint, String> {
-        if s.contains('#') {
-            return Err("must not contain a fragment ('#')".into());
-        }
-        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("must not contain whitespace or control characters".into());
-        }
-        let uri: http::Uri = s
-            .parse()
-            .map_err(|e| format!("is not a valid absolute URL ({e})"))?;
-        let scheme = match uri.scheme_str() {
-            Some("http") => Scheme::Http,
-            Some("https") => Scheme::Https,
-            Some(other) => {
-                return Err(format!(
-                    "scheme '{other}' is not supported; use http or https"
-                ));
-            }
-            None => return Err("must be an absolute http:// or https:// URL".into()),
-        };
-        let authority = uri
-            .authority()
-            .ok_or_else(|| "must name a host".to_string())?
-            .as_str()
-            .to_string();
-        if authority.contains('@') {
-            return Err(
-                "must not contain credentials (user:pass@); use auth.bearer_token_env for a token"
-                    .into(),
-            );
-        }
-        let host = uri.host().unwrap_or("");
-        if host.is_empty() {
-            return Err("must name a host".into());
-        }
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = uri.port_u16().unwrap_or(match scheme {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
-        });
-        let path_and_query = uri
-            .path_and_query()
-            .map(|p| p.as_str().to_string())
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "/".to_string());
-        Ok(Endpoint {
-            scheme,
-            host,
-            port,
-            authority,
-            path_and_query,
-        })
-    }
-
-    pub fn url(&self) -> String {
-        format!(
-            "{}://{}{}",
-            self.scheme.as_str(),
-            self.authority,
-            self.path_and_query
-        )
-    }
-
-    /// The same origin with another origin-form target.
-    pub fn with_path(&self, path_and_query: &str) -> Endpoint {
-        Endpoint {
-            path_and_query: path_and_query.to_string(),
-            ..self.clone()
-        }
-    }
-
-    /// This endpoint's path on `origin`'s scheme, host and port.
-    pub fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
-        origin.with_path(&self.path_and_query)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionPolicy {
-    /// A new connection for every request (connect, and TLS without resumption, in every sample).
-    Fresh,
-    /// Each worker owns one connection and reopens it only when the peer closed it.
-    KeepAlive,
-}
-
-impl ConnectionPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConnectionPolicy::Fresh => "fresh",
-            ConnectionPolicy::KeepAlive => "keep-alive",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnFailure {
     /// The first failure stops new dispatch; admitted requests drain; later phases are skipped.
     Stop,
@@ -313,6 +188,8 @@ pub struct Plan {
     pub warmup_per_case: usize,
     pub timeout_seconds: f64,
     pub timeout: Duration,
+    /// Provenance (presence checked, truth not); kept with the plan for the reports.
+    #[allow(dead_code)]
     pub metadata: Map<String, Value>,
     pub connection: ConnectionPolicy,
     pub on_failure: OnFailure,
@@ -998,6 +875,30 @@ impl Validator {
                     })
             }
         };
+        let (oracle, oracle_ok) = self.oracle(m, path, inherited_ignore);
+        ok &= oracle_ok;
+        if !ok {
+            return None;
+        }
+        Some(Variant {
+            name,
+            body: body?,
+            content_type: content_type?,
+            oracle: oracle?,
+        })
+    }
+
+    /// The one oracle of a request (`expected_response`, `expected_response_text`, or a
+    /// streaming oracle), with the rules that tie it to `expected_usage`, `ignore_paths`
+    /// and a streaming request. The flag is false when a rule failed even if an oracle
+    /// was built.
+    fn oracle(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        inherited_ignore: &[Pointer],
+    ) -> (Option<Oracle>, bool) {
+        let mut ok = true;
         let primaries: Vec<&str> = ORACLE_FIELDS
             .iter()
             .copied()
@@ -1075,15 +976,7 @@ impl Validator {
             }
             _ => self.stream_oracle(m, path, inherited_ignore),
         };
-        if !ok {
-            return None;
-        }
-        Some(Variant {
-            name,
-            body: body?,
-            content_type: content_type?,
-            oracle: oracle?,
-        })
+        (oracle, ok)
     }
 
     /// `expected_stream_text` or `expected_events`, with optional `expected_usage`.
@@ -1203,7 +1096,7 @@ impl Validator {
                 ok = false;
                 continue;
             };
-            if crate::record::DEFAULT_REDACT_HEADERS.contains(&name.as_str()) {
+            if crate::redact::DEFAULT_REDACT_HEADERS.contains(&name.as_str()) {
                 self.err(
                     &p,
                     "carries a secret, and the plan is copied into every run directory; use auth.bearer_token_env (or --bearer-token-env) for a bearer token",

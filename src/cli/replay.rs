@@ -1,0 +1,281 @@
+//! The `replay` command, step by step: check every input before any output exists,
+//! start the mock worker when asked, create the run directory and config.json, run, and
+//! write the reports (each even if an earlier one failed, so nothing is lost).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::{
+    CliError, Exit, ReplayArgs, create_run_dir, load_plan, read_token, run_id, seconds, tool, usage,
+};
+use crate::clock;
+use crate::config::plan::Plan;
+use crate::drivers::replay::{self, ReplayOptions};
+use crate::drivers::{RecordingEnd, RunContext};
+use crate::engine::Engine;
+use crate::mock::{MockConfig, MockWorker};
+use crate::model::{Endpoint, Scheme};
+use crate::net::tls::TlsOptions;
+use crate::record::RecorderOptions;
+use crate::record::rundir::{self, RunDir};
+use crate::redact::{DEFAULT_REDACT_HEADERS, DEFAULT_REDACT_QUERY};
+use crate::report::{self, Ending, config_json};
+
+/// What the checks produced: everything the run needs, before any output exists.
+struct Input {
+    plan_bytes: Vec<u8>,
+    plan: Plan,
+    token_env: Option<String>,
+    bearer_token: Option<String>,
+    engine: Engine,
+    out: PathBuf,
+    started_at_us: i64,
+}
+
+/// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
+pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+    let mut input = check(&args).await?;
+    let mock_config = MockConfig::default();
+    let mock = start_mock(&args, &mock_config, &mut input.plan).await?;
+    let (dir, rid, run_t0_ns, mut config) = create_run(&args, &input, mock.as_ref(), &mock_config)?;
+    let plan = input.plan;
+
+    // The run.
+    let mut rec_opts = RecorderOptions::new(dir.exchanges());
+    rec_opts.part_rows = args.part_rows.max(1);
+    rec_opts.part_seconds = args.part_seconds;
+    let run =
+        Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
+    let result = replay::run(
+        ReplayOptions {
+            plan,
+            bearer_token: input.bearer_token,
+            max_record_body: args.max_record_body,
+            quiet: args.quiet,
+            record_exchanges: !args.no_record,
+        },
+        input.engine,
+        run.clone(),
+        interrupt,
+    )
+    .await;
+    let recording = run.finish_recording().await;
+    if let Some(m) = mock {
+        m.shutdown().await;
+    }
+    reports(&args, &dir, &mut config, result, recording)
+}
+
+/// Step 1: Everything that can be wrong with the input is checked before any output exists.
+async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
+    let (plan_bytes, mut plan) = load_plan(&args.plan)?;
+    // Hash the binary off the runtime's threads (config.json records it).
+    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
+    let endpoint_override = match &args.endpoint {
+        Some(url) => {
+            Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?)
+        }
+        None => None,
+    };
+    let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
+        (Some(n), _) => (Some(n.clone()), "--bearer-token-env"),
+        (None, Some(n)) => (Some(n.clone()), "the plan's auth.bearer_token_env"),
+        (None, None) => (None, ""),
+    };
+    let bearer_token = match &token_env {
+        Some(n) => Some(read_token(n, token_source)?),
+        None => None,
+    };
+    if let Some(ep) = &endpoint_override {
+        plan.override_endpoint(ep);
+    }
+    let need_tls = !args.mock_worker
+        && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
+    if args.part_rows == 0 {
+        return Err(usage("--part-rows must be at least 1"));
+    }
+    seconds("--part-seconds", args.part_seconds)?;
+    let engine = Engine::new(
+        need_tls,
+        &TlsOptions {
+            ca_file: args.ca_cert.clone(),
+        },
+    )
+    .map_err(usage)?;
+    let started_at_us = clock::wall_now_us();
+    let out = match &args.out {
+        Some(p) => p.clone(),
+        None => {
+            let stem = args
+                .plan
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "plan".into());
+            PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
+        }
+    };
+
+    Ok(Input {
+        plan_bytes,
+        plan,
+        token_env,
+        bearer_token,
+        engine,
+        out,
+        started_at_us,
+    })
+}
+
+/// Step 2: The mock worker, when asked for, replaces the plan's origin.
+async fn start_mock(
+    args: &ReplayArgs,
+    mock_config: &MockConfig,
+    plan: &mut Plan,
+) -> Result<Option<MockWorker>, CliError> {
+    if !args.mock_worker {
+        return Ok(None);
+    }
+    let m = MockWorker::start(
+        "127.0.0.1:0"
+            .parse()
+            .map_err(|_| tool("bad mock address"))?,
+        mock_config.clone(),
+    )
+    .await
+    .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
+    let origin = Endpoint::parse(&m.url()).map_err(tool)?;
+    plan.override_origin(&origin);
+    Ok(Some(m))
+}
+
+/// Step 3: The run directory, the plan's bytes and config.json. A default name that is taken
+/// gets a numeric suffix (so the demo command can be run again and again); an explicit
+/// `--out` is never reused.
+fn create_run(
+    args: &ReplayArgs,
+    input: &Input,
+    mock: Option<&MockWorker>,
+    mock_config: &MockConfig,
+) -> Result<(RunDir, String, u64, serde_json::Value), CliError> {
+    let Input {
+        plan_bytes,
+        plan,
+        token_env,
+        bearer_token,
+        out,
+        started_at_us,
+        ..
+    } = input;
+    let started_at_us = *started_at_us;
+    let dir = create_run_dir(out, args.out.is_none())?;
+    dir.write_file("plan.json", plan_bytes)
+        .map_err(|e| tool(e.to_string()))?;
+    let rid = run_id(started_at_us);
+    let extra = serde_json::json!({
+        "endpoint_override": args.endpoint,
+        "mock_worker": mock.map(|m| serde_json::json!({
+            "url": m.url(),
+            "prefill_ms": mock_config.prefill_ms,
+            "per_token_ms": mock_config.per_token_ms,
+            "max_batch": mock_config.max_batch,
+            "default_max_tokens": mock_config.default_max_tokens,
+        })),
+        "auth": {
+            "bearer_token_env": token_env,
+            "bearer_token_sent": bearer_token.is_some(),
+        },
+        "recording": {
+            "exchanges": !args.no_record,
+            "max_record_body_bytes": args.max_record_body,
+            "redacted_headers": DEFAULT_REDACT_HEADERS,
+            "redacted_query_parameters": DEFAULT_REDACT_QUERY,
+        },
+    });
+    let run_t0_ns = clock::now_ns();
+    let fields = config_json::replay_fields(
+        plan,
+        &args.plan.display().to_string(),
+        &rundir::sha256_hex(plan_bytes),
+        run_t0_ns,
+        extra,
+    );
+    let config = config_json::config_json(
+        "replay",
+        &rid,
+        started_at_us,
+        fields,
+        config_json::replay_timers(),
+    );
+    dir.write_json("config.json", &config)
+        .map_err(|e| tool(e.to_string()))?;
+    if !args.quiet {
+        eprintln!(
+            "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
+            args.plan.display(),
+            plan.endpoint.url(),
+            plan.planned_requests(),
+            plan.connection.as_str(),
+            dir.path.display()
+        );
+    }
+
+    Ok((dir, rid, run_t0_ns, config))
+}
+
+/// Step 5: Reports. Each is written even if an earlier step failed, so nothing is lost.
+fn reports(
+    args: &ReplayArgs,
+    dir: &RunDir,
+    config: &mut serde_json::Value,
+    result: replay::ReplayResult,
+    recording: RecordingEnd,
+) -> Result<Exit, CliError> {
+    let mut problems = Vec::new();
+    if let Err(e) = report::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds) {
+        problems.push(format!("rounds.parquet: {e}"));
+    }
+    let mut summary_v = result.summary.clone();
+    summary_v["rows_written"] = serde_json::json!(recording.rows);
+    let record_error = recording.problems.first();
+    if let Some(e) = record_error {
+        summary_v["record_error"] = serde_json::json!(e.to_string());
+    }
+    if let Err(e) = dir.write_json("summary.json", &summary_v) {
+        problems.push(e.to_string());
+    }
+    config_json::finished(config);
+    if let Err(e) = dir.write_json("config.json", config) {
+        problems.push(e.to_string());
+    }
+    if !args.quiet {
+        print!("{}", result.table);
+        if args.no_record {
+            eprintln!(
+                "matrix-proxy: recording off (--no-record): no exchanges written; reports in {}",
+                dir.path.display()
+            );
+        } else {
+            eprintln!(
+                "matrix-proxy: {} exchanges recorded in {}",
+                recording.rows,
+                dir.path.display()
+            );
+        }
+    }
+    if let Some(e) = record_error {
+        problems.insert(0, e.to_string());
+    }
+    if !problems.is_empty() {
+        return Err(tool(format!(
+            "{} (what was written is kept in {})",
+            problems.join("; "),
+            dir.path.display()
+        )));
+    }
+    Ok(match result.ending {
+        Ending::Passed => Exit::Ok,
+        Ending::Failed => Exit::Failure,
+        Ending::Interrupted => Exit::Interrupted,
+    })
+}

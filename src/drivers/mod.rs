@@ -1,0 +1,168 @@
+//! The two drivers: `replay` (a frozen plan, closed loop) and `serve` (live traffic).
+//! They differ in where a request comes from, never in how it is sent, timed or recorded:
+//! both go through the engine and hand rows to the recorder. They never import each
+//! other; what both need lives here or below.
+
+pub(crate) mod replay;
+pub(crate) mod serve;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use http::{HeaderMap, Method};
+
+use crate::budget::BudgetHold;
+use crate::engine::{Captured, CopiedBody};
+use crate::model::{Outcome, Phase};
+use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions};
+
+/// What both drivers share for one run: its id, its start on the monotonic clock, the
+/// exchange counter, and the recorder with the first error it reported.
+pub(crate) struct RunContext {
+    pub(crate) run_id: Arc<str>,
+    /// The run's start (`clock::now_ns`); `start_offset_us` counts from here.
+    pub(crate) run_t0_ns: u64,
+    next_exchange: AtomicI64,
+    pub(crate) recorder: Arc<Recorder>,
+    record_failed: OnceLock<RecordError>,
+}
+
+/// Where a row belongs in the run (the identifying columns).
+#[derive(Debug, Clone)]
+pub(crate) struct RowIds {
+    pub(crate) phase: Phase,
+    pub(crate) case_name: Option<Arc<str>>,
+    pub(crate) variant: Option<Arc<str>>,
+    pub(crate) concurrency: Option<i32>,
+    pub(crate) repetition: Option<i32>,
+    pub(crate) dispatch_index: i64,
+    pub(crate) worker: i32,
+}
+
+/// The request as it was sent, and when.
+#[derive(Debug)]
+pub(crate) struct SentRequest {
+    /// Wall clock at t0 (the one wall-clock read per exchange).
+    pub(crate) started_at_us: i64,
+    pub(crate) start_offset_us: i64,
+    pub(crate) method: Method,
+    pub(crate) url: Arc<str>,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: CopiedBody,
+}
+
+/// How the exchange was judged.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    pub(crate) outcome: Outcome,
+    pub(crate) error_message: Option<String>,
+    pub(crate) oracle_mismatch_pointer: Option<String>,
+}
+
+/// How a run's recording ended: rows written, and every problem (the writer's error and
+/// the first one a submit saw), for the caller to report.
+pub(crate) struct RecordingEnd {
+    pub(crate) rows: u64,
+    pub(crate) problems: Vec<RecordError>,
+}
+
+impl RunContext {
+    /// Start the recorder for a run.
+    pub(crate) fn start(
+        run_id: &str,
+        run_t0_ns: u64,
+        mut opts: RecorderOptions,
+    ) -> Result<RunContext, RecordError> {
+        opts.metadata = vec![("matrix_proxy.run_id".into(), run_id.to_string())];
+        let recorder = Recorder::start(opts)
+            .map_err(|e| RecordError(format!("cannot start the writer thread: {e}")))?;
+        Ok(RunContext {
+            run_id: Arc::from(run_id),
+            run_t0_ns,
+            next_exchange: AtomicI64::new(0),
+            recorder: Arc::new(recorder),
+            record_failed: OnceLock::new(),
+        })
+    }
+
+    /// Keep the first recording error a driver saw (a submit refused by a stopped writer).
+    pub(crate) fn record_failed(&self, e: RecordError) {
+        let _ = self.record_failed.set(e);
+    }
+
+    pub(crate) fn record_error(&self) -> Option<RecordError> {
+        self.record_failed.get().cloned()
+    }
+
+    /// The one row constructor of both drivers: the ids, the request as sent, what the
+    /// engine captured, and the verdict. The exchange id is taken here, in order of
+    /// completion. `memory` is the recorded bytes' hold on serve's budget.
+    pub(crate) fn row(
+        &self,
+        ids: RowIds,
+        request: SentRequest,
+        got: Captured,
+        verdict: Verdict,
+        memory: Option<BudgetHold>,
+    ) -> ExchangeRecord {
+        ExchangeRecord {
+            run_id: self.run_id.clone(),
+            exchange_id: self.next_exchange.fetch_add(1, Ordering::Relaxed),
+            phase: ids.phase,
+            case_name: ids.case_name,
+            variant: ids.variant,
+            concurrency: ids.concurrency,
+            repetition: ids.repetition,
+            dispatch_index: ids.dispatch_index,
+            worker: ids.worker,
+            connection_id: got.connection_id,
+            connection_reused: got.connection_reused,
+            connection_retried: got.connection_retried,
+            started_at_us: request.started_at_us,
+            start_offset_us: request.start_offset_us,
+            method: request.method,
+            url: request.url,
+            request_headers: request.headers,
+            request_body_len: request.body.len as i64,
+            request_body_truncated: request.body.truncated,
+            request_body: request.body.bytes,
+            status: got.status,
+            response_headers: got.response_headers,
+            response_body_len: got.body.len as i64,
+            response_body_truncated: got.body.truncated,
+            response_body: got.body.bytes,
+            timings: got.timings,
+            stream: got.stream,
+            outcome: verdict.outcome,
+            error_message: verdict.error_message,
+            oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
+            memory,
+        }
+    }
+
+    /// Close the recorder's queue, let the writer finish every part (off the runtime's
+    /// threads), and gather what went wrong.
+    pub(crate) async fn finish_recording(&self) -> RecordingEnd {
+        let recorder = self.recorder.clone();
+        let writer = tokio::task::spawn_blocking(move || recorder.finish()).await;
+        let mut problems = Vec::new();
+        let rows = match writer {
+            Ok(Ok(stats)) => stats.rows,
+            Ok(Err(e)) => {
+                problems.push(e);
+                0
+            }
+            Err(e) => {
+                problems.push(RecordError(format!("writer join: {e}")));
+                0
+            }
+        };
+        if let Some(e) = self.record_error()
+            && !problems.iter().any(|p| p.0 == e.0)
+        {
+            problems.push(e);
+        }
+        problems.dedup_by(|a, b| a.0 == b.0);
+        RecordingEnd { rows, problems }
+    }
+}

@@ -1,0 +1,212 @@
+//! One exchange of a replay: the request built from the validated plan, sent through the
+//! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, header};
+use http_body_util::Full;
+
+use super::{Ctx, Dispatch, ReqBody, Slot};
+use crate::clock;
+use crate::config::plan::OnFailure;
+use crate::drivers::{RowIds, SentRequest, Verdict};
+use crate::engine::{BodyCopy, Capture, Captured, http1};
+use crate::metrics::{Sample, StreamSample};
+use crate::model::{ConnectionPolicy, Endpoint, Outcome};
+
+pub(super) fn build_request<'a>(
+    ctx: &'a Ctx,
+    d: &Dispatch,
+) -> (Request<ReqBody>, &'a Endpoint, Bytes) {
+    let plan = &ctx.plan;
+    let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
+        match d.case {
+            None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
+            Some(ci) => {
+                let case = &plan.cases[ci];
+                let v = &case.variants[d.variant];
+                (
+                    case.method.clone(),
+                    &case.endpoint,
+                    v.body.clone(),
+                    v.content_type.as_ref(),
+                    &case.headers[..],
+                )
+            }
+        };
+    let mut headers = HeaderMap::with_capacity(4 + extra.len());
+    if let Ok(h) = HeaderValue::from_str(&ep.authority) {
+        headers.insert(header::HOST, h);
+    }
+    if let Some(ct) = ctype {
+        headers.insert(header::CONTENT_TYPE, ct.clone());
+    }
+    if !body.is_empty()
+        || method == Method::POST
+        || method == Method::PUT
+        || method == Method::PATCH
+    {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    for (k, v) in extra {
+        headers.append(k.clone(), v.clone());
+    }
+    if let Some(t) = &ctx.opts_token {
+        headers.insert(header::AUTHORIZATION, t.clone());
+    }
+    if plan.connection == ConnectionPolicy::Fresh {
+        http1::close_after(&mut headers);
+    }
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method;
+    *req.uri_mut() = ep
+        .path_and_query
+        .parse()
+        .unwrap_or_else(|_| http::Uri::from_static("/"));
+    *req.headers_mut() = headers;
+    (req, ep, body)
+}
+
+/// Run, judge and record one exchange. Returns what the metrics need.
+pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
+    let (req, ep, body) = build_request(ctx, &d);
+    let method = req.method().clone();
+    let request_headers = req.headers().clone();
+    let started_at_us = clock::wall_now_us();
+    let mut cap = Capture::start(ctx.max_record_body, None);
+    let start_offset_us = clock::us_between(ctx.run.run_t0_ns, cap.t0_ns());
+    let policy = ctx.plan.connection;
+    let result = tokio::time::timeout(
+        ctx.plan.timeout,
+        ctx.engine.exchange(slot, ep, policy, req, &mut cap),
+    )
+    .await;
+    cap.finish(clock::now_ns());
+    let got = cap.into_captured();
+    let verdict = match result {
+        Err(_) => {
+            *slot = None;
+            Verdict {
+                outcome: Outcome::Timeout,
+                error_message: Some(format!(
+                    "deadline of {} s (timeout_seconds) passed before the exchange ended",
+                    ctx.plan.timeout_seconds
+                )),
+                oracle_mismatch_pointer: None,
+            }
+        }
+        Ok(Err(e)) => Verdict {
+            outcome: e.outcome(),
+            error_message: Some(e.message),
+            oracle_mismatch_pointer: None,
+        },
+        Ok(Ok(())) => judge(ctx, &d, &got),
+    };
+    let outcome = verdict.outcome;
+    let sample = Sample {
+        outcome,
+        start_offset_us,
+        total_us: got.timings.total_us,
+        first_byte_us: got.timings.first_byte_us,
+        connect_us: got.timings.connect_us,
+        stream: got.stream.as_ref().map(StreamSample::from_columns),
+    };
+    // A failure stops dispatch before anything else happens (recording may wait).
+    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
+        ctx.stop();
+    }
+    if ctx.record_exchanges {
+        let (case_name, variant) = match d.case {
+            None => (None, None),
+            Some(ci) => (
+                Some(ctx.case_names[ci].clone()),
+                ctx.variant_names[ci][d.variant].clone(),
+            ),
+        };
+        let ids = RowIds {
+            phase: d.phase,
+            case_name,
+            variant,
+            concurrency: d.concurrency,
+            repetition: d.repetition,
+            dispatch_index: d.dispatch_index,
+            worker: d.worker,
+        };
+        let request = SentRequest {
+            started_at_us,
+            start_offset_us,
+            method,
+            url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
+            headers: request_headers,
+            body: BodyCopy::of_whole(&body, ctx.max_record_body),
+        };
+        let row = ctx.run.row(ids, request, got, verdict, None);
+        if let Err(e) = ctx.run.recorder.submit(row).await {
+            ctx.run.record_failed(e);
+            ctx.stop();
+        }
+    }
+    ctx.progress.inc(1);
+    if outcome != Outcome::Ok {
+        let f = ctx
+            .failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        ctx.progress.set_prefix(format!("failures {f}"));
+        ctx.progress.println(format!(
+            "failure {f}: {} {} -> {}",
+            d.phase.as_str(),
+            d.case
+                .map(|c| ctx.plan.cases[c].name.as_str())
+                .unwrap_or("health"),
+            outcome.as_str()
+        ));
+    }
+    sample
+}
+
+/// Judge an exchange that ended cleanly: a complete stream, the expected status, then
+/// the oracle over the whole body (a truncated body cannot be judged).
+fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured) -> Verdict {
+    let (expected_status, oracle) = match d.case {
+        None => (200, None),
+        Some(ci) => {
+            let case = &ctx.plan.cases[ci];
+            (case.expected_status, Some(&case.variants[d.variant].oracle))
+        }
+    };
+    let failed = |outcome, message: String| Verdict {
+        outcome,
+        error_message: Some(message),
+        oracle_mismatch_pointer: None,
+    };
+    let status = got.status.unwrap_or(0);
+    if let Some(why) = &got.stream_incomplete {
+        return failed(Outcome::Transport, why.clone());
+    }
+    if status != i32::from(expected_status) {
+        return failed(
+            Outcome::Http,
+            format!("status {status}, expected {expected_status}"),
+        );
+    }
+    let Some(oracle) = oracle else {
+        return Verdict::default();
+    };
+    if got.body.truncated {
+        return failed(
+            Outcome::Correctness,
+            format!(
+                "response body of {} bytes is larger than --max-record-body ({} bytes) and cannot be judged; raise the limit",
+                got.body.len, ctx.max_record_body
+            ),
+        );
+    }
+    match oracle.check(&got.body.bytes) {
+        Ok(()) => Verdict::default(),
+        Err(m) => Verdict {
+            outcome: Outcome::Correctness,
+            error_message: Some(format!("oracle mismatch {m}")),
+            oracle_mismatch_pointer: m.pointer.clone(),
+        },
+    }
+}

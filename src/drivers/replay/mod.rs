@@ -1,0 +1,311 @@
+//! The replay driver: runs a frozen plan's phases through the engine, closed loop.
+//!
+//! Phases, in order: `health` (one GET), `readiness` (one request per variant, sequential),
+//! `warmup` (`warmup_per_case` per variant, sequential), then for each case and each
+//! concurrency c: `feasibility` (one excluded wave of min(c, n)) and `repetitions` rounds
+//! of `measured` (n requests, c workers, closed loop). Each worker owns its connection; the
+//! scheduler hands connections from round to round without locks. With
+//! `on_failure: stop`, the first failure stops new dispatch, admitted requests drain and
+//! are recorded, and later phases are skipped. The driver decides *what* to send and
+//! judges the answer; *how* it is sent and timed belongs to the engine.
+
+mod exchange;
+mod wave;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http_body_util::Full;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::Value;
+
+use super::RunContext;
+use crate::clock;
+use crate::config::plan::Plan;
+use crate::engine::{Conn, Engine};
+use crate::metrics::{self, GeneratorLoad, RoundMetrics};
+use crate::model::Phase;
+use crate::report::{self, Ending, PhaseCounts};
+use exchange::exchange;
+use wave::{LagProbe, cores, wave};
+
+type ReqBody = Full<Bytes>;
+type Slot = Option<Conn<ReqBody>>;
+
+/// Everything a replay needs besides the plan and the run.
+pub(crate) struct ReplayOptions {
+    pub(crate) plan: Plan,
+    /// Value of `Authorization: Bearer ...`, already read and checked.
+    pub(crate) bearer_token: Option<String>,
+    pub(crate) max_record_body: usize,
+    pub(crate) quiet: bool,
+    /// Write a row per exchange to `exchanges/` (off: metrics and the summary only, to
+    /// measure what recording costs).
+    pub(crate) record_exchanges: bool,
+}
+
+pub(crate) struct ReplayResult {
+    pub(crate) ending: Ending,
+    pub(crate) rounds: Vec<RoundMetrics>,
+    pub(crate) summary: Value,
+    pub(crate) table: String,
+}
+
+/// One request to dispatch.
+#[derive(Clone, Copy)]
+struct Dispatch {
+    phase: Phase,
+    case: Option<usize>,
+    variant: usize,
+    concurrency: Option<i32>,
+    repetition: Option<i32>,
+    dispatch_index: i64,
+    worker: i32,
+}
+
+struct Ctx {
+    engine: Engine,
+    plan: Plan,
+    run: Arc<RunContext>,
+    opts_token: Option<HeaderValue>,
+    max_record_body: usize,
+    record_exchanges: bool,
+    /// The health endpoint's URL, then each case's (index `case + 1`).
+    urls: Vec<Arc<str>>,
+    stop: AtomicBool,
+    /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
+    interrupted: Arc<AtomicBool>,
+    failures: AtomicU64,
+    progress: ProgressBar,
+    case_names: Vec<Arc<str>>,
+    variant_names: Vec<Vec<Option<Arc<str>>>>,
+}
+
+impl Ctx {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.interrupted.load(Ordering::Relaxed)
+    }
+
+    /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(planned), ProgressDrawTarget::stderr_with_hz(10));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+/// Run the plan, recording into `run`. `interrupt` flips to true on Ctrl-C / SIGTERM.
+/// The caller finishes the recording ([`RunContext::finish_recording`]).
+pub(crate) async fn run(
+    opts: ReplayOptions,
+    engine: Engine,
+    run: Arc<RunContext>,
+    interrupt: Arc<AtomicBool>,
+) -> ReplayResult {
+    let plan = opts.plan;
+    let case_names = plan
+        .cases
+        .iter()
+        .map(|c| Arc::from(c.name.as_str()))
+        .collect();
+    let variant_names = plan
+        .cases
+        .iter()
+        .map(|c| {
+            c.variants
+                .iter()
+                .map(|v| v.name.as_deref().map(Arc::from))
+                .collect()
+        })
+        .collect();
+    let token = opts
+        .bearer_token
+        .as_deref()
+        .and_then(|t| HeaderValue::from_str(&format!("Bearer {t}")).ok())
+        .map(|mut v| {
+            v.set_sensitive(true);
+            v
+        });
+    let urls = std::iter::once(&plan.health_endpoint)
+        .chain(plan.cases.iter().map(|c| &c.endpoint))
+        .map(|e| Arc::from(e.url()))
+        .collect();
+    let ctx = Arc::new(Ctx {
+        engine,
+        progress: progress_bar(opts.quiet, plan.planned_requests()),
+        plan,
+        run,
+        opts_token: token,
+        max_record_body: opts.max_record_body,
+        record_exchanges: opts.record_exchanges,
+        urls,
+        stop: AtomicBool::new(false),
+        interrupted: interrupt,
+        failures: AtomicU64::new(0),
+        case_names,
+        variant_names,
+    });
+
+    let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
+    let mut rounds: Vec<RoundMetrics> = Vec::new();
+    phases(&ctx, &mut excluded, &mut rounds).await;
+    ctx.progress.finish_and_clear();
+
+    let failures = ctx.failures.load(Ordering::Relaxed);
+    let ending = if ctx.interrupted.load(Ordering::Relaxed) {
+        Ending::Interrupted
+    } else if failures > 0 {
+        Ending::Failed
+    } else {
+        Ending::Passed
+    };
+    let plan = &ctx.plan;
+    let aggregates = report::aggregates(plan, &rounds);
+    let summary = report::summary_json(plan, &rounds, &aggregates, &excluded, ending, failures);
+    let table = report::table(plan, &rounds, &aggregates, &excluded);
+    ReplayResult {
+        ending,
+        rounds,
+        summary,
+        table,
+    }
+}
+
+async fn phases(
+    ctx: &Arc<Ctx>,
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+    rounds: &mut Vec<RoundMetrics>,
+) {
+    let plan = &ctx.plan;
+    // health: one GET on its own connection.
+    ctx.progress.set_message("health");
+    let mut health_slot: Slot = None;
+    let s = exchange(
+        ctx,
+        &mut health_slot,
+        Dispatch {
+            phase: Phase::Health,
+            case: None,
+            variant: 0,
+            concurrency: Some(1),
+            repetition: None,
+            dispatch_index: 0,
+            worker: 0,
+        },
+    )
+    .await;
+    excluded.entry(Phase::Health).or_default().add(&s);
+    drop(health_slot);
+
+    // Worker connections live across phases: worker w always uses slots[w].
+    let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
+    let mut slots: Vec<Slot> = (0..max_c).map(|_| None).collect();
+
+    for phase in [Phase::Readiness, Phase::Warmup] {
+        let per_variant = if phase == Phase::Readiness {
+            1
+        } else {
+            plan.warmup_per_case
+        };
+        for (ci, case) in plan.cases.iter().enumerate() {
+            ctx.progress
+                .set_message(format!("{} {}", phase.as_str(), case.name));
+            for vi in 0..case.variants.len() {
+                for i in 0..per_variant {
+                    if ctx.stopped() {
+                        return;
+                    }
+                    let s = exchange(
+                        ctx,
+                        &mut slots[0],
+                        Dispatch {
+                            phase,
+                            case: Some(ci),
+                            variant: vi,
+                            concurrency: Some(1),
+                            repetition: None,
+                            dispatch_index: i as i64,
+                            worker: 0,
+                        },
+                    )
+                    .await;
+                    excluded.entry(phase).or_default().add(&s);
+                }
+            }
+        }
+    }
+
+    let n = plan.requests_per_case;
+    for (ci, case) in plan.cases.iter().enumerate() {
+        for &c in &plan.concurrency {
+            if ctx.stopped() {
+                return;
+            }
+            ctx.progress
+                .set_message(format!("feasibility {} c={c}", case.name));
+            let samples = wave(ctx, &mut slots, ci, Phase::Feasibility, c, None, c.min(n)).await;
+            let counts = excluded.entry(Phase::Feasibility).or_default();
+            samples.iter().for_each(|s| counts.add(s));
+            for rep in 0..plan.repetitions {
+                if ctx.stopped() {
+                    return;
+                }
+                ctx.progress.set_message(format!(
+                    "measured {} c={c} round {}/{}",
+                    case.name,
+                    rep + 1,
+                    plan.repetitions
+                ));
+                let round = measured_round(ctx, &mut slots, ci, c, rep).await;
+                rounds.push(round);
+            }
+        }
+    }
+}
+
+/// One measured round of case `ci` at concurrency `c`, with the tool's own CPU time and
+/// the runtime's dispatch lag over the round.
+async fn measured_round(
+    ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
+    ci: usize,
+    c: usize,
+    rep: usize,
+) -> RoundMetrics {
+    let case = &ctx.plan.cases[ci];
+    let n = ctx.plan.requests_per_case;
+    let probe = LagProbe::start();
+    let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
+    let samples = wave(ctx, slots, ci, Phase::Measured, c, Some(rep), n).await;
+    let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
+    let lags = probe.stop().await;
+    let mut round = metrics::round_metrics(&case.name, c, rep, n as u64, &samples);
+    let load = GeneratorLoad::new(
+        cpu1.saturating_sub(cpu0),
+        wall1.saturating_sub(wall0),
+        cores(),
+        lags,
+    );
+    if let Some(w) = &load.warning {
+        ctx.progress.println(format!(
+            "warning: {} c={c} round {}: {w}",
+            case.name,
+            rep + 1
+        ));
+    }
+    round.generator = Some(load);
+    round
+}

@@ -1,0 +1,121 @@
+//! One closed-loop wave of `c` workers, and the dispatch-lag probe that watches the
+//! runtime while a measured round runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::exchange::exchange;
+use super::{Ctx, Dispatch, Slot};
+use crate::clock;
+use crate::metrics::Sample;
+use crate::model::Phase;
+use crate::record::RecordError;
+
+/// Cores this process may run on (its CPU affinity, e.g. under `taskset`).
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The dispatch-lag probe: a task on the same runtime as the workers that asks to wake
+/// every 10 ms and notes how late it did. A runtime too busy to poll its tasks on time
+/// shows here before it shows anywhere else.
+pub(super) struct LagProbe {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<i64>>,
+}
+
+impl LagProbe {
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+    pub(super) fn start() -> LagProbe {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut lags = Vec::new();
+            loop {
+                let due = clock::now_ns() + LagProbe::EVERY.as_nanos() as u64;
+                tokio::select! {
+                    _ = tokio::time::sleep(LagProbe::EVERY) => {
+                        lags.push(clock::us_between(due, clock::now_ns()));
+                    }
+                    _ = &mut stopped => return lags,
+                }
+            }
+        });
+        LagProbe { stop, task }
+    }
+
+    pub(super) async fn stop(self) -> Vec<i64> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// One closed-loop wave: `c` workers share `n` dispatch indices.
+pub(super) async fn wave(
+    ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
+    case: usize,
+    phase: Phase,
+    c: usize,
+    repetition: Option<usize>,
+    n: usize,
+) -> Vec<Sample> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let variants = ctx.plan.cases[case].variants.len();
+    let mut tasks = Vec::with_capacity(c);
+    for (w, slot) in slots.iter_mut().enumerate().take(c) {
+        let ctx = ctx.clone();
+        let next = next.clone();
+        let mut slot = slot.take();
+        tasks.push(tokio::spawn(async move {
+            // Closed loop: each worker takes about n / c requests (grown if it takes more).
+            let mut samples = Vec::with_capacity(n / c.max(1) + 1);
+            loop {
+                if ctx.stopped() {
+                    break;
+                }
+                // Feasibility is one wave: worker w sends exactly request w, so all c
+                // connections are opened and exercised at once. Measured rounds are a
+                // closed loop: a worker takes the next index as soon as it is free.
+                let i = if phase == Phase::Feasibility {
+                    if !samples.is_empty() {
+                        break;
+                    }
+                    w
+                } else {
+                    next.fetch_add(1, Ordering::Relaxed)
+                };
+                if i >= n {
+                    break;
+                }
+                let d = Dispatch {
+                    phase,
+                    case: Some(case),
+                    variant: i % variants,
+                    concurrency: Some(c as i32),
+                    repetition: repetition.map(|r| r as i32),
+                    dispatch_index: i as i64,
+                    worker: w as i32,
+                };
+                samples.push(exchange(&ctx, &mut slot, d).await);
+            }
+            (slot, samples)
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for (w, t) in tasks.into_iter().enumerate() {
+        match t.await {
+            Ok((slot, samples)) => {
+                slots[w] = slot;
+                all.extend(samples);
+            }
+            Err(e) => {
+                // A panicking worker is a bug; stop the run rather than hide it.
+                ctx.run
+                    .record_failed(RecordError(format!("internal: worker {w} failed: {e}")));
+                ctx.stop();
+            }
+        }
+    }
+    all
+}

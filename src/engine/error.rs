@@ -1,0 +1,145 @@
+//! Why an exchange failed and on which side (Pingora's `ErrorSource`). One type for both
+//! drivers, and the one mapping from a side and a cause onto the `outcome` column
+//! ([`ExchangeError::outcome`]) and onto the status serve answers with
+//! ([`ExchangeError::status`]: 502, 503, 504).
+
+use http::StatusCode;
+
+use crate::model::{Outcome, Side};
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What went wrong, whichever side it was on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// Connect, TLS, reset, a malformed or cut message, a peer that went away.
+    Transport,
+    /// One of our deadlines passed (the plan's `timeout_seconds`, serve's upstream timeouts).
+    Deadline,
+    /// Cut at the end of serve's shutdown grace period.
+    Shutdown,
+}
+
+/// A failed exchange: the side, the cause, and a message naming the step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExchangeError {
+    pub(crate) side: Side,
+    pub(crate) cause: Cause,
+    pub(crate) message: String,
+}
+
+/// The message of an exchange cut at the end of the shutdown grace period.
+const SHUTDOWN_CUT: &str = "cut at the end of the shutdown grace period";
+/// The message of an exchange whose client went away.
+const CLIENT_GONE: &str = "the client went away before the response ended";
+
+impl ExchangeError {
+    /// The worker's side failed at `context` (`connect to 127.0.0.1:8000`, ...).
+    pub(crate) fn upstream(context: &str, err: &(dyn std::error::Error + 'static)) -> Self {
+        Self::upstream_message(format!("{context}: {}", error_chain(err)))
+    }
+
+    /// The worker's side failed, as `message` says.
+    pub(crate) fn upstream_message(message: String) -> Self {
+        ExchangeError {
+            side: Side::Upstream,
+            cause: Cause::Transport,
+            message,
+        }
+    }
+
+    /// The worker did not answer (or finish) within one of our deadlines.
+    pub(crate) fn deadline(message: String) -> Self {
+        ExchangeError {
+            side: Side::Upstream,
+            cause: Cause::Deadline,
+            message,
+        }
+    }
+
+    /// serve: the client went away before its response ended.
+    pub(crate) fn client_gone() -> Self {
+        ExchangeError {
+            side: Side::Downstream,
+            cause: Cause::Transport,
+            message: CLIENT_GONE.into(),
+        }
+    }
+
+    /// serve: cut at the end of the shutdown grace period.
+    pub(crate) fn shutdown_cut() -> Self {
+        ExchangeError {
+            side: Side::Internal,
+            cause: Cause::Shutdown,
+            message: SHUTDOWN_CUT.into(),
+        }
+    }
+
+    /// The `outcome` column of this failure.
+    pub(crate) fn outcome(&self) -> Outcome {
+        match (self.side, self.cause) {
+            (_, Cause::Deadline) => Outcome::Timeout,
+            (_, Cause::Shutdown) => Outcome::ShutdownCut,
+            (Side::Downstream, Cause::Transport) => Outcome::ClientAborted,
+            (Side::Upstream | Side::Internal, Cause::Transport) => Outcome::Transport,
+        }
+    }
+
+    /// What serve answers a client whose exchange failed before the response head, and the
+    /// error `type` of its JSON body.
+    pub(crate) fn status(&self) -> (StatusCode, &'static str) {
+        match self.cause {
+            Cause::Deadline => (StatusCode::GATEWAY_TIMEOUT, "gateway_timeout"),
+            Cause::Shutdown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Cause::Transport => (StatusCode::BAD_GATEWAY, "bad_gateway"),
+        }
+    }
+}
+
+/// `err` and its sources joined by ": ", without repeating a source that the message
+/// already contains.
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let m = e.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = e.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_side_and_cause_maps_to_one_outcome_and_status() {
+        let io = std::io::Error::other("reset");
+        let cases = [
+            (
+                ExchangeError::upstream("read", &io),
+                Outcome::Transport,
+                502,
+            ),
+            (
+                ExchangeError::deadline("late".into()),
+                Outcome::Timeout,
+                504,
+            ),
+            (ExchangeError::client_gone(), Outcome::ClientAborted, 502),
+            (ExchangeError::shutdown_cut(), Outcome::ShutdownCut, 503),
+        ];
+        for (e, outcome, status) in cases {
+            assert_eq!(
+                (e.outcome(), e.status().0.as_u16()),
+                (outcome, status),
+                "{e:?}"
+            );
+        }
+        assert_eq!(ExchangeError::upstream("read", &io).message, "read: reset");
+    }
+}

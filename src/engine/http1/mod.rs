@@ -1,0 +1,113 @@
+//! HTTP/1 message rules both drivers share, below hyper: which headers are hop-by-hop
+//! (RFC 9110 section 7.6.1), how a request says it is its connection's only one, whether
+//! a response is an event stream, which responses have no body. This is also the place
+//! for the byte-level HTTP/1 codec both drivers will share (a lean client for frozen
+//! requests); until then hyper frames every message.
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode};
+
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+];
+
+/// Remove hop-by-hop headers (RFC 9110 section 7.6.1): `Connection` and every header it
+/// names, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, and `TE`
+/// except `trailers`.
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    let wants_trailers = h
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+    if wants_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Mark a request as its connection's only one (`Connection: close`). Used on fresh
+/// connections: the worker then closes first, so the TIME_WAIT state stays on its side
+/// (thousands of them on ours make every connect() search the port table: measured as
+/// half of a fresh run's CPU).
+pub(crate) fn close_after(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// The response is `text/event-stream` (its events are stamped one by one).
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
+}
+
+/// A response that has no body by definition (RFC 9110 section 6.4.1): to HEAD, 1xx, 204, 304.
+pub(crate) fn has_no_body(method: &Method, status: StatusCode) -> bool {
+    method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("x-private, keep-alive"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("gzip, trailers"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("x-kept", HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["te", "x-kept"]);
+        assert_eq!(h[header::TE], "trailers");
+    }
+
+    #[test]
+    fn event_streams_and_bodiless_responses() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(" Text/Event-Stream; charset=utf-8"),
+        );
+        assert!(is_event_stream(&h));
+        assert!(!is_event_stream(&HeaderMap::new()));
+        assert!(has_no_body(&Method::HEAD, StatusCode::OK));
+        assert!(has_no_body(&Method::GET, StatusCode::NOT_MODIFIED));
+        assert!(!has_no_body(&Method::GET, StatusCode::OK));
+    }
+}

@@ -1,0 +1,234 @@
+//! The shared vocabulary: what an exchange is called and measured in, whichever driver
+//! made it. Phases and outcomes (the only values of their columns), the side that failed,
+//! the timing and stream columns, and where a request goes (an [`Endpoint`] and its
+//! [`ConnectionPolicy`]). A leaf: it imports nothing from the crate, and owns no I/O.
+
+/// The only values of the `phase` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Health,
+    Readiness,
+    Warmup,
+    Feasibility,
+    Measured,
+    Live,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Health => "health",
+            Phase::Readiness => "readiness",
+            Phase::Warmup => "warmup",
+            Phase::Feasibility => "feasibility",
+            Phase::Measured => "measured",
+            Phase::Live => "live",
+        }
+    }
+}
+
+/// The only values of the `outcome` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Outcome {
+    #[default]
+    Ok,
+    /// Status other than the expected one.
+    Http,
+    /// Oracle mismatch.
+    Correctness,
+    /// The plan's deadline cancelled the exchange.
+    Timeout,
+    /// Connect, reset, malformed or cut response.
+    Transport,
+    /// serve: the client went away.
+    ClientAborted,
+    /// serve: cut at the end of the shutdown grace period.
+    ShutdownCut,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Ok,
+        Outcome::Http,
+        Outcome::Correctness,
+        Outcome::Timeout,
+        Outcome::Transport,
+        Outcome::ClientAborted,
+        Outcome::ShutdownCut,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Http => "http",
+            Outcome::Correctness => "correctness",
+            Outcome::Timeout => "timeout",
+            Outcome::Transport => "transport",
+            Outcome::ClientAborted => "client_aborted",
+            Outcome::ShutdownCut => "shutdown_cut",
+        }
+    }
+}
+
+/// The timing columns: microseconds from the exchange's t0 on the monotonic clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    pub connect_us: Option<i64>,
+    pub tls_us: Option<i64>,
+    pub tls_resumed: Option<bool>,
+    pub request_sent_us: Option<i64>,
+    pub first_byte_us: Option<i64>,
+    pub first_body_us: Option<i64>,
+    pub total_us: Option<i64>,
+    /// serve only: last response byte handed to the client.
+    pub downstream_done_us: Option<i64>,
+}
+
+/// Event-stream columns of a row (SSE responses only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamColumns {
+    pub event_count: i64,
+    pub event_offsets_us: Vec<i64>,
+    pub content_offsets_us: Vec<i64>,
+    pub ttft_us: Option<i64>,
+    pub tpot_us: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub output_tokens_source: &'static str,
+    pub prompt_tokens: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// A validated http(s) URL: no credentials, no fragment, a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub scheme: Scheme,
+    /// Host to connect to (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// `Host` header value: the authority as written in the URL.
+    pub authority: String,
+    /// Origin-form request target, `/path?query`.
+    pub path_and_query: String,
+}
+
+impl Endpoint {
+    pub fn parse(s: &str) -> Result<Endpoint, String> {
+        if s.contains('#') {
+            return Err("must not contain a fragment ('#')".into());
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("must not contain whitespace or control characters".into());
+        }
+        let uri: http::Uri = s
+            .parse()
+            .map_err(|e| format!("is not a valid absolute URL ({e})"))?;
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::Http,
+            Some("https") => Scheme::Https,
+            Some(other) => {
+                return Err(format!(
+                    "scheme '{other}' is not supported; use http or https"
+                ));
+            }
+            None => return Err("must be an absolute http:// or https:// URL".into()),
+        };
+        let authority = uri
+            .authority()
+            .ok_or_else(|| "must name a host".to_string())?
+            .as_str()
+            .to_string();
+        if authority.contains('@') {
+            return Err(
+                "must not contain credentials (user:pass@); use auth.bearer_token_env for a token"
+                    .into(),
+            );
+        }
+        let host = uri.host().unwrap_or("");
+        if host.is_empty() {
+            return Err("must name a host".into());
+        }
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(match scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        });
+        let path_and_query = uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".to_string());
+        Ok(Endpoint {
+            scheme,
+            host,
+            port,
+            authority,
+            path_and_query,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority,
+            self.path_and_query
+        )
+    }
+
+    /// The same origin with another origin-form target.
+    pub fn with_path(&self, path_and_query: &str) -> Endpoint {
+        Endpoint {
+            path_and_query: path_and_query.to_string(),
+            ..self.clone()
+        }
+    }
+
+    /// This endpoint's path on `origin`'s scheme, host and port.
+    pub fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
+        origin.with_path(&self.path_and_query)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionPolicy {
+    /// A new connection for every request (connect, and TLS without resumption, in every sample).
+    Fresh,
+    /// Each worker owns one connection and reopens it only when the peer closed it.
+    KeepAlive,
+}
+
+impl ConnectionPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionPolicy::Fresh => "fresh",
+            ConnectionPolicy::KeepAlive => "keep-alive",
+        }
+    }
+}
+
+/// Which side of the proxy an exchange failed on (Pingora's `ErrorSource`): the worker
+/// (`Upstream`), the client (`Downstream`, serve only), or the proxy itself (`Internal`:
+/// its deadline or its shutdown). [`crate::engine::ExchangeError::outcome`] is the one
+/// place that turns a side and a cause into an [`Outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Upstream,
+    Downstream,
+    Internal,
+}

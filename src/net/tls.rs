@@ -1,0 +1,94 @@
+//! TLS configurations, built once before a run starts (so a bad certificate or CA file is
+//! an input error before any output exists): the client side for https workers, the
+//! server side for serve's `--tls-cert`. Reads the PEM files it is named; nothing else.
+
+use std::path::Path;
+use std::sync::Arc;
+
+/// TLS settings for https workers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TlsOptions {
+    /// PEM file of CA certificates to trust instead of the platform's roots.
+    pub(crate) ca_file: Option<std::path::PathBuf>,
+}
+
+/// The client config for https workers: the CA file's roots, or the platform's; HTTP/1.1
+/// by ALPN; the ring provider.
+pub(crate) fn client_config(opts: &TlsOptions) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match &opts.ca_file {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("{}: cannot read CA certificates: {e}", path.display()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!(
+                    "{}: contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
+                    path.display()
+                ));
+            }
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("{}: invalid CA certificate: {e}", path.display()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            for c in found.certs {
+                let _ = roots.add(c);
+            }
+            if roots.is_empty() {
+                return Err(
+                    "no platform CA certificates found; pass --ca-cert FILE to trust a CA".into(),
+                );
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls configuration: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The acceptor for serving clients over TLS from a PEM certificate chain and key
+/// (`--tls-cert`, `--tls-key`). Errors name the flag and the file.
+pub(crate) fn server_acceptor(
+    cert: &Path,
+    key: &Path,
+) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--tls-cert {}: not PEM certificates: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: contains no PEM certificate",
+            cert.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        format!(
+            "--tls-key {}: no usable PEM private key: {e}",
+            key.display()
+        )
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls configuration: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}

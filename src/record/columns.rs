@@ -1,0 +1,807 @@
+//! The columns of `exchanges/*.parquet`, declared once.
+//!
+//! Each [`Column`] carries its name, nullability, unit, doc line *and* the code that fills
+//! it from a row; the Arrow type follows from the filler's kind. The schema
+//! ([`exchange_schema`]) and the batch ([`to_batch`]) are both generated from [`COLUMNS`],
+//! so no column is matched to its values by position, and `docs/output.md` is checked
+//! against the same list by a test. Secrets are redacted here, as values are copied into
+//! Arrow buffers: the URL's secret query parameters and secret header values never reach
+//! an encoder.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
+use arrow_array::{
+    ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, ListArray, RecordBatch,
+    StringArray, StructArray, TimestampMicrosecondArray,
+};
+use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use http::HeaderMap;
+
+use super::ExchangeRecord;
+use crate::redact::Redaction;
+
+/// How a column is filled from a row; the variant fixes the column's Arrow type.
+#[derive(Clone, Copy)]
+pub(crate) enum Fill {
+    Utf8(for<'a> fn(&'a ExchangeRecord) -> Option<&'a str>),
+    /// A URL whose secret query parameters are redacted.
+    RedactedUrl(for<'a> fn(&'a ExchangeRecord) -> &'a str),
+    Int32(fn(&ExchangeRecord) -> Option<i32>),
+    Int64(fn(&ExchangeRecord) -> Option<i64>),
+    Boolean(fn(&ExchangeRecord) -> Option<bool>),
+    Binary(for<'a> fn(&'a ExchangeRecord) -> &'a [u8]),
+    /// Microseconds since the Unix epoch, UTC.
+    TimestampUtc(fn(&ExchangeRecord) -> i64),
+    /// `List<Struct<name, value>>` in wire order; secret values redacted.
+    Headers(for<'a> fn(&'a ExchangeRecord) -> &'a HeaderMap),
+    Int64List(for<'a> fn(&'a ExchangeRecord) -> Option<&'a [i64]>),
+}
+
+/// One column of the exchange schema.
+#[derive(Clone, Copy)]
+pub(crate) struct Column {
+    pub(crate) name: &'static str,
+    pub(crate) nullable: bool,
+    /// `us` (microseconds from t0), `bytes`, `utc` or `""`. Unit and doc line are checked
+    /// against docs/output.md by this module's tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) unit: &'static str,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) doc: &'static str,
+    pub(crate) fill: Fill,
+}
+
+impl Column {
+    pub(crate) fn data_type(&self) -> DataType {
+        match self.fill {
+            Fill::Utf8(_) | Fill::RedactedUrl(_) => DataType::Utf8,
+            Fill::Int32(_) => DataType::Int32,
+            Fill::Int64(_) => DataType::Int64,
+            Fill::Boolean(_) => DataType::Boolean,
+            Fill::Binary(_) => DataType::Binary,
+            Fill::TimestampUtc(_) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            Fill::Headers(_) => header_list_type(),
+            Fill::Int64List(_) => DataType::List(Arc::new(int_item())),
+        }
+    }
+
+    /// The type as docs/output.md writes it (`Int64, null`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn doc_type(&self) -> String {
+        let t = match self.fill {
+            Fill::Utf8(_) | Fill::RedactedUrl(_) => "Utf8",
+            Fill::Int32(_) => "Int32",
+            Fill::Int64(_) => "Int64",
+            Fill::Boolean(_) => "Boolean",
+            Fill::Binary(_) => "Binary",
+            Fill::TimestampUtc(_) => "Timestamp(µs, UTC)",
+            Fill::Headers(_) => "List<Struct<name: Utf8, value: Binary>>",
+            Fill::Int64List(_) => "List<Int64>",
+        };
+        if self.nullable {
+            format!("{t}, null")
+        } else {
+            t.to_string()
+        }
+    }
+
+    fn field(&self) -> Field {
+        Field::new(self.name, self.data_type(), self.nullable)
+    }
+
+    fn array(&self, rows: &[ExchangeRecord], redact: &Redaction) -> ArrayRef {
+        match self.fill {
+            Fill::Utf8(f) => Arc::new(StringArray::from_iter(rows.iter().map(f))),
+            Fill::RedactedUrl(f) => Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| redact.url(f(r))),
+            )),
+            Fill::Int32(f) => Arc::new(Int32Array::from_iter(rows.iter().map(f))),
+            Fill::Int64(f) => Arc::new(Int64Array::from_iter(rows.iter().map(f))),
+            Fill::Boolean(f) => Arc::new(BooleanArray::from_iter(rows.iter().map(f))),
+            Fill::Binary(f) => Arc::new(BinaryArray::from_iter_values(rows.iter().map(f))),
+            Fill::TimestampUtc(f) => Arc::new(
+                TimestampMicrosecondArray::from_iter_values(rows.iter().map(f))
+                    .with_timezone("UTC"),
+            ),
+            Fill::Headers(f) => headers_array(rows, redact, f),
+            Fill::Int64List(f) => int_list_array(rows, f),
+        }
+    }
+}
+
+/// Shorthand for one entry of [`COLUMNS`].
+macro_rules! column {
+    ($name:literal, $kind:ident, $nullable:literal, $unit:literal, $doc:literal, $fill:expr) => {
+        Column {
+            name: $name,
+            nullable: $nullable,
+            unit: $unit,
+            doc: $doc,
+            fill: Fill::$kind($fill),
+        }
+    };
+}
+
+type R = ExchangeRecord;
+
+/// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
+pub(crate) static COLUMNS: [Column; 45] = [
+    column!(
+        "run_id",
+        Utf8,
+        false,
+        "",
+        "the run (also in config.json)",
+        |r: &R| Some(&*r.run_id)
+    ),
+    column!(
+        "exchange_id",
+        Int64,
+        false,
+        "",
+        "unique within the run, from 0, in order of completion",
+        |r: &R| Some(r.exchange_id)
+    ),
+    column!(
+        "phase",
+        Utf8,
+        false,
+        "",
+        "health, readiness, warmup, feasibility, measured (live for serve)",
+        |r: &R| Some(r.phase.as_str())
+    ),
+    column!(
+        "case_name",
+        Utf8,
+        true,
+        "",
+        "the case; null for health",
+        |r: &R| r.case_name.as_deref()
+    ),
+    column!(
+        "variant",
+        Utf8,
+        true,
+        "",
+        "the variant's name; null for a case without variants",
+        |r: &R| r.variant.as_deref()
+    ),
+    column!(
+        "concurrency",
+        Int32,
+        true,
+        "",
+        "the wave's concurrency; null in serve",
+        |r: &R| r.concurrency
+    ),
+    column!(
+        "repetition",
+        Int32,
+        true,
+        "",
+        "measured round, from 0",
+        |r: &R| r.repetition
+    ),
+    column!(
+        "dispatch_index",
+        Int64,
+        false,
+        "",
+        "from 0 within (case, phase, concurrency, repetition)",
+        |r: &R| Some(r.dispatch_index)
+    ),
+    column!(
+        "worker",
+        Int32,
+        false,
+        "",
+        "the worker that sent it (serve: the client connection)",
+        |r: &R| Some(r.worker)
+    ),
+    column!(
+        "connection_id",
+        Int64,
+        true,
+        "",
+        "the connection used; null if none was opened",
+        |r: &R| r.connection_id
+    ),
+    column!(
+        "connection_reused",
+        Boolean,
+        false,
+        "",
+        "sent on a connection that had carried an exchange",
+        |r: &R| Some(r.connection_reused)
+    ),
+    column!(
+        "connection_retried",
+        Boolean,
+        false,
+        "",
+        "the keep-alive rule replaced a closed connection",
+        |r: &R| Some(r.connection_retried)
+    ),
+    column!(
+        "started_at",
+        TimestampUtc,
+        false,
+        "utc",
+        "wall clock at t0",
+        |r: &R| r.started_at_us
+    ),
+    column!(
+        "start_offset_us",
+        Int64,
+        false,
+        "us",
+        "t0 on the run's monotonic clock",
+        |r: &R| Some(r.start_offset_us)
+    ),
+    column!("method", Utf8, false, "", "request method", |r: &R| Some(
+        r.method.as_str()
+    )),
+    column!(
+        "url",
+        RedactedUrl,
+        false,
+        "",
+        "full URL, secret query parameters redacted",
+        |r: &R| &*r.url
+    ),
+    column!(
+        "request_headers",
+        Headers,
+        false,
+        "",
+        "headers as sent, secret values redacted",
+        |r: &R| &r.request_headers
+    ),
+    column!(
+        "request_body",
+        Binary,
+        false,
+        "bytes",
+        "body bytes as sent (up to --max-record-body)",
+        |r: &R| &r.request_body[..]
+    ),
+    column!(
+        "request_body_len",
+        Int64,
+        false,
+        "bytes",
+        "true request body length",
+        |r: &R| Some(r.request_body_len)
+    ),
+    column!(
+        "request_body_truncated",
+        Boolean,
+        false,
+        "",
+        "request_body holds fewer bytes than request_body_len",
+        |r: &R| Some(r.request_body_truncated)
+    ),
+    column!(
+        "status",
+        Int32,
+        true,
+        "",
+        "response status; null if no head arrived",
+        |r: &R| r.status
+    ),
+    column!(
+        "response_headers",
+        Headers,
+        false,
+        "",
+        "response headers, secret values redacted",
+        |r: &R| &r.response_headers
+    ),
+    column!(
+        "response_body",
+        Binary,
+        false,
+        "bytes",
+        "body bytes received",
+        |r: &R| &r.response_body[..]
+    ),
+    column!(
+        "response_body_len",
+        Int64,
+        false,
+        "bytes",
+        "bytes of body received",
+        |r: &R| Some(r.response_body_len)
+    ),
+    column!(
+        "response_body_truncated",
+        Boolean,
+        false,
+        "",
+        "more arrived than --max-record-body",
+        |r: &R| Some(r.response_body_truncated)
+    ),
+    column!(
+        "connect_us",
+        Int64,
+        true,
+        "us",
+        "TCP connected; null on a reused connection",
+        |r: &R| r.timings.connect_us
+    ),
+    column!(
+        "tls_us",
+        Int64,
+        true,
+        "us",
+        "TLS handshake done",
+        |r: &R| r.timings.tls_us
+    ),
+    column!(
+        "tls_resumed",
+        Boolean,
+        true,
+        "",
+        "the TLS session was resumed",
+        |r: &R| r.timings.tls_resumed
+    ),
+    column!(
+        "request_sent_us",
+        Int64,
+        true,
+        "us",
+        "last request byte written",
+        |r: &R| r.timings.request_sent_us
+    ),
+    column!(
+        "first_byte_us",
+        Int64,
+        true,
+        "us",
+        "first response byte read",
+        |r: &R| r.timings.first_byte_us
+    ),
+    column!(
+        "first_body_us",
+        Int64,
+        true,
+        "us",
+        "first response body byte received",
+        |r: &R| r.timings.first_body_us
+    ),
+    column!(
+        "total_us",
+        Int64,
+        true,
+        "us",
+        "last response body byte received (failures: when detected)",
+        |r: &R| r.timings.total_us
+    ),
+    column!(
+        "downstream_done_us",
+        Int64,
+        true,
+        "us",
+        "serve only: last byte handed to the client",
+        |r: &R| r.timings.downstream_done_us
+    ),
+    column!(
+        "is_stream",
+        Boolean,
+        false,
+        "",
+        "the response was text/event-stream",
+        |r: &R| Some(r.stream.is_some())
+    ),
+    column!(
+        "event_count",
+        Int64,
+        true,
+        "",
+        "events received",
+        |r: &R| r.stream.as_ref().map(|s| s.event_count)
+    ),
+    column!(
+        "event_offsets_us",
+        Int64List,
+        true,
+        "us",
+        "arrival of every event",
+        |r: &R| r.stream.as_ref().map(|s| &s.event_offsets_us[..])
+    ),
+    column!(
+        "content_offsets_us",
+        Int64List,
+        true,
+        "us",
+        "arrival of every content event",
+        |r: &R| r.stream.as_ref().map(|s| &s.content_offsets_us[..])
+    ),
+    column!(
+        "ttft_us",
+        Int64,
+        true,
+        "us",
+        "first content event",
+        |r: &R| r.stream.as_ref().and_then(|s| s.ttft_us)
+    ),
+    column!(
+        "tpot_us",
+        Int64,
+        true,
+        "us",
+        "(total_us - ttft_us) / (output_tokens - 1)",
+        |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us)
+    ),
+    column!(
+        "output_tokens",
+        Int64,
+        true,
+        "",
+        "usage.completion_tokens, else the content events",
+        |r: &R| r.stream.as_ref().and_then(|s| s.output_tokens)
+    ),
+    column!(
+        "output_tokens_source",
+        Utf8,
+        true,
+        "",
+        "usage or events",
+        |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source)
+    ),
+    column!(
+        "prompt_tokens",
+        Int64,
+        true,
+        "",
+        "usage.prompt_tokens, when reported",
+        |r: &R| r.stream.as_ref().and_then(|s| s.prompt_tokens)
+    ),
+    column!(
+        "outcome",
+        Utf8,
+        false,
+        "",
+        "ok, http, correctness, timeout, transport, client_aborted, shutdown_cut",
+        |r: &R| Some(r.outcome.as_str())
+    ),
+    column!(
+        "error_message",
+        Utf8,
+        true,
+        "",
+        "what went wrong, naming the side and the step",
+        |r: &R| r.error_message.as_deref()
+    ),
+    column!(
+        "oracle_mismatch_pointer",
+        Utf8,
+        true,
+        "",
+        "first differing JSON pointer of an oracle mismatch",
+        |r: &R| r.oracle_mismatch_pointer.as_deref()
+    ),
+];
+
+/// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
+pub(crate) fn exchange_schema() -> SchemaRef {
+    schema_of(&COLUMNS)
+}
+
+fn schema_of(columns: &[Column]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns.iter().map(Column::field).collect::<Vec<_>>(),
+    ))
+}
+
+/// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets.
+pub(crate) fn to_batch(
+    rows: &[ExchangeRecord],
+    redact: &Redaction,
+    schema: &SchemaRef,
+) -> Result<RecordBatch, ArrowError> {
+    batch_of(&COLUMNS, rows, redact, schema.clone())
+}
+
+fn batch_of(
+    columns: &[Column],
+    rows: &[ExchangeRecord],
+    redact: &Redaction,
+    schema: SchemaRef,
+) -> Result<RecordBatch, ArrowError> {
+    let arrays = columns.iter().map(|c| c.array(rows, redact)).collect();
+    RecordBatch::try_new(schema, arrays)
+}
+
+fn int_item() -> Field {
+    Field::new("item", DataType::Int64, false)
+}
+
+fn header_struct_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("value", DataType::Binary, false),
+    ])
+}
+
+fn header_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(header_struct_fields()),
+        false,
+    )))
+}
+
+fn headers_array(
+    rows: &[ExchangeRecord],
+    redact: &Redaction,
+    pick: for<'a> fn(&'a ExchangeRecord) -> &'a HeaderMap,
+) -> ArrayRef {
+    let mut names = StringBuilder::new();
+    let mut values = BinaryBuilder::new();
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
+    offsets.push(0);
+    let mut n: i32 = 0;
+    for r in rows {
+        for (name, value) in pick(r) {
+            names.append_value(name.as_str());
+            values.append_value(redact.header_value(name, value.as_bytes()));
+            n += 1;
+        }
+        offsets.push(n);
+    }
+    let names: ArrayRef = Arc::new(names.finish());
+    let values: ArrayRef = Arc::new(values.finish());
+    let structs = StructArray::new(header_struct_fields(), vec![names, values], None);
+    let item = Arc::new(Field::new(
+        "item",
+        DataType::Struct(header_struct_fields()),
+        false,
+    ));
+    Arc::new(ListArray::new(
+        item,
+        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+        Arc::new(structs),
+        None,
+    ))
+}
+
+/// A nullable `List<Int64>` column.
+fn int_list_array(
+    rows: &[ExchangeRecord],
+    pick: for<'a> fn(&'a ExchangeRecord) -> Option<&'a [i64]>,
+) -> ArrayRef {
+    let mut b = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(int_item()));
+    for r in rows {
+        match pick(r) {
+            Some(v) => {
+                b.values().append_slice(v);
+                b.append(true);
+            }
+            None => b.append(false),
+        }
+    }
+    Arc::new(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests_support::row;
+    use arrow_array::Array;
+
+    /// A row whose every field holds a value no other field of its type holds.
+    fn distinct_row() -> ExchangeRecord {
+        let mut r = row(7, b"req");
+        r.case_name = Some("case".into());
+        r.variant = Some("variant".into());
+        r.concurrency = Some(3);
+        r.repetition = Some(4);
+        r.dispatch_index = 11;
+        r.worker = 5;
+        r.connection_id = Some(12);
+        r.connection_reused = true;
+        r.connection_retried = false;
+        r.started_at_us = 13;
+        r.start_offset_us = 14;
+        r.request_body_len = 15;
+        r.request_body_truncated = true;
+        r.status = Some(200);
+        r.response_body = bytes::Bytes::from_static(b"resp");
+        r.response_body_len = 16;
+        r.response_body_truncated = false;
+        r.timings = crate::model::Timings {
+            connect_us: Some(21),
+            tls_us: Some(22),
+            tls_resumed: Some(true),
+            request_sent_us: Some(23),
+            first_byte_us: Some(24),
+            first_body_us: Some(25),
+            total_us: Some(26),
+            downstream_done_us: Some(27),
+        };
+        r.stream = Some(crate::model::StreamColumns {
+            event_count: 31,
+            event_offsets_us: vec![32, 33],
+            content_offsets_us: vec![34],
+            ttft_us: Some(35),
+            tpot_us: Some(36),
+            output_tokens: Some(37),
+            output_tokens_source: "usage",
+            prompt_tokens: Some(38),
+        });
+        r.error_message = Some("message".into());
+        r.oracle_mismatch_pointer = Some("/pointer".into());
+        r
+    }
+
+    /// Every Int64 column by name, as written. The expected values are written out here,
+    /// independently of the table, so an entry whose filler reads another field fails.
+    #[test]
+    fn every_column_holds_its_own_field() {
+        let schema = exchange_schema();
+        let b = to_batch(&[distinct_row()], &Redaction::default(), &schema).unwrap();
+        let int = |n: &str| {
+            let c = b.column_by_name(n).unwrap();
+            c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+        };
+        let expected: [(&str, i64); 18] = [
+            ("exchange_id", 7),
+            ("dispatch_index", 11),
+            ("connection_id", 12),
+            ("start_offset_us", 14),
+            ("request_body_len", 15),
+            ("response_body_len", 16),
+            ("connect_us", 21),
+            ("tls_us", 22),
+            ("request_sent_us", 23),
+            ("first_byte_us", 24),
+            ("first_body_us", 25),
+            ("total_us", 26),
+            ("downstream_done_us", 27),
+            ("event_count", 31),
+            ("ttft_us", 35),
+            ("tpot_us", 36),
+            ("output_tokens", 37),
+            ("prompt_tokens", 38),
+        ];
+        let got: Vec<(&str, i64)> = expected.iter().map(|(n, _)| (*n, int(n))).collect();
+        assert_eq!(got, expected);
+        let text = |n: &str| {
+            let c = b.column_by_name(n).unwrap();
+            c.as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .value(0)
+                .to_string()
+        };
+        assert_eq!(
+            [
+                "case_name",
+                "variant",
+                "error_message",
+                "oracle_mismatch_pointer",
+                "output_tokens_source",
+                "url"
+            ]
+            .map(text),
+            [
+                "case",
+                "variant",
+                "message",
+                "/pointer",
+                "usage",
+                "http://h/x?token=<redacted>&keep=1"
+            ]
+        );
+        let int32 = |n: &str| {
+            let c = b.column_by_name(n).unwrap();
+            c.as_any().downcast_ref::<Int32Array>().unwrap().value(0)
+        };
+        assert_eq!(
+            ["concurrency", "repetition", "worker", "status"].map(int32),
+            [3, 4, 5, 200]
+        );
+        let flag = |n: &str| {
+            let c = b.column_by_name(n).unwrap();
+            c.as_any().downcast_ref::<BooleanArray>().unwrap().value(0)
+        };
+        assert_eq!(
+            [
+                "connection_reused",
+                "connection_retried",
+                "request_body_truncated",
+                "response_body_truncated",
+                "tls_resumed",
+                "is_stream"
+            ]
+            .map(flag),
+            [true, false, true, false, true, true]
+        );
+    }
+
+    /// Swapping two same-typed entries moves the column in the file (the file changes),
+    /// while each name still holds its own values: nothing is matched by position.
+    #[test]
+    fn swapping_two_same_typed_entries_changes_the_file_not_what_a_name_holds() {
+        let rows = [distinct_row()];
+        let redact = Redaction::default();
+        let mut swapped = COLUMNS;
+        let i = swapped.iter().position(|c| c.name == "connect_us").unwrap();
+        let j = swapped.iter().position(|c| c.name == "tls_us").unwrap();
+        swapped.swap(i, j);
+        let original = batch_of(&COLUMNS, &rows, &redact, schema_of(&COLUMNS)).unwrap();
+        let other = batch_of(&swapped, &rows, &redact, schema_of(&swapped)).unwrap();
+        assert_ne!(
+            original.schema(),
+            other.schema(),
+            "the file's layout changed"
+        );
+        assert_ne!(original.column(i).as_ref(), other.column(i).as_ref());
+        for name in ["connect_us", "tls_us"] {
+            assert_eq!(
+                original.column_by_name(name).unwrap().as_ref(),
+                other.column_by_name(name).unwrap().as_ref(),
+                "{name} holds the same values after the swap"
+            );
+        }
+    }
+
+    /// docs/output.md's exchange table lists exactly these columns, in this order, with
+    /// these types.
+    #[test]
+    fn docs_list_exactly_these_columns() {
+        let doc = include_str!("../../docs/output.md");
+        let section = doc
+            .split("## exchanges/*.parquet")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/output.md has an exchanges/*.parquet section");
+        let documented: Vec<(String, String)> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                (
+                    cells[0]
+                        .trim_start_matches("| ")
+                        .trim_matches('`')
+                        .to_string(),
+                    cells[1].to_string(),
+                )
+            })
+            .collect();
+        let declared: Vec<(String, String)> = COLUMNS
+            .iter()
+            .map(|c| (c.name.to_string(), c.doc_type()))
+            .collect();
+        assert_eq!(documented, declared);
+    }
+
+    #[test]
+    fn every_column_has_a_doc_line_and_a_known_unit() {
+        for c in &COLUMNS {
+            assert!(!c.doc.is_empty(), "{} has no doc line", c.name);
+            assert!(
+                ["", "us", "bytes", "utc"].contains(&c.unit),
+                "{}: unit {:?}",
+                c.name,
+                c.unit
+            );
+            assert_eq!(
+                c.name.ends_with("_us"),
+                c.unit == "us",
+                "{}: a *_us name and the us unit go together",
+                c.name
+            );
+        }
+        assert!(
+            COLUMNS
+                .iter()
+                .all(|c| c.field().is_nullable() == c.nullable)
+        );
+        let array = COLUMNS[0].array(&[distinct_row()], &Redaction::default());
+        assert_eq!(array.len(), 1);
+    }
+}

@@ -1,0 +1,131 @@
+//! The recorder: exchange rows to rolling, zstd-compressed Parquet part files, and
+//! everything that reads them back.
+//!
+//! Drivers hand finished [`ExchangeRecord`]s to [`Recorder::submit`] after the exchange
+//! has ended, so recording never stalls a response in flight. Rows cross a bounded queue
+//! to a dedicated OS thread ([`writer`]), which owns all Arrow conversion, redaction,
+//! compression and fsync; nothing here runs on the async runtime. The columns are
+//! declared once in [`columns`]; [`ledger`] counts what each part holds so [`recover`] can
+//! say what a crash lost; [`read`] reads closed parts back for the reports; [`rundir`]
+//! creates the run directory and writes its JSON files atomically.
+//!
+//! Part files are written as `.part-NNNNN.parquet.inprogress` (a name no reader globs),
+//! then finished, fsynced, renamed to `part-NNNNN.parquet`, and the directory fsynced.
+//! A crash loses at most the open part; a clean stop loses nothing. Secrets are replaced
+//! by `<redacted>` while the row is converted, so they exist only in memory.
+//!
+//! Never imports a driver, the engine or the reports: a row is plain data.
+
+pub(crate) mod columns;
+pub(crate) mod ledger;
+pub(crate) mod read;
+pub(crate) mod recover;
+pub(crate) mod rundir;
+pub(crate) mod writer;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::budget::BudgetHold;
+use crate::model::{Outcome, Phase, StreamColumns, Timings};
+
+pub use ledger::LEDGER;
+pub(crate) use writer::RecordError;
+pub use writer::{Recorder, RecorderOptions};
+
+/// Version of the exchange schema, stored in each file's key-value metadata.
+pub(crate) const SCHEMA_VERSION: &str = "1";
+
+/// One exchange, as a row of `exchanges/*.parquet`.
+#[derive(Debug)]
+pub struct ExchangeRecord {
+    pub run_id: Arc<str>,
+    pub exchange_id: i64,
+    pub phase: Phase,
+    pub case_name: Option<Arc<str>>,
+    pub variant: Option<Arc<str>>,
+    pub concurrency: Option<i32>,
+    pub repetition: Option<i32>,
+    pub dispatch_index: i64,
+    pub worker: i32,
+    pub connection_id: Option<i64>,
+    pub connection_reused: bool,
+    pub connection_retried: bool,
+    /// Wall clock, microseconds since the Unix epoch (UTC).
+    pub started_at_us: i64,
+    pub start_offset_us: i64,
+    pub method: http::Method,
+    /// Full URL; secret query parameters are redacted when the row is written.
+    pub url: Arc<str>,
+    /// Secret values are redacted when the row is written.
+    pub request_headers: HeaderMap,
+    pub request_body: Bytes,
+    pub request_body_len: i64,
+    pub request_body_truncated: bool,
+    pub status: Option<i32>,
+    pub response_headers: HeaderMap,
+    pub response_body: Bytes,
+    pub response_body_len: i64,
+    pub response_body_truncated: bool,
+    pub timings: Timings,
+    /// `None`: the response was not an event stream.
+    pub stream: Option<StreamColumns>,
+    pub outcome: Outcome,
+    pub error_message: Option<String>,
+    pub oracle_mismatch_pointer: Option<String>,
+    /// Recorded bytes held in serve's memory budget, released once the row is encoded.
+    pub memory: Option<BudgetHold>,
+}
+
+impl ExchangeRecord {
+    pub(crate) fn approx_bytes(&self) -> usize {
+        512 + self.request_body.len() + self.response_body.len() + self.url.len()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+    use crate::model::{Outcome, Phase, Timings};
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use std::sync::Arc;
+
+    pub(crate) fn row(i: i64, body: &'static [u8]) -> ExchangeRecord {
+        ExchangeRecord {
+            run_id: Arc::from("r"),
+            exchange_id: i,
+            phase: Phase::Live,
+            case_name: None,
+            variant: None,
+            concurrency: None,
+            repetition: None,
+            dispatch_index: i,
+            worker: 0,
+            connection_id: None,
+            connection_reused: false,
+            connection_retried: false,
+            started_at_us: 0,
+            start_offset_us: 0,
+            method: http::Method::GET,
+            url: "http://h/x?token=abc&keep=1".into(),
+            request_headers: HeaderMap::new(),
+            request_body: Bytes::from_static(body),
+            request_body_len: body.len() as i64,
+            request_body_truncated: false,
+            status: Some(200),
+            response_headers: HeaderMap::new(),
+            response_body: Bytes::new(),
+            response_body_len: 0,
+            response_body_truncated: false,
+            timings: Timings::default(),
+            stream: None,
+            outcome: Outcome::Ok,
+            error_message: None,
+            oracle_mismatch_pointer: None,
+            memory: None,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Reading closed parts back: what the reports need of each row ([`RowFacts`], for
+//! `summarize`), and serve's end-of-run latencies. Only closed parts (`part-*.parquet`)
+//! are read; a left-over `.inprogress` part is `recover`'s business.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use arrow_array::{ListArray, StringArray};
+
+use crate::metrics::{Sample, StreamSample};
+use crate::model::Outcome;
+
+/// What the metrics need of one recorded row (read back by `summarize`).
+#[derive(Debug, Clone)]
+pub struct RowFacts {
+    pub phase: String,
+    pub case_name: Option<String>,
+    pub concurrency: Option<i32>,
+    pub repetition: Option<i32>,
+    pub sample: Sample,
+}
+
+/// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
+/// Left-over `.inprogress` parts are not read (see `recover`).
+pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
+    use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
+    let parts = closed_parts(exchanges)?;
+    const WANT: [&str; 15] = [
+        "phase",
+        "case_name",
+        "concurrency",
+        "repetition",
+        "outcome",
+        "start_offset_us",
+        "total_us",
+        "first_byte_us",
+        "connect_us",
+        "is_stream",
+        "ttft_us",
+        "tpot_us",
+        "output_tokens",
+        "prompt_tokens",
+        "content_offsets_us",
+    ];
+    let mut out = Vec::new();
+    for part in parts {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        for batch in read_columns(&part, &WANT)? {
+            let b = batch.map_err(|e| ctx(&e))?;
+            let col = |n: &str| {
+                b.column_by_name(n)
+                    .ok_or_else(|| ctx(&format!("no column {n}")))
+            };
+            macro_rules! typed {
+                ($n:expr, $t:ty) => {
+                    col($n)?
+                        .as_any()
+                        .downcast_ref::<$t>()
+                        .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
+                };
+            }
+            let phase = typed!("phase", StringArray);
+            let case = typed!("case_name", StringArray);
+            let conc = typed!("concurrency", Int32Array);
+            let rep = typed!("repetition", Int32Array);
+            let outcome = typed!("outcome", StringArray);
+            let start = typed!("start_offset_us", Int64Array);
+            let total = typed!("total_us", Int64Array);
+            let fb = typed!("first_byte_us", Int64Array);
+            let connect = typed!("connect_us", Int64Array);
+            let is_stream = typed!("is_stream", BooleanArray);
+            let ttft = typed!("ttft_us", Int64Array);
+            let tpot = typed!("tpot_us", Int64Array);
+            let out_tok = typed!("output_tokens", Int64Array);
+            let prompt = typed!("prompt_tokens", Int64Array);
+            let content = typed!("content_offsets_us", ListArray);
+            let opt = |a: &Int64Array, i: usize| a.is_valid(i).then(|| a.value(i));
+            for i in 0..b.num_rows() {
+                let outcome = Outcome::ALL
+                    .into_iter()
+                    .find(|o| o.as_str() == outcome.value(i))
+                    .ok_or_else(|| ctx(&format!("unknown outcome {:?}", outcome.value(i))))?;
+                let stream = (is_stream.value(i)).then(|| {
+                    let offsets: Vec<i64> = if content.is_valid(i) {
+                        let v = content.value(i);
+                        v.as_any()
+                            .downcast_ref::<Int64Array>()
+                            .map(|a| a.values().to_vec())
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    StreamSample {
+                        ttft_us: opt(ttft, i),
+                        tpot_us: opt(tpot, i),
+                        output_tokens: opt(out_tok, i),
+                        prompt_tokens: opt(prompt, i),
+                        gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+                    }
+                });
+                out.push(RowFacts {
+                    phase: phase.value(i).to_string(),
+                    case_name: case.is_valid(i).then(|| case.value(i).to_string()),
+                    concurrency: conc.is_valid(i).then(|| conc.value(i)),
+                    repetition: rep.is_valid(i).then(|| rep.value(i)),
+                    sample: Sample {
+                        outcome,
+                        start_offset_us: start.value(i),
+                        total_us: opt(total, i),
+                        first_byte_us: opt(fb, i),
+                        connect_us: opt(connect, i),
+                        stream,
+                    },
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `total_us` of every successful row in the closed parts of `exchanges/` (serve's
+/// end-of-run latency percentiles are computed from what was recorded, so that the
+/// proxy holds no per-request state in memory while it runs).
+pub fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
+    use arrow_array::{Array, Int64Array};
+    let mut out = Vec::new();
+    for part in closed_parts(exchanges)? {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        for batch in read_columns(&part, &["outcome", "total_us"])? {
+            let b = batch.map_err(|e| ctx(&e))?;
+            let outcome = b
+                .column_by_name("outcome")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .ok_or_else(|| ctx(&"column outcome is missing or not a string"))?;
+            let total = b
+                .column_by_name("total_us")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+                .ok_or_else(|| ctx(&"column total_us is missing or not an int64"))?;
+            for i in 0..b.num_rows() {
+                if outcome.value(i) == Outcome::Ok.as_str() && total.is_valid(i) {
+                    out.push(total.value(i));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The batches of one part, read with only the columns named in `want`.
+fn read_columns(
+    part: &Path,
+    want: &[&str],
+) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, String> {
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+    let f = File::open(part).map_err(|e| ctx(&e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
+    let roots = want
+        .iter()
+        .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
+        .collect::<Result<Vec<usize>, _>>()?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    builder.with_projection(mask).build().map_err(|e| ctx(&e))
+}
+
+/// The closed parts (`part-*.parquet`) of an `exchanges/` directory, in file order.
+fn closed_parts(exchanges: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut parts: Vec<PathBuf> = fs::read_dir(exchanges)
+        .map_err(|e| format!("{}: {e}", exchanges.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            n.starts_with("part-") && n.ends_with(".parquet")
+        })
+        .collect();
+    parts.sort();
+    Ok(parts)
+}

@@ -1,0 +1,56 @@
+//! After a crash: quarantine the unfinished part (a Parquet file without its footer
+//! cannot be read) and count, from the writer's ledger, the rows it held.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use super::ledger;
+
+/// What `recover` found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Left-over `.inprogress` parts moved to `quarantine/`.
+    pub quarantined: Vec<PathBuf>,
+    /// Rows the ledger says were written into those parts: lost.
+    pub rows_lost: u64,
+    /// Rows in the closed parts.
+    pub rows_kept: u64,
+}
+
+/// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
+/// its footer cannot be read) and count, from the writer's ledger, the rows they held.
+pub fn recover(run: &Path) -> Result<Recovery, String> {
+    let ex = run.join("exchanges");
+    let mut rec = Recovery::default();
+    let ledger = ledger::read(&ex);
+    let entries: Vec<PathBuf> = fs::read_dir(&ex)
+        .map_err(|e| format!("{}: {e}", ex.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    for p in entries {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(idx) = name
+            .strip_prefix(".part-")
+            .and_then(|s| s.strip_suffix(".parquet.inprogress"))
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            let q = run.join("quarantine");
+            fs::create_dir_all(&q).map_err(|e| format!("{}: {e}", q.display()))?;
+            let dest = q.join(&name);
+            fs::rename(&p, &dest).map_err(|e| format!("{}: {e}", p.display()))?;
+            rec.rows_lost += ledger.get(&idx).copied().unwrap_or(0);
+            rec.quarantined.push(dest);
+        } else if name.starts_with("part-") && name.ends_with(".parquet") {
+            let f = File::open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let reader = parquet::file::serialized_reader::SerializedFileReader::new(f)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            rec.rows_kept += parquet::file::reader::FileReader::metadata(&reader)
+                .file_metadata()
+                .num_rows() as u64;
+        }
+    }
+    Ok(rec)
+}

@@ -1,0 +1,534 @@
+//! The writer thread and its handle. Rows cross a bounded queue (a semaphore of free
+//! slots in front of a channel) to the `matrix-recorder` OS thread, which converts them
+//! in batches, writes zstd row groups and rolls part files. The thread polls its queue on
+//! a short tick instead of blocking in it, so a submit never pays for waking it. A full
+//! queue applies back-pressure ([`Recorder::submit`], the one policy replay uses) or hands
+//! the row back / drops and counts it ([`Recorder::submit_now`], [`Recorder::try_submit`],
+//! serve's choices). Nothing here runs on the async runtime.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use tokio::sync::Semaphore;
+
+use super::columns::{exchange_schema, to_batch};
+use super::ledger::Ledger;
+use super::{ExchangeRecord, SCHEMA_VERSION};
+use crate::clock;
+use crate::redact::Redaction;
+
+/// Where and how parts are written.
+#[derive(Debug, Clone)]
+pub struct RecorderOptions {
+    /// The `exchanges/` directory (must exist).
+    pub dir: PathBuf,
+    /// Roll to a new part after this many rows.
+    pub part_rows: usize,
+    /// Roll to a new part when the open one is this old (and has rows).
+    pub part_seconds: f64,
+    /// Rows queued between the drivers and the writer thread.
+    pub queue_rows: usize,
+    pub redaction: Redaction,
+    /// Extra key-value metadata for every part (run id, ...).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl RecorderOptions {
+    pub fn new(dir: PathBuf) -> RecorderOptions {
+        RecorderOptions {
+            dir,
+            part_rows: 100_000,
+            part_seconds: 60.0,
+            queue_rows: 4096,
+            redaction: Redaction::default(),
+            metadata: Vec::new(),
+        }
+    }
+}
+
+/// What the writer did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    pub rows: u64,
+    pub parts: u32,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("recorder: {0}")]
+pub struct RecordError(pub String);
+
+enum Msg {
+    Row(Box<ExchangeRecord>),
+    /// Finish every part and stop (sent by [`Recorder::finish`]).
+    Close,
+}
+
+/// Handle to the writer thread. Shared by reference (`&self`) between all tasks.
+pub struct Recorder {
+    tx: mpsc::Sender<Msg>,
+    slots: Arc<Semaphore>,
+    dropped: AtomicU64,
+    handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
+}
+
+/// How long the writer sleeps when its queue is empty.
+const POLL_TICK: Duration = Duration::from_millis(2);
+
+/// Rows are converted and handed to Parquet in batches of this many rows or bytes.
+const BATCH_ROWS: usize = 1024;
+const BATCH_BYTES: usize = 32 << 20;
+
+impl Recorder {
+    pub fn start(opts: RecorderOptions) -> io::Result<Recorder> {
+        let (tx, rx) = mpsc::channel();
+        let slots = Arc::new(Semaphore::new(opts.queue_rows.max(1)));
+        let thread_slots = slots.clone();
+        let handle = std::thread::Builder::new()
+            .name("matrix-recorder".into())
+            .spawn(move || {
+                let r = writer_loop(opts, rx, &thread_slots);
+                // Wake and fail every submitter still waiting for a slot.
+                thread_slots.close();
+                r
+            })?;
+        Ok(Recorder {
+            tx,
+            slots,
+            dropped: AtomicU64::new(0),
+            handle: std::sync::Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Queue a finished exchange, waiting for a free slot (back-pressure). Fails only when
+    /// the writer has stopped on an error (see [`Recorder::finish`] for the reason).
+    pub async fn submit(&self, rec: ExchangeRecord) -> Result<(), RecordError> {
+        let permit = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| RecordError("the writer stopped".into()))?;
+        permit.forget();
+        self.tx
+            .send(Msg::Row(Box::new(rec)))
+            .map_err(|_| RecordError("the writer stopped".into()))?;
+        Ok(())
+    }
+
+    /// Queue a finished exchange if a slot is free, without waiting; a full queue hands
+    /// the row back (`Ok(Some(row))`) for the caller to [`Recorder::submit`] later.
+    pub fn submit_now(&self, rec: ExchangeRecord) -> Result<Option<ExchangeRecord>, RecordError> {
+        match self.slots.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.tx
+                    .send(Msg::Row(Box::new(rec)))
+                    .map_err(|_| RecordError("the writer stopped".into()))?;
+                Ok(None)
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(Some(rec)),
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                Err(RecordError("the writer stopped".into()))
+            }
+        }
+    }
+
+    /// Queue a finished exchange only if a slot is free (`--on-record-full drop`).
+    /// `Ok(false)`: the queue was full and the row was dropped (and counted).
+    pub fn try_submit(&self, rec: ExchangeRecord) -> Result<bool, RecordError> {
+        match self.submit_now(rec)? {
+            None => Ok(true),
+            Some(_dropped) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Close the queue (later submits fail), let the writer write every row already
+    /// queued and finish every part, and wait for it. Blocking; call it once.
+    pub fn finish(&self) -> Result<WriterStats, RecordError> {
+        self.slots.close();
+        let _ = self.tx.send(Msg::Close);
+        let handle = self.handle.lock().ok().and_then(|mut h| h.take());
+        match handle.map(|h| h.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(RecordError("the writer thread panicked".into())),
+            None => Err(RecordError("recorder already finished".into())),
+        }
+    }
+}
+
+struct OpenPart {
+    index: u32,
+    writer: ArrowWriter<File>,
+    tmp: PathBuf,
+    final_path: PathBuf,
+    rows: usize,
+    opened_ns: u64,
+}
+
+/// zstd level of the parts: level 1 compresses recorded JSON nearly as well as the default
+/// (3) at a fraction of the CPU, and the writer shares a core with the run.
+const ZSTD_LEVEL: i32 = 1;
+
+/// Columns whose values come from a small set, dictionary-encoded (Parquet paths).
+const DICTIONARY_COLUMNS: [&[&str]; 10] = [
+    &["run_id"],
+    &["phase"],
+    &["case_name"],
+    &["variant"],
+    &["method"],
+    &["url"],
+    &["request_headers", "list", "item", "name"],
+    &["response_headers", "list", "item", "name"],
+    &["outcome"],
+    &["output_tokens_source"],
+];
+
+/// Columns written without min/max statistics (Parquet paths).
+const NO_STATISTICS_COLUMNS: [&[&str]; 5] = [
+    &["request_body"],
+    &["response_body"],
+    &["request_headers", "list", "item", "value"],
+    &["response_headers", "list", "item", "value"],
+    &["error_message"],
+];
+
+fn writer_props(opts: &RecorderOptions) -> WriterProperties {
+    let mut kv = vec![KeyValue::new(
+        "matrix_proxy.schema_version".to_string(),
+        SCHEMA_VERSION.to_string(),
+    )];
+    for (k, v) in &opts.metadata {
+        kv.push(KeyValue::new(k.clone(), v.clone()));
+    }
+    // Dictionary encoding costs a hash and a compare per value; it pays only where values
+    // repeat from a small set. Everything else (bodies, header values, timings) is left to
+    // zstd, which finds the repetition anyway (measured with `cargo bench --bench writer`).
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(ZSTD_LEVEL).unwrap_or_default(),
+        ))
+        .set_max_row_group_row_count(Some(64 * 1024))
+        .set_max_row_group_bytes(Some(128 << 20))
+        .set_dictionary_enabled(false)
+        .set_key_value_metadata(Some(kv));
+    // Min/max statistics of a body or a header value are of no use to a query and cost a
+    // byte comparison per value (measured: the largest single cost of encoding a row).
+    for col in NO_STATISTICS_COLUMNS {
+        b = b.set_column_statistics_enabled(column_path(col), EnabledStatistics::None);
+    }
+    for col in DICTIONARY_COLUMNS {
+        b = b.set_column_dictionary_enabled(column_path(col), true);
+    }
+    b.build()
+}
+
+fn column_path(parts: &[&str]) -> ColumnPath {
+    ColumnPath::new(parts.iter().map(|p| p.to_string()).collect())
+}
+
+fn open_part(
+    opts: &RecorderOptions,
+    index: u32,
+    schema: &SchemaRef,
+) -> Result<OpenPart, RecordError> {
+    let tmp = opts
+        .dir
+        .join(format!(".part-{index:05}.parquet.inprogress"));
+    let final_path = opts.dir.join(format!("part-{index:05}.parquet"));
+    let file = File::create(&tmp)
+        .map_err(|e| RecordError(format!("{}: cannot create: {e}", tmp.display())))?;
+    let writer = ArrowWriter::try_new(file, schema.clone(), Some(writer_props(opts)))
+        .map_err(|e| RecordError(format!("{}: {e}", tmp.display())))?;
+    Ok(OpenPart {
+        index,
+        writer,
+        tmp,
+        final_path,
+        rows: 0,
+        opened_ns: clock::now_ns(),
+    })
+}
+
+fn close_part(part: OpenPart, dir: &Path) -> Result<(), RecordError> {
+    let ctx = |e: &dyn std::fmt::Display| RecordError(format!("{}: {e}", part.tmp.display()));
+    let file = part.writer.into_inner().map_err(|e| ctx(&e))?;
+    file.sync_all().map_err(|e| ctx(&e))?;
+    drop(file);
+    fs::rename(&part.tmp, &part.final_path).map_err(|e| ctx(&e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RecordError(format!("{}: fsync: {e}", dir.display())))?;
+    Ok(())
+}
+
+/// The writer thread's state: rows waiting to be converted, the open part, the ledger.
+struct Writer {
+    opts: RecorderOptions,
+    schema: SchemaRef,
+    stats: WriterStats,
+    pending: Vec<ExchangeRecord>,
+    pending_bytes: usize,
+    part: Option<OpenPart>,
+    /// A part is closed when it is this old (and has rows).
+    part_ns: u64,
+    ledger: Ledger,
+}
+
+/// What the queue gave the writer on one poll.
+enum Polled {
+    Row(Box<ExchangeRecord>),
+    /// Nothing came for as long as the writer waits before flushing what it holds.
+    Idle,
+    /// [`Recorder::finish`], or every sender is gone.
+    Closed,
+}
+
+fn writer_loop(
+    opts: RecorderOptions,
+    rx: mpsc::Receiver<Msg>,
+    slots: &Semaphore,
+) -> Result<WriterStats, RecordError> {
+    let mut w = Writer {
+        schema: exchange_schema(),
+        stats: WriterStats::default(),
+        pending: Vec::with_capacity(BATCH_ROWS),
+        pending_bytes: 0,
+        part: None,
+        part_ns: (opts.part_seconds.max(0.001) * 1e9) as u64,
+        ledger: Ledger::open(&opts.dir),
+        opts,
+    };
+    match w.run(&rx, slots) {
+        Ok(()) => Ok(w.stats),
+        Err(e) => {
+            // Keep what was written: try to close the open part so its rows survive.
+            if let Some(p) = w.part.take() {
+                let _ = close_part(p, &w.opts.dir);
+            }
+            Err(e)
+        }
+    }
+}
+
+impl Writer {
+    fn run(&mut self, rx: &mpsc::Receiver<Msg>, slots: &Semaphore) -> Result<(), RecordError> {
+        let mut idle = Duration::ZERO;
+        loop {
+            match self.poll(rx, &mut idle) {
+                None => continue,
+                Some(Polled::Row(rec)) => {
+                    slots.add_permits(1);
+                    self.on_row(*rec)?;
+                }
+                Some(Polled::Idle) => {
+                    // Idle: hand pending rows to the part so the age check sees them.
+                    self.flush_all()?;
+                }
+                Some(Polled::Closed) => {
+                    self.flush_all()?;
+                    return self.close_open_part();
+                }
+            }
+            if let Some(p) = &self.part
+                && p.rows > 0
+                && clock::now_ns().saturating_sub(p.opened_ns) >= self.part_ns
+            {
+                self.flush_all()?;
+                self.close_open_part()?;
+            }
+        }
+    }
+
+    /// One look at the queue. Poll rather than block: a receiver blocked in the channel
+    /// turns every send into a futex wake-up and a context switch on the submitting core
+    /// (measured: over a quarter of serve's CPU time). Rows wait at most one tick here.
+    /// `None`: slept one tick, nothing to do yet.
+    fn poll(&self, rx: &mpsc::Receiver<Msg>, idle: &mut Duration) -> Option<Polled> {
+        match rx.try_recv() {
+            Ok(Msg::Row(rec)) => {
+                *idle = Duration::ZERO;
+                Some(Polled::Row(rec))
+            }
+            Ok(Msg::Close) | Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Closed),
+            Err(mpsc::TryRecvError::Empty) => {
+                std::thread::sleep(POLL_TICK);
+                *idle += POLL_TICK;
+                if *idle < self.idle_wait() {
+                    return None;
+                }
+                *idle = Duration::ZERO;
+                Some(Polled::Idle)
+            }
+        }
+    }
+
+    /// How long the queue may stay empty before pending rows are flushed: at most half a
+    /// second, less when the open part is due to close sooner.
+    fn idle_wait(&self) -> Duration {
+        match &self.part {
+            Some(p) => {
+                let age = clock::now_ns().saturating_sub(p.opened_ns);
+                Duration::from_nanos(self.part_ns.saturating_sub(age))
+                    .min(Duration::from_millis(500))
+            }
+            None => Duration::from_millis(500),
+        }
+    }
+
+    fn on_row(&mut self, rec: ExchangeRecord) -> Result<(), RecordError> {
+        self.pending_bytes += rec.approx_bytes();
+        self.pending.push(rec);
+        // Never hold more rows than would complete the open part, so that a crash loses
+        // at most that part (plus rows still in the queue).
+        let open_rows = self.part.as_ref().map_or(0, |p| p.rows);
+        let batch_limit = BATCH_ROWS
+            .min(self.opts.part_rows.max(1) - open_rows)
+            .max(1);
+        while self.pending.len() >= batch_limit || self.pending_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush_all(&mut self) -> Result<(), RecordError> {
+        while !self.pending.is_empty() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Convert pending rows (at most what completes the open part) into one batch, write
+    /// it, note it in the ledger, and close the part when it is full.
+    fn flush(&mut self) -> Result<(), RecordError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if self.part.is_none() {
+            self.part = Some(open_part(&self.opts, self.stats.parts, &self.schema)?);
+            self.stats.parts += 1;
+        }
+        let part_rows = self.opts.part_rows.max(1);
+        let p = self
+            .part
+            .as_mut()
+            .ok_or_else(|| RecordError("no open part".into()))?;
+        // Never let one part overshoot part_rows: split the batch at the boundary.
+        let take = self.pending.len().min(part_rows - p.rows);
+        let batch = to_batch(&self.pending[..take], &self.opts.redaction, &self.schema)
+            .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
+        p.writer
+            .write(&batch)
+            .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
+        p.rows += take;
+        self.stats.rows += take as u64;
+        self.ledger.note(p.index, p.rows);
+        let full = p.rows >= part_rows;
+        self.pending.drain(..take);
+        self.pending_bytes = self.pending.iter().map(ExchangeRecord::approx_bytes).sum();
+        if full {
+            self.close_open_part()?;
+        }
+        Ok(())
+    }
+
+    fn close_open_part(&mut self) -> Result<(), RecordError> {
+        match self.part.take() {
+            Some(p) => close_part(p, &self.opts.dir),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests_support::row;
+
+    #[test]
+    fn drop_policy_counts_every_row_it_does_not_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = RecorderOptions::new(dir.path().to_path_buf());
+        opts.queue_rows = 1;
+        opts.part_rows = 7_000;
+        let rec = Recorder::start(opts).unwrap();
+        let n = 50_000;
+        let mut kept = 0u64;
+        for i in 0..n {
+            if rec.try_submit(row(i, b"x")).unwrap() {
+                kept += 1;
+            }
+        }
+        let stats = rec.finish().unwrap();
+        assert_eq!(stats.rows, kept, "every accepted row is written");
+        assert_eq!(
+            rec.dropped(),
+            n as u64 - kept,
+            "every other row is counted as dropped"
+        );
+        assert!(
+            rec.dropped() > 0,
+            "a one-row queue under a tight loop must overflow"
+        );
+        assert_eq!(stats.parts as u64, kept.div_ceil(7_000));
+        // After finish, submitting is an error, not a silent loss.
+        assert!(rec.try_submit(row(0, b"x")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod disk_full {
+    use super::*;
+    use crate::record::tests_support::row;
+
+    #[test]
+    fn a_full_disk_is_a_clear_error_not_a_panic_and_submitters_are_told() {
+        let dir = tempfile::tempdir().unwrap();
+        // /dev/full answers every write with ENOSPC.
+        std::os::unix::fs::symlink(
+            "/dev/full",
+            dir.path().join(".part-00000.parquet.inprogress"),
+        )
+        .unwrap();
+        let mut opts = RecorderOptions::new(dir.path().to_path_buf());
+        opts.part_rows = 1_000;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // The first part closes at 1,000 rows: its write fails, the writer stops, and
+        // submitters are refused from then on instead of queueing forever.
+        let refused = rt.block_on(async {
+            for i in 0..100_000 {
+                if let Err(e) = rec.submit(row(i, b"x")).await {
+                    return Some((i, e));
+                }
+            }
+            None
+        });
+        let (at, _) = refused.expect("submitters learn that the writer stopped");
+        assert!(at < 1_000 + 4_096 + 1_024 + 1, "refused only at row {at}");
+        let err = rec.finish().unwrap_err();
+        assert!(err.0.contains(".part-00000.parquet.inprogress"), "{err}");
+        assert!(err.0.contains("No space left on device"), "{err}");
+    }
+}

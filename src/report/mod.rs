@@ -1,0 +1,254 @@
+//! The run's reports, from the measurements: `summary.json` (with the seed tool's keys at
+//! every level), `rounds.parquet` ([`rounds`]), the table on stdout ([`table`]), serve's
+//! summary, config.json ([`config_json`]) for both commands, and the rounds rebuilt from
+//! recorded rows ([`rebuild`], for `summarize`). Arithmetic lives in `metrics`; this
+//! module only arranges and writes it. Never imports a driver: what a serve run did
+//! arrives as [`ServeStats`].
+
+pub(crate) mod config_json;
+pub(crate) mod rebuild;
+pub(crate) mod rounds;
+pub(crate) mod table;
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::config::plan::Plan;
+use crate::metrics::{
+    self, Aggregate, Percentiles, RoundMetrics, Sample, Spread, THROUGHPUT_SCOPE,
+};
+use crate::model::{Outcome, Phase};
+use crate::record::RecordError;
+
+pub(crate) use rebuild::rounds_from_rows;
+pub(crate) use rounds::write_rounds_parquet;
+pub(crate) use table::table;
+
+/// What a serve run did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ServeStats {
+    pub(crate) requests: u64,
+    pub(crate) by_outcome: BTreeMap<Outcome, u64>,
+    /// Total latency of successful exchanges (µs).
+    pub(crate) ok_total: Percentiles,
+    pub(crate) dropped_rows: u64,
+    /// Most finished exchanges that waited at once for room in the recorder's queue.
+    pub(crate) backlog_peak: u64,
+    pub(crate) record_error: Option<RecordError>,
+}
+
+/// The scope of the generator columns and keys.
+const GENERATOR_SCOPE: &str = "matrix-proxy's own process during the round (workers, recorder, and the built-in mock worker when --mock-worker runs it): CPU time from getrusage-equivalent accounting, share = CPU / (wall x cores it may run on); dispatch lag = how late a 10 ms tick on the same runtime fired (1 ms timer granularity)";
+
+/// How a replay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Every request of the budget succeeded.
+    Passed,
+    /// At least one failure was recorded.
+    Failed,
+    /// Ctrl-C / SIGTERM.
+    Interrupted,
+}
+
+/// Per-phase counts of the excluded (non-measured) phases.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PhaseCounts {
+    pub(crate) attempted: u64,
+    pub(crate) successful: u64,
+    pub(crate) failures: BTreeMap<Outcome, u64>,
+}
+
+impl PhaseCounts {
+    pub(crate) fn add(&mut self, s: &Sample) {
+        self.attempted += 1;
+        if s.outcome == Outcome::Ok {
+            self.successful += 1;
+        } else {
+            *self.failures.entry(s.outcome).or_insert(0) += 1;
+        }
+    }
+}
+
+pub(crate) fn aggregates(plan: &Plan, rounds: &[RoundMetrics]) -> Vec<Aggregate> {
+    let mut out = Vec::new();
+    for case in &plan.cases {
+        for &c in &plan.concurrency {
+            let rs: Vec<&RoundMetrics> = rounds
+                .iter()
+                .filter(|r| r.case_name == case.name && r.concurrency == c)
+                .collect();
+            out.push(metrics::aggregate(&case.name, c, plan.repetitions, &rs));
+        }
+    }
+    out
+}
+
+fn failures_json(f: &BTreeMap<Outcome, u64>) -> Value {
+    Value::Object(
+        f.iter()
+            .map(|(k, v)| (k.as_str().to_string(), json!(v)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+fn secs(us: Option<i64>) -> Value {
+    us.map_or(Value::Null, |v| json!(v as f64 / 1e6))
+}
+
+fn pct_json(p: &Percentiles) -> Value {
+    json!({"p50": secs(p.p50), "p95": secs(p.p95), "p99": secs(p.p99)})
+}
+
+fn spread_json(s: &Option<Spread>) -> Value {
+    match s {
+        None => Value::Null,
+        Some(s) => json!({
+            "rounds": s.rounds, "min": s.min, "median": s.median, "max": s.max,
+            "relative_spread": s.relative_spread,
+        }),
+    }
+}
+
+fn round_json(r: &RoundMetrics) -> Value {
+    let ss = &r.steady_state;
+    json!({
+        "case": r.case_name,
+        "concurrency": r.concurrency,
+        "repetition": r.repetition,
+        "planned_requests": r.planned_requests,
+        "attempted_requests": r.attempted_requests,
+        "successful_requests": r.successful_requests,
+        "elapsed_seconds": r.elapsed_seconds,
+        "successful_requests_per_second": r.successful_requests_per_second,
+        "successful_latency_seconds": pct_json(&r.total_us),
+        "failures": failures_json(&r.failures),
+        "failure_latency_seconds": if r.failures.is_empty() { Value::Null } else { pct_json(&r.failure_total_us) },
+        "complete": r.complete,
+        "steady_state": {
+            "available": ss.available,
+            "reason": ss.reason,
+            "window_start_seconds": secs(ss.start_us),
+            "window_end_seconds": secs(ss.end_us),
+            "requests": ss.requests,
+            "requests_per_second": ss.requests_per_second,
+        },
+        "throughput_scope": THROUGHPUT_SCOPE,
+        "first_byte_seconds": pct_json(&r.first_byte_us),
+        "connect_seconds": pct_json(&r.connect_us),
+        "generator": r.generator.as_ref().map(|g| json!({
+            "cpu_seconds": g.cpu_seconds,
+            "cpu_share": g.cpu_share,
+            "cores": g.cores,
+            "dispatch_lag_seconds": pct_json(&g.lag_us),
+            "dispatch_lag_max_seconds": secs(g.lag_max_us),
+            "warning": g.warning,
+            "scope": GENERATOR_SCOPE,
+        })),
+        "stream": r.stream.as_ref().map(|st| json!({
+            "requests": st.requests,
+            "ttft_seconds": pct_json(&st.ttft_us),
+            "tpot_seconds": pct_json(&st.tpot_us),
+            "itl_seconds": pct_json(&st.itl_us),
+            "itl_scope": "pooled over every inter-token gap of every successful exchange",
+            "output_tokens": st.output_tokens,
+            "output_tokens_per_second": {
+                "per_request_mean": st.output_tokens_per_second_mean,
+                "aggregate": st.output_tokens_per_second_aggregate,
+            },
+            "prefill_tokens_per_second_mean": st.prefill_tokens_per_second_mean,
+        })),
+    })
+}
+
+pub(crate) fn summary_json(
+    plan: &Plan,
+    rounds: &[RoundMetrics],
+    aggs: &[Aggregate],
+    excluded: &BTreeMap<Phase, PhaseCounts>,
+    ending: Ending,
+    total_failures: u64,
+) -> Value {
+    let mut failures: BTreeMap<Outcome, u64> = BTreeMap::new();
+    for r in rounds {
+        for (k, v) in &r.failures {
+            *failures.entry(*k).or_insert(0) += v;
+        }
+    }
+    for c in excluded.values() {
+        for (k, v) in &c.failures {
+            *failures.entry(*k).or_insert(0) += v;
+        }
+    }
+    let planned_rounds = plan.cases.len() * plan.concurrency.len() * plan.repetitions;
+    let complete = ending == Ending::Passed
+        && total_failures == 0
+        && rounds.len() == planned_rounds
+        && rounds.iter().all(|r| r.complete);
+    let excluded_json: Map<String, Value> = excluded
+        .iter()
+        .map(|(p, c)| {
+            (
+                p.as_str().to_string(),
+                json!({"attempted_requests": c.attempted, "successful_requests": c.successful, "failures": failures_json(&c.failures)}),
+            )
+        })
+        .collect();
+    json!({
+        "complete": complete,
+        "failures": failures_json(&failures),
+        "rounds": rounds.iter().map(round_json).collect::<Vec<_>>(),
+        "round_aggregates": aggs.iter().map(|a| json!({
+            "case": a.case_name,
+            "concurrency": a.concurrency,
+            "planned_rounds": a.planned_rounds,
+            "attempted_rounds": a.attempted_rounds,
+            "complete_rounds": a.complete_rounds,
+            "incomplete_rounds": a.incomplete_rounds,
+            "metrics": Value::Object(a.metrics.iter().map(|(k, s)| (k.to_string(), spread_json(s))).collect()),
+        })).collect::<Vec<_>>(),
+        "excluded_phases": excluded_json,
+        "ending": match ending { Ending::Passed => "passed", Ending::Failed => "failed", Ending::Interrupted => "interrupted" },
+        "planned_rounds": planned_rounds,
+        "planned_requests": plan.planned_requests(),
+        "definitions": {
+            "latency": "t0 (worker starts the exchange) to the last response body byte; oracle validation excluded",
+            "percentiles": "nearest rank over the round's successful exchanges: sorted[ceil(p*n)-1]; p95 of fewer than 20 samples is the maximum",
+            "throughput_scope": "successful requests / (last completion - first dispatch) of the round, ramp and drain included",
+            "steady_state": "complete rounds with n > 2c: completions sorted, first and last c dropped; rate over completion c .. completion n-c",
+            "round_aggregates": "over complete rounds only; median is the ordinary median; relative_spread = (max - min) / median",
+            "ttft": "t0 to the first event carrying generated content (OpenAI: non-empty delta.content or text; other event streams: the first event)",
+            "tpot": "(total - ttft) / (output_tokens - 1), per exchange with more than one output token",
+            "itl": "gaps between consecutive content events, pooled over every successful exchange of the round",
+            "output_tokens_per_second": "per_request_mean: mean of output_tokens / (total - ttft); aggregate: all output tokens of successful exchanges / round elapsed time",
+            "prefill_tokens_per_second_mean": "mean of prompt_tokens / ttft",
+        },
+    })
+}
+
+/// serve's summary.json.
+pub(crate) fn serve_summary_json(stats: &ServeStats, rows: u64) -> Value {
+    let failures: Map<String, Value> = stats
+        .by_outcome
+        .iter()
+        .filter(|(o, _)| **o != Outcome::Ok)
+        .map(|(o, n)| (o.as_str().to_string(), json!(n)))
+        .collect();
+    json!({
+        "ending": "stopped",
+        "requests": stats.requests,
+        "successful_requests": stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0),
+        "failures": failures,
+        "rows_written": rows,
+        "dropped_rows": stats.dropped_rows,
+        "recorder_backlog_peak_rows": stats.backlog_peak,
+        "successful_latency_seconds": pct_json(&stats.ok_total),
+        "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
+        "definitions": {
+            "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over the successful exchanges recorded in exchanges/ (rows dropped under --on-record-full drop are not in it)",
+            "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
+            "recorder_backlog_peak_rows": "most finished exchanges waiting at once for room in the recorder's queue (block); each holds its client connection's next request, so it is at most the number of client connections",
+        },
+    })
+}

@@ -1,0 +1,145 @@
+//! The per (case, concurrency) table printed on stdout, with the scope of its numbers
+//! written under it.
+
+use std::collections::BTreeMap;
+
+use super::PhaseCounts;
+use crate::config::plan::Plan;
+use crate::metrics::{Aggregate, RoundMetrics};
+use crate::model::{Outcome, Phase};
+
+fn fmt_ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
+}
+
+/// The per (case, concurrency) table printed on stdout.
+pub(crate) fn table(
+    plan: &Plan,
+    rounds: &[RoundMetrics],
+    aggs: &[Aggregate],
+    excluded: &BTreeMap<Phase, PhaseCounts>,
+) -> String {
+    let streams = rounds.iter().any(|r| r.stream.is_some());
+    let mut rows: Vec<Vec<String>> = vec![vec![
+        "case".into(),
+        "c".into(),
+        "rounds".into(),
+        "req/s".into(),
+        "spread".into(),
+        "p50 ms".into(),
+        "p95 ms".into(),
+    ]];
+    if streams {
+        rows[0].extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
+    }
+    rows[0].extend(["ok/attempted".into(), "failures".into()]);
+    for a in aggs {
+        rows.push(aggregate_row(a, rounds, streams));
+    }
+    let mut widths = vec![0usize; rows[0].len()];
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i < 2 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    let ex: Vec<String> = excluded
+        .iter()
+        .map(|(p, c)| format!("{} {}/{}", p.as_str(), c.successful, c.attempted))
+        .collect();
+    out.push_str(&format!(
+        "excluded phases (ok/attempted): {}\n",
+        if ex.is_empty() {
+            "none".into()
+        } else {
+            ex.join(", ")
+        }
+    ));
+    out.push_str(&format!(
+        "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",
+        plan.connection.as_str()
+    ));
+    if streams {
+        out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
+    }
+    for r in rounds {
+        if let Some(w) = r.generator.as_ref().and_then(|g| g.warning.as_ref()) {
+            out.push_str(&format!(
+                "warning: {} c={} round {}: {w}\n",
+                r.case_name,
+                r.concurrency,
+                r.repetition + 1
+            ));
+        }
+    }
+    out
+}
+
+/// One (case, concurrency) line of the table.
+fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<String> {
+    let rs: Vec<&RoundMetrics> = rounds
+        .iter()
+        .filter(|r| r.case_name == a.case_name && r.concurrency == a.concurrency)
+        .collect();
+    let ok: u64 = rs.iter().map(|r| r.successful_requests).sum();
+    let att: u64 = rs.iter().map(|r| r.attempted_requests).sum();
+    let mut fails: BTreeMap<Outcome, u64> = BTreeMap::new();
+    for r in &rs {
+        for (k, v) in &r.failures {
+            *fails.entry(*k).or_insert(0) += v;
+        }
+    }
+    let get = |name: &str| {
+        a.metrics
+            .iter()
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, s)| *s)
+    };
+    let rps = get("successful_requests_per_second");
+    let mut row = vec![
+        a.case_name.clone(),
+        a.concurrency.to_string(),
+        format!("{}/{}", a.complete_rounds, a.planned_rounds),
+        rps.map_or("-".into(), |s| format!("{:.1}", s.median)),
+        rps.and_then(|s| s.relative_spread)
+            .map_or("-".into(), |s| format!("{:.1}%", s * 100.0)),
+        fmt_ms(get("latency_p50_seconds").map(|s| s.median)),
+        fmt_ms(get("latency_p95_seconds").map(|s| s.median)),
+    ];
+    if streams {
+        row.push(fmt_ms(get("ttft_p50_seconds").map(|s| s.median)));
+        row.push(fmt_ms(get("itl_p50_seconds").map(|s| s.median)));
+        row.push(
+            get("output_tokens_per_second_aggregate")
+                .map_or("-".into(), |s| format!("{:.0}", s.median)),
+        );
+    }
+    row.extend([
+        format!("{ok}/{att}"),
+        if fails.is_empty() {
+            "0".into()
+        } else {
+            fails
+                .iter()
+                .map(|(k, v)| format!("{}={v}", k.as_str()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        },
+    ]);
+    row
+}
