@@ -26,21 +26,21 @@ pub fn now_ns() -> u64 {
 }
 
 /// Microseconds from `t0_ns` to `t_ns`, both from [`now_ns`], saturating at 0.
-pub fn us_between(t0_ns: u64, t_ns: u64) -> i64 {
+pub(crate) fn us_between(t0_ns: u64, t_ns: u64) -> i64 {
     i64::try_from(t_ns.saturating_sub(t0_ns) / 1_000).unwrap_or(i64::MAX)
 }
 
 /// CPU time used by this process so far (user + system, all threads), in nanoseconds:
 /// the accounting of getrusage(RUSAGE_SELF), read through CLOCK_PROCESS_CPUTIME_ID for
 /// nanosecond resolution.
-pub fn process_cpu_ns() -> u64 {
+pub(crate) fn process_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
 }
 
 /// Wall-clock microseconds since the Unix epoch (UTC). The only wall-clock read.
 #[allow(clippy::disallowed_methods)]
-pub fn wall_now_us() -> i64 {
+pub(crate) fn wall_now_us() -> i64 {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
@@ -49,14 +49,14 @@ pub fn wall_now_us() -> i64 {
 
 /// ISO 8601 UTC rendering of a wall-clock microsecond timestamp, e.g.
 /// `2026-11-29T22:54:26.123456Z`.
-pub fn iso_utc(us: i64) -> String {
+pub(crate) fn iso_utc(us: i64) -> String {
     chrono::DateTime::from_timestamp_micros(us)
         .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string())
         .unwrap_or_else(|| "1970-01-01T00:00:00.000000Z".to_string())
 }
 
 /// Compact UTC stamp for directory names: `20261129T225426Z`.
-pub fn compact_utc(us: i64) -> String {
+pub(crate) fn compact_utc(us: i64) -> String {
     chrono::DateTime::from_timestamp_micros(us)
         .map(|t| t.format("%Y%m%dT%H%M%SZ").to_string())
         .unwrap_or_else(|| "19700101T000000Z".to_string())

@@ -32,7 +32,7 @@ pub mod fuzzing;
 
 /// The monotonic clock every duration is measured on (nanoseconds; never 0).
 pub use clock::now_ns;
-/// The built-in OpenAI-compatible mock worker, its latency model, and its deterministic text.
+/// The built-in OpenAI-compatible mock worker, its latency model, its deterministic text.
 pub use mock::{MockConfig, MockWorker, generate_text};
 /// The shared vocabulary of a recorded row: its phase, its outcome, its timing columns.
 pub use model::{Outcome, Phase, Timings};

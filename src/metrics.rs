@@ -16,29 +16,29 @@ use crate::model::Outcome;
 
 /// What the metrics need of one exchange.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Sample {
-    pub outcome: Outcome,
-    pub start_offset_us: i64,
-    pub total_us: Option<i64>,
-    pub first_byte_us: Option<i64>,
-    pub connect_us: Option<i64>,
+pub(crate) struct Sample {
+    pub(crate) outcome: Outcome,
+    pub(crate) start_offset_us: i64,
+    pub(crate) total_us: Option<i64>,
+    pub(crate) first_byte_us: Option<i64>,
+    pub(crate) connect_us: Option<i64>,
     /// Event-stream facts, for SSE responses.
-    pub stream: Option<StreamSample>,
+    pub(crate) stream: Option<StreamSample>,
 }
 
 /// What the streaming metrics need of one exchange.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct StreamSample {
-    pub ttft_us: Option<i64>,
-    pub tpot_us: Option<i64>,
-    pub output_tokens: Option<i64>,
-    pub prompt_tokens: Option<i64>,
+pub(crate) struct StreamSample {
+    pub(crate) ttft_us: Option<i64>,
+    pub(crate) tpot_us: Option<i64>,
+    pub(crate) output_tokens: Option<i64>,
+    pub(crate) prompt_tokens: Option<i64>,
     /// Gaps between consecutive content events (inter-token latency samples).
-    pub gaps_us: Vec<i64>,
+    pub(crate) gaps_us: Vec<i64>,
 }
 
 impl StreamSample {
-    pub fn from_columns(c: &crate::model::StreamColumns) -> StreamSample {
+    pub(crate) fn from_columns(c: &crate::model::StreamColumns) -> StreamSample {
         StreamSample {
             ttft_us: c.ttft_us,
             tpot_us: c.tpot_us,
@@ -55,19 +55,19 @@ impl StreamSample {
 
 /// Streaming metrics of a round, over its successful event-stream exchanges.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct StreamMetrics {
-    pub requests: u64,
-    pub ttft_us: Percentiles,
-    pub tpot_us: Percentiles,
+pub(crate) struct StreamMetrics {
+    pub(crate) requests: u64,
+    pub(crate) ttft_us: Percentiles,
+    pub(crate) tpot_us: Percentiles,
     /// Pooled over every gap of every successful exchange.
-    pub itl_us: Percentiles,
-    pub output_tokens: i64,
+    pub(crate) itl_us: Percentiles,
+    pub(crate) output_tokens: i64,
     /// Mean over exchanges of `output_tokens / (total - ttft)`.
-    pub output_tokens_per_second_mean: Option<f64>,
+    pub(crate) output_tokens_per_second_mean: Option<f64>,
     /// All output tokens / the round's elapsed time (overlap is credited).
-    pub output_tokens_per_second_aggregate: Option<f64>,
+    pub(crate) output_tokens_per_second_aggregate: Option<f64>,
     /// Mean over exchanges of `prompt_tokens / ttft`.
-    pub prefill_tokens_per_second_mean: Option<f64>,
+    pub(crate) prefill_tokens_per_second_mean: Option<f64>,
 }
 
 /// Mean, summed in sorted order so the result does not depend on sample order (a rebuilt
@@ -79,7 +79,7 @@ fn mean(v: &[f64]) -> Option<f64> {
 }
 
 /// Streaming metrics over successful samples and the round's elapsed seconds.
-pub fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetrics> {
+pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetrics> {
     let streams: Vec<(&Sample, &StreamSample)> = ok
         .iter()
         .filter_map(|s| s.stream.as_ref().map(|st| (*s, st)))
@@ -124,13 +124,13 @@ pub fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetr
 
 impl Sample {
     /// Completion time on the run's clock.
-    pub fn end_offset_us(&self) -> i64 {
+    pub(crate) fn end_offset_us(&self) -> i64 {
         self.start_offset_us + self.total_us.unwrap_or(0)
     }
 }
 
 /// Nearest-rank percentile `pct`/100 of sorted samples; `None` when empty.
-pub fn nearest_rank(sorted: &[i64], pct: u32) -> Option<i64> {
+pub(crate) fn nearest_rank(sorted: &[i64], pct: u32) -> Option<i64> {
     if sorted.is_empty() {
         return None;
     }
@@ -140,14 +140,14 @@ pub fn nearest_rank(sorted: &[i64], pct: u32) -> Option<i64> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Percentiles {
-    pub p50: Option<i64>,
-    pub p95: Option<i64>,
-    pub p99: Option<i64>,
+pub(crate) struct Percentiles {
+    pub(crate) p50: Option<i64>,
+    pub(crate) p95: Option<i64>,
+    pub(crate) p99: Option<i64>,
 }
 
 impl Percentiles {
-    pub fn of(mut v: Vec<i64>) -> Percentiles {
+    pub(crate) fn of(mut v: Vec<i64>) -> Percentiles {
         v.sort_unstable();
         Percentiles {
             p50: nearest_rank(&v, 50),
@@ -158,14 +158,14 @@ impl Percentiles {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SteadyState {
-    pub available: bool,
-    pub reason: Option<String>,
+pub(crate) struct SteadyState {
+    pub(crate) available: bool,
+    pub(crate) reason: Option<String>,
     /// Window bounds on the run's clock (µs), and what it holds.
-    pub start_us: Option<i64>,
-    pub end_us: Option<i64>,
-    pub requests: Option<u64>,
-    pub requests_per_second: Option<f64>,
+    pub(crate) start_us: Option<i64>,
+    pub(crate) end_us: Option<i64>,
+    pub(crate) requests: Option<u64>,
+    pub(crate) requests_per_second: Option<f64>,
 }
 
 impl SteadyState {
@@ -182,7 +182,11 @@ impl SteadyState {
 }
 
 /// The interior window of a round: completions sorted, the first and last `c` dropped.
-pub fn steady_state(completions_us: &[i64], concurrency: usize, complete: bool) -> SteadyState {
+pub(crate) fn steady_state(
+    completions_us: &[i64],
+    concurrency: usize,
+    complete: bool,
+) -> SteadyState {
     let n = completions_us.len();
     let c = concurrency;
     if !complete {
@@ -212,61 +216,61 @@ pub fn steady_state(completions_us: &[i64], concurrency: usize, complete: bool) 
     }
 }
 
-pub const THROUGHPUT_SCOPE: &str = "complete_wave_including_ramp_and_drain";
+pub(crate) const THROUGHPUT_SCOPE: &str = "complete_wave_including_ramp_and_drain";
 
 /// Metrics of one measured round.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RoundMetrics {
-    pub case_name: String,
-    pub concurrency: usize,
-    pub repetition: usize,
-    pub planned_requests: u64,
-    pub attempted_requests: u64,
-    pub successful_requests: u64,
+pub(crate) struct RoundMetrics {
+    pub(crate) case_name: String,
+    pub(crate) concurrency: usize,
+    pub(crate) repetition: usize,
+    pub(crate) planned_requests: u64,
+    pub(crate) attempted_requests: u64,
+    pub(crate) successful_requests: u64,
     /// Failure kind -> count (only kinds that occurred).
-    pub failures: BTreeMap<Outcome, u64>,
-    pub elapsed_seconds: f64,
-    pub successful_requests_per_second: Option<f64>,
-    pub total_us: Percentiles,
-    pub first_byte_us: Percentiles,
-    pub connect_us: Percentiles,
-    pub failure_total_us: Percentiles,
+    pub(crate) failures: BTreeMap<Outcome, u64>,
+    pub(crate) elapsed_seconds: f64,
+    pub(crate) successful_requests_per_second: Option<f64>,
+    pub(crate) total_us: Percentiles,
+    pub(crate) first_byte_us: Percentiles,
+    pub(crate) connect_us: Percentiles,
+    pub(crate) failure_total_us: Percentiles,
     /// The whole budget was attempted and every request succeeded.
-    pub complete: bool,
-    pub steady_state: SteadyState,
+    pub(crate) complete: bool,
+    pub(crate) steady_state: SteadyState,
     /// `None` when no successful exchange of the round was an event stream.
-    pub stream: Option<StreamMetrics>,
+    pub(crate) stream: Option<StreamMetrics>,
     /// The load generator's own load during the round (`None` when rebuilt from rows).
-    pub generator: Option<GeneratorLoad>,
+    pub(crate) generator: Option<GeneratorLoad>,
 }
 
 /// How busy matrix-proxy itself was while it drove a round, so that nobody mistakes the
 /// tool's limit for the worker's.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GeneratorLoad {
+pub(crate) struct GeneratorLoad {
     /// CPU time of the whole process (every thread, the recorder included) during the
     /// round: user + system, as getrusage counts it.
-    pub cpu_seconds: f64,
+    pub(crate) cpu_seconds: f64,
     /// `cpu_seconds / (wall seconds x cores)`: 1.0 means every core the process may run
     /// on was busy with the tool for the whole round.
-    pub cpu_share: f64,
+    pub(crate) cpu_share: f64,
     /// Cores the process may run on (its CPU affinity).
-    pub cores: usize,
+    pub(crate) cores: usize,
     /// Dispatch-lag probe: how late (µs) a tick scheduled every 10 ms on the same runtime
     /// fired. The runtime's timer has 1 ms granularity, so up to ~1 ms is the timer itself.
-    pub lag_us: Percentiles,
-    pub lag_max_us: Option<i64>,
+    pub(crate) lag_us: Percentiles,
+    pub(crate) lag_max_us: Option<i64>,
     /// Why the generator may have been the bottleneck (`None`: no sign of it).
-    pub warning: Option<String>,
+    pub(crate) warning: Option<String>,
 }
 
 /// CPU share from which a round is flagged as bounded by the generator.
-pub const GENERATOR_CPU_SHARE_WARN: f64 = 0.9;
+pub(crate) const GENERATOR_CPU_SHARE_WARN: f64 = 0.9;
 /// Dispatch lag (p99, µs) from which a round is flagged.
-pub const GENERATOR_LAG_P99_WARN_US: i64 = 5_000;
+pub(crate) const GENERATOR_LAG_P99_WARN_US: i64 = 5_000;
 
 impl GeneratorLoad {
-    pub fn new(cpu_ns: u64, wall_ns: u64, cores: usize, lags_us: Vec<i64>) -> GeneratorLoad {
+    pub(crate) fn new(cpu_ns: u64, wall_ns: u64, cores: usize, lags_us: Vec<i64>) -> GeneratorLoad {
         let cores = cores.max(1);
         let cpu_seconds = cpu_ns as f64 / 1e9;
         let wall = (wall_ns as f64 / 1e9).max(1e-9);
@@ -305,7 +309,7 @@ impl GeneratorLoad {
     }
 }
 
-pub fn round_metrics(
+pub(crate) fn round_metrics(
     case_name: &str,
     concurrency: usize,
     repetition: usize,
@@ -361,17 +365,17 @@ pub fn round_metrics(
 
 /// Spread of one metric across complete rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
-    pub rounds: usize,
-    pub min: f64,
-    pub median: f64,
-    pub max: f64,
+pub(crate) struct Spread {
+    pub(crate) rounds: usize,
+    pub(crate) min: f64,
+    pub(crate) median: f64,
+    pub(crate) max: f64,
     /// `(max - min) / median`; `None` when the median is 0.
-    pub relative_spread: Option<f64>,
+    pub(crate) relative_spread: Option<f64>,
 }
 
 /// Ordinary median (mean of the two middle values for an even count).
-pub fn median(values: &[f64]) -> Option<f64> {
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -385,7 +389,7 @@ pub fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
-pub fn spread(values: &[f64]) -> Option<Spread> {
+pub(crate) fn spread(values: &[f64]) -> Option<Spread> {
     let med = median(values)?;
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -400,18 +404,18 @@ pub fn spread(values: &[f64]) -> Option<Spread> {
 
 /// Per (case, concurrency) summary over its rounds.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Aggregate {
-    pub case_name: String,
-    pub concurrency: usize,
-    pub planned_rounds: usize,
-    pub attempted_rounds: usize,
-    pub complete_rounds: usize,
-    pub incomplete_rounds: usize,
+pub(crate) struct Aggregate {
+    pub(crate) case_name: String,
+    pub(crate) concurrency: usize,
+    pub(crate) planned_rounds: usize,
+    pub(crate) attempted_rounds: usize,
+    pub(crate) complete_rounds: usize,
+    pub(crate) incomplete_rounds: usize,
     /// Metric name -> spread over complete rounds (`None`: no complete round had it).
-    pub metrics: Vec<(&'static str, Option<Spread>)>,
+    pub(crate) metrics: Vec<(&'static str, Option<Spread>)>,
 }
 
-pub fn aggregate(
+pub(crate) fn aggregate(
     case_name: &str,
     concurrency: usize,
     planned_rounds: usize,

@@ -15,7 +15,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Phase::Health => "health",
             Phase::Readiness => "readiness",
@@ -36,7 +36,8 @@ pub enum Outcome {
     Http,
     /// Oracle mismatch.
     Correctness,
-    /// The plan's deadline cancelled the exchange.
+    /// A deadline passed: the plan's `timeout_seconds` (replay), or serve's
+    /// `--upstream-timeout` / `--upstream-idle-timeout`.
     Timeout,
     /// Connect, reset, malformed or cut response.
     Transport,
@@ -47,7 +48,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub(crate) const ALL: [Outcome; 7] = [
         Outcome::Ok,
         Outcome::Http,
         Outcome::Correctness,
@@ -56,7 +57,7 @@ impl Outcome {
         Outcome::ClientAborted,
         Outcome::ShutdownCut,
     ];
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Http => "http",
@@ -86,24 +87,24 @@ pub struct Timings {
 /// Event-stream columns of a row (SSE responses only).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamColumns {
-    pub event_count: i64,
-    pub event_offsets_us: Vec<i64>,
-    pub content_offsets_us: Vec<i64>,
-    pub ttft_us: Option<i64>,
-    pub tpot_us: Option<i64>,
-    pub output_tokens: Option<i64>,
-    pub output_tokens_source: &'static str,
-    pub prompt_tokens: Option<i64>,
+    pub(crate) event_count: i64,
+    pub(crate) event_offsets_us: Vec<i64>,
+    pub(crate) content_offsets_us: Vec<i64>,
+    pub(crate) ttft_us: Option<i64>,
+    pub(crate) tpot_us: Option<i64>,
+    pub(crate) output_tokens: Option<i64>,
+    pub(crate) output_tokens_source: &'static str,
+    pub(crate) prompt_tokens: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
+pub(crate) enum Scheme {
     Http,
     Https,
 }
 
 impl Scheme {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Scheme::Http => "http",
             Scheme::Https => "https",
@@ -113,19 +114,19 @@ impl Scheme {
 
 /// A validated http(s) URL: no credentials, no fragment, a host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    pub scheme: Scheme,
+pub(crate) struct Endpoint {
+    pub(crate) scheme: Scheme,
     /// Host to connect to (IPv6 without brackets).
-    pub host: String,
-    pub port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// `Host` header value: the authority as written in the URL.
-    pub authority: String,
+    pub(crate) authority: String,
     /// Origin-form request target, `/path?query`.
-    pub path_and_query: String,
+    pub(crate) path_and_query: String,
 }
 
 impl Endpoint {
-    pub fn parse(s: &str) -> Result<Endpoint, String> {
+    pub(crate) fn parse(s: &str) -> Result<Endpoint, String> {
         if s.contains('#') {
             return Err("must not contain a fragment ('#')".into());
         }
@@ -182,7 +183,7 @@ impl Endpoint {
         })
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!(
             "{}://{}{}",
             self.scheme.as_str(),
@@ -192,7 +193,7 @@ impl Endpoint {
     }
 
     /// The same origin with another origin-form target.
-    pub fn with_path(&self, path_and_query: &str) -> Endpoint {
+    pub(crate) fn with_path(&self, path_and_query: &str) -> Endpoint {
         Endpoint {
             path_and_query: path_and_query.to_string(),
             ..self.clone()
@@ -200,21 +201,22 @@ impl Endpoint {
     }
 
     /// This endpoint's path on `origin`'s scheme, host and port.
-    pub fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
+    pub(crate) fn on_origin_of(&self, origin: &Endpoint) -> Endpoint {
         origin.with_path(&self.path_and_query)
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionPolicy {
+pub(crate) enum ConnectionPolicy {
     /// A new connection for every request (connect, and TLS without resumption, in every sample).
     Fresh,
-    /// Each worker owns one connection and reopens it only when the peer closed it.
+    /// Each worker (replay) or client connection (serve) owns one upstream connection and
+    /// reopens it only when the peer closed it.
     KeepAlive,
 }
 
 impl ConnectionPolicy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ConnectionPolicy::Fresh => "fresh",
             ConnectionPolicy::KeepAlive => "keep-alive",
@@ -223,11 +225,12 @@ impl ConnectionPolicy {
 }
 
 /// Which side of the proxy an exchange failed on (Pingora's `ErrorSource`): the worker
-/// (`Upstream`), the client (`Downstream`, serve only), or the proxy itself (`Internal`:
-/// its deadline or its shutdown). [`crate::engine::ExchangeError::outcome`] is the one
-/// place that turns a side and a cause into an [`Outcome`].
+/// (`Upstream`: an error, or too slow for one of our deadlines), the client
+/// (`Downstream`, serve only), or the proxy itself (`Internal`: its shutdown).
+/// `engine::ExchangeError::outcome` is the one place that turns a side and a cause into
+/// an [`Outcome`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     Upstream,
     Downstream,
     Internal,

@@ -15,13 +15,13 @@ use serde_json::{Number, Value};
 
 /// A parsed RFC 6901 JSON pointer (never the root).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pointer {
+pub(crate) struct Pointer {
     text: String,
     tokens: Vec<String>,
 }
 
 impl Pointer {
-    pub fn parse(s: &str) -> Result<Pointer, String> {
+    pub(crate) fn parse(s: &str) -> Result<Pointer, String> {
         if s.is_empty() {
             return Err(
                 "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
@@ -54,7 +54,7 @@ impl Pointer {
         })
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
 }
@@ -98,7 +98,7 @@ fn is_canonical_index(tok: &str) -> bool {
 
 /// JSON type with the integer/fractional distinction the oracle is strict about, as a
 /// phrase for messages ("an integer", "a fractional number", ...).
-pub fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -137,10 +137,10 @@ impl IgnoreNode {
 
 /// Where and why a response differs from its oracle.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     /// First differing JSON pointer (`""` is the whole document); `None` for exact bytes.
-    pub pointer: Option<String>,
-    pub reason: String,
+    pub(crate) pointer: Option<String>,
+    pub(crate) reason: String,
 }
 
 impl fmt::Display for Mismatch {
@@ -154,7 +154,7 @@ impl fmt::Display for Mismatch {
 }
 
 #[derive(Debug, Clone)]
-pub enum Oracle {
+pub(crate) enum Oracle {
     /// Type-strict JSON equality with ignored primitive leaves.
     Json {
         expected: Value,
@@ -170,7 +170,7 @@ pub enum Oracle {
 
 /// What one expected event's `data` must be.
 #[derive(Debug, Clone)]
-pub enum EventExpect {
+pub(crate) enum EventExpect {
     /// Exactly this text (e.g. `[DONE]`).
     Text(String),
     /// JSON, compared type-strictly, with the ignore paths that resolve in it.
@@ -178,24 +178,24 @@ pub enum EventExpect {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct StreamOracle {
+pub(crate) struct StreamOracle {
     /// The assembled generated text (choice 0) must equal this exactly.
-    pub text: Option<String>,
+    pub(crate) text: Option<String>,
     /// The stream's final `usage` object, type-strict, with the ignore paths that resolve in it.
-    pub usage: Option<(Value, IgnoreTrie)>,
+    pub(crate) usage: Option<(Value, IgnoreTrie)>,
     /// The exact list of event payloads.
-    pub events: Option<Vec<EventExpect>>,
-    pub ignore_paths: Vec<Pointer>,
+    pub(crate) events: Option<Vec<EventExpect>>,
+    pub(crate) ignore_paths: Vec<Pointer>,
 }
 
 /// Opaque trie of ignore paths (built by [`Oracle::json`]).
 #[derive(Debug, Clone, Default)]
-pub struct IgnoreTrie(IgnoreNode);
+pub(crate) struct IgnoreTrie(IgnoreNode);
 
 impl Oracle {
     /// A JSON oracle. Every ignore path must resolve to a primitive leaf of `expected`
     /// through canonical array indices; `Err` lists every path that does not.
-    pub fn json(expected: Value, ignore_paths: Vec<Pointer>) -> Result<Oracle, Vec<String>> {
+    pub(crate) fn json(expected: Value, ignore_paths: Vec<Pointer>) -> Result<Oracle, Vec<String>> {
         let mut o = Oracle::Json {
             expected,
             ignore_paths: Vec::new(),
@@ -207,7 +207,7 @@ impl Oracle {
 
     /// Add ignore paths to a JSON oracle (validated as in [`Oracle::json`]). For an
     /// exact-bytes oracle this is a no-op: validation rejects that combination earlier.
-    pub fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
+    pub(crate) fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
         if let Oracle::Stream(so) = self {
             return so.add_ignore_paths(paths);
         }
@@ -235,7 +235,7 @@ impl Oracle {
     }
 
     /// Judge a response body.
-    pub fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
+    pub(crate) fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
         match self {
             Oracle::Bytes(expected) => {
                 if expected[..] == *body {

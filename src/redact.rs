@@ -1,17 +1,17 @@
-//! Which secrets never reach disk, and how they are replaced. A leaf: the recorder applies
-//! it while converting rows, `config` refuses plans that carry these headers, and config.json
-//! lists the names (never the values).
+//! Which secrets never reach disk, and how they are replaced. A leaf: the recorder
+//! applies it while converting rows, `config` refuses plans that carry these headers, and
+//! config.json lists the names (never the values).
 
 use std::borrow::Cow;
 
 use http::HeaderName;
 
 /// What a secret value is replaced by.
-pub const REDACTED: &[u8] = b"<redacted>";
+pub(crate) const REDACTED: &[u8] = b"<redacted>";
 
 /// Headers whose values never reach disk (and that a plan may not carry, since the plan
 /// is copied into every run directory).
-pub const DEFAULT_REDACT_HEADERS: &[&str] = &[
+pub(crate) const DEFAULT_REDACT_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "cookie",
@@ -20,14 +20,15 @@ pub const DEFAULT_REDACT_HEADERS: &[&str] = &[
     "api-key",
 ];
 /// Query parameters whose values never reach disk.
-pub const DEFAULT_REDACT_QUERY: &[&str] = &["api_key", "apikey", "key", "token", "access_token"];
+pub(crate) const DEFAULT_REDACT_QUERY: &[&str] =
+    &["api_key", "apikey", "key", "token", "access_token"];
 
 /// Which secrets are redacted, and how.
 #[derive(Debug, Clone)]
 pub struct Redaction {
-    pub headers: Vec<HeaderName>,
+    pub(crate) headers: Vec<HeaderName>,
     /// Lower-case query parameter names.
-    pub query: Vec<String>,
+    pub(crate) query: Vec<String>,
 }
 
 impl Default for Redaction {
@@ -44,7 +45,7 @@ impl Default for Redaction {
 
 impl Redaction {
     /// The URL with the values of secret query parameters replaced by `<redacted>`.
-    pub fn url<'a>(&self, url: &'a str) -> Cow<'a, str> {
+    pub(crate) fn url<'a>(&self, url: &'a str) -> Cow<'a, str> {
         let Some((head, query)) = url.split_once('?') else {
             return std::borrow::Cow::Borrowed(url);
         };

@@ -12,26 +12,26 @@ use serde_json::Value;
 
 /// Longest line kept while waiting for its end; a longer one is an error (a peer that
 /// never ends a line must not make the parser hold unbounded memory).
-pub const MAX_LINE_BYTES: usize = 16 << 20;
+pub(crate) const MAX_LINE_BYTES: usize = 16 << 20;
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     /// The `event:` field, if any.
-    pub event: Option<String>,
+    pub(crate) event: Option<String>,
     /// `data:` lines joined with `\n`.
-    pub data: String,
+    pub(crate) data: String,
     /// Stamp of the read that completed the event.
-    pub at_ns: u64,
+    pub(crate) at_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("event stream line longer than {MAX_LINE_BYTES} bytes")]
-pub struct LineTooLong;
+pub(crate) struct LineTooLong;
 
 /// Incremental SSE parser (WHATWG HTML, "event stream interpretation").
 #[derive(Debug, Default)]
-pub struct SseParser {
+pub(crate) struct SseParser {
     line: Vec<u8>,
     /// The previous byte was `\r`: a following `\n` belongs to the same line end.
     after_cr: bool,
@@ -45,12 +45,12 @@ pub struct SseParser {
 }
 
 impl SseParser {
-    pub fn new() -> SseParser {
+    pub(crate) fn new() -> SseParser {
         SseParser::default()
     }
 
     /// Feed bytes read at `at_ns`; complete events are pushed to `out`.
-    pub fn feed(
+    pub(crate) fn feed(
         &mut self,
         bytes: &[u8],
         at_ns: u64,
@@ -145,23 +145,23 @@ impl SseParser {
 
 /// What an OpenAI-compatible stream's events say.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct StreamTracker {
-    pub event_offsets_ns: Vec<u64>,
+pub(crate) struct StreamTracker {
+    pub(crate) event_offsets_ns: Vec<u64>,
     /// Stamps of events that carried generated content.
-    pub content_ns: Vec<u64>,
+    pub(crate) content_ns: Vec<u64>,
     /// Generated text, choice 0, in order.
-    pub text: String,
+    pub(crate) text: String,
     /// The last non-null `usage` object seen.
-    pub usage: Option<Value>,
+    pub(crate) usage: Option<Value>,
     /// An event's data was exactly `[DONE]`.
-    pub done: bool,
+    pub(crate) done: bool,
     /// At least one event was JSON with a `choices` array (an OpenAI-style stream).
-    pub openai: bool,
-    pub events: u64,
+    pub(crate) openai: bool,
+    pub(crate) events: u64,
 }
 
 impl StreamTracker {
-    pub fn on_event(&mut self, ev: &Event) {
+    pub(crate) fn on_event(&mut self, ev: &Event) {
         self.events += 1;
         self.event_offsets_ns.push(ev.at_ns);
         if ev.data == "[DONE]" {
@@ -200,13 +200,13 @@ impl StreamTracker {
     }
 
     /// `usage.<field>` as an integer.
-    pub fn usage_field(&self, field: &str) -> Option<i64> {
+    pub(crate) fn usage_field(&self, field: &str) -> Option<i64> {
         self.usage.as_ref()?.get(field)?.as_i64()
     }
 }
 
 /// Parse a whole recorded body (for oracles): every event, stamps zero.
-pub fn parse_all(body: &[u8]) -> Result<Vec<Event>, LineTooLong> {
+pub(crate) fn parse_all(body: &[u8]) -> Result<Vec<Event>, LineTooLong> {
     let mut p = SseParser::new();
     let mut out = Vec::new();
     p.feed(body, 0, &mut out)?;

@@ -1,6 +1,7 @@
-//! The command line: argument shapes (clap), the commands' orchestration, and the
-//! mapping of every ending onto an exit code. This is the only place that prints for the
-//! user (tables to stdout, everything else to stderr).
+//! The command line: argument shapes (clap), reading files and the environment, binding
+//! sockets, the commands' orchestration, and the mapping of every ending onto an exit
+//! code. It prints the table (stdout) and every message (stderr); the drivers print only
+//! their progress (replay's bar and failure lines, serve's live counters).
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -15,6 +16,7 @@ mod replay;
 pub use replay::replay_cmd;
 
 use crate::clock;
+use crate::config::flags;
 use crate::config::plan::Plan;
 use crate::drivers::RunContext;
 use crate::engine::Engine;
@@ -408,29 +410,9 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
     Ok(Exit::Ok)
 }
 
-/// Read and check a bearer token from the named environment variable.
+/// Read a bearer token from the named environment variable and check it.
 fn read_token(name: &str, source: &str) -> Result<String, CliError> {
-    let val = std::env::var_os(name).ok_or_else(|| {
-        usage(format!(
-            "environment variable {name} (named by {source}) is not set; export it, or leave out the bearer token"
-        ))
-    })?;
-    let s = val.to_str().ok_or_else(|| {
-        usage(format!(
-            "environment variable {name} (named by {source}) is not valid UTF-8"
-        ))
-    })?;
-    if s.is_empty() {
-        return Err(usage(format!(
-            "environment variable {name} (named by {source}) is empty"
-        )));
-    }
-    if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        return Err(usage(format!(
-            "environment variable {name} (named by {source}) must hold printable ASCII without spaces or control characters"
-        )));
-    }
-    Ok(s.to_string())
+    flags::bearer_token(name, source, std::env::var_os(name).as_deref()).map_err(usage)
 }
 
 /// Create the run directory; `default_name`: the user did not choose it, so a taken name
@@ -478,12 +460,7 @@ pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit
 }
 
 fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
-    if !v.is_finite() || v <= 0.0 {
-        return Err(usage(format!(
-            "{flag} must be a number of seconds > 0, got {v}"
-        )));
-    }
-    std::time::Duration::try_from_secs_f64(v).map_err(|_| usage(format!("{flag} {v} is too large")))
+    flags::seconds(flag, v).map_err(usage)
 }
 
 /// Every flag of `serve` checked, and the TLS and engine set-ups built, before anything
@@ -501,30 +478,13 @@ struct ServeInput {
 }
 
 fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
-    let upstream = Endpoint::parse(&args.upstream)
-        .map_err(|m| usage(format!("--upstream '{}' {m}", args.upstream)))?;
-    if upstream.path_and_query.contains('?') {
-        return Err(usage(format!(
-            "--upstream '{}' must not have a query",
-            args.upstream
-        )));
-    }
+    let upstream = flags::upstream(&args.upstream).map_err(usage)?;
     let upstream_timeout = seconds("--upstream-timeout", args.upstream_timeout)?;
     let upstream_idle_timeout = seconds("--upstream-idle-timeout", args.upstream_idle_timeout)?;
     let grace = seconds("--grace-seconds", args.grace_seconds)?;
     let part_seconds = seconds("--part-seconds", args.part_seconds)?;
-    if args.part_rows == 0 {
-        return Err(usage("--part-rows must be at least 1"));
-    }
-    let mut redaction = Redaction::default();
-    for h in &args.redact_header {
-        let name = http::HeaderName::from_bytes(h.as_bytes())
-            .map_err(|_| usage(format!("--redact-header '{h}' is not a header name")))?;
-        redaction.headers.push(name);
-    }
-    redaction
-        .query
-        .extend(args.redact_query.iter().map(|q| q.to_ascii_lowercase()));
+    flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
+    let redaction = flags::redaction(&args.redact_header, &args.redact_query).map_err(usage)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
         _ => None,
@@ -536,9 +496,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         },
     )
     .map_err(usage)?;
-    if args.max_connections == 0 {
-        return Err(usage("--max-connections must be at least 1"));
-    }
+    flags::at_least_one("--max-connections", args.max_connections).map_err(usage)?;
     // Each client connection may hold an upstream connection too.
     let wanted_fds = (args.max_connections as u64) * 2 + 256;
     let nofile = rlimit::increase_nofile_limit(wanted_fds).unwrap_or(0);
@@ -565,17 +523,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
 pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     use crate::drivers::serve::{self, ServeOptions};
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-    let ServeInput {
-        upstream,
-        upstream_timeout,
-        upstream_idle_timeout,
-        grace,
-        part_seconds,
-        redaction,
-        tls,
-        engine,
-        nofile,
-    } = check_serve(&args)?;
+    let input = check_serve(&args)?;
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.
@@ -591,21 +539,21 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let rid = run_id(started_at_us);
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows;
-    rec_opts.part_seconds = part_seconds.as_secs_f64();
+    rec_opts.part_seconds = input.part_seconds.as_secs_f64();
     rec_opts.queue_rows = args.record_queue.max(1);
-    rec_opts.redaction = redaction.clone();
+    rec_opts.redaction = input.redaction.clone();
     let policy = match args.upstream_connection {
         UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
     let fields = serve_config_fields(
         &args,
-        &upstream,
-        tls.is_some(),
-        &redaction,
+        &input.upstream,
+        input.tls.is_some(),
+        &input.redaction,
         listen_addr,
         backlog,
-        nofile,
+        input.nofile,
     );
     let mut config = config_json::config_json(
         "serve",
@@ -622,24 +570,24 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if !args.quiet {
         eprintln!(
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
-            if tls.is_some() { "https" } else { "http" },
+            if input.tls.is_some() { "https" } else { "http" },
             listen_addr,
-            upstream.url(),
+            input.upstream.url(),
             config["connection_policy"].as_str().unwrap_or(""),
             dir.path.display()
         );
     }
     let opts = ServeOptions {
-        upstream,
+        upstream: input.upstream,
         policy,
-        upstream_timeout,
-        upstream_idle_timeout,
+        upstream_timeout: input.upstream_timeout,
+        upstream_idle_timeout: input.upstream_idle_timeout,
         max_record_body: args.max_record_body,
         record_memory: args.record_memory,
         rewrite_host: args.rewrite_host,
-        tls,
+        tls: input.tls,
         on_record_full: args.on_record_full.policy(),
-        grace,
+        grace: input.grace,
         stats_interval: if args.quiet {
             None
         } else {
@@ -650,11 +598,11 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
         max_connections: args.max_connections,
     };
-    let mut stats = serve::run(listener, opts, engine, run.clone(), interrupt).await;
+    let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
     let recording = run.finish_recording().await;
     let rows = recording.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
-    stats.record_error = recording.problems.first().cloned();
+    stats.record_error = run.record_error();
     match crate::record::read::read_ok_totals(&dir.path.join("exchanges")) {
         Ok(totals) => stats.ok_total = crate::metrics::Percentiles::of(totals),
         Err(e) => problems.push(format!("reading the recorded rows back: {e}")),

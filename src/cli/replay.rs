@@ -10,6 +10,7 @@ use super::{
     CliError, Exit, ReplayArgs, create_run_dir, load_plan, read_token, run_id, seconds, tool, usage,
 };
 use crate::clock;
+use crate::config::flags;
 use crate::config::plan::Plan;
 use crate::drivers::replay::{self, ReplayOptions};
 use crate::drivers::{RecordingEnd, RunContext};
@@ -41,7 +42,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     let (dir, rid, run_t0_ns, mut config) = create_run(&args, &input, mock.as_ref(), &mock_config)?;
     let plan = input.plan;
 
-    // The run.
+    // Step 4: the run, then the recorder closed.
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows.max(1);
     rec_opts.part_seconds = args.part_seconds;
@@ -73,9 +74,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let endpoint_override = match &args.endpoint {
-        Some(url) => {
-            Some(Endpoint::parse(url).map_err(|m| usage(format!("--endpoint '{url}' {m}")))?)
-        }
+        Some(url) => Some(flags::endpoint("--endpoint", url).map_err(usage)?),
         None => None,
     };
     let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
@@ -92,9 +91,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     }
     let need_tls = !args.mock_worker
         && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
-    if args.part_rows == 0 {
-        return Err(usage("--part-rows must be at least 1"));
-    }
+    flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
     seconds("--part-seconds", args.part_seconds)?;
     let engine = Engine::new(
         need_tls,
@@ -149,9 +146,9 @@ async fn start_mock(
     Ok(Some(m))
 }
 
-/// Step 3: The run directory, the plan's bytes and config.json. A default name that is taken
-/// gets a numeric suffix (so the demo command can be run again and again); an explicit
-/// `--out` is never reused.
+/// Step 3: The run directory, the plan's bytes and config.json. A default name that is
+/// taken gets a numeric suffix (so the demo command can be run again and again); an
+/// explicit `--out` is never reused.
 fn create_run(
     args: &ReplayArgs,
     input: &Input,

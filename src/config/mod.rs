@@ -1,7 +1,8 @@
 //! Input, raw to validated: frozen plans (`plan`, two-stage: raw JSON walked by a
 //! validator into a [`plan::Plan`] that cannot represent an invalid plan) and the
-//! commands' flags. `config` validates the bytes and values it is handed; the CLI reads
-//! files and environment variables and binds sockets. Nothing here opens a file or a
-//! socket, and nothing after validation re-checks.
+//! commands' flag values (`flags`). `config` validates the bytes and values it is handed;
+//! the CLI reads files and environment variables and binds sockets. Nothing here opens a
+//! file or a socket, and nothing after validation re-checks.
 
+pub(crate) mod flags;
 pub(crate) mod plan;

@@ -19,7 +19,7 @@ use crate::model::{ConnectionPolicy, Endpoint};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
 /// The provenance keys every plan must carry with a non-blank string value.
-pub const REQUIRED_METADATA: [&str; 11] = [
+pub(crate) const REQUIRED_METADATA: [&str; 11] = [
     "gpu",
     "gpu_ids",
     "driver",
@@ -103,9 +103,9 @@ const ENGINE_HEADERS: &[&str] = &[
 
 /// One validation problem: where in the plan, and what rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
+pub(crate) struct Problem {
+    pub(crate) path: String,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for Problem {
@@ -120,8 +120,8 @@ impl fmt::Display for Problem {
 
 /// Every problem found in a plan, in document order.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct PlanError {
-    pub problems: Vec<Problem>,
+pub(crate) struct PlanError {
+    pub(crate) problems: Vec<Problem>,
 }
 
 impl fmt::Display for PlanError {
@@ -136,7 +136,7 @@ impl fmt::Display for PlanError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
+pub(crate) enum OnFailure {
     /// The first failure stops new dispatch; admitted requests drain; later phases are skipped.
     Stop,
     /// Failures are recorded and the whole budget runs.
@@ -144,7 +144,7 @@ pub enum OnFailure {
 }
 
 impl OnFailure {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             OnFailure::Stop => "stop",
             OnFailure::Continue => "continue",
@@ -154,51 +154,51 @@ impl OnFailure {
 
 /// One request shape of a case with its oracle.
 #[derive(Debug, Clone)]
-pub struct Variant {
+pub(crate) struct Variant {
     /// `None` for a case without a `variants` list.
-    pub name: Option<String>,
-    pub body: Bytes,
-    pub content_type: Option<HeaderValue>,
-    pub oracle: Oracle,
+    pub(crate) name: Option<String>,
+    pub(crate) body: Bytes,
+    pub(crate) content_type: Option<HeaderValue>,
+    pub(crate) oracle: Oracle,
 }
 
 #[derive(Debug, Clone)]
-pub struct Case {
-    pub name: String,
-    pub method: Method,
+pub(crate) struct Case {
+    pub(crate) name: String,
+    pub(crate) method: Method,
     /// The endpoint this case's requests go to (the plan endpoint, or its origin with the
     /// case's `path`).
-    pub endpoint: Endpoint,
+    pub(crate) endpoint: Endpoint,
     /// The case's own `path`, if it set one (kept so an endpoint override can re-apply it).
-    pub path: Option<String>,
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    pub expected_status: u16,
-    pub variants: Vec<Variant>,
+    pub(crate) path: Option<String>,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) expected_status: u16,
+    pub(crate) variants: Vec<Variant>,
 }
 
 /// A plan that passed validation. Constructed only by [`Plan::from_json_bytes`].
 #[derive(Debug, Clone)]
-pub struct Plan {
-    pub endpoint: Endpoint,
-    pub health_endpoint: Endpoint,
-    pub cases: Vec<Case>,
-    pub concurrency: Vec<usize>,
-    pub requests_per_case: usize,
-    pub repetitions: usize,
-    pub warmup_per_case: usize,
-    pub timeout_seconds: f64,
-    pub timeout: Duration,
+pub(crate) struct Plan {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) health_endpoint: Endpoint,
+    pub(crate) cases: Vec<Case>,
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) requests_per_case: usize,
+    pub(crate) repetitions: usize,
+    pub(crate) warmup_per_case: usize,
+    pub(crate) timeout_seconds: f64,
+    pub(crate) timeout: Duration,
     /// Provenance (presence checked, truth not); kept with the plan for the reports.
     #[allow(dead_code)]
-    pub metadata: Map<String, Value>,
-    pub connection: ConnectionPolicy,
-    pub on_failure: OnFailure,
-    pub bearer_token_env: Option<String>,
+    pub(crate) metadata: Map<String, Value>,
+    pub(crate) connection: ConnectionPolicy,
+    pub(crate) on_failure: OnFailure,
+    pub(crate) bearer_token_env: Option<String>,
 }
 
 impl Plan {
     /// Parse and validate a plan. `Err` carries every problem found.
-    pub fn from_json_bytes(bytes: &[u8]) -> Result<Plan, PlanError> {
+    pub(crate) fn from_json_bytes(bytes: &[u8]) -> Result<Plan, PlanError> {
         let text = std::str::from_utf8(bytes).map_err(|e| PlanError {
             problems: vec![Problem {
                 path: String::new(),
@@ -223,7 +223,7 @@ impl Plan {
 
     /// Replace the endpoint's origin and path by `url` (`--endpoint`); the health endpoint
     /// keeps its path on the new origin, and cases with their own `path` keep it.
-    pub fn override_endpoint(&mut self, url: &Endpoint) {
+    pub(crate) fn override_endpoint(&mut self, url: &Endpoint) {
         self.endpoint = url.clone();
         self.health_endpoint = self.health_endpoint.on_origin_of(url);
         for case in &mut self.cases {
@@ -235,7 +235,7 @@ impl Plan {
     }
 
     /// Replace only the origin (scheme, host, port) of every endpoint (`--mock-worker`).
-    pub fn override_origin(&mut self, origin: &Endpoint) {
+    pub(crate) fn override_origin(&mut self, origin: &Endpoint) {
         self.endpoint = self.endpoint.on_origin_of(origin);
         self.health_endpoint = self.health_endpoint.on_origin_of(origin);
         for case in &mut self.cases {
@@ -244,7 +244,7 @@ impl Plan {
     }
 
     /// Requests the plan implies, health GET included.
-    pub fn planned_requests(&self) -> u64 {
+    pub(crate) fn planned_requests(&self) -> u64 {
         let n = self.requests_per_case as u64;
         let mut total = 1u64;
         for case in &self.cases {

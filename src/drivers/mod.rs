@@ -59,7 +59,7 @@ pub(crate) struct Verdict {
     pub(crate) oracle_mismatch_pointer: Option<String>,
 }
 
-/// How a run's recording ended: rows written, and every problem (the writer's error and
+/// How a run's recording ended: rows written, and every problem (the writer's error, then
 /// the first one a submit saw), for the caller to report.
 pub(crate) struct RecordingEnd {
     pub(crate) rows: u64,
@@ -96,14 +96,13 @@ impl RunContext {
 
     /// The one row constructor of both drivers: the ids, the request as sent, what the
     /// engine captured, and the verdict. The exchange id is taken here, in order of
-    /// completion. `memory` is the recorded bytes' hold on serve's budget.
+    /// completion; the two bodies' holds on serve's memory budget become the row's.
     pub(crate) fn row(
         &self,
         ids: RowIds,
         request: SentRequest,
         got: Captured,
         verdict: Verdict,
-        memory: Option<BudgetHold>,
     ) -> ExchangeRecord {
         ExchangeRecord {
             run_id: self.run_id.clone(),
@@ -136,7 +135,7 @@ impl RunContext {
             outcome: verdict.outcome,
             error_message: verdict.error_message,
             oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
-            memory,
+            memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }
     }
 
@@ -157,12 +156,7 @@ impl RunContext {
                 0
             }
         };
-        if let Some(e) = self.record_error()
-            && !problems.iter().any(|p| p.0 == e.0)
-        {
-            problems.push(e);
-        }
-        problems.dedup_by(|a, b| a.0 == b.0);
+        problems.extend(self.record_error());
         RecordingEnd { rows, problems }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
 
-use crate::budget::MemoryBudget;
+use crate::budget::{BudgetHold, MemoryBudget};
 use crate::clock;
 use crate::model::{StreamColumns, Timings};
 use crate::net::timed_io::IoStamps;
@@ -53,14 +53,13 @@ pub(crate) struct Captured {
     pub(crate) timings: Timings,
     /// `None`: the response was not an event stream.
     pub(crate) stream: Option<StreamColumns>,
-    /// Why a stream that ended cleanly is still incomplete (see [`Capture::stream_incomplete`]).
-    pub(crate) stream_incomplete: Option<String>,
 }
 
 /// A bounded copy of a body on its way through: at most `limit` bytes, drawn from a
 /// global [`MemoryBudget`] when there is one. `len` counts every byte seen; the copy is
-/// truncated when any byte was left out. Bytes still held when it is dropped go back to
-/// the budget. The one "copy up to the limit" of both drivers (response bodies in the
+/// truncated when any byte was left out. The bytes drawn stay held (a [`BudgetHold`]) by
+/// the copy, then by its row, and go back to the budget when whoever holds them last is
+/// dropped. The one "copy up to the limit" of both drivers (response bodies in the
 /// capture, serve's request tee, replay's request body).
 #[derive(Debug)]
 pub(crate) struct BodyCopy {
@@ -68,8 +67,7 @@ pub(crate) struct BodyCopy {
     len: u64,
     truncated: bool,
     limit: usize,
-    budget: Option<Arc<MemoryBudget>>,
-    held: usize,
+    hold: Option<BudgetHold>,
 }
 
 /// A finished [`BodyCopy`].
@@ -79,8 +77,8 @@ pub(crate) struct CopiedBody {
     /// True length of the body.
     pub(crate) len: u64,
     pub(crate) truncated: bool,
-    /// Bytes of the global budget this copy holds (hand them to a [`BudgetHold`]).
-    pub(crate) held: usize,
+    /// The copy's bytes in the global budget (`None` without a budget).
+    pub(crate) hold: Option<BudgetHold>,
 }
 
 impl BodyCopy {
@@ -90,8 +88,7 @@ impl BodyCopy {
             len: 0,
             truncated: false,
             limit,
-            budget,
-            held: 0,
+            hold: budget.map(BudgetHold::new),
         }
     }
 
@@ -99,12 +96,8 @@ impl BodyCopy {
     pub(crate) fn push(&mut self, data: &[u8]) {
         self.len += data.len() as u64;
         let room = self.limit.saturating_sub(self.bytes.len()).min(data.len());
-        let granted = match &self.budget {
-            Some(b) => {
-                let g = b.take(room);
-                self.held += g;
-                g
-            }
+        let granted = match &mut self.hold {
+            Some(h) => h.draw(room),
             None => room,
         };
         if data.len() > granted {
@@ -113,13 +106,13 @@ impl BodyCopy {
         self.bytes.extend_from_slice(&data[..granted]);
     }
 
-    /// The copy so far; the copy is left empty.
+    /// The copy so far, with its hold on the budget; the copy is left empty.
     pub(crate) fn take(&mut self) -> CopiedBody {
         CopiedBody {
             bytes: std::mem::take(&mut self.bytes).freeze(),
             len: self.len,
             truncated: self.truncated,
-            held: std::mem::take(&mut self.held),
+            hold: self.hold.take(),
         }
     }
 
@@ -135,15 +128,7 @@ impl BodyCopy {
             },
             len: body.len() as u64,
             truncated,
-            held: 0,
-        }
-    }
-}
-
-impl Drop for BodyCopy {
-    fn drop(&mut self) {
-        if let Some(b) = &self.budget {
-            b.give_back(std::mem::take(&mut self.held));
+            hold: None,
         }
     }
 }
@@ -294,7 +279,6 @@ impl Capture {
             body: self.body.take(),
             timings: self.timings(),
             stream: self.stream_columns(),
-            stream_incomplete: self.stream_incomplete(),
         }
     }
 
@@ -329,7 +313,7 @@ impl Capture {
     }
 
     /// `stamp - t0` in microseconds.
-    pub(crate) fn us(&self, stamp: Option<u64>) -> Option<i64> {
+    fn us(&self, stamp: Option<u64>) -> Option<i64> {
         stamp.map(|t| clock::us_between(self.t0_ns, t))
     }
 }

@@ -14,7 +14,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum Cause {
     /// Connect, TLS, reset, a malformed or cut message, a peer that went away.
     Transport,
-    /// One of our deadlines passed (the plan's `timeout_seconds`, serve's upstream timeouts).
+    /// One of serve's deadlines passed (`--upstream-timeout`, `--upstream-idle-timeout`).
     Deadline,
     /// Cut at the end of serve's shutdown grace period.
     Shutdown,

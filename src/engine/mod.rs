@@ -1,15 +1,16 @@
 //! The exchange engine: send one request to the worker and measure it at the boundary.
 //!
-//! Both drivers send every request through it: replay with [`Engine::exchange`], serve with
-//! [`Engine::send`] and then [`Engine::next_frame`] for each body frame. It owns connecting
-//! (TCP, then TLS through rustls), the keep-alive reconnection rule, and the timing hooks. Timing state lives in a [`Capture`] that the caller owns and passes
-//! by `&mut`, *outside* the future: when a deadline cancels the exchange, everything that
+//! Both drivers send every request through it: replay with [`Engine::exchange`], serve
+//! with [`Engine::send`] and then [`Engine::next_frame`] for each body frame. It owns
+//! connecting (TCP, then TLS through rustls), the keep-alive reconnection rule, and the
+//! timing hooks. Timing state lives in a [`Capture`] that the caller owns and passes by
+//! `&mut`, *outside* the future: when a deadline cancels the exchange, everything that
 //! had arrived is still there to be recorded.
 //!
 //! Socket-level stamps (last request byte written, first response byte read) are taken
-//! by `net::timed_io::TimedIo`, a thin wrapper around the connection's stream that stores monotonic
-//! nanoseconds into atomics; the forwarding path takes no lock. The engine never reads
-//! the wall clock, never retries except under the keep-alive rule, never follows a
+//! by `net::timed_io::TimedIo`, a thin wrapper around the connection's stream that stores
+//! monotonic nanoseconds into atomics; the forwarding path takes no lock. The engine never
+//! reads the wall clock, never retries except under the keep-alive rule, never follows a
 //! redirect and never consults proxy environment variables. Failures carry their side
 //! ([`ExchangeError`]); `http1/` holds the HTTP/1 message rules both drivers share.
 

@@ -176,7 +176,7 @@ impl Drop for MockWorker {
 /// The mock's response body: whole, cut after half its declared length (the half is
 /// flushed first, then the connection is reset a few milliseconds later), or an event
 /// stream paced by the latency model.
-pub enum MockBody {
+pub(crate) enum MockBody {
     Full(Option<Bytes>),
     Cut {
         half: Option<Bytes>,
@@ -199,7 +199,7 @@ enum Step {
 
 /// A paced SSE answer. Deadlines are absolute (each one is the previous plus the step's
 /// delay), so timer slack never accumulates; every write is stamped into the event log.
-pub struct MockStream {
+pub(crate) struct MockStream {
     steps: std::collections::VecDeque<Step>,
     sleep: Pin<Box<tokio::time::Sleep>>,
     waited: bool,
@@ -555,7 +555,7 @@ async fn complete(
 }
 
 /// The words of [`generate_text`] as stream tokens: joined, they are the same text.
-pub fn stream_tokens(prompt: &str, tokens: u32) -> Vec<String> {
+pub(crate) fn stream_tokens(prompt: &str, tokens: u32) -> Vec<String> {
     let text = generate_text(prompt, tokens);
     if text.is_empty() {
         return Vec::new();

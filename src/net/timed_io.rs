@@ -51,7 +51,8 @@ pub(crate) enum Stream {
 }
 
 /// Stamps the last write and the first read of each exchange on the monotonic clock.
-/// It sits above TLS, so handshake and session-ticket records never count as response bytes.
+/// It sits above TLS, so handshake and session-ticket records never count as response
+/// bytes.
 pub(crate) struct TimedIo {
     pub(crate) inner: Stream,
     pub(crate) stamps: Arc<IoStamps>,

@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
 /// TLS settings for https workers.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TlsOptions {
@@ -15,22 +18,10 @@ pub(crate) struct TlsOptions {
 /// The client config for https workers: the CA file's roots, or the platform's; HTTP/1.1
 /// by ALPN; the ring provider.
 pub(crate) fn client_config(opts: &TlsOptions) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     match &opts.ca_file {
         Some(path) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("{}: cannot read CA certificates: {e}", path.display()))?
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
-            if certs.is_empty() {
-                return Err(format!(
-                    "{}: contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
-                    path.display()
-                ));
-            }
-            for c in certs {
+            for c in pem_certificates(path, "")? {
                 roots
                     .add(c)
                     .map_err(|e| format!("{}: invalid CA certificate: {e}", path.display()))?;
@@ -64,18 +55,7 @@ pub(crate) fn server_acceptor(
     cert: &Path,
     key: &Path,
 ) -> Result<tokio_rustls::TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("--tls-cert {}: not PEM certificates: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "--tls-cert {}: contains no PEM certificate",
-            cert.display()
-        ));
-    }
+    let certs = pem_certificates(cert, "--tls-cert ")?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         format!(
             "--tls-key {}: no usable PEM private key: {e}",
@@ -91,4 +71,20 @@ pub(crate) fn server_acceptor(
         .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The certificates of a PEM file; errors start with `flag` and the path, and say what a
+/// usable file looks like.
+fn pem_certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let at = format!("{flag}{}", path.display());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{at}: cannot read certificates: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{at}: not a PEM certificate file: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{at}: contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(certs)
 }

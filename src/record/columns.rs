@@ -110,9 +110,10 @@ impl Column {
     }
 }
 
-/// Shorthand for one entry of [`COLUMNS`].
+/// Shorthand for one entry of [`COLUMNS`]: name, kind, nullability, unit, filler, doc line
+/// (the meaning docs/output.md gives, checked by a test).
 macro_rules! column {
-    ($name:literal, $kind:ident, $nullable:literal, $unit:literal, $doc:literal, $fill:expr) => {
+    ($name:literal, $kind:ident, $nullable:expr, $unit:literal, $fill:expr, $doc:literal) => {
         Column {
             name: $name,
             nullable: $nullable,
@@ -124,364 +125,102 @@ macro_rules! column {
 }
 
 type R = ExchangeRecord;
+const NULLABLE: bool = true;
+const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
+#[rustfmt::skip]
 pub(crate) static COLUMNS: [Column; 45] = [
-    column!(
-        "run_id",
-        Utf8,
-        false,
-        "",
-        "the run (also in config.json)",
-        |r: &R| Some(&*r.run_id)
-    ),
-    column!(
-        "exchange_id",
-        Int64,
-        false,
-        "",
-        "unique within the run, from 0, in order of completion",
-        |r: &R| Some(r.exchange_id)
-    ),
-    column!(
-        "phase",
-        Utf8,
-        false,
-        "",
-        "health, readiness, warmup, feasibility, measured (live for serve)",
-        |r: &R| Some(r.phase.as_str())
-    ),
-    column!(
-        "case_name",
-        Utf8,
-        true,
-        "",
-        "the case; null for health",
-        |r: &R| r.case_name.as_deref()
-    ),
-    column!(
-        "variant",
-        Utf8,
-        true,
-        "",
-        "the variant's name; null for a case without variants",
-        |r: &R| r.variant.as_deref()
-    ),
-    column!(
-        "concurrency",
-        Int32,
-        true,
-        "",
-        "the wave's concurrency; null in serve",
-        |r: &R| r.concurrency
-    ),
-    column!(
-        "repetition",
-        Int32,
-        true,
-        "",
-        "measured round, from 0",
-        |r: &R| r.repetition
-    ),
-    column!(
-        "dispatch_index",
-        Int64,
-        false,
-        "",
-        "from 0 within (case, phase, concurrency, repetition)",
-        |r: &R| Some(r.dispatch_index)
-    ),
-    column!(
-        "worker",
-        Int32,
-        false,
-        "",
-        "the worker that sent it (serve: the client connection)",
-        |r: &R| Some(r.worker)
-    ),
-    column!(
-        "connection_id",
-        Int64,
-        true,
-        "",
-        "the connection used; null if none was opened",
-        |r: &R| r.connection_id
-    ),
-    column!(
-        "connection_reused",
-        Boolean,
-        false,
-        "",
-        "sent on a connection that had carried an exchange",
-        |r: &R| Some(r.connection_reused)
-    ),
-    column!(
-        "connection_retried",
-        Boolean,
-        false,
-        "",
-        "the keep-alive rule replaced a closed connection",
-        |r: &R| Some(r.connection_retried)
-    ),
-    column!(
-        "started_at",
-        TimestampUtc,
-        false,
-        "utc",
-        "wall clock at t0",
-        |r: &R| r.started_at_us
-    ),
-    column!(
-        "start_offset_us",
-        Int64,
-        false,
-        "us",
-        "t0 on the run's monotonic clock",
-        |r: &R| Some(r.start_offset_us)
-    ),
-    column!("method", Utf8, false, "", "request method", |r: &R| Some(
-        r.method.as_str()
-    )),
-    column!(
-        "url",
-        RedactedUrl,
-        false,
-        "",
-        "full URL, secret query parameters redacted",
-        |r: &R| &*r.url
-    ),
-    column!(
-        "request_headers",
-        Headers,
-        false,
-        "",
-        "headers as sent, secret values redacted",
-        |r: &R| &r.request_headers
-    ),
-    column!(
-        "request_body",
-        Binary,
-        false,
-        "bytes",
-        "body bytes as sent (up to --max-record-body)",
-        |r: &R| &r.request_body[..]
-    ),
-    column!(
-        "request_body_len",
-        Int64,
-        false,
-        "bytes",
-        "true request body length",
-        |r: &R| Some(r.request_body_len)
-    ),
-    column!(
-        "request_body_truncated",
-        Boolean,
-        false,
-        "",
-        "request_body holds fewer bytes than request_body_len",
-        |r: &R| Some(r.request_body_truncated)
-    ),
-    column!(
-        "status",
-        Int32,
-        true,
-        "",
-        "response status; null if no head arrived",
-        |r: &R| r.status
-    ),
-    column!(
-        "response_headers",
-        Headers,
-        false,
-        "",
-        "response headers, secret values redacted",
-        |r: &R| &r.response_headers
-    ),
-    column!(
-        "response_body",
-        Binary,
-        false,
-        "bytes",
-        "body bytes received",
-        |r: &R| &r.response_body[..]
-    ),
-    column!(
-        "response_body_len",
-        Int64,
-        false,
-        "bytes",
-        "bytes of body received",
-        |r: &R| Some(r.response_body_len)
-    ),
-    column!(
-        "response_body_truncated",
-        Boolean,
-        false,
-        "",
-        "more arrived than --max-record-body",
-        |r: &R| Some(r.response_body_truncated)
-    ),
-    column!(
-        "connect_us",
-        Int64,
-        true,
-        "us",
-        "TCP connected; null on a reused connection",
-        |r: &R| r.timings.connect_us
-    ),
-    column!(
-        "tls_us",
-        Int64,
-        true,
-        "us",
-        "TLS handshake done",
-        |r: &R| r.timings.tls_us
-    ),
-    column!(
-        "tls_resumed",
-        Boolean,
-        true,
-        "",
-        "the TLS session was resumed",
-        |r: &R| r.timings.tls_resumed
-    ),
-    column!(
-        "request_sent_us",
-        Int64,
-        true,
-        "us",
-        "last request byte written",
-        |r: &R| r.timings.request_sent_us
-    ),
-    column!(
-        "first_byte_us",
-        Int64,
-        true,
-        "us",
-        "first response byte read",
-        |r: &R| r.timings.first_byte_us
-    ),
-    column!(
-        "first_body_us",
-        Int64,
-        true,
-        "us",
-        "first response body byte received",
-        |r: &R| r.timings.first_body_us
-    ),
-    column!(
-        "total_us",
-        Int64,
-        true,
-        "us",
-        "last response body byte received (failures: when detected)",
-        |r: &R| r.timings.total_us
-    ),
-    column!(
-        "downstream_done_us",
-        Int64,
-        true,
-        "us",
-        "serve only: last byte handed to the client",
-        |r: &R| r.timings.downstream_done_us
-    ),
-    column!(
-        "is_stream",
-        Boolean,
-        false,
-        "",
-        "the response was text/event-stream",
-        |r: &R| Some(r.stream.is_some())
-    ),
-    column!(
-        "event_count",
-        Int64,
-        true,
-        "",
-        "events received",
-        |r: &R| r.stream.as_ref().map(|s| s.event_count)
-    ),
-    column!(
-        "event_offsets_us",
-        Int64List,
-        true,
-        "us",
-        "arrival of every event",
-        |r: &R| r.stream.as_ref().map(|s| &s.event_offsets_us[..])
-    ),
-    column!(
-        "content_offsets_us",
-        Int64List,
-        true,
-        "us",
-        "arrival of every content event",
-        |r: &R| r.stream.as_ref().map(|s| &s.content_offsets_us[..])
-    ),
-    column!(
-        "ttft_us",
-        Int64,
-        true,
-        "us",
-        "first content event",
-        |r: &R| r.stream.as_ref().and_then(|s| s.ttft_us)
-    ),
-    column!(
-        "tpot_us",
-        Int64,
-        true,
-        "us",
-        "(total_us - ttft_us) / (output_tokens - 1)",
-        |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us)
-    ),
-    column!(
-        "output_tokens",
-        Int64,
-        true,
-        "",
-        "usage.completion_tokens, else the content events",
-        |r: &R| r.stream.as_ref().and_then(|s| s.output_tokens)
-    ),
-    column!(
-        "output_tokens_source",
-        Utf8,
-        true,
-        "",
-        "usage or events",
-        |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source)
-    ),
-    column!(
-        "prompt_tokens",
-        Int64,
-        true,
-        "",
-        "usage.prompt_tokens, when reported",
-        |r: &R| r.stream.as_ref().and_then(|s| s.prompt_tokens)
-    ),
-    column!(
-        "outcome",
-        Utf8,
-        false,
-        "",
-        "ok, http, correctness, timeout, transport, client_aborted, shutdown_cut",
-        |r: &R| Some(r.outcome.as_str())
-    ),
-    column!(
-        "error_message",
-        Utf8,
-        true,
-        "",
-        "what went wrong, naming the side and the step",
-        |r: &R| r.error_message.as_deref()
-    ),
-    column!(
-        "oracle_mismatch_pointer",
-        Utf8,
-        true,
-        "",
-        "first differing JSON pointer of an oracle mismatch",
-        |r: &R| r.oracle_mismatch_pointer.as_deref()
-    ),
+    column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
+        "the run (also in `config.json`)"),
+    column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
+        "unique within the run, from 0, in order of completion"),
+    column!("phase", Utf8, REQUIRED, "", |r: &R| Some(r.phase.as_str()),
+        "`health`, `readiness`, `warmup`, `feasibility`, `measured` (`live` for serve)"),
+    column!("case_name", Utf8, NULLABLE, "", |r: &R| r.case_name.as_deref(),
+        "the case (`case` is an SQL keyword); null for `health`"),
+    column!("variant", Utf8, NULLABLE, "", |r: &R| r.variant.as_deref(),
+        "the variant's name; null for a case without variants and for `health`"),
+    column!("concurrency", Int32, NULLABLE, "", |r: &R| r.concurrency,
+        "the wave's concurrency; 1 for the sequential phases; null in serve"),
+    column!("repetition", Int32, NULLABLE, "", |r: &R| r.repetition,
+        "measured round, from 0; null in other phases"),
+    column!("dispatch_index", Int64, REQUIRED, "", |r: &R| Some(r.dispatch_index),
+        "from 0 within (case, phase, concurrency, repetition), and within the variant for readiness and warm-up"),
+    column!("worker", Int32, REQUIRED, "", |r: &R| Some(r.worker),
+        "the closed-loop worker that sent it, from 0 (serve: the client connection's number)"),
+    column!("connection_id", Int64, NULLABLE, "", |r: &R| r.connection_id,
+        "the connection used (unique within the run); null if none was opened"),
+    column!("connection_reused", Boolean, REQUIRED, "", |r: &R| Some(r.connection_reused),
+        "sent on a connection that had already carried an exchange"),
+    column!("connection_retried", Boolean, REQUIRED, "", |r: &R| Some(r.connection_retried),
+        "the keep-alive rule replaced a closed connection and sent once more"),
+    column!("started_at", TimestampUtc, REQUIRED, "utc", |r: &R| r.started_at_us,
+        "wall clock at t0: the only wall-clock read per exchange, for joining with other logs"),
+    column!("start_offset_us", Int64, REQUIRED, "us", |r: &R| Some(r.start_offset_us),
+        "t0 on the run's monotonic clock (from the run's start)"),
+    column!("method", Utf8, REQUIRED, "", |r: &R| Some( r.method.as_str() ),
+        "request method"),
+    column!("url", RedactedUrl, REQUIRED, "", |r: &R| &*r.url,
+        "full URL; values of secret query parameters (`api_key`, `apikey`, `key`, `token`, `access_token`) are `<redacted>`"),
+    column!("request_headers", Headers, REQUIRED, "", |r: &R| &r.request_headers,
+        "headers as sent, duplicates kept; secret values are `<redacted>`"),
+    column!("request_body", Binary, REQUIRED, "bytes", |r: &R| &r.request_body[..],
+        "body bytes as sent (up to `--max-record-body`)"),
+    column!("request_body_len", Int64, REQUIRED, "bytes", |r: &R| Some(r.request_body_len),
+        "true body length in bytes"),
+    column!("request_body_truncated", Boolean, REQUIRED, "", |r: &R| Some(r.request_body_truncated),
+        "`request_body` holds fewer bytes than `request_body_len`"),
+    column!("status", Int32, NULLABLE, "", |r: &R| r.status,
+        "response status; null if no response head arrived"),
+    column!("response_headers", Headers, REQUIRED, "", |r: &R| &r.response_headers,
+        "response headers, duplicates kept, secret values `<redacted>`"),
+    column!("response_body", Binary, REQUIRED, "bytes", |r: &R| &r.response_body[..],
+        "body bytes received (also the partial bytes of a cut or timed-out response)"),
+    column!("response_body_len", Int64, REQUIRED, "bytes", |r: &R| Some(r.response_body_len),
+        "bytes of body received"),
+    column!("response_body_truncated", Boolean, REQUIRED, "", |r: &R| Some(r.response_body_truncated),
+        "more arrived than `--max-record-body`; the oracle cannot judge it"),
+    column!("connect_us", Int64, NULLABLE, "us", |r: &R| r.timings.connect_us,
+        "TCP connected (name resolution included); null on a reused connection"),
+    column!("tls_us", Int64, NULLABLE, "us", |r: &R| r.timings.tls_us,
+        "TLS handshake done; null for plain HTTP or a reused connection"),
+    column!("tls_resumed", Boolean, NULLABLE, "", |r: &R| r.timings.tls_resumed,
+        "the TLS session was resumed (never under `fresh`)"),
+    column!("request_sent_us", Int64, NULLABLE, "us", |r: &R| r.timings.request_sent_us,
+        "last request byte written to the connection"),
+    column!("first_byte_us", Int64, NULLABLE, "us", |r: &R| r.timings.first_byte_us,
+        "first response byte read from the connection"),
+    column!("first_body_us", Int64, NULLABLE, "us", |r: &R| r.timings.first_body_us,
+        "first response body byte received; null for an empty body"),
+    column!("total_us", Int64, NULLABLE, "us", |r: &R| r.timings.total_us,
+        "last response body byte received; for failures, when the failure was detected. Oracle validation is excluded"),
+    column!("downstream_done_us", Int64, NULLABLE, "us", |r: &R| r.timings.downstream_done_us,
+        "serve only: last response byte handed to the client connection; null in replay"),
+    column!("is_stream", Boolean, REQUIRED, "", |r: &R| Some(r.stream.is_some()),
+        "the response was `text/event-stream` (the stream columns below are null otherwise)"),
+    column!("event_count", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.event_count),
+        "events received"),
+    column!("event_offsets_us", Int64List, NULLABLE, "us", |r: &R| r.stream.as_ref().map(|s| &s.event_offsets_us[..]),
+        "arrival of every event, µs from t0 (stamped when the completing read returned)"),
+    column!("content_offsets_us", Int64List, NULLABLE, "us", |r: &R| r.stream.as_ref().map(|s| &s.content_offsets_us[..]),
+        "arrival of every content event (generated text; for non-OpenAI streams, every event)"),
+    column!("ttft_us", Int64, NULLABLE, "us", |r: &R| r.stream.as_ref().and_then(|s| s.ttft_us),
+        "first content event"),
+    column!("tpot_us", Int64, NULLABLE, "us", |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us),
+        "`(total_us - ttft_us) / (output_tokens - 1)` when output_tokens > 1"),
+    column!("output_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().and_then(|s| s.output_tokens),
+        "`usage.completion_tokens` if the stream reported it, else the content events"),
+    column!("output_tokens_source", Utf8, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source),
+        "`usage` or `events`"),
+    column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().and_then(|s| s.prompt_tokens),
+        "`usage.prompt_tokens`, when reported"),
+    column!("outcome", Utf8, REQUIRED, "", |r: &R| Some(r.outcome.as_str()),
+        "`ok`, `http` (status other than expected), `correctness` (oracle mismatch), `timeout` (the plan's deadline cancelled it), `transport` (connect, reset, malformed or cut response); serve adds `client_aborted`, `shutdown_cut`"),
+    column!("error_message", Utf8, NULLABLE, "", |r: &R| r.error_message.as_deref(),
+        "what went wrong, naming the side and the step (`connect to 127.0.0.1:8000: Connection refused`)"),
+    column!("oracle_mismatch_pointer", Utf8, NULLABLE, "", |r: &R| r.oracle_mismatch_pointer.as_deref(),
+        "first differing JSON pointer of a JSON oracle mismatch (`\"\"` = the whole document)"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -749,7 +488,7 @@ mod tests {
     }
 
     /// docs/output.md's exchange table lists exactly these columns, in this order, with
-    /// these types.
+    /// these types and these doc lines as their meaning.
     #[test]
     fn docs_list_exactly_these_columns() {
         let doc = include_str!("../../docs/output.md");
@@ -758,7 +497,7 @@ mod tests {
             .nth(1)
             .and_then(|s| s.split("\n## ").next())
             .expect("docs/output.md has an exchanges/*.parquet section");
-        let documented: Vec<(String, String)> = section
+        let documented: Vec<(String, String, String)> = section
             .lines()
             .filter(|l| l.starts_with("| `"))
             .map(|l| {
@@ -769,12 +508,13 @@ mod tests {
                         .trim_matches('`')
                         .to_string(),
                     cells[1].to_string(),
+                    cells[2..].join(" | ").trim_end_matches(" |").to_string(),
                 )
             })
             .collect();
-        let declared: Vec<(String, String)> = COLUMNS
+        let declared: Vec<(String, String, String)> = COLUMNS
             .iter()
-            .map(|c| (c.name.to_string(), c.doc_type()))
+            .map(|c| (c.name.to_string(), c.doc_type(), c.doc.to_string()))
             .collect();
         assert_eq!(documented, declared);
     }

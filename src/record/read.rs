@@ -12,17 +12,17 @@ use crate::model::Outcome;
 
 /// What the metrics need of one recorded row (read back by `summarize`).
 #[derive(Debug, Clone)]
-pub struct RowFacts {
-    pub phase: String,
-    pub case_name: Option<String>,
-    pub concurrency: Option<i32>,
-    pub repetition: Option<i32>,
-    pub sample: Sample,
+pub(crate) struct RowFacts {
+    pub(crate) phase: String,
+    pub(crate) case_name: Option<String>,
+    pub(crate) concurrency: Option<i32>,
+    pub(crate) repetition: Option<i32>,
+    pub(crate) sample: Sample,
 }
 
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
 /// Left-over `.inprogress` parts are not read (see `recover`).
-pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
+pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
     const WANT: [&str; 15] = [
@@ -121,7 +121,7 @@ pub fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
 /// `total_us` of every successful row in the closed parts of `exchanges/` (serve's
 /// end-of-run latency percentiles are computed from what was recorded, so that the
 /// proxy holds no per-request state in memory while it runs).
-pub fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
+pub(crate) fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
     use arrow_array::{Array, Int64Array};
     let mut out = Vec::new();
     for part in closed_parts(exchanges)? {

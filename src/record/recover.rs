@@ -8,18 +8,18 @@ use super::ledger;
 
 /// What `recover` found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Recovery {
+pub(crate) struct Recovery {
     /// Left-over `.inprogress` parts moved to `quarantine/`.
-    pub quarantined: Vec<PathBuf>,
+    pub(crate) quarantined: Vec<PathBuf>,
     /// Rows the ledger says were written into those parts: lost.
-    pub rows_lost: u64,
+    pub(crate) rows_lost: u64,
     /// Rows in the closed parts.
-    pub rows_kept: u64,
+    pub(crate) rows_kept: u64,
 }
 
 /// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
 /// its footer cannot be read) and count, from the writer's ledger, the rows they held.
-pub fn recover(run: &Path) -> Result<Recovery, String> {
+pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
     let ex = run.join("exchanges");
     let mut rec = Recovery::default();
     let ledger = ledger::read(&ex);

@@ -14,7 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunDirError {
+pub(crate) enum RunDirError {
     #[error(
         "{0}: already exists; choose a new --out directory (runs are never overwritten or merged)"
     )]
@@ -23,8 +23,8 @@ pub enum RunDirError {
     Io { path: PathBuf, err: io::Error },
 }
 
-pub struct RunDir {
-    pub path: PathBuf,
+pub(crate) struct RunDir {
+    pub(crate) path: PathBuf,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
@@ -36,7 +36,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
 
 impl RunDir {
     /// Create `path` (its parents as needed); refuse it if it exists.
-    pub fn create(path: &Path) -> Result<RunDir, RunDirError> {
+    pub(crate) fn create(path: &Path) -> Result<RunDir, RunDirError> {
         if let Some(parent) = path.parent()
             && !parent.as_os_str().is_empty()
         {
@@ -56,12 +56,12 @@ impl RunDir {
         })
     }
 
-    pub fn exchanges(&self) -> PathBuf {
+    pub(crate) fn exchanges(&self) -> PathBuf {
         self.path.join("exchanges")
     }
 
     /// Write `bytes` to `name` atomically (temporary file, fsync, rename).
-    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), RunDirError> {
+    pub(crate) fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), RunDirError> {
         let dest = self.path.join(name);
         let tmp = self.path.join(format!(".{name}.tmp"));
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
@@ -74,7 +74,7 @@ impl RunDir {
             .map_err(io_err(&self.path))
     }
 
-    pub fn write_json(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
+    pub(crate) fn write_json(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
         let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
         bytes.push(b'\n');
         self.write_file(name, &bytes)
@@ -85,7 +85,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -96,7 +96,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// SHA-256 of the running binary (streamed, so a large binary costs no memory). Computed
 /// once per process; call it first from a blocking context (it reads the whole binary).
-pub fn binary_sha256() -> Option<String> {
+pub(crate) fn binary_sha256() -> Option<String> {
     static HASH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     HASH.get_or_init(hash_current_exe).clone()
 }
@@ -117,7 +117,7 @@ fn hash_current_exe() -> Option<String> {
 }
 
 /// Host identity for config.json.
-pub fn host_identity() -> Value {
+pub(crate) fn host_identity() -> Value {
     let read = |p: &str| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
     serde_json::json!({
         "hostname": read("/proc/sys/kernel/hostname").or_else(|| std::env::var("HOSTNAME").ok()),

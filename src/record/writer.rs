@@ -67,7 +67,7 @@ pub struct WriterStats {
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("recorder: {0}")]
-pub struct RecordError(pub String);
+pub struct RecordError(pub(crate) String);
 
 enum Msg {
     Row(Box<ExchangeRecord>),

@@ -1,6 +1,6 @@
 //! config.json, built in one place for both commands: the keys every run has (identity of
-//! the tool and the host, start and end in UTC, the schema version, the clock and the
-//! definition of every timer), then the command's own keys.
+//! the tool and the host, start and end in UTC, the schema version, the clock), then the
+//! command's own keys, and last `timers`, what each timing column measures.
 
 use serde_json::{Map, Value, json};
 

@@ -81,6 +81,10 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     )
     .await;
     cap.finish(clock::now_ns());
+    let incomplete = match result {
+        Ok(Ok(())) => cap.stream_incomplete(),
+        _ => None,
+    };
     let got = cap.into_captured();
     let verdict = match result {
         Err(_) => {
@@ -99,7 +103,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             error_message: Some(e.message),
             oracle_mismatch_pointer: None,
         },
-        Ok(Ok(())) => judge(ctx, &d, &got),
+        Ok(Ok(())) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
     let sample = Sample {
@@ -139,7 +143,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             headers: request_headers,
             body: BodyCopy::of_whole(&body, ctx.max_record_body),
         };
-        let row = ctx.run.row(ids, request, got, verdict, None);
+        let row = ctx.run.row(ids, request, got, verdict);
         if let Err(e) = ctx.run.recorder.submit(row).await {
             ctx.run.record_failed(e);
             ctx.stop();
@@ -164,9 +168,10 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     sample
 }
 
-/// Judge an exchange that ended cleanly: a complete stream, the expected status, then
-/// the oracle over the whole body (a truncated body cannot be judged).
-fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured) -> Verdict {
+/// Judge an exchange that ended cleanly: a complete stream (`incomplete` says why not),
+/// the expected status, then the oracle over the whole body (a truncated body cannot be
+/// judged).
+fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) -> Verdict {
     let (expected_status, oracle) = match d.case {
         None => (200, None),
         Some(ci) => {
@@ -180,8 +185,8 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured) -> Verdict {
         oracle_mismatch_pointer: None,
     };
     let status = got.status.unwrap_or(0);
-    if let Some(why) = &got.stream_incomplete {
-        return failed(Outcome::Transport, why.clone());
+    if let Some(why) = incomplete {
+        return failed(Outcome::Transport, why);
     }
     if status != i32::from(expected_status) {
         return failed(

@@ -47,7 +47,8 @@ impl TeeBody {
 
     fn deliver(&mut self) {
         if let Some(tx) = self.done.take() {
-            // A copy that is not delivered is dropped, and its bytes go back to the budget.
+            // A copy nobody waits for any more is dropped here, and its hold gives its
+            // bytes back to the budget.
             let _ = tx.send(self.copy.take());
         }
     }
@@ -94,8 +95,9 @@ impl Body for TeeBody {
 }
 
 /// The response body handed to the client: frames from the upstream reader through a
-/// bounded channel, or a small generated body (502/504). Reports when it ended, and
-/// whether completely, to the task that records the exchange.
+/// bounded channel, the whole upstream body when it came with the head, or a small
+/// generated body (502, 503, 504). Reports when it ended, and whether completely
+/// ([`OnEnd`]).
 pub(super) struct ProxyBody {
     pub(super) rx: Option<mpsc::Receiver<Chunk>>,
     pub(super) full: Option<Bytes>,
@@ -106,7 +108,8 @@ pub(super) struct ProxyBody {
 
 /// What happens when the client's response ends.
 pub(super) enum OnEnd {
-    /// Tell the task that reads the upstream body (it records the exchange).
+    /// Tell the task that records the exchange (the upstream reader, or the task of a
+    /// generated error response).
     Notify(oneshot::Sender<DownstreamEnd>),
     /// The upstream body was complete before the head went out: record from here, with
     /// no task of its own (the common case of a small response).
@@ -127,8 +130,7 @@ impl FastEnd {
             at_ns: clock::now_ns(),
             complete,
         };
-        let cut = *sh.cut.borrow();
-        let verdict = finish::verdict(None, Some(&end), cut);
+        let verdict = finish::verdict(None, Some(&end), || *sh.cut.borrow());
         finish::record_now(&sh, p, verdict, Some(end), guard);
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::body::Incoming;
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,27 +15,27 @@ use super::body::{Chunk, DownstreamEnd};
 use super::client::ClientConn;
 use super::forward::InFlight;
 use super::{OnRecordFull, PendingGuard, Shared, Slot, TeeBody};
-use crate::budget::BudgetHold;
 use crate::clock;
 use crate::drivers::{RowIds, SentRequest, Verdict};
 use crate::engine::Conn;
 use crate::engine::{CopiedBody, Engine, ExchangeError};
-use crate::model::{Outcome, Phase};
+use crate::model::Phase;
 use crate::record::ExchangeRecord;
 
 /// The one place serve decides an exchange's outcome: a failure on the upstream side (or
 /// the proxy's own deadline or cut) wins; else the client's side: complete is `ok`, ended
-/// early is `client_aborted` (or `shutdown_cut` when the stop cut it), never ended is
-/// `shutdown_cut`.
+/// early is `client_aborted` (or `shutdown_cut` when the stop was cutting connections),
+/// never ended is `shutdown_cut`. `cut` is asked only for a response that ended early
+/// (reading it takes the watch channel's lock).
 pub(super) fn verdict(
     failure: Option<ExchangeError>,
     end: Option<&DownstreamEnd>,
-    cut: bool,
+    cut: impl FnOnce() -> bool,
 ) -> Verdict {
     let failure = match (failure, end) {
         (Some(f), _) => f,
         (None, Some(e)) if e.complete => return Verdict::default(),
-        (None, Some(_)) if !cut => ExchangeError::client_gone(),
+        (None, Some(_)) if !cut() => ExchangeError::client_gone(),
         (None, _) => ExchangeError::shutdown_cut(),
     };
     Verdict {
@@ -92,8 +91,7 @@ async fn pump(
     }
 }
 
-/// Read the upstream body independently of the client, into the bounded channel; then
-/// wait for the client's side to end and record the exchange.
+/// What the upstream reader task takes over from `forward::respond`.
 pub(super) struct Pumped {
     pub(super) conn: Conn<TeeBody>,
     pub(super) body: Incoming,
@@ -103,6 +101,8 @@ pub(super) struct Pumped {
     pub(super) initial_failure: Option<ExchangeError>,
 }
 
+/// Read the upstream body independently of the client, into the bounded channel; then
+/// wait for the client's side to end and record the exchange.
 pub(super) async fn pump_and_record(
     sh: Arc<Shared>,
     guard: PendingGuard,
@@ -131,7 +131,7 @@ pub(super) async fn pump_and_record(
             .map(ExchangeError::upstream_message)
     });
     let end = wait_downstream(&sh, up.done_rx).await;
-    let v = verdict(failure, end.as_ref(), *sh.cut.borrow());
+    let v = verdict(failure, end.as_ref(), || *sh.cut.borrow());
     record(&sh, p, v, end).await;
     drop(guard);
 }
@@ -147,10 +147,8 @@ pub(super) async fn record(
     let tee = match tokio::time::timeout(Duration::from_secs(1), &mut p.tee).await {
         Ok(Ok(t)) => t,
         _ => CopiedBody {
-            bytes: Bytes::new(),
-            len: 0,
             truncated: true,
-            held: 0,
+            ..CopiedBody::default()
         },
     };
     let client = p.client.clone();
@@ -241,7 +239,6 @@ fn build_record(
     let t0_ns = p.cap.t0_ns();
     let mut got = p.cap.into_captured();
     got.timings.downstream_done_us = end.as_ref().map(|e| clock::us_between(t0_ns, e.at_ns));
-    let memory = BudgetHold::new(sh.budget.clone(), got.body.held + tee.held);
     sh.live.count(
         verdict.outcome,
         got.timings.total_us,
@@ -264,9 +261,5 @@ fn build_record(
         headers: p.request_headers,
         body: tee,
     };
-    debug_assert!(
-        verdict.outcome != Outcome::Correctness,
-        "serve judges no oracle"
-    );
-    sh.run.row(ids, request, got, verdict, Some(memory))
+    sh.run.row(ids, request, got, verdict)
 }

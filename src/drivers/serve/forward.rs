@@ -151,10 +151,10 @@ pub(super) async fn handle(
     };
     let failure = match sent {
         Some(Ok(Ok((conn, resp)))) => return Ok(respond(sh, guard, p, conn, resp, slot).await),
-        Some(Ok(Err(e))) => ExchangeError::upstream_message(format!(
-            "upstream {}: {}",
-            sh.opts.upstream.authority, e.message
-        )),
+        Some(Ok(Err(mut e))) => {
+            e.message = format!("upstream {}: {}", sh.opts.upstream.authority, e.message);
+            e
+        }
         Some(Err(_)) => ExchangeError::deadline(format!(
             "upstream {} sent no response head within --upstream-timeout ({} s)",
             sh.opts.upstream.authority,
@@ -168,7 +168,7 @@ pub(super) async fn handle(
     resp.body_mut().done = Some(OnEnd::Notify(done_tx));
     tokio::spawn(async move {
         let end = finish::wait_downstream(&sh, done_rx).await;
-        let v = finish::verdict(Some(failure), end.as_ref(), *sh.cut.borrow());
+        let v = finish::verdict(Some(failure), end.as_ref(), || *sh.cut.borrow());
         finish::record(&sh, p, v, end).await;
         drop(guard);
     });

@@ -6,8 +6,9 @@
 //! client's keep-alive or fresh behaviour is mirrored and `connection_id` means something);
 //! `--upstream-connection fresh` opens one per request. Bodies stream in both directions:
 //! the request body is teed (copied up to the record limits) on its way up, and the
-//! upstream response is read by its own task into a bounded channel, so a slow client
-//! neither inflates the worker's timings nor makes the proxy hold unbounded data.
+//! upstream response, unless it is already whole with its head, is read by its own task
+//! into a bounded channel, so a slow client neither inflates the worker's timings nor
+//! makes the proxy hold unbounded data.
 //!
 //! A row is submitted after the client's response has ended (or failed), never while it
 //! is in flight. This module never imports the replay driver; what both need lives in the

@@ -64,7 +64,8 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
         })
 }
 
-/// A response that has no body by definition (RFC 9110 section 6.4.1): to HEAD, 1xx, 204, 304.
+/// A response that has no body by definition (RFC 9110 section 6.4.1): to HEAD, 1xx,
+/// 204, 304.
 pub(crate) fn has_no_body(method: &Method, status: StatusCode) -> bool {
     method == Method::HEAD
         || status.is_informational()

@@ -1,0 +1,117 @@
+//! The commands' flag values, checked: durations, counts, URLs, redaction names and a
+//! bearer token's value. Pure functions over the values the CLI hands over (it reads the
+//! environment, the files and binds the sockets); each error names the flag and says what
+//! a valid value looks like, and the CLI turns it into exit code 2.
+
+use std::time::Duration;
+
+use http::HeaderName;
+
+use crate::model::Endpoint;
+use crate::redact::Redaction;
+
+/// A number of seconds > 0 for `flag`.
+pub(crate) fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("{flag} must be a number of seconds > 0, got {v}"));
+    }
+    Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
+}
+
+/// A count of at least 1 for `flag`.
+pub(crate) fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
+    if v == 0 {
+        return Err(format!("{flag} must be at least 1"));
+    }
+    Ok(v)
+}
+
+/// `--endpoint`: an http(s) URL replacing the plan's endpoint.
+pub(crate) fn endpoint(flag: &str, url: &str) -> Result<Endpoint, String> {
+    Endpoint::parse(url).map_err(|m| format!("{flag} '{url}' {m}"))
+}
+
+/// `--upstream`: the worker's origin and an optional path prefix, without a query.
+pub(crate) fn upstream(url: &str) -> Result<Endpoint, String> {
+    let ep = endpoint("--upstream", url)?;
+    if ep.path_and_query.contains('?') {
+        return Err(format!("--upstream '{url}' must not have a query"));
+    }
+    Ok(ep)
+}
+
+/// The default redaction plus `--redact-header` names and `--redact-query` parameters.
+pub(crate) fn redaction(headers: &[String], query: &[String]) -> Result<Redaction, String> {
+    let mut r = Redaction::default();
+    for h in headers {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| format!("--redact-header '{h}' is not a header name"))?;
+        r.headers.push(name);
+    }
+    r.query.extend(query.iter().map(|q| q.to_ascii_lowercase()));
+    Ok(r)
+}
+
+/// The value of the environment variable `name` (named by `source`) as a bearer token:
+/// set, UTF-8, non-empty, printable ASCII without spaces.
+pub(crate) fn bearer_token(
+    name: &str,
+    source: &str,
+    value: Option<&std::ffi::OsStr>,
+) -> Result<String, String> {
+    let what = format!("environment variable {name} (named by {source})");
+    let value = value
+        .ok_or_else(|| format!("{what} is not set; export it, or leave out the bearer token"))?;
+    let s = value
+        .to_str()
+        .ok_or_else(|| format!("{what} is not valid UTF-8"))?;
+    if s.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(format!(
+            "{what} must hold printable ASCII without spaces or control characters"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_errors_name_the_flag_and_the_rule() {
+        assert_eq!(
+            seconds("--grace-seconds", 0.0).unwrap_err(),
+            "--grace-seconds must be a number of seconds > 0, got 0"
+        );
+        assert!(seconds("--x", f64::NAN).is_err());
+        assert_eq!(seconds("--x", 1.5).unwrap(), Duration::from_millis(1500));
+        assert_eq!(
+            at_least_one("--part-rows", 0).unwrap_err(),
+            "--part-rows must be at least 1"
+        );
+        assert_eq!(
+            upstream("http://127.0.0.1:8000/v1?x=1").unwrap_err(),
+            "--upstream 'http://127.0.0.1:8000/v1?x=1' must not have a query"
+        );
+        assert!(redaction(&["bad name".into()], &[]).is_err());
+        let r = redaction(&["x-secret".into()], &["SIG".into()]).unwrap();
+        assert!(r.headers.iter().any(|h| h == "x-secret"));
+        assert!(r.query.iter().any(|q| q == "sig"));
+    }
+
+    #[test]
+    fn bearer_tokens_are_printable_ascii() {
+        let check = |v: &str| bearer_token("T", "--bearer-token-env", Some(v.as_ref()));
+        assert_eq!(check("abc.DEF-123").unwrap(), "abc.DEF-123");
+        assert!(check("").unwrap_err().ends_with("is empty"));
+        assert!(check("a b").is_err());
+        assert!(
+            bearer_token("T", "--bearer-token-env", None)
+                .unwrap_err()
+                .contains("is not set")
+        );
+    }
+}
