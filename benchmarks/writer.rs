@@ -91,6 +91,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         outcome: Outcome::Ok,
         error_message: None,
         oracle_mismatch_pointer: None,
+        decisions: None,
         memory: None,
     }
 }

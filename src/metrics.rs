@@ -17,6 +17,9 @@ use crate::model::Outcome;
 /// What the metrics need of one exchange.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Sample {
+    /// The row's `exchange_id` (order of completion): breaks ties between equal completion
+    /// times.
+    pub(crate) exchange_id: i64,
     pub(crate) outcome: Outcome,
     pub(crate) start_offset_us: i64,
     pub(crate) total_us: Option<i64>,
@@ -24,6 +27,9 @@ pub(crate) struct Sample {
     pub(crate) connect_us: Option<i64>,
     /// Event-stream facts, for SSE responses.
     pub(crate) stream: Option<StreamSample>,
+    /// The answer's decisions (the seed's domain unit); `None` when it was not judged as
+    /// JSON, which counts as 0.
+    pub(crate) decisions: Option<u64>,
 }
 
 /// What the streaming metrics need of one exchange.
@@ -166,6 +172,9 @@ pub(crate) struct SteadyState {
     pub(crate) end_us: Option<i64>,
     pub(crate) requests: Option<u64>,
     pub(crate) requests_per_second: Option<f64>,
+    /// Decisions of the window's members, and per second over the same window.
+    pub(crate) decisions: Option<u64>,
+    pub(crate) decisions_per_second: Option<f64>,
 }
 
 impl SteadyState {
@@ -177,17 +186,31 @@ impl SteadyState {
             end_us: None,
             requests: None,
             requests_per_second: None,
+            decisions: None,
+            decisions_per_second: None,
         }
     }
 }
 
-/// The interior window of a round: completions sorted, the first and last `c` dropped.
+/// One successful completion, as the steady-state window sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Completion {
+    /// Completion time on the run's clock (µs).
+    pub(crate) at_us: i64,
+    /// Breaks ties between equal times.
+    pub(crate) exchange_id: i64,
+    pub(crate) decisions: u64,
+}
+
+/// The interior window of a round: completions sorted (ties broken by exchange id), the
+/// first and last `c` dropped. Its members are sorted positions `c ..= n-c-1`; it runs
+/// from completion `c` (position `c-1`) to completion `n-c` (position `n-c-1`).
 pub(crate) fn steady_state(
-    completions_us: &[i64],
+    completions: &[Completion],
     concurrency: usize,
     complete: bool,
 ) -> SteadyState {
-    let n = completions_us.len();
+    let n = completions.len();
     let c = concurrency;
     if !complete {
         return SteadyState::unavailable("round incomplete");
@@ -197,14 +220,15 @@ pub(crate) fn steady_state(
             "needs more than 2 x concurrency completions (n = {n}, c = {c})"
         ));
     }
-    let mut sorted = completions_us.to_vec();
+    let mut sorted = completions.to_vec();
     sorted.sort_unstable();
-    let start = sorted[c - 1];
-    let end = sorted[n - c - 1];
+    let start = sorted[c - 1].at_us;
+    let end = sorted[n - c - 1].at_us;
     let requests = (n - 2 * c) as u64;
     if end <= start {
         return SteadyState::unavailable("window has zero length");
     }
+    let decisions: u64 = sorted[c..n - c].iter().map(|x| x.decisions).sum();
     let secs = (end - start) as f64 / 1e6;
     SteadyState {
         available: true,
@@ -213,6 +237,8 @@ pub(crate) fn steady_state(
         end_us: Some(end),
         requests: Some(requests),
         requests_per_second: Some(requests as f64 / secs),
+        decisions: Some(decisions),
+        decisions_per_second: Some(decisions as f64 / secs),
     }
 }
 
@@ -235,6 +261,12 @@ pub(crate) struct RoundMetrics {
     pub(crate) first_byte_us: Percentiles,
     pub(crate) connect_us: Percentiles,
     pub(crate) failure_total_us: Percentiles,
+    /// Each failed exchange's latency, in completion order (the seed's
+    /// `failure_latency_seconds`); a failure without a latency is left out.
+    pub(crate) failure_latencies_us: Vec<i64>,
+    /// Decisions of the successful exchanges, and per second of the round's elapsed time.
+    pub(crate) successful_decisions: u64,
+    pub(crate) successful_decisions_per_second: Option<f64>,
     /// The whole budget was attempted and every request succeeded.
     pub(crate) complete: bool,
     pub(crate) steady_state: SteadyState,
@@ -335,7 +367,21 @@ pub(crate) fn round_metrics(
     let successful_requests_per_second =
         (elapsed_seconds > 0.0).then(|| successful as f64 / elapsed_seconds);
     let complete = attempted == planned && successful == planned;
-    let completions: Vec<i64> = ok.iter().map(|s| s.end_offset_us()).collect();
+    let completions: Vec<Completion> = ok
+        .iter()
+        .map(|s| Completion {
+            at_us: s.end_offset_us(),
+            exchange_id: s.exchange_id,
+            decisions: s.decisions.unwrap_or(0),
+        })
+        .collect();
+    let successful_decisions: u64 = completions.iter().map(|c| c.decisions).sum();
+    let mut failed: Vec<(i64, i64, i64)> = samples
+        .iter()
+        .filter(|s| s.outcome != Outcome::Ok)
+        .filter_map(|s| Some((s.end_offset_us(), s.exchange_id, s.total_us?)))
+        .collect();
+    failed.sort_unstable();
     RoundMetrics {
         case_name: case_name.to_string(),
         concurrency,
@@ -356,6 +402,10 @@ pub(crate) fn round_metrics(
                 .filter_map(|s| s.total_us)
                 .collect(),
         ),
+        failure_latencies_us: failed.into_iter().map(|(_, _, total)| total).collect(),
+        successful_decisions,
+        successful_decisions_per_second: (elapsed_seconds > 0.0)
+            .then(|| successful_decisions as f64 / elapsed_seconds),
         complete,
         steady_state: steady_state(&completions, concurrency, complete),
         stream: stream_metrics(&ok, elapsed_seconds),
@@ -436,6 +486,14 @@ pub(crate) fn aggregate(
         (
             "steady_state_requests_per_second",
             spread(&collect(&|r| r.steady_state.requests_per_second)),
+        ),
+        (
+            "successful_decisions_per_second",
+            spread(&collect(&|r| r.successful_decisions_per_second)),
+        ),
+        (
+            "steady_state_decisions_per_second",
+            spread(&collect(&|r| r.steady_state.decisions_per_second)),
         ),
         (
             "latency_p50_seconds",
@@ -519,8 +577,7 @@ mod tests {
             start_offset_us: start_us,
             total_us: Some(total_us),
             first_byte_us: Some(total_us / 2),
-            connect_us: None,
-            stream: None,
+            ..Sample::default()
         }
     }
 
@@ -580,10 +637,23 @@ mod tests {
         assert_eq!(nearest_rank(&v100, 99), Some(99));
     }
 
+    fn at(at_us: i64, exchange_id: i64, decisions: u64) -> Completion {
+        Completion {
+            at_us,
+            exchange_id,
+            decisions,
+        }
+    }
+
     #[test]
     fn steady_state_window_from_issue() {
-        // Completions at t = 1..8 s with c = 2: window from t=2 to t=6, 4 requests in 4.0 s.
-        let completions: Vec<i64> = (1..=8).map(|s| s * 1_000_000).collect();
+        // The seed's example: completions at t = 1..8 s carrying 1..8 decisions, c = 2. The
+        // window runs from t=2 to t=6 and holds completions 3..=6: 4 requests and 18
+        // decisions in 4.0 s, 1.0 req/s and 4.5 decisions/s. Given out of order.
+        let completions: Vec<Completion> = (1..=8)
+            .rev()
+            .map(|s| at(s * 1_000_000, s, s as u64))
+            .collect();
         let ss = steady_state(&completions, 2, true);
         assert_eq!(
             ss,
@@ -594,13 +664,68 @@ mod tests {
                 end_us: Some(6_000_000),
                 requests: Some(4),
                 requests_per_second: Some(1.0),
+                decisions: Some(18),
+                decisions_per_second: Some(4.5),
             }
         );
     }
 
     #[test]
+    fn steady_state_ties_are_broken_by_exchange_id() {
+        // Six completions, c = 2: the window holds positions 2 and 3. Ids 7 and 5 share a
+        // time across the window's edge (positions 3 and 4): id 5 sorts first, so its 10
+        // decisions are in the window and id 7's 3 are not.
+        let completions = [
+            at(1_000_000, 1, 100),
+            at(1_500_000, 2, 1),
+            at(2_000_000, 3, 1),
+            at(2_500_000, 7, 3),
+            at(2_500_000, 5, 10),
+            at(3_000_000, 6, 100),
+        ];
+        let ss = steady_state(&completions, 2, true);
+        assert_eq!(
+            (ss.start_us, ss.end_us, ss.requests, ss.decisions),
+            (Some(1_500_000), Some(2_500_000), Some(2), Some(11))
+        );
+        assert_eq!(ss.decisions_per_second, Some(11.0));
+    }
+
+    #[test]
+    fn decisions_per_round_from_the_seed() {
+        // 4 requests answering two decisions each -> 8 decisions; over 2 s, 4 per second.
+        let s: Vec<Sample> = (0..4)
+            .map(|i| Sample {
+                exchange_id: i,
+                decisions: Some(2),
+                ..ok(i * 500_000, 500_000)
+            })
+            .collect();
+        let r = round_metrics("a", 1, 0, 4, &s);
+        assert_eq!(r.successful_decisions, 8);
+        assert_eq!(r.elapsed_seconds, 2.0);
+        assert_eq!(r.successful_decisions_per_second, Some(4.0));
+        // Variants answering 1 and 3 entries alternately: 1 + 3 + 1 + 3 = 8. A failure's
+        // decisions never count, and an exchange not judged as JSON counts 0.
+        let mut s: Vec<Sample> = (0..4)
+            .map(|i| Sample {
+                exchange_id: i,
+                decisions: Some(if i % 2 == 0 { 1 } else { 3 }),
+                ..ok(i * 500_000, 500_000)
+            })
+            .collect();
+        s.push(Sample {
+            outcome: Outcome::Correctness,
+            decisions: Some(50),
+            ..ok(0, 10)
+        });
+        s.push(ok(0, 10));
+        assert_eq!(round_metrics("a", 1, 0, 6, &s).successful_decisions, 8);
+    }
+
+    #[test]
     fn steady_state_unavailable_reasons() {
-        let c: Vec<i64> = (1..=4).collect();
+        let c: Vec<Completion> = (1..=4).map(|i| at(i, i, 0)).collect();
         let ss = steady_state(&c, 2, true);
         assert!(!ss.available);
         assert_eq!(
@@ -625,19 +750,30 @@ mod tests {
             outcome: Outcome::Timeout,
             start_offset_us: 1_500_000,
             total_us: Some(1_000_000),
-            first_byte_us: None,
-            connect_us: None,
-            stream: None,
+            ..Sample::default()
         });
-        let r = round_metrics("a", 2, 0, 4, &s);
-        assert_eq!(r.attempted_requests, 4);
+        // An earlier failure, recorded later: the list is in completion order.
+        s.push(Sample {
+            outcome: Outcome::Http,
+            exchange_id: 9,
+            start_offset_us: 1_000_000,
+            total_us: Some(200_000),
+            ..Sample::default()
+        });
+        let r = round_metrics("a", 2, 0, 5, &s);
+        assert_eq!(r.attempted_requests, 5);
         assert_eq!(r.successful_requests, 3);
-        assert_eq!(r.failures, BTreeMap::from([(Outcome::Timeout, 1)]));
+        assert_eq!(
+            r.failures,
+            BTreeMap::from([(Outcome::Http, 1), (Outcome::Timeout, 1)])
+        );
         assert_eq!(r.elapsed_seconds, 2.0);
         assert_eq!(r.successful_requests_per_second, Some(1.5));
         assert_eq!(r.total_us.p50, Some(1_000_000));
         assert_eq!(r.total_us.p95, Some(1_000_000));
-        assert_eq!(r.failure_total_us.p50, Some(1_000_000));
+        assert_eq!(r.failure_total_us.p50, Some(200_000));
+        assert_eq!(r.failure_total_us.p95, Some(1_000_000));
+        assert_eq!(r.failure_latencies_us, vec![200_000, 1_000_000]);
         assert!(!r.complete);
         assert!(!r.steady_state.available);
     }

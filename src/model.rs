@@ -95,6 +95,8 @@ pub struct StreamColumns {
     pub(crate) output_tokens: Option<i64>,
     pub(crate) output_tokens_source: &'static str,
     pub(crate) prompt_tokens: Option<i64>,
+    /// An event's data was exactly `[DONE]`.
+    pub(crate) done_seen: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -57,6 +57,29 @@ impl Pointer {
     pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// The value this pointer names in `root`, if any (array indices must be canonical).
+    pub(crate) fn resolve<'v>(&self, root: &'v Value) -> Option<&'v Value> {
+        let mut cur = root;
+        for tok in &self.tokens {
+            cur = match cur {
+                Value::Object(m) => m.get(tok)?,
+                Value::Array(a) if is_canonical_index(tok) => a.get(tok.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+}
+
+/// The seed's decisions of one answer: the entries of the container at `at` (array
+/// elements or object members); 0 when it is absent or not a container.
+pub(crate) fn count_decisions(answer: &Value, at: &Pointer) -> u64 {
+    match at.resolve(answer) {
+        Some(Value::Array(a)) => a.len() as u64,
+        Some(Value::Object(m)) => m.len() as u64,
+        _ => 0,
+    }
 }
 
 /// Escape one reference token for a pointer (RFC 6901 section 3).
@@ -186,6 +209,9 @@ pub(crate) struct StreamOracle {
     /// The exact list of event payloads.
     pub(crate) events: Option<Vec<EventExpect>>,
     pub(crate) ignore_paths: Vec<Pointer>,
+    /// The stream must carry `data: [DONE]` (`require_done`); otherwise its absence is
+    /// allowed, as with servers that end a stream by HTTP framing alone.
+    pub(crate) require_done: bool,
 }
 
 /// Opaque trie of ignore paths (built by [`Oracle::json`]).
@@ -234,12 +260,39 @@ impl Oracle {
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
 
+    /// Add the plan's top-level ignore paths. A JSON oracle takes them as its own (each must
+    /// resolve to a primitive leaf); a streaming oracle applies each to the payloads where
+    /// it resolves and needs none to; an exact-bytes oracle takes none (validation refuses
+    /// top-level paths when any case has one).
+    pub(crate) fn add_top_ignore_paths(&mut self, paths: &[Pointer]) -> Result<(), Vec<String>> {
+        match self {
+            Oracle::Stream(so) => {
+                for p in paths {
+                    so.apply_where_resolving(p);
+                }
+                Ok(())
+            }
+            _ => self.add_ignore_paths(paths.to_vec()),
+        }
+    }
+
     /// Judge a response body.
     pub(crate) fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
+        self.judge(body, None).map(|_| ())
+    }
+
+    /// Judge a response body and, for a JSON oracle, count the answer's decisions under
+    /// `decisions` ([`count_decisions`]) from the same parse. `Ok(None)`: not a JSON
+    /// oracle (or no pointer given), so the exchange has no decisions.
+    pub(crate) fn judge(
+        &self,
+        body: &[u8],
+        decisions: Option<&Pointer>,
+    ) -> Result<Option<u64>, Mismatch> {
         match self {
             Oracle::Bytes(expected) => {
                 if expected[..] == *body {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let at = expected
                     .iter()
@@ -263,43 +316,50 @@ impl Oracle {
                     reason: format!("response is not valid JSON ({e})"),
                 })?;
                 let mut path = Vec::new();
-                compare(expected, &actual, Some(&ignore.0), &mut path)
+                compare(expected, &actual, Some(&ignore.0), &mut path)?;
+                Ok(decisions.map(|at| count_decisions(&actual, at)))
             }
-            Oracle::Stream(so) => so.check(body),
+            Oracle::Stream(so) => so.check(body).map(|()| None),
         }
     }
 }
 
 impl StreamOracle {
+    /// Apply `p` to every JSON payload (expected event or usage) where it resolves to a
+    /// primitive leaf; a path that resolves nowhere is not an error here.
+    fn apply_where_resolving(&mut self, p: &Pointer) -> bool {
+        let mut used = false;
+        if let Some((v, trie)) = self.usage.as_mut()
+            && resolve_leaf(v, p).is_ok()
+        {
+            trie.0.insert(p);
+            used = true;
+        }
+        for e in self.events.iter_mut().flatten() {
+            if let EventExpect::Json(v, trie) = e
+                && resolve_leaf(v, p).is_ok()
+            {
+                trie.0.insert(p);
+                used = true;
+            }
+        }
+        if used && !self.ignore_paths.contains(p) {
+            self.ignore_paths.push(p.clone());
+        }
+        used
+    }
+
     /// Each path must resolve to a primitive leaf in at least one JSON payload (an expected
     /// event or the usage object); it is applied to the payloads where it resolves.
     fn add_ignore_paths(&mut self, paths: Vec<Pointer>) -> Result<(), Vec<String>> {
-        let mut errs = Vec::new();
-        for p in paths {
-            let mut used = false;
-            if let Some((v, trie)) = self.usage.as_mut()
-                && resolve_leaf(v, &p).is_ok()
-            {
-                trie.0.insert(&p);
-                used = true;
-            }
-            for e in self.events.iter_mut().flatten() {
-                if let EventExpect::Json(v, trie) = e
-                    && resolve_leaf(v, &p).is_ok()
-                {
-                    trie.0.insert(&p);
-                    used = true;
-                }
-            }
-            if used {
-                self.ignore_paths.push(p);
-            } else {
-                errs.push(format!(
-                    "ignore path '{}' does not end at a primitive leaf of any expected event or of expected_usage",
-                    p.as_str()
-                ));
-            }
-        }
+        let errs: Vec<String> = paths
+            .iter()
+            .filter(|p| !self.apply_where_resolving(p))
+            .map(|p| format!(
+                "ignore path '{}' does not end at a primitive leaf of any expected event or of expected_usage",
+                p.as_str()
+            ))
+            .collect();
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
 
@@ -383,6 +443,13 @@ impl StreamOracle {
             };
             let mut path = vec![PathTok::Key("usage")];
             compare(v, actual, Some(&trie.0), &mut path)?;
+        }
+        if self.require_done && !tracker.done {
+            return Err(Mismatch {
+                pointer: Some(format!("/events/{}", events.len())),
+                reason: "the stream ended without data: [DONE] (the oracle sets require_done)"
+                    .into(),
+            });
         }
         Ok(())
     }
@@ -734,6 +801,7 @@ mod tests {
                     .collect()
             }),
             ignore_paths: vec![],
+            require_done: false,
         };
         let mut o = Oracle::Stream(Box::new(so));
         o.add_ignore_paths(ignore.iter().map(|p| Pointer::parse(p).unwrap()).collect())

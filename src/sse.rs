@@ -49,6 +49,12 @@ impl SseParser {
         SseParser::default()
     }
 
+    /// Bytes of an event have arrived that no blank line has ended yet (a partial line,
+    /// or fields waiting for their dispatch).
+    pub(crate) fn mid_event(&self) -> bool {
+        !self.line.is_empty() || self.has_data || self.event.is_some()
+    }
+
     /// Feed bytes read at `at_ns`; complete events are pushed to `out`.
     pub(crate) fn feed(
         &mut self,

@@ -48,6 +48,8 @@ const TOP_FIELDS: &[&str] = &[
     "auth",
     "name",
     "description",
+    "ignore_paths",
+    "decisions_pointer",
 ];
 const CASE_FIELDS: &[&str] = &[
     "name",
@@ -59,6 +61,7 @@ const CASE_FIELDS: &[&str] = &[
     "expected_stream_text",
     "expected_events",
     "expected_usage",
+    "require_done",
     "ignore_paths",
     "variants",
     "method",
@@ -76,6 +79,7 @@ const VARIANT_FIELDS: &[&str] = &[
     "expected_stream_text",
     "expected_events",
     "expected_usage",
+    "require_done",
     "ignore_paths",
 ];
 
@@ -194,6 +198,20 @@ pub(crate) struct Plan {
     pub(crate) connection: ConnectionPolicy,
     pub(crate) on_failure: OnFailure,
     pub(crate) bearer_token_env: Option<String>,
+    /// Where an answer's decisions are (`decisions_pointer`, default `/answers`).
+    pub(crate) decisions_pointer: Pointer,
+}
+
+/// The seed tool's decisions container.
+pub(crate) const DEFAULT_DECISIONS_POINTER: &str = "/answers";
+
+/// The ignore paths a request inherits: the plan's top-level list and its case's, with
+/// the case's name for messages.
+#[derive(Clone, Copy)]
+struct Inherited<'a> {
+    top: &'a [Pointer],
+    case: &'a [Pointer],
+    case_name: &'a str,
 }
 
 impl Plan {
@@ -440,7 +458,23 @@ impl Validator {
                 self.string(v, key);
             }
         }
-        let cases = self.cases(top.get("cases"), endpoint.as_ref());
+        let top_ignore = match top.get("ignore_paths") {
+            None => Some(Vec::new()),
+            Some(v) => self.pointers(v, "ignore_paths"),
+        };
+        let decisions_pointer = match top.get("decisions_pointer") {
+            None => Pointer::parse(DEFAULT_DECISIONS_POINTER).ok(),
+            Some(v) => self.string(v, "decisions_pointer").and_then(|s| {
+                Pointer::parse(s)
+                    .map_err(|m| self.err("decisions_pointer", format!("'{s}': {m}")))
+                    .ok()
+            }),
+        };
+        let cases = self.cases(
+            top.get("cases"),
+            endpoint.as_ref(),
+            top_ignore.as_deref().unwrap_or(&[]),
+        );
 
         Some(Plan {
             endpoint: endpoint?,
@@ -456,7 +490,9 @@ impl Validator {
             connection: connection?,
             on_failure: on_failure?,
             bearer_token_env: bearer_token_env?,
+            decisions_pointer: decisions_pointer?,
         })
+        .filter(|_| top_ignore.is_some())
     }
 
     fn concurrency(&mut self, v: Option<&Value>, n: Option<usize>) -> Option<Vec<usize>> {
@@ -597,7 +633,12 @@ impl Validator {
         Some(Some(name.to_string()))
     }
 
-    fn cases(&mut self, v: Option<&Value>, endpoint: Option<&Endpoint>) -> Option<Vec<Case>> {
+    fn cases(
+        &mut self,
+        v: Option<&Value>,
+        endpoint: Option<&Endpoint>,
+        top_ignore: &[Pointer],
+    ) -> Option<Vec<Case>> {
         let Some(v) = v else {
             self.err("cases", "is required: a non-empty list of cases");
             return None;
@@ -618,7 +659,7 @@ impl Validator {
         let mut ok = true;
         for (i, item) in items.iter().enumerate() {
             let path = format!("cases[{i}]");
-            match self.case(item, &path, endpoint) {
+            match self.case(item, &path, endpoint, top_ignore) {
                 Some(c) => out.push(c),
                 None => ok = false,
             }
@@ -635,7 +676,13 @@ impl Validator {
         ok.then_some(out)
     }
 
-    fn case(&mut self, v: &Value, path: &str, endpoint: Option<&Endpoint>) -> Option<Case> {
+    fn case(
+        &mut self,
+        v: &Value,
+        path: &str,
+        endpoint: Option<&Endpoint>,
+        top_ignore: &[Pointer],
+    ) -> Option<Case> {
         let m = self.object(v, path)?;
         self.unknown_fields(m, path, CASE_FIELDS);
         let name = match m.get("name") {
@@ -645,39 +692,8 @@ impl Validator {
             }
             Some(n) => self.nonblank(n, &join(path, "name")).map(str::to_string),
         };
-        let method = match m.get("method") {
-            None => Some(Method::POST),
-            Some(v) => {
-                let p = join(path, "method");
-                self.string(v, &p).and_then(|s| {
-                    let upper = s.chars().all(|c| c.is_ascii_uppercase());
-                    match Method::from_bytes(s.as_bytes()) {
-                        Ok(m) if upper && !s.is_empty() => Some(m),
-                        _ => {
-                            self.err(&p, format!("'{s}' is not an upper-case HTTP method token"));
-                            None
-                        }
-                    }
-                })
-            }
-        };
-        let case_path = match m.get("path") {
-            None => Some(None),
-            Some(v) => {
-                let p = join(path, "path");
-                self.string(v, &p).and_then(|s| {
-                    let valid = s.starts_with('/')
-                        && !s.contains('#')
-                        && s.parse::<http::uri::PathAndQuery>().is_ok();
-                    if valid {
-                        Some(Some(s.to_string()))
-                    } else {
-                        self.err(&p, format!("'{s}' must be an origin-form target starting with '/' (no fragment)"));
-                        None
-                    }
-                })
-            }
-        };
+        let method = self.method(m.get("method"), &join(path, "method"));
+        let case_path = self.target(m.get("path"), &join(path, "path"));
         let headers = self.headers(m.get("headers"), &join(path, "headers"));
         let expected_status = match m.get("expected_status") {
             None => Some(200),
@@ -699,6 +715,11 @@ impl Validator {
             Some(v) => self.pointers(v, &join(path, "ignore_paths")),
         };
 
+        let inherited = Inherited {
+            top: top_ignore,
+            case: case_ignore.as_deref().unwrap_or(&[]),
+            case_name: name.as_deref().unwrap_or("?"),
+        };
         let variants = match m.get("variants") {
             Some(vs) => {
                 for key in [
@@ -710,6 +731,7 @@ impl Validator {
                     "expected_stream_text",
                     "expected_events",
                     "expected_usage",
+                    "require_done",
                 ] {
                     if m.contains_key(key) {
                         self.err(
@@ -718,16 +740,11 @@ impl Validator {
                         );
                     }
                 }
-                self.variants(vs, &join(path, "variants"), no_body, case_ignore.as_deref())
+                self.variants(vs, &join(path, "variants"), no_body, inherited)
+                    .filter(|_| case_ignore.is_some())
             }
             None => self
-                .variant_body(
-                    m,
-                    path,
-                    None,
-                    no_body,
-                    case_ignore.as_deref().unwrap_or(&[]),
-                )
+                .variant_body(m, path, None, no_body, inherited)
                 .map(|v| vec![v]),
         };
 
@@ -747,12 +764,45 @@ impl Validator {
         })
     }
 
+    /// A case's `method`: an upper-case token, POST when absent.
+    fn method(&mut self, v: Option<&Value>, p: &str) -> Option<Method> {
+        let Some(v) = v else {
+            return Some(Method::POST);
+        };
+        let s = self.string(v, p)?;
+        let upper = s.chars().all(|c| c.is_ascii_uppercase());
+        match Method::from_bytes(s.as_bytes()) {
+            Ok(m) if upper && !s.is_empty() => Some(m),
+            _ => {
+                self.err(p, format!("'{s}' is not an upper-case HTTP method token"));
+                None
+            }
+        }
+    }
+
+    /// A case's `path`: an origin-form target; `Some(None)` when absent.
+    fn target(&mut self, v: Option<&Value>, p: &str) -> Option<Option<String>> {
+        let Some(v) = v else { return Some(None) };
+        let s = self.string(v, p)?;
+        let valid =
+            s.starts_with('/') && !s.contains('#') && s.parse::<http::uri::PathAndQuery>().is_ok();
+        if valid {
+            Some(Some(s.to_string()))
+        } else {
+            self.err(
+                p,
+                format!("'{s}' must be an origin-form target starting with '/' (no fragment)"),
+            );
+            None
+        }
+    }
+
     fn variants(
         &mut self,
         v: &Value,
         path: &str,
         no_body: bool,
-        case_ignore: Option<&[Pointer]>,
+        inherited: Inherited<'_>,
     ) -> Option<Vec<Variant>> {
         let Value::Array(items) = v else {
             self.err(
@@ -801,7 +851,7 @@ impl Validator {
             match (
                 name,
                 own_ignore,
-                self.variant_body(m, &p, None, no_body, case_ignore.unwrap_or(&[])),
+                self.variant_body(m, &p, None, no_body, inherited),
             ) {
                 (Some(n), Some(own), Some(mut var)) => {
                     var.name = Some(n);
@@ -818,7 +868,7 @@ impl Validator {
                 _ => ok = false,
             }
         }
-        (ok && case_ignore.is_some()).then_some(out)
+        ok.then_some(out)
     }
 
     /// The request and oracle fields of a case without variants, or of one variant.
@@ -828,7 +878,7 @@ impl Validator {
         path: &str,
         name: Option<String>,
         no_body: bool,
-        inherited_ignore: &[Pointer],
+        inherited: Inherited<'_>,
     ) -> Option<Variant> {
         let mut ok = true;
         let (body, default_ct) = match (m.get("request"), m.get("request_text")) {
@@ -875,7 +925,7 @@ impl Validator {
                     })
             }
         };
-        let (oracle, oracle_ok) = self.oracle(m, path, inherited_ignore);
+        let (oracle, oracle_ok) = self.oracle(m, path, inherited);
         ok &= oracle_ok;
         if !ok {
             return None;
@@ -896,15 +946,24 @@ impl Validator {
         &mut self,
         m: &Map<String, Value>,
         path: &str,
-        inherited_ignore: &[Pointer],
+        inherited: Inherited<'_>,
     ) -> (Option<Oracle>, bool) {
         let mut ok = true;
+        let inherited_ignore = inherited.case;
         let primaries: Vec<&str> = ORACLE_FIELDS
             .iter()
             .copied()
             .filter(|k| m.contains_key(*k))
             .collect();
         let has_ignore = !inherited_ignore.is_empty() || m.contains_key("ignore_paths");
+        let streaming = primaries
+            .iter()
+            .any(|k| matches!(*k, "expected_stream_text" | "expected_events"));
+        ok &= self.require_done(
+            m.get("require_done"),
+            &join(path, "require_done"),
+            streaming,
+        );
         if m.contains_key("expected_usage")
             && !primaries
                 .iter()
@@ -972,11 +1031,63 @@ impl Validator {
                     );
                     ok = false;
                 }
+                if !inherited.top.is_empty() {
+                    self.err(
+                        "ignore_paths",
+                        format!(
+                            "the top-level ignore_paths applies to every case's JSON oracle, but case '{}' ({path}) has an exact-bytes oracle (expected_response_text), which compares every byte; move the pointers into the cases that need them",
+                            inherited.case_name
+                        ),
+                    );
+                    ok = false;
+                }
                 t.map(|t| Oracle::Bytes(Bytes::copy_from_slice(t.as_bytes())))
             }
             _ => self.stream_oracle(m, path, inherited_ignore),
         };
+        let mut oracle = oracle;
+        if let Some(o) = oracle.as_mut() {
+            ok &= self.top_ignore(o, path, inherited);
+        }
+        if let Some(Oracle::Stream(so)) = oracle.as_mut() {
+            so.require_done = m.get("require_done").and_then(Value::as_bool) == Some(true);
+        }
         (oracle, ok)
+    }
+
+    /// `require_done`: a boolean, with a streaming oracle only. False when a rule failed.
+    fn require_done(&mut self, v: Option<&Value>, p: &str, streaming: bool) -> bool {
+        let Some(v) = v else { return true };
+        if !v.is_boolean() {
+            self.err(p, format!("must be true or false, found {}", json_kind(v)));
+            return false;
+        }
+        if !streaming {
+            self.err(
+                p,
+                "goes with a streaming oracle (expected_stream_text or expected_events): it makes a stream without data: [DONE] a correctness failure",
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Add the plan's top-level ignore paths to a request's oracle; each problem names the
+    /// case. False when one did not apply.
+    fn top_ignore(&mut self, o: &mut Oracle, path: &str, inherited: Inherited<'_>) -> bool {
+        let Err(msgs) = o.add_top_ignore_paths(inherited.top) else {
+            return true;
+        };
+        for msg in msgs {
+            self.err(
+                "ignore_paths",
+                format!(
+                    "{msg} of case '{}' ({path}); a top-level pointer must end at a primitive leaf of every JSON oracle (expected_response)",
+                    inherited.case_name
+                ),
+            );
+        }
+        false
     }
 
     /// `expected_stream_text` or `expected_events`, with optional `expected_usage`.
@@ -1406,6 +1517,163 @@ mod tests {
             errs[3].starts_with("cases[3].expected_events: must be a non-empty list"),
             "{}",
             errs[3]
+        );
+    }
+
+    /// The one JSON oracle of a plan's first case.
+    fn first_oracle(p: &Plan) -> &Oracle {
+        &p.cases[0].variants[0].oracle
+    }
+
+    #[test]
+    fn top_level_ignore_paths_exclude_exactly_the_seed_leaves() {
+        // The seed's own example: escaped tokens and array elements.
+        let p = plan(&format!(
+            r#"{BASE}, "ignore_paths": ["/a~1b/~0timer", "/items/0/timer", "/items/1/timer"],
+            "cases": [{{"name": "a", "request": {{}}, "expected_response":
+              {{"a/b": {{"~timer": 1.5, "other": 1}}, "items": [{{"timer": 1, "v": "x"}}, {{"timer": 2, "v": "y"}}], "timer": 3}}}}]"#
+        ))
+        .expect("valid");
+        let o = first_oracle(&p);
+        let base = r#"{"a/b": {"~timer": 9.25, "other": 1}, "items": [{"timer": 7, "v": "x"}, {"timer": 8, "v": "y"}], "timer": 3}"#;
+        assert_eq!(o.check(base.as_bytes()), Ok(()));
+        for (body, at) in [
+            (
+                base.replace(r#""other": 1"#, r#""other": 2"#),
+                "/a~1b/other",
+            ),
+            (base.replace(r#""v": "x""#, r#""v": "z""#), "/items/0/v"),
+            (base.replace(r#""timer": 3"#, r#""timer": 4"#), "/timer"),
+        ] {
+            let m = o.check(body.as_bytes()).unwrap_err();
+            assert_eq!(m.pointer.as_deref(), Some(at), "{body}");
+        }
+    }
+
+    #[test]
+    fn an_excluded_native_timer_still_fails_everything_else() {
+        let p = plan(&format!(
+            r#"{BASE}, "ignore_paths": ["/metadata/inference_seconds"],
+            "cases": [{{"name": "a", "request": {{}}, "expected_response":
+              {{"answers": {{"a": {{"choice": "yes"}}}}, "metadata": {{"inference_seconds": 0.0}}}}}}]"#
+        ))
+        .expect("valid");
+        let o = first_oracle(&p);
+        let ok =
+            r#"{"answers": {"a": {"choice": "yes"}}, "metadata": {"inference_seconds": 0.0123}}"#;
+        assert_eq!(o.check(ok.as_bytes()), Ok(()));
+        let cases = [
+            (
+                "a changed answer",
+                r#"{"answers": {"a": {"choice": "no"}}, "metadata": {"inference_seconds": 0.5}}"#,
+                "/answers/a/choice",
+            ),
+            (
+                "a missing field",
+                r#"{"answers": {"a": {"choice": "yes"}}, "metadata": {}}"#,
+                "/metadata/inference_seconds",
+            ),
+            (
+                "a type change",
+                r#"{"answers": {"a": {"choice": "yes"}}, "metadata": {"inference_seconds": "0.5"}}"#,
+                "/metadata/inference_seconds",
+            ),
+            (
+                "an extra member",
+                r#"{"answers": {"a": {"choice": "yes"}}, "metadata": {"inference_seconds": 0.5, "gpu": 1}}"#,
+                "/metadata/gpu",
+            ),
+            (
+                "a non-finite number",
+                r#"{"answers": {"a": {"choice": "yes"}}, "metadata": {"inference_seconds": 1e309}}"#,
+                "",
+            ),
+        ];
+        for (what, body, at) in cases {
+            let m = o.check(body.as_bytes()).expect_err(what);
+            assert_eq!(m.pointer.as_deref(), Some(at), "{what}: {m}");
+        }
+    }
+
+    #[test]
+    fn top_level_ignore_paths_follow_the_pointer_rules() {
+        // A case's list adds to the top-level one.
+        let p = plan(&format!(
+            r#"{BASE}, "ignore_paths": ["/t"], "cases": [
+              {{"name": "a", "ignore_paths": ["/id"], "request": {{}}, "expected_response": {{"t": 1, "id": "x", "v": 1}}}},
+              {{"name": "s", "request": {{"stream": true}}, "expected_stream_text": "x"}},
+              {{"name": "e", "request": {{"stream": true}}, "expected_events": [{{"id": 1}}, "[DONE]"]}}]"#
+        ))
+        .expect("streaming oracles need not hold a top-level pointer");
+        assert_eq!(
+            first_oracle(&p).check(br#"{"t": 2, "id": "y", "v": 1}"#),
+            Ok(())
+        );
+        // Not a leaf, or not in one case's oracle, or not canonical: each named with its case.
+        let errs = problems(&format!(
+            r#"{BASE}, "ignore_paths": ["/t", "/t", "/list/01"], "cases": [
+              {{"name": "a", "request": {{}}, "expected_response": {{"t": 1, "list": [1, 2]}}}},
+              {{"name": "b", "request": {{}}, "expected_response": {{"t": {{"x": 1}}}}}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec!["ignore_paths[1]: '/t' appears more than once"],
+            "a duplicate is refused before any oracle is looked at"
+        );
+        let errs = problems(&format!(
+            r#"{BASE}, "ignore_paths": ["/t", "/list/01"], "cases": [
+              {{"name": "a", "request": {{}}, "expected_response": {{"t": 1, "list": [1, 2]}}}},
+              {{"name": "b", "request": {{}}, "expected_response": {{"t": {{"x": 1}}}}}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "ignore_paths: ignore path '/list/01': '01' is not a canonical array index of case 'a' (cases[0]); a top-level pointer must end at a primitive leaf of every JSON oracle (expected_response)",
+                "ignore_paths: ignore path '/t' must end at a primitive leaf, but it reaches an object of case 'b' (cases[1]); a top-level pointer must end at a primitive leaf of every JSON oracle (expected_response)",
+                "ignore_paths: ignore path '/list/01' does not exist in the oracle of case 'b' (cases[1]); a top-level pointer must end at a primitive leaf of every JSON oracle (expected_response)",
+            ]
+        );
+        // Any exact-bytes oracle refuses the top-level list, naming the case.
+        let errs = problems(&format!(
+            r#"{BASE}, "ignore_paths": ["/t"], "cases": [
+              {{"name": "a", "request": {{}}, "expected_response": {{"t": 1}}}},
+              {{"name": "raw", "variants": [{{"name": "v", "request": {{}}, "expected_response_text": "ok"}}]}}]"#
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with(
+                "ignore_paths: the top-level ignore_paths applies to every case's JSON oracle, but case 'raw' (cases[1].variants[0]) has an exact-bytes oracle"
+            ),
+            "{}",
+            errs[0]
+        );
+    }
+
+    #[test]
+    fn decisions_pointer_and_require_done() {
+        let p = plan(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}}}}]"#
+        ))
+        .unwrap();
+        assert_eq!(p.decisions_pointer.as_str(), "/answers");
+        let p = plan(&format!(
+            r#"{BASE}, "decisions_pointer": "/out/picks", "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}}}}]"#
+        ))
+        .unwrap();
+        assert_eq!(p.decisions_pointer.as_str(), "/out/picks");
+        let errs = problems(&format!(
+            r#"{BASE}, "decisions_pointer": "answers", "cases": [
+              {{"name": "a", "request": {{}}, "expected_response": {{}}, "require_done": true}},
+              {{"name": "b", "request": {{}}, "expected_stream_text": "x", "require_done": "yes"}},
+              {{"name": "c", "request": {{}}, "expected_stream_text": "x", "require_done": true}}]"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "decisions_pointer: 'answers': a JSON pointer starts with '/' (RFC 6901)",
+                "cases[0].require_done: goes with a streaming oracle (expected_stream_text or expected_events): it makes a stream without data: [DONE] a correctness failure",
+                "cases[1].require_done: must be true or false, found a string",
+            ]
         );
     }
 }

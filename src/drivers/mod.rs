@@ -30,6 +30,8 @@ pub(crate) struct RunContext {
 /// Where a row belongs in the run (the identifying columns).
 #[derive(Debug, Clone)]
 pub(crate) struct RowIds {
+    /// From [`RunContext::next_exchange_id`], taken when the exchange ended.
+    pub(crate) exchange_id: i64,
     pub(crate) phase: Phase,
     pub(crate) case_name: Option<Arc<str>>,
     pub(crate) variant: Option<Arc<str>>,
@@ -57,6 +59,9 @@ pub(crate) struct Verdict {
     pub(crate) outcome: Outcome,
     pub(crate) error_message: Option<String>,
     pub(crate) oracle_mismatch_pointer: Option<String>,
+    /// Entries of the answer's decisions container, for an exchange judged `ok` by a JSON
+    /// oracle; `None` otherwise.
+    pub(crate) decisions: Option<u64>,
 }
 
 /// How a run's recording ended: rows written, and every problem (the writer's error, then
@@ -94,9 +99,15 @@ impl RunContext {
         self.record_failed.get().cloned()
     }
 
+    /// The next exchange id: unique within the run, from 0, taken by each driver when an
+    /// exchange has ended (so ids follow the order of completion).
+    pub(crate) fn next_exchange_id(&self) -> i64 {
+        self.next_exchange.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// The one row constructor of both drivers: the ids, the request as sent, what the
-    /// engine captured, and the verdict. The exchange id is taken here, in order of
-    /// completion; the two bodies' holds on serve's memory budget become the row's.
+    /// engine captured, and the verdict. The two bodies' holds on serve's memory budget
+    /// become the row's.
     pub(crate) fn row(
         &self,
         ids: RowIds,
@@ -106,7 +117,7 @@ impl RunContext {
     ) -> ExchangeRecord {
         ExchangeRecord {
             run_id: self.run_id.clone(),
-            exchange_id: self.next_exchange.fetch_add(1, Ordering::Relaxed),
+            exchange_id: ids.exchange_id,
             phase: ids.phase,
             case_name: ids.case_name,
             variant: ids.variant,
@@ -135,6 +146,7 @@ impl RunContext {
             outcome: verdict.outcome,
             error_message: verdict.error_message,
             oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
+            decisions: verdict.decisions.map(|d| d as i64),
             memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }
     }

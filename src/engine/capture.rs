@@ -140,6 +140,8 @@ struct SseState {
     tracker: StreamTracker,
     scratch: Vec<Event>,
     error: Option<LineTooLong>,
+    /// The body ends when the connection closes (no HTTP framing).
+    close_delimited: bool,
 }
 
 impl SseState {
@@ -191,20 +193,29 @@ impl Capture {
         }
     }
 
-    /// Hook: the response head says `text/event-stream`; stamp every event from now on.
-    pub(super) fn on_event_stream(&mut self) {
-        self.sse = Some(Box::default());
+    /// Hook: the response head says `text/event-stream` (ended by the connection closing
+    /// when `close_delimited`); stamp every event from now on.
+    pub(super) fn on_event_stream(&mut self, close_delimited: bool) {
+        self.sse = Some(Box::new(SseState {
+            close_delimited,
+            ..SseState::default()
+        }));
     }
 
-    /// Why a stream that ended cleanly is still incomplete: an OpenAI-style stream must end
-    /// with `data: [DONE]`, and no event line may exceed the parser's limit.
+    /// Why a stream whose body ended cleanly is still incomplete. A body that HTTP framing
+    /// ended (Content-Length reached, or the last chunk) is complete; a close-delimited one
+    /// must have ended on an event boundary; no event line may exceed the parser's limit.
+    /// `data: [DONE]` is not required here (`transformers serve` never sends it): an
+    /// oracle asks for it with `require_done`.
     pub(crate) fn stream_incomplete(&self) -> Option<String> {
         let sse = self.sse.as_ref()?;
         if let Some(e) = &sse.error {
             return Some(format!("event stream: {e}"));
         }
-        (sse.tracker.openai && !sse.tracker.done)
-            .then(|| "OpenAI-style event stream ended without data: [DONE]".to_string())
+        (sse.close_delimited && sse.parser.mid_event()).then(|| {
+            "event stream ended by the connection closing in the middle of an event (no blank line after its last event)"
+                .to_string()
+        })
     }
 
     /// The stream columns of the row (`None` when the response was not an event stream).
@@ -243,6 +254,7 @@ impl Capture {
             output_tokens,
             output_tokens_source: source,
             prompt_tokens: t.usage_field("prompt_tokens"),
+            done_seen: t.done,
         })
     }
 

@@ -207,7 +207,7 @@ impl Engine {
         cap.first_byte_ns = conn.stamps.first_read_ns().or(Some(clock::now_ns()));
         cap.status = Some(resp.status());
         if http1::is_event_stream(resp.headers()) {
-            cap.on_event_stream();
+            cap.on_event_stream(http1::is_close_delimited(resp.headers()));
         }
         Ok((conn, resp))
     }

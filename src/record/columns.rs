@@ -130,7 +130,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 45] = [
+pub(crate) static COLUMNS: [Column; 47] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -215,12 +215,16 @@ pub(crate) static COLUMNS: [Column; 45] = [
         "`usage` or `events`"),
     column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().and_then(|s| s.prompt_tokens),
         "`usage.prompt_tokens`, when reported"),
+    column!("stream_done_seen", Boolean, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.done_seen),
+        "an event's data was exactly `[DONE]` (not required for `ok` unless the oracle sets `require_done`)"),
     column!("outcome", Utf8, REQUIRED, "", |r: &R| Some(r.outcome.as_str()),
         "`ok`, `http` (status other than expected), `correctness` (oracle mismatch), `timeout` (the plan's deadline cancelled it), `transport` (connect, reset, malformed or cut response); serve adds `client_aborted`, `shutdown_cut`"),
     column!("error_message", Utf8, NULLABLE, "", |r: &R| r.error_message.as_deref(),
         "what went wrong, naming the side and the step (`connect to 127.0.0.1:8000: Connection refused`)"),
     column!("oracle_mismatch_pointer", Utf8, NULLABLE, "", |r: &R| r.oracle_mismatch_pointer.as_deref(),
         "first differing JSON pointer of a JSON oracle mismatch (`\"\"` = the whole document)"),
+    column!("decisions", Int64, NULLABLE, "", |r: &R| r.decisions,
+        "entries of the answer's decisions container (`decisions_pointer`, default `/answers`): array elements or object members, 0 when absent or not a container; null unless the exchange was `ok` under a JSON oracle (replay)"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -369,9 +373,11 @@ mod tests {
             output_tokens: Some(37),
             output_tokens_source: "usage",
             prompt_tokens: Some(38),
+            done_seen: true,
         });
         r.error_message = Some("message".into());
         r.oracle_mismatch_pointer = Some("/pointer".into());
+        r.decisions = Some(39);
         r
     }
 
@@ -385,7 +391,7 @@ mod tests {
             let c = b.column_by_name(n).unwrap();
             c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
         };
-        let expected: [(&str, i64); 18] = [
+        let expected: [(&str, i64); 19] = [
             ("exchange_id", 7),
             ("dispatch_index", 11),
             ("connection_id", 12),
@@ -404,6 +410,7 @@ mod tests {
             ("tpot_us", 36),
             ("output_tokens", 37),
             ("prompt_tokens", 38),
+            ("decisions", 39),
         ];
         let got: Vec<(&str, i64)> = expected.iter().map(|(n, _)| (*n, int(n))).collect();
         assert_eq!(got, expected);
@@ -453,10 +460,11 @@ mod tests {
                 "request_body_truncated",
                 "response_body_truncated",
                 "tls_resumed",
-                "is_stream"
+                "is_stream",
+                "stream_done_seen"
             ]
             .map(flag),
-            [true, false, true, false, true, true]
+            [true, false, true, false, true, true, true]
         );
     }
 

@@ -75,6 +75,8 @@ pub struct ExchangeRecord {
     pub outcome: Outcome,
     pub error_message: Option<String>,
     pub oracle_mismatch_pointer: Option<String>,
+    /// Entries of the answer's decisions container (replay, `ok`, JSON oracle only).
+    pub decisions: Option<i64>,
     /// Recorded bytes held in serve's memory budget, released once the row is encoded.
     pub memory: Option<BudgetHold>,
 }
@@ -125,6 +127,7 @@ pub(crate) mod tests_support {
             outcome: Outcome::Ok,
             error_message: None,
             oracle_mismatch_pointer: None,
+            decisions: None,
             memory: None,
         }
     }

@@ -25,7 +25,9 @@ pub(crate) struct RowFacts {
 pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
-    const WANT: [&str; 15] = [
+    const WANT: [&str; 17] = [
+        "exchange_id",
+        "decisions",
         "phase",
         "case_name",
         "concurrency",
@@ -59,6 +61,8 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
                         .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
                 };
             }
+            let exchange_id = typed!("exchange_id", Int64Array);
+            let decisions = typed!("decisions", Int64Array);
             let phase = typed!("phase", StringArray);
             let case = typed!("case_name", StringArray);
             let conc = typed!("concurrency", Int32Array);
@@ -104,6 +108,8 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
                     concurrency: conc.is_valid(i).then(|| conc.value(i)),
                     repetition: rep.is_valid(i).then(|| rep.value(i)),
                     sample: Sample {
+                        exchange_id: exchange_id.value(i),
+                        decisions: opt(decisions, i).map(|d| d.max(0) as u64),
                         outcome,
                         start_offset_us: start.value(i),
                         total_us: opt(total, i),

@@ -124,7 +124,10 @@ fn round_json(r: &RoundMetrics) -> Value {
         "successful_requests_per_second": r.successful_requests_per_second,
         "successful_latency_seconds": pct_json(&r.total_us),
         "failures": failures_json(&r.failures),
-        "failure_latency_seconds": if r.failures.is_empty() { Value::Null } else { pct_json(&r.failure_total_us) },
+        "failure_latency_seconds": r.failure_latencies_us.iter().map(|&us| us as f64 / 1e6).collect::<Vec<f64>>(),
+        "failure_latency_percentiles_seconds": if r.failures.is_empty() { Value::Null } else { pct_json(&r.failure_total_us) },
+        "successful_decisions": r.successful_decisions,
+        "successful_decisions_per_second": r.successful_decisions_per_second,
         "complete": r.complete,
         "steady_state": {
             "available": ss.available,
@@ -133,6 +136,8 @@ fn round_json(r: &RoundMetrics) -> Value {
             "window_end_seconds": secs(ss.end_us),
             "requests": ss.requests,
             "requests_per_second": ss.requests_per_second,
+            "decisions": ss.decisions,
+            "decisions_per_second": ss.decisions_per_second,
         },
         "throughput_scope": THROUGHPUT_SCOPE,
         "first_byte_seconds": pct_json(&r.first_byte_us),
@@ -223,6 +228,8 @@ pub(crate) fn summary_json(
             "itl": "gaps between consecutive content events, pooled over every successful exchange of the round",
             "output_tokens_per_second": "per_request_mean: mean of output_tokens / (total - ttft); aggregate: all output tokens of successful exchanges / round elapsed time",
             "prefill_tokens_per_second_mean": "mean of prompt_tokens / ttft",
+            "failure_latency_seconds": "each failed exchange's latency in seconds, in completion order ([] when none); failure_latency_percentiles_seconds: nearest rank over the same",
+            "decisions": format!("per successful exchange judged by a JSON oracle, the entries (array elements or object members) of the answer's {} member, 0 when absent or not a container; successful_decisions_per_second over the round's elapsed time, steady_state.decisions over the window's members", plan.decisions_pointer.as_str()),
         },
     })
 }

@@ -115,6 +115,12 @@ fn counts() -> Vec<RoundColumn> {
     v.push(float("successful_requests_per_second", true, |r| {
         r.successful_requests_per_second
     }));
+    v.push(int("successful_decisions", false, |r| {
+        Some(r.successful_decisions as i64)
+    }));
+    v.push(float("successful_decisions_per_second", true, |r| {
+        r.successful_decisions_per_second
+    }));
     v
 }
 
@@ -166,6 +172,12 @@ fn steady_state() -> Vec<RoundColumn> {
         }),
         float("steady_state_requests_per_second", true, |r| {
             r.steady_state.requests_per_second
+        }),
+        int("steady_state_decisions", true, |r| {
+            r.steady_state.decisions.map(|v| v as i64)
+        }),
+        float("steady_state_decisions_per_second", true, |r| {
+            r.steady_state.decisions_per_second
         }),
     ]
 }

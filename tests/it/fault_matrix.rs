@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use matrix_proxy::cli::Exit;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::support::*;
@@ -31,29 +31,6 @@ enum Fault {
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\nhello";
 
 /// Read one request (head and Content-Length body); `None` at EOF.
-async fn read_request(tcp: &mut TcpStream) -> Option<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await.ok()? == 0 {
-            return None;
-        }
-        head.push(byte[0]);
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let len: usize = text
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse().unwrap_or(0))
-        })
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    tcp.read_exact(&mut body).await.ok()?;
-    Some(text.split(' ').nth(1).unwrap_or("/").to_string())
-}
-
 async fn misbehave(tcp: &mut TcpStream, fault: Fault) {
     let w = |b: &'static [u8]| b;
     match fault {
@@ -142,7 +119,7 @@ async fn fault_peer(fault: Fault, close_always: bool) -> SocketAddr {
                 return;
             };
             tokio::spawn(async move {
-                while let Some(path) = read_request(&mut tcp).await {
+                while let Some(path) = read_raw_request(&mut tcp).await {
                     if path.starts_with("/fault") {
                         misbehave(&mut tcp, fault).await;
                         return;

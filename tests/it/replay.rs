@@ -287,6 +287,144 @@ async fn seed_fixture_runs_unchanged_with_22_posts_and_1_get() {
     assert_eq!(config["plan_sha256"], json!(sha));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_fixture_with_a_top_level_ignore_path_and_a_volatile_timer_passes_with_its_decisions()
+{
+    // The fixture as a seed plan that excludes the server's native timer.
+    let mut plan = fixture();
+    plan["ignore_paths"] = json!(["/metadata/inference_seconds"]);
+    plan["cases"][0]["expected_response"]["metadata"] = json!({"inference_seconds": 0.0});
+    let answers = plan["cases"][0]["expected_response"]["answers"].clone();
+    let peer = Peer::start(Arc::new(move |i, s: &Seen| {
+        if s.method == "GET" && s.path == "/health" {
+            Reply::json(200, &json!({"status": "ok"}))
+        } else {
+            // A different timer every time.
+            let t = 0.001 * (i as f64 + 1.0) + 0.000_123;
+            Reply::json(
+                200,
+                &json!({"answers": answers, "metadata": {"inference_seconds": t}}),
+            )
+        }
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    plan["endpoint"] = json!(peer.url("/v1/systemone"));
+    plan["health_endpoint"] = json!(peer.url("/health"));
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let seen = peer.seen();
+    let gets = seen.iter().filter(|s| s.method == "GET").count();
+    let posts = seen.iter().filter(|s| s.method == "POST").count();
+    assert_eq!((posts, gets), (22, 1));
+
+    // Every answer carries two decisions ({"a": ..., "b": ...}); the health check none.
+    let rows = Rows::read(&out);
+    let phase = rows.strs("phase");
+    let decisions = rows.i64s("decisions");
+    for i in 0..rows.len() {
+        let want = if phase[i].as_deref() == Some("health") {
+            None
+        } else {
+            Some(2)
+        };
+        assert_eq!(decisions[i], want, "row {i} ({:?})", phase[i]);
+    }
+    let summary = read_json(&out.join("summary.json"));
+    assert_eq!(summary["complete"], json!(true));
+    for r in summary["rounds"].as_array().unwrap() {
+        // 4 requests x 2 decisions per round, over the same elapsed time as requests/s.
+        assert_eq!(r["successful_decisions"], json!(8));
+        let rps = r["successful_requests_per_second"].as_f64().unwrap();
+        let dps = r["successful_decisions_per_second"].as_f64().unwrap();
+        assert!((dps - 2.0 * rps).abs() < 1e-9 * dps, "{dps} vs {rps}");
+        assert_eq!(r["failure_latency_seconds"], json!([]));
+        assert_eq!(r["failure_latency_percentiles_seconds"], Value::Null);
+        let ss = &r["steady_state"];
+        if r["concurrency"] == json!(1) {
+            // n = 4, c = 1: the window holds completions 2 and 3.
+            assert_eq!((&ss["requests"], &ss["decisions"]), (&json!(2), &json!(4)));
+            let rate = ss["requests_per_second"].as_f64().unwrap();
+            let drate = ss["decisions_per_second"].as_f64().unwrap();
+            assert!((drate - 2.0 * rate).abs() < 1e-9 * drate);
+        } else {
+            assert_eq!(ss["decisions"], Value::Null);
+        }
+    }
+    let rounds = Rows::read_file(&out.join("rounds.parquet"));
+    assert_eq!(rounds.i64s("successful_decisions"), vec![Some(8); 4]);
+    assert_eq!(
+        rounds.i64s("steady_state_decisions"),
+        vec![Some(4), Some(4), None, None]
+    );
+    let agg = &summary["round_aggregates"][0]["metrics"];
+    assert_eq!(agg["successful_decisions_per_second"]["rounds"], json!(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_latencies_are_listed_in_completion_order_as_the_seed_does() {
+    // Every second measured request answers 500 after a pause that grows with its index.
+    let peer = Peer::start(Arc::new(|i, s: &Seen| {
+        if s.method == "GET" {
+            return Reply::json(200, &json!({}));
+        }
+        let mut r = Reply::json(200, &json!({"answers": [1, 2, 3]}));
+        if s.body.starts_with(b"{\"m\"") && i % 2 == 0 {
+            r.status = 500;
+            r.delay = std::time::Duration::from_millis(10 * (i as u64 % 7));
+        }
+        r
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/v1/x"),
+        "on_failure": "continue",
+        "cases": [
+            {"name": "warm", "request": {"w": 1}, "expected_response": {"answers": [1, 2, 3]}},
+            {"name": "m", "request": {"m": 1}, "expected_response": {"answers": [1, 2, 3]}}
+        ],
+        "concurrency": [1], "requests_per_case": 6, "timeout_seconds": 2, "metadata": metadata(),
+    });
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
+    let rows = Rows::read(&out);
+    let summary = read_json(&out.join("summary.json"));
+    let (case, rep, phase) = (
+        rows.strs("case_name"),
+        rows.i32s("repetition"),
+        rows.strs("phase"),
+    );
+    let (outcome, total, id) = (
+        rows.strs("outcome"),
+        rows.i64s("total_us"),
+        rows.i64s("exchange_id"),
+    );
+    for r in summary["rounds"].as_array().unwrap() {
+        let mut want: Vec<(i64, f64)> = (0..rows.len())
+            .filter(|&i| {
+                phase[i].as_deref() == Some("measured")
+                    && case[i].as_deref() == r["case"].as_str()
+                    && rep[i] == Some(r["repetition"].as_i64().unwrap() as i32)
+                    && outcome[i].as_deref() != Some("ok")
+            })
+            .map(|i| (id[i].unwrap(), total[i].unwrap() as f64 / 1e6))
+            .collect();
+        want.sort_by_key(|w| w.0);
+        let want: Vec<f64> = want.into_iter().map(|w| w.1).collect();
+        assert_eq!(r["failure_latency_seconds"], json!(want), "{}", r["case"]);
+        if r["case"] == json!("m") {
+            assert!(!want.is_empty());
+            assert!(r["failure_latency_percentiles_seconds"]["p50"].is_number());
+        }
+        // Only the successful answers' decisions count: three each.
+        assert_eq!(
+            r["successful_decisions"],
+            json!(3 * r["successful_requests"].as_u64().unwrap())
+        );
+    }
+}
+
 fn variant_plan(endpoint: &str, connection: &str) -> Value {
     let v = |name: &str| json!({"name": name, "request": {"v": name}, "expected_response": {"echo": {"v": name}}});
     json!({

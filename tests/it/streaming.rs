@@ -1,8 +1,6 @@
 //! Streaming model traffic: per-event stamps checked against the mock's own write times,
 //! TTFT / ITL / token counts, streaming oracles, and stream faults, in replay and serve.
 
-use std::sync::Arc;
-
 use matrix_proxy::cli::Exit;
 use matrix_proxy::{MockConfig, generate_text};
 use serde_json::{Value, json};
@@ -189,43 +187,112 @@ async fn stream_oracles_and_stream_faults_in_replay() {
     mock.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_openai_stream_without_done_is_a_transport_failure() {
-    let chunk = |c: &str| {
-        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n")
+/// Two content events, as `transformers serve` sends them: no `data: [DONE]`.
+const NO_DONE: &str = concat!(
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n",
+);
+
+/// The raw answer for each framing of the same stream.
+fn framed_stream(target: &str) -> Vec<u8> {
+    const SSE: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n";
+    let with_done = format!("{NO_DONE}data: [DONE]\n\n");
+    let framed = |body: &str| format!("{SSE}content-length: {}\r\n\r\n{body}", body.len());
+    let text = match target {
+        "/health" => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}".to_string(),
+        "/framed" | "/framed-required" => framed(NO_DONE),
+        "/with-done" => framed(&with_done),
+        "/chunked" => format!(
+            "{SSE}transfer-encoding: chunked\r\n\r\n{:x}\r\n{NO_DONE}\r\n0\r\n\r\n",
+            NO_DONE.len()
+        ),
+        "/chunked-cut" => format!(
+            "{SSE}transfer-encoding: chunked\r\n\r\n{:x}\r\n{}",
+            NO_DONE.len(),
+            &NO_DONE[..20]
+        ),
+        "/close-clean" => format!("{SSE}\r\n{NO_DONE}"),
+        "/close-cut" => format!("{SSE}\r\n{NO_DONE}data: {{\"choi"),
+        _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string(),
     };
-    let body = format!("{}{}", chunk("a"), chunk("b"));
-    let peer = Peer::start(Arc::new(move |_, s: &Seen| {
-        if s.method == "GET" {
-            return Reply::json(200, &json!({}));
-        }
-        Reply {
-            status: 200,
-            body: body.clone().into_bytes(),
-            headers: vec![("content-type", "text/event-stream".into())],
-            delay: std::time::Duration::ZERO,
-        }
-    }))
-    .await;
+    text.into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_complete_by_its_framing_and_done_is_only_required_when_asked() {
+    let addr = raw_peer(framed_stream).await;
     let tmp = tempfile::tempdir().unwrap();
+    let case = |name: &str, path: &str, require_done: bool| {
+        json!({"name": name, "path": path, "request": {"stream": true},
+               "expected_stream_text": "ab", "require_done": require_done})
+    };
     let plan = json!({
-        "endpoint": peer.url("/v1/chat/completions"),
-        "cases": [{"name": "s", "request": {"stream": true}, "expected_stream_text": "ab"}],
+        "endpoint": format!("http://{addr}/v1/chat/completions"),
+        "on_failure": "continue",
+        "cases": [
+            case("framed", "/framed", false),
+            case("framed-required", "/framed-required", true),
+            case("with-done", "/with-done", true),
+            case("chunked", "/chunked", false),
+            case("chunked-cut", "/chunked-cut", false),
+            case("close-clean", "/close-clean", false),
+            case("close-cut", "/close-cut", false),
+        ],
         "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 2, "metadata": metadata(),
     });
     let (out, exit) = replay_plan(tmp.path(), &plan).await;
     assert_eq!(exit, Exit::Failure);
     let rows = Rows::read(&out);
-    assert_eq!(rows.strs("outcome")[1].as_deref(), Some("transport"));
-    assert_eq!(
-        rows.strs("error_message")[1].as_deref(),
-        Some("OpenAI-style event stream ended without data: [DONE]")
-    );
-    assert_eq!(rows.i64s("event_count")[1], Some(2), "what arrived is kept");
-    assert_eq!(
-        rows.strs("output_tokens_source")[1].as_deref(),
-        Some("events")
-    );
+    let by = rows.outcomes_by_case();
+    // readiness 1 + warm-up 2 + feasibility 1 + 2 measured rounds of 1 = 6 rows per case.
+    for (c, o) in [
+        ("framed", "ok"),
+        ("framed-required", "correctness"),
+        ("with-done", "ok"),
+        ("chunked", "ok"),
+        ("chunked-cut", "transport"),
+        ("close-clean", "ok"),
+        ("close-cut", "transport"),
+    ] {
+        assert_eq!(by.get(&format!("{c}:{o}")), Some(&6), "{c} -> {o}: {by:?}");
+    }
+    let case = rows.strs("case_name");
+    let done = rows.bools("stream_done_seen");
+    let err = rows.strs("error_message");
+    let ptr = rows.strs("oracle_mismatch_pointer");
+    let events = rows.i64s("event_count");
+    for i in 0..rows.len() {
+        let Some(c) = case[i].as_deref() else {
+            continue;
+        };
+        assert_eq!(done[i], Some(c == "with-done"), "{c}: stream_done_seen");
+        match c {
+            "framed-required" => {
+                assert_eq!(ptr[i].as_deref(), Some("/events/2"));
+                assert_eq!(
+                    err[i].as_deref(),
+                    Some(
+                        "oracle mismatch at /events/2: the stream ended without data: [DONE] (the oracle sets require_done)"
+                    )
+                );
+            }
+            "close-cut" => {
+                assert_eq!(
+                    err[i].as_deref(),
+                    Some(
+                        "event stream ended by the connection closing in the middle of an event (no blank line after its last event)"
+                    )
+                );
+                assert_eq!(events[i], Some(2), "what arrived is kept");
+            }
+            "chunked-cut" => assert!(
+                err[i].as_deref().unwrap().starts_with("read response body"),
+                "{:?}",
+                err[i]
+            ),
+            _ => assert_eq!(err[i], None, "{c}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

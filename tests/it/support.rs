@@ -730,3 +730,52 @@ impl hyper::body::Body for Generated {
         hyper::body::SizeHint::with_exact(self.left)
     }
 }
+
+/// Read one HTTP/1.1 request off a raw socket (head, then a Content-Length body); its
+/// target, or `None` when the peer closed first.
+pub async fn read_raw_request(tcp: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let len: usize = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    tcp.read_exact(&mut body).await.ok()?;
+    Some(text.split(' ').nth(1).unwrap_or("/").to_string())
+}
+
+/// A loopback worker that answers one request per connection with the raw bytes
+/// `answer(target)` gives, then closes: for responses hyper would never write (a body
+/// ended only by the close, a chunk cut in half).
+pub async fn raw_peer(answer: fn(&str) -> Vec<u8>) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if let Some(target) = read_raw_request(&mut tcp).await {
+                    let _ = tcp.write_all(&answer(&target)).await;
+                    let _ = tcp.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
+}

@@ -95,18 +95,21 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
                     "deadline of {} s (timeout_seconds) passed before the exchange ended",
                     ctx.plan.timeout_seconds
                 )),
-                oracle_mismatch_pointer: None,
+                ..Verdict::default()
             }
         }
         Ok(Err(e)) => Verdict {
             outcome: e.outcome(),
             error_message: Some(e.message),
-            oracle_mismatch_pointer: None,
+            ..Verdict::default()
         },
         Ok(Ok(())) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
+    let exchange_id = ctx.run.next_exchange_id();
     let sample = Sample {
+        exchange_id,
+        decisions: verdict.decisions,
         outcome,
         start_offset_us,
         total_us: got.timings.total_us,
@@ -127,6 +130,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             ),
         };
         let ids = RowIds {
+            exchange_id,
             phase: d.phase,
             case_name,
             variant,
@@ -182,7 +186,7 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
     let failed = |outcome, message: String| Verdict {
         outcome,
         error_message: Some(message),
-        oracle_mismatch_pointer: None,
+        ..Verdict::default()
     };
     let status = got.status.unwrap_or(0);
     if let Some(why) = incomplete {
@@ -206,12 +210,16 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             ),
         );
     }
-    match oracle.check(&got.body.bytes) {
-        Ok(()) => Verdict::default(),
+    match oracle.judge(&got.body.bytes, Some(&ctx.plan.decisions_pointer)) {
+        Ok(decisions) => Verdict {
+            decisions,
+            ..Verdict::default()
+        },
         Err(m) => Verdict {
             outcome: Outcome::Correctness,
             error_message: Some(format!("oracle mismatch {m}")),
             oracle_mismatch_pointer: m.pointer.clone(),
+            decisions: None,
         },
     }
 }

@@ -41,7 +41,7 @@ pub(super) fn verdict(
     Verdict {
         outcome: failure.outcome(),
         error_message: Some(failure.message),
-        oracle_mismatch_pointer: None,
+        ..Verdict::default()
     }
 }
 
@@ -245,6 +245,7 @@ fn build_record(
         sh.opts.stats_interval.is_some(),
     );
     let ids = RowIds {
+        exchange_id: sh.run.next_exchange_id(),
         phase: Phase::Live,
         case_name: None,
         variant: None,

@@ -64,6 +64,15 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
         })
 }
 
+/// A response body delimited by the connection closing (RFC 9112 section 6.3, rule 8):
+/// neither `Transfer-Encoding` nor `Content-Length`. Such a body has no framing that could
+/// tell a complete end from a cut, so an event stream sent this way must at least end on
+/// an event boundary.
+pub(crate) fn is_close_delimited(headers: &HeaderMap) -> bool {
+    !headers.contains_key(header::TRANSFER_ENCODING)
+        && !headers.contains_key(header::CONTENT_LENGTH)
+}
+
 /// A response that has no body by definition (RFC 9110 section 6.4.1): to HEAD, 1xx,
 /// 204, 304.
 pub(crate) fn has_no_body(method: &Method, status: StatusCode) -> bool {
@@ -75,6 +84,12 @@ pub(crate) fn has_no_body(method: &Method, status: StatusCode) -> bool {
 
 #[cfg(test)]
 mod tests {
+    fn h_with(name: header::HeaderName, value: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, http::HeaderValue::from_static(value));
+        h
+    }
+
     use super::*;
 
     #[test]
@@ -107,6 +122,12 @@ mod tests {
         );
         assert!(is_event_stream(&h));
         assert!(!is_event_stream(&HeaderMap::new()));
+        assert!(is_close_delimited(&HeaderMap::new()));
+        assert!(!is_close_delimited(&h_with(header::CONTENT_LENGTH, "3")));
+        assert!(!is_close_delimited(&h_with(
+            header::TRANSFER_ENCODING,
+            "chunked"
+        )));
         assert!(has_no_body(&Method::HEAD, StatusCode::OK));
         assert!(has_no_body(&Method::GET, StatusCode::NOT_MODIFIED));
         assert!(!has_no_body(&Method::GET, StatusCode::OK));
