@@ -231,6 +231,43 @@ pub struct ReplayArgs {
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub mock: MockLatencyArgs,
+}
+
+/// The built-in mock's model latency for `replay --mock-worker` (defaults: the mock's).
+#[derive(Args, Debug, Clone, Default)]
+pub struct MockLatencyArgs {
+    /// With --mock-worker: the mock's time before the first token, per request (ms).
+    #[arg(long = "mock-prefill-ms", value_name = "MS", requires = "mock_worker")]
+    pub prefill_ms: Option<f64>,
+    /// With --mock-worker: the mock's time per generated token (ms).
+    #[arg(
+        long = "mock-per-token-ms",
+        value_name = "MS",
+        requires = "mock_worker"
+    )]
+    pub per_token_ms: Option<f64>,
+    /// With --mock-worker: requests the mock serves at once; more queue.
+    #[arg(long = "mock-max-batch", value_name = "N", requires = "mock_worker")]
+    pub max_batch: Option<usize>,
+}
+
+impl MockLatencyArgs {
+    /// The mock's configuration: its defaults, with what these flags set, checked.
+    pub(crate) fn config(&self) -> Result<MockConfig, CliError> {
+        let mut c = MockConfig::default();
+        if let Some(v) = self.prefill_ms {
+            c.prefill_ms = flags::milliseconds("--mock-prefill-ms", v).map_err(usage)?;
+        }
+        if let Some(v) = self.per_token_ms {
+            c.per_token_ms = flags::milliseconds("--mock-per-token-ms", v).map_err(usage)?;
+        }
+        if let Some(v) = self.max_batch {
+            c.max_batch = flags::at_least_one("--mock-max-batch", v).map_err(usage)?;
+        }
+        Ok(c)
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -256,14 +293,17 @@ pub struct MockArgs {
 }
 
 impl MockArgs {
-    pub fn config(&self) -> MockConfig {
-        MockConfig {
-            prefill_ms: self.prefill_ms.max(0.0),
-            per_token_ms: self.per_token_ms.max(0.0),
-            max_batch: self.max_batch.max(1),
+    /// The mock's configuration, checked (exit 2 on a negative or non-finite time, or a
+    /// batch of 0).
+    pub fn config(&self) -> Result<MockConfig, CliError> {
+        Ok(MockConfig {
+            prefill_ms: flags::milliseconds("--prefill-ms", self.prefill_ms).map_err(usage)?,
+            per_token_ms: flags::milliseconds("--per-token-ms", self.per_token_ms)
+                .map_err(usage)?,
+            max_batch: flags::at_least_one("--max-batch", self.max_batch).map_err(usage)?,
             default_max_tokens: self.max_tokens,
             stall_ms: self.stall_ms,
-        }
+        })
     }
 }
 
@@ -445,7 +485,7 @@ fn run_id(now_us: i64) -> String {
 }
 
 pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
-    let m = MockWorker::start(args.listen, args.config())
+    let m = MockWorker::start(args.listen, args.config()?)
         .await
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     eprintln!(

@@ -37,7 +37,7 @@ struct Input {
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
 pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     let mut input = check(&args).await?;
-    let mock_config = MockConfig::default();
+    let mock_config = args.mock.config()?;
     let mock = start_mock(&args, &mock_config, &mut input.plan).await?;
     let (dir, rid, run_t0_ns, mut config) = create_run(&args, &input, mock.as_ref(), &mock_config)?;
     let plan = input.plan;

@@ -18,6 +18,16 @@ pub(crate) fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
 }
 
+/// A duration in milliseconds >= 0 (at most an hour) for `flag`.
+pub(crate) fn milliseconds(flag: &str, v: f64) -> Result<f64, String> {
+    if !v.is_finite() || !(0.0..=3_600_000.0).contains(&v) {
+        return Err(format!(
+            "{flag} must be a number of milliseconds from 0 to 3600000, got {v}"
+        ));
+    }
+    Ok(v)
+}
+
 /// A count of at least 1 for `flag`.
 pub(crate) fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
     if v == 0 {

@@ -468,9 +468,12 @@ async fn complete(
         let field = if chat { "messages" } else { "prompt" };
         return error(StatusCode::BAD_REQUEST, &format!("missing '{field}'"));
     };
+    // `max_completion_tokens` is OpenAI's current name (AIPerf and GuideLLM send it);
+    // `max_tokens` the older one. The current name wins when both are given.
     let tokens = req
-        .get("max_tokens")
+        .get("max_completion_tokens")
         .and_then(Value::as_u64)
+        .or_else(|| req.get("max_tokens").and_then(Value::as_u64))
         .map(|t| t.min(4096) as u32)
         .unwrap_or(st.config.default_max_tokens);
     let model = req

@@ -81,6 +81,39 @@ fn bad_flags_are_usage_errors_and_help_is_success() {
         Some(2),
         "--endpoint and --mock-worker conflict"
     );
+    // The mock's latency flags go with --mock-worker, and take sane values only.
+    for (flags, says) in [
+        (&["--mock-prefill-ms", "5"][..], "--mock-worker"),
+        (
+            &["--mock-worker", "--mock-prefill-ms=-1"][..],
+            "--mock-prefill-ms must be a number of milliseconds from 0 to 3600000, got -1",
+        ),
+        (
+            &["--mock-worker", "--mock-per-token-ms", "NaN"][..],
+            "--mock-per-token-ms must be a number of milliseconds",
+        ),
+        (
+            &["--mock-worker", "--mock-max-batch", "0"][..],
+            "--mock-max-batch must be at least 1",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = bin()
+            .args(["replay", "plans/demo.json", "--out"])
+            .arg(tmp.path().join("run"))
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert!(!tmp.path().join("run").exists(), "{flags:?} created output");
+    }
+    let out = bin()
+        .args(["mock-worker", "--listen", "127.0.0.1:0", "--prefill-ms=-3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

@@ -344,3 +344,55 @@ async fn serve_records_the_same_stream_fields_and_a_late_reader_does_not_delay_t
     );
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_takes_max_completion_tokens_and_replay_sets_its_latency() {
+    // AIPerf and GuideLLM send OpenAI's current name; it wins over max_tokens.
+    let prompt = "how many tokens";
+    let mut case = stream_case("s", prompt, 5, true);
+    case["request"]
+        .as_object_mut()
+        .unwrap()
+        .remove("max_tokens");
+    case["request"]["max_completion_tokens"] = json!(5);
+    let plain = json!({"name": "plain", "path": "/v1/completions",
+        "ignore_paths": ["/id", "/created"],
+        "request": {"model": "mock", "prompt": prompt, "max_tokens": 9, "max_completion_tokens": 3},
+        "expected_response": {"id": "x", "object": "text_completion", "created": 0, "model": "mock",
+            "choices": [{"index": 0, "text": generate_text(prompt, 3), "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}});
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+        "cases": [case, plain],
+        "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let out = tmp.path().join("run");
+    let mut args = replay_args(&path, &out);
+    args.mock_worker = true;
+    args.mock.prefill_ms = Some(60.0);
+    args.mock.per_token_ms = Some(1.0);
+    args.mock.max_batch = Some(4);
+    assert_eq!(replay(args).await.unwrap(), Exit::Ok);
+    let config = read_json(&out.join("config.json"));
+    assert_eq!(config["extra"]["mock_worker"]["prefill_ms"], json!(60.0));
+    assert_eq!(config["extra"]["mock_worker"]["per_token_ms"], json!(1.0));
+    assert_eq!(config["extra"]["mock_worker"]["max_batch"], json!(4));
+    let rows = Rows::read(&out);
+    let (case, ttft, tokens) = (
+        rows.strs("case_name"),
+        rows.i64s("ttft_us"),
+        rows.i64s("output_tokens"),
+    );
+    for i in 0..rows.len() {
+        if case[i].as_deref() == Some("s") {
+            assert_eq!(tokens[i], Some(5));
+            assert!(
+                ttft[i].unwrap() >= 60_000,
+                "ttft {:?} < the prefill",
+                ttft[i]
+            );
+        }
+    }
+}
