@@ -196,7 +196,7 @@ pub(crate) static COLUMNS: [Column; 47] = [
     column!("total_us", Int64, NULLABLE, "us", |r: &R| r.timings.total_us,
         "last response body byte received; for failures, when the failure was detected. Oracle validation is excluded"),
     column!("downstream_done_us", Int64, NULLABLE, "us", |r: &R| r.timings.downstream_done_us,
-        "serve only: last response byte handed to the client connection; null in replay"),
+        "serve only: last response byte handed to the client connection; null in replay and when the client's response did not complete (`client_aborted`, or a body the upstream cut); for `ok` never below `total_us`"),
     column!("is_stream", Boolean, REQUIRED, "", |r: &R| Some(r.stream.is_some()),
         "the response was `text/event-stream` (the stream columns below are null otherwise)"),
     column!("event_count", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.event_count),

@@ -701,3 +701,104 @@ fn models_request() -> hyper::Request<http_body_util::Full<Bytes>> {
         .body(http_body_util::Full::new(Bytes::new()))
         .unwrap()
 }
+
+/// Send `req` on a new connection and read until the proxy closes it (at most 5 s).
+async fn raw_exchange(addr: std::net::SocketAddr, req: &str) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out)).await;
+    out
+}
+
+fn post(path: &str, body: &Value, close: bool) -> String {
+    let body = body.to_string();
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
+        body.len(),
+        if close { "connection: close\r\n" } else { "" }
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downstream_done_is_null_when_the_client_left_and_never_before_total_when_ok() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = start_mock(MockConfig {
+        prefill_ms: 1.0,
+        per_token_ms: 5.0,
+        ..MockConfig::default()
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(&mock.url(), &tmp.path().join("live"))).await;
+    let addr = serve.addr;
+    let whole = json!({"messages": [{"role": "user", "content": "w"}], "max_tokens": 3});
+    let stream =
+        json!({"messages": [{"role": "user", "content": "s"}], "max_tokens": 30, "stream": true});
+    let invalid = json!({"model": "mock"}); // no messages: the mock answers 400
+    // Complete exchanges of each kind, read to the end.
+    for body in [&whole, &stream, &invalid] {
+        for _ in 0..3 {
+            let got = raw_exchange(addr, &post("/v1/chat/completions", body, true)).await;
+            assert!(
+                got.starts_with(b"HTTP/1.1 "),
+                "{}",
+                String::from_utf8_lossy(&got)
+            );
+        }
+    }
+    // As GuideLLM does after a 422: read the error answer, then drop the connection at
+    // once (keep-alive, so the proxy does not close first).
+    for _ in 0..3 {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(post("/v1/chat/completions", &invalid, false).as_bytes())
+            .await
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 400"));
+    }
+    // Clients that leave a stream after its first bytes (30 tokens take ~150 ms).
+    for _ in 0..3 {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(post("/v1/chat/completions", &stream, false).as_bytes())
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    assert_eq!(rows.len(), 15, "one row per request");
+    let (outcome, total, down) = (
+        rows.strs("outcome"),
+        rows.i64s("total_us"),
+        rows.i64s("downstream_done_us"),
+    );
+    let mut aborted = 0;
+    for i in 0..rows.len() {
+        match outcome[i].as_deref() {
+            Some("ok") => {
+                let (t, d) = (
+                    total[i].unwrap(),
+                    down[i].expect("ok has downstream_done_us"),
+                );
+                assert!(d >= t, "row {i}: downstream_done_us {d} < total_us {t}");
+            }
+            Some("client_aborted") => {
+                aborted += 1;
+                assert_eq!(
+                    down[i], None,
+                    "row {i}: the last byte never reached the client"
+                );
+            }
+            other => panic!("row {i}: unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(aborted, 3, "the three streams left early; {outcome:?}");
+    mock.shutdown().await;
+}

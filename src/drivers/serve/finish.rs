@@ -238,7 +238,13 @@ fn build_record(
     sh.in_flight.fetch_sub(1, Ordering::Relaxed);
     let t0_ns = p.cap.t0_ns();
     let mut got = p.cap.into_captured();
-    got.timings.downstream_done_us = end.as_ref().map(|e| clock::us_between(t0_ns, e.at_ns));
+    // Only a response whose last byte was handed to the client has a downstream end; one
+    // the client left early (or never got) has none, so `downstream_done_us - total_us` is
+    // the proxy's own hand-over time wherever it is defined.
+    got.timings.downstream_done_us = end
+        .as_ref()
+        .filter(|e| e.complete)
+        .map(|e| clock::us_between(t0_ns, e.at_ns));
     sh.live.count(
         verdict.outcome,
         got.timings.total_us,
