@@ -643,10 +643,14 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let rows = recording.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
-    match crate::record::read::read_ok_totals(&dir.path.join("exchanges")) {
-        Ok(totals) => stats.ok_total = crate::metrics::Percentiles::of(totals),
-        Err(e) => problems.push(format!("reading the recorded rows back: {e}")),
+    let mut table = report::routes::RouteTable::default();
+    let read = crate::record::read::for_each_row(&dir.path.join("exchanges"), |r| {
+        table.add(&r.method, &r.url, r.status, r.sample)
+    });
+    if let Err(e) = read {
+        problems.push(format!("reading the recorded rows back: {e}"));
     }
+    (stats.routes, stats.ok_total) = table.finish();
     let summary = report::serve_summary_json(&stats, rows);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
@@ -675,6 +679,14 @@ fn serve_stopped(
             stats.dropped_rows,
             dir.path.display()
         );
+    }
+    if !args.quiet && !stats.routes.is_empty() {
+        eprintln!(
+            "matrix-proxy: by route and worker status class (latency: ok exchanges, nearest rank):"
+        );
+        for line in report::routes::route_lines(&stats.routes) {
+            eprintln!("{line}");
+        }
     }
     if !problems.is_empty() {
         return Err(tool(format!(

@@ -10,22 +10,40 @@ use arrow_array::{ListArray, StringArray};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::Outcome;
 
-/// What the metrics need of one recorded row (read back by `summarize`).
+/// What the reports need of one recorded row (read back by `summarize`, and by serve for
+/// its end-of-run summary).
 #[derive(Debug, Clone)]
 pub(crate) struct RowFacts {
     pub(crate) phase: String,
     pub(crate) case_name: Option<String>,
     pub(crate) concurrency: Option<i32>,
     pub(crate) repetition: Option<i32>,
+    pub(crate) method: String,
+    /// As recorded (secret query values already redacted).
+    pub(crate) url: String,
+    pub(crate) status: Option<i32>,
     pub(crate) sample: Sample,
 }
 
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
 /// Left-over `.inprogress` parts are not read (see `recover`).
 pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
+    let mut out = Vec::new();
+    for_each_row(exchanges, |f| out.push(f))?;
+    Ok(out)
+}
+
+/// Hand each row of the closed parts to `visit`, in file order, without holding them.
+pub(crate) fn for_each_row(
+    exchanges: &Path,
+    mut visit: impl FnMut(RowFacts),
+) -> Result<(), String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
-    const WANT: [&str; 17] = [
+    const WANT: [&str; 20] = [
+        "method",
+        "url",
+        "status",
         "exchange_id",
         "decisions",
         "phase",
@@ -44,7 +62,6 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
         "prompt_tokens",
         "content_offsets_us",
     ];
-    let mut out = Vec::new();
     for part in parts {
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
         for batch in read_columns(&part, &WANT)? {
@@ -61,6 +78,9 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
                         .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
                 };
             }
+            let method = typed!("method", StringArray);
+            let url = typed!("url", StringArray);
+            let status = typed!("status", Int32Array);
             let exchange_id = typed!("exchange_id", Int64Array);
             let decisions = typed!("decisions", Int64Array);
             let phase = typed!("phase", StringArray);
@@ -102,11 +122,14 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
                         gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
                     }
                 });
-                out.push(RowFacts {
+                visit(RowFacts {
                     phase: phase.value(i).to_string(),
                     case_name: case.is_valid(i).then(|| case.value(i).to_string()),
                     concurrency: conc.is_valid(i).then(|| conc.value(i)),
                     repetition: rep.is_valid(i).then(|| rep.value(i)),
+                    method: method.value(i).to_string(),
+                    url: url.value(i).to_string(),
+                    status: status.is_valid(i).then(|| status.value(i)),
                     sample: Sample {
                         exchange_id: exchange_id.value(i),
                         decisions: opt(decisions, i).map(|d| d.max(0) as u64),
@@ -121,35 +144,7 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
             }
         }
     }
-    Ok(out)
-}
-
-/// `total_us` of every successful row in the closed parts of `exchanges/` (serve's
-/// end-of-run latency percentiles are computed from what was recorded, so that the
-/// proxy holds no per-request state in memory while it runs).
-pub(crate) fn read_ok_totals(exchanges: &Path) -> Result<Vec<i64>, String> {
-    use arrow_array::{Array, Int64Array};
-    let mut out = Vec::new();
-    for part in closed_parts(exchanges)? {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        for batch in read_columns(&part, &["outcome", "total_us"])? {
-            let b = batch.map_err(|e| ctx(&e))?;
-            let outcome = b
-                .column_by_name("outcome")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-                .ok_or_else(|| ctx(&"column outcome is missing or not a string"))?;
-            let total = b
-                .column_by_name("total_us")
-                .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-                .ok_or_else(|| ctx(&"column total_us is missing or not an int64"))?;
-            for i in 0..b.num_rows() {
-                if outcome.value(i) == Outcome::Ok.as_str() && total.is_valid(i) {
-                    out.push(total.value(i));
-                }
-            }
-        }
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// The batches of one part, read with only the columns named in `want`.

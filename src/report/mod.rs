@@ -8,6 +8,7 @@
 pub(crate) mod config_json;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
+pub(crate) mod routes;
 pub(crate) mod table;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,8 @@ pub(crate) struct ServeStats {
     pub(crate) by_outcome: BTreeMap<Outcome, u64>,
     /// Total latency of successful exchanges (µs).
     pub(crate) ok_total: Percentiles,
+    /// By route and status class, from the recorded rows.
+    pub(crate) routes: Vec<routes::RouteGroup>,
     pub(crate) dropped_rows: u64,
     /// Most finished exchanges that waited at once for room in the recorder's queue.
     pub(crate) backlog_peak: u64,
@@ -251,9 +254,11 @@ pub(crate) fn serve_summary_json(stats: &ServeStats, rows: u64) -> Value {
         "dropped_rows": stats.dropped_rows,
         "recorder_backlog_peak_rows": stats.backlog_peak,
         "successful_latency_seconds": pct_json(&stats.ok_total),
+        "routes": routes::routes_json(&stats.routes),
         "record_error": stats.record_error.as_ref().map(|e| e.to_string()),
         "definitions": {
             "latency": "client request head parsed to the last upstream body byte (total_us); nearest rank over the successful exchanges recorded in exchanges/ (rows dropped under --on-record-full drop are not in it)",
+            "routes": format!("one entry per route (method and path as forwarded, without the query; the first {} distinct routes, later ones grouped as \"{}\") and status class of the worker's answer (\"none\": no head came from the worker and the client got the proxy's 502/503/504); latency and stream numbers are nearest rank over the group's ok exchanges; an answer is ok when it reached the client whole, whatever its status", routes::MAX_ROUTES, routes::OTHER),
             "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
             "recorder_backlog_peak_rows": "most finished exchanges waiting at once for room in the recorder's queue (block); each holds its client connection's next request, so it is at most the number of client connections",
         },

@@ -802,3 +802,58 @@ async fn downstream_done_is_null_when_the_client_left_and_never_before_total_whe
     assert_eq!(aborted, 3, "the three streams left early; {outcome:?}");
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_groups_by_route_so_probes_never_blend_into_generation() {
+    let mock = start_mock(MockConfig {
+        prefill_ms: 20.0,
+        per_token_ms: 2.0,
+        ..MockConfig::default()
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(&mock.url(), &tmp.path().join("live"))).await;
+    let addr = serve.addr;
+    let stream =
+        json!({"messages": [{"role": "user", "content": "g"}], "max_tokens": 8, "stream": true});
+    let get = |path: &str, method: &str| {
+        format!("{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+    };
+    // Generation requests, with an AIPerf-style probe between each.
+    for _ in 0..5 {
+        raw_exchange(addr, &post("/v1/chat/completions", &stream, true)).await;
+        raw_exchange(addr, &get("/health", "GET")).await;
+    }
+    raw_exchange(addr, &get("/metrics", "GET")).await;
+    raw_exchange(addr, &get("/metrics?x=1", "GET")).await;
+    raw_exchange(addr, &get("/health", "HEAD")).await;
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let summary = read_json(&out.join("summary.json"));
+    let routes = summary["routes"].as_array().unwrap();
+    let find = |route: &str, class: &str| {
+        routes
+            .iter()
+            .find(|r| r["route"] == json!(route) && r["status_class"] == json!(class))
+            .unwrap_or_else(|| panic!("no {route} {class} in {routes:?}"))
+    };
+    let gen_ = find("POST /v1/chat/completions", "2xx");
+    assert_eq!(gen_["requests"], json!(5));
+    let health = find("GET /health", "2xx");
+    assert_eq!(health["requests"], json!(5));
+    assert_eq!(find("GET /metrics", "4xx")["requests"], json!(2));
+    assert_eq!(find("HEAD /health", "4xx")["requests"], json!(1));
+    assert_eq!(routes.len(), 4);
+    // Generation takes 20 ms + 8 x 2 ms; a probe is answered at once. Apart, neither
+    // blends into the other.
+    let p50 = |r: &Value| r["successful_latency_seconds"]["p50"].as_f64().unwrap();
+    assert!(p50(gen_) >= 0.030, "{}", p50(gen_));
+    assert!(p50(health) < 0.010, "{}", p50(health));
+    let st = &gen_["stream"];
+    assert_eq!(st["requests"], json!(5));
+    assert!(st["ttft_seconds"]["p50"].as_f64().unwrap() >= 0.020);
+    assert!(st["itl_seconds"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(st["output_tokens_per_second_mean"].as_f64().unwrap() > 0.0);
+    assert_eq!(health["stream"], Value::Null);
+    mock.shutdown().await;
+}

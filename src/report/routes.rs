@@ -1,0 +1,292 @@
+//! serve's end-of-run view by route: method + path, then the worker's status class, each
+//! with counts, latency percentiles and, for event streams, TTFT / ITL / tokens per second.
+//! Clients send probes between generation requests (`GET /health`, `HEAD /`, `GET
+//! /metrics` answered 404); grouped apart, a probe never blends into generation latency.
+//! Built from the recorded rows at the end of a run, so the proxy keeps no per-request
+//! state while it serves. Arithmetic is `metrics`'; this module only groups.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::metrics::{self, Percentiles, Sample, StreamMetrics};
+use crate::model::Outcome;
+
+/// Distinct routes kept apart; the rest are grouped as [`OTHER`] (a client sending a new
+/// path every time must not grow the summary without bound).
+pub(crate) const MAX_ROUTES: usize = 32;
+/// The route of every request past the first [`MAX_ROUTES`] distinct ones.
+pub(crate) const OTHER: &str = "other";
+
+/// One group: a route and the worker's status class.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct RouteKey {
+    /// `METHOD /path` (the path as forwarded, without the query), or [`OTHER`].
+    pub(crate) route: String,
+    /// `2xx`, `4xx`, ..., or `none` when no response head came from the worker (the
+    /// client then got the proxy's 502 / 503 / 504).
+    pub(crate) status_class: String,
+}
+
+#[derive(Debug, Default)]
+struct Acc {
+    requests: u64,
+    failures: BTreeMap<Outcome, u64>,
+    ok: Vec<Sample>,
+}
+
+/// Rows grouped by route and status class, as they are read back.
+#[derive(Debug, Default)]
+pub(crate) struct RouteTable {
+    routes: BTreeSet<String>,
+    groups: BTreeMap<RouteKey, Acc>,
+}
+
+/// The numbers of one group.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RouteGroup {
+    pub(crate) key: RouteKey,
+    pub(crate) requests: u64,
+    pub(crate) successful: u64,
+    pub(crate) failures: BTreeMap<Outcome, u64>,
+    /// Nearest rank of `total_us` over the group's `ok` exchanges.
+    pub(crate) latency_us: Percentiles,
+    /// Over the group's `ok` event streams (`None`: none); no aggregate rate (a group
+    /// has no elapsed time of its own).
+    pub(crate) stream: Option<StreamMetrics>,
+}
+
+/// The path of a recorded URL, without scheme, authority, query or fragment.
+fn path_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.find('/').map_or("/", |i| &rest[i..]);
+    path.split(['?', '#']).next().unwrap_or("/")
+}
+
+fn status_class(status: Option<i32>) -> String {
+    match status {
+        Some(s) => format!("{}xx", s / 100),
+        None => "none".into(),
+    }
+}
+
+impl RouteTable {
+    /// Count one exchange.
+    pub(crate) fn add(&mut self, method: &str, url: &str, status: Option<i32>, sample: Sample) {
+        let mut route = format!("{method} {}", path_of(url));
+        if !self.routes.contains(&route) {
+            if self.routes.len() < MAX_ROUTES {
+                self.routes.insert(route.clone());
+            } else {
+                route = OTHER.to_string();
+            }
+        }
+        let key = RouteKey {
+            route,
+            status_class: status_class(status),
+        };
+        let acc = self.groups.entry(key).or_default();
+        acc.requests += 1;
+        if sample.outcome == Outcome::Ok {
+            acc.ok.push(sample);
+        } else {
+            *acc.failures.entry(sample.outcome).or_insert(0) += 1;
+        }
+    }
+
+    /// Every group, the busiest first (`other` last), and the latency percentiles of all
+    /// successful exchanges together.
+    pub(crate) fn finish(self) -> (Vec<RouteGroup>, Percentiles) {
+        let mut all_ok = Vec::new();
+        let mut groups: Vec<RouteGroup> = self
+            .groups
+            .into_iter()
+            .map(|(key, acc)| {
+                let totals: Vec<i64> = acc.ok.iter().filter_map(|s| s.total_us).collect();
+                all_ok.extend_from_slice(&totals);
+                let ok: Vec<&Sample> = acc.ok.iter().collect();
+                RouteGroup {
+                    key,
+                    requests: acc.requests,
+                    successful: acc.ok.len() as u64,
+                    failures: acc.failures,
+                    latency_us: Percentiles::of(totals),
+                    stream: metrics::stream_metrics(&ok, 0.0),
+                }
+            })
+            .collect();
+        groups.sort_by(|a, b| {
+            (a.key.route == OTHER)
+                .cmp(&(b.key.route == OTHER))
+                .then(b.requests.cmp(&a.requests))
+                .then(a.key.cmp(&b.key))
+        });
+        (groups, Percentiles::of(all_ok))
+    }
+}
+
+fn secs(us: Option<i64>) -> Value {
+    us.map_or(Value::Null, |v| json!(v as f64 / 1e6))
+}
+
+fn pct_json(p: &Percentiles) -> Value {
+    json!({"p50": secs(p.p50), "p95": secs(p.p95), "p99": secs(p.p99)})
+}
+
+/// summary.json's `routes`.
+pub(crate) fn routes_json(groups: &[RouteGroup]) -> Value {
+    Value::Array(
+        groups
+            .iter()
+            .map(|g| {
+                json!({
+                    "route": g.key.route,
+                    "status_class": g.key.status_class,
+                    "requests": g.requests,
+                    "successful_requests": g.successful,
+                    "failures": g.failures.iter().map(|(k, v)| (k.as_str().to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                    "successful_latency_seconds": pct_json(&g.latency_us),
+                    "stream": g.stream.as_ref().map(|st| json!({
+                        "requests": st.requests,
+                        "ttft_seconds": pct_json(&st.ttft_us),
+                        "itl_seconds": pct_json(&st.itl_us),
+                        "output_tokens": st.output_tokens,
+                        "output_tokens_per_second_mean": st.output_tokens_per_second_mean,
+                    })),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn ms(us: Option<i64>) -> String {
+    us.map_or_else(|| "-".into(), |v| format!("{:.1} ms", v as f64 / 1e3))
+}
+
+/// One line per group for the end of a serve run.
+pub(crate) fn route_lines(groups: &[RouteGroup]) -> Vec<String> {
+    groups
+        .iter()
+        .map(|g| {
+            let mut line = format!(
+                "  {} [{}]: {} requests, {} ok",
+                g.key.route, g.key.status_class, g.requests, g.successful
+            );
+            for (o, n) in &g.failures {
+                line.push_str(&format!(", {n} {}", o.as_str()));
+            }
+            if g.successful > 0 {
+                line.push_str(&format!(
+                    "; latency p50 {} p99 {}",
+                    ms(g.latency_us.p50),
+                    ms(g.latency_us.p99)
+                ));
+            }
+            if let Some(st) = &g.stream {
+                line.push_str(&format!(
+                    "; TTFT p50 {}, ITL p50 {}",
+                    ms(st.ttft_us.p50),
+                    ms(st.itl_us.p50)
+                ));
+                if let Some(r) = st.output_tokens_per_second_mean {
+                    line.push_str(&format!(", {r:.1} tok/s per request"));
+                }
+            }
+            line
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(outcome: Outcome, total_us: i64) -> Sample {
+        Sample {
+            outcome,
+            total_us: Some(total_us),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn probes_are_grouped_apart_from_generation() {
+        let mut t = RouteTable::default();
+        for i in 0..10 {
+            t.add(
+                "POST",
+                "http://w:8000/v1/chat/completions?x=1",
+                Some(200),
+                s(Outcome::Ok, 100_000 + i),
+            );
+        }
+        t.add("GET", "http://w:8000/health", Some(200), s(Outcome::Ok, 50));
+        t.add("GET", "http://w:8000/health", Some(200), s(Outcome::Ok, 70));
+        t.add(
+            "GET",
+            "http://w:8000/metrics",
+            Some(404),
+            s(Outcome::Ok, 40),
+        );
+        t.add("HEAD", "http://w:8000", Some(200), s(Outcome::Ok, 30));
+        t.add(
+            "POST",
+            "http://w:8000/v1/chat/completions",
+            None,
+            s(Outcome::Transport, 5),
+        );
+        let (groups, all) = t.finish();
+        let keys: Vec<(String, String, u64)> = groups
+            .iter()
+            .map(|g| (g.key.route.clone(), g.key.status_class.clone(), g.requests))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("POST /v1/chat/completions".into(), "2xx".into(), 10),
+                ("GET /health".into(), "2xx".into(), 2),
+                ("GET /metrics".into(), "4xx".into(), 1),
+                ("HEAD /".into(), "2xx".into(), 1),
+                ("POST /v1/chat/completions".into(), "none".into(), 1),
+            ]
+        );
+        assert_eq!(groups[0].latency_us.p50, Some(100_004));
+        assert_eq!(groups[1].latency_us.p99, Some(70));
+        assert_eq!(groups[4].successful, 0);
+        assert_eq!(
+            groups[4].failures,
+            BTreeMap::from([(Outcome::Transport, 1)])
+        );
+        // Overall, the probes pull the median down: that is why they are kept apart.
+        assert_eq!(all.p50, Some(100_002));
+        let lines = route_lines(&groups);
+        assert_eq!(
+            lines[0],
+            "  POST /v1/chat/completions [2xx]: 10 requests, 10 ok; latency p50 100.0 ms p99 100.0 ms"
+        );
+        assert_eq!(
+            lines[4],
+            "  POST /v1/chat/completions [none]: 1 requests, 0 ok, 1 transport"
+        );
+    }
+
+    #[test]
+    fn distinct_routes_are_capped_with_an_other_bucket() {
+        let mut t = RouteTable::default();
+        for i in 0..(MAX_ROUTES + 10) {
+            t.add(
+                "GET",
+                &format!("http://w/p{i}"),
+                Some(200),
+                s(Outcome::Ok, 1),
+            );
+        }
+        t.add("GET", "http://w/p0", Some(200), s(Outcome::Ok, 1));
+        let (groups, _) = t.finish();
+        assert_eq!(groups.len(), MAX_ROUTES + 1);
+        let last = groups.last().unwrap();
+        assert_eq!((last.key.route.as_str(), last.requests), (OTHER, 10));
+        assert_eq!(groups[0].key.route, "GET /p0");
+        assert_eq!(groups[0].requests, 2);
+    }
+}
