@@ -110,6 +110,15 @@ def main(run: Path) -> int:
         p50 = r.total_p50_us
         assert s["successful_latency_seconds"]["p50"] == (None if pd.isna(p50) else p50 / 1e6)
         checks += 4
+        # Decisions: the sum over the round's successful rows, and the seed's list of
+        # failure latencies in completion order.
+        decisions = int(ok.decisions.fillna(0).sum())
+        assert decisions == r.successful_decisions == s["successful_decisions"], (decisions, r.successful_decisions)
+        failed = sub[sub.outcome != "ok"].assign(end=sub.start_offset_us + sub.total_us)
+        failed = failed.sort_values(["end", "exchange_id"])
+        want = [t / 1e6 for t in failed.total_us.dropna().tolist()]
+        assert s["failure_latency_seconds"] == want, (s["failure_latency_seconds"], want)
+        checks += 2
 
     # The footer metadata carries the schema version.
     for part in sorted((run / "exchanges").glob("part-*.parquet")):
