@@ -169,8 +169,12 @@ pub(crate) fn route_lines(groups: &[RouteGroup]) -> Vec<String> {
         .iter()
         .map(|g| {
             let mut line = format!(
-                "  {} [{}]: {} requests, {} ok",
-                g.key.route, g.key.status_class, g.requests, g.successful
+                "  {} [{}]: {} request{}, {} ok",
+                g.key.route,
+                g.key.status_class,
+                g.requests,
+                if g.requests == 1 { "" } else { "s" },
+                g.successful
             );
             for (o, n) in &g.failures {
                 line.push_str(&format!(", {n} {}", o.as_str()));
@@ -266,7 +270,7 @@ mod tests {
         );
         assert_eq!(
             lines[4],
-            "  POST /v1/chat/completions [none]: 1 requests, 0 ok, 1 transport"
+            "  POST /v1/chat/completions [none]: 1 request, 0 ok, 1 transport"
         );
     }
 
