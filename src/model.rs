@@ -105,6 +105,16 @@ pub(crate) enum Scheme {
     Https,
 }
 
+/// The port text of an authority (`host:port`, `[v6]:port`), if it has a colon after the
+/// host: `Some("")` for `host:`.
+fn explicit_port(authority: &str) -> Option<&str> {
+    let after_host = match authority.strip_prefix('[') {
+        Some(rest) => &rest[rest.find(']')? + 1..],
+        None => authority,
+    };
+    after_host.rfind(':').map(|i| &after_host[i + 1..])
+}
+
 impl Scheme {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -167,10 +177,18 @@ impl Endpoint {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let port = uri.port_u16().unwrap_or(match scheme {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
-        });
+        // `http::Uri` accepts any text after the colon and then has no `port_u16()`: an
+        // explicit port must be a number from 1 to 65535, never silently the default.
+        let port = match explicit_port(&authority) {
+            None => match scheme {
+                Scheme::Http => 80,
+                Scheme::Https => 443,
+            },
+            Some(p) => p.parse::<u16>().ok().filter(|&n| n != 0).ok_or_else(|| {
+                let shown: String = p.chars().take(20).collect();
+                format!("has an invalid port '{shown}': give a number from 1 to 65535, or no ':' for the scheme's default")
+            })?,
+        };
         let path_and_query = uri
             .path_and_query()
             .map(|p| p.as_str().to_string())

@@ -220,6 +220,19 @@ fn create_run(
     Ok((dir, rid, run_t0_ns, config))
 }
 
+/// `kind count, ...` from summary.json's `failures` object.
+fn failures_by_kind(failures: &serde_json::Value) -> String {
+    failures
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
 /// Step 5: Reports. Each is written even if an earlier step failed, so nothing is lost.
 fn reports(
     args: &ReplayArgs,
@@ -254,11 +267,21 @@ fn reports(
             );
         } else {
             eprintln!(
-                "matrix-proxy: {} exchanges recorded in {}",
+                "matrix-proxy: {} exchange{} recorded in {}",
                 recording.rows,
+                if recording.rows == 1 { "" } else { "s" },
                 dir.path.display()
             );
         }
+    }
+    // Why a run failed is said here, not only in Parquet (also under --quiet: it is the
+    // reason for the exit code).
+    if let Some(first) = &result.first_failure {
+        eprintln!("matrix-proxy: first failure: {first}");
+        eprintln!(
+            "matrix-proxy: failures by kind (all phases): {}",
+            failures_by_kind(&summary_v["failures"])
+        );
     }
     if let Some(e) = record_error {
         problems.insert(0, e.to_string());

@@ -1408,6 +1408,13 @@ mod tests {
             ("http://u:p@h/x", "must not contain credentials"),
             ("http://h/x#frag", "must not contain a fragment"),
             ("/relative", "must be an absolute"),
+            ("http://127.0.0.1:abc/v1", "has an invalid port 'abc'"),
+            ("http://127.0.0.1:99999/v1", "has an invalid port '99999'"),
+            ("http://127.0.0.1:65536/v1", "has an invalid port '65536'"),
+            ("http://127.0.0.1:70000/v1", "has an invalid port '70000'"),
+            ("http://127.0.0.1:/v1", "has an invalid port ''"),
+            ("http://127.0.0.1:0/v1", "has an invalid port '0'"),
+            ("http://[::1]:x/v1", "has an invalid port 'x'"),
         ] {
             let errs = problems(&format!(
                 r#""endpoint": "{url}", "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1,
@@ -1425,6 +1432,14 @@ mod tests {
             ("::1", 8443, "[::1]:8443")
         );
         assert_eq!(e.path_and_query, "/v1?x=1");
+        for (url, port) in [
+            ("http://h/x", 80),
+            ("https://h", 443),
+            ("http://h:65535/", 65535),
+            ("http://[::1]/", 80),
+        ] {
+            assert_eq!(Endpoint::parse(url).unwrap().port, port, "{url}");
+        }
     }
 
     #[test]

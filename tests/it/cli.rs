@@ -2,6 +2,7 @@
 //! existing run directory, and the README's demo command.
 
 use std::process::Command;
+use std::sync::Arc;
 
 use serde_json::json;
 
@@ -108,6 +109,40 @@ fn bad_flags_are_usage_errors_and_help_is_success() {
         assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
         assert!(stderr.contains(says), "{flags:?}: {stderr}");
         assert!(!tmp.path().join("run").exists(), "{flags:?} created output");
+    }
+    // An invalid port is refused, never sent to the default port.
+    for args in [
+        &[
+            "replay",
+            "plans/demo.json",
+            "--endpoint",
+            "http://127.0.0.1:abc/v1",
+        ][..],
+        &[
+            "replay",
+            "plans/demo.json",
+            "--endpoint",
+            "http://127.0.0.1:99999/v1",
+        ][..],
+        &[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:/",
+            "--listen",
+            "127.0.0.1:0",
+        ][..],
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = bin()
+            .args(args)
+            .arg("--out")
+            .arg(tmp.path().join("run"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("has an invalid port"), "{args:?}: {stderr}");
+        assert!(!tmp.path().join("run").exists());
     }
     let out = bin()
         .args(["mock-worker", "--listen", "127.0.0.1:0", "--prefill-ms=-3"])
@@ -369,4 +404,95 @@ fn no_record_writes_no_exchanges_but_every_report() {
     let config = read_json(&run.join("config.json"));
     assert_eq!(config["extra"]["recording"]["exchanges"], json!(false));
     assert!(run.join("rounds.parquet").is_file());
+}
+
+/// Replay `plan` with the binary (quietly) and return its exit code and stderr lines.
+async fn replay_stderr(
+    dir: &std::path::Path,
+    plan: &serde_json::Value,
+) -> (Option<i32>, Vec<String>) {
+    let path = write_plan(dir, "p.json", plan);
+    let out = dir.join("run");
+    let output = tokio::task::spawn_blocking(move || {
+        bin()
+            .args(["replay", "--quiet", "--out"])
+            .arg(&out)
+            .arg(&path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (
+        output.status.code(),
+        stderr.lines().map(str::to_string).collect(),
+    )
+}
+
+fn junk_status(_: &str) -> Vec<u8> {
+    b"HELLO WORLD\r\n\r\n".to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
+    let plan = |endpoint: String| {
+        json!({
+            "endpoint": endpoint,
+            "cases": [{"name": "c", "request": {"q": 1}, "expected_response": {"a": 1}}],
+            "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 2, "metadata": metadata(),
+        })
+    };
+    // Connection refused: a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Health answered 404; an oracle mismatch.
+    let not_found = Peer::start(Arc::new(|_, _: &Seen| Reply::json(404, &json!({})))).await;
+    let wrong = Peer::start(Arc::new(|_, s: &Seen| {
+        if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            Reply::json(200, &json!({"a": 2}))
+        }
+    }))
+    .await;
+    let junk = raw_peer(junk_status).await;
+    let cases = [
+        (
+            format!("http://127.0.0.1:{port}/v1"),
+            format!("matrix-proxy: first failure: health -> transport: connect to 127.0.0.1:{port}: Connection refused (os error 111)"),
+            "transport 1",
+        ),
+        (
+            not_found.url("/v1"),
+            "matrix-proxy: first failure: health -> http: status 404, expected 200".to_string(),
+            "http 1",
+        ),
+        (
+            format!("http://{junk}/v1"),
+            "matrix-proxy: first failure: health -> transport: send request: invalid HTTP version parsed".to_string(),
+            "transport 1",
+        ),
+        (
+            wrong.url("/v1"),
+            "matrix-proxy: first failure: readiness case 'c' -> correctness: oracle mismatch at /a: expected 1, found 2".to_string(),
+            "correctness 1",
+        ),
+    ];
+    for (endpoint, first, kinds) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let (code, lines) = replay_stderr(tmp.path(), &plan(endpoint.clone())).await;
+        assert_eq!(code, Some(1), "{endpoint}: {lines:?}");
+        assert_eq!(
+            lines,
+            vec![
+                first,
+                format!("matrix-proxy: failures by kind (all phases): {kinds}")
+            ],
+            "{endpoint}"
+        );
+    }
 }

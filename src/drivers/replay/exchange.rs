@@ -106,6 +106,11 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         Ok(Ok(())) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
+    let failure_message = if outcome != Outcome::Ok && ctx.first_failure.get().is_none() {
+        verdict.error_message.clone()
+    } else {
+        None
+    };
     let exchange_id = ctx.run.next_exchange_id();
     let sample = Sample {
         exchange_id,
@@ -154,6 +159,20 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         }
     }
     ctx.progress.inc(1);
+    if outcome != Outcome::Ok && ctx.first_failure.get().is_none() {
+        let mut at = d.phase.as_str().to_string();
+        if let Some(ci) = d.case {
+            at.push_str(&format!(" case '{}'", ctx.case_names[ci]));
+            if let Some(v) = &ctx.variant_names[ci][d.variant] {
+                at.push_str(&format!(" variant '{v}'"));
+            }
+        }
+        let _ = ctx.first_failure.set(format!(
+            "{at} -> {}: {}",
+            outcome.as_str(),
+            failure_message.as_deref().unwrap_or("(no message)")
+        ));
+    }
     if outcome != Outcome::Ok {
         let f = ctx
             .failures

@@ -52,6 +52,9 @@ pub(crate) struct ReplayResult {
     pub(crate) rounds: Vec<RoundMetrics>,
     pub(crate) summary: Value,
     pub(crate) table: String,
+    /// The first failure, as one line: where (phase, case, variant), its outcome, and the
+    /// error or the oracle's first difference with its pointer.
+    pub(crate) first_failure: Option<String>,
 }
 
 /// One request to dispatch.
@@ -79,6 +82,7 @@ struct Ctx {
     /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
     interrupted: Arc<AtomicBool>,
     failures: AtomicU64,
+    first_failure: std::sync::OnceLock<String>,
     progress: ProgressBar,
     case_names: Vec<Arc<str>>,
     variant_names: Vec<Vec<Option<Arc<str>>>>,
@@ -155,6 +159,7 @@ pub(crate) async fn run(
         stop: AtomicBool::new(false),
         interrupted: interrupt,
         failures: AtomicU64::new(0),
+        first_failure: std::sync::OnceLock::new(),
         case_names,
         variant_names,
     });
@@ -181,6 +186,7 @@ pub(crate) async fn run(
         rounds,
         summary,
         table,
+        first_failure: ctx.first_failure.get().cloned(),
     }
 }
 
