@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Args, Parser, Subcommand};
 
 mod replay;
+mod summarize;
 
 pub use replay::replay_cmd;
+pub use summarize::summarize_cmd;
 
 use crate::clock;
 use crate::config::flags;
@@ -21,12 +23,12 @@ use crate::config::plan::Plan;
 use crate::drivers::RunContext;
 use crate::engine::Engine;
 use crate::mock::{MockConfig, MockWorker};
-use crate::model::{ConnectionPolicy, Endpoint, Outcome, Scheme};
+use crate::model::{ConnectionPolicy, Endpoint, Scheme};
 use crate::net::tls::TlsOptions;
 use crate::record::RecorderOptions;
 use crate::record::rundir::{self, RunDir, RunDirError};
 use crate::redact::Redaction;
-use crate::report::{self, Ending, ServeStats, config_json};
+use crate::report::{self, ServeStats, config_json};
 
 /// Exit codes, the same for every command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -734,124 +736,6 @@ fn serve_config_fields(
             "redacted_query_parameters": redaction.query,
         },
     })
-}
-
-/// The `summarize` command: rebuild rounds.parquet and summary.json from exchanges/.
-pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
-    let config_path = dir.join("config.json");
-    let config: serde_json::Value = std::fs::read(&config_path)
-        .map_err(|e| {
-            usage(format!(
-                "{}: {e} (is this a run directory?)",
-                config_path.display()
-            ))
-        })
-        .and_then(|b| {
-            serde_json::from_slice(&b)
-                .map_err(|e| usage(format!("{}: not valid JSON: {e}", config_path.display())))
-        })?;
-    let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
-    let run = RunDir {
-        path: dir.to_path_buf(),
-    };
-    let finished = config["finished_at"].is_string();
-    match config["command"].as_str() {
-        Some("replay") => {
-            let plan_path = dir.join("plan.json");
-            let plan_bytes = std::fs::read(&plan_path)
-                .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-            let sha = rundir::sha256_hex(&plan_bytes);
-            if config["plan_sha256"].as_str() != Some(sha.as_str()) {
-                return Err(usage(format!(
-                    "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run, so its rounds cannot be rebuilt",
-                    plan_path.display(),
-                    config["plan_sha256"]
-                )));
-            }
-            let plan = Plan::from_json_bytes(&plan_bytes)
-                .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-            let (rounds, excluded, failures) = report::rounds_from_rows(&plan, &facts);
-            let ending = if !finished {
-                Ending::Interrupted
-            } else if failures > 0 {
-                Ending::Failed
-            } else {
-                Ending::Passed
-            };
-            let aggs = report::aggregates(&plan, &rounds);
-            let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
-            s["rows_written"] = serde_json::json!(facts.len());
-            s["rebuilt_from_exchanges"] = serde_json::json!(true);
-            report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
-            run.write_json("summary.json", &s)
-                .map_err(|e| tool(e.to_string()))?;
-            if !quiet {
-                print!("{}", report::table(&plan, &rounds, &aggs, &excluded));
-            }
-            eprintln!(
-                "matrix-proxy: rebuilt {} round(s) from {} rows in {}{}",
-                rounds.len(),
-                facts.len(),
-                dir.display(),
-                if finished {
-                    ""
-                } else {
-                    " (the run did not finish: its rounds may be partial)"
-                }
-            );
-            Ok(if ending == Ending::Passed {
-                Exit::Ok
-            } else {
-                Exit::Failure
-            })
-        }
-        Some("serve") => {
-            let mut stats = ServeStats::default();
-            let mut ok = Vec::new();
-            for f in &facts {
-                stats.requests += 1;
-                *stats.by_outcome.entry(f.sample.outcome).or_insert(0) += 1;
-                if f.sample.outcome == Outcome::Ok
-                    && let Some(t) = f.sample.total_us
-                {
-                    ok.push(t);
-                }
-            }
-            stats.ok_total = crate::metrics::Percentiles::of(ok);
-            let previous: Option<serde_json::Value> = std::fs::read(dir.join("summary.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            stats.dropped_rows = previous
-                .as_ref()
-                .and_then(|p| p["dropped_rows"].as_u64())
-                .unwrap_or(0);
-            let mut s = report::serve_summary_json(&stats, facts.len() as u64);
-            s["rebuilt_from_exchanges"] = serde_json::json!(true);
-            if !finished {
-                s["ending"] = serde_json::json!("crashed");
-            }
-            run.write_json("summary.json", &s)
-                .map_err(|e| tool(e.to_string()))?;
-            eprintln!(
-                "matrix-proxy: rebuilt the summary of {} rows in {}",
-                facts.len(),
-                dir.display()
-            );
-            Ok(
-                if stats.requests == stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0)
-                    && finished
-                {
-                    Exit::Ok
-                } else {
-                    Exit::Failure
-                },
-            )
-        }
-        other => Err(usage(format!(
-            "{}: command {other:?} is not replay or serve; is this a matrix-proxy run directory?",
-            config_path.display()
-        ))),
-    }
 }
 
 /// The `recover` command: quarantine unfinished parts and count the rows they held.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::PhaseCounts;
 use crate::config::plan::Plan;
-use crate::metrics::{self, RoundMetrics, Sample};
+use crate::metrics::{self, GeneratorLoad, Percentiles, RoundMetrics, Sample};
 use crate::model::{Outcome, Phase};
 use crate::record::read::RowFacts;
 
@@ -58,4 +58,41 @@ pub(crate) fn rounds_from_rows(
         .filter(|f| f.sample.outcome != Outcome::Ok)
         .count() as u64;
     (rounds, excluded, failures)
+}
+
+/// Carry each original round's generator load (measured live, not in the rows) into the
+/// rebuilt round with the same case, concurrency and repetition.
+pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original_summary: &serde_json::Value) {
+    let Some(originals) = original_summary["rounds"].as_array() else {
+        return;
+    };
+    for r in rounds.iter_mut() {
+        let same = originals.iter().find(|o| {
+            o["case"].as_str() == Some(r.case_name.as_str())
+                && o["concurrency"].as_u64() == Some(r.concurrency as u64)
+                && o["repetition"].as_u64() == Some(r.repetition as u64)
+        });
+        if let Some(g) = same.map(|o| &o["generator"]).filter(|g| g.is_object()) {
+            r.generator = generator_of(g);
+        }
+    }
+}
+
+/// A generator block of summary.json back into numbers (lags are whole microseconds
+/// written as seconds, so the round trip is exact).
+fn generator_of(g: &serde_json::Value) -> Option<GeneratorLoad> {
+    let us = |v: &serde_json::Value| v.as_f64().map(|s| (s * 1e6).round() as i64);
+    let lag = &g["dispatch_lag_seconds"];
+    Some(GeneratorLoad {
+        cpu_seconds: g["cpu_seconds"].as_f64()?,
+        cpu_share: g["cpu_share"].as_f64()?,
+        cores: g["cores"].as_u64()? as usize,
+        lag_us: Percentiles {
+            p50: us(&lag["p50"]),
+            p95: us(&lag["p95"]),
+            p99: us(&lag["p99"]),
+        },
+        lag_max_us: us(&g["dispatch_lag_max_seconds"]),
+        warning: g["warning"].as_str().map(str::to_string),
+    })
 }

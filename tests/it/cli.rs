@@ -331,6 +331,27 @@ async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
     assert_eq!(summary["ending"], json!("interrupted"));
     assert_eq!(summary["complete"], json!(false));
     assert!(read_json(&run.join("config.json"))["finished_at"].is_string());
+
+    // summarize never turns an interrupted run into a pass, and keeps the original.
+    let original = std::fs::read(run.join("summary.json")).unwrap();
+    let r = bin()
+        .args(["summarize", "--quiet"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let rebuilt = read_json(&run.join("summary.json"));
+    assert_eq!(rebuilt["ending"], json!("interrupted"));
+    assert_eq!(rebuilt["complete"], json!(false));
+    assert_eq!(
+        std::fs::read(run.join("summary.orig.json")).unwrap(),
+        original
+    );
 }
 
 #[test]

@@ -20,35 +20,36 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     let mut args = replay_args(std::path::Path::new("plans/demo.json"), &out);
     args.mock_worker = true;
     replay(args).await.unwrap();
+    let original_bytes = std::fs::read(out.join("summary.json")).unwrap();
     let original = read_json(&out.join("summary.json"));
+    let original_rounds_bytes = std::fs::read(out.join("rounds.parquet")).unwrap();
     let original_rounds = read_parquet(&out.join("rounds.parquet"));
-    std::fs::remove_file(out.join("summary.json")).unwrap();
-    std::fs::remove_file(out.join("rounds.parquet")).unwrap();
-    let r = bin()
-        .args(["summarize", "--quiet"])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let summarize = || {
+        let r = bin()
+            .args(["summarize", "--quiet"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_eq!(
+            r.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+    };
+    summarize();
+    // The originals are kept beside the rebuilt files, byte for byte.
     assert_eq!(
-        r.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
+        std::fs::read(out.join("summary.orig.json")).unwrap(),
+        original_bytes
     );
-    let mut rebuilt = read_json(&out.join("summary.json"));
-    // The tool's own CPU time and dispatch lag were measured live and are not in the
-    // rows: a rebuilt round says so with null, everything else is identical.
-    let mut original = original;
-    for s in [&mut original, &mut rebuilt] {
-        for r in s["rounds"].as_array_mut().unwrap() {
-            let g = r.as_object_mut().unwrap().remove("generator").unwrap();
-            assert!(g.is_null() || g["cpu_share"].is_number(), "{g}");
-        }
-    }
-    assert!(
-        read_json(&out.join("summary.json"))["rounds"][0]["generator"].is_null(),
-        "a rebuilt round has no generator load"
+    assert_eq!(
+        std::fs::read(out.join("rounds.orig.parquet")).unwrap(),
+        original_rounds_bytes
     );
+    // Everything is rebuilt identically; the tool's own CPU time and dispatch lag were
+    // measured live and are not in the rows, so they are carried over from the originals.
+    let rebuilt = read_json(&out.join("summary.json"));
     for key in [
         "complete",
         "failures",
@@ -60,25 +61,33 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     ] {
         assert_eq!(rebuilt[key], original[key], "{key}");
     }
+    assert!(rebuilt["rounds"][0]["generator"]["cpu_share"].is_number());
     assert_eq!(rebuilt["rebuilt_from_exchanges"], json!(true));
-    let without_generator = |batches: Vec<arrow_array::RecordBatch>| {
-        batches
-            .into_iter()
-            .map(|b| {
-                let keep: Vec<usize> = (0..b.num_columns())
-                    .filter(|&i| {
-                        let n = b.schema().field(i).name().clone();
-                        !n.starts_with("generator_") && !n.starts_with("dispatch_lag_")
-                    })
-                    .collect();
-                b.project(&keep).unwrap()
-            })
-            .collect::<Vec<_>>()
-    };
+    assert_eq!(read_parquet(&out.join("rounds.parquet")), original_rounds);
+    // A second summarize keeps the run's own originals, not the first rebuild's.
+    summarize();
     assert_eq!(
-        without_generator(read_parquet(&out.join("rounds.parquet"))),
-        without_generator(original_rounds)
+        std::fs::read(out.join("summary.orig.json")).unwrap(),
+        original_bytes
     );
+
+    // Without the originals (a crash before the reports), the generator load is null.
+    for f in [
+        "summary.json",
+        "rounds.parquet",
+        "summary.orig.json",
+        "rounds.orig.parquet",
+    ] {
+        std::fs::remove_file(out.join(f)).unwrap();
+    }
+    summarize();
+    let rebuilt = read_json(&out.join("summary.json"));
+    assert!(rebuilt["rounds"][0]["generator"].is_null());
+    assert_eq!(
+        rebuilt["rounds"][0]["successful_requests"],
+        original["rounds"][0]["successful_requests"]
+    );
+    assert!(!out.join("summary.orig.json").exists());
 
     // A plan edited after the run cannot be summarised against rows it did not produce.
     let mut plan: Value = read_json(&out.join("plan.json"));
@@ -185,4 +194,47 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
     assert_eq!(summary["ending"], json!("interrupted"));
     assert_eq!(summary["rows_written"], json!(kept));
     assert_eq!(summary["complete"], json!(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summarize_refuses_a_run_that_recorded_nothing_and_leaves_its_files_alone() {
+    // 22 correctness failures, run with --no-record: the reports are the only record.
+    let peer = Peer::start(Arc::new(|_, s: &Seen| {
+        if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            Reply::json(200, &json!({"wrong": true}))
+        }
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/x"), "on_failure": "continue",
+        "cases": [{"name": "a", "request": {}, "expected_response": {"right": true}}],
+        "concurrency": [1, 2], "requests_per_case": 4, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let out = tmp.path().join("run");
+    let mut args = replay_args(&path, &out);
+    args.no_record = true;
+    replay(args).await.unwrap();
+    let before: Vec<(String, Vec<u8>)> = ["summary.json", "rounds.parquet", "config.json"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(out.join(f)).unwrap()))
+        .collect();
+    assert_eq!(
+        read_json(&out.join("summary.json"))["failures"]["correctness"],
+        json!(22)
+    );
+    let r = bin().arg("summarize").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("no exchanges were recorded (the run was made with --no-record)"),
+        "{stderr}"
+    );
+    for (f, bytes) in before {
+        assert_eq!(std::fs::read(out.join(&f)).unwrap(), bytes, "{f} changed");
+    }
+    assert!(!out.join("summary.orig.json").exists());
 }

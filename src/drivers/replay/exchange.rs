@@ -159,7 +159,16 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         }
     }
     ctx.progress.inc(1);
-    if outcome != Outcome::Ok && ctx.first_failure.get().is_none() {
+    if outcome != Outcome::Ok {
+        note_failure(ctx, &d, outcome, failure_message);
+    }
+    sample
+}
+
+/// Count a failure, show it on the progress bar, and keep the first one's line (where,
+/// outcome, and its message) for the end of the run.
+fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<String>) {
+    if ctx.first_failure.get().is_none() {
         let mut at = d.phase.as_str().to_string();
         if let Some(ci) = d.case {
             at.push_str(&format!(" case '{}'", ctx.case_names[ci]));
@@ -170,25 +179,22 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         let _ = ctx.first_failure.set(format!(
             "{at} -> {}: {}",
             outcome.as_str(),
-            failure_message.as_deref().unwrap_or("(no message)")
+            message.as_deref().unwrap_or("(no message)")
         ));
     }
-    if outcome != Outcome::Ok {
-        let f = ctx
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        ctx.progress.set_prefix(format!("failures {f}"));
-        ctx.progress.println(format!(
-            "failure {f}: {} {} -> {}",
-            d.phase.as_str(),
-            d.case
-                .map(|c| ctx.plan.cases[c].name.as_str())
-                .unwrap_or("health"),
-            outcome.as_str()
-        ));
-    }
-    sample
+    let f = ctx
+        .failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    ctx.progress.set_prefix(format!("failures {f}"));
+    ctx.progress.println(format!(
+        "failure {f}: {} {} -> {}",
+        d.phase.as_str(),
+        d.case
+            .map(|c| ctx.plan.cases[c].name.as_str())
+            .unwrap_or("health"),
+        outcome.as_str()
+    ));
 }
 
 /// Judge an exchange that ended cleanly: a complete stream (`incomplete` says why not),

@@ -1,0 +1,203 @@
+//! `summarize`: rebuild a run's `rounds.parquet` and `summary.json` from its recorded rows
+//! (after a crash, or after `recover`), without ever making the run look better than it
+//! was: a run that recorded no exchanges is refused, `ending` is never changed, the
+//! originals are kept beside the new files (`summary.orig.json`, `rounds.orig.parquet`),
+//! and what the rows cannot hold (the generator's load, measured live) is carried over
+//! from the originals.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::{CliError, Exit, tool, usage};
+use crate::config::plan::Plan;
+use crate::record::read::RowFacts;
+use crate::record::rundir::{self, RunDir};
+use crate::report::{self, Ending, ServeStats};
+
+/// The originals a rebuild keeps, each beside its replacement.
+const ORIGINALS: [(&str, &str); 2] = [
+    ("summary.json", "summary.orig.json"),
+    ("rounds.parquet", "rounds.orig.parquet"),
+];
+
+/// The `summarize` command.
+pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
+    let config_path = dir.join("config.json");
+    let config: Value = std::fs::read(&config_path)
+        .map_err(|e| {
+            usage(format!(
+                "{}: {e} (is this a run directory?)",
+                config_path.display()
+            ))
+        })
+        .and_then(|b| {
+            serde_json::from_slice(&b)
+                .map_err(|e| usage(format!("{}: not valid JSON: {e}", config_path.display())))
+        })?;
+    let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
+    if facts.is_empty() {
+        let why = if config["extra"]["recording"]["exchanges"] == json!(false) {
+            "the run was made with --no-record"
+        } else {
+            "no closed part of exchanges/ holds a row"
+        };
+        return Err(usage(format!(
+            "{}: no exchanges were recorded ({why}), so there is nothing to rebuild from; the run's own reports are left as they are",
+            dir.display()
+        )));
+    }
+    // What the run itself wrote, if it got that far (a crashed run has no summary).
+    let original: Option<Value> = std::fs::read(dir.join("summary.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let finished = config["finished_at"].is_string();
+    match config["command"].as_str() {
+        Some("replay") => replay(dir, &config, &facts, original.as_ref(), finished, quiet),
+        Some("serve") => serve(dir, &facts, original.as_ref(), finished),
+        other => Err(usage(format!(
+            "{}: command {other:?} is not replay or serve; is this a matrix-proxy run directory?",
+            config_path.display()
+        ))),
+    }
+}
+
+/// Copy each original report beside its replacement, once: a second `summarize` keeps the
+/// run's own files, not the first rebuild's.
+fn keep_originals(dir: &Path) -> Result<(), CliError> {
+    for (name, orig) in ORIGINALS {
+        let (from, to) = (dir.join(name), dir.join(orig));
+        if from.is_file() && !to.exists() {
+            std::fs::copy(&from, &to).map_err(|e| {
+                tool(format!(
+                    "cannot keep the original {} as {}: {e}",
+                    from.display(),
+                    to.display()
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The run's own ending when it wrote one; else interrupted (it never finished), failed
+/// or passed by its rows.
+fn replay_ending(original: Option<&Value>, finished: bool, failures: u64) -> Ending {
+    match original.and_then(|s| s["ending"].as_str()) {
+        Some("passed") => Ending::Passed,
+        Some("failed") => Ending::Failed,
+        Some("interrupted") => Ending::Interrupted,
+        _ if !finished => Ending::Interrupted,
+        _ if failures > 0 => Ending::Failed,
+        _ => Ending::Passed,
+    }
+}
+
+fn replay(
+    dir: &Path,
+    config: &Value,
+    facts: &[RowFacts],
+    original: Option<&Value>,
+    finished: bool,
+    quiet: bool,
+) -> Result<Exit, CliError> {
+    let plan_path = dir.join("plan.json");
+    let plan_bytes =
+        std::fs::read(&plan_path).map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+    let sha = rundir::sha256_hex(&plan_bytes);
+    if config["plan_sha256"].as_str() != Some(sha.as_str()) {
+        return Err(usage(format!(
+            "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run, so its rounds cannot be rebuilt",
+            plan_path.display(),
+            config["plan_sha256"]
+        )));
+    }
+    let plan = Plan::from_json_bytes(&plan_bytes)
+        .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+    let (mut rounds, excluded, failures) = report::rounds_from_rows(&plan, facts);
+    if let Some(o) = original {
+        report::rebuild::carry_generator(&mut rounds, o);
+    }
+    let ending = replay_ending(original, finished, failures);
+    let aggs = report::aggregates(&plan, &rounds);
+    let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
+    s["rows_written"] = json!(facts.len());
+    s["rebuilt_from_exchanges"] = json!(true);
+    keep_originals(dir)?;
+    report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
+    let run = RunDir {
+        path: dir.to_path_buf(),
+    };
+    run.write_json("summary.json", &s)
+        .map_err(|e| tool(e.to_string()))?;
+    if !quiet {
+        print!("{}", report::table(&plan, &rounds, &aggs, &excluded));
+    }
+    eprintln!(
+        "matrix-proxy: rebuilt {} round(s) from {} rows in {} (ending kept: {}){}",
+        rounds.len(),
+        facts.len(),
+        dir.display(),
+        s["ending"].as_str().unwrap_or("?"),
+        if finished {
+            ""
+        } else {
+            " (the run did not finish: its rounds may be partial)"
+        }
+    );
+    // The exit says how the run went (0 only for a pass), not how summarize went.
+    Ok(if ending == Ending::Passed {
+        Exit::Ok
+    } else {
+        Exit::Failure
+    })
+}
+
+fn serve(
+    dir: &Path,
+    facts: &[RowFacts],
+    original: Option<&Value>,
+    finished: bool,
+) -> Result<Exit, CliError> {
+    let mut stats = ServeStats::default();
+    let mut table = report::routes::RouteTable::default();
+    for f in facts {
+        stats.requests += 1;
+        *stats.by_outcome.entry(f.sample.outcome).or_insert(0) += 1;
+        table.add(&f.method, &f.url, f.status, f.sample.clone());
+    }
+    (stats.routes, stats.ok_total) = table.finish();
+    stats.dropped_rows = original
+        .and_then(|p| p["dropped_rows"].as_u64())
+        .unwrap_or(0);
+    let mut s = report::serve_summary_json(&stats, facts.len() as u64);
+    s["rebuilt_from_exchanges"] = json!(true);
+    s["ending"] = match original.and_then(|o| o.get("ending")) {
+        Some(e) => e.clone(),
+        None if finished => json!("stopped"),
+        None => json!("crashed"),
+    };
+    keep_originals(dir)?;
+    RunDir {
+        path: dir.to_path_buf(),
+    }
+    .write_json("summary.json", &s)
+    .map_err(|e| tool(e.to_string()))?;
+    eprintln!(
+        "matrix-proxy: rebuilt the summary of {} rows in {} (ending kept: {})",
+        facts.len(),
+        dir.display(),
+        s["ending"].as_str().unwrap_or("?")
+    );
+    let all_ok = stats.requests
+        == stats
+            .by_outcome
+            .get(&crate::model::Outcome::Ok)
+            .copied()
+            .unwrap_or(0);
+    Ok(if all_ok && s["ending"] == json!("stopped") {
+        Exit::Ok
+    } else {
+        Exit::Failure
+    })
+}
