@@ -78,7 +78,7 @@ pub(crate) struct StreamMetrics {
 
 /// Mean, summed in sorted order so the result does not depend on sample order (a rebuilt
 /// summary must equal the original to the last bit).
-fn mean(v: &[f64]) -> Option<f64> {
+pub(crate) fn mean(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)

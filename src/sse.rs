@@ -49,6 +49,13 @@ impl SseParser {
         SseParser::default()
     }
 
+    /// The body has ended: an event whose last line ended but whose blank line never came
+    /// (`data: [DONE]\n` then the end) is dispatched, as if the blank line had come; a
+    /// partial line stays undispatched. Stamped `at_ns`.
+    pub(crate) fn finish(&mut self, at_ns: u64, out: &mut Vec<Event>) -> Result<(), LineTooLong> {
+        self.feed(b"\n", at_ns, out)
+    }
+
     /// Bytes of an event have arrived that no blank line has ended yet (a partial line,
     /// or fields waiting for their dispatch).
     pub(crate) fn mid_event(&self) -> bool {
@@ -217,8 +224,9 @@ pub(crate) fn parse_all(body: &[u8]) -> Result<Vec<Event>, LineTooLong> {
     let mut out = Vec::new();
     p.feed(body, 0, &mut out)?;
     // A final event without its blank line is not dispatched (spec), but a stream that
-    // ends right after `data: [DONE]\n` is common enough to accept.
-    p.feed(b"\n", 0, &mut out)?;
+    // ends right after `data: [DONE]\n` is common enough to accept; the capture does the
+    // same at the end of a body, so the row and the oracle see the same events.
+    p.finish(0, &mut out)?;
     Ok(out)
 }
 

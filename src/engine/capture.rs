@@ -142,6 +142,10 @@ struct SseState {
     error: Option<LineTooLong>,
     /// The body ends when the connection closes (no HTTP framing).
     close_delimited: bool,
+    /// The body has ended cleanly (the parser was finished).
+    ended: bool,
+    /// It ended by the connection closing in the middle of an event.
+    cut_mid_event: bool,
 }
 
 impl SseState {
@@ -150,6 +154,28 @@ impl SseState {
             return;
         }
         if let Err(e) = self.parser.feed(data, now_ns, &mut self.scratch) {
+            self.error = Some(e);
+        }
+        for ev in self.scratch.drain(..) {
+            self.tracker.on_event(&ev);
+        }
+    }
+}
+
+impl SseState {
+    /// The body ended cleanly at `now_ns`: a close-delimited body cut in the middle of an
+    /// event is marked so; otherwise the parser is finished like the oracle's.
+    fn end(&mut self, now_ns: u64) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        if self.close_delimited && self.parser.mid_event() {
+            self.cut_mid_event = true;
+            return;
+        }
+        if self.error.is_none()
+            && let Err(e) = self.parser.finish(now_ns, &mut self.scratch)
+        {
             self.error = Some(e);
         }
         for ev in self.scratch.drain(..) {
@@ -193,6 +219,16 @@ impl Capture {
         }
     }
 
+    /// Hook: the response body ended cleanly (by its framing, or by the close of a
+    /// close-delimited body) at `now_ns`. Stamps the end (unless already stamped) and
+    /// finishes the event stream.
+    pub(super) fn on_body_end(&mut self, now_ns: u64) {
+        let end = *self.end_ns.get_or_insert(now_ns);
+        if let Some(sse) = self.sse.as_mut() {
+            sse.end(end);
+        }
+    }
+
     /// Hook: the response head says `text/event-stream` (ended by the connection closing
     /// when `close_delimited`); stamp every event from now on.
     pub(super) fn on_event_stream(&mut self, close_delimited: bool) {
@@ -212,7 +248,7 @@ impl Capture {
         if let Some(e) = &sse.error {
             return Some(format!("event stream: {e}"));
         }
-        (sse.close_delimited && sse.parser.mid_event()).then(|| {
+        sse.cut_mid_event.then(|| {
             "event stream ended by the connection closing in the middle of an event (no blank line after its last event)"
                 .to_string()
         })

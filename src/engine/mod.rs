@@ -219,7 +219,7 @@ impl Engine {
         cap: &mut Capture,
     ) -> Result<Option<Frame<Bytes>>, ExchangeError> {
         if body.is_end_stream() {
-            cap.end_ns.get_or_insert_with(clock::now_ns);
+            cap.on_body_end(clock::now_ns());
             return Ok(None);
         }
         match body.frame().await {
@@ -229,13 +229,13 @@ impl Engine {
                     cap.on_body_frame(data, now);
                 }
                 if body.is_end_stream() {
-                    cap.end_ns = Some(now);
+                    cap.on_body_end(now);
                 }
                 Ok(Some(frame))
             }
             Some(Err(e)) => Err(ExchangeError::upstream("read response body", &e)),
             None => {
-                cap.end_ns.get_or_insert_with(clock::now_ns);
+                cap.on_body_end(clock::now_ns());
                 Ok(None)
             }
         }

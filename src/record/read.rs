@@ -40,6 +40,7 @@ pub(crate) fn for_each_row(
 ) -> Result<(), String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
+    // `decisions` is read when present: runs recorded before it existed have none.
     const WANT: [&str; 20] = [
         "method",
         "url",
@@ -82,7 +83,9 @@ pub(crate) fn for_each_row(
             let url = typed!("url", StringArray);
             let status = typed!("status", Int32Array);
             let exchange_id = typed!("exchange_id", Int64Array);
-            let decisions = typed!("decisions", Int64Array);
+            let decisions = b
+                .column_by_name("decisions")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>());
             let phase = typed!("phase", StringArray);
             let case = typed!("case_name", StringArray);
             let conc = typed!("concurrency", Int32Array);
@@ -132,7 +135,7 @@ pub(crate) fn for_each_row(
                     status: status.is_valid(i).then(|| status.value(i)),
                     sample: Sample {
                         exchange_id: exchange_id.value(i),
-                        decisions: opt(decisions, i).map(|d| d.max(0) as u64),
+                        decisions: decisions.and_then(|d| opt(d, i)).map(|d| d.max(0) as u64),
                         outcome,
                         start_offset_us: start.value(i),
                         total_us: opt(total, i),
@@ -157,10 +160,11 @@ fn read_columns(
     let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
     let f = File::open(part).map_err(|e| ctx(&e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
-    let roots = want
+    // A column the part lacks is left out here; the caller says whether it needed it.
+    let roots: Vec<usize> = want
         .iter()
-        .map(|n| builder.schema().index_of(n).map_err(|e| ctx(&e)))
-        .collect::<Result<Vec<usize>, _>>()?;
+        .filter_map(|n| builder.schema().index_of(n).ok())
+        .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     builder.with_projection(mask).build().map_err(|e| ctx(&e))
 }

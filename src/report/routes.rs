@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::metrics::{self, Percentiles, Sample, StreamMetrics};
+use crate::metrics::{self, Percentiles, Sample};
 use crate::model::Outcome;
 
 /// Distinct routes kept apart; the rest are grouped as [`OTHER`] (a client sending a new
@@ -28,11 +28,50 @@ pub(crate) struct RouteKey {
     pub(crate) status_class: String,
 }
 
+/// What a group keeps of its rows: only the values its percentiles and means need (every
+/// inter-token gap, for pooled ITL, is the largest part).
 #[derive(Debug, Default)]
 struct Acc {
     requests: u64,
+    successful: u64,
     failures: BTreeMap<Outcome, u64>,
-    ok: Vec<Sample>,
+    totals_us: Vec<i64>,
+    streams: u64,
+    ttft_us: Vec<i64>,
+    gaps_us: Vec<i64>,
+    output_tokens: i64,
+    tokens_per_second: Vec<f64>,
+}
+
+impl Acc {
+    fn add_ok(&mut self, s: Sample) {
+        self.successful += 1;
+        self.totals_us.extend(s.total_us);
+        let Some(st) = s.stream else { return };
+        self.streams += 1;
+        self.ttft_us.extend(st.ttft_us);
+        self.gaps_us.extend(st.gaps_us);
+        self.output_tokens += st.output_tokens.unwrap_or(0);
+        if let (Some(total), Some(ttft), Some(n)) = (s.total_us, st.ttft_us, st.output_tokens)
+            && total > ttft
+            && n > 0
+        {
+            self.tokens_per_second
+                .push(n as f64 / ((total - ttft) as f64 / 1e6));
+        }
+    }
+}
+
+/// A group's event-stream numbers, over its `ok` streams.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RouteStream {
+    pub(crate) requests: u64,
+    pub(crate) ttft_us: Percentiles,
+    /// Pooled over every gap of every stream, as in a round.
+    pub(crate) itl_us: Percentiles,
+    pub(crate) output_tokens: i64,
+    /// Mean over streams of `output_tokens / (total - ttft)`.
+    pub(crate) output_tokens_per_second_mean: Option<f64>,
 }
 
 /// Rows grouped by route and status class, as they are read back.
@@ -53,14 +92,14 @@ pub(crate) struct RouteGroup {
     pub(crate) latency_us: Percentiles,
     /// Over the group's `ok` event streams (`None`: none); no aggregate rate (a group
     /// has no elapsed time of its own).
-    pub(crate) stream: Option<StreamMetrics>,
+    pub(crate) stream: Option<RouteStream>,
 }
 
 /// The path of a recorded URL, without scheme, authority, query or fragment.
 fn path_of(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let path = rest.find('/').map_or("/", |i| &rest[i..]);
-    path.split(['?', '#']).next().unwrap_or("/")
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    rest.find('/').map_or("/", |i| &rest[i..])
 }
 
 fn status_class(status: Option<i32>) -> String {
@@ -88,7 +127,7 @@ impl RouteTable {
         let acc = self.groups.entry(key).or_default();
         acc.requests += 1;
         if sample.outcome == Outcome::Ok {
-            acc.ok.push(sample);
+            acc.add_ok(sample);
         } else {
             *acc.failures.entry(sample.outcome).or_insert(0) += 1;
         }
@@ -102,16 +141,21 @@ impl RouteTable {
             .groups
             .into_iter()
             .map(|(key, acc)| {
-                let totals: Vec<i64> = acc.ok.iter().filter_map(|s| s.total_us).collect();
-                all_ok.extend_from_slice(&totals);
-                let ok: Vec<&Sample> = acc.ok.iter().collect();
+                all_ok.extend_from_slice(&acc.totals_us);
+                let stream = (acc.streams > 0).then(|| RouteStream {
+                    requests: acc.streams,
+                    ttft_us: Percentiles::of(acc.ttft_us),
+                    itl_us: Percentiles::of(acc.gaps_us),
+                    output_tokens: acc.output_tokens,
+                    output_tokens_per_second_mean: metrics::mean(&acc.tokens_per_second),
+                });
                 RouteGroup {
                     key,
                     requests: acc.requests,
-                    successful: acc.ok.len() as u64,
+                    successful: acc.successful,
                     failures: acc.failures,
-                    latency_us: Percentiles::of(totals),
-                    stream: metrics::stream_metrics(&ok, 0.0),
+                    latency_us: Percentiles::of(acc.totals_us),
+                    stream,
                 }
             })
             .collect();
@@ -232,7 +276,12 @@ mod tests {
             Some(404),
             s(Outcome::Ok, 40),
         );
-        t.add("HEAD", "http://w:8000", Some(200), s(Outcome::Ok, 30));
+        t.add(
+            "HEAD",
+            "http://w:8000?next=/a/b",
+            Some(200),
+            s(Outcome::Ok, 30),
+        );
         t.add(
             "POST",
             "http://w:8000/v1/chat/completions",

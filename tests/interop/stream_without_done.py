@@ -159,11 +159,13 @@ def through_replay(binary: str, upstream: str, work: Path, require_done: bool) -
     # per case: readiness 1, warm-up 2, (feasibility 1 + 2 x 4) + (feasibility 2 + 2 x 4)
     assert len(got) == 2 * 22, len(got)
     want = "correctness" if require_done else "ok"
+    checks = 1
     for url, outcome, is_stream, done, tokens, n_events, err in got:
         assert (outcome, is_stream, done) == (want, True, False), (url, outcome, err)
+        checks += 1
     summary = json.loads((run / "summary.json").read_text())
     assert summary["complete"] is (not require_done), summary["complete"]
-    return 2
+    return checks + 1
 
 
 def main(binary: str, work: Path) -> int:

@@ -363,16 +363,19 @@ async fn seed_fixture_with_a_top_level_ignore_path_and_a_volatile_timer_passes_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_latencies_are_listed_in_completion_order_as_the_seed_does() {
-    // Every second measured request answers 500 after a pause that grows with its index.
-    let peer = Peer::start(Arc::new(|i, s: &Seen| {
+    // Case "m" always fails (500): its variants alternate, "slow" answered in 80 ms and
+    // "fast" in 5 ms, so with two workers completions come in another order than dispatch.
+    let peer = Peer::start(Arc::new(|_, s: &Seen| {
         if s.method == "GET" {
             return Reply::json(200, &json!({}));
         }
-        let mut r = Reply::json(200, &json!({"answers": [1, 2, 3]}));
-        if s.body.starts_with(b"{\"m\"") && i % 2 == 0 {
-            r.status = 500;
-            r.delay = std::time::Duration::from_millis(10 * (i as u64 % 7));
+        let body: Value = serde_json::from_slice(&s.body).unwrap();
+        if body.get("m").is_none() {
+            return Reply::json(200, &json!({"answers": [1, 2, 3]}));
         }
+        let mut r = Reply::json(500, &json!({}));
+        let slow = body.get("slow").is_some();
+        r.delay = std::time::Duration::from_millis(if slow { 80 } else { 5 });
         r
     }))
     .await;
@@ -381,10 +384,12 @@ async fn failure_latencies_are_listed_in_completion_order_as_the_seed_does() {
         "endpoint": peer.url("/v1/x"),
         "on_failure": "continue",
         "cases": [
-            {"name": "warm", "request": {"w": 1}, "expected_response": {"answers": [1, 2, 3]}},
-            {"name": "m", "request": {"m": 1}, "expected_response": {"answers": [1, 2, 3]}}
+            {"name": "ok", "request": {"w": 1}, "expected_response": {"answers": [1, 2, 3]}},
+            {"name": "m", "variants": [
+                {"name": "slow", "request": {"m": 1, "slow": 1}, "expected_response": {"answers": []}},
+                {"name": "fast", "request": {"m": 1}, "expected_response": {"answers": []}}]}
         ],
-        "concurrency": [1], "requests_per_case": 6, "timeout_seconds": 2, "metadata": metadata(),
+        "concurrency": [2], "requests_per_case": 6, "timeout_seconds": 2, "metadata": metadata(),
     });
     let (out, exit) = replay_plan(tmp.path(), &plan).await;
     assert_eq!(exit, Exit::Failure);
@@ -400,28 +405,77 @@ async fn failure_latencies_are_listed_in_completion_order_as_the_seed_does() {
         rows.i64s("total_us"),
         rows.i64s("exchange_id"),
     );
+    let (start, index) = (rows.i64s("start_offset_us"), rows.i64s("dispatch_index"));
+    let mut reordered = false;
     for r in summary["rounds"].as_array().unwrap() {
-        let mut want: Vec<(i64, f64)> = (0..rows.len())
+        let mut failed: Vec<(i64, i64, i64, f64)> = (0..rows.len())
             .filter(|&i| {
                 phase[i].as_deref() == Some("measured")
                     && case[i].as_deref() == r["case"].as_str()
                     && rep[i] == Some(r["repetition"].as_i64().unwrap() as i32)
                     && outcome[i].as_deref() != Some("ok")
             })
-            .map(|i| (id[i].unwrap(), total[i].unwrap() as f64 / 1e6))
+            .map(|i| {
+                let t = total[i].unwrap();
+                (
+                    start[i].unwrap() + t,
+                    id[i].unwrap(),
+                    index[i].unwrap(),
+                    t as f64 / 1e6,
+                )
+            })
             .collect();
-        want.sort_by_key(|w| w.0);
-        let want: Vec<f64> = want.into_iter().map(|w| w.1).collect();
+        failed.sort_by_key(|f| (f.0, f.1));
+        let want: Vec<f64> = failed.iter().map(|f| f.3).collect();
         assert_eq!(r["failure_latency_seconds"], json!(want), "{}", r["case"]);
         if r["case"] == json!("m") {
-            assert!(!want.is_empty());
+            assert_eq!(want.len(), 6);
             assert!(r["failure_latency_percentiles_seconds"]["p50"].is_number());
+            let by_dispatch: Vec<i64> = failed.iter().map(|f| f.2).collect();
+            reordered |= by_dispatch.windows(2).any(|w| w[0] > w[1]);
         }
         // Only the successful answers' decisions count: three each.
         assert_eq!(
             r["successful_decisions"],
             json!(3 * r["successful_requests"].as_u64().unwrap())
         );
+    }
+    assert!(
+        reordered,
+        "completions came in dispatch order: the test proves nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variants_answering_one_and_three_decisions_make_eight_per_round_of_four() {
+    // The seed's example, end to end: variants answering 1 and 3 entries alternately.
+    let peer = Peer::start(Arc::new(|_, s: &Seen| {
+        if s.method == "GET" {
+            return Reply::json(200, &json!({}));
+        }
+        let body: Value = serde_json::from_slice(&s.body).unwrap();
+        let n = body["n"].as_u64().unwrap();
+        let answers: serde_json::Map<String, Value> =
+            (0..n).map(|i| (format!("q{i}"), json!(i))).collect();
+        Reply::json(200, &json!({"answers": answers}))
+    }))
+    .await;
+    let v = |n: u64| {
+        let answers: serde_json::Map<String, Value> =
+            (0..n).map(|i| (format!("q{i}"), json!(i))).collect();
+        json!({"name": format!("n{n}"), "request": {"n": n}, "expected_response": {"answers": answers}})
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/v1/x"),
+        "cases": [{"name": "alt", "variants": [v(1), v(3)]}],
+        "concurrency": [1, 2], "requests_per_case": 4, "timeout_seconds": 2, "metadata": metadata(),
+    });
+    let (out, exit) = replay_plan(tmp.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let summary = read_json(&out.join("summary.json"));
+    for r in summary["rounds"].as_array().unwrap() {
+        assert_eq!(r["successful_decisions"], json!(8), "{r}");
     }
 }
 

@@ -202,6 +202,8 @@ fn framed_stream(target: &str) -> Vec<u8> {
         "/health" => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}".to_string(),
         "/framed" | "/framed-required" => framed(NO_DONE),
         "/with-done" => framed(&with_done),
+        // Framing ends the body right after `data: [DONE]\n`: the last event counts.
+        "/framed-no-blank" => framed(&with_done[..with_done.len() - 1]),
         "/chunked" => format!(
             "{SSE}transfer-encoding: chunked\r\n\r\n{:x}\r\n{NO_DONE}\r\n0\r\n\r\n",
             NO_DONE.len()
@@ -213,6 +215,8 @@ fn framed_stream(target: &str) -> Vec<u8> {
         ),
         "/close-clean" => format!("{SSE}\r\n{NO_DONE}"),
         "/close-cut" => format!("{SSE}\r\n{NO_DONE}data: {{\"choi"),
+        // A whole data line, but no blank line before the close: cut mid-event.
+        "/close-no-blank" => format!("{SSE}\r\n{NO_DONE}data: [DONE]\n"),
         _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string(),
     };
     text.into_bytes()
@@ -233,10 +237,12 @@ async fn a_stream_is_complete_by_its_framing_and_done_is_only_required_when_aske
             case("framed", "/framed", false),
             case("framed-required", "/framed-required", true),
             case("with-done", "/with-done", true),
+            case("framed-no-blank", "/framed-no-blank", true),
             case("chunked", "/chunked", false),
             case("chunked-cut", "/chunked-cut", false),
             case("close-clean", "/close-clean", false),
             case("close-cut", "/close-cut", false),
+            case("close-no-blank", "/close-no-blank", false),
         ],
         "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 2, "metadata": metadata(),
     });
@@ -249,10 +255,12 @@ async fn a_stream_is_complete_by_its_framing_and_done_is_only_required_when_aske
         ("framed", "ok"),
         ("framed-required", "correctness"),
         ("with-done", "ok"),
+        ("framed-no-blank", "ok"),
         ("chunked", "ok"),
         ("chunked-cut", "transport"),
         ("close-clean", "ok"),
         ("close-cut", "transport"),
+        ("close-no-blank", "transport"),
     ] {
         assert_eq!(by.get(&format!("{c}:{o}")), Some(&6), "{c} -> {o}: {by:?}");
     }
@@ -265,7 +273,15 @@ async fn a_stream_is_complete_by_its_framing_and_done_is_only_required_when_aske
         let Some(c) = case[i].as_deref() else {
             continue;
         };
-        assert_eq!(done[i], Some(c == "with-done"), "{c}: stream_done_seen");
+        let with_done = matches!(c, "with-done" | "framed-no-blank");
+        assert_eq!(done[i], Some(with_done), "{c}: stream_done_seen");
+        if c == "framed-no-blank" {
+            assert_eq!(
+                events[i],
+                Some(3),
+                "the last event counts, as the oracle counts it"
+            );
+        }
         match c {
             "framed-required" => {
                 assert_eq!(ptr[i].as_deref(), Some("/events/2"));
@@ -276,14 +292,18 @@ async fn a_stream_is_complete_by_its_framing_and_done_is_only_required_when_aske
                     )
                 );
             }
-            "close-cut" => {
+            "close-cut" | "close-no-blank" => {
                 assert_eq!(
                     err[i].as_deref(),
                     Some(
                         "event stream ended by the connection closing in the middle of an event (no blank line after its last event)"
                     )
                 );
-                assert_eq!(events[i], Some(2), "what arrived is kept");
+                assert_eq!(
+                    events[i],
+                    Some(2),
+                    "what arrived is kept, the cut event is not"
+                );
             }
             "chunked-cut" => assert!(
                 err[i].as_deref().unwrap().starts_with("read response body"),
@@ -395,4 +415,50 @@ async fn the_mock_takes_max_completion_tokens_and_replay_sets_its_latency() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_aborts_the_clients_response_when_a_close_delimited_stream_is_cut_mid_event() {
+    let addr = raw_peer(framed_stream).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(
+        &format!("http://{addr}"),
+        &tmp.path().join("live"),
+    ))
+    .await;
+    let client = |path: &'static str| {
+        let addr = serve.addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let resp = sender
+                .send_request(request("POST", addr, path, b"{}".to_vec()))
+                .await
+                .unwrap();
+            http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .map(|b| b.to_bytes())
+        }
+    };
+    // A clean close after a whole event: the client gets the stream whole.
+    let whole = client("/close-clean").await.expect("a whole stream");
+    assert_eq!(&whole[..], NO_DONE.as_bytes());
+    // Cut mid-event: the client's response is aborted, never complete-looking.
+    assert!(
+        client("/close-cut").await.is_err(),
+        "the cut must reach the client"
+    );
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    let outcomes: Vec<Option<String>> = rows.strs("outcome");
+    assert_eq!(
+        outcomes,
+        vec![Some("ok".to_string()), Some("transport".to_string())]
+    );
+    assert_eq!(rows.i64s("downstream_done_us")[1], None);
 }

@@ -79,7 +79,14 @@ async fn pump(
                 let _ = tx.send(Err(io::Error::other(e.message.clone()))).await;
                 return Some(e);
             }
-            Ok(Ok(None)) => return None,
+            Ok(Ok(None)) => {
+                // A close-delimited event stream cut mid-event: hyper saw a clean end of
+                // file, but the client's response must not look complete either.
+                let cut = p.cap.stream_incomplete()?;
+                let e = ExchangeError::upstream_message(cut);
+                let _ = tx.send(Err(io::Error::other(e.message.clone()))).await;
+                return Some(e);
+            }
             Ok(Ok(Some(frame))) => {
                 // Trailers always end a body.
                 let last = p.cap.ended() || frame.is_trailers();

@@ -69,8 +69,19 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
 /// tell a complete end from a cut, so an event stream sent this way must at least end on
 /// an event boundary.
 pub(crate) fn is_close_delimited(headers: &HeaderMap) -> bool {
-    !headers.contains_key(header::TRANSFER_ENCODING)
-        && !headers.contains_key(header::CONTENT_LENGTH)
+    match headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        // A transfer coding other than chunked last: read until the close (rule 7).
+        Some(te) => !te
+            .to_str()
+            .ok()
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked")),
+        None => !headers.contains_key(header::CONTENT_LENGTH),
+    }
 }
 
 /// A response that has no body by definition (RFC 9110 section 6.4.1): to HEAD, 1xx,
@@ -123,6 +134,14 @@ mod tests {
         assert!(is_event_stream(&h));
         assert!(!is_event_stream(&HeaderMap::new()));
         assert!(is_close_delimited(&HeaderMap::new()));
+        assert!(is_close_delimited(&h_with(
+            header::TRANSFER_ENCODING,
+            "gzip"
+        )));
+        assert!(!is_close_delimited(&h_with(
+            header::TRANSFER_ENCODING,
+            "gzip, Chunked"
+        )));
         assert!(!is_close_delimited(&h_with(header::CONTENT_LENGTH, "3")));
         assert!(!is_close_delimited(&h_with(
             header::TRANSFER_ENCODING,
