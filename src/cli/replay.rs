@@ -93,6 +93,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
     flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
     seconds("--part-seconds", args.part_seconds)?;
+    open_files_for(&plan, args.mock_worker)?;
     let engine = Engine::new(
         need_tls,
         &TlsOptions {
@@ -122,6 +123,35 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         out,
         started_at_us,
     })
+}
+
+/// Open files a run needs besides its connections: standard streams, the runtime's
+/// epoll and wakers, the recorder's part and ledger, the TLS roots, DNS.
+const RESERVED_FDS: u64 = 64;
+
+/// Raise the soft open-file limit to what the plan's largest concurrency needs (one
+/// socket per worker, two with the in-process mock worker holding the other end), and
+/// refuse a concurrency the limit cannot hold, naming the largest it can: running into
+/// "Too many open files" halfway through a round would fail it for the tool's reasons.
+fn open_files_for(plan: &Plan, mock: bool) -> Result<u64, CliError> {
+    let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
+    let per_worker = if mock { 2 } else { 1 };
+    let wanted = max_c
+        .saturating_mul(per_worker)
+        .saturating_add(RESERVED_FDS);
+    let limit = rlimit::increase_nofile_limit(wanted).unwrap_or(0);
+    if limit < wanted {
+        let can = limit.saturating_sub(RESERVED_FDS) / per_worker;
+        return Err(usage(format!(
+            "concurrency {max_c} needs about {wanted} open files{}, but this process may open at most {limit} (ulimit -n; raise the hard limit with ulimit -Hn or in limits.conf): the largest concurrency it can hold is {can}",
+            if mock {
+                " (two per worker with --mock-worker)"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(limit)
 }
 
 /// Step 2: The mock worker, when asked for, replaces the plan's origin.

@@ -202,6 +202,10 @@ pub(crate) struct Plan {
     pub(crate) decisions_pointer: Pointer,
 }
 
+/// The most requests a round may plan: its samples are kept in memory for exact nearest
+/// rank (about 100 bytes each, plus 8 per streamed token), so 10 million is about 1 GB.
+pub(crate) const MAX_REQUESTS_PER_CASE: usize = 10_000_000;
+
 /// The seed tool's decisions container.
 pub(crate) const DEFAULT_DECISIONS_POINTER: &str = "/answers";
 
@@ -407,7 +411,18 @@ impl Validator {
                 self.err("requests_per_case", "is required (an integer >= 1)");
                 None
             }
-            Some(v) => self.integer(v, "requests_per_case", 1),
+            Some(v) => self.integer(v, "requests_per_case", 1).and_then(|n| {
+                if n > MAX_REQUESTS_PER_CASE {
+                    self.err(
+                        "requests_per_case",
+                        format!(
+                            "{n} is above {MAX_REQUESTS_PER_CASE}: a round's samples are kept in memory for exact nearest-rank percentiles (about 100 bytes each, more for streams); split the load into more repetitions or cases"
+                        ),
+                    );
+                    return None;
+                }
+                Some(n)
+            }),
         };
         let concurrency = self.concurrency(top.get("concurrency"), requests_per_case);
         let repetitions = match top.get("repetitions") {
@@ -1311,6 +1326,26 @@ mod tests {
                 "concurrency[3]: must be an integer >= 1, found 0",
                 "concurrency[4]: must be an integer >= 1, found a fractional number",
             ]
+        );
+    }
+
+    #[test]
+    fn requests_per_case_is_bounded_by_what_nearest_rank_keeps_in_memory() {
+        let errs = problems(
+            r#""endpoint": "http://h/x", "concurrency": [1000000000], "requests_per_case": 1000000000,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
+        );
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("requests_per_case: 1000000000 is above 10000000: a round's samples are kept in memory"),
+            "{errs:?}"
+        );
+        assert!(
+            plan(
+                r#""endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 10000000,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#
+            )
+            .is_ok()
         );
     }
 

@@ -517,3 +517,48 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
         );
     }
 }
+
+#[test]
+fn a_concurrency_the_open_file_limit_cannot_hold_is_refused_naming_what_it_can() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = |c: u64| {
+        json!({
+            "endpoint": "http://127.0.0.1:9/v1/models",
+            "connection": "keep-alive",
+            "cases": [{"name": "models", "method": "GET",
+                "expected_response": {"object": "list", "data": [{"id": "mock", "object": "model", "created": 0, "owned_by": "matrix-proxy"}]}}],
+            "concurrency": [1, c], "requests_per_case": c, "timeout_seconds": 10, "metadata": metadata(),
+        })
+    };
+    let run = |c: u64, name: &str| {
+        let path = write_plan(tmp.path(), &format!("{name}.json"), &plan(c));
+        Command::new("prlimit")
+            .arg("--nofile=256")
+            .arg(env!("CARGO_BIN_EXE_matrix-proxy"))
+            .args(["replay", "--quiet", "--mock-worker", "--out"])
+            .arg(tmp.path().join(name))
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    // 300 workers with the in-process mock need 2 x 300 + 64 files; 256 hold 96.
+    let out = run(300, "too-many");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("concurrency 300 needs about 664 open files (two per worker with --mock-worker), but this process may open at most 256")
+            && stderr.contains("the largest concurrency it can hold is 96"),
+        "{stderr}"
+    );
+    assert!(!tmp.path().join("too-many").exists());
+    // The number it names really runs, every exchange ok, under the same limit.
+    let out = run(96, "fits");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = read_json(&tmp.path().join("fits").join("summary.json"));
+    assert_eq!(summary["complete"], json!(true));
+}

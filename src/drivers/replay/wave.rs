@@ -68,8 +68,9 @@ pub(super) async fn wave(
         let next = next.clone();
         let mut slot = slot.take();
         tasks.push(tokio::spawn(async move {
-            // Closed loop: each worker takes about n / c requests (grown if it takes more).
-            let mut samples = Vec::with_capacity(n / c.max(1) + 1);
+            // Closed loop: each worker takes about n / c requests. Nothing is allocated per
+            // planned request up front: a round that stops early never pays for the rest.
+            let mut samples = Vec::with_capacity((n / c.max(1) + 1).min(1024));
             loop {
                 if ctx.stopped() {
                     break;
@@ -102,7 +103,7 @@ pub(super) async fn wave(
             (slot, samples)
         }));
     }
-    let mut all = Vec::with_capacity(n);
+    let mut all = Vec::new();
     for (w, t) in tasks.into_iter().enumerate() {
         match t.await {
             Ok((slot, samples)) => {
