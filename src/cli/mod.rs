@@ -233,6 +233,10 @@ pub struct ReplayArgs {
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
+    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish; then they are
+    /// cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub grace_seconds: f64,
     #[command(flatten)]
     pub mock: MockLatencyArgs,
 }

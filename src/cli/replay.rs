@@ -32,6 +32,7 @@ struct Input {
     engine: Engine,
     out: PathBuf,
     started_at_us: i64,
+    grace: std::time::Duration,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -55,6 +56,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             max_record_body: args.max_record_body,
             quiet: args.quiet,
             record_exchanges: !args.no_record,
+            grace: input.grace,
         },
         input.engine,
         run.clone(),
@@ -94,6 +96,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
     seconds("--part-seconds", args.part_seconds)?;
     open_files_for(&plan, args.mock_worker)?;
+    let grace = seconds("--grace-seconds", args.grace_seconds)?;
     let engine = Engine::new(
         need_tls,
         &TlsOptions {
@@ -122,6 +125,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         engine,
         out,
         started_at_us,
+        grace,
     })
 }
 
@@ -201,6 +205,7 @@ fn create_run(
     let rid = run_id(started_at_us);
     let extra = serde_json::json!({
         "endpoint_override": args.endpoint,
+        "grace_seconds": args.grace_seconds,
         "mock_worker": mock.map(|m| serde_json::json!({
             "url": m.url(),
             "prefill_ms": mock_config.prefill_ms,

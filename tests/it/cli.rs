@@ -562,3 +562,83 @@ fn a_concurrency_the_open_file_limit_cannot_hold_is_refused_naming_what_it_can()
     let summary = read_json(&tmp.path().join("fits").join("summary.json"));
     assert_eq!(summary["complete"], json!(true));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_cuts_in_flight_exchanges_after_the_grace_period() {
+    // From the 12th request on, the worker answers only after 30 s (the plan allows 60).
+    let handler: Handler = Arc::new(|i, s: &Seen| {
+        let mut r = if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            Reply::json(200, &json!({"ok": true}))
+        };
+        if i >= 12 {
+            r.delay = std::time::Duration::from_secs(30);
+        }
+        r
+    });
+    let peer = Peer::start(handler).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = json!({
+        "endpoint": peer.url("/x"),
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"ok": true}}],
+        "concurrency": [4], "requests_per_case": 40, "timeout_seconds": 60, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let run = tmp.path().join("run");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["replay", "--quiet", "--grace-seconds", "0.5", "--out"])
+        .arg(&run)
+        .arg(&path)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if peer.seen().len() >= 16 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        peer.seen().len(),
+        16,
+        "four workers stalled in a measured round"
+    );
+    let pid = child.id().unwrap().to_string();
+    let sent = std::time::Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits after the grace period, not after the plan's deadline")
+        .unwrap();
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        took >= std::time::Duration::from_millis(500) && took < std::time::Duration::from_secs(10),
+        "took {took:?}"
+    );
+    // Every dispatched exchange has its row; the four in flight were cut.
+    let rows = Rows::read(&run);
+    assert_eq!(rows.len(), 16);
+    let cut: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows.strs("outcome")[i].as_deref() == Some("shutdown_cut"))
+        .collect();
+    assert_eq!(cut.len(), 4, "{:?}", rows.strs("outcome"));
+    for i in cut {
+        assert_eq!(
+            rows.strs("error_message")[i].as_deref(),
+            Some(
+                "cut by Ctrl-C / SIGTERM: the exchange was still in flight 0.5 s after it (--grace-seconds)"
+            )
+        );
+    }
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["ending"], json!("interrupted"));
+    assert_eq!(summary["failures"]["shutdown_cut"], json!(4));
+}

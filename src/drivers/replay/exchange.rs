@@ -75,19 +75,33 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     let mut cap = Capture::start(ctx.max_record_body, None);
     let start_offset_us = clock::us_between(ctx.run.run_t0_ns, cap.t0_ns());
     let policy = ctx.plan.connection;
-    let result = tokio::time::timeout(
-        ctx.plan.timeout,
-        ctx.engine.exchange(slot, ep, policy, req, &mut cap),
-    )
-    .await;
+    let mut cut = ctx.cut.clone();
+    let result = tokio::select! {
+        r = tokio::time::timeout(
+            ctx.plan.timeout,
+            ctx.engine.exchange(slot, ep, policy, req, &mut cap),
+        ) => Some(r),
+        _ = cut.wait_for(|c| *c) => None,
+    };
     cap.finish(clock::now_ns());
     let incomplete = match result {
-        Ok(Ok(())) => cap.stream_incomplete(),
+        Some(Ok(Ok(()))) => cap.stream_incomplete(),
         _ => None,
     };
     let got = cap.into_captured();
     let verdict = match result {
-        Err(_) => {
+        None => {
+            *slot = None;
+            Verdict {
+                outcome: Outcome::ShutdownCut,
+                error_message: Some(format!(
+                    "cut by Ctrl-C / SIGTERM: the exchange was still in flight {} s after it (--grace-seconds)",
+                    ctx.grace.as_secs_f64()
+                )),
+                ..Verdict::default()
+            }
+        }
+        Some(Err(_)) => {
             *slot = None;
             Verdict {
                 outcome: Outcome::Timeout,
@@ -98,12 +112,12 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
                 ..Verdict::default()
             }
         }
-        Ok(Err(e)) => Verdict {
+        Some(Ok(Err(e))) => Verdict {
             outcome: e.outcome(),
             error_message: Some(e.message),
             ..Verdict::default()
         },
-        Ok(Ok(())) => judge(ctx, &d, &got, incomplete),
+        Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
     let failure_message = if outcome != Outcome::Ok && ctx.first_failure.get().is_none() {

@@ -45,6 +45,9 @@ pub(crate) struct ReplayOptions {
     /// Write a row per exchange to `exchanges/` (off: metrics and the summary only, to
     /// measure what recording costs).
     pub(crate) record_exchanges: bool,
+    /// After Ctrl-C / SIGTERM, how long in-flight exchanges may still finish before they
+    /// are cut (`shutdown_cut`).
+    pub(crate) grace: std::time::Duration,
 }
 
 pub(crate) struct ReplayResult {
@@ -81,6 +84,9 @@ struct Ctx {
     stop: AtomicBool,
     /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
     interrupted: Arc<AtomicBool>,
+    /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
+    cut: tokio::sync::watch::Receiver<bool>,
+    grace: std::time::Duration,
     failures: AtomicU64,
     first_failure: std::sync::OnceLock<String>,
     progress: ProgressBar,
@@ -147,6 +153,8 @@ pub(crate) async fn run(
         .chain(plan.cases.iter().map(|c| &c.endpoint))
         .map(|e| Arc::from(e.url()))
         .collect();
+    let (cut_tx, cut) = tokio::sync::watch::channel(false);
+    let watcher = tokio::spawn(cut_after_grace(interrupt.clone(), opts.grace, cut_tx));
     let ctx = Arc::new(Ctx {
         engine,
         progress: progress_bar(opts.quiet, plan.planned_requests()),
@@ -158,6 +166,8 @@ pub(crate) async fn run(
         urls,
         stop: AtomicBool::new(false),
         interrupted: interrupt,
+        cut,
+        grace: opts.grace,
         failures: AtomicU64::new(0),
         first_failure: std::sync::OnceLock::new(),
         case_names,
@@ -167,6 +177,7 @@ pub(crate) async fn run(
     let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
     let mut rounds: Vec<RoundMetrics> = Vec::new();
     phases(&ctx, &mut excluded, &mut rounds).await;
+    watcher.abort();
     ctx.progress.finish_and_clear();
 
     let failures = ctx.failures.load(Ordering::Relaxed);
@@ -188,6 +199,20 @@ pub(crate) async fn run(
         table,
         first_failure: ctx.first_failure.get().cloned(),
     }
+}
+
+/// Wait for the interrupt, then give in-flight exchanges `grace` to finish before they
+/// are cut. (A second Ctrl-C exits the process at once: the CLI's signal watcher.)
+async fn cut_after_grace(
+    interrupt: Arc<AtomicBool>,
+    grace: std::time::Duration,
+    cut: tokio::sync::watch::Sender<bool>,
+) {
+    while !interrupt.load(Ordering::Relaxed) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(grace).await;
+    let _ = cut.send(true);
 }
 
 async fn phases(
