@@ -422,18 +422,28 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
 pub const MAX_PLAN_BYTES: u64 = 64 << 20;
 
 fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
+    use std::io::Read;
+    let too_big = |n: String| {
+        usage(format!(
+            "{}: the plan is {n} bytes; plans are limited to {} MiB (a plan describes requests; it does not carry bulk data)",
+            path.display(),
+            MAX_PLAN_BYTES >> 20
+        ))
+    };
     if let Ok(meta) = std::fs::metadata(path)
         && meta.len() > MAX_PLAN_BYTES
     {
-        return Err(usage(format!(
-            "{}: the plan is {} bytes; plans are limited to {} MiB (a plan describes requests; it does not carry bulk data)",
-            path.display(),
-            meta.len(),
-            MAX_PLAN_BYTES >> 20
-        )));
+        return Err(too_big(meta.len().to_string()));
     }
-    let bytes = std::fs::read(path)
+    // Read at most the limit + 1 bytes, so a pipe or a device (`/dev/zero`, `<(...)`)
+    // that reports no size is bounded too.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PLAN_BYTES + 1).read_to_end(&mut bytes))
         .map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_PLAN_BYTES {
+        return Err(too_big("more than".to_string() + &format!(" {MAX_PLAN_BYTES}")));
+    }
     let plan =
         Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok((bytes, plan))

@@ -221,6 +221,14 @@ struct Inherited<'a> {
 impl Plan {
     /// Parse and validate a plan. `Err` carries every problem found.
     pub(crate) fn from_json_bytes(bytes: &[u8]) -> Result<Plan, PlanError> {
+        if bytes.starts_with(b"\xEF\xBB\xBF") {
+            return Err(PlanError {
+                problems: vec![Problem {
+                    path: String::new(),
+                    message: "plan starts with a UTF-8 byte-order mark (BOM), which JSON does not allow (RFC 8259); save it as UTF-8 without a BOM".into(),
+                }],
+            });
+        }
         let text = std::str::from_utf8(bytes).map_err(|e| PlanError {
             problems: vec![Problem {
                 path: String::new(),
@@ -277,6 +285,19 @@ impl Plan {
             }
         }
         total
+    }
+}
+
+/// The largest integer any plan field takes.
+const MAX_INTEGER: u64 = 1 << 40;
+
+/// A number as a message shows it: at most 24 characters (`1e30` stays `1e30`).
+fn short_number(n: &serde_json::Number) -> String {
+    let s = n.to_string();
+    if s.len() <= 24 {
+        s
+    } else {
+        format!("{}... ({} digits)", &s[..12], s.len())
     }
 }
 
@@ -358,6 +379,15 @@ impl Validator {
                 self.err(path, format!("must be an integer >= {min}, found {n}"));
                 return None;
             }
+            // A whole number written with an exponent or too large for 64 bits (`1e30`):
+            // it is the size that is wrong, not the type.
+            Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() >= 1e15) => {
+                self.err(
+                    path,
+                    format!("must be an integer <= {MAX_INTEGER}, found {}", short_number(n)),
+                );
+                return None;
+            }
             other => {
                 self.err(
                     path,
@@ -371,9 +401,9 @@ impl Validator {
             return None;
         }
         match usize::try_from(n) {
-            Ok(n) if n <= 1 << 40 => Some(n),
+            Ok(n) if n as u64 <= MAX_INTEGER => Some(n),
             _ => {
-                self.err(path, format!("{n} is too large"));
+                self.err(path, format!("must be an integer <= {MAX_INTEGER}, found {n}"));
                 None
             }
         }
@@ -1346,6 +1376,27 @@ mod tests {
             "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#
             )
             .is_ok()
+        );
+    }
+
+    #[test]
+    fn size_errors_say_the_bound_and_print_numbers_short() {
+        let errs = problems(
+            r#""endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 1e30, "repetitions": 123456789012345678901234567890,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
+        );
+        assert_eq!(
+            errs,
+            vec![
+                "requests_per_case: must be an integer <= 1099511627776, found 1e+30",
+                "repetitions: must be an integer <= 1099511627776, found 1.2345678901234568e+29",
+            ]
+        );
+        let bom = [b"\xEF\xBB\xBF".as_slice(), b"{}"].concat();
+        let e = Plan::from_json_bytes(&bom).unwrap_err();
+        assert!(
+            e.problems[0].message.starts_with("plan starts with a UTF-8 byte-order mark (BOM)"),
+            "{e}"
         );
     }
 
