@@ -88,7 +88,7 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Address to accept clients on (loopback by default; another address is your choice).
-    #[arg(long, default_value = "127.0.0.1:9000")]
+    #[arg(long, default_value = "127.0.0.1:9000", value_parser = listen_address)]
     pub listen: SocketAddr,
     /// The worker to forward to, e.g. http://127.0.0.1:8000 (a path is a prefix).
     #[arg(long, value_name = "URL")]
@@ -101,10 +101,20 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = UpstreamConnection::Pinned)]
     pub upstream_connection: UpstreamConnection,
     /// Seconds to wait for the upstream response head (connect included); then 504.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 300.0
+    )]
     pub upstream_timeout: f64,
     /// Longest gap between upstream body bytes, in seconds, before the exchange is cut.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 300.0
+    )]
     pub upstream_idle_timeout: f64,
     /// Bytes of each body (per direction) kept in the record; forwarding is never cut.
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
@@ -137,28 +147,43 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 100_000)]
     pub part_rows: usize,
     /// Roll to a new Parquet part after this many seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
     pub part_seconds: f64,
     /// Finished exchanges queued between the proxy and the writer thread. When it is
     /// full, `block` holds each connection's next request until its row is queued.
     #[arg(long, value_name = "ROWS", default_value_t = 4096)]
     pub record_queue: usize,
     /// Seconds in-flight exchanges may finish after Ctrl-C / SIGTERM before they are cut.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0
+    )]
     pub grace_seconds: f64,
     /// Largest request head (request line and headers) accepted from a client; larger: 431.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
     /// Seconds a client has to send a complete request head before it is disconnected.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30.0
+    )]
     pub header_read_timeout: f64,
     /// Client connections served at once; more wait in the listen backlog, which is as
     /// deep (capped by net.core.somaxconn). The open-file limit is raised to fit, as far as
-    /// the hard limit allows.
-    #[arg(long, default_value_t = 16_384)]
-    pub max_connections: usize,
+    /// the hard limit allows. Default: 16384, or what the open-file limit holds if less.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// Seconds between live counter lines on stderr.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5.0
+    )]
     pub stats_seconds: f64,
     /// No live counters.
     #[arg(long, short)]
@@ -223,7 +248,7 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 100_000)]
     pub part_rows: usize,
     /// Roll to a new Parquet part after this many seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
     pub part_seconds: f64,
     /// Do not write exchanges/ (rounds.parquet and summary.json are still written, from
     /// the measurements in memory). For measuring what recording costs; such a run cannot
@@ -235,7 +260,12 @@ pub struct ReplayArgs {
     pub quiet: bool,
     /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish; then they are
     /// cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5.0
+    )]
     pub grace_seconds: f64,
     #[command(flatten)]
     pub mock: MockLatencyArgs,
@@ -245,7 +275,12 @@ pub struct ReplayArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct MockLatencyArgs {
     /// With --mock-worker: the mock's time before the first token, per request (ms).
-    #[arg(long = "mock-prefill-ms", value_name = "MS", requires = "mock_worker")]
+    #[arg(
+        allow_negative_numbers = true,
+        long = "mock-prefill-ms",
+        value_name = "MS",
+        requires = "mock_worker"
+    )]
     pub prefill_ms: Option<f64>,
     /// With --mock-worker: the mock's time per generated token (ms).
     #[arg(
@@ -279,13 +314,13 @@ impl MockLatencyArgs {
 #[derive(Args, Debug, Clone)]
 pub struct MockArgs {
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000", value_parser = listen_address)]
     pub listen: SocketAddr,
     /// Time before the first token, per request (ms).
-    #[arg(long, default_value_t = MockConfig::default().prefill_ms)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = MockConfig::default().prefill_ms)]
     pub prefill_ms: f64,
     /// Time per generated token (ms).
-    #[arg(long, default_value_t = MockConfig::default().per_token_ms)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = MockConfig::default().per_token_ms)]
     pub per_token_ms: f64,
     /// Requests served at once; more queue.
     #[arg(long, default_value_t = MockConfig::default().max_batch)]
@@ -311,6 +346,19 @@ impl MockArgs {
             stall_ms: self.stall_ms,
         })
     }
+}
+
+/// `--listen HOST:PORT`: an address, or a name resolved now (`localhost:9101`); the
+/// first address it resolves to is used.
+fn listen_address(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    s.to_socket_addrs()
+        .map_err(|e| format!("'{s}' is not HOST:PORT that resolves ({e})"))?
+        .next()
+        .ok_or_else(|| format!("'{s}' resolves to no address"))
 }
 
 /// An error and the exit code it maps to.
@@ -350,15 +398,15 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     };
     let result = match cli.command {
         Command::Validate { plan } => validate(&plan),
-        Command::Replay(args) => {
-            with_runtime(|interrupt| async move { replay_cmd(args, interrupt).await })
-        }
-        Command::Serve(args) => {
-            with_runtime(|interrupt| async move { serve_cmd(args, interrupt).await })
-        }
-        Command::MockWorker(args) => {
-            with_runtime(|interrupt| async move { mock_cmd(args, interrupt).await })
-        }
+        Command::Replay(args) => with_runtime(REPLAY_STOPPING, |interrupt| async move {
+            replay_cmd(args, interrupt).await
+        }),
+        Command::Serve(args) => with_runtime(SERVE_STOPPING, |interrupt| async move {
+            serve_cmd(args, interrupt).await
+        }),
+        Command::MockWorker(args) => with_runtime(MOCK_STOPPING, |interrupt| async move {
+            mock_cmd(args, interrupt).await
+        }),
         Command::Summarize { dir, quiet } => summarize_cmd(&dir, quiet),
         Command::Recover { dir } => recover_cmd(&dir),
     };
@@ -371,7 +419,13 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     }
 }
 
-fn with_runtime<F, Fut>(f: F) -> Result<Exit, CliError>
+/// What each command says on the first Ctrl-C / SIGTERM.
+const REPLAY_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
+const SERVE_STOPPING: &str = "matrix-proxy: interrupted: no new requests; finishing in-flight exchanges and closing files (again to exit at once)";
+const MOCK_STOPPING: &str =
+    "matrix-proxy: interrupted: stopping the mock worker (again to exit at once)";
+
+fn with_runtime<F, Fut>(stopping: &'static str, f: F) -> Result<Exit, CliError>
 where
     F: FnOnce(Arc<AtomicBool>) -> Fut,
     Fut: std::future::Future<Output = Result<Exit, CliError>>,
@@ -382,13 +436,13 @@ where
         .map_err(|e| tool(format!("cannot start the async runtime: {e}")))?;
     rt.block_on(async move {
         let interrupt = Arc::new(AtomicBool::new(false));
-        spawn_signal_watcher(interrupt.clone());
+        spawn_signal_watcher(interrupt.clone(), stopping);
         f(interrupt).await
     })
 }
 
 /// Ctrl-C or SIGTERM set `flag`; a second one exits at once with 130.
-fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
+fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut term =
@@ -411,9 +465,7 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>) {
                 eprintln!("matrix-proxy: interrupted twice, exiting now");
                 std::process::exit(Exit::Interrupted as i32);
             }
-            eprintln!(
-                "matrix-proxy: interrupted: no new requests; finishing in-flight exchanges and closing files (again to exit at once)"
-            );
+            eprintln!("{stopping}");
         }
     });
 }
@@ -442,7 +494,9 @@ fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
         .and_then(|f| f.take(MAX_PLAN_BYTES + 1).read_to_end(&mut bytes))
         .map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
     if bytes.len() as u64 > MAX_PLAN_BYTES {
-        return Err(too_big("more than".to_string() + &format!(" {MAX_PLAN_BYTES}")));
+        return Err(too_big(
+            "more than".to_string() + &format!(" {MAX_PLAN_BYTES}"),
+        ));
     }
     let plan =
         Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
@@ -512,7 +566,7 @@ pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     m.shutdown().await;
-    Ok(Exit::Ok)
+    Ok(Exit::Interrupted)
 }
 
 fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
@@ -531,6 +585,10 @@ struct ServeInput {
     tls: Option<tokio_rustls::TlsAcceptor>,
     engine: Engine,
     nofile: u64,
+    /// Effective: the flag's value, or the default fitted to the open-file limit.
+    max_connections: usize,
+    stats_interval: std::time::Duration,
+    header_read_timeout: std::time::Duration,
 }
 
 fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
@@ -545,23 +603,41 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
         _ => None,
     };
+    flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
+    // Every flag is checked here, before a socket is bound or --out created, whether or
+    // not --quiet makes it unused.
+    let stats_interval = seconds("--stats-seconds", args.stats_seconds)?;
+    let header_read_timeout = seconds("--header-read-timeout", args.header_read_timeout)?;
+    // A CA file is checked even when the upstream is plain http: a wrong path is a
+    // mistake now, not when the upstream changes.
     let engine = Engine::new(
-        upstream.scheme == Scheme::Https,
+        upstream.scheme == Scheme::Https || args.upstream_ca.is_some(),
         &TlsOptions {
             ca_file: args.upstream_ca.clone(),
         },
     )
     .map_err(usage)?;
-    flags::at_least_one("--max-connections", args.max_connections).map_err(usage)?;
-    // Each client connection may hold an upstream connection too.
-    let wanted_fds = (args.max_connections as u64) * 2 + 256;
-    let nofile = rlimit::increase_nofile_limit(wanted_fds).unwrap_or(0);
-    if nofile < wanted_fds && !args.quiet {
-        eprintln!(
-            "matrix-proxy: warning: the open-file limit is {nofile}, below the {wanted_fds} that --max-connections {} may need; raise the hard limit (ulimit -Hn) or lower --max-connections",
-            args.max_connections
-        );
+    if let Some(n) = args.max_connections {
+        flags::at_least_one("--max-connections", n).map_err(usage)?;
     }
+    // Each client connection may hold an upstream connection too.
+    let fds = |conns: usize| (conns as u64) * 2 + 256;
+    let wanted = args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    let nofile = rlimit::increase_nofile_limit(fds(wanted)).unwrap_or(0);
+    let max_connections = match args.max_connections {
+        // The default fits itself to the limit, silently.
+        None if nofile < fds(wanted) => (nofile.saturating_sub(256) / 2).max(1) as usize,
+        None => wanted,
+        Some(n) => {
+            if nofile < fds(n) && !args.quiet {
+                eprintln!(
+                    "matrix-proxy: warning: the open-file limit is {nofile}, below the {} that --max-connections {n} may need; raise the hard limit (ulimit -Hn) or lower --max-connections",
+                    fds(n)
+                );
+            }
+            n
+        }
+    };
     Ok(ServeInput {
         upstream,
         upstream_timeout,
@@ -572,8 +648,15 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         tls,
         engine,
         nofile,
+        max_connections,
+        stats_interval,
+        header_read_timeout,
     })
 }
+
+/// serve's connection cap when --max-connections is not given (and the open-file limit
+/// holds it).
+const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 /// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
 pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
@@ -583,7 +666,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.
-    let backlog = u32::try_from(args.max_connections).unwrap_or(u32::MAX);
+    let backlog = u32::try_from(input.max_connections).unwrap_or(u32::MAX);
     let listener = crate::net::listener::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
@@ -602,15 +685,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
-    let fields = serve_config_fields(
-        &args,
-        &input.upstream,
-        input.tls.is_some(),
-        &input.redaction,
-        listen_addr,
-        backlog,
-        input.nofile,
-    );
+    let fields = serve_config_fields(&args, &input, listen_addr, backlog);
     let mut config = config_json::config_json(
         "serve",
         &rid,
@@ -644,15 +719,11 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         tls: input.tls,
         on_record_full: args.on_record_full.policy(),
         grace: input.grace,
-        stats_interval: if args.quiet {
-            None
-        } else {
-            Some(seconds("--stats-seconds", args.stats_seconds)?)
-        },
+        stats_interval: (!args.quiet).then_some(input.stats_interval),
         buffer_frames: 64,
         max_header_bytes: args.max_header_bytes,
-        header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
-        max_connections: args.max_connections,
+        header_read_timeout: input.header_read_timeout,
+        max_connections: input.max_connections,
     };
     let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
     let recording = run.finish_recording().await;
@@ -717,13 +788,12 @@ fn serve_stopped(
 /// serve's own keys of config.json.
 fn serve_config_fields(
     args: &ServeArgs,
-    upstream: &Endpoint,
-    tls: bool,
-    redaction: &Redaction,
+    input: &ServeInput,
     listen_addr: SocketAddr,
     backlog: u32,
-    nofile: u64,
 ) -> serde_json::Value {
+    let (upstream, redaction) = (&input.upstream, &input.redaction);
+    let (tls, nofile, max_connections) = (input.tls.is_some(), input.nofile, input.max_connections);
     serde_json::json!({
         "listen": listen_addr.to_string(),
         "tls": tls,
@@ -735,7 +805,7 @@ fn serve_config_fields(
         "limits": {
             "max_header_bytes": args.max_header_bytes,
             "header_read_timeout_seconds": args.header_read_timeout,
-            "max_connections": args.max_connections,
+            "max_connections": max_connections,
             "listen_backlog": crate::net::listener::effective_backlog(backlog),
             "open_file_limit": nofile,
         },

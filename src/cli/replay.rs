@@ -91,8 +91,12 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     if let Some(ep) = &endpoint_override {
         plan.override_endpoint(ep);
     }
-    let need_tls = !args.mock_worker
-        && (plan.endpoint.scheme == Scheme::Https || plan.health_endpoint.scheme == Scheme::Https);
+    // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
+    let need_tls = args.ca_cert.is_some()
+        || (!args.mock_worker
+            && (plan.endpoint.scheme == Scheme::Https
+                || plan.health_endpoint.scheme == Scheme::Https));
+    flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
     flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
     seconds("--part-seconds", args.part_seconds)?;
     open_files_for(&plan, args.mock_worker)?;

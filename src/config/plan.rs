@@ -381,10 +381,16 @@ impl Validator {
             }
             // A whole number written with an exponent or too large for 64 bits (`1e30`):
             // it is the size that is wrong, not the type.
-            Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() >= 1e15) => {
+            Value::Number(n)
+                if n.as_f64()
+                    .is_some_and(|f| f.fract() == 0.0 && f.abs() >= 1e15) =>
+            {
                 self.err(
                     path,
-                    format!("must be an integer <= {MAX_INTEGER}, found {}", short_number(n)),
+                    format!(
+                        "must be an integer <= {MAX_INTEGER}, found {}",
+                        short_number(n)
+                    ),
                 );
                 return None;
             }
@@ -403,7 +409,10 @@ impl Validator {
         match usize::try_from(n) {
             Ok(n) if n as u64 <= MAX_INTEGER => Some(n),
             _ => {
-                self.err(path, format!("must be an integer <= {MAX_INTEGER}, found {n}"));
+                self.err(
+                    path,
+                    format!("must be an integer <= {MAX_INTEGER}, found {n}"),
+                );
                 None
             }
         }
@@ -1395,7 +1404,9 @@ mod tests {
         let bom = [b"\xEF\xBB\xBF".as_slice(), b"{}"].concat();
         let e = Plan::from_json_bytes(&bom).unwrap_err();
         assert!(
-            e.problems[0].message.starts_with("plan starts with a UTF-8 byte-order mark (BOM)"),
+            e.problems[0]
+                .message
+                .starts_with("plan starts with a UTF-8 byte-order mark (BOM)"),
             "{e}"
         );
     }

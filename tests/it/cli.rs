@@ -642,3 +642,127 @@ async fn ctrl_c_cuts_in_flight_exchanges_after_the_grace_period() {
     assert_eq!(summary["ending"], json!("interrupted"));
     assert_eq!(summary["failures"]["shutdown_cut"], json!(4));
 }
+
+#[test]
+fn first_hour_flag_mistakes_get_an_answer_about_the_flag_and_leave_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "replay",
+                "plans/demo.json",
+                "--mock-worker",
+                "--part-seconds",
+                "-1",
+            ],
+            "--part-seconds must be a number of seconds > 0, got -1",
+        ),
+        (
+            vec![
+                "replay",
+                "plans/demo.json",
+                "--mock-worker",
+                "--grace-seconds",
+                "-2",
+            ],
+            "--grace-seconds must be a number of seconds > 0, got -2",
+        ),
+        (
+            vec![
+                "replay",
+                "plans/demo.json",
+                "--mock-worker",
+                "--max-record-body",
+                "0",
+            ],
+            "--max-record-body must be at least 1",
+        ),
+        (
+            vec![
+                "replay",
+                "plans/demo.json",
+                "--mock-worker",
+                "--ca-cert",
+                "/nonexistent/ca.pem",
+            ],
+            "/nonexistent/ca.pem",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+                "--quiet",
+                "--stats-seconds",
+                "0",
+            ],
+            "--stats-seconds must be a number of seconds > 0, got 0",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream-ca",
+                "Cargo.toml",
+            ],
+            "Cargo.toml",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+                "--max-record-body",
+                "0",
+            ],
+            "--max-record-body must be at least 1",
+        ),
+        (vec!["validate", "/dev/zero"], "plans are limited to 64 MiB"),
+    ];
+    for (args, says) in cases {
+        let mut cmd = bin();
+        cmd.args(&args);
+        if args[0] != "validate" {
+            cmd.arg("--out").arg(&out);
+        }
+        let r = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_takes_a_host_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["mock-worker", "--listen", "localhost:0"])
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = tokio::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut err, &mut line)
+        .await
+        .unwrap();
+    assert!(
+        line.starts_with("matrix-proxy: mock worker listening on http://127.0.0.1:")
+            || line.starts_with("matrix-proxy: mock worker listening on http://[::1]:"),
+        "{line}"
+    );
+    let pid = child.id().unwrap().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.code(), Some(130), "mock-worker exits 130 on Ctrl-C");
+    drop(tmp);
+}
