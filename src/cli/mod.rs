@@ -536,13 +536,33 @@ fn create_run_dir(out: &Path, default_name: bool) -> Result<RunDir, CliError> {
                 candidate = PathBuf::from(format!("{}-{n}", out.display()));
             }
             Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
-            Err(e) => return Err(tool(e.to_string())),
+            Err(e) => {
+                return Err(usage(format!(
+                    "--out {}: cannot create the run directory ({e})",
+                    candidate.display()
+                )));
+            }
         }
     }
     Err(usage(format!(
         "{}: too many runs with this name",
         out.display()
     )))
+}
+
+/// Write `text` to stdout. A closed or full stdout (`> /dev/full`, a pipe whose reader
+/// left) is an error naming where the files are (exit 3), never a panic.
+fn print_stdout(text: &str, dir: &Path) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| {
+            format!(
+                "cannot write the table to stdout: {e}; the run's files are complete in {}",
+                dir.display()
+            )
+        })
 }
 
 fn run_id(now_us: i64) -> String {

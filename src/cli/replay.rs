@@ -298,7 +298,9 @@ fn reports(
         problems.push(e.to_string());
     }
     if !args.quiet {
-        print!("{}", result.table);
+        if let Err(e) = super::print_stdout(&result.table, &dir.path) {
+            problems.push(e);
+        }
         if args.no_record {
             eprintln!(
                 "matrix-proxy: recording off (--no-record): no exchanges written; reports in {}",

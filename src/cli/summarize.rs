@@ -131,7 +131,7 @@ fn replay(
     run.write_json("summary.json", &s)
         .map_err(|e| tool(e.to_string()))?;
     if !quiet {
-        print!("{}", report::table(&plan, &rounds, &aggs, &excluded));
+        super::print_stdout(&report::table(&plan, &rounds, &aggs, &excluded), dir).map_err(tool)?;
     }
     eprintln!(
         "matrix-proxy: rebuilt {} round(s) from {} rows in {} (ending kept: {}){}",

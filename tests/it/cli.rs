@@ -766,3 +766,44 @@ async fn listen_takes_a_host_name() {
     assert_eq!(status.code(), Some(130), "mock-worker exits 130 on Ctrl-C");
     drop(tmp);
 }
+
+#[test]
+fn an_out_that_cannot_be_created_is_a_usage_error_and_a_full_stdout_never_panics() {
+    let r = bin()
+        .args([
+            "replay",
+            "plans/demo.json",
+            "--mock-worker",
+            "--out",
+            "Cargo.toml/run",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--out Cargo.toml/run: cannot create the run directory (Cargo.toml: "),
+        "{stderr}"
+    );
+    // The table cannot be written: exit 3 with a message, and the files are complete.
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let r = bin()
+        .args(["replay", "plans/demo.json", "--mock-worker", "--out"])
+        .arg(&run)
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the table to stdout: No space left on device"),
+        "{stderr}"
+    );
+    assert_eq!(
+        read_json(&run.join("summary.json"))["ending"],
+        json!("passed")
+    );
+    assert!(read_json(&run.join("config.json"))["finished_at"].is_string());
+}
