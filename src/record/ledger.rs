@@ -1,15 +1,24 @@
-//! The writer's ledger, `exchanges/.ledger`: one line `PART ROWS` each time rows are
-//! handed to a part. It is appended to before the part is closed, and the page cache
-//! outlives a crash of this process, so [`super::recover`] can count what an unfinished
-//! part held. A dot-file: no reader globs it.
+//! The writer's ledger, `exchanges.ledger` beside `exchanges/`: one line `PART ROWS` each
+//! time rows are handed to a part. It is appended to before the part is closed, and the
+//! page cache outlives a crash of this process, so [`super::recover`] can count what an
+//! unfinished part held. It sits outside `exchanges/` so that the folder holds Parquet
+//! only and every reader (polars included) can read it as a dataset. Runs made before
+//! kept it as `exchanges/.ledger`; `read` still finds it there.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Name of the writer's ledger in `exchanges/` (a dot-file: no reader globs it).
-pub const LEDGER: &str = ".ledger";
+/// Name of the writer's ledger in the run directory, beside `exchanges/`.
+pub const LEDGER: &str = "exchanges.ledger";
+/// Where runs made before kept it, inside `exchanges/`.
+const OLD_LEDGER: &str = ".ledger";
+
+/// The ledger of the parts in `exchanges` (`RUN/exchanges` -> `RUN/exchanges.ledger`).
+fn path_of(exchanges: &Path) -> PathBuf {
+    exchanges.with_extension("ledger")
+}
 
 /// The ledger, open for appending. Best effort: a ledger that cannot be written costs
 /// only `recover`'s count, never the rows themselves.
@@ -21,7 +30,7 @@ impl Ledger {
             fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(exchanges.join(LEDGER))
+                .open(path_of(exchanges))
                 .ok(),
         )
     }
@@ -37,7 +46,9 @@ impl Ledger {
 /// Rows handed to each part so far (the last line per part wins).
 pub(crate) fn read(exchanges: &Path) -> BTreeMap<u32, u64> {
     let mut m = BTreeMap::new();
-    if let Ok(text) = fs::read_to_string(exchanges.join(LEDGER)) {
+    let text = fs::read_to_string(path_of(exchanges))
+        .or_else(|_| fs::read_to_string(exchanges.join(OLD_LEDGER)));
+    if let Ok(text) = text {
         for line in text.lines() {
             let mut it = line.split_whitespace();
             if let (Some(p), Some(r)) = (it.next(), it.next())
@@ -48,4 +59,34 @@ pub(crate) fn read(exchanges: &Path) -> BTreeMap<u32, u64> {
         }
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_sits_beside_exchanges_and_an_old_run_is_still_read() {
+        let run = tempfile::tempdir().unwrap();
+        let ex = run.path().join("exchanges");
+        fs::create_dir(&ex).unwrap();
+        let mut l = Ledger::open(&ex);
+        l.note(0, 50);
+        l.note(0, 100);
+        l.note(1, 7);
+        drop(l);
+        assert!(run.path().join(LEDGER).is_file());
+        assert_eq!(
+            fs::read_dir(&ex).unwrap().count(),
+            0,
+            "exchanges/ holds parts only"
+        );
+        assert_eq!(read(&ex), BTreeMap::from([(0, 100), (1, 7)]));
+        // A run made before kept it inside exchanges/.
+        let old = tempfile::tempdir().unwrap();
+        let ex = old.path().join("exchanges");
+        fs::create_dir(&ex).unwrap();
+        fs::write(ex.join(OLD_LEDGER), "0 10\n0 20\n").unwrap();
+        assert_eq!(read(&ex), BTreeMap::from([(0, 20)]));
+    }
 }

@@ -345,6 +345,12 @@ impl Writer {
                 }
                 Some(Polled::Closed) => {
                     self.flush_all()?;
+                    if self.stats.parts == 0 {
+                        // A run with no exchanges still leaves one valid, empty part, so
+                        // a query over exchanges/ works on it.
+                        self.part = Some(open_part(&self.opts, 0, &self.schema)?);
+                        self.stats.parts = 1;
+                    }
                     return self.close_open_part();
                 }
             }

@@ -1,4 +1,4 @@
-"""Interop check: a real run directory read with DuckDB, pandas and pyarrow, no glue.
+"""Interop check: a real run directory read with DuckDB, pandas, polars and pyarrow, no glue.
 
 Recomputes every measured round's counts, failure kinds, elapsed time and nearest-rank
 percentiles from exchanges/*.parquet and requires them to equal rounds.parquet and
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+import polars as pl
 import pyarrow.parquet as pq
 
 KINDS = ["http", "correctness", "timeout", "transport", "client_aborted", "shutdown_cut"]
@@ -31,6 +32,12 @@ def main(run: Path) -> int:
     ex = pd.read_parquet(run / "exchanges")
     rounds = pd.read_parquet(run / "rounds.parquet")
     summary = json.loads((run / "summary.json").read_text())
+
+    # polars reads exchanges/ by directory too (it holds Parquet parts only), and agrees.
+    pl_ex = pl.read_parquet(run / "exchanges")
+    assert pl_ex.height == len(ex), (pl_ex.height, len(ex))
+    assert pl_ex["outcome"].to_list() == ex["outcome"].tolist()
+    checks += 2
 
     # DuckDB globs the same parts and agrees on the count and per-phase totals.
     con = duckdb.connect()

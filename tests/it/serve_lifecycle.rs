@@ -364,3 +364,20 @@ async fn clients_can_speak_tls_to_serve() {
     );
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_run_with_no_exchanges_leaves_one_valid_empty_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args("http://127.0.0.1:9", &tmp.path().join("live"))).await;
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let parts = part_files(&out);
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    let batches = read_parquet(&parts[0]);
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    // The schema is there for queries: the file names every column.
+    let f = std::fs::File::open(&parts[0]).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+    assert!(reader.schema().field_with_name("outcome").is_ok());
+    assert!(!out.join("exchanges").join(".ledger").exists());
+}

@@ -257,12 +257,11 @@ pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
     reader.map(|b| b.unwrap()).collect()
 }
 
-/// Every file in `run/exchanges` but the writer's ledger.
+/// Every file in `run/exchanges` (the writer's ledger sits beside it, not in it).
 pub fn part_files(run: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(run.join("exchanges"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap() != matrix_proxy::LEDGER)
         .collect();
     v.sort();
     v
@@ -270,10 +269,7 @@ pub fn part_files(run: &Path) -> Vec<PathBuf> {
 
 impl Rows {
     pub fn read(run: &Path) -> Rows {
-        let files: Vec<PathBuf> = part_files(run)
-            .into_iter()
-            .filter(|f| f.file_name().unwrap() != matrix_proxy::LEDGER)
-            .collect();
+        let files: Vec<PathBuf> = part_files(run);
         for f in &files {
             let name = f.file_name().unwrap().to_string_lossy().into_owned();
             assert!(
