@@ -382,8 +382,32 @@ fn tool(message: impl Into<String>) -> CliError {
     }
 }
 
+/// The command line as config.json records it, secrets redacted (set by
+/// [`main_with_args`]; empty when a command is called as a library function).
+static ARGV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+fn argv() -> &'static [String] {
+    ARGV.get().map_or(&[], Vec::as_slice)
+}
+
+/// One argument as config.json records it: the values of secret query parameters in a
+/// URL (`--endpoint URL`, `--upstream=URL`) are `<redacted>`. Credentials in URLs and
+/// bearer tokens never appear on a valid command line (refused, or named by variable).
+fn redact_arg(arg: &str) -> String {
+    let r = Redaction::default();
+    match arg.split_once('=') {
+        Some((flag, value)) if flag.starts_with("--") => format!("{flag}={}", r.url(value)),
+        _ => r.url(arg).into_owned(),
+    }
+}
+
 /// Parse args and run; returns the process exit code.
 pub fn main_with_args(args: Vec<OsString>) -> i32 {
+    let _ = ARGV.set(
+        args.iter()
+            .map(|a| redact_arg(&a.to_string_lossy()))
+            .collect(),
+    );
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -708,6 +732,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let fields = serve_config_fields(&args, &input, listen_addr, backlog);
     let mut config = config_json::config_json(
         "serve",
+        argv(),
         &rid,
         started_at_us,
         fields,
@@ -723,7 +748,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
             if input.tls.is_some() { "https" } else { "http" },
             listen_addr,
-            input.upstream.url(),
+            config_json::redacted(&input.upstream.url()),
             config["connection_policy"].as_str().unwrap_or(""),
             dir.path.display()
         );
@@ -817,7 +842,7 @@ fn serve_config_fields(
     serde_json::json!({
         "listen": listen_addr.to_string(),
         "tls": tls,
-        "upstream": upstream.url(),
+        "upstream": config_json::redacted(&upstream.url()),
         "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
         "upstream_timeout_seconds": args.upstream_timeout,
         "upstream_idle_timeout_seconds": args.upstream_idle_timeout,

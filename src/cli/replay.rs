@@ -208,7 +208,7 @@ fn create_run(
         .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
     let extra = serde_json::json!({
-        "endpoint_override": args.endpoint,
+        "endpoint_override": args.endpoint.as_deref().map(config_json::redacted),
         "grace_seconds": args.grace_seconds,
         "mock_worker": mock.map(|m| serde_json::json!({
             "url": m.url(),
@@ -238,6 +238,7 @@ fn create_run(
     );
     let config = config_json::config_json(
         "replay",
+        super::argv(),
         &rid,
         started_at_us,
         fields,
@@ -249,7 +250,7 @@ fn create_run(
         eprintln!(
             "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
             args.plan.display(),
-            plan.endpoint.url(),
+            targets(plan),
             plan.planned_requests(),
             plan.connection.as_str(),
             dir.path.display()
@@ -270,6 +271,39 @@ fn failures_by_kind(failures: &serde_json::Value) -> String {
                 .join(", ")
         })
         .unwrap_or_default()
+}
+
+/// Where the cases really go, for the banner: the URL when every case uses the same one,
+/// else the origin and each distinct path (a case's `path` replaces the endpoint's).
+fn targets(plan: &Plan) -> String {
+    let mut urls: Vec<String> = Vec::new();
+    for c in &plan.cases {
+        let u = config_json::redacted(&c.endpoint.url());
+        if !urls.contains(&u) {
+            urls.push(u);
+        }
+    }
+    match urls.as_slice() {
+        [one] => one.clone(),
+        _ => {
+            let origin = plan.endpoint.with_path("/").url();
+            let paths: Vec<String> = plan
+                .cases
+                .iter()
+                .map(|c| c.endpoint.path_and_query.clone())
+                .fold(Vec::new(), |mut v, p| {
+                    if !v.contains(&p) {
+                        v.push(p);
+                    }
+                    v
+                });
+            format!(
+                "{} (paths {})",
+                origin.trim_end_matches('/'),
+                config_json::redacted(&paths.join(", "))
+            )
+        }
+    }
 }
 
 /// Step 5: Reports. Each is written even if an earlier step failed, so nothing is lost.

@@ -420,6 +420,17 @@ impl Validator {
 
     fn endpoint(&mut self, v: &Value, path: &str) -> Option<Endpoint> {
         let s = self.string(v, path)?;
+        if crate::redact::Redaction::default().url(s) != s {
+            self.err(
+                path,
+                format!(
+                    "'{}' carries a secret query parameter ({}), and the plan is copied into every run directory; use auth.bearer_token_env, or give the URL with --endpoint (recorded redacted)",
+                    crate::redact::Redaction::default().url(s),
+                    crate::redact::DEFAULT_REDACT_QUERY.join(", ")
+                ),
+            );
+            return None;
+        }
         match Endpoint::parse(s) {
             Ok(e) => Some(e),
             Err(m) => {
@@ -1512,6 +1523,10 @@ mod tests {
             ("http://127.0.0.1:/v1", "has an invalid port ''"),
             ("http://127.0.0.1:0/v1", "has an invalid port '0'"),
             ("http://[::1]:x/v1", "has an invalid port 'x'"),
+            (
+                "http://h/v1?api_key=SECRET",
+                "'http://h/v1?api_key=<redacted>' carries a secret query parameter",
+            ),
         ] {
             let errs = problems(&format!(
                 r#""endpoint": "{url}", "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1,

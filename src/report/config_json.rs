@@ -18,6 +18,7 @@ const CLOCK: &str =
 /// column measures, which depends on the command).
 pub(crate) fn config_json(
     command: &str,
+    argv: &[String],
     run_id: &str,
     started_at_us: i64,
     fields: Value,
@@ -26,6 +27,7 @@ pub(crate) fn config_json(
     let mut m = Map::new();
     m.insert("run_id".into(), json!(run_id));
     m.insert("command".into(), json!(command));
+    m.insert("argv".into(), json!(argv));
     m.insert(
         "tool".into(),
         json!({
@@ -46,6 +48,11 @@ pub(crate) fn config_json(
     Value::Object(m)
 }
 
+/// A URL as config.json records it: values of secret query parameters `<redacted>`.
+pub(crate) fn redacted(url: &str) -> String {
+    crate::redact::Redaction::default().url(url).into_owned()
+}
+
 /// Mark the run as finished now.
 pub(crate) fn finished(config: &mut Value) {
     config["finished_at"] = json!(clock::iso_utc(clock::wall_now_us()));
@@ -63,8 +70,8 @@ pub(crate) fn replay_fields(
     json!({
         "plan_path": plan_path,
         "plan_sha256": plan_sha256,
-        "endpoint": plan.endpoint.url(),
-        "health_endpoint": plan.health_endpoint.url(),
+        "endpoint": redacted(&plan.endpoint.url()),
+        "health_endpoint": redacted(&plan.health_endpoint.url()),
         "effective_budget": {
             "requests_per_case": plan.requests_per_case,
             "concurrency": plan.concurrency,
