@@ -6,7 +6,9 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{
+    ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 
@@ -33,6 +35,19 @@ fn int(
         nullable,
         data_type: DataType::Int64,
         fill: Box::new(move |rs: Rounds| Arc::new(Int64Array::from_iter(rs.iter().map(&f)))),
+    }
+}
+
+/// An Int32 column: the type `concurrency` and `repetition` have in exchanges/ too, so a
+/// join between the two files needs no cast.
+fn int32(name: &str, f: impl Fn(&RoundMetrics) -> i32 + 'static) -> RoundColumn {
+    RoundColumn {
+        name: name.to_string(),
+        nullable: false,
+        data_type: DataType::Int32,
+        fill: Box::new(move |rs: Rounds| {
+            Arc::new(Int32Array::from_iter_values(rs.iter().map(&f)))
+        }),
     }
 }
 
@@ -94,8 +109,8 @@ fn percentiles(
 fn counts() -> Vec<RoundColumn> {
     let mut v = vec![
         text("case_name", false, |r| Some(r.case_name.as_str())),
-        int("concurrency", false, |r| Some(r.concurrency as i64)),
-        int("repetition", false, |r| Some(r.repetition as i64)),
+        int32("concurrency", |r| i32::try_from(r.concurrency).unwrap_or(i32::MAX)),
+        int32("repetition", |r| i32::try_from(r.repetition).unwrap_or(i32::MAX)),
         int("planned_requests", false, |r| {
             Some(r.planned_requests as i64)
         }),
