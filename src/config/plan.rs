@@ -235,12 +235,17 @@ impl Plan {
                 message: format!("plan is not valid UTF-8 (byte {})", e.valid_up_to()),
             }],
         })?;
-        let value: Value = serde_json::from_str(text).map_err(|e| PlanError {
+        let (value, duplicates) = parse_json(text).map_err(|e| PlanError {
             problems: vec![Problem {
                 path: String::new(),
                 message: format!("plan is not valid JSON: {e}"),
             }],
         })?;
+        if !duplicates.is_empty() {
+            return Err(PlanError {
+                problems: duplicates,
+            });
+        }
         let mut v = Validator::default();
         let plan = v.plan(&value);
         match plan {
@@ -285,6 +290,104 @@ impl Plan {
             }
         }
         total
+    }
+}
+
+/// Parse JSON into a `Value` as `serde_json::from_str` does (its depth limit and correctly
+/// rounded floats included), noting every key an object repeats: a JSON reader keeps one
+/// of them silently, and which one is not something a frozen plan may leave to chance.
+fn parse_json(text: &str) -> Result<(Value, Vec<Problem>), serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let found = std::cell::RefCell::new(Vec::new());
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = DupCheck {
+        path: String::new(),
+        found: &found,
+    }
+    .deserialize(&mut de)?;
+    de.end()?;
+    Ok((value, found.into_inner()))
+}
+
+/// A value being read at `path`; duplicate keys go to `found`.
+struct DupCheck<'a> {
+    path: String,
+    found: &'a std::cell::RefCell<Vec<Problem>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupCheck<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DupCheck<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(n)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom(format!("{n} is not a finite number")))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_string()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        loop {
+            let child = DupCheck {
+                path: format!("{}[{}]", self.path, out.len()),
+                found: self.found,
+            };
+            match seq.next_element_seed(child)? {
+                Some(v) => out.push(v),
+                None => return Ok(Value::Array(out)),
+            }
+        }
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        let mut first_at: std::collections::HashMap<String, usize> = Default::default();
+        let mut member = 0;
+        while let Some(key) = map.next_key::<String>()? {
+            member += 1;
+            let path = join(&self.path, &key);
+            let value = map.next_value_seed(DupCheck {
+                path: path.clone(),
+                found: self.found,
+            })?;
+            if let Some(first) = first_at.get(&key) {
+                self.found.borrow_mut().push(Problem {
+                    path,
+                    message: format!(
+                        "is given twice in the same object (members {first} and {member}); a JSON reader keeps one of them silently, so a frozen plan may not repeat a key"
+                    ),
+                });
+            } else {
+                first_at.insert(key.clone(), member);
+            }
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
     }
 }
 
@@ -1420,6 +1523,30 @@ mod tests {
                 .starts_with("plan starts with a UTF-8 byte-order mark (BOM)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_with_their_paths() {
+        let text = format!(
+            r#"{{ {BASE}, "cases": [{{"name": "a", "request": {{"x": 1, "x": 2}}, "name": "b",
+              "expected_response": {{}}}}], "concurrency": [1], {META} }}"#
+        );
+        let e = Plan::from_json_bytes(text.as_bytes()).unwrap_err();
+        let got: Vec<String> = e.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            got,
+            vec![
+                "cases[0].request.x: is given twice in the same object (members 1 and 2); a JSON reader keeps one of them silently, so a frozen plan may not repeat a key",
+                "cases[0].name: is given twice in the same object (members 1 and 3); a JSON reader keeps one of them silently, so a frozen plan may not repeat a key",
+                "concurrency: is given twice in the same object (members 2 and 6); a JSON reader keeps one of them silently, so a frozen plan may not repeat a key",
+            ]
+        );
+        // Floats still round correctly, and order is kept.
+        let p = plan(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{"z": 0.1000000000000000055511151231257827, "a": 1}}, "expected_response": {{}}}}]"#
+        ))
+        .unwrap();
+        assert_eq!(&p.cases[0].variants[0].body[..], br#"{"z":0.1,"a":1}"#);
     }
 
     #[test]

@@ -45,9 +45,7 @@ fn int32(name: &str, f: impl Fn(&RoundMetrics) -> i32 + 'static) -> RoundColumn 
         name: name.to_string(),
         nullable: false,
         data_type: DataType::Int32,
-        fill: Box::new(move |rs: Rounds| {
-            Arc::new(Int32Array::from_iter_values(rs.iter().map(&f)))
-        }),
+        fill: Box::new(move |rs: Rounds| Arc::new(Int32Array::from_iter_values(rs.iter().map(&f)))),
     }
 }
 
@@ -109,8 +107,12 @@ fn percentiles(
 fn counts() -> Vec<RoundColumn> {
     let mut v = vec![
         text("case_name", false, |r| Some(r.case_name.as_str())),
-        int32("concurrency", |r| i32::try_from(r.concurrency).unwrap_or(i32::MAX)),
-        int32("repetition", |r| i32::try_from(r.repetition).unwrap_or(i32::MAX)),
+        int32("concurrency", |r| {
+            i32::try_from(r.concurrency).unwrap_or(i32::MAX)
+        }),
+        int32("repetition", |r| {
+            i32::try_from(r.repetition).unwrap_or(i32::MAX)
+        }),
         int("planned_requests", false, |r| {
             Some(r.planned_requests as i64)
         }),

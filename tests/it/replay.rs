@@ -358,7 +358,10 @@ async fn seed_fixture_with_a_top_level_ignore_path_and_a_volatile_timer_passes_w
         rounds.i32s("concurrency"),
         vec![Some(1), Some(1), Some(2), Some(2)]
     );
-    assert_eq!(rounds.i32s("repetition"), vec![Some(0), Some(1), Some(0), Some(1)]);
+    assert_eq!(
+        rounds.i32s("repetition"),
+        vec![Some(0), Some(1), Some(0), Some(1)]
+    );
     assert_eq!(
         rounds.i64s("steady_state_decisions"),
         vec![Some(4), Some(4), None, None]
