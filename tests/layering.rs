@@ -36,7 +36,10 @@ const ALLOWED: &[Row] = &[
     ("engine", &["clock", "model", "budget", "sse", "net"]),
     ("config", &["model", "oracle", "redact"]),
     ("record", &["clock", "model", "redact", "budget", "metrics"]),
-    ("report", &["clock", "model", "redact", "metrics", "record", "config"]),
+    (
+        "report",
+        &["clock", "model", "redact", "metrics", "record", "config"],
+    ),
     (
         "drivers",
         &[

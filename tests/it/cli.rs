@@ -182,6 +182,12 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // The banner names where the cases really go (two of them have their own path).
+    assert!(
+        stderr.contains("(paths /v1/chat/completions, /v1/completions)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(" exchanges recorded in "), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     // Generator warnings (a busy machine) may follow the table; they are checked below.
     let lines: Vec<&str> = stdout
