@@ -846,3 +846,72 @@ fn config_json_records_the_command_line_with_secrets_redacted() {
         .collect();
     assert!(!everything.contains("SECRET-1"), "a secret reached disk");
 }
+
+#[test]
+fn one_exchange_is_one_exchange() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = bin()
+        .args([
+            "replay",
+            "plans/demo.json",
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--out",
+        ])
+        .arg(tmp.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("matrix-proxy: 1 exchange recorded in "),
+        "{stderr}"
+    );
+}
+
+/// serve's first stderr lines (up to its banner) under an open-file limit of 1024.
+async fn serve_banner(extra: &[&str]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new("prlimit")
+        .arg("--nofile=1024")
+        .arg(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args([
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--out",
+        ])
+        .arg(tmp.path().join("live"))
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = tokio::io::BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    while !text.contains("Ctrl-C to stop") {
+        let mut line = String::new();
+        let n = tokio::io::AsyncBufReadExt::read_line(&mut err, &mut line)
+            .await
+            .unwrap();
+        assert!(n > 0, "serve ended early: {text}");
+        text.push_str(&line);
+    }
+    let _ = child.start_kill();
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_warning_is_for_a_configured_cap_the_limit_cannot_meet() {
+    // The default cap fits itself to the limit, silently.
+    let quiet = serve_banner(&[]).await;
+    assert!(!quiet.contains("warning"), "{quiet}");
+    // A cap asked for that the limit cannot hold is worth a warning.
+    let warned = serve_banner(&["--max-connections", "5000"]).await;
+    assert!(
+        warned.contains("matrix-proxy: warning: the open-file limit is 1024, below the 10256 that --max-connections 5000 may need"),
+        "{warned}"
+    );
+}
