@@ -258,8 +258,8 @@ pub struct ReplayArgs {
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
-    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish; then they are
-    /// cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
+    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
+    /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
     #[arg(
         allow_negative_numbers = true,
         long,
@@ -382,30 +382,34 @@ fn tool(message: impl Into<String>) -> CliError {
     }
 }
 
-/// The command line as config.json records it, secrets redacted (set by
-/// [`main_with_args`]; empty when a command is called as a library function).
+/// The command line as given (set by [`main_with_args`]; empty when a command is called
+/// as a library function). Only [`argv`] hands it out, redacted.
 static ARGV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
-fn argv() -> &'static [String] {
-    ARGV.get().map_or(&[], Vec::as_slice)
-}
-
-/// One argument as config.json records it: the values of secret query parameters in a
-/// URL (`--endpoint URL`, `--upstream=URL`) are `<redacted>`. Credentials in URLs and
-/// bearer tokens never appear on a valid command line (refused, or named by variable).
-fn redact_arg(arg: &str) -> String {
-    let r = Redaction::default();
-    match arg.split_once('=') {
-        Some((flag, value)) if flag.starts_with("--") => format!("{flag}={}", r.url(value)),
-        _ => r.url(arg).into_owned(),
-    }
+/// The command line as config.json records it: the values of the query parameters `r`
+/// redacts (the defaults, and serve's `--redact-query` names) are `<redacted>` in every
+/// URL (`--endpoint URL`, `--upstream=URL`). Credentials in URLs and bearer tokens never
+/// appear on a valid command line (refused, or named by variable).
+fn argv(r: &Redaction) -> Vec<String> {
+    ARGV.get()
+        .map(|args| {
+            args.iter()
+                .map(|arg| match arg.split_once('=') {
+                    Some((flag, value)) if flag.starts_with("--") => {
+                        format!("{flag}={}", r.url(value))
+                    }
+                    _ => r.url(arg).into_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Parse args and run; returns the process exit code.
 pub fn main_with_args(args: Vec<OsString>) -> i32 {
     let _ = ARGV.set(
         args.iter()
-            .map(|a| redact_arg(&a.to_string_lossy()))
+            .map(|a| a.to_string_lossy().into_owned())
             .collect(),
     );
     let cli = match Cli::try_parse_from(args) {
@@ -445,7 +449,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
 
 /// What each command says on the first Ctrl-C / SIGTERM.
 const REPLAY_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
-const SERVE_STOPPING: &str = "matrix-proxy: interrupted: no new requests; finishing in-flight exchanges and closing files (again to exit at once)";
+const SERVE_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
 const MOCK_STOPPING: &str =
     "matrix-proxy: interrupted: stopping the mock worker (again to exit at once)";
 
@@ -667,7 +671,8 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
     // Each client connection may hold an upstream connection too.
     let fds = |conns: usize| (conns as u64) * 2 + 256;
     let wanted = args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
-    let nofile = rlimit::increase_nofile_limit(fds(wanted)).unwrap_or(0);
+    // Where the limit cannot be read or raised, the cap is what was asked for.
+    let nofile = rlimit::increase_nofile_limit(fds(wanted)).unwrap_or(u64::MAX);
     let max_connections = match args.max_connections {
         // The default fits itself to the limit, silently.
         None if nofile < fds(wanted) => (nofile.saturating_sub(256) / 2).max(1) as usize,
@@ -732,7 +737,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let fields = serve_config_fields(&args, &input, listen_addr, backlog);
     let mut config = config_json::config_json(
         "serve",
-        argv(),
+        &argv(&input.redaction),
         &rid,
         started_at_us,
         fields,
@@ -748,7 +753,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
             if input.tls.is_some() { "https" } else { "http" },
             listen_addr,
-            config_json::redacted(&input.upstream.url()),
+            input.redaction.url(&input.upstream.url()),
             config["connection_policy"].as_str().unwrap_or(""),
             dir.path.display()
         );
@@ -842,7 +847,7 @@ fn serve_config_fields(
     serde_json::json!({
         "listen": listen_addr.to_string(),
         "tls": tls,
-        "upstream": config_json::redacted(&upstream.url()),
+        "upstream": redaction.url(&upstream.url()),
         "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
         "upstream_timeout_seconds": args.upstream_timeout,
         "upstream_idle_timeout_seconds": args.upstream_idle_timeout,

@@ -47,10 +47,16 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
             dir.display()
         )));
     }
-    // What the run itself wrote, if it got that far (a crashed run has no summary).
-    let original: Option<Value> = std::fs::read(dir.join("summary.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    // What the run itself wrote, if it got that far (a crashed run has none): the kept
+    // original when an earlier summarize made one, else summary.json unless it is itself
+    // a rebuild.
+    let read = |name: &str| -> Option<Value> {
+        std::fs::read(dir.join(name))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    };
+    let original: Option<Value> = read("summary.orig.json")
+        .or_else(|| read("summary.json").filter(|s| s["rebuilt_from_exchanges"] != json!(true)));
     let finished = config["finished_at"].is_string();
     match config["command"].as_str() {
         Some("replay") => replay(dir, &config, &facts, original.as_ref(), finished, quiet),
@@ -62,9 +68,17 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
     }
 }
 
-/// Copy each original report beside its replacement, once: a second `summarize` keeps the
-/// run's own files, not the first rebuild's.
+/// Copy each original report beside its replacement, once, and only the run's own: a
+/// second `summarize` keeps the run's files, never the first rebuild's (after a crash
+/// there is no original, and none is made up).
 fn keep_originals(dir: &Path) -> Result<(), CliError> {
+    let summary_is_rebuilt = std::fs::read(dir.join("summary.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .is_some_and(|s| s["rebuilt_from_exchanges"] == json!(true));
+    if summary_is_rebuilt {
+        return Ok(());
+    }
     for (name, orig) in ORIGINALS {
         let (from, to) = (dir.join(name), dir.join(orig));
         if from.is_file() && !to.exists() {

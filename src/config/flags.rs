@@ -18,6 +18,14 @@ pub(crate) fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
 }
 
+/// A number of seconds >= 0 for `flag` (0: at once).
+pub(crate) fn seconds_or_zero(flag: &str, v: f64) -> Result<Duration, String> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{flag} must be a number of seconds >= 0, got {v}"));
+    }
+    Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
+}
+
 /// A duration in milliseconds >= 0 (at most an hour) for `flag`.
 pub(crate) fn milliseconds(flag: &str, v: f64) -> Result<f64, String> {
     if !v.is_finite() || !(0.0..=3_600_000.0).contains(&v) {

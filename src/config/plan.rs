@@ -298,22 +298,41 @@ impl Plan {
 /// of them silently, and which one is not something a frozen plan may leave to chance.
 fn parse_json(text: &str) -> Result<(Value, Vec<Problem>), serde_json::Error> {
     use serde::de::DeserializeSeed;
-    let found = std::cell::RefCell::new(Vec::new());
+    let state = DupState::default();
     let mut de = serde_json::Deserializer::from_str(text);
-    let value = DupCheck {
-        path: String::new(),
-        found: &found,
-    }
-    .deserialize(&mut de)?;
+    let value = DupCheck(&state).deserialize(&mut de)?;
     de.end()?;
-    Ok((value, found.into_inner()))
+    Ok((value, state.found.into_inner()))
 }
 
-/// A value being read at `path`; duplicate keys go to `found`.
-struct DupCheck<'a> {
-    path: String,
-    found: &'a std::cell::RefCell<Vec<Problem>>,
+/// The path being read, as a stack of segments (formatted only when a duplicate is found,
+/// so reading stays linear however long the keys), and the duplicates found.
+#[derive(Default)]
+struct DupState {
+    path: std::cell::RefCell<Vec<Segment>>,
+    found: std::cell::RefCell<Vec<Problem>>,
 }
+
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+impl DupState {
+    fn path(&self) -> String {
+        let mut out = String::new();
+        for seg in self.path.borrow().iter() {
+            match seg {
+                Segment::Key(k) => out = join(&out, k),
+                Segment::Index(i) => out.push_str(&format!("[{i}]")),
+            }
+        }
+        out
+    }
+}
+
+/// A value being read; duplicate keys go to the state.
+struct DupCheck<'a>(&'a DupState);
 
 impl<'de> serde::de::DeserializeSeed<'de> for DupCheck<'_> {
     type Value = Value;
@@ -352,40 +371,39 @@ impl<'de> serde::de::Visitor<'de> for DupCheck<'_> {
         Ok(Value::Null)
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let st = self.0;
         let mut out = Vec::new();
         loop {
-            let child = DupCheck {
-                path: format!("{}[{}]", self.path, out.len()),
-                found: self.found,
-            };
-            match seq.next_element_seed(child)? {
+            st.path.borrow_mut().push(Segment::Index(out.len()));
+            let next = seq.next_element_seed(DupCheck(st));
+            st.path.borrow_mut().pop();
+            match next? {
                 Some(v) => out.push(v),
                 None => return Ok(Value::Array(out)),
             }
         }
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let st = self.0;
         let mut out = Map::new();
         let mut first_at: std::collections::HashMap<String, usize> = Default::default();
         let mut member = 0;
         while let Some(key) = map.next_key::<String>()? {
             member += 1;
-            let path = join(&self.path, &key);
-            let value = map.next_value_seed(DupCheck {
-                path: path.clone(),
-                found: self.found,
-            })?;
-            if let Some(first) = first_at.get(&key) {
-                self.found.borrow_mut().push(Problem {
+            st.path.borrow_mut().push(Segment::Key(key.clone()));
+            let value = map.next_value_seed(DupCheck(st));
+            if let (Ok(_), Some(first)) = (&value, first_at.get(&key)) {
+                let path = st.path();
+                st.found.borrow_mut().push(Problem {
                     path,
                     message: format!(
                         "is given twice in the same object (members {first} and {member}); a JSON reader keeps one of them silently, so a frozen plan may not repeat a key"
                     ),
                 });
-            } else {
-                first_at.insert(key.clone(), member);
             }
-            out.insert(key, value);
+            st.path.borrow_mut().pop();
+            first_at.entry(key.clone()).or_insert(member);
+            out.insert(key, value?);
         }
         Ok(Value::Object(out))
     }
@@ -482,19 +500,22 @@ impl Validator {
                 self.err(path, format!("must be an integer >= {min}, found {n}"));
                 return None;
             }
-            // A whole number written with an exponent or too large for 64 bits (`1e30`):
-            // it is the size that is wrong, not the type.
-            Value::Number(n)
-                if n.as_f64()
-                    .is_some_and(|f| f.fract() == 0.0 && f.abs() >= 1e15) =>
-            {
-                self.err(
-                    path,
+            // A whole number written with a fraction or an exponent, or too large for 64
+            // bits (`2.0`, `1e7`, `1e30`): say what is wrong with it, not "fractional".
+            Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+                let f = n.as_f64().unwrap_or(0.0);
+                let shown = short_number(n);
+                let message = if f < min as f64 {
+                    format!("must be an integer >= {min}, found {shown}")
+                } else if f > MAX_INTEGER as f64 {
+                    format!("must be an integer <= {MAX_INTEGER}, found {shown}")
+                } else {
                     format!(
-                        "must be an integer <= {MAX_INTEGER}, found {}",
-                        short_number(n)
-                    ),
-                );
+                        "must be written as a JSON integer ({}, not {shown})",
+                        f as u64
+                    )
+                };
+                self.err(path, message);
                 return None;
             }
             other => {
@@ -1477,7 +1498,7 @@ mod tests {
                 "concurrency[1]: 1 appears more than once",
                 "concurrency[2]: 5 is above requests_per_case (4); a round could never fill it",
                 "concurrency[3]: must be an integer >= 1, found 0",
-                "concurrency[4]: must be an integer >= 1, found a fractional number",
+                "concurrency[4]: must be written as a JSON integer (2, not 2.0)",
             ]
         );
     }
@@ -1513,6 +1534,17 @@ mod tests {
             vec![
                 "requests_per_case: must be an integer <= 1099511627776, found 1e+30",
                 "repetitions: must be an integer <= 1099511627776, found 1.2345678901234568e+29",
+            ]
+        );
+        let errs = problems(
+            r#""endpoint": "http://h/x", "concurrency": [1], "requests_per_case": 1e7, "warmup_per_case": -1e30,
+            "timeout_seconds": 1, "cases": [{"name": "a", "request": {}, "expected_response": {}}]"#,
+        );
+        assert_eq!(
+            errs,
+            vec![
+                "requests_per_case: must be written as a JSON integer (10000000, not 10000000.0)",
+                "warmup_per_case: must be an integer >= 2, found -1e+30",
             ]
         );
         let bom = [b"\xEF\xBB\xBF".as_slice(), b"{}"].concat();

@@ -15,7 +15,9 @@ pub const LEDGER: &str = "exchanges.ledger";
 /// Where runs made before kept it, inside `exchanges/`.
 const OLD_LEDGER: &str = ".ledger";
 
-/// The ledger of the parts in `exchanges` (`RUN/exchanges` -> `RUN/exchanges.ledger`).
+/// The ledger of the parts in the folder `exchanges`: a sibling file named after it with
+/// `.ledger` (`RUN/exchanges` -> `RUN/exchanges.ledger`, which is [`LEDGER`] in a run
+/// directory; a library user's folder `data/parts` gets `data/parts.ledger`).
 fn path_of(exchanges: &Path) -> PathBuf {
     exchanges.with_extension("ledger")
 }

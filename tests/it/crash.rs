@@ -194,6 +194,18 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
     assert_eq!(summary["ending"], json!("interrupted"));
     assert_eq!(summary["rows_written"], json!(kept));
     assert_eq!(summary["complete"], json!(false));
+    // The crashed run wrote no summary of its own: a second summarize makes none up.
+    let r = bin()
+        .args(["summarize", "--quiet"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    assert!(!run.join("summary.orig.json").exists());
+    assert_eq!(
+        read_json(&run.join("summary.json"))["ending"],
+        json!("interrupted")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,5 +379,9 @@ async fn a_serve_run_with_no_exchanges_leaves_one_valid_empty_part() {
     let f = std::fs::File::open(&parts[0]).unwrap();
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
     assert!(reader.schema().field_with_name("outcome").is_ok());
+    assert!(
+        out.join("exchanges.ledger").is_file(),
+        "the ledger sits beside exchanges/"
+    );
     assert!(!out.join("exchanges").join(".ledger").exists());
 }
