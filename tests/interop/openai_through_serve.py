@@ -7,36 +7,17 @@ Usage: python3 tests/interop/openai_through_serve.py PATH/TO/matrix-proxy WORKDI
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from support import free_port, wait_http  # noqa: E402
 
 import duckdb
 from openai import OpenAI
 
 API_KEY = "sk-interop-SECRET-5150"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def main(binary: str, work: Path) -> int:

@@ -13,14 +13,15 @@ Usage: python3 tests/interop/stream_without_done.py PATH/TO/matrix-proxy WORKDIR
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from support import free_port, wait_http  # noqa: E402
 
 import duckdb
 from openai import OpenAI
@@ -76,25 +77,6 @@ class NoDone(BaseHTTPRequestHandler):
             time.sleep(0.002)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def rows(run: Path, where: str = "true") -> list:
