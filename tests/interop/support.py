@@ -12,11 +12,13 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout: float = 20.0) -> None:
-    """Until `url` answers 200 (or `timeout` seconds pass)."""
+    """Until `url` answers 200 (or `timeout` seconds pass). The body is read to its end:
+    a client that hangs up after the head is, through serve, a `client_aborted` exchange."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
+                r.read()
                 if r.status == 200:
                     return
         except OSError:
