@@ -186,6 +186,8 @@ pub(crate) enum Oracle {
     },
     /// Exact bytes.
     Bytes(Bytes),
+    /// No oracle (a campaign case): the body is not judged.
+    Unjudged,
     /// An event stream judged as the virtual document
     /// `{"text": ..., "usage": ..., "events": [...]}` (pointers in mismatches use it).
     Stream(Box<StreamOracle>),
@@ -320,6 +322,7 @@ impl Oracle {
                 Ok(decisions.map(|at| count_decisions(&actual, at)))
             }
             Oracle::Stream(so) => so.check(body).map(|()| None),
+            Oracle::Unjudged => Ok(None),
         }
     }
 }

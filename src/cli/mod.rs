@@ -545,6 +545,37 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.planned_requests(),
         plan.connection.as_str()
     );
+    if let Some(c) = &plan.campaign {
+        eprintln!(
+            "  campaign '{}': {} arm(s), {} evidence, {} schedule",
+            c.name,
+            c.arms.len(),
+            c.evidence_class.as_str(),
+            c.schedule.as_str()
+        );
+        for a in &c.arms {
+            let r = &a.recipe;
+            eprintln!(
+                "  arm '{}' ({}{}): {} {} {} on {}; {}{}{}",
+                a.name,
+                a.lane.as_str(),
+                if a.reference { ", reference" } else { "" },
+                r.runtime,
+                r.weight_format,
+                r.weight_quantization,
+                r.device,
+                config_json::redacted(&a.endpoint),
+                a.start
+                    .as_ref()
+                    .map(|s| format!("; started as {}", s.command.join(" ")))
+                    .unwrap_or_default(),
+                a.artifact
+                    .as_ref()
+                    .map(|p| format!("; artifact {p}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
     Ok(Exit::Ok)
 }
 

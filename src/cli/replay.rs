@@ -73,6 +73,12 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
 /// Step 1: Everything that can be wrong with the input is checked before any output exists.
 async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     let (plan_bytes, mut plan) = load_plan(&args.plan)?;
+    if plan.campaign.is_some() {
+        return Err(usage(format!(
+            "{}: a campaign plan (arms): `matrix-proxy validate` checks it, but running arms side by side comes with the campaign driver, which this version does not have yet",
+            args.plan.display()
+        )));
+    }
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let endpoint_override = match &args.endpoint {

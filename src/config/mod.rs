@@ -4,5 +4,6 @@
 //! the CLI reads files and environment variables and binds sockets. Nothing here opens a
 //! file or a socket, and nothing after validation re-checks.
 
+pub(crate) mod campaign;
 pub(crate) mod flags;
 pub(crate) mod plan;

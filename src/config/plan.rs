@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
+use super::campaign::Campaign;
 use crate::model::{ConnectionPolicy, Endpoint};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
@@ -50,6 +51,9 @@ const TOP_FIELDS: &[&str] = &[
     "description",
     "ignore_paths",
     "decisions_pointer",
+    "arms",
+    "evidence_class",
+    "schedule",
 ];
 const CASE_FIELDS: &[&str] = &[
     "name",
@@ -200,6 +204,10 @@ pub(crate) struct Plan {
     pub(crate) bearer_token_env: Option<String>,
     /// Where an answer's decisions are (`decisions_pointer`, default `/answers`).
     pub(crate) decisions_pointer: Pointer,
+    /// Arms, lanes and the reference, for a campaign plan. Then `endpoint` and
+    /// `health_endpoint` are the reference arm's with a stand-in port (`{port}` = 1):
+    /// an arm's run replaces them with its own.
+    pub(crate) campaign: Option<Campaign>,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
@@ -423,11 +431,14 @@ fn short_number(n: &serde_json::Number) -> String {
 }
 
 #[derive(Default)]
-struct Validator {
+pub(super) struct Validator {
     problems: Vec<Problem>,
+    /// A campaign plan: a request may have no oracle (the reference's answers are the
+    /// baseline; status and transport are still judged).
+    oracle_optional: bool,
 }
 
-fn join(path: &str, key: &str) -> String {
+pub(super) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
     } else {
@@ -436,14 +447,14 @@ fn join(path: &str, key: &str) -> String {
 }
 
 impl Validator {
-    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.problems.push(Problem {
             path: path.into(),
             message: message.into(),
         });
     }
 
-    fn unknown_fields(&mut self, obj: &Map<String, Value>, path: &str, known: &[&str]) {
+    pub(super) fn unknown_fields(&mut self, obj: &Map<String, Value>, path: &str, known: &[&str]) {
         for key in obj.keys() {
             if !known.contains(&key.as_str()) {
                 self.err(
@@ -457,7 +468,11 @@ impl Validator {
         }
     }
 
-    fn object<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a Map<String, Value>> {
+    pub(super) fn object<'a>(
+        &mut self,
+        v: &'a Value,
+        path: &str,
+    ) -> Option<&'a Map<String, Value>> {
         match v {
             Value::Object(m) => Some(m),
             other => {
@@ -470,7 +485,7 @@ impl Validator {
         }
     }
 
-    fn string<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
+    pub(super) fn string<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
         match v {
             Value::String(s) => Some(s),
             other => {
@@ -483,7 +498,7 @@ impl Validator {
         }
     }
 
-    fn nonblank<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
+    pub(super) fn nonblank<'a>(&mut self, v: &'a Value, path: &str) -> Option<&'a str> {
         let s = self.string(v, path)?;
         if s.trim().is_empty() {
             self.err(path, "must not be blank");
@@ -567,17 +582,30 @@ impl Validator {
     fn plan(&mut self, root: &Value) -> Option<Plan> {
         let top = self.object(root, "")?;
         self.unknown_fields(top, "", TOP_FIELDS);
-
-        let endpoint = match top.get("endpoint") {
-            None => {
-                self.err("endpoint", "is required: the URL every case is POSTed to");
-                None
+        let is_campaign = top.contains_key("arms");
+        self.oracle_optional = is_campaign;
+        if !is_campaign {
+            for key in ["evidence_class", "schedule"] {
+                if top.contains_key(key) {
+                    self.err(key, "goes with arms: it describes a campaign plan");
+                }
             }
-            Some(v) => self.endpoint(v, "endpoint"),
+        }
+        let metadata = self.metadata(top.get("metadata"));
+        let campaign = if is_campaign {
+            self.campaign(top, metadata.as_ref()).map(Some)
+        } else {
+            Some(None)
         };
-        let health_endpoint = match top.get("health_endpoint") {
-            None => endpoint.as_ref().map(|e| e.with_path("/health")),
-            Some(v) => self.endpoint(v, "health_endpoint"),
+        let (endpoint, health_endpoint) = match &campaign {
+            // A campaign plan: the reference arm's endpoints with a stand-in port; each
+            // arm's run replaces them (Plan::for_arm).
+            Some(Some(c)) => match c.reference().endpoints(1) {
+                Ok((e, h)) => (Some(e), Some(h)),
+                Err(_) => (None, None),
+            },
+            _ if is_campaign => (None, None),
+            _ => self.endpoints(top),
         };
 
         let requests_per_case = match top.get("requests_per_case") {
@@ -608,39 +636,7 @@ impl Validator {
             Some(v) => self.integer(v, "warmup_per_case", 2),
         };
         let timeout = self.timeout(top.get("timeout_seconds"));
-        let metadata = self.metadata(top.get("metadata"));
-        let connection = match top.get("connection") {
-            None => Some(ConnectionPolicy::Fresh),
-            Some(v) => {
-                match self.string(v, "connection") {
-                    Some("fresh") => Some(ConnectionPolicy::Fresh),
-                    Some("keep-alive") => Some(ConnectionPolicy::KeepAlive),
-                    Some(other) => {
-                        self.err(
-                        "connection",
-                        format!("'{other}' is not a connection policy; use \"fresh\" or \"keep-alive\""),
-                    );
-                        None
-                    }
-                    None => None,
-                }
-            }
-        };
-        let on_failure = match top.get("on_failure") {
-            None => Some(OnFailure::Stop),
-            Some(v) => match self.string(v, "on_failure") {
-                Some("stop") => Some(OnFailure::Stop),
-                Some("continue") => Some(OnFailure::Continue),
-                Some(other) => {
-                    self.err(
-                        "on_failure",
-                        format!("'{other}' is not allowed; use \"stop\" or \"continue\""),
-                    );
-                    None
-                }
-                None => None,
-            },
-        };
+        let (connection, on_failure) = self.policies(top);
         let bearer_token_env = self.auth(top.get("auth"));
         for key in ["name", "description"] {
             if let Some(v) = top.get(key) {
@@ -680,8 +676,65 @@ impl Validator {
             on_failure: on_failure?,
             bearer_token_env: bearer_token_env?,
             decisions_pointer: decisions_pointer?,
+            campaign: campaign?,
         })
         .filter(|_| top_ignore.is_some())
+    }
+
+    /// `connection` (default fresh) and `on_failure` (default stop).
+    fn policies(
+        &mut self,
+        top: &Map<String, Value>,
+    ) -> (Option<ConnectionPolicy>, Option<OnFailure>) {
+        let connection = match top.get("connection") {
+            None => Some(ConnectionPolicy::Fresh),
+            Some(v) => {
+                match self.string(v, "connection") {
+                    Some("fresh") => Some(ConnectionPolicy::Fresh),
+                    Some("keep-alive") => Some(ConnectionPolicy::KeepAlive),
+                    Some(other) => {
+                        self.err(
+                        "connection",
+                        format!("'{other}' is not a connection policy; use \"fresh\" or \"keep-alive\""),
+                    );
+                        None
+                    }
+                    None => None,
+                }
+            }
+        };
+        let on_failure = match top.get("on_failure") {
+            None => Some(OnFailure::Stop),
+            Some(v) => match self.string(v, "on_failure") {
+                Some("stop") => Some(OnFailure::Stop),
+                Some("continue") => Some(OnFailure::Continue),
+                Some(other) => {
+                    self.err(
+                        "on_failure",
+                        format!("'{other}' is not allowed; use \"stop\" or \"continue\""),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        (connection, on_failure)
+    }
+
+    /// A plain plan's `endpoint` and `health_endpoint` (default `/health` on its origin).
+    fn endpoints(&mut self, top: &Map<String, Value>) -> (Option<Endpoint>, Option<Endpoint>) {
+        let endpoint = match top.get("endpoint") {
+            None => {
+                self.err("endpoint", "is required: the URL every case is POSTed to");
+                None
+            }
+            Some(v) => self.endpoint(v, "endpoint"),
+        };
+        let health_endpoint = match top.get("health_endpoint") {
+            None => endpoint.as_ref().map(|e| e.with_path("/health")),
+            Some(v) => self.endpoint(v, "health_endpoint"),
+        };
+        (endpoint, health_endpoint)
     }
 
     fn concurrency(&mut self, v: Option<&Value>, n: Option<usize>) -> Option<Vec<usize>> {
@@ -1165,6 +1218,9 @@ impl Validator {
             ok = false;
         }
         let oracle = match primaries.as_slice() {
+            // In a campaign a request may have no oracle: the reference's answers are the
+            // baseline, status and transport are still judged.
+            [] if self.oracle_optional => Some(Oracle::Unjudged),
             [] => {
                 self.err(
                     join(path, "expected_response"),

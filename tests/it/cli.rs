@@ -967,3 +967,47 @@ async fn serve_records_its_command_line() {
     assert!(argv.contains(&"--redact-query".to_string()), "{argv:?}");
     assert_eq!(config["upstream"], json!("http://127.0.0.1:9/v1"));
 }
+
+#[test]
+fn a_campaign_plan_validates_and_replay_says_it_cannot_run_arms_yet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = json!({"runtime": "matrix-proxy mock", "weight_format": "none", "weight_quantization": "none", "device": "cpu"});
+    let plan = json!({
+        "name": "mock-vs-mock",
+        "arms": [
+            {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe,
+             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+             "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}"]}},
+            {"name": "fit", "lane": "performance-fit", "recipe": recipe,
+             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+             "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}"]}}
+        ],
+        "cases": [{"name": "chat", "request": {"messages": [{"role": "user", "content": "hi"}]}}],
+        "concurrency": [1], "requests_per_case": 2, "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let path = write_plan(tmp.path(), "campaign.json", &plan);
+    let r = bin().arg("validate").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "campaign 'mock-vs-mock': 2 arm(s), synthetic evidence, interleaved schedule"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("arm 'ref' (quality, reference)"),
+        "{stderr}"
+    );
+    let r = bin()
+        .arg("replay")
+        .arg(&path)
+        .arg("--out")
+        .arg(tmp.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("a campaign plan (arms)"), "{stderr}");
+    assert!(!tmp.path().join("run").exists());
+}

@@ -1,0 +1,636 @@
+//! Campaign plans: `arms` (one endpoint serving one recipe each), their lanes and the one
+//! reference, the evidence class and the order arms run in. Validated with the rest of
+//! the plan (same [`Validator`], same rule: every problem at once, each with its path);
+//! nothing here starts a process or opens a socket. `{port}` (a free loopback port the
+//! tool chooses) and `{self}` (the running binary) are kept as written and substituted by
+//! the driver that starts the arm.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::plan::{Validator, join};
+use crate::model::Endpoint;
+
+/// An arm's lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Must answer like the reference.
+    Quality,
+    /// May answer differently: its drift is advisory, its answers are never `correctness`
+    /// failures.
+    PerformanceFit,
+}
+
+impl Lane {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Lane::Quality => "quality",
+            Lane::PerformanceFit => "performance-fit",
+        }
+    }
+}
+
+/// What kind of evidence a campaign's numbers are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvidenceClass {
+    /// Mocks and test servers.
+    Synthetic,
+    /// Real models.
+    Measured,
+}
+
+impl EvidenceClass {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            EvidenceClass::Synthetic => "synthetic",
+            EvidenceClass::Measured => "measured",
+        }
+    }
+}
+
+/// The order arms run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Schedule {
+    /// One arm at a time, never overlapping; repetition r runs the arms in rotation r.
+    Interleaved,
+    /// Each arm: start, all its phases, stop; then the next.
+    Sequential,
+}
+
+impl Schedule {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Schedule::Interleaved => "interleaved",
+            Schedule::Sequential => "sequential",
+        }
+    }
+}
+
+/// The recipe an arm serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Recipe {
+    pub(crate) runtime: String,
+    pub(crate) weight_format: String,
+    pub(crate) weight_quantization: String,
+    pub(crate) device: String,
+}
+
+/// How the tool starts an arm's server.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Start {
+    /// argv, `{port}` and `{self}` not yet substituted.
+    pub(crate) command: Vec<String>,
+    /// From launch to the first 200 from the health endpoint, at most.
+    pub(crate) health_timeout: Duration,
+    /// SIGTERM, then SIGKILL after this.
+    pub(crate) stop_grace: Duration,
+}
+
+/// One arm of a campaign.
+#[derive(Debug, Clone)]
+pub(crate) struct Arm {
+    pub(crate) name: String,
+    pub(crate) lane: Lane,
+    pub(crate) reference: bool,
+    /// As written; `{port}` substituted when the arm starts.
+    pub(crate) endpoint: String,
+    /// As written, or `None` for `/health` on the endpoint's origin.
+    pub(crate) health_endpoint: Option<String>,
+    pub(crate) recipe: Recipe,
+    pub(crate) start: Option<Start>,
+    /// A file or directory whose bytes are counted (`artifact_bytes`).
+    pub(crate) artifact: Option<String>,
+    /// The plan's metadata with this arm's fields over it (for the campaign's report;
+    /// read by the campaign driver).
+    #[allow(dead_code)]
+    pub(crate) metadata: Map<String, Value>,
+}
+
+impl Arm {
+    /// The arm's endpoints with `{port}` replaced.
+    pub(crate) fn endpoints(&self, port: u16) -> Result<(Endpoint, Endpoint), String> {
+        let sub = |s: &str| s.replace("{port}", &port.to_string());
+        let ep = Endpoint::parse(&sub(&self.endpoint))?;
+        let health = match &self.health_endpoint {
+            Some(h) => Endpoint::parse(&sub(h))?,
+            None => ep.with_path("/health"),
+        };
+        Ok((ep, health))
+    }
+
+    /// Whether the arm is the built-in mock worker started by the tool itself.
+    pub(crate) fn is_builtin_mock(&self) -> bool {
+        self.start.as_ref().is_some_and(|s| {
+            s.command.first().map(String::as_str) == Some("{self}")
+                && s.command.get(1).map(String::as_str) == Some("mock-worker")
+        })
+    }
+}
+
+/// The campaign part of a plan.
+#[derive(Debug, Clone)]
+pub(crate) struct Campaign {
+    /// The plan id a contract names.
+    pub(crate) name: String,
+    /// As declared, or `synthetic` when every arm is the built-in mock.
+    pub(crate) evidence_class: EvidenceClass,
+    pub(crate) schedule: Schedule,
+    pub(crate) arms: Vec<Arm>,
+}
+
+impl Campaign {
+    pub(crate) fn reference(&self) -> &Arm {
+        self.arms
+            .iter()
+            .find(|a| a.reference)
+            .unwrap_or(&self.arms[0])
+    }
+}
+
+const ARM_FIELDS: &[&str] = &[
+    "name",
+    "lane",
+    "reference",
+    "endpoint",
+    "health_endpoint",
+    "recipe",
+    "start",
+    "artifact",
+    "metadata",
+];
+const RECIPE_KEYS: [&str; 4] = ["runtime", "weight_format", "weight_quantization", "device"];
+const START_FIELDS: &[&str] = &["command", "health_timeout_seconds", "stop_grace_seconds"];
+
+impl Validator {
+    /// The campaign part of a plan whose top level has `arms`. `plan_metadata` is the
+    /// plan's own (already checked) for the per-arm overrides.
+    pub(super) fn campaign(
+        &mut self,
+        top: &Map<String, Value>,
+        plan_metadata: Option<&Map<String, Value>>,
+    ) -> Option<Campaign> {
+        for key in ["endpoint", "health_endpoint"] {
+            if top.contains_key(key) {
+                self.err(
+                    key,
+                    "a campaign plan has no top-level endpoint: each arm has its own endpoint (and health_endpoint, default /health on its origin)",
+                );
+            }
+        }
+        let name = match top.get("name") {
+            None => {
+                self.err(
+                    "name",
+                    "is required in a campaign plan: it is the plan id a contract names",
+                );
+                None
+            }
+            Some(v) => self.nonblank(v, "name").map(str::to_string),
+        };
+        let declared = match top.get("evidence_class") {
+            None => Some(EvidenceClass::Measured),
+            Some(v) => match self.string(v, "evidence_class") {
+                Some("synthetic") => Some(EvidenceClass::Synthetic),
+                Some("measured") => Some(EvidenceClass::Measured),
+                Some(other) => {
+                    self.err(
+                        "evidence_class",
+                        format!("'{other}' is not an evidence class; use \"synthetic\" (mocks and test servers) or \"measured\" (real models)"),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let schedule = match top.get("schedule") {
+            None => Some(Schedule::Interleaved),
+            Some(v) => match self.string(v, "schedule") {
+                Some("interleaved") => Some(Schedule::Interleaved),
+                Some("sequential") => Some(Schedule::Sequential),
+                Some(other) => {
+                    self.err(
+                        "schedule",
+                        format!("'{other}' is not a schedule; use \"interleaved\" (arms in rotation, never overlapping) or \"sequential\" (each arm start to stop, then the next)"),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let arms = self.arms(top.get("arms"), plan_metadata);
+        let arms = arms?;
+        let evidence_class = if arms.iter().all(Arm::is_builtin_mock) {
+            Some(EvidenceClass::Synthetic)
+        } else {
+            declared
+        };
+        Some(Campaign {
+            name: name?,
+            evidence_class: evidence_class?,
+            schedule: schedule?,
+            arms,
+        })
+    }
+
+    fn arms(
+        &mut self,
+        v: Option<&Value>,
+        plan_metadata: Option<&Map<String, Value>>,
+    ) -> Option<Vec<Arm>> {
+        let Some(Value::Array(items)) = v else {
+            self.err("arms", "must be a non-empty list of arms");
+            return None;
+        };
+        if items.is_empty() {
+            self.err("arms", "must not be empty");
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        let mut names = std::collections::HashSet::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("arms[{i}]");
+            match self.arm(item, &path, plan_metadata) {
+                Some(a) => {
+                    if !names.insert(a.name.clone()) {
+                        self.err(
+                            join(&path, "name"),
+                            format!("arm name '{}' is used more than once", a.name),
+                        );
+                        ok = false;
+                    }
+                    out.push(a);
+                }
+                None => ok = false,
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let references: Vec<usize> = (0..out.len()).filter(|&i| out[i].reference).collect();
+        match references.as_slice() {
+            [i] if out[*i].lane != Lane::Quality => {
+                self.err(
+                    format!("arms[{i}].reference"),
+                    "the reference must be in the quality lane (\"lane\": \"quality\"): the other arms are judged against its answers",
+                );
+                None
+            }
+            [_] => Some(out),
+            other => {
+                self.err(
+                    "arms",
+                    format!(
+                        "exactly one reference is required (one arm with \"reference\": true), found {}",
+                        other.len()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn arm(
+        &mut self,
+        v: &Value,
+        path: &str,
+        plan_metadata: Option<&Map<String, Value>>,
+    ) -> Option<Arm> {
+        let m = self.object(v, path)?;
+        self.unknown_fields(m, path, ARM_FIELDS);
+        let name = match m.get("name") {
+            None => {
+                self.err(join(path, "name"), "is required");
+                None
+            }
+            Some(n) => self.nonblank(n, &join(path, "name")).map(str::to_string),
+        };
+        let lane = match m.get("lane") {
+            None => {
+                self.err(
+                    join(path, "lane"),
+                    "is required: \"quality\" or \"performance-fit\"",
+                );
+                None
+            }
+            Some(v) => match self.string(v, &join(path, "lane")) {
+                Some("quality") => Some(Lane::Quality),
+                Some("performance-fit") => Some(Lane::PerformanceFit),
+                Some(other) => {
+                    self.err(
+                        join(path, "lane"),
+                        format!("'{other}' is not a lane; use \"quality\" (must answer like the reference) or \"performance-fit\" (may answer differently)"),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let reference = match m.get("reference") {
+            None => Some(false),
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => {
+                self.err(join(path, "reference"), "must be true or false");
+                None
+            }
+        };
+        let start = match m.get("start") {
+            None => Some(None),
+            Some(v) => self.start(v, &join(path, "start")).map(Some),
+        };
+        let endpoint = self.arm_url(m.get("endpoint"), &join(path, "endpoint"), true);
+        let health = self.arm_url(
+            m.get("health_endpoint"),
+            &join(path, "health_endpoint"),
+            false,
+        );
+        let uses_port = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains("{port}"));
+        if (uses_port(&endpoint) || uses_port(&health)) && matches!(start, Some(None)) {
+            self.err(
+                join(path, "endpoint"),
+                "uses {port}, a port the tool chooses when it starts the server: give the arm a start command",
+            );
+        }
+        let recipe = self.recipe(m.get("recipe"), &join(path, "recipe"));
+        let artifact = match m.get("artifact") {
+            None => Some(None),
+            Some(v) => self
+                .nonblank(v, &join(path, "artifact"))
+                .map(|s| Some(s.to_string())),
+        };
+        let mut metadata = plan_metadata.cloned().unwrap_or_default();
+        if let Some(v) = m.get("metadata") {
+            let p = join(path, "metadata");
+            if let Some(own) = self.object(v, &p) {
+                for (k, val) in own {
+                    if self.nonblank(val, &join(&p, k)).is_some() {
+                        metadata.insert(k.clone(), val.clone());
+                    }
+                }
+            }
+        }
+        Some(Arm {
+            name: name?,
+            lane: lane?,
+            reference: reference?,
+            endpoint: endpoint?,
+            health_endpoint: health,
+            recipe: recipe?,
+            start: start?,
+            artifact: artifact?,
+            metadata,
+        })
+    }
+
+    /// An arm's URL as written (`{port}` allowed), checked with a stand-in port.
+    fn arm_url(&mut self, v: Option<&Value>, path: &str, required: bool) -> Option<String> {
+        let Some(v) = v else {
+            if required {
+                self.err(path, "is required: the URL this arm's requests go to");
+            }
+            return None;
+        };
+        let s = self.string(v, path)?;
+        match Endpoint::parse(&s.replace("{port}", "1")) {
+            Ok(_) => Some(s.to_string()),
+            Err(m) => {
+                self.err(path, format!("'{s}' {m}"));
+                None
+            }
+        }
+    }
+
+    fn recipe(&mut self, v: Option<&Value>, path: &str) -> Option<Recipe> {
+        let Some(v) = v else {
+            self.err(
+                path,
+                format!("is required: {} (non-blank)", RECIPE_KEYS.join(", ")),
+            );
+            return None;
+        };
+        let m = self.object(v, path)?;
+        self.unknown_fields(m, path, &RECIPE_KEYS);
+        let mut vals = Vec::new();
+        for key in RECIPE_KEYS {
+            let p = join(path, key);
+            match m.get(key) {
+                None => {
+                    self.err(&p, "is required (non-blank)");
+                    vals.push(None);
+                }
+                Some(v) => vals.push(self.nonblank(v, &p).map(str::to_string)),
+            }
+        }
+        let mut it = vals.into_iter();
+        let (a, b, c, d) = (it.next()??, it.next()??, it.next()??, it.next()??);
+        Some(Recipe {
+            runtime: a,
+            weight_format: b,
+            weight_quantization: c,
+            device: d,
+        })
+    }
+
+    fn start(&mut self, v: &Value, path: &str) -> Option<Start> {
+        let m = self.object(v, path)?;
+        self.unknown_fields(m, path, START_FIELDS);
+        let p = join(path, "command");
+        let command = match m.get("command") {
+            Some(Value::Array(items)) if !items.is_empty() => {
+                let args: Vec<Option<&str>> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| self.string(a, &format!("{p}[{i}]")))
+                    .collect();
+                args.into_iter()
+                    .map(|a| a.map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+            }
+            _ => {
+                self.err(
+                    &p,
+                    "is required: the server's argv as a non-empty list of strings ({port} and {self} are substituted)",
+                );
+                None
+            }
+        };
+        let secs = |this: &mut Validator, key: &str, default: f64| -> Option<Duration> {
+            let p = join(path, key);
+            let t = match m.get(key) {
+                None => default,
+                Some(v) => match v.as_f64() {
+                    Some(t) if v.is_number() && t.is_finite() && t > 0.0 && t <= 86_400.0 => t,
+                    _ => {
+                        this.err(&p, "must be a number of seconds > 0 (at most a day)");
+                        return None;
+                    }
+                },
+            };
+            Some(Duration::from_secs_f64(t))
+        };
+        let health_timeout = secs(self, "health_timeout_seconds", 600.0);
+        let stop_grace = secs(self, "stop_grace_seconds", 10.0);
+        Some(Start {
+            command: command?,
+            health_timeout: health_timeout?,
+            stop_grace: stop_grace?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::plan::Plan;
+
+    const META: &str = r#""metadata": {"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
+        "precision": "bf16", "model_revision": "m", "runtime_revision": "r", "cache_policy": "none",
+        "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"}"#;
+    const BODY: &str = r#""concurrency": [1], "requests_per_case": 2, "timeout_seconds": 5,
+        "cases": [{"name": "c", "request": {"q": 1}}]"#;
+
+    fn recipe(q: &str) -> String {
+        format!(
+            r#"{{"runtime": "vllm", "weight_format": "safetensors", "weight_quantization": "{q}", "device": "cuda:0"}}"#
+        )
+    }
+
+    fn problems(top: &str) -> Vec<String> {
+        let text = format!("{{ {top}, {BODY}, {META} }}");
+        match Plan::from_json_bytes(text.as_bytes()) {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_campaign_from_the_issue_validates_with_its_defaults() {
+        let top = format!(
+            r#""name": "q4-vs-bf16", "evidence_class": "measured", "arms": [
+              {{"name": "bf16", "lane": "quality", "reference": true,
+                "endpoint": "http://127.0.0.1:8000/v1/chat/completions", "recipe": {},
+                "metadata": {{"runtime_revision": "vllm 0.33.0", "precision": "bf16"}}}},
+              {{"name": "q4", "lane": "performance-fit",
+                "endpoint": "http://127.0.0.1:{{port}}/v1/chat/completions", "recipe": {},
+                "start": {{"command": ["llama-server", "-m", "model.gguf", "--port", "{{port}}"], "health_timeout_seconds": 600}},
+                "artifact": "models/model.gguf"}}]"#,
+            recipe("bf16"),
+            recipe("q4_k_m")
+        );
+        let text = format!("{{ {top}, {BODY}, {META} }}");
+        let p = Plan::from_json_bytes(text.as_bytes()).expect("valid");
+        let c = p.campaign.as_ref().unwrap();
+        assert_eq!(c.name, "q4-vs-bf16");
+        assert_eq!(c.evidence_class.as_str(), "measured");
+        assert_eq!(c.schedule.as_str(), "interleaved");
+        assert_eq!(c.reference().name, "bf16");
+        assert_eq!(c.arms[0].metadata["runtime_revision"], "vllm 0.33.0");
+        assert_eq!(
+            c.arms[1].metadata["runtime_revision"], "r",
+            "plan metadata otherwise"
+        );
+        let (ep, health) = c.arms[1].endpoints(4321).unwrap();
+        assert_eq!(ep.url(), "http://127.0.0.1:4321/v1/chat/completions");
+        assert_eq!(health.url(), "http://127.0.0.1:4321/health");
+        let start = c.arms[1].start.as_ref().unwrap();
+        assert_eq!(start.health_timeout.as_secs(), 600);
+        assert_eq!(start.stop_grace.as_secs(), 10);
+        // A case may have no oracle in a campaign.
+        assert!(matches!(
+            p.cases[0].variants[0].oracle,
+            crate::oracle::Oracle::Unjudged
+        ));
+    }
+
+    #[test]
+    fn campaign_rules_and_their_messages() {
+        let arm_at = |name: &str, lane: &str, reference: bool, port: &str, extra: &str| {
+            format!(
+                r#"{{"name": "{name}", "lane": "{lane}", "reference": {reference},
+                   "endpoint": "http://127.0.0.1:{port}/v1", "recipe": {}{extra}}}"#,
+                recipe("bf16")
+            )
+        };
+        let arm = |name: &str, lane: &str, reference: bool, extra: &str| {
+            arm_at(name, lane, reference, "8000", extra)
+        };
+        let errs = problems(&format!(
+            r#""endpoint": "http://h/x", "evidence_class": "anecdotal", "schedule": "random", "arms": [{}, {}, {}]"#,
+            arm("a", "quality", true, ""),
+            arm("a", "fast", false, ""),
+            arm_at("b", "performance-fit", true, "{port}", "")
+        ));
+        let want = [
+            "endpoint: a campaign plan has no top-level endpoint",
+            "name: is required in a campaign plan: it is the plan id a contract names",
+            "evidence_class: 'anecdotal' is not an evidence class; use \"synthetic\"",
+            "schedule: 'random' is not a schedule",
+            "arms[1].lane: 'fast' is not a lane; use \"quality\"",
+        ];
+        for w in want {
+            assert!(
+                errs.iter().any(|e| e.starts_with(w)),
+                "missing {w:?} in {errs:?}"
+            );
+        }
+        // Exactly one reference, in the quality lane.
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}, {}]"#,
+            arm("a", "quality", true, ""),
+            arm("b", "quality", true, "")
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms: exactly one reference is required (one arm with \"reference\": true), found 2"
+            ]
+        );
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}, {}]"#,
+            arm("a", "quality", false, ""),
+            arm("b", "performance-fit", true, "")
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[1].reference: the reference must be in the quality lane (\"lane\": \"quality\"): the other arms are judged against its answers"
+            ]
+        );
+        // Unique names, a non-blank recipe, {port} only with a start command.
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}, {}]"#,
+            arm("a", "quality", true, ""),
+            r#"{"name": "a", "lane": "quality", "endpoint": "http://127.0.0.1:{port}/v1",
+               "recipe": {"runtime": " ", "weight_format": "gguf", "weight_quantization": "q4", "device": "cpu"}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[1].endpoint: uses {port}, a port the tool chooses when it starts the server: give the arm a start command",
+                "arms[1].recipe.runtime: must not be blank",
+            ]
+        );
+        // The built-in mock on every arm forces the synthetic class.
+        let mock =
+            r#", "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}"]}"#;
+        let text = format!(
+            r#"{{ "name": "n", "evidence_class": "measured", "arms": [{}, {}], {BODY}, {META} }}"#,
+            arm_at("a", "quality", true, "{port}", mock),
+            arm_at("b", "performance-fit", false, "{port}", mock)
+        );
+        let p = Plan::from_json_bytes(text.as_bytes()).unwrap();
+        assert_eq!(p.campaign.unwrap().evidence_class.as_str(), "synthetic");
+        // Without arms, the campaign keys are refused and an oracle is required.
+        let errs = problems(r#""endpoint": "http://h/x", "schedule": "sequential""#);
+        assert!(
+            errs.iter()
+                .any(|e| e == "schedule: goes with arms: it describes a campaign plan"),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("cases[0].expected_response: is required")),
+            "{errs:?}"
+        );
+    }
+}
