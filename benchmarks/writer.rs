@@ -55,6 +55,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         run_id: run_id.clone(),
         exchange_id: i,
         phase: Phase::Live,
+        arm: None,
         case_name: None,
         variant: None,
         concurrency: None,

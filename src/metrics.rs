@@ -30,6 +30,11 @@ pub(crate) struct Sample {
     /// The answer's decisions (the seed's domain unit); `None` when it was not judged as
     /// JSON, which counts as 0.
     pub(crate) decisions: Option<u64>,
+    /// `usage` of a JSON answer: (prompt tokens, output tokens), when it reported them
+    /// (campaign runs read it; streams carry theirs in `stream`).
+    pub(crate) usage_tokens: Option<(i64, i64)>,
+    /// A failure's message (campaign cells list the distinct ones).
+    pub(crate) failure: Option<String>,
 }
 
 /// What the streaming metrics need of one exchange.
@@ -274,6 +279,8 @@ pub(crate) struct RoundMetrics {
     pub(crate) stream: Option<StreamMetrics>,
     /// The load generator's own load during the round (`None` when rebuilt from rows).
     pub(crate) generator: Option<GeneratorLoad>,
+    /// The campaign arm (`None` for a plain plan).
+    pub(crate) arm: Option<String>,
 }
 
 /// How busy matrix-proxy itself was while it drove a round, so that nobody mistakes the
@@ -410,6 +417,7 @@ pub(crate) fn round_metrics(
         steady_state: steady_state(&completions, concurrency, complete),
         stream: stream_metrics(&ok, elapsed_seconds),
         generator: None,
+        arm: None,
     }
 }
 
@@ -455,6 +463,8 @@ pub(crate) fn spread(values: &[f64]) -> Option<Spread> {
 /// Per (case, concurrency) summary over its rounds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Aggregate {
+    /// The campaign arm (`None` for a plain plan).
+    pub(crate) arm: Option<String>,
     pub(crate) case_name: String,
     pub(crate) concurrency: usize,
     pub(crate) planned_rounds: usize,
@@ -529,6 +539,7 @@ pub(crate) fn aggregate(
         ),
     ];
     Aggregate {
+        arm: None,
         case_name: case_name.to_string(),
         concurrency,
         planned_rounds,

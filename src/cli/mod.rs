@@ -331,6 +331,10 @@ pub struct MockArgs {
     /// How long the `stall` fault withholds its answer (ms).
     #[arg(long, default_value_t = MockConfig::default().stall_ms)]
     pub stall_ms: u64,
+    /// Answer with another deterministic text for the same prompts (0: the default), so a
+    /// campaign arm can drift from the reference.
+    #[arg(long, default_value_t = 0)]
+    pub text_seed: u64,
 }
 
 impl MockArgs {
@@ -344,6 +348,7 @@ impl MockArgs {
             max_batch: flags::at_least_one("--max-batch", self.max_batch).map_err(usage)?,
             default_max_tokens: self.max_tokens,
             stall_ms: self.stall_ms,
+            text_seed: self.text_seed,
         })
     }
 }

@@ -61,6 +61,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         input.engine,
         run.clone(),
         interrupt,
+        replay::ArmEnv {
+            self_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("matrix-proxy")),
+            logs: dir.path.join("servers"),
+        },
     )
     .await;
     let recording = run.finish_recording().await;
@@ -73,11 +77,15 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
 /// Step 1: Everything that can be wrong with the input is checked before any output exists.
 async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     let (plan_bytes, mut plan) = load_plan(&args.plan)?;
-    if plan.campaign.is_some() {
-        return Err(usage(format!(
-            "{}: a campaign plan (arms): `matrix-proxy validate` checks it, but running arms side by side comes with the campaign driver, which this version does not have yet",
-            args.plan.display()
-        )));
+    if plan.campaign.is_some() && args.mock_worker {
+        return Err(usage(
+            "--mock-worker does not go with a campaign plan: give each arm that should be the mock a start command, [\"{self}\", \"mock-worker\", \"--listen\", \"127.0.0.1:{port}\"]",
+        ));
+    }
+    if plan.campaign.is_some() && args.endpoint.is_some() {
+        return Err(usage(
+            "--endpoint does not go with a campaign plan: each arm has its own endpoint",
+        ));
     }
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
@@ -286,6 +294,16 @@ fn failures_by_kind(failures: &serde_json::Value) -> String {
 /// Where the cases really go, for the banner: the URL when every case uses the same one,
 /// else the origin and each distinct path (a case's `path` replaces the endpoint's).
 fn targets(plan: &Plan) -> String {
+    if let Some(c) = &plan.campaign {
+        let names: Vec<&str> = c.arms.iter().map(|a| a.name.as_str()).collect();
+        return format!(
+            "campaign '{}', {} arm(s): {} ({} schedule; counts below are per arm)",
+            c.name,
+            names.len(),
+            names.join(", "),
+            c.schedule.as_str()
+        );
+    }
     let mut urls: Vec<String> = Vec::new();
     for c in &plan.cases {
         let u = config_json::redacted(&c.endpoint.url());
@@ -335,6 +353,11 @@ fn reports(
         summary_v["record_error"] = serde_json::json!(e.to_string());
     }
     if let Err(e) = dir.write_json("summary.json", &summary_v) {
+        problems.push(e.to_string());
+    }
+    if let Some(c) = &result.campaign
+        && let Err(e) = dir.write_json("campaign.json", c)
+    {
         problems.push(e.to_string());
     }
     config_json::finished(config);

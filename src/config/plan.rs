@@ -286,6 +286,15 @@ impl Plan {
         }
     }
 
+    /// This plan as one arm runs it: every endpoint on the arm's (cases with their own
+    /// `path` keep it on the arm's origin), and the arm's health endpoint.
+    pub(crate) fn for_arm(&self, endpoint: &Endpoint, health: &Endpoint) -> Plan {
+        let mut p = self.clone();
+        p.override_endpoint(endpoint);
+        p.health_endpoint = health.clone();
+        p
+    }
+
     /// Requests the plan implies, health GET included.
     pub(crate) fn planned_requests(&self) -> u64 {
         let n = self.requests_per_case as u64;

@@ -33,6 +33,8 @@ pub(crate) struct RowIds {
     /// From [`RunContext::next_exchange_id`], taken when the exchange ended.
     pub(crate) exchange_id: i64,
     pub(crate) phase: Phase,
+    /// The campaign arm (`None` outside campaigns).
+    pub(crate) arm: Option<Arc<str>>,
     pub(crate) case_name: Option<Arc<str>>,
     pub(crate) variant: Option<Arc<str>>,
     pub(crate) concurrency: Option<i32>,
@@ -119,6 +121,7 @@ impl RunContext {
             run_id: self.run_id.clone(),
             exchange_id: ids.exchange_id,
             phase: ids.phase,
+            arm: ids.arm,
             case_name: ids.case_name,
             variant: ids.variant,
             concurrency: ids.concurrency,

@@ -50,6 +50,8 @@ pub struct MockConfig {
     pub default_max_tokens: u32,
     /// How long the `stall` fault withholds its answer.
     pub stall_ms: u64,
+    /// Another deterministic text for the same prompts (0: the default text).
+    pub text_seed: u64,
 }
 
 impl Default for MockConfig {
@@ -60,6 +62,7 @@ impl Default for MockConfig {
             max_batch: 8,
             default_max_tokens: 16,
             stall_ms: 60_000,
+            text_seed: 0,
         }
     }
 }
@@ -357,8 +360,17 @@ const VOCAB: [&str; 32] = [
 
 /// Deterministic text of `tokens` words for `prompt`.
 pub fn generate_text(prompt: &str, tokens: u32) -> String {
+    generate_text_seeded(prompt, tokens, 0)
+}
+
+/// [`generate_text`] under another text seed (`mock-worker --text-seed N`): the same
+/// prompt gets other words, deterministically, so a campaign arm can drift from the
+/// default mock. Seed 0 is the default text.
+pub fn generate_text_seeded(prompt: &str, tokens: u32, text_seed: u64) -> String {
     let digest = Sha256::digest(prompt.as_bytes());
-    let mut seed = u64::from_le_bytes(digest[..8].try_into().unwrap_or([7; 8])) | 1;
+    let mut seed = (u64::from_le_bytes(digest[..8].try_into().unwrap_or([7; 8]))
+        ^ text_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        | 1;
     let mut words = Vec::with_capacity(tokens as usize);
     for _ in 0..tokens {
         seed ^= seed << 13;
@@ -506,7 +518,7 @@ async fn complete(
             &json!({"error": {"message": "mock fault: internal error", "type": "server_error"}}),
         );
     }
-    let mut text = generate_text(&prompt, tokens);
+    let mut text = generate_text_seeded(&prompt, tokens, st.config.text_seed);
     if fault == Some("wrong-body") {
         text = text.chars().rev().collect();
     }
@@ -558,8 +570,8 @@ async fn complete(
 }
 
 /// The words of [`generate_text`] as stream tokens: joined, they are the same text.
-pub(crate) fn stream_tokens(prompt: &str, tokens: u32) -> Vec<String> {
-    let text = generate_text(prompt, tokens);
+pub(crate) fn stream_tokens(prompt: &str, tokens: u32, text_seed: u64) -> Vec<String> {
+    let text = generate_text_seeded(prompt, tokens, text_seed);
     if text.is_empty() {
         return Vec::new();
     }
@@ -619,7 +631,7 @@ async fn stream_response(
     };
     let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
     let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
-    let words = stream_tokens(prompt, tokens);
+    let words = stream_tokens(prompt, tokens, st.config.text_seed);
     let mut steps = std::collections::VecDeque::new();
     if chat {
         steps.push_back(Step::Now(sse(&chunk(
@@ -677,5 +689,17 @@ mod tests {
         assert_ne!(generate_text("hello", 4), generate_text("hellp", 4));
         assert_eq!(generate_text("hello", 5).split(' ').count(), 5);
         assert_eq!(generate_text("x", 0), "");
+        assert_eq!(
+            generate_text_seeded("hello", 4, 0),
+            generate_text("hello", 4)
+        );
+        assert_ne!(
+            generate_text_seeded("hello", 8, 7),
+            generate_text("hello", 8)
+        );
+        assert_eq!(
+            generate_text_seeded("hello", 8, 7),
+            generate_text_seeded("hello", 8, 7)
+        );
     }
 }

@@ -130,13 +130,15 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 47] = [
+pub(crate) static COLUMNS: [Column; 48] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
         "unique within the run, from 0, in order of completion"),
     column!("phase", Utf8, REQUIRED, "", |r: &R| Some(r.phase.as_str()),
         "`health`, `readiness`, `warmup`, `feasibility`, `measured` (`live` for serve)"),
+    column!("arm", Utf8, NULLABLE, "", |r: &R| r.arm.as_deref(),
+        "the campaign arm that answered; null outside campaigns"),
     column!("case_name", Utf8, NULLABLE, "", |r: &R| r.case_name.as_deref(),
         "the case (`case` is an SQL keyword); null for `health`"),
     column!("variant", Utf8, NULLABLE, "", |r: &R| r.variant.as_deref(),
@@ -338,6 +340,7 @@ mod tests {
     fn distinct_row() -> ExchangeRecord {
         let mut r = row(7, b"req");
         r.case_name = Some("case".into());
+        r.arm = Some("arm".into());
         r.variant = Some("variant".into());
         r.concurrency = Some(3);
         r.repetition = Some(4);
@@ -424,6 +427,7 @@ mod tests {
         };
         assert_eq!(
             [
+                "arm",
                 "case_name",
                 "variant",
                 "error_message",
@@ -433,6 +437,7 @@ mod tests {
             ]
             .map(text),
             [
+                "arm",
                 "case",
                 "variant",
                 "message",

@@ -44,6 +44,8 @@ pub struct ExchangeRecord {
     pub run_id: Arc<str>,
     pub exchange_id: i64,
     pub phase: Phase,
+    /// The campaign arm that answered (`None` outside campaigns).
+    pub arm: Option<Arc<str>>,
     pub case_name: Option<Arc<str>>,
     pub variant: Option<Arc<str>>,
     pub concurrency: Option<i32>,
@@ -100,6 +102,7 @@ pub(crate) mod tests_support {
             run_id: Arc::from("r"),
             exchange_id: i,
             phase: Phase::Live,
+            arm: None,
             case_name: None,
             variant: None,
             concurrency: None,

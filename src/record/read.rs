@@ -142,6 +142,8 @@ pub(crate) fn for_each_row(
                         first_byte_us: opt(fb, i),
                         connect_us: opt(connect, i),
                         stream,
+                        usage_tokens: None,
+                        failure: None,
                     },
                 });
             }

@@ -189,9 +189,10 @@ struct OpenPart {
 const ZSTD_LEVEL: i32 = 1;
 
 /// Columns whose values come from a small set, dictionary-encoded (Parquet paths).
-const DICTIONARY_COLUMNS: [&[&str]; 10] = [
+const DICTIONARY_COLUMNS: [&[&str]; 11] = [
     &["run_id"],
     &["phase"],
+    &["arm"],
     &["case_name"],
     &["variant"],
     &["method"],

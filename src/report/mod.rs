@@ -5,6 +5,7 @@
 //! module only arranges and writes it. Never imports a driver: what a serve run did
 //! arrives as [`ServeStats`].
 
+pub(crate) mod campaign;
 pub(crate) mod config_json;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
@@ -64,6 +65,14 @@ pub(crate) struct PhaseCounts {
 }
 
 impl PhaseCounts {
+    pub(crate) fn merge(&mut self, other: &PhaseCounts) {
+        self.attempted += other.attempted;
+        self.successful += other.successful;
+        for (k, v) in &other.failures {
+            *self.failures.entry(*k).or_insert(0) += v;
+        }
+    }
+
     pub(crate) fn add(&mut self, s: &Sample) {
         self.attempted += 1;
         if s.outcome == Outcome::Ok {
@@ -74,15 +83,27 @@ impl PhaseCounts {
     }
 }
 
+/// Per (arm, case, concurrency) — one unnamed arm for a plain plan — the spread of each
+/// metric over its rounds.
 pub(crate) fn aggregates(plan: &Plan, rounds: &[RoundMetrics]) -> Vec<Aggregate> {
+    let arms: Vec<Option<&str>> = match &plan.campaign {
+        None => vec![None],
+        Some(c) => c.arms.iter().map(|a| Some(a.name.as_str())).collect(),
+    };
     let mut out = Vec::new();
-    for case in &plan.cases {
-        for &c in &plan.concurrency {
-            let rs: Vec<&RoundMetrics> = rounds
-                .iter()
-                .filter(|r| r.case_name == case.name && r.concurrency == c)
-                .collect();
-            out.push(metrics::aggregate(&case.name, c, plan.repetitions, &rs));
+    for arm in arms {
+        for case in &plan.cases {
+            for &c in &plan.concurrency {
+                let rs: Vec<&RoundMetrics> = rounds
+                    .iter()
+                    .filter(|r| {
+                        r.arm.as_deref() == arm && r.case_name == case.name && r.concurrency == c
+                    })
+                    .collect();
+                let mut a = metrics::aggregate(&case.name, c, plan.repetitions, &rs);
+                a.arm = arm.map(str::to_string);
+                out.push(a);
+            }
         }
     }
     out
@@ -117,6 +138,7 @@ fn spread_json(s: &Option<Spread>) -> Value {
 fn round_json(r: &RoundMetrics) -> Value {
     let ss = &r.steady_state;
     json!({
+        "arm": r.arm,
         "case": r.case_name,
         "concurrency": r.concurrency,
         "repetition": r.repetition,
@@ -189,7 +211,8 @@ pub(crate) fn summary_json(
             *failures.entry(*k).or_insert(0) += v;
         }
     }
-    let planned_rounds = plan.cases.len() * plan.concurrency.len() * plan.repetitions;
+    let arms = plan.campaign.as_ref().map_or(1, |c| c.arms.len());
+    let planned_rounds = arms * plan.cases.len() * plan.concurrency.len() * plan.repetitions;
     let complete = ending == Ending::Passed
         && total_failures == 0
         && rounds.len() == planned_rounds
@@ -208,6 +231,7 @@ pub(crate) fn summary_json(
         "failures": failures_json(&failures),
         "rounds": rounds.iter().map(round_json).collect::<Vec<_>>(),
         "round_aggregates": aggs.iter().map(|a| json!({
+            "arm": a.arm,
             "case": a.case_name,
             "concurrency": a.concurrency,
             "planned_rounds": a.planned_rounds,
@@ -219,7 +243,7 @@ pub(crate) fn summary_json(
         "excluded_phases": excluded_json,
         "ending": match ending { Ending::Passed => "passed", Ending::Failed => "failed", Ending::Interrupted => "interrupted" },
         "planned_rounds": planned_rounds,
-        "planned_requests": plan.planned_requests(),
+        "planned_requests": plan.planned_requests() * arms as u64,
         "definitions": {
             "latency": "t0 (worker starts the exchange) to the last response body byte; oracle validation excluded",
             "percentiles": "nearest rank over the round's successful exchanges: sorted[ceil(p*n)-1]; p95 of fewer than 20 samples is the maximum",

@@ -106,6 +106,7 @@ fn percentiles(
 
 fn counts() -> Vec<RoundColumn> {
     let mut v = vec![
+        text("arm", true, |r| r.arm.as_deref()),
         text("case_name", false, |r| Some(r.case_name.as_str())),
         int32("concurrency", |r| {
             i32::try_from(r.concurrency).unwrap_or(i32::MAX)

@@ -94,7 +94,7 @@ pub(crate) fn table(
 fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<String> {
     let rs: Vec<&RoundMetrics> = rounds
         .iter()
-        .filter(|r| r.case_name == a.case_name && r.concurrency == a.concurrency)
+        .filter(|r| r.arm == a.arm && r.case_name == a.case_name && r.concurrency == a.concurrency)
         .collect();
     let ok: u64 = rs.iter().map(|r| r.successful_requests).sum();
     let att: u64 = rs.iter().map(|r| r.attempted_requests).sum();
@@ -112,7 +112,11 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<S
     };
     let rps = get("successful_requests_per_second");
     let mut row = vec![
-        a.case_name.clone(),
+        // In a campaign, `arm/case`.
+        match &a.arm {
+            Some(arm) => format!("{arm}/{}", a.case_name),
+            None => a.case_name.clone(),
+        },
         a.concurrency.to_string(),
         format!("{}/{}", a.complete_rounds, a.planned_rounds),
         rps.map_or("-".into(), |s| format!("{:.1}", s.median)),

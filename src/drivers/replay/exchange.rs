@@ -126,9 +126,17 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         None
     };
     let exchange_id = ctx.run.next_exchange_id();
+    let usage_tokens = match (&ctx.arm, &got.stream) {
+        (Some(_), None) if outcome == Outcome::Ok => usage_of(&got.body.bytes),
+        _ => None,
+    };
     let sample = Sample {
         exchange_id,
         decisions: verdict.decisions,
+        usage_tokens,
+        failure: (outcome != Outcome::Ok)
+            .then(|| verdict.error_message.clone())
+            .flatten(),
         outcome,
         start_offset_us,
         total_us: got.timings.total_us,
@@ -151,6 +159,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         let ids = RowIds {
             exchange_id,
             phase: d.phase,
+            arm: ctx.arm.clone(),
             case_name,
             variant,
             concurrency: d.concurrency,
@@ -177,6 +186,18 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         note_failure(ctx, &d, outcome, failure_message);
     }
     sample
+}
+
+/// `usage` of a JSON answer: (prompt tokens, completion tokens), when it has them.
+fn usage_of(body: &[u8]) -> Option<(i64, i64)> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    Some((
+        u.get("prompt_tokens")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0),
+        u.get("completion_tokens")?.as_i64()?,
+    ))
 }
 
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,
@@ -252,6 +273,12 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
     match oracle.judge(&got.body.bytes, Some(&ctx.plan.decisions_pointer)) {
         Ok(decisions) => Verdict {
             decisions,
+            ..Verdict::default()
+        },
+        // A performance-fit arm answering differently is what is measured, not a fault:
+        // the difference is recorded, the exchange stays `ok`.
+        Err(m) if ctx.performance_fit => Verdict {
+            oracle_mismatch_pointer: m.pointer.clone(),
             ..Verdict::default()
         },
         Err(m) => Verdict {

@@ -9,7 +9,9 @@
 //! are recorded, and later phases are skipped. The driver decides *what* to send and
 //! judges the answer; *how* it is sent and timed belongs to the engine.
 
+mod arms;
 mod exchange;
+mod launch;
 mod wave;
 
 use std::collections::BTreeMap;
@@ -26,9 +28,10 @@ use super::RunContext;
 use crate::clock;
 use crate::config::plan::Plan;
 use crate::engine::{Conn, Engine};
-use crate::metrics::{self, GeneratorLoad, RoundMetrics};
+use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
 use crate::model::Phase;
 use crate::report::{self, Ending, PhaseCounts};
+pub(crate) use arms::ArmEnv;
 use exchange::exchange;
 use wave::{LagProbe, cores, wave};
 
@@ -58,6 +61,8 @@ pub(crate) struct ReplayResult {
     /// The first failure, as one line: where (phase, case, variant), its outcome, and the
     /// error or the oracle's first difference with its pointer.
     pub(crate) first_failure: Option<String>,
+    /// `campaign.json`, for a campaign plan.
+    pub(crate) campaign: Option<Value>,
 }
 
 /// One request to dispatch.
@@ -73,7 +78,7 @@ struct Dispatch {
 }
 
 struct Ctx {
-    engine: Engine,
+    engine: Arc<Engine>,
     plan: Plan,
     run: Arc<RunContext>,
     opts_token: Option<HeaderValue>,
@@ -81,17 +86,24 @@ struct Ctx {
     record_exchanges: bool,
     /// The health endpoint's URL, then each case's (index `case + 1`).
     urls: Vec<Arc<str>>,
+    /// This arm's dispatch stops (its failure under `on_failure: stop`, or a recorder
+    /// error); the other arms go on.
     stop: AtomicBool,
     /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
     interrupted: Arc<AtomicBool>,
     /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
     cut: tokio::sync::watch::Receiver<bool>,
     grace: std::time::Duration,
-    failures: AtomicU64,
-    first_failure: std::sync::OnceLock<String>,
+    /// Failures of every arm, and the first one's line.
+    failures: Arc<AtomicU64>,
+    first_failure: Arc<std::sync::OnceLock<String>>,
     progress: ProgressBar,
     case_names: Vec<Arc<str>>,
     variant_names: Vec<Vec<Option<Arc<str>>>>,
+    /// The campaign arm (`None` for a plain plan).
+    arm: Option<Arc<str>>,
+    /// A performance-fit arm: its answers are never `correctness` failures.
+    performance_fit: bool,
 }
 
 impl Ctx {
@@ -102,6 +114,66 @@ impl Ctx {
     /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
     fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What every arm's context shares.
+struct Base {
+    engine: Arc<Engine>,
+    run: Arc<RunContext>,
+    token: Option<HeaderValue>,
+    max_record_body: usize,
+    record_exchanges: bool,
+    interrupted: Arc<AtomicBool>,
+    cut: tokio::sync::watch::Receiver<bool>,
+    grace: std::time::Duration,
+    failures: Arc<AtomicU64>,
+    first_failure: Arc<std::sync::OnceLock<String>>,
+    progress: ProgressBar,
+}
+
+impl Base {
+    /// The context of one arm (or of a plain plan: `arm` `None`) running `plan`.
+    fn ctx(&self, plan: Plan, arm: Option<(&str, bool)>) -> Arc<Ctx> {
+        let case_names = plan
+            .cases
+            .iter()
+            .map(|c| Arc::from(c.name.as_str()))
+            .collect();
+        let variant_names = plan
+            .cases
+            .iter()
+            .map(|c| {
+                c.variants
+                    .iter()
+                    .map(|v| v.name.as_deref().map(Arc::from))
+                    .collect()
+            })
+            .collect();
+        let urls = std::iter::once(&plan.health_endpoint)
+            .chain(plan.cases.iter().map(|c| &c.endpoint))
+            .map(|e| Arc::from(e.url()))
+            .collect();
+        Arc::new(Ctx {
+            engine: self.engine.clone(),
+            plan,
+            run: self.run.clone(),
+            opts_token: self.token.clone(),
+            max_record_body: self.max_record_body,
+            record_exchanges: self.record_exchanges,
+            urls,
+            stop: AtomicBool::new(false),
+            interrupted: self.interrupted.clone(),
+            cut: self.cut.clone(),
+            grace: self.grace,
+            failures: self.failures.clone(),
+            first_failure: self.first_failure.clone(),
+            progress: self.progress.clone(),
+            case_names,
+            variant_names,
+            arm: arm.map(|(name, _)| Arc::from(name)),
+            performance_fit: arm.is_some_and(|(_, fit)| fit),
+        })
     }
 }
 
@@ -118,29 +190,17 @@ fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
 }
 
 /// Run the plan, recording into `run`. `interrupt` flips to true on Ctrl-C / SIGTERM.
-/// The caller finishes the recording ([`RunContext::finish_recording`]).
+/// The caller finishes the recording ([`RunContext::finish_recording`]). A campaign plan
+/// runs its arms (started in `env` when they have a start command) in the plan's
+/// schedule.
 pub(crate) async fn run(
     opts: ReplayOptions,
     engine: Engine,
     run: Arc<RunContext>,
     interrupt: Arc<AtomicBool>,
+    env: arms::ArmEnv,
 ) -> ReplayResult {
     let plan = opts.plan;
-    let case_names = plan
-        .cases
-        .iter()
-        .map(|c| Arc::from(c.name.as_str()))
-        .collect();
-    let variant_names = plan
-        .cases
-        .iter()
-        .map(|c| {
-            c.variants
-                .iter()
-                .map(|v| v.name.as_deref().map(Arc::from))
-                .collect()
-        })
-        .collect();
     let token = opts
         .bearer_token
         .as_deref()
@@ -149,55 +209,57 @@ pub(crate) async fn run(
             v.set_sensitive(true);
             v
         });
-    let urls = std::iter::once(&plan.health_endpoint)
-        .chain(plan.cases.iter().map(|c| &c.endpoint))
-        .map(|e| Arc::from(e.url()))
-        .collect();
     let (cut_tx, cut) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(cut_after_grace(interrupt.clone(), opts.grace, cut_tx));
-    let ctx = Arc::new(Ctx {
-        engine,
-        progress: progress_bar(opts.quiet, plan.planned_requests()),
-        plan,
+    let arm_count = plan.campaign.as_ref().map_or(1, |c| c.arms.len()) as u64;
+    let base = Base {
+        engine: Arc::new(engine),
         run,
-        opts_token: token,
+        token,
         max_record_body: opts.max_record_body,
         record_exchanges: opts.record_exchanges,
-        urls,
-        stop: AtomicBool::new(false),
         interrupted: interrupt,
         cut,
         grace: opts.grace,
-        failures: AtomicU64::new(0),
-        first_failure: std::sync::OnceLock::new(),
-        case_names,
-        variant_names,
-    });
-
-    let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
+        failures: Arc::new(AtomicU64::new(0)),
+        first_failure: Arc::new(std::sync::OnceLock::new()),
+        progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
+    };
+    let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
-    phases(&ctx, &mut excluded, &mut rounds).await;
+    arms::run_arms(&base, &plan, &env, &mut runs, &mut rounds).await;
     watcher.abort();
-    ctx.progress.finish_and_clear();
+    base.progress.finish_and_clear();
 
-    let failures = ctx.failures.load(Ordering::Relaxed);
-    let ending = if ctx.interrupted.load(Ordering::Relaxed) {
+    let failures = base.failures.load(Ordering::Relaxed);
+    let unavailable = runs.iter().any(|a| a.unavailable.is_some());
+    let ending = if base.interrupted.load(Ordering::Relaxed) {
         Ending::Interrupted
-    } else if failures > 0 {
+    } else if failures > 0 || unavailable {
         Ending::Failed
     } else {
         Ending::Passed
     };
-    let plan = &ctx.plan;
-    let aggregates = report::aggregates(plan, &rounds);
-    let summary = report::summary_json(plan, &rounds, &aggregates, &excluded, ending, failures);
-    let table = report::table(plan, &rounds, &aggregates, &excluded);
+    let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
+    for a in &runs {
+        for (p, c) in &a.excluded {
+            excluded.entry(*p).or_default().merge(c);
+        }
+    }
+    let aggregates = report::aggregates(&plan, &rounds);
+    let summary = report::summary_json(&plan, &rounds, &aggregates, &excluded, ending, failures);
+    let table = report::table(&plan, &rounds, &aggregates, &excluded);
+    let campaign = plan
+        .campaign
+        .as_ref()
+        .map(|c| report::campaign::campaign_json(c, &arms::reports(&runs)));
     ReplayResult {
         ending,
         rounds,
         summary,
         table,
-        first_failure: ctx.first_failure.get().cloned(),
+        first_failure: base.first_failure.get().cloned(),
+        campaign,
     }
 }
 
@@ -215,14 +277,16 @@ async fn cut_after_grace(
     let _ = cut.send(true);
 }
 
-async fn phases(
+/// Health, readiness and warm-up of one arm (sequential, on worker 0's connection).
+/// `false` when the arm stopped (its failure under `on_failure: stop`, or Ctrl-C).
+async fn prelude(
     ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
     excluded: &mut BTreeMap<Phase, PhaseCounts>,
-    rounds: &mut Vec<RoundMetrics>,
-) {
+) -> bool {
     let plan = &ctx.plan;
     // health: one GET on its own connection.
-    ctx.progress.set_message("health");
+    ctx.progress.set_message(label(ctx, "health"));
     let mut health_slot: Slot = None;
     let s = exchange(
         ctx,
@@ -241,10 +305,6 @@ async fn phases(
     excluded.entry(Phase::Health).or_default().add(&s);
     drop(health_slot);
 
-    // Worker connections live across phases: worker w always uses slots[w].
-    let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
-    let mut slots: Vec<Slot> = (0..max_c).map(|_| None).collect();
-
     for phase in [Phase::Readiness, Phase::Warmup] {
         let per_variant = if phase == Phase::Readiness {
             1
@@ -253,11 +313,11 @@ async fn phases(
         };
         for (ci, case) in plan.cases.iter().enumerate() {
             ctx.progress
-                .set_message(format!("{} {}", phase.as_str(), case.name));
+                .set_message(label(ctx, &format!("{} {}", phase.as_str(), case.name)));
             for vi in 0..case.variants.len() {
                 for i in 0..per_variant {
                     if ctx.stopped() {
-                        return;
+                        return false;
                     }
                     let s = exchange(
                         ctx,
@@ -278,33 +338,32 @@ async fn phases(
             }
         }
     }
+    !ctx.stopped()
+}
 
-    let n = plan.requests_per_case;
-    for (ci, case) in plan.cases.iter().enumerate() {
-        for &c in &plan.concurrency {
-            if ctx.stopped() {
-                return;
-            }
-            ctx.progress
-                .set_message(format!("feasibility {} c={c}", case.name));
-            let samples = wave(ctx, &mut slots, ci, Phase::Feasibility, c, None, c.min(n)).await;
-            let counts = excluded.entry(Phase::Feasibility).or_default();
-            samples.iter().for_each(|s| counts.add(s));
-            for rep in 0..plan.repetitions {
-                if ctx.stopped() {
-                    return;
-                }
-                ctx.progress.set_message(format!(
-                    "measured {} c={c} round {}/{}",
-                    case.name,
-                    rep + 1,
-                    plan.repetitions
-                ));
-                let round = measured_round(ctx, &mut slots, ci, c, rep).await;
-                rounds.push(round);
-            }
-        }
+/// A progress message, with the arm's name in a campaign.
+fn label(ctx: &Ctx, what: &str) -> String {
+    match &ctx.arm {
+        Some(a) => format!("[{a}] {what}"),
+        None => what.to_string(),
     }
+}
+
+/// The excluded feasibility wave of case `ci` at concurrency `c`.
+async fn feasibility(
+    ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
+    ci: usize,
+    c: usize,
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) {
+    let case = &ctx.plan.cases[ci];
+    let n = ctx.plan.requests_per_case;
+    ctx.progress
+        .set_message(label(ctx, &format!("feasibility {} c={c}", case.name)));
+    let samples = wave(ctx, slots, ci, Phase::Feasibility, c, None, c.min(n)).await;
+    let counts = excluded.entry(Phase::Feasibility).or_default();
+    samples.iter().for_each(|s| counts.add(s));
 }
 
 /// One measured round of case `ci` at concurrency `c`, with the tool's own CPU time and
@@ -315,7 +374,7 @@ async fn measured_round(
     ci: usize,
     c: usize,
     rep: usize,
-) -> RoundMetrics {
+) -> Measured {
     let case = &ctx.plan.cases[ci];
     let n = ctx.plan.requests_per_case;
     let probe = LagProbe::start();
@@ -324,6 +383,7 @@ async fn measured_round(
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
     let mut round = metrics::round_metrics(&case.name, c, rep, n as u64, &samples);
+    round.arm = ctx.arm.as_deref().map(str::to_string);
     let load = GeneratorLoad::new(
         cpu1.saturating_sub(cpu0),
         wall1.saturating_sub(wall0),
@@ -338,5 +398,16 @@ async fn measured_round(
         ));
     }
     round.generator = Some(load);
-    round
+    Measured {
+        round,
+        samples,
+        window_ns: (wall0, wall1),
+    }
+}
+
+/// A measured round: its metrics, its samples (for a campaign's cells) and when it ran.
+struct Measured {
+    round: RoundMetrics,
+    samples: Vec<Sample>,
+    window_ns: (u64, u64),
 }

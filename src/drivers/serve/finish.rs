@@ -260,6 +260,7 @@ fn build_record(
     let ids = RowIds {
         exchange_id: sh.run.next_exchange_id(),
         phase: Phase::Live,
+        arm: None,
         case_name: None,
         variant: None,
         concurrency: None,

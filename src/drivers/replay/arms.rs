@@ -1,0 +1,260 @@
+//! A plan's arms and their order. A plain plan is one arm with no name. A campaign's arms
+//! are brought up (artifact counted, server started with `{port}` and `{self}`, health
+//! waited for: `load_ms`), warmed up, measured in the plan's schedule — `interleaved`:
+//! never overlapping, repetition r in rotation r; `sequential`: each arm start to stop —
+//! and always shut down, whatever happened. An arm that cannot be brought up is kept with
+//! its reason, never dropped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::launch::{self, Server};
+use super::{Base, Ctx, Slot, feasibility, measured_round, prelude};
+use crate::clock;
+use crate::config::campaign::{Arm, Lane, Schedule};
+use crate::config::plan::Plan;
+use crate::metrics::RoundMetrics;
+use crate::model::Phase;
+use crate::report::PhaseCounts;
+use crate::report::campaign::{ArmMeasures, Level};
+
+/// Where started servers run from: the running binary (`{self}`) and the directory for
+/// their stdout and stderr.
+pub(crate) struct ArmEnv {
+    pub(crate) self_exe: PathBuf,
+    pub(crate) logs: PathBuf,
+}
+
+/// One arm's run.
+pub(super) struct ArmRun {
+    /// `None` for a plain plan.
+    spec: Option<Arm>,
+    ctx: Option<Arc<Ctx>>,
+    slots: Vec<Slot>,
+    pub(super) excluded: BTreeMap<Phase, PhaseCounts>,
+    /// Why the arm could not be measured.
+    pub(super) unavailable: Option<String>,
+    server: Option<Server>,
+    load_ms: Option<f64>,
+    artifact_bytes: Option<u64>,
+    /// Per concurrency: the measured samples, their rounds' elapsed time, their windows.
+    levels: BTreeMap<usize, Level>,
+    windows: Vec<(usize, u64, u64)>,
+}
+
+impl ArmRun {
+    /// One run per arm of `plan` (one, unnamed, for a plain plan).
+    pub(super) fn for_plan(plan: &Plan) -> Vec<ArmRun> {
+        let specs: Vec<Option<Arm>> = match &plan.campaign {
+            None => vec![None],
+            Some(c) => c.arms.iter().cloned().map(Some).collect(),
+        };
+        specs
+            .into_iter()
+            .map(|spec| ArmRun {
+                spec,
+                ctx: None,
+                slots: Vec::new(),
+                excluded: BTreeMap::new(),
+                unavailable: None,
+                server: None,
+                load_ms: None,
+                artifact_bytes: None,
+                levels: BTreeMap::new(),
+                windows: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn live(&self) -> Option<&Arc<Ctx>> {
+        self.ctx.as_ref().filter(|c| !c.stopped())
+    }
+
+    /// Count the artifact, start the server and wait for its health, and build the arm's
+    /// context; on any failure the arm is unavailable, with the reason.
+    async fn bring_up(&mut self, base: &Base, plan: &Plan, env: &ArmEnv) {
+        let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
+        self.slots = (0..max_c).map(|_| None).collect();
+        let Some(arm) = self.spec.clone() else {
+            self.ctx = Some(base.ctx(plan.clone(), None));
+            return;
+        };
+        if let Err(why) = self.start(base, plan, env, &arm).await {
+            base.progress
+                .println(format!("arm '{}' is unavailable: {why}", arm.name));
+            self.unavailable = Some(why);
+        }
+    }
+
+    async fn start(
+        &mut self,
+        base: &Base,
+        plan: &Plan,
+        env: &ArmEnv,
+        arm: &Arm,
+    ) -> Result<(), String> {
+        if let Some(path) = &arm.artifact {
+            self.artifact_bytes = Some(
+                launch::artifact_bytes(std::path::Path::new(path))
+                    .map_err(|e| format!("artifact {e}"))?,
+            );
+        }
+        let port = match &arm.start {
+            Some(_) => launch::free_port()?,
+            None => 0,
+        };
+        let (endpoint, health) = arm.endpoints(port.max(1))?;
+        if let Some(start) = &arm.start {
+            let started_ns = clock::now_ns();
+            let mut server =
+                launch::spawn(&start.command, port, &env.self_exe, &env.logs, &arm.name)?;
+            base.progress.set_message(format!(
+                "[{}] starting: {}",
+                arm.name,
+                start.command.join(" ")
+            ));
+            match server
+                .wait_healthy(&base.engine, &health, started_ns, start.health_timeout)
+                .await
+            {
+                Ok(ms) => {
+                    self.load_ms = Some(ms);
+                    self.server = Some(server);
+                }
+                Err(why) => {
+                    server.stop(start.stop_grace).await;
+                    return Err(why);
+                }
+            }
+        }
+        let fit = arm.lane == Lane::PerformanceFit;
+        self.ctx = Some(base.ctx(plan.for_arm(&endpoint, &health), Some((&arm.name, fit))));
+        Ok(())
+    }
+
+    async fn prelude(&mut self) {
+        if let Some(ctx) = self.ctx.clone() {
+            prelude(&ctx, &mut self.slots, &mut self.excluded).await;
+        }
+    }
+
+    /// Stop the arm's server (if the tool started one) and close its connections.
+    async fn shut_down(&mut self) {
+        self.slots.clear();
+        let grace = self
+            .spec
+            .as_ref()
+            .and_then(|a| a.start.as_ref())
+            .map_or(std::time::Duration::from_secs(10), |s| s.stop_grace);
+        if let Some(server) = self.server.take() {
+            let samples = server.samples.clone();
+            server.stop(grace).await;
+            let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
+            for (c, from, to) in &self.windows {
+                // The edge samples are taken just outside the round's own clock reads.
+                let slack = 50_000_000;
+                let peak = samples
+                    .iter()
+                    .filter(|(t, _)| *t + slack >= *from && *t <= to + slack)
+                    .map(|(_, b)| *b)
+                    .max();
+                if let Some(level) = self.levels.get_mut(c) {
+                    level.peak_rss_bytes = level.peak_rss_bytes.max(peak);
+                }
+            }
+        }
+    }
+}
+
+/// Run every arm in the plan's schedule; measured rounds go to `rounds`.
+pub(super) async fn run_arms(
+    base: &Base,
+    plan: &Plan,
+    env: &ArmEnv,
+    runs: &mut [ArmRun],
+    rounds: &mut Vec<RoundMetrics>,
+) {
+    let schedule = plan
+        .campaign
+        .as_ref()
+        .map_or(Schedule::Interleaved, |c| c.schedule);
+    let interrupted = || base.interrupted.load(Ordering::Relaxed);
+    match schedule {
+        Schedule::Interleaved => {
+            for a in runs.iter_mut() {
+                if !interrupted() {
+                    a.bring_up(base, plan, env).await;
+                    a.prelude().await;
+                }
+            }
+            measure(plan, runs, rounds).await;
+            for a in runs.iter_mut() {
+                a.shut_down().await;
+            }
+        }
+        Schedule::Sequential => {
+            for i in 0..runs.len() {
+                if !interrupted() {
+                    runs[i].bring_up(base, plan, env).await;
+                    runs[i].prelude().await;
+                    measure(plan, &mut runs[i..=i], rounds).await;
+                }
+                runs[i].shut_down().await;
+            }
+        }
+    }
+}
+
+/// For each case and concurrency: each live arm's feasibility wave, then each repetition
+/// r with the arms in rotation r (A B C, then B C A, then C A B).
+async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics>) {
+    let n = runs.len();
+    for ci in 0..plan.cases.len() {
+        for &c in &plan.concurrency {
+            for a in runs.iter_mut() {
+                if let Some(ctx) = a.live().cloned() {
+                    feasibility(&ctx, &mut a.slots, ci, c, &mut a.excluded).await;
+                }
+            }
+            for rep in 0..plan.repetitions {
+                for k in 0..n {
+                    let a = &mut runs[(k + rep) % n];
+                    let Some(ctx) = a.live().cloned() else {
+                        continue;
+                    };
+                    if let Some(s) = &a.server {
+                        s.sample_now();
+                    }
+                    let m = measured_round(&ctx, &mut a.slots, ci, c, rep).await;
+                    if let Some(s) = &a.server {
+                        s.sample_now();
+                    }
+                    let level = a.levels.entry(c).or_default();
+                    level.elapsed_seconds += m.round.elapsed_seconds;
+                    level.samples.extend(m.samples);
+                    a.windows.push((c, m.window_ns.0, m.window_ns.1));
+                    rounds.push(m.round);
+                }
+            }
+        }
+    }
+}
+
+/// What campaign.json says of each arm.
+pub(super) fn reports(runs: &[ArmRun]) -> Vec<ArmMeasures<'_>> {
+    runs.iter()
+        .filter_map(|a| {
+            let spec = a.spec.as_ref()?;
+            Some(ArmMeasures {
+                arm: spec,
+                unavailable_reason: a.unavailable.as_deref(),
+                artifact_bytes: a.artifact_bytes,
+                load_ms: a.load_ms,
+                rss_sampled: spec.start.is_some(),
+                levels: &a.levels,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,236 @@
+//! Servers a campaign starts: an arm's `start` command in its own process group, its
+//! stdout and stderr kept in the run directory, `load_ms` (launch to the first 200 from
+//! its health endpoint), the resident memory of the whole group sampled off the data path,
+//! and a stop that leaves nothing behind (SIGTERM to the group, SIGKILL after the grace).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::clock;
+use crate::engine::{Capture, Engine};
+use crate::model::{ConnectionPolicy, Endpoint};
+
+/// How often the group's resident memory is sampled.
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// A started server: its process group, and the memory samples of that group.
+pub(crate) struct Server {
+    child: tokio::process::Child,
+    pgid: i32,
+    sampling: Arc<AtomicBool>,
+    /// `(monotonic ns, resident bytes of the whole group)`.
+    pub(crate) samples: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+/// A free loopback port (bound and released; the server binds it next).
+pub(crate) fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+/// Start `command` (`{port}` and `{self}` substituted) in its own process group, with
+/// stdout and stderr in `logs/<arm>.stdout.log` / `.stderr.log`.
+pub(crate) fn spawn(
+    command: &[String],
+    port: u16,
+    self_exe: &Path,
+    logs: &Path,
+    arm: &str,
+) -> Result<Server, String> {
+    let argv: Vec<String> = command
+        .iter()
+        .map(|a| {
+            a.replace("{port}", &port.to_string())
+                .replace("{self}", &self_exe.to_string_lossy())
+        })
+        .collect();
+    std::fs::create_dir_all(logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    let log = |ext: &str| -> Result<File, String> {
+        let p: PathBuf = logs.join(format!("{arm}.{ext}.log"));
+        File::create(&p).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let (out, err) = (log("stdout")?, log("stderr")?);
+    let child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", argv[0]))?;
+    let pid = child.id().ok_or("the server exited at once")?;
+    let pgid = i32::try_from(pid).map_err(|_| "pid out of range".to_string())?;
+    let sampling = Arc::new(AtomicBool::new(true));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (on, out) = (sampling.clone(), samples.clone());
+        std::thread::Builder::new()
+            .name(format!("rss-{arm}"))
+            .spawn(move || {
+                while on.load(Ordering::Relaxed) {
+                    let rss = group_rss_bytes(pgid);
+                    if let Ok(mut v) = out.lock() {
+                        v.push((clock::now_ns(), rss));
+                    }
+                    std::thread::sleep(SAMPLE_EVERY);
+                }
+            })
+            .map_err(|e| format!("cannot start the memory sampler: {e}"))?;
+    }
+    Ok(Server {
+        child,
+        pgid,
+        sampling,
+        samples,
+    })
+}
+
+/// Resident bytes of every process in group `pgid`, from /proc (0 where /proc is not).
+pub(crate) fn group_rss_bytes(pgid: i32) -> u64 {
+    let page = rustix::param::page_size() as u64;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command (which may hold spaces and parentheses): state, ppid,
+        // pgrp, ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let pgrp: Option<i32> = rest.split_whitespace().nth(2).and_then(|s| s.parse().ok());
+        if pgrp != Some(pgid) {
+            continue;
+        }
+        if let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm"))
+            && let Some(pages) = statm
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse::<u64>().ok())
+        {
+            total += pages * page;
+        }
+    }
+    total
+}
+
+impl Server {
+    /// Take one sample now (at a round's edges, so even a round shorter than the
+    /// sampling interval has its memory measured; never during a round).
+    pub(crate) fn sample_now(&self) {
+        let rss = group_rss_bytes(self.pgid);
+        if let Ok(mut v) = self.samples.lock() {
+            v.push((clock::now_ns(), rss));
+        }
+    }
+
+    /// Wait until `health` answers 200: `Ok(load_ms)` from `started_ns`; an error when the
+    /// server exits first or `timeout` passes.
+    pub(crate) async fn wait_healthy(
+        &mut self,
+        engine: &Engine,
+        health: &Endpoint,
+        started_ns: u64,
+        timeout: Duration,
+    ) -> Result<f64, String> {
+        let deadline = started_ns + timeout.as_nanos() as u64;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "the server exited ({status}) before its health endpoint answered"
+                ));
+            }
+            if probe(engine, health).await == Some(200) {
+                return Ok((clock::now_ns() - started_ns) as f64 / 1e6);
+            }
+            if clock::now_ns() >= deadline {
+                return Err(format!(
+                    "{} did not answer 200 within health_timeout_seconds ({} s)",
+                    health.url(),
+                    timeout.as_secs_f64()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop the whole group: SIGTERM, then SIGKILL after `grace` if any member is left.
+    pub(crate) async fn stop(mut self, grace: Duration) {
+        self.sampling.store(false, Ordering::Relaxed);
+        let group = rustix::process::Pid::from_raw(self.pgid);
+        if let Some(g) = group {
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::TERM);
+        }
+        let deadline = clock::now_ns() + grace.as_nanos() as u64;
+        while clock::now_ns() < deadline && group_alive(self.pgid) {
+            let _ = self.child.try_wait();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Some(g) = group
+            && group_alive(self.pgid)
+        {
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+/// Whether any process of group `pgid` is still there (a zombie leader counts as gone).
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    rustix::process::Pid::from_raw(pgid).is_some_and(|g| {
+        rustix::process::test_kill_process_group(g).is_ok() && group_rss_bytes(pgid) > 0
+    })
+}
+
+/// One GET of `health` on a fresh connection; its status, if one came.
+async fn probe(engine: &Engine, health: &Endpoint) -> Option<u16> {
+    let mut req = http::Request::new(http_body_util::Full::new(bytes::Bytes::new()));
+    *req.uri_mut() = health.path_and_query.parse().ok()?;
+    if let Ok(h) = http::HeaderValue::from_str(&health.authority) {
+        req.headers_mut().insert(http::header::HOST, h);
+    }
+    let mut cap = Capture::start(64 << 10, None);
+    let mut slot = None;
+    let r = tokio::time::timeout(
+        Duration::from_secs(2),
+        engine.exchange(&mut slot, health, ConnectionPolicy::Fresh, req, &mut cap),
+    )
+    .await;
+    match r {
+        Ok(Ok(())) => cap
+            .into_captured()
+            .status
+            .and_then(|s| u16::try_from(s).ok()),
+        _ => None,
+    }
+}
+
+/// Bytes of a file, or of every file under a directory.
+pub(crate) fn artifact_bytes(path: &Path) -> Result<u64, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let mut total = 0;
+    let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for e in entries.flatten() {
+        total += artifact_bytes(&e.path())?;
+    }
+    Ok(total)
+}

@@ -1,0 +1,267 @@
+//! `campaign.json`: per arm its recipe, lane, availability, load, and per concurrency one
+//! cell pooling the arm's measured exchanges of every case at that level — shaped after
+//! the recipe benchmark's report, with its arithmetic (nearest rank, mean per-request
+//! decode rate, aggregate decode rate over the rounds' wall time).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value, json};
+
+use crate::config::campaign::{Arm, Campaign};
+use crate::metrics::{Percentiles, Sample, mean};
+use crate::model::Outcome;
+
+/// The schema version of campaign.json.
+pub(crate) const CAMPAIGN_SCHEMA_VERSION: u64 = 1;
+
+/// One concurrency level of one arm: its measured samples (every case), the summed wall
+/// time of its rounds, and the peak resident memory of its server while they ran.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Level {
+    pub(crate) samples: Vec<Sample>,
+    pub(crate) elapsed_seconds: f64,
+    pub(crate) peak_rss_bytes: Option<u64>,
+}
+
+/// What one arm measured.
+pub(crate) struct ArmMeasures<'a> {
+    pub(crate) arm: &'a Arm,
+    pub(crate) unavailable_reason: Option<&'a str>,
+    pub(crate) artifact_bytes: Option<u64>,
+    pub(crate) load_ms: Option<f64>,
+    /// The tool started the arm's server, so its process group was sampled.
+    pub(crate) rss_sampled: bool,
+    pub(crate) levels: &'a BTreeMap<usize, Level>,
+}
+
+fn ms(us: Option<i64>) -> Value {
+    us.map_or(Value::Null, |v| json!(v as f64 / 1e3))
+}
+
+/// One cell: the arm's measured exchanges at one concurrency, every case pooled.
+pub(crate) fn cell(level: &Level, rss_sampled: bool) -> Value {
+    let ok: Vec<&Sample> = level
+        .samples
+        .iter()
+        .filter(|s| s.outcome == Outcome::Ok)
+        .collect();
+    let latency = Percentiles::of(ok.iter().filter_map(|s| s.total_us).collect());
+    let streams: Vec<(&Sample, &crate::metrics::StreamSample)> = ok
+        .iter()
+        .filter_map(|s| s.stream.as_ref().map(|st| (*s, st)))
+        .collect();
+    let ttft = Percentiles::of(streams.iter().filter_map(|(_, st)| st.ttft_us).collect());
+    let decode: Vec<f64> = streams
+        .iter()
+        .filter_map(|(s, st)| {
+            let us = s.total_us? - st.ttft_us?;
+            let n = st.output_tokens?;
+            (us > 0 && n > 0).then(|| n as f64 / (us as f64 / 1e6))
+        })
+        .collect();
+    let prefill: Vec<f64> = streams
+        .iter()
+        .filter_map(|(_, st)| {
+            let ttft = st.ttft_us?;
+            let n = st.prompt_tokens?;
+            (ttft > 0).then(|| n as f64 / (ttft as f64 / 1e6))
+        })
+        .collect();
+    // Output tokens of every answer: a stream's own count, else the JSON answer's usage.
+    let tokens: i64 = ok
+        .iter()
+        .map(|s| match &s.stream {
+            Some(st) => st.output_tokens.unwrap_or(0),
+            None => s.usage_tokens.map_or(0, |(_, out)| out),
+        })
+        .sum();
+    let failed: Vec<&Sample> = level
+        .samples
+        .iter()
+        .filter(|s| s.outcome != Outcome::Ok)
+        .collect();
+    let reasons: BTreeSet<&str> = failed.iter().filter_map(|s| s.failure.as_deref()).collect();
+    json!({
+        "ttft_p50_ms": ms(ttft.p50),
+        "ttft_p95_ms": ms(ttft.p95),
+        "latency_p50_ms": ms(latency.p50),
+        "latency_p95_ms": ms(latency.p95),
+        "prefill_tokens_per_sec": mean(&prefill),
+        "decode_tokens_per_sec": mean(&decode),
+        "aggregate_decode_tokens_per_sec": (level.elapsed_seconds > 0.0).then(|| tokens as f64 / level.elapsed_seconds),
+        "output_tokens": tokens,
+        "peak_rss_bytes": level.peak_rss_bytes,
+        "peak_rss_scope": if rss_sampled {
+            "resident memory of the arm's whole started process group (its process group, grandchildren included), from /proc every 100 ms and at the edges of each measured round at this level"
+        } else {
+            "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
+        },
+        "peak_vram_bytes": Value::Null,
+        "peak_vram_reason": "GPU memory is not sampled in this version",
+        "attempted_requests": level.samples.len(),
+        "failed_requests": failed.len(),
+        "failure_reasons": reasons.into_iter().collect::<Vec<_>>(),
+    })
+}
+
+/// campaign.json for `campaign` and what its arms measured.
+pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Value {
+    let arms_json: Vec<Value> = arms
+        .iter()
+        .map(|a| {
+            let r = &a.arm.recipe;
+            let cells: Map<String, Value> = a
+                .levels
+                .iter()
+                .map(|(c, level)| (c.to_string(), cell(level, a.rss_sampled)))
+                .collect();
+            json!({
+                "name": a.arm.name,
+                "recipe": {
+                    "runtime": r.runtime,
+                    "weight_format": r.weight_format,
+                    "weight_quantization": r.weight_quantization,
+                    "device": r.device,
+                },
+                "lane": a.arm.lane.as_str(),
+                "reference": a.arm.reference,
+                "available": a.unavailable_reason.is_none(),
+                "unavailable_reason": a.unavailable_reason,
+                "load": {"artifact_bytes": a.artifact_bytes, "load_ms": a.load_ms},
+                "metadata": a.arm.metadata,
+                "concurrency": cells,
+            })
+        })
+        .collect();
+    json!({
+        "schema_version": CAMPAIGN_SCHEMA_VERSION,
+        "plan_id": campaign.name,
+        "evidence_class": campaign.evidence_class.as_str(),
+        "schedule": campaign.schedule.as_str(),
+        "reference_arm": campaign.reference().name,
+        "arms": arms_json,
+        "definitions": {
+            "cell": "per arm and concurrency level, every case's measured exchanges pooled",
+            "latency_ms": "nearest rank of total latency over the cell's ok exchanges",
+            "ttft_ms": "nearest rank of time to first token over the cell's ok event streams",
+            "decode_tokens_per_sec": "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time)",
+            "prefill_tokens_per_sec": "mean over ok streams of prompt_tokens / ttft",
+            "aggregate_decode_tokens_per_sec": "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds",
+            "performance_fit": "a performance-fit arm's answers are never correctness failures: answering differently is what is measured",
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::StreamSample;
+
+    fn ok(total_ms: i64) -> Sample {
+        Sample {
+            outcome: Outcome::Ok,
+            total_us: Some(total_ms * 1000),
+            ..Sample::default()
+        }
+    }
+
+    fn stream(ttft_ms: i64, total_ms: i64, tokens: i64) -> Sample {
+        Sample {
+            stream: Some(StreamSample {
+                ttft_us: Some(ttft_ms * 1000),
+                output_tokens: Some(tokens),
+                prompt_tokens: Some(10),
+                ..StreamSample::default()
+            }),
+            ..ok(total_ms)
+        }
+    }
+
+    #[test]
+    fn the_recipe_benchmarks_arithmetic_holds_in_a_cell() {
+        // Latencies 200 and 400 ms: p50 200, p95 400.
+        let level = Level {
+            samples: vec![ok(200), ok(400)],
+            elapsed_seconds: 0.6,
+            peak_rss_bytes: None,
+        };
+        let c = cell(&level, false);
+        assert_eq!(
+            (c["latency_p50_ms"].clone(), c["latency_p95_ms"].clone()),
+            (json!(200.0), json!(400.0))
+        );
+        // 10 tokens in 0.1 s and 10 in 0.2 s of decode: 75.0 per request; 20 tokens over a
+        // 1 s wall: 20.0 aggregate.
+        let level = Level {
+            samples: vec![stream(0, 100, 10), stream(0, 200, 10)],
+            elapsed_seconds: 1.0,
+            peak_rss_bytes: Some(7),
+        };
+        let c = cell(&level, true);
+        assert_eq!(c["decode_tokens_per_sec"], json!(75.0));
+        assert_eq!(c["aggregate_decode_tokens_per_sec"], json!(20.0));
+        assert_eq!(c["peak_rss_bytes"], json!(7));
+        // Four requests of identical speed (10 tokens in 0.1 s each), serial over a 400 ms
+        // wall vs overlapped in 100 ms: the same 100.0 per request, 100.0 vs 400.0 aggregate.
+        let four = || (0..4).map(|_| stream(0, 100, 10)).collect::<Vec<_>>();
+        let serial = cell(
+            &Level {
+                samples: four(),
+                elapsed_seconds: 0.4,
+                peak_rss_bytes: None,
+            },
+            false,
+        );
+        let overlapped = cell(
+            &Level {
+                samples: four(),
+                elapsed_seconds: 0.1,
+                peak_rss_bytes: None,
+            },
+            false,
+        );
+        assert_eq!(serial["decode_tokens_per_sec"], json!(100.0));
+        assert_eq!(overlapped["decode_tokens_per_sec"], json!(100.0));
+        assert_eq!(serial["aggregate_decode_tokens_per_sec"], json!(100.0));
+        assert_eq!(overlapped["aggregate_decode_tokens_per_sec"], json!(400.0));
+        // A JSON answer's usage counts toward the aggregate, never toward per-request decode.
+        let level = Level {
+            samples: vec![Sample {
+                usage_tokens: Some((3, 30)),
+                ..ok(100)
+            }],
+            elapsed_seconds: 1.0,
+            peak_rss_bytes: None,
+        };
+        let c = cell(&level, false);
+        assert_eq!(c["aggregate_decode_tokens_per_sec"], json!(30.0));
+        assert_eq!(c["decode_tokens_per_sec"], Value::Null);
+        // Failures are counted with their distinct reasons.
+        let level = Level {
+            samples: vec![
+                ok(1),
+                Sample {
+                    outcome: Outcome::Http,
+                    failure: Some("status 500, expected 200".into()),
+                    ..ok(1)
+                },
+                Sample {
+                    outcome: Outcome::Http,
+                    failure: Some("status 500, expected 200".into()),
+                    ..ok(1)
+                },
+            ],
+            elapsed_seconds: 1.0,
+            peak_rss_bytes: None,
+        };
+        let c = cell(&level, false);
+        assert_eq!(
+            (
+                c["attempted_requests"].clone(),
+                c["failed_requests"].clone(),
+                c["failure_reasons"].clone()
+            ),
+            (json!(3), json!(2), json!(["status 500, expected 200"]))
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! Campaigns: arms started by the tool (real child processes), measured side by side in
+//! rotation, sampled, reported in campaign.json, and always stopped.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+}
+
+fn recipe(q: &str) -> Value {
+    json!({"runtime": "matrix-proxy mock", "weight_format": "none", "weight_quantization": q, "device": "cpu"})
+}
+
+/// Processes whose command line holds `marker` (the test's own unique argument).
+fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains(marker) && !cmd.contains("cargo")).then_some(cmd)
+        })
+        .collect()
+}
+
+fn plan(arms: Value) -> Value {
+    json!({
+        "name": "mock-vs-mock",
+        "arms": arms,
+        "cases": [{"name": "chat", "path": "/v1/chat/completions",
+                   "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}],
+        "concurrency": [1, 2], "requests_per_case": 4, "repetitions": 2,
+        "timeout_seconds": 10, "metadata": metadata(),
+    })
+}
+
+fn replay(dir: &Path, plan: &Value) -> (Option<i32>, String) {
+    let path = write_plan(dir, "campaign.json", plan);
+    let out = bin()
+        .args(["replay", "--quiet", "--out"])
+        .arg(dir.join("run"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The reference is the mock; the fit arm is a shell whose grandchild holds 200 MiB
+    // while the mock (exec'd by the shell) serves.
+    // The mock starts only once the grandchild holds its 200 MiB (it touches a file).
+    let ready = tmp.path().join("grown");
+    let grow = "python3 -c 'import sys, time; b = b\"x\" * (200 << 20); open(sys.argv[1], \"w\").close(); time.sleep(120)' \"$2\" marker-41977 & \
+                while [ ! -e \"$2\" ]; do sleep 0.05; done; \
+                exec \"$0\" mock-worker --listen 127.0.0.1:$1 --stall-ms 41977";
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "41977"]}},
+        {"name": "fit", "lane": "performance-fit", "recipe": recipe("q4"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions", "artifact": "Cargo.toml",
+         "start": {"command": ["sh", "-c", grow, "{self}", "{port}", ready.to_str().unwrap()], "stop_grace_seconds": 2, "health_timeout_seconds": 60}}
+    ]);
+    let (code, stderr) = replay(tmp.path(), &plan(arms));
+    assert_eq!(code, Some(0), "{stderr}");
+    let run = tmp.path().join("run");
+    assert!(
+        processes_with("41977").is_empty(),
+        "left behind: {:?}",
+        processes_with("41977")
+    );
+
+    // Every row names its arm; the measured rounds ran in rotation: ref, fit, then fit, ref.
+    let rows = Rows::read(&run);
+    let (arm, phase, conc, rep, start) = (
+        rows.strs("arm"),
+        rows.strs("phase"),
+        rows.i32s("concurrency"),
+        rows.i32s("repetition"),
+        rows.i64s("start_offset_us"),
+    );
+    assert!(
+        arm.iter()
+            .all(|a| matches!(a.as_deref(), Some("ref" | "fit")))
+    );
+    for c in [1, 2] {
+        let mut firsts: Vec<(i64, String, i32)> = Vec::new();
+        for i in 0..rows.len() {
+            if phase[i].as_deref() == Some("measured") && conc[i] == Some(c) {
+                let key = (arm[i].clone().unwrap(), rep[i].unwrap());
+                match firsts.iter_mut().find(|f| (f.1.clone(), f.2) == key) {
+                    Some(f) => f.0 = f.0.min(start[i].unwrap()),
+                    None => firsts.push((start[i].unwrap(), key.0, key.1)),
+                }
+            }
+        }
+        firsts.sort();
+        let order: Vec<(String, i32)> = firsts.into_iter().map(|f| (f.1, f.2)).collect();
+        assert_eq!(
+            order,
+            vec![
+                ("ref".into(), 0),
+                ("fit".into(), 0),
+                ("fit".into(), 1),
+                ("ref".into(), 1)
+            ],
+            "c = {c}"
+        );
+    }
+
+    // campaign.json: the reference, both arms available, their load, and the cells.
+    let c = read_json(&run.join("campaign.json"));
+    assert_eq!(c["schema_version"], json!(1));
+    assert_eq!(
+        c["evidence_class"],
+        json!("measured"),
+        "a shell arm is not the built-in mock"
+    );
+    assert_eq!(c["reference_arm"], json!("ref"));
+    let arms = c["arms"].as_array().unwrap();
+    for a in arms {
+        assert_eq!(a["available"], json!(true), "{a}");
+        assert!(a["load"]["load_ms"].as_f64().unwrap() > 0.0, "{a}");
+        for level in ["1", "2"] {
+            let cell = &a["concurrency"][level];
+            assert_eq!(cell["attempted_requests"], json!(8), "{a}");
+            assert_eq!(cell["failed_requests"], json!(0), "{a}");
+            assert!(cell["latency_p50_ms"].as_f64().unwrap() > 0.0);
+            assert!(
+                cell["aggregate_decode_tokens_per_sec"].as_f64().unwrap() > 0.0,
+                "usage counts"
+            );
+        }
+    }
+    let fit = &arms[1];
+    assert_eq!(
+        fit["load"]["artifact_bytes"],
+        json!(std::fs::metadata("Cargo.toml").unwrap().len())
+    );
+    let peak = fit["concurrency"]["1"]["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        peak >= 200 << 20,
+        "the grandchild's 200 MiB shows in the peak: {peak}"
+    );
+    let ref_peak = arms[0]["concurrency"]["1"]["peak_rss_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(ref_peak > 0 && ref_peak < 200 << 20, "{ref_peak}");
+    // The servers' output is kept in the run directory.
+    assert!(run.join("servers").join("fit.stderr.log").is_file());
+    // Rounds are per arm.
+    let summary = read_json(&run.join("summary.json"));
+    assert_eq!(summary["rounds"].as_array().unwrap().len(), 2 * 2 * 2);
+    assert_eq!(summary["round_aggregates"][0]["arm"], json!("ref"));
+}
+
+#[test]
+fn an_arm_that_cannot_start_is_recorded_and_the_others_still_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "52113"]}},
+        {"name": "broken", "lane": "quality", "recipe": recipe("q8"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["sh", "-c", "echo no model here >&2; exit 3"]}},
+        {"name": "missing", "lane": "performance-fit", "recipe": recipe("q2"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions", "artifact": "/nonexistent/model.gguf",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "52113"]}}
+    ]);
+    let (code, stderr) = replay(tmp.path(), &plan(arms));
+    assert_eq!(code, Some(1), "an unavailable arm is not a pass: {stderr}");
+    assert!(processes_with("52113").is_empty());
+    let c = read_json(&tmp.path().join("run").join("campaign.json"));
+    let arms = c["arms"].as_array().unwrap();
+    assert_eq!(arms[0]["available"], json!(true));
+    assert_eq!(arms[0]["concurrency"]["2"]["attempted_requests"], json!(8));
+    assert_eq!(arms[1]["available"], json!(false));
+    assert!(
+        arms[1]["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("the server exited (exit status: 3) before its health endpoint answered"),
+        "{}",
+        arms[1]
+    );
+    assert_eq!(arms[2]["available"], json!(false));
+    assert!(
+        arms[2]["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("artifact /nonexistent/model.gguf: "),
+        "{}",
+        arms[2]
+    );
+    assert_eq!(arms[2]["concurrency"], json!({}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_started_servers_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "63291", "--per-token-ms", "50"]}}
+    ]);
+    let mut p = plan(arms);
+    p["requests_per_case"] = json!(400);
+    let path = write_plan(tmp.path(), "campaign.json", &p);
+    let run = tmp.path().join("run");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(["replay", "--quiet", "--grace-seconds", "0.2", "--out"])
+        .arg(&run)
+        .arg(&path)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if run.join("exchanges").is_dir() && !processes_with("63291").is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!processes_with("63291").is_empty(), "the arm's server runs");
+    let pid = child.id().unwrap().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("replay ends")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        processes_with("63291").is_empty(),
+        "{:?}",
+        processes_with("63291")
+    );
+    assert!(run.join("campaign.json").is_file());
+}
+
+#[test]
+fn the_demo_campaign_validates_and_campaign_plans_refuse_mock_worker_and_endpoint() {
+    let r = bin()
+        .args(["validate", "plans/campaign-demo.json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "campaign 'campaign-demo': 3 arm(s), synthetic evidence, interleaved schedule"
+        ),
+        "{stderr}"
+    );
+    for flags in [
+        &["--mock-worker"][..],
+        &["--endpoint", "http://127.0.0.1:9/v1"][..],
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = bin()
+            .args(["replay", "plans/campaign-demo.json", "--out"])
+            .arg(tmp.path().join("run"))
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains("does not go with a campaign plan"),
+            "{stderr}"
+        );
+        assert!(!tmp.path().join("run").exists());
+    }
+}
