@@ -283,3 +283,77 @@ fn the_demo_campaign_validates_and_campaign_plans_refuse_mock_worker_and_endpoin
         assert!(!tmp.path().join("run").exists());
     }
 }
+
+/// A worker that answers its health check and fails everything else with 500.
+const FAILING: &str = r#"
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def answer(self):
+        n = int(self.headers.get("content-length", "0"))
+        self.rfile.read(n)
+        code = 200 if self.path == "/health" else 500
+        self.send_response(code)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = answer
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+#[test]
+fn a_failing_arm_stops_alone_and_sequential_arms_never_overlap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "74411"]}},
+        {"name": "failing", "lane": "quality", "recipe": recipe("q8"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["python3", "-c", FAILING, "{port}", "marker-74411"], "health_timeout_seconds": 60}}
+    ]);
+    let mut p = plan(arms);
+    p["schedule"] = json!("sequential");
+    let (code, stderr) = replay(tmp.path(), &p);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        processes_with("74411").is_empty(),
+        "{:?}",
+        processes_with("74411")
+    );
+    let run = tmp.path().join("run");
+    let rows = Rows::read(&run);
+    let (arm, outcome, start) = (
+        rows.strs("arm"),
+        rows.strs("outcome"),
+        rows.i64s("start_offset_us"),
+    );
+    // on_failure: stop stopped the failing arm at its first failure (readiness); the
+    // reference ran its whole budget.
+    let of = |name: &str| {
+        (0..rows.len())
+            .filter(|&i| arm[i].as_deref() == Some(name))
+            .collect::<Vec<_>>()
+    };
+    let (r, f) = (of("ref"), of("failing"));
+    assert_eq!(r.len(), 1 + 1 + 2 + (1 + 8) + (2 + 8));
+    assert!(r.iter().all(|&i| outcome[i].as_deref() == Some("ok")));
+    assert_eq!(
+        f.len(),
+        2,
+        "health, then the first readiness request failed"
+    );
+    assert_eq!(outcome[f[1]].as_deref(), Some("http"));
+    // Sequential: every exchange of the first arm before any of the second.
+    let last_ref = r.iter().map(|&i| start[i].unwrap()).max().unwrap();
+    let first_failing = f.iter().map(|&i| start[i].unwrap()).min().unwrap();
+    assert!(last_ref < first_failing, "{last_ref} >= {first_failing}");
+    let c = read_json(&run.join("campaign.json"));
+    assert_eq!(c["schedule"], json!("sequential"));
+    assert_eq!(
+        c["arms"][1]["available"],
+        json!(true),
+        "it started; its requests failed"
+    );
+}
