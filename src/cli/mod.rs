@@ -495,6 +495,9 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
                 return;
             }
             if flag.swap(true, Ordering::SeqCst) {
+                // Servers a campaign started run in their own process groups: they would
+                // outlive an exit that does not take them along.
+                crate::drivers::replay::kill_started_servers();
                 eprintln!("matrix-proxy: interrupted twice, exiting now");
                 std::process::exit(Exit::Interrupted as i32);
             }

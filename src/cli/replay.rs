@@ -106,7 +106,16 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         plan.override_endpoint(ep);
     }
     // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
+    let arms_https = plan.campaign.as_ref().is_some_and(|c| {
+        c.arms.iter().any(|a| {
+            a.endpoint.starts_with("https:")
+                || a.health_endpoint
+                    .as_deref()
+                    .is_some_and(|h| h.starts_with("https:"))
+        })
+    });
     let need_tls = args.ca_cert.is_some()
+        || arms_https
         || (!args.mock_worker
             && (plan.endpoint.scheme == Scheme::Https
                 || plan.health_endpoint.scheme == Scheme::Https));

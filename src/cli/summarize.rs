@@ -128,6 +128,12 @@ fn replay(
     }
     let plan = Plan::from_json_bytes(&plan_bytes)
         .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+    if plan.campaign.is_some() {
+        return Err(usage(format!(
+            "{}: a campaign run (arms): summarize does not rebuild campaign runs in this version; the run's own reports are left as they are",
+            dir.display()
+        )));
+    }
     let (mut rounds, excluded, failures) = report::rounds_from_rows(&plan, facts);
     if let Some(o) = original {
         report::rebuild::carry_generator(&mut rounds, o);

@@ -304,7 +304,21 @@ impl Validator {
                 self.err(join(path, "name"), "is required");
                 None
             }
-            Some(n) => self.nonblank(n, &join(path, "name")).map(str::to_string),
+            Some(n) => self.nonblank(n, &join(path, "name")).and_then(|s| {
+                let ok = s
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+                    && !s.starts_with('.');
+                if ok {
+                    Some(s.to_string())
+                } else {
+                    self.err(
+                        join(path, "name"),
+                        format!("'{s}' must be letters, digits, '.', '_' or '-' (not first '.'): it names the arm's files in the run directory"),
+                    );
+                    None
+                }
+            }),
         };
         let lane = match m.get("lane") {
             None => {
@@ -608,6 +622,17 @@ mod tests {
             vec![
                 "arms[1].endpoint: uses {port}, a port the tool chooses when it starts the server: give the arm a start command",
                 "arms[1].recipe.runtime: must not be blank",
+            ]
+        );
+        // An arm's name names its files: no path tricks.
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm("../x", "quality", true, "")
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[0].name: '../x' must be letters, digits, '.', '_' or '-' (not first '.'): it names the arm's files in the run directory"
             ]
         );
         // The built-in mock on every arm forces the synthetic class.

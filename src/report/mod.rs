@@ -136,9 +136,17 @@ fn spread_json(s: &Option<Spread>) -> Value {
 }
 
 fn round_json(r: &RoundMetrics) -> Value {
+    let mut v = round_json_keys(r);
+    // `arm` only in a campaign: a plain plan's summary keeps its keys.
+    if let (Some(arm), Value::Object(m)) = (&r.arm, &mut v) {
+        m.insert("arm".into(), json!(arm));
+    }
+    v
+}
+
+fn round_json_keys(r: &RoundMetrics) -> Value {
     let ss = &r.steady_state;
     json!({
-        "arm": r.arm,
         "case": r.case_name,
         "concurrency": r.concurrency,
         "repetition": r.repetition,
@@ -230,8 +238,8 @@ pub(crate) fn summary_json(
         "complete": complete,
         "failures": failures_json(&failures),
         "rounds": rounds.iter().map(round_json).collect::<Vec<_>>(),
-        "round_aggregates": aggs.iter().map(|a| json!({
-            "arm": a.arm,
+        "round_aggregates": aggs.iter().map(|a| {
+            let mut v = json!({
             "case": a.case_name,
             "concurrency": a.concurrency,
             "planned_rounds": a.planned_rounds,
@@ -239,7 +247,12 @@ pub(crate) fn summary_json(
             "complete_rounds": a.complete_rounds,
             "incomplete_rounds": a.incomplete_rounds,
             "metrics": Value::Object(a.metrics.iter().map(|(k, s)| (k.to_string(), spread_json(s))).collect()),
-        })).collect::<Vec<_>>(),
+            });
+            if let (Some(arm), Value::Object(m)) = (&a.arm, &mut v) {
+                m.insert("arm".into(), json!(arm));
+            }
+            v
+        }).collect::<Vec<_>>(),
         "excluded_phases": excluded_json,
         "ending": match ending { Ending::Passed => "passed", Ending::Failed => "failed", Ending::Interrupted => "interrupted" },
         "planned_rounds": planned_rounds,

@@ -106,7 +106,7 @@ fn percentiles(
 
 fn counts() -> Vec<RoundColumn> {
     let mut v = vec![
-        text("arm", true, |r| r.arm.as_deref()),
+        text("arm", false, |r| r.arm.as_deref()),
         text("case_name", false, |r| Some(r.case_name.as_str())),
         int32("concurrency", |r| {
             i32::try_from(r.concurrency).unwrap_or(i32::MAX)
@@ -237,7 +237,12 @@ fn columns() -> Vec<RoundColumn> {
 
 /// Write `rounds` to `path` (through a temporary name, fsynced, renamed).
 pub(crate) fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), String> {
-    let cols = columns();
+    // `arm` only in a campaign: a plain plan's file keeps its columns.
+    let campaign = rounds.iter().any(|r| r.arm.is_some());
+    let cols: Vec<RoundColumn> = columns()
+        .into_iter()
+        .filter(|c| campaign || c.name != "arm")
+        .collect();
     let schema = Arc::new(Schema::new(
         cols.iter()
             .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))

@@ -63,16 +63,28 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     let ready = tmp.path().join("grown");
     let grow = "python3 -c 'import sys, time; b = b\"x\" * (200 << 20); open(sys.argv[1], \"w\").close(); time.sleep(120)' \"$2\" marker-41977 & \
                 while [ ! -e \"$2\" ]; do sleep 0.05; done; \
-                exec \"$0\" mock-worker --listen 127.0.0.1:$1 --stall-ms 41977";
+                exec \"$0\" mock-worker --listen 127.0.0.1:$1 --stall-ms 41977 --text-seed 5";
     let arms = json!([
         {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
          "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
          "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "41977"]}},
         {"name": "fit", "lane": "performance-fit", "recipe": recipe("q4"),
          "endpoint": "http://127.0.0.1:{port}/v1/chat/completions", "artifact": "Cargo.toml",
-         "start": {"command": ["sh", "-c", grow, "{self}", "{port}", ready.to_str().unwrap()], "stop_grace_seconds": 2, "health_timeout_seconds": 60}}
+         "start": {"command": ["sh", "-c", grow, "{self}", "{port}", ready.to_str().unwrap()], "stop_grace_seconds": 2, "health_timeout_seconds": 60}},
+        {"name": "twin", "lane": "quality", "recipe": recipe("none"),
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--stall-ms", "41977"]}}
     ]);
-    let (code, stderr) = replay(tmp.path(), &plan(arms));
+    // The default mock's answer is the oracle: the twin meets it; the fit arm answers
+    // with another text (--text-seed 5), which a performance-fit arm may.
+    let mut plan = plan(arms);
+    plan["cases"][0]["ignore_paths"] = json!(["/id", "/created"]);
+    plan["cases"][0]["expected_response"] = json!({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "mock",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": matrix_proxy::generate_text("hi", 4)}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5},
+    });
+    let (code, stderr) = replay(tmp.path(), &plan);
     assert_eq!(code, Some(0), "{stderr}");
     let run = tmp.path().join("run");
     assert!(
@@ -81,7 +93,8 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
         processes_with("41977")
     );
 
-    // Every row names its arm; the measured rounds ran in rotation: ref, fit, then fit, ref.
+    // Every row names its arm; the measured rounds ran in rotation: ref fit twin, then
+    // fit twin ref.
     let rows = Rows::read(&run);
     let (arm, phase, conc, rep, start) = (
         rows.strs("arm"),
@@ -92,8 +105,16 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     );
     assert!(
         arm.iter()
-            .all(|a| matches!(a.as_deref(), Some("ref" | "fit")))
+            .all(|a| matches!(a.as_deref(), Some("ref" | "fit" | "twin")))
     );
+    let (outcome, ptr) = (rows.strs("outcome"), rows.strs("oracle_mismatch_pointer"));
+    for i in 0..rows.len() {
+        assert_eq!(outcome[i].as_deref(), Some("ok"), "row {i}");
+        if phase[i].as_deref() != Some("health") {
+            let want = (arm[i].as_deref() == Some("fit")).then_some("/choices/0/message/content");
+            assert_eq!(ptr[i].as_deref(), want, "row {i} of {:?}", arm[i]);
+        }
+    }
     for c in [1, 2] {
         let mut firsts: Vec<(i64, String, i32)> = Vec::new();
         for i in 0..rows.len() {
@@ -112,7 +133,9 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
             vec![
                 ("ref".into(), 0),
                 ("fit".into(), 0),
+                ("twin".into(), 0),
                 ("fit".into(), 1),
+                ("twin".into(), 1),
                 ("ref".into(), 1)
             ],
             "c = {c}"
@@ -161,7 +184,7 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     assert!(run.join("servers").join("fit.stderr.log").is_file());
     // Rounds are per arm.
     let summary = read_json(&run.join("summary.json"));
-    assert_eq!(summary["rounds"].as_array().unwrap().len(), 2 * 2 * 2);
+    assert_eq!(summary["rounds"].as_array().unwrap().len(), 3 * 2 * 2);
     assert_eq!(summary["round_aggregates"][0]["arm"], json!("ref"));
 }
 

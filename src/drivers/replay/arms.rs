@@ -116,7 +116,13 @@ impl ArmRun {
                 start.command.join(" ")
             ));
             match server
-                .wait_healthy(&base.engine, &health, started_ns, start.health_timeout)
+                .wait_healthy(
+                    &base.engine,
+                    &health,
+                    started_ns,
+                    start.health_timeout,
+                    &base.interrupted,
+                )
                 .await
             {
                 Ok(ms) => {
@@ -129,9 +135,23 @@ impl ArmRun {
                 }
             }
         }
+        if arm.start.is_none() && launch::probe(&base.engine, &health).await != Some(200) {
+            return Err(format!(
+                "its health endpoint {} did not answer 200",
+                health.url()
+            ));
+        }
         let fit = arm.lane == Lane::PerformanceFit;
         self.ctx = Some(base.ctx(plan.for_arm(&endpoint, &health), Some((&arm.name, fit))));
         Ok(())
+    }
+
+    /// The run was interrupted before this arm was brought up.
+    fn not_started(&mut self) {
+        if self.spec.is_some() {
+            self.unavailable =
+                Some("not measured: the run was interrupted before it started".into());
+        }
     }
 
     async fn prelude(&mut self) {
@@ -184,7 +204,9 @@ pub(super) async fn run_arms(
     match schedule {
         Schedule::Interleaved => {
             for a in runs.iter_mut() {
-                if !interrupted() {
+                if interrupted() {
+                    a.not_started();
+                } else {
                     a.bring_up(base, plan, env).await;
                     a.prelude().await;
                 }
@@ -196,7 +218,9 @@ pub(super) async fn run_arms(
         }
         Schedule::Sequential => {
             for i in 0..runs.len() {
-                if !interrupted() {
+                if interrupted() {
+                    runs[i].not_started();
+                } else {
                     runs[i].bring_up(base, plan, env).await;
                     runs[i].prelude().await;
                     measure(plan, &mut runs[i..=i], rounds).await;

@@ -16,6 +16,25 @@ use crate::model::{ConnectionPolicy, Endpoint};
 /// How often the group's resident memory is sampled.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
+/// Process groups of every server started and not yet stopped: a second Ctrl-C exits at
+/// once, and must not leave them running ([`kill_all`]).
+static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// SIGKILL every started server's group (the CLI's last act on a second Ctrl-C).
+pub(crate) fn kill_all() {
+    if let Ok(groups) = LIVE_GROUPS.lock() {
+        for &g in groups.iter() {
+            kill_group(g, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+fn kill_group(pgid: i32, sig: rustix::process::Signal) {
+    if let Some(g) = rustix::process::Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(g, sig);
+    }
+}
+
 /// A started server: its process group, and the memory samples of that group.
 pub(crate) struct Server {
     child: tokio::process::Child,
@@ -66,6 +85,9 @@ pub(crate) fn spawn(
         .map_err(|e| format!("cannot start {:?}: {e}", argv[0]))?;
     let pid = child.id().ok_or("the server exited at once")?;
     let pgid = i32::try_from(pid).map_err(|_| "pid out of range".to_string())?;
+    if let Ok(mut g) = LIVE_GROUPS.lock() {
+        g.push(pgid);
+    }
     let sampling = Arc::new(AtomicBool::new(true));
     let samples = Arc::new(Mutex::new(Vec::new()));
     {
@@ -141,13 +163,14 @@ impl Server {
     }
 
     /// Wait until `health` answers 200: `Ok(load_ms)` from `started_ns`; an error when the
-    /// server exits first or `timeout` passes.
+    /// server exits first, `timeout` passes, or the run is interrupted.
     pub(crate) async fn wait_healthy(
         &mut self,
         engine: &Engine,
         health: &Endpoint,
         started_ns: u64,
         timeout: Duration,
+        interrupted: &AtomicBool,
     ) -> Result<f64, String> {
         let deadline = started_ns + timeout.as_nanos() as u64;
         loop {
@@ -156,7 +179,19 @@ impl Server {
                     "the server exited ({status}) before its health endpoint answered"
                 ));
             }
+            if interrupted.load(Ordering::Relaxed) {
+                return Err(
+                    "not measured: the run was interrupted while the server started".into(),
+                );
+            }
             if probe(engine, health).await == Some(200) {
+                // Our server must still be the one running: a 200 from another listener
+                // that took the port would measure the wrong server.
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!(
+                        "the server exited ({status}); something else answered on its port"
+                    ));
+                }
                 return Ok((clock::now_ns() - started_ns) as f64 / 1e6);
             }
             if clock::now_ns() >= deadline {
@@ -170,36 +205,70 @@ impl Server {
         }
     }
 
-    /// Stop the whole group: SIGTERM, then SIGKILL after `grace` if any member is left.
+    /// Stop the whole group: SIGTERM, then SIGKILL after `grace` if any member is left,
+    /// and wait (a little) until none is.
     pub(crate) async fn stop(mut self, grace: Duration) {
         self.sampling.store(false, Ordering::Relaxed);
-        let group = rustix::process::Pid::from_raw(self.pgid);
-        if let Some(g) = group {
-            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::TERM);
+        kill_group(self.pgid, rustix::process::Signal::TERM);
+        self.wait_gone(grace).await;
+        if group_alive(self.pgid) {
+            kill_group(self.pgid, rustix::process::Signal::KILL);
+            self.wait_gone(Duration::from_secs(2)).await;
         }
-        let deadline = clock::now_ns() + grace.as_nanos() as u64;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        if let Ok(mut g) = LIVE_GROUPS.lock() {
+            g.retain(|&p| p != self.pgid);
+        }
+    }
+}
+
+impl Server {
+    /// Until no member of the group runs, at most `within` (reaping the leader).
+    async fn wait_gone(&mut self, within: Duration) {
+        let deadline = clock::now_ns() + within.as_nanos() as u64;
         while clock::now_ns() < deadline && group_alive(self.pgid) {
             let _ = self.child.try_wait();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if let Some(g) = group
-            && group_alive(self.pgid)
-        {
-            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
     }
 }
 
-/// Whether any process of group `pgid` is still there (a zombie leader counts as gone).
+impl Drop for Server {
+    /// A server dropped without [`Server::stop`] (a panic, a cancelled future) still takes
+    /// its whole group with it.
+    fn drop(&mut self) {
+        self.sampling.store(false, Ordering::Relaxed);
+        if let Ok(mut g) = LIVE_GROUPS.lock()
+            && let Some(i) = g.iter().position(|&p| p == self.pgid)
+        {
+            g.swap_remove(i);
+            kill_group(self.pgid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// Whether any process of group `pgid` is still running (zombies, which only wait to be
+/// reaped, do not count).
 pub(crate) fn group_alive(pgid: i32) -> bool {
-    rustix::process::Pid::from_raw(pgid).is_some_and(|g| {
-        rustix::process::test_kill_process_group(g).is_ok() && group_rss_bytes(pgid) > 0
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            return false;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or("Z");
+        let pgrp: Option<i32> = f.nth(1).and_then(|s| s.parse().ok());
+        pgrp == Some(pgid) && !matches!(state, "Z" | "X")
     })
 }
 
 /// One GET of `health` on a fresh connection; its status, if one came.
-async fn probe(engine: &Engine, health: &Endpoint) -> Option<u16> {
+pub(crate) async fn probe(engine: &Engine, health: &Endpoint) -> Option<u16> {
     let mut req = http::Request::new(http_body_util::Full::new(bytes::Bytes::new()));
     *req.uri_mut() = health.path_and_query.parse().ok()?;
     if let Ok(h) = http::HeaderValue::from_str(&health.authority) {

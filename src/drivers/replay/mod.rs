@@ -33,6 +33,7 @@ use crate::model::Phase;
 use crate::report::{self, Ending, PhaseCounts};
 pub(crate) use arms::ArmEnv;
 use exchange::exchange;
+pub(crate) use launch::kill_all as kill_started_servers;
 use wave::{LagProbe, cores, wave};
 
 type ReqBody = Full<Bytes>;
@@ -104,11 +105,20 @@ struct Ctx {
     arm: Option<Arc<str>>,
     /// A performance-fit arm: its answers are never `correctness` failures.
     performance_fit: bool,
+    /// Every arm stops (the recorder failed, or a worker panicked).
+    halted: Arc<AtomicBool>,
 }
 
 impl Ctx {
     fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.interrupted.load(Ordering::Relaxed)
+        self.stop.load(Ordering::Relaxed)
+            || self.interrupted.load(Ordering::Relaxed)
+            || self.halted.load(Ordering::Relaxed)
+    }
+
+    /// Stop every arm: nothing more can be recorded.
+    fn halt(&self) {
+        self.halted.store(true, Ordering::Relaxed);
     }
 
     /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
@@ -130,6 +140,7 @@ struct Base {
     failures: Arc<AtomicU64>,
     first_failure: Arc<std::sync::OnceLock<String>>,
     progress: ProgressBar,
+    halted: Arc<AtomicBool>,
 }
 
 impl Base {
@@ -173,6 +184,7 @@ impl Base {
             variant_names,
             arm: arm.map(|(name, _)| Arc::from(name)),
             performance_fit: arm.is_some_and(|(_, fit)| fit),
+            halted: self.halted.clone(),
         })
     }
 }
@@ -224,6 +236,7 @@ pub(crate) async fn run(
         failures: Arc::new(AtomicU64::new(0)),
         first_failure: Arc::new(std::sync::OnceLock::new()),
         progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
+        halted: Arc::new(AtomicBool::new(false)),
     };
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();

@@ -114,7 +114,7 @@ pub(super) async fn wave(
                 // A panicking worker is a bug; stop the run rather than hide it.
                 ctx.run
                     .record_failed(RecordError(format!("internal: worker {w} failed: {e}")));
-                ctx.stop();
+                ctx.halt();
             }
         }
     }
