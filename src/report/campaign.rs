@@ -31,6 +31,8 @@ pub(crate) struct ArmMeasures<'a> {
     pub(crate) load_ms: Option<f64>,
     /// The tool started the arm's server, so its process group was sampled.
     pub(crate) rss_sampled: bool,
+    /// The URL its requests went to (its `{port}` resolved); `None` if never brought up.
+    pub(crate) endpoint: Option<String>,
     pub(crate) levels: &'a BTreeMap<usize, Level>,
 }
 
@@ -96,6 +98,7 @@ pub(crate) fn cell(level: &Level, rss_sampled: bool) -> Value {
         } else {
             "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
         },
+        "rss_sample_interval_ms": rss_sampled.then_some(100),
         "peak_vram_bytes": Value::Null,
         "peak_vram_reason": "GPU memory is not sampled in this version",
         "attempted_requests": level.samples.len(),
@@ -127,6 +130,7 @@ pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Va
                 "reference": a.arm.reference,
                 "available": a.unavailable_reason.is_none(),
                 "unavailable_reason": a.unavailable_reason,
+                "endpoint": a.endpoint,
                 "load": {"artifact_bytes": a.artifact_bytes, "load_ms": a.load_ms},
                 "metadata": a.arm.metadata,
                 "concurrency": cells,

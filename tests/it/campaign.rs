@@ -154,6 +154,11 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     let arms = c["arms"].as_array().unwrap();
     for a in arms {
         assert_eq!(a["available"], json!(true), "{a}");
+        let ep = a["endpoint"].as_str().unwrap();
+        assert!(
+            ep.starts_with("http://127.0.0.1:") && !ep.contains("{port}"),
+            "{ep}"
+        );
         assert!(a["load"]["load_ms"].as_f64().unwrap() > 0.0, "{a}");
         for level in ["1", "2"] {
             let cell = &a["concurrency"][level];

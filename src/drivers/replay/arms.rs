@@ -277,6 +277,10 @@ pub(super) fn reports(runs: &[ArmRun]) -> Vec<ArmMeasures<'_>> {
                 artifact_bytes: a.artifact_bytes,
                 load_ms: a.load_ms,
                 rss_sampled: spec.start.is_some(),
+                endpoint: a
+                    .ctx
+                    .as_ref()
+                    .map(|c| crate::report::config_json::redacted(&c.plan.endpoint.url())),
                 levels: &a.levels,
             })
         })
