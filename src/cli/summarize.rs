@@ -128,12 +128,8 @@ fn replay(
     }
     let plan = Plan::from_json_bytes(&plan_bytes)
         .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-    if plan.campaign.is_some() {
-        return Err(usage(format!(
-            "{}: a campaign run (arms): summarize does not rebuild campaign runs in this version; the run's own reports are left as they are",
-            dir.display()
-        )));
-    }
+    // A campaign's campaign.json needs what the rows do not hold (memory samples, load
+    // times): it is left as the run wrote it; rounds and the summary are rebuilt per arm.
     let (mut rounds, excluded, failures) = report::rounds_from_rows(&plan, facts);
     if let Some(o) = original {
         report::rebuild::carry_generator(&mut rounds, o);

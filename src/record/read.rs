@@ -15,6 +15,8 @@ use crate::model::Outcome;
 #[derive(Debug, Clone)]
 pub(crate) struct RowFacts {
     pub(crate) phase: String,
+    /// The campaign arm (`None` outside campaigns, and in runs recorded before arms).
+    pub(crate) arm: Option<String>,
     pub(crate) case_name: Option<String>,
     pub(crate) concurrency: Option<i32>,
     pub(crate) repetition: Option<i32>,
@@ -41,7 +43,8 @@ pub(crate) fn for_each_row(
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
     // `decisions` is read when present: runs recorded before it existed have none.
-    const WANT: [&str; 20] = [
+    const WANT: [&str; 21] = [
+        "arm",
         "method",
         "url",
         "status",
@@ -83,6 +86,9 @@ pub(crate) fn for_each_row(
             let url = typed!("url", StringArray);
             let status = typed!("status", Int32Array);
             let exchange_id = typed!("exchange_id", Int64Array);
+            let arm = b
+                .column_by_name("arm")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>());
             let decisions = b
                 .column_by_name("decisions")
                 .and_then(|c| c.as_any().downcast_ref::<Int64Array>());
@@ -107,26 +113,18 @@ pub(crate) fn for_each_row(
                     .into_iter()
                     .find(|o| o.as_str() == outcome.value(i))
                     .ok_or_else(|| ctx(&format!("unknown outcome {:?}", outcome.value(i))))?;
-                let stream = (is_stream.value(i)).then(|| {
-                    let offsets: Vec<i64> = if content.is_valid(i) {
-                        let v = content.value(i);
-                        v.as_any()
-                            .downcast_ref::<Int64Array>()
-                            .map(|a| a.values().to_vec())
-                            .unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    };
-                    StreamSample {
-                        ttft_us: opt(ttft, i),
-                        tpot_us: opt(tpot, i),
-                        output_tokens: opt(out_tok, i),
-                        prompt_tokens: opt(prompt, i),
-                        gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
-                    }
+                let stream = (is_stream.value(i)).then(|| StreamSample {
+                    ttft_us: opt(ttft, i),
+                    tpot_us: opt(tpot, i),
+                    output_tokens: opt(out_tok, i),
+                    prompt_tokens: opt(prompt, i),
+                    gaps_us: gaps(content, i),
                 });
                 visit(RowFacts {
                     phase: phase.value(i).to_string(),
+                    arm: arm
+                        .filter(|a| a.is_valid(i))
+                        .map(|a| a.value(i).to_string()),
                     case_name: case.is_valid(i).then(|| case.value(i).to_string()),
                     concurrency: conc.is_valid(i).then(|| conc.value(i)),
                     repetition: rep.is_valid(i).then(|| rep.value(i)),
@@ -150,6 +148,21 @@ pub(crate) fn for_each_row(
         }
     }
     Ok(())
+}
+
+/// The gaps between consecutive content events of row `i` (inter-token latencies).
+fn gaps(content: &ListArray, i: usize) -> Vec<i64> {
+    use arrow_array::{Array, Int64Array};
+    if !content.is_valid(i) {
+        return Vec::new();
+    }
+    let v = content.value(i);
+    let offsets = v
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .map(|a| a.values().to_vec())
+        .unwrap_or_default();
+    offsets.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
 /// The batches of one part, read with only the columns named in `want`.

@@ -14,29 +14,57 @@ pub(crate) fn rounds_from_rows(
     facts: &[RowFacts],
 ) -> (Vec<RoundMetrics>, BTreeMap<Phase, PhaseCounts>, u64) {
     let mut rounds = Vec::new();
-    for case in &plan.cases {
-        for &c in &plan.concurrency {
-            for rep in 0..plan.repetitions {
-                let samples: Vec<Sample> = facts
-                    .iter()
-                    .filter(|f| {
-                        f.phase == Phase::Measured.as_str()
-                            && f.case_name.as_deref() == Some(case.name.as_str())
-                            && f.concurrency == Some(c as i32)
-                            && f.repetition == Some(rep as i32)
-                    })
-                    .map(|f| f.sample.clone())
-                    .collect();
-                if !samples.is_empty() {
-                    rounds.push(metrics::round_metrics(
-                        &case.name,
-                        c,
-                        rep,
-                        plan.requests_per_case as u64,
-                        &samples,
-                    ));
+    // The live run's order: for a campaign, interleaved arms in rotation r at repetition r,
+    // or each arm's rounds in turn (sequential).
+    let arms: Vec<Option<&str>> = match &plan.campaign {
+        None => vec![None],
+        Some(c) => c.arms.iter().map(|a| Some(a.name.as_str())).collect(),
+    };
+    let sequential = plan
+        .campaign
+        .as_ref()
+        .is_some_and(|c| c.schedule == crate::config::campaign::Schedule::Sequential);
+    let mut order: Vec<(Option<&str>, usize, usize, usize)> = Vec::new();
+    let n = arms.len();
+    let groups: Vec<Vec<Option<&str>>> = if sequential {
+        arms.iter().map(|a| vec![*a]).collect()
+    } else {
+        vec![arms.clone()]
+    };
+    for group in &groups {
+        for ci in 0..plan.cases.len() {
+            for &c in &plan.concurrency {
+                for rep in 0..plan.repetitions {
+                    for k in 0..group.len() {
+                        let arm = if sequential {
+                            group[k]
+                        } else {
+                            group[(k + rep) % n]
+                        };
+                        order.push((arm, ci, c, rep));
+                    }
                 }
             }
+        }
+    }
+    for (arm, ci, c, rep) in order {
+        let case = &plan.cases[ci];
+        let samples: Vec<Sample> = facts
+            .iter()
+            .filter(|f| {
+                f.phase == Phase::Measured.as_str()
+                    && f.arm.as_deref() == arm
+                    && f.case_name.as_deref() == Some(case.name.as_str())
+                    && f.concurrency == Some(c as i32)
+                    && f.repetition == Some(rep as i32)
+            })
+            .map(|f| f.sample.clone())
+            .collect();
+        if !samples.is_empty() {
+            let mut r =
+                metrics::round_metrics(&case.name, c, rep, plan.requests_per_case as u64, &samples);
+            r.arm = arm.map(str::to_string);
+            rounds.push(r);
         }
     }
     let mut excluded: BTreeMap<Phase, PhaseCounts> = BTreeMap::new();
@@ -68,7 +96,8 @@ pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original_summary: &se
     };
     for r in rounds.iter_mut() {
         let same = originals.iter().find(|o| {
-            o["case"].as_str() == Some(r.case_name.as_str())
+            o["arm"].as_str() == r.arm.as_deref()
+                && o["case"].as_str() == Some(r.case_name.as_str())
                 && o["concurrency"].as_u64() == Some(r.concurrency as u64)
                 && o["repetition"].as_u64() == Some(r.repetition as u64)
         });

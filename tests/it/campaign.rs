@@ -191,6 +191,37 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     let summary = read_json(&run.join("summary.json"));
     assert_eq!(summary["rounds"].as_array().unwrap().len(), 3 * 2 * 2);
     assert_eq!(summary["round_aggregates"][0]["arm"], json!("ref"));
+
+    // summarize rebuilds the same rounds per arm (campaign.json is left as written).
+    let before_rounds = read_parquet(&run.join("rounds.parquet"));
+    let before_campaign = std::fs::read(run.join("campaign.json")).unwrap();
+    let r = bin()
+        .args(["summarize", "--quiet"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let rebuilt = read_json(&run.join("summary.json"));
+    for key in [
+        "rounds",
+        "round_aggregates",
+        "complete",
+        "ending",
+        "excluded_phases",
+        "planned_requests",
+    ] {
+        assert_eq!(rebuilt[key], summary[key], "{key}");
+    }
+    assert_eq!(read_parquet(&run.join("rounds.parquet")), before_rounds);
+    assert_eq!(
+        std::fs::read(run.join("campaign.json")).unwrap(),
+        before_campaign
+    );
 }
 
 #[test]
