@@ -21,6 +21,9 @@ pub(crate) struct Level {
     pub(crate) samples: Vec<Sample>,
     pub(crate) elapsed_seconds: f64,
     pub(crate) peak_rss_bytes: Option<u64>,
+    pub(crate) peak_vram_bytes: Option<u64>,
+    /// What `peak_vram_bytes` measured, or why it is null.
+    pub(crate) vram_scope: Option<String>,
 }
 
 /// What one arm measured.
@@ -99,8 +102,10 @@ pub(crate) fn cell(level: &Level, rss_sampled: bool) -> Value {
             "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
         },
         "rss_sample_interval_ms": rss_sampled.then_some(100),
-        "peak_vram_bytes": Value::Null,
-        "peak_vram_reason": "GPU memory is not sampled in this version",
+        "peak_vram_bytes": level.peak_vram_bytes,
+        "peak_vram_scope": level.vram_scope.as_deref().unwrap_or(
+            "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
+        ),
         "attempted_requests": level.samples.len(),
         "failed_requests": failed.len(),
         "failure_reasons": reasons.into_iter().collect::<Vec<_>>(),
@@ -151,6 +156,7 @@ pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Va
             "decode_tokens_per_sec": "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time)",
             "prefill_tokens_per_sec": "mean over ok streams of prompt_tokens / ttft",
             "aggregate_decode_tokens_per_sec": "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds",
+            "peak_vram_bytes": "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope",
             "performance_fit": "a performance-fit arm's answers are never correctness failures: answering differently is what is measured",
         },
     })
@@ -187,7 +193,7 @@ mod tests {
         let level = Level {
             samples: vec![ok(200), ok(400)],
             elapsed_seconds: 0.6,
-            peak_rss_bytes: None,
+            ..Level::default()
         };
         let c = cell(&level, false);
         assert_eq!(
@@ -200,6 +206,7 @@ mod tests {
             samples: vec![stream(0, 100, 10), stream(0, 200, 10)],
             elapsed_seconds: 1.0,
             peak_rss_bytes: Some(7),
+            ..Level::default()
         };
         let c = cell(&level, true);
         assert_eq!(c["decode_tokens_per_sec"], json!(75.0));
@@ -212,7 +219,7 @@ mod tests {
             &Level {
                 samples: four(),
                 elapsed_seconds: 0.4,
-                peak_rss_bytes: None,
+                ..Level::default()
             },
             false,
         );
@@ -220,7 +227,7 @@ mod tests {
             &Level {
                 samples: four(),
                 elapsed_seconds: 0.1,
-                peak_rss_bytes: None,
+                ..Level::default()
             },
             false,
         );
@@ -235,7 +242,7 @@ mod tests {
                 ..ok(100)
             }],
             elapsed_seconds: 1.0,
-            peak_rss_bytes: None,
+            ..Level::default()
         };
         let c = cell(&level, false);
         assert_eq!(c["aggregate_decode_tokens_per_sec"], json!(30.0));
@@ -256,7 +263,7 @@ mod tests {
                 },
             ],
             elapsed_seconds: 1.0,
-            peak_rss_bytes: None,
+            ..Level::default()
         };
         let c = cell(&level, false);
         assert_eq!(

@@ -416,3 +416,84 @@ fn a_failing_arm_stops_alone_and_sequential_arms_never_overlap() {
         "it started; its requests failed"
     );
 }
+
+/// A stand-in `nvidia-smi`: it lists the process whose pid is in `pidfile` with 300 MiB
+/// and reports 1000 + 24 MiB in use on two GPUs.
+fn fake_nvidia_smi(dir: &Path, pidfile: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        "#!/bin/sh\ncase \"$*\" in\n  *query-compute-apps*) [ -f {p} ] && echo \"$(cat {p}), 300\" ;;\n  *query-gpu*) echo 1000; echo 24 ;;\n  *) echo 'GPU 0: Fake (UUID: GPU-0)' ;;\nesac\n",
+        p = pidfile.display()
+    );
+    let path = bin.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[test]
+fn gpu_memory_is_the_groups_own_or_device_level_only_when_sequential() {
+    for schedule in ["interleaved", "sequential"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let pidfile = tmp.path().join("gpu-arm.pid");
+        let bin_dir = fake_nvidia_smi(tmp.path(), &pidfile);
+        // The "gpu" arm writes its pid (its shell execs into the mock); the "cpu" arm is
+        // never listed by nvidia-smi.
+        let arms = json!([
+            {"name": "gpu", "lane": "quality", "reference": true, "recipe": recipe("none"),
+             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+             "start": {"command": ["sh", "-c", "echo $$ > \"$2\"; exec \"$0\" mock-worker --listen 127.0.0.1:$1 --per-token-ms 20",
+                                   "{self}", "{port}", pidfile.to_str().unwrap()]}},
+            {"name": "cpu", "lane": "performance-fit", "recipe": recipe("q4"),
+             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+             "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--per-token-ms", "20"]}}
+        ]);
+        let mut p = plan(arms);
+        p["schedule"] = json!(schedule);
+        p["concurrency"] = json!([1]);
+        p["requests_per_case"] = json!(3);
+        let path = write_plan(tmp.path(), "campaign.json", &p);
+        let path_env = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+        let out = bin()
+            .env("PATH", path_env)
+            .args(["replay", "--quiet", "--out"])
+            .arg(tmp.path().join("run"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let c = read_json(&tmp.path().join("run").join("campaign.json"));
+        let gpu = &c["arms"][0]["concurrency"]["1"];
+        let cpu = &c["arms"][1]["concurrency"]["1"];
+        assert_eq!(
+            gpu["peak_vram_bytes"],
+            json!(300u64 << 20),
+            "{schedule}: {gpu}"
+        );
+        if schedule == "sequential" {
+            assert_eq!(cpu["peak_vram_bytes"], json!(1024u64 << 20), "{cpu}");
+            assert!(
+                cpu["peak_vram_scope"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("device-level")
+            );
+        } else {
+            assert_eq!(cpu["peak_vram_bytes"], Value::Null, "{cpu}");
+            assert!(
+                cpu["peak_vram_scope"]
+                    .as_str()
+                    .unwrap()
+                    .contains("under the interleaved schedule device-level memory would mix"),
+                "{cpu}"
+            );
+        }
+    }
+}

@@ -160,8 +160,9 @@ impl ArmRun {
         }
     }
 
-    /// Stop the arm's server (if the tool started one) and close its connections.
-    async fn shut_down(&mut self) {
+    /// Stop the arm's server (if the tool started one) and close its connections; then
+    /// each level's peak memory from the samples taken while its rounds ran.
+    async fn shut_down(&mut self, sequential: bool) {
         self.slots.clear();
         let grace = self
             .spec
@@ -170,7 +171,18 @@ impl ArmRun {
             .map_or(std::time::Duration::from_secs(10), |s| s.stop_grace);
         if let Some(server) = self.server.take() {
             let samples = server.samples.clone();
+            let gpu = server.gpu_samples.clone();
+            let gpu_visible = server.gpu_visible;
             server.stop(grace).await;
+            let gpu = gpu.lock().map(|v| v.clone()).unwrap_or_default();
+            if gpu_visible {
+                self.gpu_peaks(&gpu, sequential);
+            } else {
+                for level in self.levels.values_mut() {
+                    level.vram_scope =
+                        Some("not sampled: nvidia-smi did not answer on this machine".into());
+                }
+            }
             let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
             for (c, from, to) in &self.windows {
                 // The edge samples are taken just outside the round's own clock reads.
@@ -184,6 +196,46 @@ impl ArmRun {
                     level.peak_rss_bytes = level.peak_rss_bytes.max(peak);
                 }
             }
+        }
+    }
+}
+
+impl ArmRun {
+    /// Each level's peak GPU memory from `gpu` samples `(ns, group bytes, device bytes)`
+    /// taken within a second of its rounds: the group's own when nvidia-smi lists any of
+    /// its processes; the whole device's only under `sequential` (one server up at a
+    /// time); else null with the reason.
+    fn gpu_peaks(&mut self, gpu: &[(u64, u64, u64)], sequential: bool) {
+        let slack = 1_000_000_000;
+        for (&c, level) in self.levels.iter_mut() {
+            let within: Vec<&(u64, u64, u64)> = gpu
+                .iter()
+                .filter(|(t, _, _)| {
+                    self.windows
+                        .iter()
+                        .any(|(wc, from, to)| *wc == c && *t + slack >= *from && *t <= to + slack)
+                })
+                .collect();
+            let group = within.iter().map(|s| s.1).max().filter(|&b| b > 0);
+            let device = within.iter().map(|s| s.2).max();
+            (level.peak_vram_bytes, level.vram_scope) = match (group, device) {
+                (Some(b), _) => (
+                    Some(b),
+                    Some("GPU memory of the arm's process group as nvidia-smi --query-compute-apps lists it, every 1 s".into()),
+                ),
+                (None, Some(b)) if sequential => (
+                    Some(b),
+                    Some("device-level GPU memory in use on every GPU (nvidia-smi --query-gpu), every 1 s: nvidia-smi lists no process of this arm's group; valid because under the sequential schedule one arm's server is up at a time (other users of the GPU count too)".into()),
+                ),
+                (None, Some(_)) => (
+                    None,
+                    Some("nvidia-smi lists no process of this arm's group (a container may hide its pids), and under the interleaved schedule device-level memory would mix the arms' servers".into()),
+                ),
+                (None, None) => (
+                    None,
+                    Some("no GPU sample fell within this level's rounds".into()),
+                ),
+            };
         }
     }
 }
@@ -213,7 +265,7 @@ pub(super) async fn run_arms(
             }
             measure(plan, runs, rounds).await;
             for a in runs.iter_mut() {
-                a.shut_down().await;
+                a.shut_down(false).await;
             }
         }
         Schedule::Sequential => {
@@ -225,7 +277,7 @@ pub(super) async fn run_arms(
                     runs[i].prelude().await;
                     measure(plan, &mut runs[i..=i], rounds).await;
                 }
-                runs[i].shut_down().await;
+                runs[i].shut_down(true).await;
             }
         }
     }

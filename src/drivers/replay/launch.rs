@@ -42,6 +42,62 @@ pub(crate) struct Server {
     sampling: Arc<AtomicBool>,
     /// `(monotonic ns, resident bytes of the whole group)`.
     pub(crate) samples: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// GPU memory, every second while `nvidia-smi` answers: `(monotonic ns, bytes of the
+    /// group's processes it lists, bytes in use on every GPU)`.
+    pub(crate) gpu_samples: Arc<Mutex<Vec<(u64, u64, u64)>>>,
+    /// `nvidia-smi` answered when the server started.
+    pub(crate) gpu_visible: bool,
+}
+
+/// Run `nvidia-smi` with `args`; its stdout when it ran and succeeded.
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether `pid` belongs to process group `pgid`.
+fn in_group(pid: u32, pgid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+        })
+        == Some(pgid)
+}
+
+/// GPU memory now: (bytes of group `pgid`'s processes that `nvidia-smi` lists, bytes in
+/// use on every GPU). `None` when `nvidia-smi` does not answer.
+pub(crate) fn gpu_bytes(pgid: i32) -> Option<(u64, u64)> {
+    const MIB: u64 = 1 << 20;
+    let apps = nvidia_smi(&[
+        "--query-compute-apps=pid,used_memory",
+        "--format=csv,noheader,nounits",
+    ])?;
+    let mut group = 0;
+    for line in apps.lines() {
+        let mut f = line.split(',').map(str::trim);
+        if let (Some(Ok(pid)), Some(Ok(mib))) = (
+            f.next().map(str::parse::<u32>),
+            f.next().map(str::parse::<u64>),
+        ) && in_group(pid, pgid)
+        {
+            group += mib * MIB;
+        }
+    }
+    let device = nvidia_smi(&["--query-gpu=memory.used", "--format=csv,noheader,nounits"])?
+        .lines()
+        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .sum::<u64>()
+        * MIB;
+    Some((group, device))
 }
 
 /// A free loopback port (bound and released; the server binds it next).
@@ -90,16 +146,28 @@ pub(crate) fn spawn(
     }
     let sampling = Arc::new(AtomicBool::new(true));
     let samples = Arc::new(Mutex::new(Vec::new()));
+    let gpu_samples = Arc::new(Mutex::new(Vec::new()));
+    let gpu_visible = nvidia_smi(&["-L"]).is_some();
     {
-        let (on, out) = (sampling.clone(), samples.clone());
+        let (on, out, gpu_out) = (sampling.clone(), samples.clone(), gpu_samples.clone());
         std::thread::Builder::new()
             .name(format!("rss-{arm}"))
             .spawn(move || {
+                let mut tick = 0u64;
                 while on.load(Ordering::Relaxed) {
                     let rss = group_rss_bytes(pgid);
                     if let Ok(mut v) = out.lock() {
                         v.push((clock::now_ns(), rss));
                     }
+                    // nvidia-smi takes tens of milliseconds: once a second.
+                    if gpu_visible
+                        && tick % 10 == 0
+                        && let Some((group, device)) = gpu_bytes(pgid)
+                        && let Ok(mut v) = gpu_out.lock()
+                    {
+                        v.push((clock::now_ns(), group, device));
+                    }
+                    tick += 1;
                     std::thread::sleep(SAMPLE_EVERY);
                 }
             })
@@ -110,6 +178,8 @@ pub(crate) fn spawn(
         pgid,
         sampling,
         samples,
+        gpu_samples,
+        gpu_visible,
     })
 }
 
