@@ -161,7 +161,7 @@ pub(crate) fn spawn(
                     }
                     // nvidia-smi takes tens of milliseconds: once a second.
                     if gpu_visible
-                        && tick % 10 == 0
+                        && tick.is_multiple_of(10)
                         && let Some((group, device)) = gpu_bytes(pgid)
                         && let Ok(mut v) = gpu_out.lock()
                     {
