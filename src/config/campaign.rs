@@ -101,6 +101,9 @@ pub(crate) struct Arm {
     pub(crate) start: Option<Start>,
     /// A file or directory whose bytes are counted (`artifact_bytes`).
     pub(crate) artifact: Option<String>,
+    /// `resources.pid`: the server's process, for an arm the tool does not start (its
+    /// process tree is sampled).
+    pub(crate) resources_pid: Option<u32>,
     /// The plan's metadata with this arm's fields over it (for the campaign's report;
     /// read by the campaign driver).
     #[allow(dead_code)]
@@ -158,6 +161,7 @@ const ARM_FIELDS: &[&str] = &[
     "start",
     "artifact",
     "metadata",
+    "resources",
 ];
 const RECIPE_KEYS: [&str; 4] = ["runtime", "weight_format", "weight_quantization", "device"];
 const START_FIELDS: &[&str] = &["command", "health_timeout_seconds", "stop_grace_seconds"];
@@ -373,6 +377,10 @@ impl Validator {
                 .nonblank(v, &join(path, "artifact"))
                 .map(|s| Some(s.to_string())),
         };
+        let resources_pid = match m.get("resources") {
+            None => Some(None),
+            Some(v) => self.resources(v, &join(path, "resources"), matches!(start, Some(Some(_)))),
+        };
         let mut metadata = plan_metadata.cloned().unwrap_or_default();
         if let Some(v) = m.get("metadata") {
             let p = join(path, "metadata");
@@ -393,8 +401,33 @@ impl Validator {
             recipe: recipe?,
             start: start?,
             artifact: artifact?,
+            resources_pid: resources_pid?,
             metadata,
         })
+    }
+
+    /// `resources`: `{"pid": N}`, for an arm the tool does not start.
+    fn resources(&mut self, v: &Value, path: &str, started: bool) -> Option<Option<u32>> {
+        let m = self.object(v, path)?;
+        self.unknown_fields(m, path, &["pid"]);
+        let p = join(path, "pid");
+        if started {
+            self.err(
+                &p,
+                "goes with an arm the tool does not start: a started server's own process group is sampled",
+            );
+            return None;
+        }
+        match m.get("pid").and_then(Value::as_u64) {
+            Some(pid) if pid >= 1 && pid <= u64::from(u32::MAX) => Some(Some(pid as u32)),
+            _ => {
+                self.err(
+                    &p,
+                    "is required: the server's process id (an integer >= 1); its process and descendants are sampled",
+                );
+                None
+            }
+        }
     }
 
     /// An arm's URL as written (`{port}` allowed), checked with a stand-in port.
@@ -622,6 +655,23 @@ mod tests {
             vec![
                 "arms[1].endpoint: uses {port}, a port the tool chooses when it starts the server: give the arm a start command",
                 "arms[1].recipe.runtime: must not be blank",
+            ]
+        );
+        // resources.pid is for a server the tool does not start.
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm_at(
+                "a",
+                "quality",
+                true,
+                "{port}",
+                r#", "start": {"command": ["x"]}, "resources": {"pid": 7}"#
+            )
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[0].resources.pid: goes with an arm the tool does not start: a started server's own process group is sampled"
             ]
         );
         // An arm's name names its files: no path tricks.

@@ -32,8 +32,8 @@ pub(crate) struct ArmMeasures<'a> {
     pub(crate) unavailable_reason: Option<&'a str>,
     pub(crate) artifact_bytes: Option<u64>,
     pub(crate) load_ms: Option<f64>,
-    /// The tool started the arm's server, so its process group was sampled.
-    pub(crate) rss_sampled: bool,
+    /// What the arm's memory samples covered (`None`: not sampled).
+    pub(crate) rss_scope: Option<&'static str>,
     /// The URL its requests went to (its `{port}` resolved); `None` if never brought up.
     pub(crate) endpoint: Option<String>,
     pub(crate) levels: &'a BTreeMap<usize, Level>,
@@ -44,7 +44,7 @@ fn ms(us: Option<i64>) -> Value {
 }
 
 /// One cell: the arm's measured exchanges at one concurrency, every case pooled.
-pub(crate) fn cell(level: &Level, rss_sampled: bool) -> Value {
+pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
     let ok: Vec<&Sample> = level
         .samples
         .iter()
@@ -96,12 +96,10 @@ pub(crate) fn cell(level: &Level, rss_sampled: bool) -> Value {
         "aggregate_decode_tokens_per_sec": (level.elapsed_seconds > 0.0).then(|| tokens as f64 / level.elapsed_seconds),
         "output_tokens": tokens,
         "peak_rss_bytes": level.peak_rss_bytes,
-        "peak_rss_scope": if rss_sampled {
-            "resident memory of the arm's whole started process group (its process group, grandchildren included), from /proc every 100 ms and at the edges of each measured round at this level"
-        } else {
-            "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
-        },
-        "rss_sample_interval_ms": rss_sampled.then_some(100),
+        "peak_rss_scope": rss_scope.unwrap_or(
+            "not sampled: the tool did not start this arm's server (no start command) and the plan names no resources.pid, so it does not know its processes"
+        ),
+        "rss_sample_interval_ms": rss_scope.map(|_| 100),
         "peak_vram_bytes": level.peak_vram_bytes,
         "peak_vram_scope": level.vram_scope.as_deref().unwrap_or(
             "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
@@ -121,7 +119,7 @@ pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Va
             let cells: Map<String, Value> = a
                 .levels
                 .iter()
-                .map(|(c, level)| (c.to_string(), cell(level, a.rss_sampled)))
+                .map(|(c, level)| (c.to_string(), cell(level, a.rss_scope)))
                 .collect();
             json!({
                 "name": a.arm.name,
@@ -195,7 +193,7 @@ mod tests {
             elapsed_seconds: 0.6,
             ..Level::default()
         };
-        let c = cell(&level, false);
+        let c = cell(&level, None);
         assert_eq!(
             (c["latency_p50_ms"].clone(), c["latency_p95_ms"].clone()),
             (json!(200.0), json!(400.0))
@@ -208,7 +206,7 @@ mod tests {
             peak_rss_bytes: Some(7),
             ..Level::default()
         };
-        let c = cell(&level, true);
+        let c = cell(&level, Some("s"));
         assert_eq!(c["decode_tokens_per_sec"], json!(75.0));
         assert_eq!(c["aggregate_decode_tokens_per_sec"], json!(20.0));
         assert_eq!(c["peak_rss_bytes"], json!(7));
@@ -221,7 +219,7 @@ mod tests {
                 elapsed_seconds: 0.4,
                 ..Level::default()
             },
-            false,
+            None,
         );
         let overlapped = cell(
             &Level {
@@ -229,7 +227,7 @@ mod tests {
                 elapsed_seconds: 0.1,
                 ..Level::default()
             },
-            false,
+            None,
         );
         assert_eq!(serial["decode_tokens_per_sec"], json!(100.0));
         assert_eq!(overlapped["decode_tokens_per_sec"], json!(100.0));
@@ -244,7 +242,7 @@ mod tests {
             elapsed_seconds: 1.0,
             ..Level::default()
         };
-        let c = cell(&level, false);
+        let c = cell(&level, None);
         assert_eq!(c["aggregate_decode_tokens_per_sec"], json!(30.0));
         assert_eq!(c["decode_tokens_per_sec"], Value::Null);
         // Failures are counted with their distinct reasons.
@@ -265,7 +263,7 @@ mod tests {
             elapsed_seconds: 1.0,
             ..Level::default()
         };
-        let c = cell(&level, false);
+        let c = cell(&level, None);
         assert_eq!(
             (
                 c["attempted_requests"].clone(),

@@ -497,3 +497,61 @@ fn gpu_memory_is_the_groups_own_or_device_level_only_when_sequential() {
         }
     }
 }
+
+#[test]
+fn a_server_started_elsewhere_is_sampled_through_resources_pid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = bin()
+        .args(["mock-worker", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let arms = json!([
+        {"name": "external", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": format!("http://127.0.0.1:{port}/v1/chat/completions"),
+         "resources": {"pid": server.id()}},
+        {"name": "unknown", "lane": "quality", "recipe": recipe("none"),
+         "endpoint": format!("http://127.0.0.1:{port}/v1/chat/completions")}
+    ]);
+    let (code, stderr) = replay(tmp.path(), &plan(arms));
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = read_json(&tmp.path().join("run").join("campaign.json"));
+    let sampled = &c["arms"][0]["concurrency"]["1"];
+    assert!(
+        sampled["peak_rss_bytes"].as_u64().unwrap() > 1 << 20,
+        "{sampled}"
+    );
+    assert!(
+        sampled["peak_rss_scope"]
+            .as_str()
+            .unwrap()
+            .contains("resources.pid")
+    );
+    assert_eq!(sampled["rss_sample_interval_ms"], json!(100));
+    let unknown = &c["arms"][1]["concurrency"]["1"];
+    assert_eq!(unknown["peak_rss_bytes"], Value::Null);
+    assert!(
+        unknown["peak_rss_scope"]
+            .as_str()
+            .unwrap()
+            .starts_with("not sampled")
+    );
+    assert_eq!(
+        c["arms"][0]["load"]["load_ms"],
+        Value::Null,
+        "not started by the tool"
+    );
+}

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::launch::{self, Server};
+use super::launch::{self, Sampler, Server, Who};
 use super::{Base, Ctx, Slot, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
@@ -37,6 +37,8 @@ pub(super) struct ArmRun {
     /// Why the arm could not be measured.
     pub(super) unavailable: Option<String>,
     server: Option<Server>,
+    /// The sampler of a `resources.pid` server (one the tool did not start).
+    watcher: Option<Sampler>,
     load_ms: Option<f64>,
     artifact_bytes: Option<u64>,
     /// Per concurrency: the measured samples, their rounds' elapsed time, their windows.
@@ -60,6 +62,7 @@ impl ArmRun {
                 excluded: BTreeMap::new(),
                 unavailable: None,
                 server: None,
+                watcher: None,
                 load_ms: None,
                 artifact_bytes: None,
                 levels: BTreeMap::new(),
@@ -141,6 +144,9 @@ impl ArmRun {
                 health.url()
             ));
         }
+        if let Some(pid) = arm.resources_pid {
+            self.watcher = Some(Sampler::start(Who::Tree(pid), &arm.name)?);
+        }
         let fit = arm.lane == Lane::PerformanceFit;
         self.ctx = Some(base.ctx(plan.for_arm(&endpoint, &health), Some((&arm.name, fit))));
         Ok(())
@@ -169,34 +175,50 @@ impl ArmRun {
             .as_ref()
             .and_then(|a| a.start.as_ref())
             .map_or(std::time::Duration::from_secs(10), |s| s.stop_grace);
-        if let Some(server) = self.server.take() {
-            let samples = server.samples.clone();
-            let gpu = server.gpu_samples.clone();
-            let gpu_visible = server.gpu_visible;
-            server.stop(grace).await;
-            let gpu = gpu.lock().map(|v| v.clone()).unwrap_or_default();
-            if gpu_visible {
-                self.gpu_peaks(&gpu, sequential);
-            } else {
-                for level in self.levels.values_mut() {
-                    level.vram_scope =
-                        Some("not sampled: nvidia-smi did not answer on this machine".into());
-                }
+        // What was sampled: a started server's group, or a `resources.pid` tree.
+        let (samples, gpu, gpu_visible) = match (self.server.take(), self.watcher.take()) {
+            (Some(server), _) => {
+                let s = &server.sampler;
+                let taken = (s.samples.clone(), s.gpu_samples.clone(), s.gpu_visible);
+                server.stop(grace).await;
+                taken
             }
-            let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
-            for (c, from, to) in &self.windows {
-                // The edge samples are taken just outside the round's own clock reads.
-                let slack = 50_000_000;
-                let peak = samples
-                    .iter()
-                    .filter(|(t, _)| *t + slack >= *from && *t <= to + slack)
-                    .map(|(_, b)| *b)
-                    .max();
-                if let Some(level) = self.levels.get_mut(c) {
-                    level.peak_rss_bytes = level.peak_rss_bytes.max(peak);
-                }
+            (None, Some(w)) => {
+                w.stop();
+                (w.samples.clone(), w.gpu_samples.clone(), w.gpu_visible)
+            }
+            (None, None) => return,
+        };
+        let gpu = gpu.lock().map(|v| v.clone()).unwrap_or_default();
+        if gpu_visible {
+            self.gpu_peaks(&gpu, sequential);
+        } else {
+            for level in self.levels.values_mut() {
+                level.vram_scope =
+                    Some("not sampled: nvidia-smi did not answer on this machine".into());
             }
         }
+        let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
+        for (c, from, to) in &self.windows {
+            // The edge samples are taken just outside the round's own clock reads.
+            let slack = 50_000_000;
+            let peak = samples
+                .iter()
+                .filter(|(t, _)| *t + slack >= *from && *t <= to + slack)
+                .map(|(_, b)| *b)
+                .max();
+            if let Some(level) = self.levels.get_mut(c) {
+                level.peak_rss_bytes = level.peak_rss_bytes.max(peak);
+            }
+        }
+    }
+
+    /// The sampler of this arm's memory, if any.
+    fn sampler(&self) -> Option<&Sampler> {
+        self.server
+            .as_ref()
+            .map(|s| &s.sampler)
+            .or(self.watcher.as_ref())
     }
 }
 
@@ -300,11 +322,11 @@ async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics
                     let Some(ctx) = a.live().cloned() else {
                         continue;
                     };
-                    if let Some(s) = &a.server {
+                    if let Some(s) = a.sampler() {
                         s.sample_now();
                     }
                     let m = measured_round(&ctx, &mut a.slots, ci, c, rep).await;
-                    if let Some(s) = &a.server {
+                    if let Some(s) = a.sampler() {
                         s.sample_now();
                     }
                     let level = a.levels.entry(c).or_default();
@@ -328,7 +350,13 @@ pub(super) fn reports(runs: &[ArmRun]) -> Vec<ArmMeasures<'_>> {
                 unavailable_reason: a.unavailable.as_deref(),
                 artifact_bytes: a.artifact_bytes,
                 load_ms: a.load_ms,
-                rss_sampled: spec.start.is_some(),
+                rss_scope: if spec.start.is_some() {
+                    Some("resident memory of the arm's whole started process group (grandchildren included), from /proc every 100 ms and at the edges of each measured round at this level")
+                } else if spec.resources_pid.is_some() {
+                    Some("resident memory of resources.pid and all its descendants, from /proc every 100 ms and at the edges of each measured round at this level")
+                } else {
+                    None
+                },
                 endpoint: a
                     .ctx
                     .as_ref()

@@ -39,14 +39,139 @@ fn kill_group(pgid: i32, sig: rustix::process::Signal) {
 pub(crate) struct Server {
     child: tokio::process::Child,
     pgid: i32,
-    sampling: Arc<AtomicBool>,
-    /// `(monotonic ns, resident bytes of the whole group)`.
+    pub(crate) sampler: Sampler,
+}
+
+/// Whose memory is sampled.
+#[derive(Clone, Copy)]
+pub(crate) enum Who {
+    /// Every process of a process group (a server the tool started).
+    Group(i32),
+    /// A process and all its descendants (`resources.pid`: a server started elsewhere).
+    Tree(u32),
+}
+
+/// Memory samples of a set of processes, taken by a thread of its own.
+pub(crate) struct Sampler {
+    who: Who,
+    on: Arc<AtomicBool>,
+    /// `(monotonic ns, resident bytes of every member)`.
     pub(crate) samples: Arc<Mutex<Vec<(u64, u64)>>>,
     /// GPU memory, every second while `nvidia-smi` answers: `(monotonic ns, bytes of the
-    /// group's processes it lists, bytes in use on every GPU)`.
+    /// members it lists, bytes in use on every GPU)`.
     pub(crate) gpu_samples: Arc<Mutex<Vec<(u64, u64, u64)>>>,
-    /// `nvidia-smi` answered when the server started.
+    /// `nvidia-smi` answered when sampling started.
     pub(crate) gpu_visible: bool,
+}
+
+impl Sampler {
+    /// Sample `who` every [`SAMPLE_EVERY`] (GPU memory every second) until stopped.
+    pub(crate) fn start(who: Who, name: &str) -> Result<Sampler, String> {
+        let on = Arc::new(AtomicBool::new(true));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let gpu_samples = Arc::new(Mutex::new(Vec::new()));
+        let gpu_visible = nvidia_smi(&["-L"]).is_some();
+        let (run, out, gpu_out) = (on.clone(), samples.clone(), gpu_samples.clone());
+        std::thread::Builder::new()
+            .name(format!("rss-{name}"))
+            .spawn(move || {
+                let mut tick = 0u64;
+                while run.load(Ordering::Relaxed) {
+                    let pids = members(who);
+                    let rss = rss_bytes(&pids);
+                    if let Ok(mut v) = out.lock() {
+                        v.push((clock::now_ns(), rss));
+                    }
+                    // nvidia-smi takes tens of milliseconds: once a second.
+                    if gpu_visible
+                        && tick.is_multiple_of(10)
+                        && let Some((mine, device)) = gpu_bytes(&pids)
+                        && let Ok(mut v) = gpu_out.lock()
+                    {
+                        v.push((clock::now_ns(), mine, device));
+                    }
+                    tick += 1;
+                    std::thread::sleep(SAMPLE_EVERY);
+                }
+            })
+            .map_err(|e| format!("cannot start the memory sampler: {e}"))?;
+        Ok(Sampler {
+            who,
+            on,
+            samples,
+            gpu_samples,
+            gpu_visible,
+        })
+    }
+
+    /// Take one resident-memory sample now (at a round's edges, so even a round shorter
+    /// than the sampling interval has its memory measured; never during a round).
+    pub(crate) fn sample_now(&self) {
+        let rss = rss_bytes(&members(self.who));
+        if let Ok(mut v) = self.samples.lock() {
+            v.push((clock::now_ns(), rss));
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.on.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `(pid, ppid, pgrp)` of every process, from /proc.
+fn processes() -> Vec<(u32, u32, i32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // Fields after the command (which may hold spaces and parentheses): state,
+            // ppid, pgrp, ...
+            let mut f = stat.rsplit_once(')')?.1.split_whitespace();
+            let ppid = f.nth(1)?.parse().ok()?;
+            let pgrp = f.next()?.parse().ok()?;
+            Some((pid, ppid, pgrp))
+        })
+        .collect()
+}
+
+/// The pids `who` names now.
+pub(crate) fn members(who: Who) -> Vec<u32> {
+    let all = processes();
+    match who {
+        Who::Group(g) => all.iter().filter(|p| p.2 == g).map(|p| p.0).collect(),
+        Who::Tree(root) => {
+            let mut out = vec![root];
+            let mut i = 0;
+            while i < out.len() {
+                let parent = out[i];
+                out.extend(all.iter().filter(|p| p.1 == parent).map(|p| p.0));
+                i += 1;
+            }
+            out.retain(|pid| all.iter().any(|p| p.0 == *pid));
+            out
+        }
+    }
+}
+
+/// Resident bytes of `pids` (each process's resident set, summed).
+pub(crate) fn rss_bytes(pids: &[u32]) -> u64 {
+    let page = rustix::param::page_size() as u64;
+    pids.iter()
+        .filter_map(|pid| {
+            let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+            statm.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum::<u64>()
+        * page
 }
 
 /// Run `nvidia-smi` with `args`; its stdout when it ran and succeeded.
@@ -62,20 +187,9 @@ fn nvidia_smi(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether `pid` belongs to process group `pgid`.
-fn in_group(pid: u32, pgid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(2)?.parse::<i32>().ok()
-        })
-        == Some(pgid)
-}
-
-/// GPU memory now: (bytes of group `pgid`'s processes that `nvidia-smi` lists, bytes in
-/// use on every GPU). `None` when `nvidia-smi` does not answer.
-pub(crate) fn gpu_bytes(pgid: i32) -> Option<(u64, u64)> {
+/// GPU memory now: (bytes of the processes `pids` that `nvidia-smi` lists, bytes in use
+/// on every GPU). `None` when `nvidia-smi` does not answer.
+pub(crate) fn gpu_bytes(pids: &[u32]) -> Option<(u64, u64)> {
     const MIB: u64 = 1 << 20;
     let apps = nvidia_smi(&[
         "--query-compute-apps=pid,used_memory",
@@ -87,7 +201,7 @@ pub(crate) fn gpu_bytes(pgid: i32) -> Option<(u64, u64)> {
         if let (Some(Ok(pid)), Some(Ok(mib))) = (
             f.next().map(str::parse::<u32>),
             f.next().map(str::parse::<u64>),
-        ) && in_group(pid, pgid)
+        ) && pids.contains(&pid)
         {
             group += mib * MIB;
         }
@@ -144,94 +258,15 @@ pub(crate) fn spawn(
     if let Ok(mut g) = LIVE_GROUPS.lock() {
         g.push(pgid);
     }
-    let sampling = Arc::new(AtomicBool::new(true));
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let gpu_samples = Arc::new(Mutex::new(Vec::new()));
-    let gpu_visible = nvidia_smi(&["-L"]).is_some();
-    {
-        let (on, out, gpu_out) = (sampling.clone(), samples.clone(), gpu_samples.clone());
-        std::thread::Builder::new()
-            .name(format!("rss-{arm}"))
-            .spawn(move || {
-                let mut tick = 0u64;
-                while on.load(Ordering::Relaxed) {
-                    let rss = group_rss_bytes(pgid);
-                    if let Ok(mut v) = out.lock() {
-                        v.push((clock::now_ns(), rss));
-                    }
-                    // nvidia-smi takes tens of milliseconds: once a second.
-                    if gpu_visible
-                        && tick.is_multiple_of(10)
-                        && let Some((group, device)) = gpu_bytes(pgid)
-                        && let Ok(mut v) = gpu_out.lock()
-                    {
-                        v.push((clock::now_ns(), group, device));
-                    }
-                    tick += 1;
-                    std::thread::sleep(SAMPLE_EVERY);
-                }
-            })
-            .map_err(|e| format!("cannot start the memory sampler: {e}"))?;
-    }
+    let sampler = Sampler::start(Who::Group(pgid), arm)?;
     Ok(Server {
         child,
         pgid,
-        sampling,
-        samples,
-        gpu_samples,
-        gpu_visible,
+        sampler,
     })
 }
 
-/// Resident bytes of every process in group `pgid`, from /proc (0 where /proc is not).
-pub(crate) fn group_rss_bytes(pgid: i32) -> u64 {
-    let page = rustix::param::page_size() as u64;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let mut total = 0;
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the command (which may hold spaces and parentheses): state, ppid,
-        // pgrp, ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let pgrp: Option<i32> = rest.split_whitespace().nth(2).and_then(|s| s.parse().ok());
-        if pgrp != Some(pgid) {
-            continue;
-        }
-        if let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm"))
-            && let Some(pages) = statm
-                .split_whitespace()
-                .nth(1)
-                .and_then(|s| s.parse::<u64>().ok())
-        {
-            total += pages * page;
-        }
-    }
-    total
-}
-
 impl Server {
-    /// Take one sample now (at a round's edges, so even a round shorter than the
-    /// sampling interval has its memory measured; never during a round).
-    pub(crate) fn sample_now(&self) {
-        let rss = group_rss_bytes(self.pgid);
-        if let Ok(mut v) = self.samples.lock() {
-            v.push((clock::now_ns(), rss));
-        }
-    }
-
     /// Wait until `health` answers 200: `Ok(load_ms)` from `started_ns`; an error when the
     /// server exits first, `timeout` passes, or the run is interrupted.
     pub(crate) async fn wait_healthy(
@@ -278,7 +313,7 @@ impl Server {
     /// Stop the whole group: SIGTERM, then SIGKILL after `grace` if any member is left,
     /// and wait (a little) until none is.
     pub(crate) async fn stop(mut self, grace: Duration) {
-        self.sampling.store(false, Ordering::Relaxed);
+        self.sampler.stop();
         kill_group(self.pgid, rustix::process::Signal::TERM);
         self.wait_gone(grace).await;
         if group_alive(self.pgid) {
@@ -307,7 +342,7 @@ impl Drop for Server {
     /// A server dropped without [`Server::stop`] (a panic, a cancelled future) still takes
     /// its whole group with it.
     fn drop(&mut self) {
-        self.sampling.store(false, Ordering::Relaxed);
+        self.sampler.stop();
         if let Ok(mut g) = LIVE_GROUPS.lock()
             && let Some(i) = g.iter().position(|&p| p == self.pgid)
         {
