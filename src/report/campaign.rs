@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Map, Value, json};
 
 use crate::config::campaign::{Arm, Campaign};
-use crate::metrics::{Percentiles, Sample, mean};
+use crate::metrics::{self, Percentiles, Sample};
 use crate::model::Outcome;
 
 /// The schema version of campaign.json.
@@ -51,27 +51,12 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
         .filter(|s| s.outcome == Outcome::Ok)
         .collect();
     let latency = Percentiles::of(ok.iter().filter_map(|s| s.total_us).collect());
-    let streams: Vec<(&Sample, &crate::metrics::StreamSample)> = ok
-        .iter()
-        .filter_map(|s| s.stream.as_ref().map(|st| (*s, st)))
-        .collect();
-    let ttft = Percentiles::of(streams.iter().filter_map(|(_, st)| st.ttft_us).collect());
-    let decode: Vec<f64> = streams
-        .iter()
-        .filter_map(|(s, st)| {
-            let us = s.total_us? - st.ttft_us?;
-            let n = st.output_tokens?;
-            (us > 0 && n > 0).then(|| n as f64 / (us as f64 / 1e6))
-        })
-        .collect();
-    let prefill: Vec<f64> = streams
-        .iter()
-        .filter_map(|(_, st)| {
-            let ttft = st.ttft_us?;
-            let n = st.prompt_tokens?;
-            (ttft > 0).then(|| n as f64 / (ttft as f64 / 1e6))
-        })
-        .collect();
+    // The per-request rates and TTFT, as a round computes them (no aggregate here: a
+    // cell's wall time is the sum of its rounds', below).
+    let st = metrics::stream_metrics(&ok, 0.0);
+    let ttft = st.as_ref().map(|s| s.ttft_us).unwrap_or_default();
+    let decode = st.as_ref().and_then(|s| s.output_tokens_per_second_mean);
+    let prefill = st.as_ref().and_then(|s| s.prefill_tokens_per_second_mean);
     // Output tokens of every answer: a stream's own count, else the JSON answer's usage.
     let tokens: i64 = ok
         .iter()
@@ -91,8 +76,8 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
         "ttft_p95_ms": ms(ttft.p95),
         "latency_p50_ms": ms(latency.p50),
         "latency_p95_ms": ms(latency.p95),
-        "prefill_tokens_per_sec": mean(&prefill),
-        "decode_tokens_per_sec": mean(&decode),
+        "prefill_tokens_per_sec": prefill,
+        "decode_tokens_per_sec": decode,
         "aggregate_decode_tokens_per_sec": (level.elapsed_seconds > 0.0).then(|| tokens as f64 / level.elapsed_seconds),
         "output_tokens": tokens,
         "peak_rss_bytes": level.peak_rss_bytes,
