@@ -89,6 +89,18 @@ pub(crate) fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// One exchange's decode rate: `output_tokens / (total - ttft)` per second, when there is
+/// a decode time and a token.
+pub(crate) fn decode_rate(
+    total_us: Option<i64>,
+    ttft_us: Option<i64>,
+    output_tokens: Option<i64>,
+) -> Option<f64> {
+    let decode_us = total_us? - ttft_us?;
+    let n = output_tokens?;
+    (decode_us > 0 && n > 0).then(|| n as f64 / (decode_us as f64 / 1e6))
+}
+
 /// Streaming metrics over successful samples and the round's elapsed seconds.
 pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetrics> {
     let streams: Vec<(&Sample, &StreamSample)> = ok
@@ -101,11 +113,7 @@ pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<Str
     let output_tokens: i64 = streams.iter().filter_map(|(_, st)| st.output_tokens).sum();
     let per_request: Vec<f64> = streams
         .iter()
-        .filter_map(|(s, st)| {
-            let decode_us = s.total_us? - st.ttft_us?;
-            let n = st.output_tokens?;
-            (decode_us > 0 && n > 0).then(|| n as f64 / (decode_us as f64 / 1e6))
-        })
+        .filter_map(|(s, st)| decode_rate(s.total_us, st.ttft_us, st.output_tokens))
         .collect();
     let prefill: Vec<f64> = streams
         .iter()

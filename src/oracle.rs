@@ -72,6 +72,25 @@ impl Pointer {
     }
 }
 
+/// What a judged JSON answer says of itself.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Judged {
+    /// Entries of its decisions container (`None`: not a JSON oracle, or not asked).
+    pub(crate) decisions: Option<u64>,
+    /// Its `usage`: (prompt tokens, completion tokens).
+    pub(crate) usage: Option<(i64, i64)>,
+}
+
+/// `usage` of an OpenAI-style JSON answer: (prompt tokens, completion tokens), when it
+/// reports completion tokens.
+pub(crate) fn usage_tokens(answer: &Value) -> Option<(i64, i64)> {
+    let u = answer.get("usage")?;
+    Some((
+        u.get("prompt_tokens").and_then(Value::as_i64).unwrap_or(0),
+        u.get("completion_tokens")?.as_i64()?,
+    ))
+}
+
 /// The seed's decisions of one answer: the entries of the container at `at` (array
 /// elements or object members); 0 when it is absent or not a container.
 pub(crate) fn count_decisions(answer: &Value, at: &Pointer) -> u64 {
@@ -283,18 +302,18 @@ impl Oracle {
         self.judge(body, None).map(|_| ())
     }
 
-    /// Judge a response body and, for a JSON oracle, count the answer's decisions under
-    /// `decisions` ([`count_decisions`]) from the same parse. `Ok(None)`: not a JSON
-    /// oracle (or no pointer given), so the exchange has no decisions.
+    /// Judge a response body and, for a JSON oracle, read what the answer says of itself
+    /// from the same parse: its decisions under `decisions` ([`count_decisions`]) and its
+    /// `usage` ([`usage_tokens`]). Other oracles read nothing (`Judged::default()`).
     pub(crate) fn judge(
         &self,
         body: &[u8],
         decisions: Option<&Pointer>,
-    ) -> Result<Option<u64>, Mismatch> {
+    ) -> Result<Judged, Mismatch> {
         match self {
             Oracle::Bytes(expected) => {
                 if expected[..] == *body {
-                    return Ok(None);
+                    return Ok(Judged::default());
                 }
                 let at = expected
                     .iter()
@@ -319,10 +338,13 @@ impl Oracle {
                 })?;
                 let mut path = Vec::new();
                 compare(expected, &actual, Some(&ignore.0), &mut path)?;
-                Ok(decisions.map(|at| count_decisions(&actual, at)))
+                Ok(Judged {
+                    decisions: decisions.map(|at| count_decisions(&actual, at)),
+                    usage: usage_tokens(&actual),
+                })
             }
-            Oracle::Stream(so) => so.check(body).map(|()| None),
-            Oracle::Unjudged => Ok(None),
+            Oracle::Stream(so) => so.check(body).map(|()| Judged::default()),
+            Oracle::Unjudged => Ok(Judged::default()),
         }
     }
 }

@@ -164,7 +164,7 @@ const RESERVED_FDS: u64 = 64;
 /// socket per worker, two with the in-process mock worker holding the other end), and
 /// refuse a concurrency the limit cannot hold, naming the largest it can: running into
 /// "Too many open files" halfway through a round would fail it for the tool's reasons.
-fn open_files_for(plan: &Plan, mock: bool) -> Result<u64, CliError> {
+fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
     let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
     let per_worker = if mock { 2 } else { 1 };
     let wanted = max_c
@@ -173,7 +173,7 @@ fn open_files_for(plan: &Plan, mock: bool) -> Result<u64, CliError> {
     // Where the limit cannot be read or raised (no such API here), there is nothing to
     // check against: the run goes on, and a shortage shows as transport failures.
     let Ok(limit) = rlimit::increase_nofile_limit(wanted) else {
-        return Ok(u64::MAX);
+        return Ok(());
     };
     if limit < wanted {
         let can = limit.saturating_sub(RESERVED_FDS) / per_worker;
@@ -186,7 +186,7 @@ fn open_files_for(plan: &Plan, mock: bool) -> Result<u64, CliError> {
             }
         )));
     }
-    Ok(limit)
+    Ok(())
 }
 
 /// Step 2: The mock worker, when asked for, replaces the plan's origin.

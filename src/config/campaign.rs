@@ -302,7 +302,7 @@ impl Validator {
         plan_metadata: Option<&Map<String, Value>>,
     ) -> Option<Arm> {
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, ARM_FIELDS);
+        self.unknown_fields(m, path, &[ARM_FIELDS]);
         let name = match m.get("name") {
             None => {
                 self.err(join(path, "name"), "is required");
@@ -409,7 +409,7 @@ impl Validator {
     /// `resources`: `{"pid": N}`, for an arm the tool does not start.
     fn resources(&mut self, v: &Value, path: &str, started: bool) -> Option<Option<u32>> {
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, &["pid"]);
+        self.unknown_fields(m, path, &[&["pid"]]);
         let p = join(path, "pid");
         if started {
             self.err(
@@ -457,7 +457,7 @@ impl Validator {
             return None;
         };
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, &RECIPE_KEYS);
+        self.unknown_fields(m, path, &[&RECIPE_KEYS]);
         let mut vals = Vec::new();
         for key in RECIPE_KEYS {
             let p = join(path, key);
@@ -481,7 +481,7 @@ impl Validator {
 
     fn start(&mut self, v: &Value, path: &str) -> Option<Start> {
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, START_FIELDS);
+        self.unknown_fields(m, path, &[START_FIELDS]);
         let p = join(path, "command");
         let command = match m.get("command") {
             Some(Value::Array(items)) if !items.is_empty() => {

@@ -55,8 +55,8 @@ const TOP_FIELDS: &[&str] = &[
     "evidence_class",
     "schedule",
 ];
-const CASE_FIELDS: &[&str] = &[
-    "name",
+/// The fields of one request and its oracle: a variant's, or a case's without variants.
+const REQUEST_FIELDS: &[&str] = &[
     "request",
     "request_text",
     "content_type",
@@ -66,26 +66,11 @@ const CASE_FIELDS: &[&str] = &[
     "expected_events",
     "expected_usage",
     "require_done",
-    "ignore_paths",
-    "variants",
-    "method",
-    "path",
-    "headers",
-    "expected_status",
 ];
-const VARIANT_FIELDS: &[&str] = &[
-    "name",
-    "request",
-    "request_text",
-    "content_type",
-    "expected_response",
-    "expected_response_text",
-    "expected_stream_text",
-    "expected_events",
-    "expected_usage",
-    "require_done",
-    "ignore_paths",
-];
+/// What both a case and a variant have besides their request.
+const NAMED_FIELDS: &[&str] = &["name", "ignore_paths"];
+/// What only a case has.
+const CASE_FIELDS: &[&str] = &["variants", "method", "path", "headers", "expected_status"];
 
 /// The fields that hold a request's oracle (exactly one per request).
 const ORACLE_FIELDS: &[&str] = &[
@@ -463,14 +448,20 @@ impl Validator {
         });
     }
 
-    pub(super) fn unknown_fields(&mut self, obj: &Map<String, Value>, path: &str, known: &[&str]) {
+    /// Every key of `obj` must be in one of the `known` lists.
+    pub(super) fn unknown_fields(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+        known: &[&[&str]],
+    ) {
         for key in obj.keys() {
-            if !known.contains(&key.as_str()) {
+            if !known.iter().any(|k| k.contains(&key.as_str())) {
                 self.err(
                     join(path, key),
                     format!(
                         "unknown field; the fields allowed here are: {}",
-                        known.join(", ")
+                        known.concat().join(", ")
                     ),
                 );
             }
@@ -590,7 +581,7 @@ impl Validator {
 
     fn plan(&mut self, root: &Value) -> Option<Plan> {
         let top = self.object(root, "")?;
-        self.unknown_fields(top, "", TOP_FIELDS);
+        self.unknown_fields(top, "", &[TOP_FIELDS]);
         let is_campaign = top.contains_key("arms");
         self.oracle_optional = is_campaign;
         if !is_campaign {
@@ -865,7 +856,7 @@ impl Validator {
     fn auth(&mut self, v: Option<&Value>) -> Option<Option<String>> {
         let Some(v) = v else { return Some(None) };
         let m = self.object(v, "auth")?;
-        self.unknown_fields(m, "auth", &["bearer_token_env"]);
+        self.unknown_fields(m, "auth", &[&["bearer_token_env"]]);
         let Some(env) = m.get("bearer_token_env") else {
             return Some(None);
         };
@@ -935,7 +926,7 @@ impl Validator {
         top_ignore: &[Pointer],
     ) -> Option<Case> {
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, CASE_FIELDS);
+        self.unknown_fields(m, path, &[NAMED_FIELDS, REQUEST_FIELDS, CASE_FIELDS]);
         let name = match m.get("name") {
             None => {
                 self.err(join(path, "name"), "is required");
@@ -973,17 +964,7 @@ impl Validator {
         };
         let variants = match m.get("variants") {
             Some(vs) => {
-                for key in [
-                    "request",
-                    "request_text",
-                    "content_type",
-                    "expected_response",
-                    "expected_response_text",
-                    "expected_stream_text",
-                    "expected_events",
-                    "expected_usage",
-                    "require_done",
-                ] {
+                for &key in REQUEST_FIELDS {
                     if m.contains_key(key) {
                         self.err(
                             join(path, key),
@@ -1078,7 +1059,7 @@ impl Validator {
                 ok = false;
                 continue;
             };
-            self.unknown_fields(m, &p, VARIANT_FIELDS);
+            self.unknown_fields(m, &p, &[NAMED_FIELDS, REQUEST_FIELDS]);
             let name = match m.get("name") {
                 None => {
                     self.err(join(&p, "name"), "is required");

@@ -64,6 +64,9 @@ pub(crate) struct Verdict {
     /// Entries of the answer's decisions container, for an exchange judged `ok` by a JSON
     /// oracle; `None` otherwise.
     pub(crate) decisions: Option<u64>,
+    /// The answer's `usage` (prompt, completion tokens), where it was read (replay: a JSON
+    /// oracle's answer, or any JSON answer in a campaign); not a column.
+    pub(crate) usage_tokens: Option<(i64, i64)>,
 }
 
 /// How a run's recording ended: rows written, and every problem (the writer's error, then

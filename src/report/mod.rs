@@ -121,7 +121,7 @@ fn secs(us: Option<i64>) -> Value {
     us.map_or(Value::Null, |v| json!(v as f64 / 1e6))
 }
 
-fn pct_json(p: &Percentiles) -> Value {
+pub(super) fn pct_json(p: &Percentiles) -> Value {
     json!({"p50": secs(p.p50), "p95": secs(p.p95), "p99": secs(p.p99)})
 }
 

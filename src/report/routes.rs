@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use super::pct_json;
 use crate::metrics::{self, Percentiles, Sample};
 use crate::model::Outcome;
 
@@ -52,13 +53,11 @@ impl Acc {
         self.ttft_us.extend(st.ttft_us);
         self.gaps_us.extend(st.gaps_us);
         self.output_tokens += st.output_tokens.unwrap_or(0);
-        if let (Some(total), Some(ttft), Some(n)) = (s.total_us, st.ttft_us, st.output_tokens)
-            && total > ttft
-            && n > 0
-        {
-            self.tokens_per_second
-                .push(n as f64 / ((total - ttft) as f64 / 1e6));
-        }
+        self.tokens_per_second.extend(metrics::decode_rate(
+            s.total_us,
+            st.ttft_us,
+            st.output_tokens,
+        ));
     }
 }
 
@@ -167,14 +166,6 @@ impl RouteTable {
         });
         (groups, Percentiles::of(all_ok))
     }
-}
-
-fn secs(us: Option<i64>) -> Value {
-    us.map_or(Value::Null, |v| json!(v as f64 / 1e6))
-}
-
-fn pct_json(p: &Percentiles) -> Value {
-    json!({"p50": secs(p.p50), "p95": secs(p.p95), "p99": secs(p.p99)})
 }
 
 /// summary.json's `routes`.

@@ -8,10 +8,6 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-}
-
 fn recipe(q: &str) -> Value {
     json!({"runtime": "matrix-proxy mock", "weight_format": "none", "weight_quantization": q, "device": "cpu"})
 }
@@ -195,17 +191,8 @@ fn arms_run_in_rotation_are_sampled_reported_and_stopped() {
     // summarize rebuilds the same rounds per arm (campaign.json is left as written).
     let before_rounds = read_parquet(&run.join("rounds.parquet"));
     let before_campaign = std::fs::read(run.join("campaign.json")).unwrap();
-    let r = bin()
-        .args(["summarize", "--quiet"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert_eq!(
-        r.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    let (code, stderr) = summarize(&run);
+    assert_eq!(code, Some(0), "{stderr}");
     let rebuilt = read_json(&run.join("summary.json"));
     for key in [
         "rounds",

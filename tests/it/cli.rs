@@ -8,10 +8,6 @@ use serde_json::json;
 
 use crate::support::*;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-}
-
 #[test]
 fn validate_accepts_good_plans_and_names_the_path_of_bad_ones() {
     for plan in [
@@ -340,17 +336,8 @@ async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
 
     // summarize never turns an interrupted run into a pass, and keeps the original.
     let original = std::fs::read(run.join("summary.json")).unwrap();
-    let r = bin()
-        .args(["summarize", "--quiet"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert_eq!(
-        r.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    let (code, stderr) = summarize(&run);
+    assert_eq!(code, Some(1), "{stderr}");
     let rebuilt = read_json(&run.join("summary.json"));
     assert_eq!(rebuilt["ending"], json!("interrupted"));
     assert_eq!(rebuilt["complete"], json!(false));

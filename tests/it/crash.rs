@@ -1,17 +1,12 @@
 //! After the fact: `summarize` rebuilds a run's reports from exchanges/ (and refuses a plan
 //! changed since), `recover` quarantines what a SIGKILL left unfinished and counts it.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::support::*;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn summarize_rebuilds_the_same_reports_from_the_rows() {
@@ -24,20 +19,11 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     let original = read_json(&out.join("summary.json"));
     let original_rounds_bytes = std::fs::read(out.join("rounds.parquet")).unwrap();
     let original_rounds = read_parquet(&out.join("rounds.parquet"));
-    let summarize = || {
-        let r = bin()
-            .args(["summarize", "--quiet"])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert_eq!(
-            r.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&r.stderr)
-        );
+    let summarize_ok = || {
+        let (code, stderr) = summarize(&out);
+        assert_eq!(code, Some(0), "{stderr}");
     };
-    summarize();
+    summarize_ok();
     // The originals are kept beside the rebuilt files, byte for byte.
     assert_eq!(
         std::fs::read(out.join("summary.orig.json")).unwrap(),
@@ -65,7 +51,7 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     assert_eq!(rebuilt["rebuilt_from_exchanges"], json!(true));
     assert_eq!(read_parquet(&out.join("rounds.parquet")), original_rounds);
     // A second summarize keeps the run's own originals, not the first rebuild's.
-    summarize();
+    summarize_ok();
     assert_eq!(
         std::fs::read(out.join("summary.orig.json")).unwrap(),
         original_bytes
@@ -80,7 +66,7 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     ] {
         std::fs::remove_file(out.join(f)).unwrap();
     }
-    summarize();
+    summarize_ok();
     let rebuilt = read_json(&out.join("summary.json"));
     assert!(rebuilt["rounds"][0]["generator"].is_null());
     assert_eq!(
@@ -93,9 +79,12 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
     let mut plan: Value = read_json(&out.join("plan.json"));
     plan["requests_per_case"] = json!(25);
     std::fs::write(out.join("plan.json"), serde_json::to_vec(&plan).unwrap()).unwrap();
-    let r = bin().args(["summarize"]).arg(&out).output().unwrap();
-    assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("the plan was changed after the run"));
+    let (code, stderr) = summarize(&out);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("the plan was changed after the run"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,23 +173,14 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
         "nothing unfinished left in exchanges/"
     );
 
-    let r = bin()
-        .args(["summarize", "--quiet"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert_eq!(r.status.code(), Some(1), "an unfinished run is not a pass");
+    let (code, _) = summarize(&run);
+    assert_eq!(code, Some(1), "an unfinished run is not a pass");
     let summary = read_json(&run.join("summary.json"));
     assert_eq!(summary["ending"], json!("interrupted"));
     assert_eq!(summary["rows_written"], json!(kept));
     assert_eq!(summary["complete"], json!(false));
     // The crashed run wrote no summary of its own: a second summarize makes none up.
-    let r = bin()
-        .args(["summarize", "--quiet"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert_eq!(r.status.code(), Some(1));
+    assert_eq!(summarize(&run).0, Some(1));
     assert!(!run.join("summary.orig.json").exists());
     assert_eq!(
         read_json(&run.join("summary.json"))["ending"],
@@ -238,9 +218,8 @@ async fn summarize_refuses_a_run_that_recorded_nothing_and_leaves_its_files_alon
         read_json(&out.join("summary.json"))["failures"]["correctness"],
         json!(22)
     );
-    let r = bin().arg("summarize").arg(&out).output().unwrap();
-    let stderr = String::from_utf8_lossy(&r.stderr);
-    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = summarize(&out);
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("no exchanges were recorded (the run was made with --no-record)"),
         "{stderr}"

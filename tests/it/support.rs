@@ -777,3 +777,21 @@ pub async fn raw_peer(answer: fn(&str) -> Vec<u8>) -> SocketAddr {
     });
     addr
 }
+
+/// The matrix-proxy binary under test.
+pub fn bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+}
+
+/// `matrix-proxy summarize --quiet RUN`: its exit code and stderr.
+pub fn summarize(run: &Path) -> (Option<i32>, String) {
+    let out = bin()
+        .args(["summarize", "--quiet"])
+        .arg(run)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -329,10 +329,14 @@ async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics
                     if let Some(s) = a.sampler() {
                         s.sample_now();
                     }
-                    let level = a.levels.entry(c).or_default();
-                    level.elapsed_seconds += m.round.elapsed_seconds;
-                    level.samples.extend(m.samples);
-                    a.windows.push((c, m.window_ns.0, m.window_ns.1));
+                    // Only a campaign keeps its samples (campaign.json pools them per
+                    // level); a plain plan's are dropped with the round, as ever.
+                    if a.spec.is_some() {
+                        let level = a.levels.entry(c).or_default();
+                        level.elapsed_seconds += m.round.elapsed_seconds;
+                        level.samples.extend(m.samples);
+                        a.windows.push((c, m.window_ns.0, m.window_ns.1));
+                    }
                     rounds.push(m.round);
                 }
             }

@@ -12,6 +12,7 @@ use crate::drivers::{RowIds, SentRequest, Verdict};
 use crate::engine::{BodyCopy, Capture, Captured, http1};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::{ConnectionPolicy, Endpoint, Outcome};
+use crate::oracle::{self, Oracle};
 
 pub(super) fn build_request<'a>(
     ctx: &'a Ctx,
@@ -120,20 +121,11 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
-    let failure_message = if outcome != Outcome::Ok && ctx.first_failure.get().is_none() {
-        verdict.error_message.clone()
-    } else {
-        None
-    };
     let exchange_id = ctx.run.next_exchange_id();
-    let usage_tokens = match (&ctx.arm, &got.stream) {
-        (Some(_), None) if outcome == Outcome::Ok => usage_of(&got.body.bytes),
-        _ => None,
-    };
     let sample = Sample {
         exchange_id,
         decisions: verdict.decisions,
-        usage_tokens,
+        usage_tokens: verdict.usage_tokens,
         failure: (outcome != Outcome::Ok)
             .then(|| verdict.error_message.clone())
             .flatten(),
@@ -183,26 +175,14 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     }
     ctx.progress.inc(1);
     if outcome != Outcome::Ok {
-        note_failure(ctx, &d, outcome, failure_message);
+        note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
     sample
 }
 
-/// `usage` of a JSON answer: (prompt tokens, completion tokens), when it has them.
-fn usage_of(body: &[u8]) -> Option<(i64, i64)> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let u = v.get("usage")?;
-    Some((
-        u.get("prompt_tokens")
-            .and_then(serde_json::Value::as_i64)
-            .unwrap_or(0),
-        u.get("completion_tokens")?.as_i64()?,
-    ))
-}
-
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,
 /// outcome, and its message) for the end of the run.
-fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<String>) {
+fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<&str>) {
     if ctx.first_failure.get().is_none() {
         let mut at = d.phase.as_str().to_string();
         if let Some(ci) = d.case {
@@ -214,7 +194,7 @@ fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<Strin
         let _ = ctx.first_failure.set(format!(
             "{at} -> {}: {}",
             outcome.as_str(),
-            message.as_deref().unwrap_or("(no message)")
+            message.unwrap_or("(no message)")
         ));
     }
     let f = ctx
@@ -258,8 +238,23 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             format!("status {status}, expected {expected_status}"),
         );
     }
-    let Some(oracle) = oracle.filter(|o| !matches!(o, crate::oracle::Oracle::Unjudged)) else {
-        return Verdict::default();
+    // A campaign reads every JSON answer's usage (aggregate tok/s); a JSON oracle reads it
+    // from its own parse, anything else parses here, once, only in a campaign.
+    let usage_here = || {
+        ctx.arm.as_ref().and_then(|_| {
+            serde_json::from_slice(&got.body.bytes)
+                .ok()
+                .and_then(|v| oracle::usage_tokens(&v))
+        })
+    };
+    let oracle = match oracle {
+        None | Some(Oracle::Unjudged) => {
+            return Verdict {
+                usage_tokens: usage_here(),
+                ..Verdict::default()
+            };
+        }
+        Some(o) => o,
     };
     if got.body.truncated && !ctx.performance_fit {
         return failed(
@@ -271,21 +266,23 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
         );
     }
     match oracle.judge(&got.body.bytes, Some(&ctx.plan.decisions_pointer)) {
-        Ok(decisions) => Verdict {
-            decisions,
+        Ok(j) => Verdict {
+            decisions: j.decisions,
+            usage_tokens: j.usage,
             ..Verdict::default()
         },
         // A performance-fit arm answering differently is what is measured, not a fault:
         // the difference is recorded, the exchange stays `ok`.
         Err(m) if ctx.performance_fit => Verdict {
-            oracle_mismatch_pointer: m.pointer.clone(),
+            oracle_mismatch_pointer: m.pointer,
+            usage_tokens: usage_here(),
             ..Verdict::default()
         },
         Err(m) => Verdict {
             outcome: Outcome::Correctness,
             error_message: Some(format!("oracle mismatch {m}")),
-            oracle_mismatch_pointer: m.pointer.clone(),
-            decisions: None,
+            oracle_mismatch_pointer: m.pointer,
+            ..Verdict::default()
         },
     }
 }

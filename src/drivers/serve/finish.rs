@@ -132,11 +132,7 @@ pub(super) async fn pump_and_record(
     {
         *s = Some(c);
     }
-    let failure = failure.or_else(|| {
-        p.cap
-            .stream_incomplete()
-            .map(ExchangeError::upstream_message)
-    });
+    // An incomplete stream was already turned into `failure` by `pump`.
     let end = wait_downstream(&sh, up.done_rx).await;
     let v = verdict(failure, end.as_ref(), || *sh.cut.borrow());
     record(&sh, p, v, end).await;
