@@ -81,6 +81,7 @@ async fn run(requests: u64) {
             part_rows: 100_000,
             part_seconds: 60.0,
             no_record: false,
+            contract: None,
             grace_seconds: 5.0,
             mock: Default::default(),
         },

@@ -12,6 +12,7 @@
 mod budget;
 mod clock;
 mod config;
+mod drift;
 mod drivers;
 mod engine;
 mod metrics;

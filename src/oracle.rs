@@ -70,6 +70,30 @@ impl Pointer {
         }
         Some(cur)
     }
+
+    /// Take the value this pointer names out of `root`: an object member is removed, an
+    /// array element becomes `null` (so later positions keep their indices). `None` when
+    /// the pointer does not resolve.
+    pub(crate) fn take(&self, root: &mut Value) -> Option<Value> {
+        let (last, parents) = self.tokens.split_last()?;
+        let mut cur = root;
+        for tok in parents {
+            cur = match cur {
+                Value::Object(m) => m.get_mut(tok)?,
+                Value::Array(a) if is_canonical_index(tok) => {
+                    a.get_mut(tok.parse::<usize>().ok()?)?
+                }
+                _ => return None,
+            };
+        }
+        match cur {
+            Value::Object(m) => m.shift_remove(last),
+            Value::Array(a) if is_canonical_index(last) => {
+                a.get_mut(last.parse::<usize>().ok()?).map(Value::take)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// What a judged JSON answer says of itself.

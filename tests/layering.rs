@@ -31,6 +31,7 @@ const ALLOWED: &[Row] = &[
     ("budget", &[]),
     ("sse", &[]),
     ("oracle", &["sse"]),
+    ("drift", &["oracle", "sse"]),
     ("metrics", &["model"]),
     ("net", &["clock"]),
     ("engine", &["clock", "model", "budget", "sse", "net"]),

@@ -11,9 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
 
+mod campaign;
 mod replay;
 mod summarize;
 
+pub use campaign::verdict_cmd;
+use campaign::{CompareArgs, compare_cmd};
 pub use replay::replay_cmd;
 pub use summarize::summarize_cmd;
 
@@ -83,6 +86,43 @@ pub enum Command {
         /// The run directory.
         dir: PathBuf,
     },
+    /// Evaluate a contract's gates on a finished campaign run (post hoc unless the run was
+    /// started with this contract).
+    Verdict {
+        /// The campaign run directory.
+        dir: PathBuf,
+        /// The contract (contract.json).
+        #[arg(long, value_name = "FILE")]
+        contract: PathBuf,
+        /// Where to write it. Default: RUN/verdict.json, or RUN/verdict.post-hoc.json when
+        /// the contract is not the one the run was started with.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Compare two runs of one workload: drift of B's answers against A's and every
+    /// metric's delta with both runs' spreads.
+    Compare {
+        /// The baseline run (its answers are the reference).
+        run_a: PathBuf,
+        /// The run compared with it.
+        run_b: PathBuf,
+        /// Also evaluate this contract (A's side as the reference, B's as the candidate).
+        #[arg(long, value_name = "FILE")]
+        contract: Option<PathBuf>,
+        /// The lane of run B when it is not a campaign (a campaign arm keeps its own).
+        #[arg(long, value_enum, default_value_t = LaneArg::PerformanceFit)]
+        lane: LaneArg,
+        /// Where to write compare.json.
+        #[arg(long, value_name = "FILE", default_value = "compare.json")]
+        out: PathBuf,
+    },
+}
+
+/// A lane on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum LaneArg {
+    Quality,
+    PerformanceFit,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -255,6 +295,10 @@ pub struct ReplayArgs {
     /// be rebuilt by `summarize`.
     #[arg(long)]
     pub no_record: bool,
+    /// A pre-registered contract (contract.json) for a campaign plan: its SHA-256 is
+    /// recorded at the start, and verdict.json is written after the run.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_record")]
+    pub contract: Option<PathBuf>,
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
@@ -442,6 +486,23 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         }),
         Command::Summarize { dir, quiet } => summarize_cmd(&dir, quiet),
         Command::Recover { dir } => recover_cmd(&dir),
+        Command::Verdict { dir, contract, out } => verdict_cmd(&dir, &contract, out.as_deref()),
+        Command::Compare {
+            run_a,
+            run_b,
+            contract,
+            lane,
+            out,
+        } => compare_cmd(&CompareArgs {
+            a: &run_a,
+            b: &run_b,
+            contract: contract.as_deref(),
+            lane: match lane {
+                LaneArg::Quality => crate::config::campaign::Lane::Quality,
+                LaneArg::PerformanceFit => crate::config::campaign::Lane::PerformanceFit,
+            },
+            out: Some(&out),
+        }),
     };
     match result {
         Ok(exit) => exit as i32,

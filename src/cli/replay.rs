@@ -10,6 +10,7 @@ use super::{
     CliError, Exit, ReplayArgs, create_run_dir, load_plan, read_token, run_id, seconds, tool, usage,
 };
 use crate::clock;
+use crate::config::contract::Contract;
 use crate::config::flags;
 use crate::config::plan::Plan;
 use crate::drivers::replay::{self, ReplayOptions};
@@ -33,6 +34,8 @@ struct Input {
     out: PathBuf,
     started_at_us: i64,
     grace: std::time::Duration,
+    /// `--contract`, checked against the plan and the start.
+    contract: Option<Contract>,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -42,6 +45,11 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     let mock = start_mock(&args, &mock_config, &mut input.plan).await?;
     let (dir, rid, run_t0_ns, mut config) = create_run(&args, &input, mock.as_ref(), &mock_config)?;
     let plan = input.plan;
+    // What the reports need of a campaign plan after the run (drift, the verdict).
+    let campaign = plan
+        .campaign
+        .is_some()
+        .then(|| (plan.clone(), input.contract.take()));
 
     // Step 4: the run, then the recorder closed.
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
@@ -71,7 +79,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     if let Some(m) = mock {
         m.shutdown().await;
     }
-    reports(&args, &dir, &mut config, result, recording)
+    reports(&args, &dir, &mut config, result, recording, campaign)
 }
 
 /// Step 1: Everything that can be wrong with the input is checked before any output exists.
@@ -132,6 +140,20 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     )
     .map_err(usage)?;
     let started_at_us = clock::wall_now_us();
+    let contract = match &args.contract {
+        None => None,
+        Some(path) => {
+            let c = super::campaign::load_contract(path)?;
+            let Some(camp) = &plan.campaign else {
+                return Err(usage(format!(
+                    "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
+                    path.display()
+                )));
+            };
+            super::campaign::check_contract(&c, path, Some(&camp.name), started_at_us)?;
+            Some(c)
+        }
+    };
     let out = match &args.out {
         Some(p) => p.clone(),
         None => {
@@ -153,6 +175,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         out,
         started_at_us,
         grace,
+        contract,
     })
 }
 
@@ -263,7 +286,7 @@ fn create_run(
         run_t0_ns,
         extra,
     );
-    let config = config_json::config_json(
+    let mut config = config_json::config_json(
         "replay",
         &super::argv(&crate::redact::Redaction::default()),
         &rid,
@@ -271,6 +294,10 @@ fn create_run(
         fields,
         config_json::replay_timers(),
     );
+    config["contract"] = match (&input.contract, &args.contract) {
+        (Some(c), Some(path)) => super::campaign::contract_record(c, path),
+        _ => serde_json::Value::Null,
+    };
     dir.write_json("config.json", &config)
         .map_err(|e| tool(e.to_string()))?;
     if !args.quiet {
@@ -343,6 +370,54 @@ fn targets(plan: &Plan) -> String {
     }
 }
 
+/// A campaign's own reports: drift from the recorded answers into campaign.json, then the
+/// verdict of the contract the run was started with. Returns the text for the terminal.
+fn campaign_reports(
+    args: &ReplayArgs,
+    dir: &RunDir,
+    config: &serde_json::Value,
+    c: &mut serde_json::Value,
+    plan: &Plan,
+    contract: Option<&Contract>,
+    problems: &mut Vec<String>,
+) -> String {
+    let mut text = String::new();
+    if args.no_record {
+        c["drift"] = serde_json::Value::Null;
+        c["drift_unavailable_reason"] =
+            serde_json::json!("--no-record: no answers were recorded to compare");
+    } else if let Err(e) = super::campaign::add_drift(c, &dir.exchanges(), plan) {
+        problems.push(format!("drift: {e}"));
+    } else {
+        text = super::campaign::drift_text(c["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+    }
+    if let Err(e) = dir.write_json("campaign.json", c) {
+        problems.push(e.to_string());
+    }
+    if let (Some(contract), Some(path)) = (contract, &args.contract) {
+        let v = report::verdict::verdict_json(
+            c,
+            &report::verdict::Provenance {
+                contract,
+                contract_path: &path.display().to_string(),
+                run_id: config["run_id"].as_str(),
+                run_started_at: config["started_at"].as_str(),
+                post_hoc: None,
+            },
+        );
+        text.push_str(&report::verdict::verdict_text(&v));
+        // The verdict is said on stderr too (also under --quiet): it is the run's answer.
+        eprintln!(
+            "matrix-proxy: verdict: {} (verdict.json)",
+            v["verdict"].as_str().unwrap_or("?")
+        );
+        if let Err(e) = dir.write_json("verdict.json", &v) {
+            problems.push(e.to_string());
+        }
+    }
+    text
+}
+
 /// Step 5: Reports. Each is written even if an earlier step failed, so nothing is lost.
 fn reports(
     args: &ReplayArgs,
@@ -350,6 +425,7 @@ fn reports(
     config: &mut serde_json::Value,
     result: replay::ReplayResult,
     recording: RecordingEnd,
+    campaign: Option<(Plan, Option<Contract>)>,
 ) -> Result<Exit, CliError> {
     let mut problems = Vec::new();
     if let Err(e) = report::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds) {
@@ -364,17 +440,24 @@ fn reports(
     if let Err(e) = dir.write_json("summary.json", &summary_v) {
         problems.push(e.to_string());
     }
-    if let Some(c) = &result.campaign
-        && let Err(e) = dir.write_json("campaign.json", c)
-    {
-        problems.push(e.to_string());
+    let mut campaign_text = String::new();
+    if let (Some(mut c), Some((plan, contract))) = (result.campaign.clone(), campaign) {
+        campaign_text = campaign_reports(
+            args,
+            dir,
+            config,
+            &mut c,
+            &plan,
+            contract.as_ref(),
+            &mut problems,
+        );
     }
     config_json::finished(config);
     if let Err(e) = dir.write_json("config.json", config) {
         problems.push(e.to_string());
     }
     if !args.quiet {
-        if let Err(e) = super::print_stdout(&result.table, &dir.path) {
+        if let Err(e) = super::print_stdout(&(result.table.clone() + &campaign_text), &dir.path) {
             problems.push(e);
         }
         if args.no_record {

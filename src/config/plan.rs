@@ -54,6 +54,7 @@ const TOP_FIELDS: &[&str] = &[
     "arms",
     "evidence_class",
     "schedule",
+    "drift",
 ];
 /// The fields of one request and its oracle: a variant's, or a case's without variants.
 const REQUEST_FIELDS: &[&str] = &[
@@ -153,6 +154,9 @@ pub(crate) struct Variant {
     pub(crate) body: Bytes,
     pub(crate) content_type: Option<HeaderValue>,
     pub(crate) oracle: Oracle,
+    /// Every ignore path this request inherits and has (top level, case, variant): drift
+    /// removes them before comparing answers as canonical JSON.
+    pub(crate) ignore_paths: Vec<Pointer>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +197,12 @@ pub(crate) struct Plan {
     /// `health_endpoint` are the reference arm's with a stand-in port (`{port}` = 1):
     /// an arm's run replaces them with its own.
     pub(crate) campaign: Option<Campaign>,
+    /// The plan's `name` (a contract's `plan_id` names it).
+    pub(crate) name: Option<String>,
+    /// `drift.numeric_pointers`: numbers whose largest difference drift reports.
+    pub(crate) drift_numeric_pointers: Vec<Pointer>,
+    /// The canonical workload (see [`super::workload`]).
+    pub(crate) workload: Value,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
@@ -214,39 +224,10 @@ struct Inherited<'a> {
 impl Plan {
     /// Parse and validate a plan. `Err` carries every problem found.
     pub(crate) fn from_json_bytes(bytes: &[u8]) -> Result<Plan, PlanError> {
-        if bytes.starts_with(b"\xEF\xBB\xBF") {
-            return Err(PlanError {
-                problems: vec![Problem {
-                    path: String::new(),
-                    message: "plan starts with a UTF-8 byte-order mark (BOM), which JSON does not allow (RFC 8259); save it as UTF-8 without a BOM".into(),
-                }],
-            });
-        }
-        let text = std::str::from_utf8(bytes).map_err(|e| PlanError {
-            problems: vec![Problem {
-                path: String::new(),
-                message: format!("plan is not valid UTF-8 (byte {})", e.valid_up_to()),
-            }],
-        })?;
-        let (value, duplicates) = parse_json(text).map_err(|e| PlanError {
-            problems: vec![Problem {
-                path: String::new(),
-                message: format!("plan is not valid JSON: {e}"),
-            }],
-        })?;
-        if !duplicates.is_empty() {
-            return Err(PlanError {
-                problems: duplicates,
-            });
-        }
+        let value = read_document(bytes, "plan")?;
         let mut v = Validator::default();
         let plan = v.plan(&value);
-        match plan {
-            Some(p) if v.problems.is_empty() => Ok(p),
-            _ => Err(PlanError {
-                problems: v.problems,
-            }),
-        }
+        v.finish(plan)
     }
 
     /// Replace the endpoint's origin and path by `url` (`--endpoint`); the health endpoint
@@ -293,6 +274,36 @@ impl Plan {
         }
         total
     }
+}
+
+/// Read a JSON document (a plan, a contract): UTF-8 without a byte-order mark, valid
+/// JSON, no key repeated within an object. `what` names it in messages.
+pub(super) fn read_document(bytes: &[u8], what: &str) -> Result<Value, PlanError> {
+    let one = |message: String| PlanError {
+        problems: vec![Problem {
+            path: String::new(),
+            message,
+        }],
+    };
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        return Err(one(format!(
+            "{what} starts with a UTF-8 byte-order mark (BOM), which JSON does not allow (RFC 8259); save it as UTF-8 without a BOM"
+        )));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        one(format!(
+            "{what} is not valid UTF-8 (byte {})",
+            e.valid_up_to()
+        ))
+    })?;
+    let (value, duplicates) =
+        parse_json(text).map_err(|e| one(format!("{what} is not valid JSON: {e}")))?;
+    if !duplicates.is_empty() {
+        return Err(PlanError {
+            problems: duplicates,
+        });
+    }
+    Ok(value)
 }
 
 /// Parse JSON into a `Value` as `serde_json::from_str` does (its depth limit and correctly
@@ -441,6 +452,16 @@ pub(super) fn join(path: &str, key: &str) -> String {
 }
 
 impl Validator {
+    /// `value` when no problem was found, else every problem.
+    pub(super) fn finish<T>(self, value: Option<T>) -> Result<T, PlanError> {
+        match value {
+            Some(v) if self.problems.is_empty() => Ok(v),
+            _ => Err(PlanError {
+                problems: self.problems,
+            }),
+        }
+    }
+
     pub(super) fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.problems.push(Problem {
             path: path.into(),
@@ -508,7 +529,7 @@ impl Validator {
     }
 
     /// An integer >= `min`, given as a JSON integer (not `2.0`, not `"2"`).
-    fn integer(&mut self, v: &Value, path: &str, min: u64) -> Option<usize> {
+    pub(super) fn integer(&mut self, v: &Value, path: &str, min: u64) -> Option<usize> {
         let n = match v {
             Value::Number(n) if n.is_u64() => n.as_u64(),
             Value::Number(n) if n.is_i64() => {
@@ -638,11 +659,14 @@ impl Validator {
         let timeout = self.timeout(top.get("timeout_seconds"));
         let (connection, on_failure) = self.policies(top);
         let bearer_token_env = self.auth(top.get("auth"));
-        for key in ["name", "description"] {
-            if let Some(v) = top.get(key) {
-                self.string(v, key);
-            }
+        let name = match top.get("name") {
+            None => Some(None),
+            Some(v) => self.nonblank(v, "name").map(|s| Some(s.to_string())),
+        };
+        if let Some(v) = top.get("description") {
+            self.string(v, "description");
         }
+        let drift_numeric_pointers = self.drift(top.get("drift"));
         let top_ignore = match top.get("ignore_paths") {
             None => Some(Vec::new()),
             Some(v) => self.pointers(v, "ignore_paths"),
@@ -677,8 +701,29 @@ impl Validator {
             bearer_token_env: bearer_token_env?,
             decisions_pointer: decisions_pointer?,
             campaign: campaign?,
+            name: name?,
+            drift_numeric_pointers: drift_numeric_pointers?,
+            workload: Value::Null,
         })
         .filter(|_| top_ignore.is_some())
+        .map(|mut p| {
+            p.workload = super::workload::workload(root, &p);
+            p
+        })
+    }
+
+    /// `drift`: `{"numeric_pointers": [...]}`, pointers into JSON answers whose largest
+    /// difference from the reference drift reports.
+    fn drift(&mut self, v: Option<&Value>) -> Option<Vec<Pointer>> {
+        let Some(v) = v else {
+            return Some(Vec::new());
+        };
+        let m = self.object(v, "drift")?;
+        self.unknown_fields(m, "drift", &[&["numeric_pointers"]]);
+        match m.get("numeric_pointers") {
+            None => Some(Vec::new()),
+            Some(p) => self.pointers(p, "drift.numeric_pointers"),
+        }
     }
 
     /// `connection` (default fresh) and `on_failure` (default stop).
@@ -1087,6 +1132,11 @@ impl Validator {
             ) {
                 (Some(n), Some(own), Some(mut var)) => {
                     var.name = Some(n);
+                    for p in &own {
+                        if !var.ignore_paths.contains(p) {
+                            var.ignore_paths.push(p.clone());
+                        }
+                    }
                     if !own.is_empty()
                         && let Err(msgs) = var.oracle.add_ignore_paths(own)
                     {
@@ -1167,6 +1217,12 @@ impl Validator {
             body: body?,
             content_type: content_type?,
             oracle: oracle?,
+            ignore_paths: inherited
+                .top
+                .iter()
+                .chain(inherited.case)
+                .cloned()
+                .collect(),
         })
     }
 

@@ -200,3 +200,93 @@ fn closed_parts(exchanges: &Path) -> Result<Vec<PathBuf>, String> {
     parts.sort();
     Ok(parts)
 }
+
+/// One measured `ok` row's answer and where it sits in the plan (for drift).
+#[derive(Debug, Clone)]
+pub(crate) struct AnswerRow {
+    pub(crate) arm: Option<String>,
+    pub(crate) case_name: String,
+    pub(crate) variant: Option<String>,
+    pub(crate) concurrency: i32,
+    pub(crate) repetition: i32,
+    pub(crate) dispatch_index: i64,
+    pub(crate) is_stream: bool,
+    /// The recorded response body (at most `--max-record-body` bytes).
+    pub(crate) body: Vec<u8>,
+    /// The recording holds fewer bytes than the worker sent.
+    pub(crate) truncated: bool,
+}
+
+/// Hand each measured-phase `ok` row of the closed parts to `visit`, with its response
+/// body, in file order.
+pub(crate) fn for_each_measured_answer(
+    exchanges: &Path,
+    mut visit: impl FnMut(AnswerRow),
+) -> Result<(), String> {
+    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
+    const WANT: [&str; 11] = [
+        "arm",
+        "phase",
+        "outcome",
+        "case_name",
+        "variant",
+        "concurrency",
+        "repetition",
+        "dispatch_index",
+        "is_stream",
+        "response_body",
+        "response_body_truncated",
+    ];
+    for part in closed_parts(exchanges)? {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        for batch in read_columns(&part, &WANT)? {
+            let b = batch.map_err(|e| ctx(&e))?;
+            macro_rules! typed {
+                ($n:expr, $t:ty) => {
+                    b.column_by_name($n)
+                        .ok_or_else(|| ctx(&format!("no column {}", $n)))?
+                        .as_any()
+                        .downcast_ref::<$t>()
+                        .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
+                };
+            }
+            let arm = b
+                .column_by_name("arm")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>());
+            let phase = typed!("phase", StringArray);
+            let outcome = typed!("outcome", StringArray);
+            let case = typed!("case_name", StringArray);
+            let variant = typed!("variant", StringArray);
+            let conc = typed!("concurrency", Int32Array);
+            let rep = typed!("repetition", Int32Array);
+            let index = typed!("dispatch_index", Int64Array);
+            let is_stream = typed!("is_stream", BooleanArray);
+            let body = typed!("response_body", BinaryArray);
+            let truncated = typed!("response_body_truncated", BooleanArray);
+            for i in 0..b.num_rows() {
+                if phase.value(i) != "measured"
+                    || outcome.value(i) != "ok"
+                    || !case.is_valid(i)
+                    || !conc.is_valid(i)
+                    || !rep.is_valid(i)
+                {
+                    continue;
+                }
+                visit(AnswerRow {
+                    arm: arm
+                        .filter(|a| a.is_valid(i))
+                        .map(|a| a.value(i).to_string()),
+                    case_name: case.value(i).to_string(),
+                    variant: variant.is_valid(i).then(|| variant.value(i).to_string()),
+                    concurrency: conc.value(i),
+                    repetition: rep.value(i),
+                    dispatch_index: index.value(i),
+                    is_stream: is_stream.value(i),
+                    body: body.value(i).to_vec(),
+                    truncated: truncated.value(i),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -70,6 +70,7 @@ pub(crate) fn replay_fields(
     json!({
         "plan_path": plan_path,
         "plan_sha256": plan_sha256,
+        "workload_sha256": workload_sha256(plan),
         "endpoint": redacted(&plan.endpoint.url()),
         "health_endpoint": redacted(&plan.health_endpoint.url()),
         "effective_budget": {
@@ -85,6 +86,12 @@ pub(crate) fn replay_fields(
         "monotonic_start_ns": run_t0_ns,
         "extra": extra,
     })
+}
+
+/// The plan's workload hash: SHA-256 (hex) of its canonical workload's compact
+/// serialisation (see `config::workload`).
+pub(crate) fn workload_sha256(plan: &Plan) -> String {
+    rundir::sha256_hex(plan.workload.to_string().as_bytes())
 }
 
 /// What each timing column of a replay measures.

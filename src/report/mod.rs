@@ -6,11 +6,13 @@
 //! arrives as [`ServeStats`].
 
 pub(crate) mod campaign;
+pub(crate) mod compare;
 pub(crate) mod config_json;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;
 pub(crate) mod table;
+pub(crate) mod verdict;
 
 use std::collections::BTreeMap;
 

@@ -16,3 +16,4 @@ mod serve_lifecycle;
 mod streaming;
 mod support;
 mod tls;
+mod verdict;

@@ -219,6 +219,7 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         part_rows: 100_000,
         part_seconds: 60.0,
         no_record: false,
+        contract: None,
         grace_seconds: 5.0,
         mock: Default::default(),
     }

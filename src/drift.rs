@@ -1,0 +1,479 @@
+//! Drift: how an arm's answers differ from the reference's. Pairs are the measured
+//! exchanges both arms answered `ok` at the same (case, variant, concurrency, repetition,
+//! dispatch_index). The answer compared is the assembled stream content for streams, the
+//! first choice's message content (or `text`) for OpenAI-style JSON, otherwise the
+//! response as canonical JSON (keys sorted, the request's ignore paths taken out), and
+//! for a body that is not JSON its bytes read as UTF-8 (lossy: invalid sequences become
+//! U+FFFD, and the entry counts them). Lengths, edit distances and positions count
+//! Unicode scalar values. Pure functions over answers: the CLI reads them back from the
+//! recorded bodies, so `replay` (campaign.json) and `compare` use one definition.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::oracle::Pointer;
+
+/// One answer, as drift compares it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Answer {
+    pub(crate) text: String,
+    /// The answer as JSON when it is JSON (the canonical response, or a first choice's
+    /// content that parses): numeric pointers and decisions are read from it.
+    pub(crate) json: Option<Value>,
+    /// The body was not valid UTF-8 and was read lossily.
+    pub(crate) lossy: bool,
+}
+
+/// Where an answer sits in the plan's dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key {
+    pub(crate) case: String,
+    pub(crate) variant: Option<String>,
+    pub(crate) concurrency: i32,
+    pub(crate) repetition: i32,
+    pub(crate) dispatch_index: i64,
+}
+
+/// One side's measured `ok` answers.
+#[derive(Debug, Default)]
+pub(crate) struct Answers {
+    pub(crate) by_key: BTreeMap<Key, Answer>,
+    /// Answers left out because the recording holds only part of the body.
+    pub(crate) truncated: u64,
+}
+
+/// What drift reads from the plan besides the answers.
+pub(crate) struct Options<'a> {
+    pub(crate) numeric_pointers: &'a [Pointer],
+    pub(crate) decisions_pointer: &'a Pointer,
+}
+
+/// The answer of one recorded body; `ignore` are the request's ignore paths.
+pub(crate) fn answer(body: &[u8], is_stream: bool, ignore: &[Pointer]) -> Answer {
+    let lossy = std::str::from_utf8(body).is_err();
+    if is_stream && let Ok(events) = crate::sse::parse_all(body) {
+        let mut t = crate::sse::StreamTracker::default();
+        for e in &events {
+            t.on_event(e);
+        }
+        let text = if t.openai {
+            t.text
+        } else {
+            let data: Vec<&str> = events
+                .iter()
+                .map(|e| e.data.as_str())
+                .filter(|d| *d != "[DONE]")
+                .collect();
+            data.join("\n")
+        };
+        return from_text(text, lossy);
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(doc) => {
+            let first = doc
+                .pointer("/choices/0/message/content")
+                .or_else(|| doc.pointer("/choices/0/text"));
+            if let Some(Value::String(t)) = first {
+                return from_text(t.clone(), false);
+            }
+            let mut doc = doc;
+            for p in ignore {
+                p.take(&mut doc);
+            }
+            let doc = sorted(doc);
+            Answer {
+                text: doc.to_string(),
+                json: Some(doc),
+                lossy: false,
+            }
+        }
+        Err(_) => Answer {
+            text: String::from_utf8_lossy(body).into_owned(),
+            json: None,
+            lossy,
+        },
+    }
+}
+
+fn from_text(text: String, lossy: bool) -> Answer {
+    let t = text.trim_start();
+    let json = (t.starts_with('{') || t.starts_with('['))
+        .then(|| serde_json::from_str::<Value>(&text).ok().map(sorted))
+        .flatten();
+    Answer { text, json, lossy }
+}
+
+/// `v` with every object's keys sorted.
+fn sorted(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+/// `1 - levenshtein(a, b) / max(len(a), len(b))` in Unicode scalar values; 1.0 for two
+/// empty answers.
+pub(crate) fn similarity(a: &str, b: &str) -> f64 {
+    if a == b {
+        return 1.0;
+    }
+    let longest = a.chars().count().max(b.chars().count());
+    let d = rapidfuzz::distance::levenshtein::distance(a.chars(), b.chars());
+    1.0 - d as f64 / longest as f64
+}
+
+/// The index (in Unicode scalar values) of the first difference; `None` when equal.
+pub(crate) fn first_divergence(a: &str, b: &str) -> Option<usize> {
+    if a == b {
+        return None;
+    }
+    let mut n = 0;
+    let (mut x, mut y) = (a.chars(), b.chars());
+    loop {
+        match (x.next(), y.next()) {
+            (Some(p), Some(q)) if p == q => n += 1,
+            _ => return Some(n),
+        }
+    }
+}
+
+/// Entries of the decisions container whose value differs (array elements by position,
+/// object members by key; one side's extra entries count). `None` when either side has
+/// something other than a container there (an absent container is empty).
+pub(crate) fn decision_flips(a: &Value, b: &Value, at: &Pointer) -> Option<u64> {
+    let empty = Value::Array(Vec::new());
+    let (x, y) = (
+        at.resolve(a).unwrap_or(&empty),
+        at.resolve(b).unwrap_or(&empty),
+    );
+    match (x, y) {
+        (Value::Array(x), Value::Array(y)) => Some(
+            (0..x.len().max(y.len()))
+                .filter(|&i| x.get(i) != y.get(i))
+                .count() as u64,
+        ),
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            Some(keys.into_iter().filter(|k| x.get(*k) != y.get(*k)).count() as u64)
+        }
+        // One side answered with an object, the other with an empty (absent) container.
+        (Value::Object(m), Value::Array(v)) | (Value::Array(v), Value::Object(m))
+            if v.is_empty() =>
+        {
+            Some(m.len() as u64)
+        }
+        _ => None,
+    }
+}
+
+/// Running totals of a set of pairs.
+#[derive(Default)]
+struct Tally {
+    pairs: u64,
+    equal: u64,
+    similarity: f64,
+}
+
+impl Tally {
+    fn add(&mut self, equal: bool, similarity: f64) {
+        self.pairs += 1;
+        self.equal += u64::from(equal);
+        self.similarity += similarity;
+    }
+
+    fn json(&self) -> Value {
+        let rate = |x: f64| (self.pairs > 0).then(|| x / self.pairs as f64);
+        json!({
+            "compared_prompts": self.pairs,
+            "exact_match_rate": rate(self.equal as f64),
+            "mean_similarity": rate(self.similarity),
+        })
+    }
+}
+
+/// Drift of `arm`'s answers against `reference`'s: the totals, per concurrency level,
+/// numeric pointers, decision flips, and one entry per pair (`prompts`).
+pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Value {
+    let mut all = Tally::default();
+    let mut by_level: BTreeMap<i32, Tally> = BTreeMap::new();
+    let mut prompts = Vec::new();
+    let mut numeric: Vec<(Option<f64>, u64, u64)> = vec![(None, 0, 0); opts.numeric_pointers.len()];
+    let (mut flips, mut flip_pairs, mut lossy) = (0u64, 0u64, 0u64);
+    let mut unpaired_arm = 0u64;
+    for (key, b) in &arm.by_key {
+        let Some(a) = reference.by_key.get(key) else {
+            unpaired_arm += 1;
+            continue;
+        };
+        lossy += u64::from(a.lossy) + u64::from(b.lossy);
+        let equal = a.text == b.text;
+        let sim = if equal {
+            1.0
+        } else {
+            similarity(&a.text, &b.text)
+        };
+        all.add(equal, sim);
+        by_level.entry(key.concurrency).or_default().add(equal, sim);
+        let mut pair_flips = None;
+        if let (Some(x), Some(y)) = (&a.json, &b.json) {
+            pair_flips = decision_flips(x, y, opts.decisions_pointer);
+            if let Some(f) = pair_flips {
+                flips += f;
+                flip_pairs += 1;
+            }
+            for (p, slot) in opts.numeric_pointers.iter().zip(numeric.iter_mut()) {
+                match (
+                    p.resolve(x).and_then(Value::as_f64),
+                    p.resolve(y).and_then(Value::as_f64),
+                ) {
+                    (Some(u), Some(v)) => {
+                        let d = (u - v).abs();
+                        slot.0 = Some(slot.0.map_or(d, |m: f64| m.max(d)));
+                        slot.1 += 1;
+                    }
+                    _ => slot.2 += 1,
+                }
+            }
+        }
+        prompts.push(json!({
+            "case": key.case,
+            "variant": key.variant,
+            "concurrency": key.concurrency,
+            "repetition": key.repetition,
+            "dispatch_index": key.dispatch_index,
+            "equal": equal,
+            "similarity": sim,
+            "first_divergence_char": first_divergence(&a.text, &b.text),
+            "reference_chars": a.text.chars().count(),
+            "arm_chars": b.text.chars().count(),
+            "decision_flips": pair_flips,
+        }));
+    }
+    let unpaired_reference = reference
+        .by_key
+        .keys()
+        .filter(|k| !arm.by_key.contains_key(*k))
+        .count();
+    let mut out = match all.json() {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    let levels: Map<String, Value> = by_level
+        .iter()
+        .map(|(c, t)| (c.to_string(), t.json()))
+        .collect();
+    out.insert("concurrency".into(), Value::Object(levels));
+    out.insert(
+        "numeric".into(),
+        opts.numeric_pointers
+            .iter()
+            .zip(&numeric)
+            .map(|(p, (max, n, missing))| {
+                json!({"pointer": p.as_str(), "max_abs_difference": max, "compared_pairs": n, "pairs_without_both_numbers": missing})
+            })
+            .collect(),
+    );
+    out.insert(
+        "decision_flips".into(),
+        json!((flip_pairs > 0).then_some(flips)),
+    );
+    out.insert("decision_pairs".into(), json!(flip_pairs));
+    out.insert(
+        "unpaired_reference_answers".into(),
+        json!(unpaired_reference),
+    );
+    out.insert("unpaired_arm_answers".into(), json!(unpaired_arm));
+    out.insert(
+        "truncated_answers_left_out".into(),
+        json!(reference.truncated + arm.truncated),
+    );
+    out.insert("lossy_utf8_answers".into(), json!(lossy));
+    out.insert("prompts".into(), Value::Array(prompts));
+    Value::Object(out)
+}
+
+/// What each drift key means (for campaign.json and compare.json).
+pub(crate) fn definitions() -> Value {
+    json!({
+        "pairs": "measured exchanges both sides answered ok at the same (case, variant, concurrency, repetition, dispatch_index)",
+        "answer": "a stream's assembled content; an OpenAI-style JSON answer's first choice message content (or text); else the response as canonical JSON (keys sorted, the request's ignore_paths taken out); a non-JSON body as UTF-8, lossy (counted in lossy_utf8_answers)",
+        "exact_match_rate": "equal pairs / pairs",
+        "mean_similarity": "mean over pairs of 1 - levenshtein(a, b) / max(len(a), len(b)), in Unicode scalar values; 1.0 for two empty answers",
+        "first_divergence_char": "index (Unicode scalar values) of the first difference; null when equal",
+        "numeric": "per drift.numeric_pointers pointer, the largest absolute difference over pairs where both JSON answers have a number there",
+        "decision_flips": "entries of the decisions container (decisions_pointer) whose value differs, summed over pairs of JSON answers; null when no pair had one",
+        "advisory": "true for performance-fit arms: reported, never an equivalence claim",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(t: &str) -> Answer {
+        from_text(t.to_string(), false)
+    }
+
+    fn key(i: i64) -> Key {
+        Key {
+            case: "c".into(),
+            variant: None,
+            concurrency: 1,
+            repetition: 0,
+            dispatch_index: i,
+        }
+    }
+
+    fn side(answers: &[&str]) -> Answers {
+        Answers {
+            by_key: answers
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (key(i as i64), text(a)))
+                .collect(),
+            truncated: 0,
+        }
+    }
+
+    fn decisions() -> Pointer {
+        Pointer::parse("/answers").expect("pointer")
+    }
+
+    #[test]
+    fn pinned_pairs() {
+        // (a, b, similarity, first divergence)
+        let cases: [(&str, &str, f64, Option<usize>); 8] = [
+            ("the capital is Paris", "the capital is Paris", 1.0, None),
+            (
+                "the capital is Paris",
+                "the capital is Lyon",
+                0.75,
+                Some(15),
+            ),
+            ("abc", "abXc", 0.75, Some(2)),
+            ("hello world", "hello wrld", 1.0 - 1.0 / 11.0, Some(7)),
+            ("naïve café", "naive cafe", 0.8, Some(2)),
+            ("👍ok", "👎ok", 1.0 - 1.0 / 3.0, Some(0)),
+            ("", "", 1.0, None),
+            ("", "abc", 0.0, Some(0)),
+        ];
+        for (a, b, sim, div) in cases {
+            assert!(
+                (similarity(a, b) - sim).abs() < 1e-12,
+                "{a:?} vs {b:?}: {}",
+                similarity(a, b)
+            );
+            assert!((similarity(b, a) - sim).abs() < 1e-12, "symmetric");
+            assert_eq!(first_divergence(a, b), div, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn an_identical_runtime_and_paris_vs_lyon() {
+        let opts = Options {
+            numeric_pointers: &[],
+            decisions_pointer: &decisions(),
+        };
+        let r = side(&["the capital is Paris", "2 + 2 = 4"]);
+        let same = drift(&r, &side(&["the capital is Paris", "2 + 2 = 4"]), &opts);
+        assert_eq!(
+            (
+                &same["compared_prompts"],
+                &same["exact_match_rate"],
+                &same["mean_similarity"]
+            ),
+            (&json!(2), &json!(1.0), &json!(1.0))
+        );
+        let r = side(&["the capital is Paris"]);
+        let d = drift(&r, &side(&["the capital is Lyon"]), &opts);
+        assert_eq!(d["exact_match_rate"], json!(0.0));
+        let sim = d["mean_similarity"].as_f64().expect("number");
+        assert!(sim > 0.0 && sim < 1.0);
+        assert_eq!(d["prompts"][0]["first_divergence_char"], json!(15));
+        assert_eq!(
+            (
+                &d["prompts"][0]["reference_chars"],
+                &d["prompts"][0]["arm_chars"]
+            ),
+            (&json!(20), &json!(19))
+        );
+        // Answers without a partner are counted, never paired.
+        let d = drift(&side(&["a", "b"]), &side(&["a"]), &opts);
+        assert_eq!(
+            (&d["compared_prompts"], &d["unpaired_reference_answers"]),
+            (&json!(1), &json!(1))
+        );
+    }
+
+    #[test]
+    fn json_answers_numbers_and_decision_flips() {
+        let ignore = [Pointer::parse("/id").expect("pointer")];
+        let a = answer(
+            br#"{"id": 1, "answers": [1, 2, 3], "score": 0.5, "z": 1, "a": 2}"#,
+            false,
+            &ignore,
+        );
+        let b = answer(
+            br#"{"a": 2, "z": 1, "score": 0.75, "answers": [1, 5], "id": 2}"#,
+            false,
+            &ignore,
+        );
+        assert_eq!(a.text, r#"{"a":2,"answers":[1,2,3],"score":0.5,"z":1}"#);
+        let opts = Options {
+            numeric_pointers: &[
+                Pointer::parse("/score").expect("p"),
+                Pointer::parse("/none").expect("p"),
+            ],
+            decisions_pointer: &decisions(),
+        };
+        let wrap = |x: Answer| Answers {
+            by_key: [(key(0), x)].into_iter().collect(),
+            truncated: 0,
+        };
+        let d = drift(&wrap(a), &wrap(b), &opts);
+        assert_eq!(
+            d["decision_flips"],
+            json!(2),
+            "position 1 differs, position 2 is missing"
+        );
+        assert_eq!(d["numeric"][0]["max_abs_difference"], json!(0.25));
+        assert_eq!(d["numeric"][1]["pairs_without_both_numbers"], json!(1));
+        // Object containers by key; an ignored id does not make answers differ.
+        let x = json!({"answers": {"q1": "yes", "q2": "no"}});
+        let y = json!({"answers": {"q1": "yes", "q2": "yes", "q3": "no"}});
+        assert_eq!(decision_flips(&x, &y, &decisions()), Some(2));
+        assert_eq!(
+            decision_flips(&x, &json!({"answers": 3}), &decisions()),
+            None
+        );
+        let same_but_id = answer(br#"{"id": 9, "v": 1}"#, false, &ignore);
+        assert_eq!(same_but_id, answer(br#"{"v": 1, "id": 8}"#, false, &ignore));
+    }
+
+    #[test]
+    fn what_is_compared_for_each_kind_of_body() {
+        let chat = br#"{"id": "x1", "choices": [{"message": {"content": "Paris"}}]}"#;
+        assert_eq!(answer(chat, false, &[]).text, "Paris");
+        let completion = br#"{"choices": [{"text": "Lyon"}]}"#;
+        assert_eq!(answer(completion, false, &[]).text, "Lyon");
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"Pa\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"ris\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(answer(stream, true, &[]).text, "Paris");
+        let plain_events = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n";
+        assert_eq!(answer(plain_events, true, &[]).text, "one\ntwo");
+        let bad = answer(b"caf\xe9", false, &[]);
+        assert_eq!((bad.text.as_str(), bad.lossy), ("caf\u{fffd}", true));
+        // A first choice whose content is JSON is a JSON answer.
+        let j = answer(
+            br#"{"choices": [{"message": {"content": "{\"answers\": [1]}"}}]}"#,
+            false,
+            &[],
+        );
+        assert_eq!(j.json, Some(json!({"answers": [1]})));
+    }
+}

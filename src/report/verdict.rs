@@ -1,0 +1,660 @@
+//! The verdict: a pre-registered contract's gates evaluated on what a campaign measured
+//! (campaign.json's cells and drift), so `replay --contract` and a later `verdict` read
+//! one definition from one file. A gate holds for an arm when it holds at every
+//! concurrency level compared (both arms measured the value there); comparisons are
+//! inclusive, with a relative tolerance of 1e-9 so binary rounding (1.1 x 100 is
+//! 110.00000000000001) cannot fail a value written at the boundary.
+
+use serde_json::{Value, json};
+
+use crate::config::contract::{Contract, Thresholds};
+
+/// Relative tolerance of the inclusive comparisons.
+const TOLERANCE: f64 = 1e-9;
+
+fn le(a: f64, b: f64) -> bool {
+    a <= b + TOLERANCE * a.abs().max(b.abs())
+}
+
+fn ge(a: f64, b: f64) -> bool {
+    le(b, a)
+}
+
+/// One gate's result for one arm.
+struct ArmGate {
+    arm: String,
+    pass: bool,
+    levels: Vec<Value>,
+    note: Option<String>,
+}
+
+impl ArmGate {
+    fn json(&self) -> Value {
+        json!({"arm": self.arm, "pass": self.pass, "levels": self.levels, "note": self.note})
+    }
+}
+
+/// An arm of campaign.json, as the gates read it.
+struct ArmView<'a> {
+    name: &'a str,
+    quality: bool,
+    reference: bool,
+    unavailable: Option<String>,
+    cells: Vec<(u64, &'a Value)>,
+}
+
+fn arms(campaign: &Value) -> Vec<ArmView<'_>> {
+    let list = campaign["arms"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    list.iter()
+        .map(|a| {
+            let mut cells: Vec<(u64, &Value)> = a["concurrency"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(c, v)| Some((c.parse().ok()?, v)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            cells.sort_by_key(|(c, _)| *c);
+            ArmView {
+                name: a["name"].as_str().unwrap_or("?"),
+                quality: a["lane"] == json!("quality"),
+                reference: a["reference"] == json!(true),
+                unavailable: (a["available"] != json!(true)).then(|| {
+                    format!(
+                        "unavailable: {}",
+                        a["unavailable_reason"]
+                            .as_str()
+                            .unwrap_or("no reason recorded")
+                    )
+                }),
+                cells,
+            }
+        })
+        .collect()
+}
+
+/// `max_failed_requests` for one arm: its failed requests at every measured level.
+fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
+    if let Some(why) = &arm.unavailable {
+        return ArmGate {
+            arm: arm.name.into(),
+            pass: false,
+            levels: vec![],
+            note: Some(why.clone()),
+        };
+    }
+    let levels: Vec<Value> = arm
+        .cells
+        .iter()
+        .map(|(c, cell)| {
+            let failed = cell["failed_requests"].as_u64().unwrap_or(0);
+            json!({"concurrency": c, "measured": failed, "limit": max, "pass": failed <= max})
+        })
+        .collect();
+    let none = levels.is_empty();
+    ArmGate {
+        arm: arm.name.into(),
+        pass: !none && levels.iter().all(|l| l["pass"] == json!(true)),
+        levels,
+        note: none.then(|| "no measured level".to_string()),
+    }
+}
+
+/// `quality_min_exact_match` for one quality arm, from its drift entry.
+fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&Value>, min: f64) -> ArmGate {
+    let fail = |note: String| ArmGate {
+        arm: arm.name.into(),
+        pass: false,
+        levels: vec![],
+        note: Some(note),
+    };
+    if let Some(why) = &arm.unavailable {
+        return fail(why.clone());
+    }
+    let Some(d) = drift else {
+        return fail("no drift entry: its answers were not compared with the reference's".into());
+    };
+    let levels: Vec<Value> = d["concurrency"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(c, t)| {
+                    let rate = t["exact_match_rate"].as_f64()?;
+                    Some(json!({"concurrency": c.parse::<u64>().ok(), "measured": rate,
+                                "compared_prompts": t["compared_prompts"], "limit": min, "pass": ge(rate, min)}))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if levels.is_empty() {
+        return fail(
+            "no answer was paired with the reference's (both ok at the same dispatch)".into(),
+        );
+    }
+    ArmGate {
+        arm: arm.name.into(),
+        pass: levels.iter().all(|l| l["pass"] == json!(true)),
+        levels,
+        note: None,
+    }
+}
+
+/// Which measured value a ratio gate reads from a cell pair, and its name; `None` when the
+/// pair does not have one on both sides.
+type Pick = fn(&Value, &Value) -> Option<(f64, f64, &'static str)>;
+
+fn both(a: &Value, r: &Value, key: &'static str) -> Option<(f64, f64, &'static str)> {
+    Some((a[key].as_f64()?, r[key].as_f64()?, key))
+}
+
+/// Peak memory: VRAM when both arms sampled it, else resident memory.
+fn memory(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "peak_vram_bytes").or_else(|| both(a, r, "peak_rss_bytes"))
+}
+
+/// Decode tok/s: per request (streams) when both have it, else the aggregate.
+fn decode(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "decode_tokens_per_sec")
+        .or_else(|| both(a, r, "aggregate_decode_tokens_per_sec"))
+        .filter(|(_, r, _)| *r > 0.0)
+}
+
+fn p95(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "latency_p95_ms").filter(|(_, r, _)| *r > 0.0)
+}
+
+/// A fit arm's value against the reference's at every level both measured:
+/// `holds(arm, reference)`; `factor` is the bound's multiple of the reference.
+fn ratio_gate(
+    arm: &ArmView<'_>,
+    reference: &ArmView<'_>,
+    pick: Pick,
+    factor: f64,
+    at_most: bool,
+) -> ArmGate {
+    let fail = |note: String| ArmGate {
+        arm: arm.name.into(),
+        pass: false,
+        levels: vec![],
+        note: Some(note),
+    };
+    if let Some(why) = &arm.unavailable {
+        return fail(why.clone());
+    }
+    if let Some(why) = &reference.unavailable {
+        return fail(format!("the reference is {why}"));
+    }
+    let mut levels = Vec::new();
+    for (c, cell) in &arm.cells {
+        let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
+            continue;
+        };
+        let Some((a, r, metric)) = pick(cell, rcell) else {
+            continue;
+        };
+        let limit = factor * r;
+        let pass = if at_most { le(a, limit) } else { ge(a, limit) };
+        levels.push(
+            json!({"concurrency": c, "metric": metric, "measured": a, "reference": r,
+                           "ratio": a / r, "limit": limit, "pass": pass}),
+        );
+    }
+    if levels.is_empty() {
+        return fail(
+            "no concurrency level where both this arm and the reference measured it".into(),
+        );
+    }
+    ArmGate {
+        arm: arm.name.into(),
+        pass: levels.iter().all(|l| l["pass"] == json!(true)),
+        levels,
+        note: None,
+    }
+}
+
+fn gate(name: &str, threshold: Value, passes_when: &str, results: &[ArmGate]) -> Value {
+    json!({
+        "gate": name,
+        "threshold": threshold,
+        "passes_when": passes_when,
+        "pass": results.iter().all(|r| r.pass),
+        "arms": results.iter().map(ArmGate::json).collect::<Vec<_>>(),
+    })
+}
+
+/// Evaluate `t` on a campaign.json: the lanes' results, the verdict and every gate.
+pub(crate) fn evaluate(campaign: &Value, t: &Thresholds) -> Value {
+    let arms = arms(campaign);
+    let drift = |name: &str| {
+        campaign["drift"]
+            .as_array()
+            .and_then(|d| d.iter().find(|e| e["arm"] == json!(name)))
+    };
+    let Some(reference) = arms.iter().find(|a| a.reference) else {
+        return json!({"error": "campaign.json names no reference arm"});
+    };
+    let quality: Vec<&ArmView<'_>> = arms.iter().filter(|a| a.quality).collect();
+    let fit: Vec<&ArmView<'_>> = arms.iter().filter(|a| !a.quality).collect();
+    let exact: Vec<ArmGate> = quality
+        .iter()
+        .filter(|a| !a.reference)
+        .map(|a| exact_match_gate(a, drift(a.name), t.quality_min_exact_match))
+        .collect();
+    let failed_q: Vec<ArmGate> = quality
+        .iter()
+        .map(|a| failed_gate(a, t.max_failed_requests))
+        .collect();
+    let failed_f: Vec<ArmGate> = fit
+        .iter()
+        .map(|a| failed_gate(a, t.max_failed_requests))
+        .collect();
+    let mem: Vec<ArmGate> = fit
+        .iter()
+        .map(|a| ratio_gate(a, reference, memory, 1.0 - t.fit_min_memory_reduction, true))
+        .collect();
+    let speed: Vec<ArmGate> = fit
+        .iter()
+        .map(|a| ratio_gate(a, reference, decode, 1.0 + t.fit_min_decode_speedup, false))
+        .collect();
+    let lat: Vec<ArmGate> = fit
+        .iter()
+        .map(|a| ratio_gate(a, reference, p95, t.max_p95_latency_ratio, true))
+        .collect();
+    let ratio: Vec<ArmGate> = fit
+        .iter()
+        .map(|a| ratio_gate(a, reference, decode, t.min_decode_ratio, false))
+        .collect();
+    let quality_pass = exact.iter().chain(&failed_q).all(|g| g.pass);
+    let fit_arms: Vec<Value> = (0..fit.len())
+        .map(|i| {
+            let benefit = failed_f[i].pass && (mem[i].pass || speed[i].pass);
+            let ready = lat[i].pass && ratio[i].pass;
+            json!({"arm": fit[i].name, "benefit": benefit, "ready": benefit && ready,
+                   "max_failed_requests": failed_f[i].pass, "fit_min_memory_reduction": mem[i].pass,
+                   "fit_min_decode_speedup": speed[i].pass, "max_p95_latency_ratio": lat[i].pass,
+                   "min_decode_ratio": ratio[i].pass})
+        })
+        .collect();
+    let fit_benefit = fit_arms.iter().any(|f| f["benefit"] == json!(true));
+    let adopt: Vec<&Value> = fit_arms
+        .iter()
+        .filter(|f| f["ready"] == json!(true))
+        .map(|f| &f["arm"])
+        .collect();
+    let (verdict, reason) = if !quality_pass {
+        ("reject", "the quality lane failed a gate")
+    } else if !fit_benefit {
+        (
+            "keep-reference",
+            "the quality lane passed and no performance-fit arm has a benefit (max_failed_requests and either fit_min_memory_reduction or fit_min_decode_speedup)",
+        )
+    } else if !adopt.is_empty() {
+        (
+            "adopt",
+            "a performance-fit arm with a benefit also passes max_p95_latency_ratio and min_decode_ratio",
+        )
+    } else {
+        (
+            "optimize",
+            "a performance-fit arm has a benefit but fails max_p95_latency_ratio or min_decode_ratio: worth pursuing, not ready",
+        )
+    };
+    let failed_all: Vec<ArmGate> = failed_q.into_iter().chain(failed_f).collect();
+    json!({
+        "quality_lane_pass": quality_pass,
+        "quality_lane_note": (quality.len() == 1).then_some(
+            "the reference is the only quality-lane arm: no quality arm's answers were compared, so the quality lane rests on max_failed_requests alone"),
+        "fit_benefit": fit_benefit,
+        "verdict": verdict,
+        "verdict_reason": reason,
+        "adopt_arms": adopt,
+        "fit_arms": fit_arms,
+        "reference_arm": reference.name,
+        "gates": [
+            gate("quality_min_exact_match", json!(t.quality_min_exact_match),
+                 "every non-reference quality-lane arm's exact-match rate >= threshold", &exact),
+            gate("max_failed_requests", json!(t.max_failed_requests),
+                 "an arm's failed requests <= threshold at every level (quality lane: all arms; performance-fit: each candidate)", &failed_all),
+            gate("fit_min_memory_reduction", json!(t.fit_min_memory_reduction),
+                 "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's", &mem),
+            gate("fit_min_decode_speedup", json!(t.fit_min_decode_speedup),
+                 "a fit arm's decode tok/s (per request when both stream, else aggregate) >= (1 + threshold) x the reference's", &speed),
+            gate("max_p95_latency_ratio", json!(t.max_p95_latency_ratio),
+                 "a fit arm's latency p95 <= threshold x the reference's", &lat),
+            gate("min_decode_ratio", json!(t.min_decode_ratio),
+                 "a fit arm's decode tok/s >= threshold x the reference's", &ratio),
+        ],
+    })
+}
+
+/// The schema version of verdict.json.
+pub(crate) const VERDICT_SCHEMA_VERSION: u64 = 1;
+
+/// Where a verdict comes from besides the campaign: the contract and whether it was the
+/// one recorded when the run started.
+pub(crate) struct Provenance<'a> {
+    pub(crate) contract: &'a Contract,
+    pub(crate) contract_path: &'a str,
+    pub(crate) run_id: Option<&'a str>,
+    pub(crate) run_started_at: Option<&'a str>,
+    /// Why the verdict is post hoc (`None`: the contract was locked in at the start).
+    pub(crate) post_hoc: Option<String>,
+}
+
+/// verdict.json: the contract, whether it was pre-registered, and [`evaluate`]'s result.
+pub(crate) fn verdict_json(campaign: &Value, p: &Provenance<'_>) -> Value {
+    let c = p.contract;
+    let t = &c.thresholds;
+    let mut v = json!({
+        "schema_version": VERDICT_SCHEMA_VERSION,
+        "plan_id": c.plan_id,
+        "run_id": p.run_id,
+        "run_started_at": p.run_started_at,
+        "evaluated_at": crate::clock::iso_utc(crate::clock::wall_now_us()),
+        "contract_sha256": c.sha256,
+        "post_hoc": p.post_hoc.is_some(),
+        "post_hoc_reason": p.post_hoc,
+        "contract": {
+            "path": p.contract_path,
+            "contract_version": c.version,
+            "locked_at": c.locked_at,
+            "locked_by": c.locked_by,
+            "plan_id": c.plan_id,
+            "baseline": c.baseline,
+            "stop_condition": c.stop_condition,
+            "thresholds": {
+                "quality_min_exact_match": t.quality_min_exact_match,
+                "max_failed_requests": t.max_failed_requests,
+                "fit_min_memory_reduction": t.fit_min_memory_reduction,
+                "fit_min_decode_speedup": t.fit_min_decode_speedup,
+                "max_p95_latency_ratio": t.max_p95_latency_ratio,
+                "min_decode_ratio": t.min_decode_ratio,
+            },
+        },
+        "evidence_class": campaign["evidence_class"],
+    });
+    if let (Value::Object(out), Value::Object(e)) = (&mut v, evaluate(campaign, t)) {
+        out.extend(e);
+    }
+    v
+}
+
+/// The verdict for a terminal: one line per gate and arm, then the verdict.
+pub(crate) fn verdict_text(v: &Value) -> String {
+    let mut out = String::new();
+    let yes = |b: &Value| if *b == json!(true) { "pass" } else { "FAIL" };
+    for g in v["gates"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        for a in g["arms"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let worst = a["levels"]
+                .as_array()
+                .map(|ls| {
+                    ls.iter()
+                        .map(|l| {
+                            match (
+                                l["concurrency"].as_u64(),
+                                l["measured"].as_f64(),
+                                l["limit"].as_f64(),
+                            ) {
+                                (Some(c), Some(m), Some(lim)) => {
+                                    format!("c={c}: {} (limit {})", short(m), short(lim))
+                                }
+                                _ => String::new(),
+                            }
+                        })
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            let note = a["note"]
+                .as_str()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  {:<26} {:<14} {}  {worst}{note}\n",
+                g["gate"].as_str().unwrap_or("?"),
+                a["arm"].as_str().unwrap_or("?"),
+                yes(&a["pass"]),
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "verdict: {} (quality lane {}, fit benefit {}){}\n",
+        v["verdict"].as_str().unwrap_or("?"),
+        yes(&v["quality_lane_pass"]),
+        if v["fit_benefit"] == json!(true) {
+            "yes"
+        } else {
+            "no"
+        },
+        if v["post_hoc"] == json!(true) {
+            " -- POST HOC: the contract was not the one locked in at the run's start"
+        } else {
+            ""
+        },
+    ));
+    out
+}
+
+fn short(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One cell: peak memory (RSS), per-request decode tok/s, latency p95 (ms), failures.
+    fn cell(mem: f64, decode: f64, p95: f64, failed: u64) -> Value {
+        json!({"peak_rss_bytes": mem, "peak_vram_bytes": null, "decode_tokens_per_sec": decode,
+               "aggregate_decode_tokens_per_sec": decode, "latency_p95_ms": p95,
+               "failed_requests": failed, "attempted_requests": 10})
+    }
+
+    fn arm(name: &str, lane: &str, cells: &[(u64, Value)]) -> Value {
+        let cells: serde_json::Map<String, Value> = cells
+            .iter()
+            .map(|(c, v)| (c.to_string(), v.clone()))
+            .collect();
+        json!({"name": name, "lane": lane, "reference": name == "ref", "available": true,
+               "unavailable_reason": null, "concurrency": cells})
+    }
+
+    fn drift(name: &str, rate: f64) -> Value {
+        json!({"arm": name, "concurrency": {"1": {"compared_prompts": 2, "exact_match_rate": rate}}})
+    }
+
+    /// The reference (4 GB, 100 tok/s, p95 100 ms), a twin with `twin_rate` exact match,
+    /// and one fit arm.
+    fn campaign(twin_rate: f64, fit: Value) -> Value {
+        json!({"arms": [arm("ref", "quality", &[(1, cell(4000.0, 100.0, 100.0, 0))]),
+                        arm("twin", "quality", &[(1, cell(4000.0, 100.0, 100.0, 0))]),
+                        arm("q4", "performance-fit", &[(1, fit)])],
+               "drift": [drift("twin", twin_rate), drift("q4", 0.0)]})
+    }
+
+    fn verdict(c: &Value, t: &Thresholds) -> (bool, bool, String) {
+        let v = evaluate(c, t);
+        (
+            v["quality_lane_pass"] == json!(true),
+            v["fit_benefit"] == json!(true),
+            v["verdict"].as_str().unwrap_or("?").to_string(),
+        )
+    }
+
+    fn gate_pass(c: &Value, t: &Thresholds, gate: &str) -> bool {
+        let v = evaluate(c, t);
+        let g = v["gates"]
+            .as_array()
+            .and_then(|g| g.iter().find(|g| g["gate"] == json!(gate)))
+            .cloned();
+        g.map(|g| g["pass"] == json!(true)).unwrap_or(false)
+    }
+
+    #[test]
+    fn the_recipe_benchmarks_example_is_optimize() {
+        // A quality twin with identical answers; q4 answers otherwise, with a quarter of
+        // the reference's memory and half its decode speed.
+        let c = campaign(1.0, cell(1000.0, 50.0, 100.0, 0));
+        let t = Thresholds::default();
+        assert_eq!(verdict(&c, &t), (true, true, "optimize".into()));
+        let v = evaluate(&c, &t);
+        assert_eq!(v["fit_arms"][0]["fit_min_memory_reduction"], json!(true));
+        assert_eq!(v["fit_arms"][0]["min_decode_ratio"], json!(false));
+    }
+
+    #[test]
+    fn every_verdict_is_reached() {
+        let t = Thresholds::default();
+        // reject: the twin answers otherwise.
+        assert_eq!(
+            verdict(&campaign(0.5, cell(1000.0, 200.0, 90.0, 0)), &t).2,
+            "reject"
+        );
+        // keep-reference: 12.5 % less memory and 5 % faster is no benefit.
+        assert_eq!(
+            verdict(&campaign(1.0, cell(3500.0, 105.0, 90.0, 0)), &t).2,
+            "keep-reference"
+        );
+        // adopt: a quarter of the memory, 20 % faster, p95 within 10 %.
+        assert_eq!(
+            verdict(&campaign(1.0, cell(1000.0, 120.0, 105.0, 0)), &t).2,
+            "adopt"
+        );
+        // optimize: the benefit is there, the latency is not.
+        assert_eq!(
+            verdict(&campaign(1.0, cell(1000.0, 120.0, 120.0, 0)), &t).2,
+            "optimize"
+        );
+        // A benefit needs max_failed_requests too.
+        assert_eq!(
+            verdict(&campaign(1.0, cell(1000.0, 120.0, 105.0, 1)), &t).2,
+            "keep-reference"
+        );
+    }
+
+    #[test]
+    fn every_gate_holds_at_its_boundary_and_fails_past_it() {
+        let t = Thresholds::default();
+        let gates: [(&str, Value, Value); 4] = [
+            // 0.75 x 4000 = 3000 bytes.
+            (
+                "fit_min_memory_reduction",
+                cell(3000.0, 1.0, 1.0, 0),
+                cell(3000.001, 1.0, 1.0, 0),
+            ),
+            // 1.1 x 100 = 110 tok/s (110.00000000000001 in binary).
+            (
+                "fit_min_decode_speedup",
+                cell(1.0, 110.0, 1.0, 0),
+                cell(1.0, 109.999, 1.0, 0),
+            ),
+            // 1.1 x 100 = 110 ms.
+            (
+                "max_p95_latency_ratio",
+                cell(1.0, 1.0, 110.0, 0),
+                cell(1.0, 1.0, 110.001, 0),
+            ),
+            // 1.0 x 100 tok/s.
+            (
+                "min_decode_ratio",
+                cell(1.0, 100.0, 1.0, 0),
+                cell(1.0, 99.999, 1.0, 0),
+            ),
+        ];
+        for (gate, at, past) in gates {
+            assert!(
+                gate_pass(&campaign(1.0, at), &t, gate),
+                "{gate} at its boundary"
+            );
+            assert!(
+                !gate_pass(&campaign(1.0, past), &t, gate),
+                "{gate} past its boundary"
+            );
+        }
+        let t2 = Thresholds {
+            max_failed_requests: 2,
+            quality_min_exact_match: 0.5,
+            ..t
+        };
+        let fit = cell(1.0, 1.0, 1.0, 2);
+        assert!(gate_pass(
+            &campaign(0.5, fit.clone()),
+            &t2,
+            "max_failed_requests"
+        ));
+        assert!(gate_pass(
+            &campaign(0.5, fit),
+            &t2,
+            "quality_min_exact_match"
+        ));
+        assert!(!gate_pass(
+            &campaign(0.5, cell(1.0, 1.0, 1.0, 3)),
+            &t2,
+            "max_failed_requests"
+        ));
+        assert!(!gate_pass(
+            &campaign(0.499, cell(1.0, 1.0, 1.0, 0)),
+            &t2,
+            "quality_min_exact_match"
+        ));
+    }
+
+    #[test]
+    fn a_gate_holds_only_at_every_level_both_arms_measured() {
+        let t = Thresholds::default();
+        let mut c = campaign(1.0, Value::Null);
+        // Level 1 passes; level 8 uses more memory than allowed; level 16 the reference
+        // never ran, so it is not compared.
+        c["arms"][0]["concurrency"]["8"] = cell(4000.0, 100.0, 100.0, 0);
+        c["arms"][2]["concurrency"] = json!({"1": cell(1000.0, 50.0, 1.0, 0),
+            "8": cell(3900.0, 50.0, 1.0, 0), "16": cell(1.0, 50.0, 1.0, 0)});
+        let v = evaluate(&c, &t);
+        let mem = &v["gates"][2]["arms"][0];
+        assert_eq!(
+            (mem["pass"].clone(), mem["levels"].as_array().map(Vec::len)),
+            (json!(false), Some(2))
+        );
+        // VRAM when both arms sampled it, RSS otherwise.
+        c["arms"][2]["concurrency"]["8"]["peak_vram_bytes"] = json!(10);
+        c["arms"][0]["concurrency"]["8"]["peak_vram_bytes"] = json!(100);
+        let v = evaluate(&c, &t);
+        assert_eq!(
+            v["gates"][2]["arms"][0]["levels"][1]["metric"],
+            json!("peak_vram_bytes")
+        );
+        assert_eq!(v["gates"][2]["arms"][0]["pass"], json!(true));
+    }
+
+    #[test]
+    fn unavailable_arms_and_a_lone_reference() {
+        let t = Thresholds::default();
+        // The twin never came up: nothing shows the quality lane holds.
+        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
+        c["arms"][1]["available"] = json!(false);
+        c["arms"][1]["unavailable_reason"] = json!("exited before healthy");
+        c["drift"] = json!([drift("q4", 0.0)]);
+        assert_eq!(verdict(&c, &t).2, "reject");
+        // An unavailable fit arm has no benefit.
+        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
+        c["arms"][2]["available"] = json!(false);
+        assert_eq!(verdict(&c, &t).2, "keep-reference");
+        // The reference alone in the quality lane: passes, with a note.
+        let c = json!({"arms": [arm("ref", "quality", &[(1, cell(4000.0, 100.0, 100.0, 0))]),
+                                arm("q4", "performance-fit", &[(1, cell(1000.0, 200.0, 90.0, 0))])]});
+        let v = evaluate(&c, &t);
+        assert_eq!(
+            (v["quality_lane_pass"].clone(), v["verdict"].clone()),
+            (json!(true), json!("adopt"))
+        );
+        assert!(v["quality_lane_note"].is_string());
+    }
+}

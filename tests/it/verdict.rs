@@ -1,0 +1,340 @@
+//! Campaigns II end to end: drift in campaign.json, a contract locked in at the start and
+//! its verdict, `verdict` later (post hoc or not), and `compare` of two runs of one
+//! workload (refusing two workloads).
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// `matrix-proxy ARGS`: exit code, stdout, stderr.
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = bin().args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn sha256_file(p: &Path) -> String {
+    matrix_proxy::sha256_hex(&std::fs::read(p).unwrap())
+}
+
+#[test]
+fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let contract = Path::new("plans/campaign-demo.contract.json");
+    let (code, stdout, stderr) = run(&[
+        "replay",
+        "plans/campaign-demo.json",
+        "--contract",
+        s(contract),
+        "--out",
+        s(&run_dir),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("matrix-proxy: verdict: adopt (verdict.json)"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("verdict: adopt (quality lane pass, fit benefit yes)"),
+        "{stdout}"
+    );
+    let config = read_json(&run_dir.join("config.json"));
+    assert_eq!(config["contract"]["sha256"], json!(sha256_file(contract)));
+    assert_eq!(config["workload_sha256"].as_str().map(str::len), Some(64));
+
+    // Drift: one entry per non-reference arm; 2 cases (3 requests) x 16 x 2 levels x 2
+    // repetitions = 128 pairs each.
+    let c = read_json(&run_dir.join("campaign.json"));
+    let drift = c["drift"].as_array().unwrap();
+    assert_eq!(drift.len(), 2);
+    let twin = &drift[0];
+    assert_eq!(
+        (
+            &twin["arm"],
+            &twin["compared_prompts"],
+            &twin["exact_match_rate"],
+            &twin["mean_similarity"],
+            &twin["advisory"]
+        ),
+        (
+            &json!("twin"),
+            &json!(128),
+            &json!(1.0),
+            &json!(1.0),
+            &json!(false)
+        )
+    );
+    let fit = &drift[1];
+    assert_eq!(
+        (&fit["arm"], &fit["advisory"], &fit["exact_match_rate"]),
+        (&json!("fast-fit"), &json!(true), &json!(0.0))
+    );
+    let sim = fit["mean_similarity"].as_f64().unwrap();
+    assert!(sim > 0.0 && sim < 1.0, "{sim}");
+    let prompts = fit["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 128);
+    assert!(
+        prompts
+            .iter()
+            .all(|p| p["first_divergence_char"].is_u64() && p["equal"] == json!(false))
+    );
+    assert_eq!(fit["concurrency"]["4"]["compared_prompts"], json!(64));
+
+    // verdict.json: pre-registered, every gate, the verdict.
+    let v = read_json(&run_dir.join("verdict.json"));
+    assert_eq!(
+        (
+            &v["verdict"],
+            &v["quality_lane_pass"],
+            &v["fit_benefit"],
+            &v["post_hoc"]
+        ),
+        (&json!("adopt"), &json!(true), &json!(true), &json!(false))
+    );
+    assert_eq!(v["contract_sha256"], json!(sha256_file(contract)));
+    let gates: Vec<&str> = v["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["gate"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        gates,
+        [
+            "quality_min_exact_match",
+            "max_failed_requests",
+            "fit_min_memory_reduction",
+            "fit_min_decode_speedup",
+            "max_p95_latency_ratio",
+            "min_decode_ratio"
+        ]
+    );
+    let speedup = &v["gates"][3]["arms"][0];
+    assert_eq!(speedup["arm"], json!("fast-fit"));
+    assert_eq!(
+        speedup["levels"].as_array().unwrap().len(),
+        2,
+        "both levels compared"
+    );
+
+    // Later, with the same contract: not post hoc, same verdict, verdict.json again.
+    let (code, _, stderr) = run(&["verdict", s(&run_dir), "--contract", s(contract)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("post-hoc"), "{stderr}");
+    assert_eq!(
+        read_json(&run_dir.join("verdict.json"))["post_hoc"],
+        json!(false)
+    );
+    // Another contract (stricter, written after the fact): post hoc, with a warning, in
+    // its own file; the pre-registered verdict is left alone.
+    let mut strict: Value = read_json(contract);
+    strict["thresholds"]["max_p95_latency_ratio"] = json!(0.1);
+    let strict_path = write_plan(tmp.path(), "strict.json", &strict);
+    let (code, stdout, stderr) = run(&["verdict", s(&run_dir), "--contract", s(&strict_path)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("warning: post-hoc verdict"), "{stderr}");
+    assert!(
+        stdout.contains("verdict: optimize") && stdout.contains("POST HOC"),
+        "{stdout}"
+    );
+    let late = read_json(&run_dir.join("verdict.post-hoc.json"));
+    assert_eq!(
+        (&late["post_hoc"], &late["verdict"]),
+        (&json!(true), &json!("optimize"))
+    );
+    assert_eq!(
+        read_json(&run_dir.join("verdict.json"))["verdict"],
+        json!("adopt")
+    );
+    // A contract locked after the run started, or for another plan, is refused.
+    for (key, value, says) in [
+        (
+            "locked_at",
+            json!("2099-01-01T00:00:00Z"),
+            "is later than the run's start",
+        ),
+        ("plan_id", json!("another-plan"), "is not this plan's name"),
+    ] {
+        let mut bad: Value = read_json(contract);
+        bad[key] = value;
+        let p = write_plan(tmp.path(), "bad.json", &bad);
+        let (code, _, stderr) = run(&["verdict", s(&run_dir), "--contract", s(&p)]);
+        assert_eq!(code, Some(2), "{key}: {stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
+#[test]
+fn replay_refuses_a_contract_it_cannot_honour() {
+    let tmp = tempfile::tempdir().unwrap();
+    let contract: Value = read_json(Path::new("plans/campaign-demo.contract.json"));
+    let cases = [
+        // Another plan's contract.
+        (
+            "plans/campaign-demo.json",
+            json!({"plan_id": "x"}),
+            &[][..],
+            "plan_id 'x' is not this plan's name ('campaign-demo')",
+        ),
+        // Locked after the start.
+        (
+            "plans/campaign-demo.json",
+            json!({"locked_at": "2099-01-01T00:00:00Z"}),
+            &[],
+            "is later than the run's start",
+        ),
+        // A plain plan has no arms to gate.
+        (
+            "plans/demo.json",
+            json!({"plan_id": "demo"}),
+            &["--mock-worker"],
+            "--contract goes with a campaign plan",
+        ),
+        // Drift needs the recorded answers.
+        (
+            "plans/campaign-demo.json",
+            json!({}),
+            &["--no-record"],
+            "cannot be used with",
+        ),
+        // A malformed contract names its problems.
+        (
+            "plans/campaign-demo.json",
+            json!({"thresholds": {"min_decode_ratio": "1"}}),
+            &[],
+            "thresholds.min_decode_ratio: must be a finite number",
+        ),
+    ];
+    for (i, (plan, patch, flags, says)) in cases.into_iter().enumerate() {
+        let mut c = contract.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        let p = write_plan(tmp.path(), &format!("c{i}.json"), &c);
+        let out = tmp.path().join(format!("run{i}"));
+        let mut args = vec!["replay", plan, "--contract", s(&p), "--out", s(&out)];
+        args.extend_from_slice(flags);
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, Some(2), "{says}: {stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+        assert!(
+            !out.exists(),
+            "nothing is created before the contract is accepted"
+        );
+    }
+}
+
+/// A plan whose oracle takes any answer text (so another text is drift, not a failure).
+fn any_text_plan(requests: u64) -> Value {
+    json!({
+        "name": "any-text",
+        "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+        "cases": [{"name": "chat",
+                   "request": {"model": "mock", "messages": [{"role": "user", "content": "the capital?"}], "max_tokens": 6},
+                   "ignore_paths": ["/id", "/created", "/choices/0/message/content"],
+                   "expected_response": {"id": "x", "object": "chat.completion", "created": 0, "model": "mock",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}}}],
+        "concurrency": [1, 2], "requests_per_case": requests, "repetitions": 2, "warmup_per_case": 2,
+        "timeout_seconds": 5, "metadata": metadata(),
+    })
+}
+
+async fn replay_against(
+    dir: &Path,
+    name: &str,
+    plan: &Value,
+    text_seed: u64,
+) -> std::path::PathBuf {
+    let mock = start_mock(matrix_proxy::MockConfig {
+        text_seed,
+        ..Default::default()
+    })
+    .await;
+    let path = write_plan(dir, &format!("{name}.json"), plan);
+    let out = dir.join(name);
+    let mut args = replay_args(&path, &out);
+    args.endpoint = Some(format!("{}/v1/chat/completions", mock.url()));
+    assert_eq!(replay(args).await.unwrap(), matrix_proxy::cli::Exit::Ok);
+    mock.shutdown().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_workloads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = any_text_plan(4);
+    let a = replay_against(tmp.path(), "a", &plan, 0).await;
+    let same = replay_against(tmp.path(), "same", &plan, 0).await;
+    let other = replay_against(tmp.path(), "other", &plan, 3).await;
+    let out = tmp.path().join("compare.json");
+
+    // Same recipe: every pair equal.
+    let (code, stdout, stderr) = run(&["compare", s(&a), s(&same), "--out", s(&out)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let doc = read_json(&out);
+    assert_eq!(
+        (
+            &doc["drift"][0]["compared_prompts"],
+            &doc["drift"][0]["exact_match_rate"]
+        ),
+        (&json!(16), &json!(1.0)),
+        "1 case x 4 x 2 levels x 2 repetitions"
+    );
+    assert!(stdout.contains("run vs run chat c=1"), "{stdout}");
+
+    // Another text: drift, and every metric's delta with both spreads.
+    let contract = json!({"contract_version": 1, "locked_at": "2026-01-01T00:00:00Z",
+                          "locked_by": "test", "plan_id": "any-text"});
+    let cpath = write_plan(tmp.path(), "contract.json", &contract);
+    let (code, stdout, stderr) = run(&[
+        "compare",
+        s(&a),
+        s(&other),
+        "--contract",
+        s(&cpath),
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let doc = read_json(&out);
+    let d = &doc["drift"][0];
+    assert_eq!(
+        (&d["compared_prompts"], &d["advisory"]),
+        (&json!(16), &json!(true))
+    );
+    assert!(d["exact_match_rate"].as_f64().unwrap() < 1.0, "{d}");
+    let metrics = doc["metrics"].as_array().unwrap();
+    assert_eq!(metrics.len(), 2, "one entry per (case, concurrency)");
+    let rps = &metrics[0]["metrics"]["successful_requests_per_second"];
+    for side in ["a", "b"] {
+        assert_eq!(rps[side]["rounds"], json!(2), "{rps}");
+        assert!(rps[side]["min"].as_f64().unwrap() <= rps[side]["max"].as_f64().unwrap());
+    }
+    let delta = rps["b"]["median"].as_f64().unwrap() - rps["a"]["median"].as_f64().unwrap();
+    assert!((rps["delta"].as_f64().unwrap() - delta).abs() < 1e-9);
+    // The contract on two runs is never pre-registered unless both were started with it.
+    assert_eq!(doc["verdict"]["post_hoc"], json!(true));
+    assert!(stderr.contains("warning: post-hoc verdict"), "{stderr}");
+    assert!(stdout.contains("verdict: "), "{stdout}");
+
+    // Another workload is refused, naming the first difference.
+    let bigger = replay_against(tmp.path(), "bigger", &any_text_plan(5), 0).await;
+    let (code, _, stderr) = run(&["compare", s(&a), s(&bigger), "--out", s(&out)]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("ran different workloads")
+            && stderr.contains("first differ at /requests_per_case (4 in"),
+        "{stderr}"
+    );
+}
