@@ -2,9 +2,12 @@
 
 For every arm and concurrency level, the cell's denominators, nearest-rank latency and
 TTFT, mean per-request decode rate and aggregate decode rate are recomputed from the
-measured rows (and rounds.parquet's elapsed times) and must equal campaign.json.
+measured rows (and rounds.parquet's elapsed times) and must equal campaign.json. Drift
+(pairs, exact match, mean similarity, first divergence) is recomputed from the recorded
+answers with an independent Levenshtein, and when the run has verdict.json, its gates and
+verdict are re-derived from campaign.json and the contract the run recorded.
 
-Usage: python3 tests/interop/check_campaign.py RUN_DIR
+Usage: python3 tests/interop/check_campaign.py RUN_DIR [CONTRACT]
 """
 
 import json
@@ -69,9 +72,157 @@ def main(run: Path) -> int:
             assert cell["output_tokens"] == tokens, (arm["name"], c)
             assert close(cell["aggregate_decode_tokens_per_sec"], tokens / elapsed[(arm["name"], c)])
             checks += 5
+    checks += check_drift(con, glob, campaign)
+    if (run / "verdict.json").exists():
+        checks += check_verdict(campaign, json.loads((run / "verdict.json").read_text()))
     print(f"campaign interop: {len(campaign['arms'])} arms, {checks} checks passed")
     print(f"{checks} passed, 0 failed")
     return 0
+
+
+def answer_text(body: bytes, is_stream: bool) -> str:
+    """The compared answer: a stream's assembled content, else the first choice's content."""
+    text = body.decode("utf-8", "replace")
+    if is_stream:
+        out = []
+        for line in text.splitlines():
+            if line.startswith("data:"):
+                data = line[5:].strip()
+                if data and data != "[DONE]":
+                    for ch in json.loads(data).get("choices") or []:
+                        if ch.get("index", 0) == 0:
+                            piece = (ch.get("delta") or {}).get("content") or ch.get("text") or ""
+                            out.append(piece)
+        return "".join(out)
+    doc = json.loads(text)
+    first = doc["choices"][0]
+    return first["message"]["content"] if "message" in first else first["text"]
+
+
+def levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def check_drift(con, glob: str, campaign: dict) -> int:
+    rows = con.execute(
+        f"""select arm, case_name, variant, concurrency, repetition, dispatch_index, is_stream,
+                   response_body
+            from '{glob}' where phase = 'measured' and outcome = 'ok'"""
+    ).fetchall()
+    answers: dict = {}
+    for arm, case, variant, c, rep, idx, is_stream, body in rows:
+        answers.setdefault(arm, {})[(case, variant, c, rep, idx)] = answer_text(body, is_stream)
+    ref = answers.get(campaign["reference_arm"], {})
+    checks = 0
+    entries = {e["arm"]: e for e in campaign["drift"]}
+    for arm in campaign["arms"]:
+        if arm["reference"] or not arm["available"]:
+            assert arm["name"] not in entries, arm["name"]
+            continue
+        e = entries[arm["name"]]
+        mine = answers.get(arm["name"], {})
+        keys = sorted(k for k in mine if k in ref)
+        assert e["compared_prompts"] == len(keys), (arm["name"], e["compared_prompts"], len(keys))
+        sims, equal = [], 0
+        for k in keys:
+            a, b = ref[k], mine[k]
+            equal += a == b
+            longest = max(len(a), len(b))
+            sims.append(1.0 if longest == 0 else 1 - levenshtein(a, b) / longest)
+        assert close(e["exact_match_rate"], equal / len(keys) if keys else None), e["arm"]
+        assert close(e["mean_similarity"], sum(sims) / len(keys) if keys else None), e["arm"]
+        assert e["advisory"] == (arm["lane"] == "performance-fit"), e["arm"]
+        by_key = {(p["case"], p["variant"], p["concurrency"], p["repetition"], p["dispatch_index"]): p
+                  for p in e["prompts"]}
+        for k in keys:
+            a, b = ref[k], mine[k]
+            div = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert by_key[k]["first_divergence_char"] == (None if a == b else div), (k, by_key[k])
+            assert (by_key[k]["reference_chars"], by_key[k]["arm_chars"]) == (len(a), len(b)), k
+        checks += 4 + 2 * len(keys)
+    return checks
+
+
+def check_verdict(campaign: dict, verdict: dict) -> int:
+    """Re-derive every gate and the verdict from campaign.json and the recorded thresholds."""
+    t = verdict["contract"]["thresholds"]
+    arms = {a["name"]: a for a in campaign["arms"]}
+    ref = arms[campaign["reference_arm"]]
+    drift = {e["arm"]: e for e in campaign["drift"]}
+    tol = 1e-9
+
+    def le(a, b):
+        return a <= b + tol * max(abs(a), abs(b))
+
+    def levels(a):
+        return a["concurrency"].items() if a["available"] else []
+
+    def failed_ok(a):
+        ls = list(levels(a))
+        return bool(ls) and all(cell["failed_requests"] <= t["max_failed_requests"] for _, cell in ls)
+
+    def ratio_ok(a, pick, factor, at_most):
+        if not a["available"] or not ref["available"]:
+            return False
+        results = []
+        for c, cell in levels(a):
+            rcell = ref["concurrency"].get(c)
+            got = pick(cell, rcell) if rcell else None
+            if got is None:
+                continue
+            x, r = got
+            results.append(le(x, factor * r) if at_most else le(factor * r, x))
+        return bool(results) and all(results)
+
+    def both(key, zero_ok=True):
+        def pick(a, r):
+            if a.get(key) is None or r.get(key) is None or (not zero_ok and r[key] <= 0):
+                return None
+            return a[key], r[key]
+        return pick
+
+    def memory(a, r):
+        return both("peak_vram_bytes")(a, r) or both("peak_rss_bytes")(a, r)
+
+    def decode(a, r):
+        return both("decode_tokens_per_sec", False)(a, r) or both("aggregate_decode_tokens_per_sec", False)(a, r)
+
+    quality = [a for a in campaign["arms"] if a["lane"] == "quality"]
+    fit = [a for a in campaign["arms"] if a["lane"] == "performance-fit"]
+    exact_ok = all(
+        a["available"] and a["name"] in drift and drift[a["name"]]["concurrency"]
+        and all(le(t["quality_min_exact_match"], lv["exact_match_rate"])
+                for lv in drift[a["name"]]["concurrency"].values() if lv["exact_match_rate"] is not None)
+        for a in quality if not a["reference"])
+    quality_pass = exact_ok and all(failed_ok(a) for a in quality)
+    benefit, ready = {}, {}
+    for a in fit:
+        mem = ratio_ok(a, memory, 1 - t["fit_min_memory_reduction"], True)
+        speed = ratio_ok(a, decode, 1 + t["fit_min_decode_speedup"], False)
+        benefit[a["name"]] = failed_ok(a) and (mem or speed)
+        ready[a["name"]] = (ratio_ok(a, both("latency_p95_ms", False), t["max_p95_latency_ratio"], True)
+                            and ratio_ok(a, decode, t["min_decode_ratio"], False))
+    if not quality_pass:
+        want = "reject"
+    elif not any(benefit.values()):
+        want = "keep-reference"
+    elif any(benefit[n] and ready[n] for n in benefit):
+        want = "adopt"
+    else:
+        want = "optimize"
+    assert verdict["quality_lane_pass"] == quality_pass, verdict["quality_lane_pass"]
+    assert verdict["fit_benefit"] == any(benefit.values())
+    assert verdict["verdict"] == want, (verdict["verdict"], want)
+    for f in verdict["fit_arms"]:
+        assert f["benefit"] == benefit[f["arm"]], f
+    assert verdict["post_hoc"] is False, "replay --contract writes a pre-registered verdict"
+    return 4 + len(verdict["fit_arms"])
 
 
 if __name__ == "__main__":
