@@ -498,8 +498,12 @@ fn compare_verdict(
     if let Some(why) = &post_hoc {
         eprintln!("matrix-proxy: warning: post-hoc verdict: {why}");
     }
-    let (sa, _) = &pairs[0];
-    let mut arms = vec![arm_view(a, sa, "A", "quality", true)?];
+    // The reference: A's reference arm when A is a campaign, else A's one side.
+    let sa: Side = match &a.campaign {
+        Some(c) => c["reference_arm"].as_str().map(str::to_string),
+        None => pairs[0].0.clone(),
+    };
+    let mut arms = vec![arm_view(a, &sa, "A", "quality", true)?];
     for (_, sb) in pairs {
         arms.push(arm_view(b, sb, "B", &lane_of(sb), false)?);
     }
