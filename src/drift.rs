@@ -40,7 +40,7 @@ pub(crate) struct Key {
 pub(crate) struct Answers {
     pub(crate) by_key: BTreeMap<Key, Answer>,
     /// Answers left out because the recording holds only part of the body.
-    pub(crate) truncated: u64,
+    pub(crate) truncated: std::collections::BTreeSet<Key>,
 }
 
 /// What drift reads from the plan besides the answers.
@@ -208,7 +208,8 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
     let mut unpaired_arm = 0u64;
     for (key, b) in &arm.by_key {
         let Some(a) = reference.by_key.get(key) else {
-            unpaired_arm += 1;
+            // A partner left out for truncation is counted there, not as unpaired.
+            unpaired_arm += u64::from(!reference.truncated.contains(key));
             continue;
         };
         lossy += u64::from(a.lossy) + u64::from(b.lossy);
@@ -258,7 +259,7 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
     let unpaired_reference = reference
         .by_key
         .keys()
-        .filter(|k| !arm.by_key.contains_key(*k))
+        .filter(|k| !arm.by_key.contains_key(*k) && !arm.truncated.contains(*k))
         .count();
     let mut out = match all.json() {
         Value::Object(m) => m,
@@ -291,7 +292,7 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
     out.insert("unpaired_arm_answers".into(), json!(unpaired_arm));
     out.insert(
         "truncated_answers_left_out".into(),
-        json!(reference.truncated + arm.truncated),
+        json!(reference.truncated.len() + arm.truncated.len()),
     );
     out.insert("lossy_utf8_answers".into(), json!(lossy));
     out.insert("prompts".into(), Value::Array(prompts));
@@ -337,7 +338,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, a)| (key(i as i64), text(a)))
                 .collect(),
-            truncated: 0,
+            truncated: Default::default(),
         }
     }
 
@@ -434,7 +435,7 @@ mod tests {
         };
         let wrap = |x: Answer| Answers {
             by_key: [(key(0), x)].into_iter().collect(),
-            truncated: 0,
+            truncated: Default::default(),
         };
         let d = drift(&wrap(a), &wrap(b), &opts);
         assert_eq!(

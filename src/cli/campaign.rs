@@ -88,27 +88,25 @@ pub(crate) fn read_answers(
     let no_paths: Vec<Pointer> = Vec::new();
     crate::record::read::for_each_measured_answer(exchanges, |row| {
         let side = sides.entry(row.arm.clone()).or_default();
+        let key = drift::Key {
+            case: row.case_name,
+            variant: row.variant,
+            concurrency: row.concurrency,
+            repetition: row.repetition,
+            dispatch_index: row.dispatch_index,
+        };
         if row.truncated {
-            side.truncated += 1;
+            side.truncated.insert(key);
             return;
         }
         let ignore = plan
             .cases
             .iter()
-            .find(|c| c.name == row.case_name)
-            .and_then(|c| c.variants.iter().find(|v| v.name == row.variant))
+            .find(|c| c.name == key.case)
+            .and_then(|c| c.variants.iter().find(|v| v.name == key.variant))
             .map_or(&no_paths, |v| &v.ignore_paths);
         let a = drift::answer(&row.body, row.is_stream, ignore);
-        side.by_key.insert(
-            drift::Key {
-                case: row.case_name,
-                variant: row.variant,
-                concurrency: row.concurrency,
-                repetition: row.repetition,
-                dispatch_index: row.dispatch_index,
-            },
-            a,
-        );
+        side.by_key.insert(key, a);
     })?;
     Ok(sides)
 }
@@ -237,11 +235,20 @@ impl Run {
         }
         let plan = Plan::from_json_bytes(&bytes)
             .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-        let optional = |name: &str| read_json(&dir.join(name)).ok();
+        // Absent is fine (a crashed run has no summary; a plain run no campaign.json);
+        // present but unreadable is an error, not a different kind of run.
+        let optional = |name: &str| -> Result<Option<Value>, CliError> {
+            let p = dir.join(name);
+            if p.exists() {
+                read_json(&p).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         Ok(Run {
             dir: dir.to_path_buf(),
-            summary: optional("summary.json"),
-            campaign: optional("campaign.json"),
+            summary: optional("summary.json")?,
+            campaign: optional("campaign.json")?,
             config,
             plan,
         })
@@ -302,6 +309,7 @@ pub fn verdict_cmd(dir: &Path, contract_path: &Path, out: Option<&Path>) -> Resu
             contract_path: &contract_path.display().to_string(),
             run_id: run.config["run_id"].as_str(),
             run_started_at: run.config["started_at"].as_str(),
+            run_ending: run.summary.as_ref().and_then(|s| s["ending"].as_str()),
             post_hoc: post_hoc.clone(),
         },
     );
@@ -363,6 +371,7 @@ fn sides_of(run: &Run) -> Vec<Side> {
             .as_array()
             .map(|arms| {
                 arms.iter()
+                    .filter(|a| a["available"] == json!(true))
                     .filter_map(|a| a["name"].as_str().map(|n| Some(n.to_string())))
                     .collect()
             })
@@ -410,8 +419,12 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
             unmatched.join(", ")
         )));
     }
-    let mut answers_a = read_answers(&a.dir.join("exchanges"), &a.plan).map_err(tool)?;
-    let mut answers_b = read_answers(&b.dir.join("exchanges"), &b.plan).map_err(tool)?;
+    let answers = [
+        read_answers(&a.dir.join("exchanges"), &a.plan).map_err(tool)?,
+        read_answers(&b.dir.join("exchanges"), &b.plan).map_err(tool)?,
+    ];
+    let none = Answers::default();
+    let of = |i: usize, s: &Side| answers[i].get(s).unwrap_or(&none);
     let opts = options(&a.plan);
     let label = |s: &Side| s.clone().unwrap_or_else(|| "run".into());
     let lane_of = |s: &Side| match (&b.campaign, s) {
@@ -430,8 +443,8 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
                 &format!("B:{}", label(sb)),
                 &lane_of(sb),
                 &format!("A:{}", label(sa)),
-                &answers_a.remove(sa).unwrap_or_default(),
-                &answers_b.remove(sb).unwrap_or_default(),
+                of(0, sa),
+                of(1, sb),
                 &opts,
             );
             e["side_a"] = json!(sa);
@@ -457,7 +470,16 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
         doc["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]),
     ));
     if let Some(path) = args.contract {
-        let v = compare_verdict(&a, &b, &pairs, &doc, path, &lane_of)?;
+        let v = compare_verdict(&a, &b, &pairs, path, &lane_of, &|sa, sb| {
+            entry(
+                &format!("B:{}", label(sb)),
+                &lane_of(sb),
+                &format!("A:{}", label(sa)),
+                of(0, sa),
+                of(1, sb),
+                &opts,
+            )
+        })?;
         text.push_str(&verdict::verdict_text(&v));
         doc["verdict"] = v;
     }
@@ -471,16 +493,16 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
 }
 
 /// A contract on two runs: run A's side is the reference (quality lane), each of B's
-/// sides a candidate in its lane; cells are the runs' campaign.json cells, or for a plain
-/// run the cells its recorded rows give. Always post hoc unless both runs were started
-/// with this contract.
+/// sides a candidate in its lane, its drift taken against that reference (`drift_of`);
+/// cells are the runs' campaign.json cells, or for a plain run the cells its recorded
+/// rows give. Always post hoc unless both runs were started with this contract.
 fn compare_verdict(
     a: &Run,
     b: &Run,
     pairs: &[(Side, Side)],
-    doc: &Value,
     path: &Path,
     lane_of: &dyn Fn(&Side) -> String,
+    drift_of: &dyn Fn(&Side, &Side) -> Value,
 ) -> Result<Value, CliError> {
     let contract = load_contract(path)?;
     let name = a.plan.name.as_deref();
@@ -504,15 +526,17 @@ fn compare_verdict(
         None => pairs[0].0.clone(),
     };
     let mut arms = vec![arm_view(a, &sa, "A", "quality", true)?];
+    let mut drift = Vec::new();
     for (_, sb) in pairs {
         arms.push(arm_view(b, sb, "B", &lane_of(sb), false)?);
+        drift.push(drift_of(&sa, sb));
     }
     let campaign = json!({
         "plan_id": a.plan.name,
         "evidence_class": a.campaign.as_ref().map_or(Value::Null, |c| c["evidence_class"].clone()),
         "reference_arm": arms[0]["name"],
         "arms": arms,
-        "drift": doc["drift"],
+        "drift": drift,
     });
     let v = verdict::verdict_json(
         &campaign,
@@ -521,6 +545,7 @@ fn compare_verdict(
             contract_path: &path.display().to_string(),
             run_id: None,
             run_started_at: None,
+            run_ending: None,
             post_hoc,
         },
     );
@@ -590,4 +615,97 @@ fn plain_cells(run: &Run) -> Result<Value, CliError> {
             .map(|(c, l)| (c.to_string(), cell(l, None)))
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drift::Key;
+
+    fn answers(texts: &[&str]) -> Answers {
+        Answers {
+            by_key: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let key = Key {
+                        case: "c".into(),
+                        variant: None,
+                        concurrency: 1,
+                        repetition: 0,
+                        dispatch_index: i as i64,
+                    };
+                    (key, drift::answer(t.as_bytes(), false, &[]))
+                })
+                .collect(),
+            truncated: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_recipe_benchmarks_drift_cases_with_their_lanes() {
+        let decisions = Pointer::parse("/answers").expect("pointer");
+        let opts = Options {
+            numeric_pointers: &[],
+            decisions_pointer: &decisions,
+        };
+        // An identical runtime in the quality lane.
+        let reference = answers(&["the capital is Paris", "4"]);
+        let e = entry(
+            "twin",
+            "quality",
+            "ref",
+            &reference,
+            &answers(&["the capital is Paris", "4"]),
+            &opts,
+        );
+        assert_eq!(
+            (
+                &e["compared_prompts"],
+                &e["exact_match_rate"],
+                &e["mean_similarity"],
+                &e["advisory"]
+            ),
+            (&json!(2), &json!(1.0), &json!(1.0), &json!(false))
+        );
+        // Paris vs Lyon in the performance-fit lane.
+        let reference = answers(&["the capital is Paris"]);
+        let e = entry(
+            "q4",
+            "performance-fit",
+            "ref",
+            &reference,
+            &answers(&["the capital is Lyon"]),
+            &opts,
+        );
+        assert_eq!(
+            (&e["exact_match_rate"], &e["advisory"]),
+            (&json!(0.0), &json!(true))
+        );
+        let sim = e["mean_similarity"].as_f64().expect("similarity");
+        assert!(sim > 0.0 && sim < 1.0, "{sim}");
+        assert_eq!(e["prompts"][0]["first_divergence_char"], json!(15));
+    }
+
+    #[test]
+    fn truncated_answers_are_left_out_not_unpaired() {
+        let decisions = Pointer::parse("/answers").expect("pointer");
+        let opts = Options {
+            numeric_pointers: &[],
+            decisions_pointer: &decisions,
+        };
+        let reference = answers(&["a", "b"]);
+        let mut arm = answers(&["a", "b"]);
+        let (key, _) = arm.by_key.pop_last().expect("two answers");
+        arm.truncated.insert(key);
+        let e = entry("x", "quality", "ref", &reference, &arm, &opts);
+        assert_eq!(
+            (
+                &e["compared_prompts"],
+                &e["truncated_answers_left_out"],
+                &e["unpaired_reference_answers"]
+            ),
+            (&json!(1), &json!(1), &json!(0))
+        );
+    }
 }

@@ -377,11 +377,12 @@ fn campaign_reports(
     dir: &RunDir,
     config: &serde_json::Value,
     c: &mut serde_json::Value,
-    plan: &Plan,
-    contract: Option<&Contract>,
+    (plan, contract): (&Plan, Option<&Contract>),
+    run_ending: Option<&str>,
     problems: &mut Vec<String>,
 ) -> String {
     let mut text = String::new();
+    let mut drift_ok = false;
     if args.no_record {
         c["drift"] = serde_json::Value::Null;
         c["drift_unavailable_reason"] =
@@ -389,10 +390,17 @@ fn campaign_reports(
     } else if let Err(e) = super::campaign::add_drift(c, &dir.exchanges(), plan) {
         problems.push(format!("drift: {e}"));
     } else {
+        drift_ok = true;
         text = super::campaign::drift_text(c["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]));
     }
     if let Err(e) = dir.write_json("campaign.json", c) {
         problems.push(e.to_string());
+    }
+    if let (Some(_), false) = (contract, drift_ok) {
+        // Without drift every quality gate would fail for want of it: no verdict rather
+        // than a wrong one; `matrix-proxy verdict` can evaluate once drift can be read.
+        problems.push("verdict.json not written: drift could not be computed".into());
+        return text;
     }
     if let (Some(contract), Some(path)) = (contract, &args.contract) {
         let v = report::verdict::verdict_json(
@@ -402,6 +410,7 @@ fn campaign_reports(
                 contract_path: &path.display().to_string(),
                 run_id: config["run_id"].as_str(),
                 run_started_at: config["started_at"].as_str(),
+                run_ending,
                 post_hoc: None,
             },
         );
@@ -447,8 +456,8 @@ fn reports(
             dir,
             config,
             &mut c,
-            &plan,
-            contract.as_ref(),
+            (&plan, contract.as_ref()),
+            summary_v["ending"].as_str(),
             &mut problems,
         );
     }

@@ -7,8 +7,9 @@
 //! benchmarked apart share the hash, so `compare` can put them side by side.
 //!
 //! Canonical form: top-level values as the plan resolved them (defaults written out, so
-//! leaving `repetitions` out and writing its default hash alike), a case's `method` and
-//! `expected_status` likewise, every object's keys sorted, serialised compactly; the
+//! leaving `repetitions` out and writing its default hash alike), a case's `method`,
+//! `expected_status` and `ignore_paths` (and a variant's `ignore_paths`) likewise, every
+//! object's keys sorted, serialised compactly; the
 //! hash is SHA-256 of that text (`report::config_json::workload_sha256`).
 
 use serde_json::{Map, Value, json};
@@ -28,6 +29,12 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
                     let mut c = raw.as_object().cloned().unwrap_or_default();
                     c.insert("method".into(), json!(case.method.as_str()));
                     c.insert("expected_status".into(), json!(case.expected_status));
+                    c.entry("ignore_paths").or_insert(json!([]));
+                    if let Some(Value::Array(vs)) = c.get_mut("variants") {
+                        for v in vs.iter_mut().filter_map(Value::as_object_mut) {
+                            v.entry("ignore_paths").or_insert(json!([]));
+                        }
+                    }
                     Value::Object(c)
                 })
                 .collect()
@@ -153,7 +160,7 @@ mod tests {
             "description": "other", "repetitions": 2, "warmup_per_case": 2,
             "drift": {"numeric_pointers": ["/ok"]},
             "cases": [{"expected_response": {"ok": true}, "name": "c", "method": "POST",
-                       "request": {"a": [1, 2], "b": 1}}]}"#;
+                       "request": {"a": [1, 2], "b": 1}, "ignore_paths": []}]}"#;
         let (w2, h2) = hash_of(same);
         assert_eq!((first_difference(&w, &w2), h.clone()), (None, h2));
         // What is sent or how much of it is not.

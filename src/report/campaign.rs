@@ -24,6 +24,10 @@ pub(crate) struct Level {
     pub(crate) peak_vram_bytes: Option<u64>,
     /// What `peak_vram_bytes` measured, or why it is null.
     pub(crate) vram_scope: Option<String>,
+    /// Measured rounds the plan has at this level (cases x repetitions), and how many of
+    /// them ran and attempted their whole budget.
+    pub(crate) planned_rounds: usize,
+    pub(crate) attempted_rounds: usize,
 }
 
 /// What one arm measured.
@@ -89,6 +93,9 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
         "peak_vram_scope": level.vram_scope.as_deref().unwrap_or(
             "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
         ),
+        "planned_rounds": level.planned_rounds,
+        "attempted_rounds": level.attempted_rounds,
+        "complete": level.planned_rounds > 0 && level.attempted_rounds == level.planned_rounds,
         "attempted_requests": level.samples.len(),
         "failed_requests": failed.len(),
         "failure_reasons": reasons.into_iter().collect::<Vec<_>>(),
@@ -140,6 +147,7 @@ pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Va
             "prefill_tokens_per_sec": "mean over ok streams of prompt_tokens / ttft",
             "aggregate_decode_tokens_per_sec": "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds",
             "peak_vram_bytes": "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope",
+            "complete": "every measured round the plan has at this level (cases x repetitions) ran and attempted its whole budget; the contract's ratio gates compare only levels both arms completed",
             "performance_fit": "a performance-fit arm's answers are never correctness failures: answering differently is what is measured",
         },
     })

@@ -77,31 +77,46 @@ fn arms(campaign: &Value) -> Vec<ArmView<'_>> {
         .collect()
 }
 
-/// `max_failed_requests` for one arm: its failed requests at every measured level.
+/// `max_failed_requests` for one arm: its failed measured requests, every level summed
+/// (complete or not: a level cut short by failures counts them); each level listed.
 fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
+    let fail = |note: String| ArmGate {
+        arm: arm.name.into(),
+        pass: false,
+        levels: vec![],
+        note: Some(note),
+    };
     if let Some(why) = &arm.unavailable {
-        return ArmGate {
-            arm: arm.name.into(),
-            pass: false,
-            levels: vec![],
-            note: Some(why.clone()),
-        };
+        return fail(why.clone());
     }
-    let levels: Vec<Value> = arm
-        .cells
-        .iter()
-        .map(|(c, cell)| {
-            let failed = cell["failed_requests"].as_u64().unwrap_or(0);
-            json!({"concurrency": c, "measured": failed, "limit": max, "pass": failed <= max})
-        })
-        .collect();
-    let none = levels.is_empty();
+    if arm.cells.is_empty() {
+        return fail("no measured level".into());
+    }
+    let mut total = 0u64;
+    let mut levels = Vec::new();
+    for (c, cell) in &arm.cells {
+        let Some(failed) = cell["failed_requests"].as_u64() else {
+            return fail(format!(
+                "the cell at concurrency {c} has no failed_requests"
+            ));
+        };
+        total += failed;
+        levels.push(json!({"concurrency": c, "failed_requests": failed}));
+    }
     ArmGate {
         arm: arm.name.into(),
-        pass: !none && levels.iter().all(|l| l["pass"] == json!(true)),
+        pass: total <= max,
         levels,
-        note: none.then(|| "no measured level".to_string()),
+        note: Some(format!(
+            "{total} failed measured request(s) in all, limit {max}"
+        )),
     }
+}
+
+/// A level the arm completed (cells written before completeness was recorded count as
+/// complete).
+fn completed(cell: &Value) -> bool {
+    cell.get("complete").is_none_or(|c| *c == json!(true))
 }
 
 /// `quality_min_exact_match` for one quality arm, from its drift entry.
@@ -193,6 +208,9 @@ fn ratio_gate(
         let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
             continue;
         };
+        if !completed(cell) || !completed(rcell) {
+            continue;
+        }
         let Some((a, r, metric)) = pick(cell, rcell) else {
             continue;
         };
@@ -205,7 +223,7 @@ fn ratio_gate(
     }
     if levels.is_empty() {
         return fail(
-            "no concurrency level where both this arm and the reference measured it".into(),
+            "no concurrency level that both this arm and the reference completed with this value measured (memory is sampled only for arms the tool starts or names by resources.pid)".into(),
         );
     }
     ArmGate {
@@ -318,7 +336,7 @@ pub(crate) fn evaluate(campaign: &Value, t: &Thresholds) -> Value {
             gate("quality_min_exact_match", json!(t.quality_min_exact_match),
                  "every non-reference quality-lane arm's exact-match rate >= threshold", &exact),
             gate("max_failed_requests", json!(t.max_failed_requests),
-                 "an arm's failed requests <= threshold at every level (quality lane: all arms; performance-fit: each candidate)", &failed_all),
+                 "an arm's failed measured requests, every level summed, <= threshold (quality lane: all arms; performance-fit: each candidate)", &failed_all),
             gate("fit_min_memory_reduction", json!(t.fit_min_memory_reduction),
                  "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's", &mem),
             gate("fit_min_decode_speedup", json!(t.fit_min_decode_speedup),
@@ -341,6 +359,8 @@ pub(crate) struct Provenance<'a> {
     pub(crate) contract_path: &'a str,
     pub(crate) run_id: Option<&'a str>,
     pub(crate) run_started_at: Option<&'a str>,
+    /// How the run ended (summary.json's `ending`), when known.
+    pub(crate) run_ending: Option<&'a str>,
     /// Why the verdict is post hoc (`None`: the contract was locked in at the start).
     pub(crate) post_hoc: Option<String>,
 }
@@ -354,6 +374,9 @@ pub(crate) fn verdict_json(campaign: &Value, p: &Provenance<'_>) -> Value {
         "plan_id": c.plan_id,
         "run_id": p.run_id,
         "run_started_at": p.run_started_at,
+        "run_ending": p.run_ending,
+        "run_note": (p.run_ending == Some("interrupted")).then_some(
+            "the run was interrupted: levels an arm did not complete are not compared by the ratio gates, and an arm's failure count covers what it ran"),
         "evaluated_at": crate::clock::iso_utc(crate::clock::wall_now_us()),
         "contract_sha256": c.sha256,
         "post_hoc": p.post_hoc.is_some(),
@@ -410,12 +433,13 @@ pub(crate) fn verdict_text(v: &Value) -> String {
                         .join(", ")
                 })
                 .unwrap_or_default();
-            let note = a["note"]
-                .as_str()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default();
+            let detail = match (worst.is_empty(), a["note"].as_str()) {
+                (_, None) => worst,
+                (true, Some(n)) => n.to_string(),
+                (false, Some(n)) => format!("{worst} ({n})"),
+            };
             out.push_str(&format!(
-                "  {:<26} {:<14} {}  {worst}{note}\n",
+                "  {:<26} {:<14} {}  {detail}\n",
                 g["gate"].as_str().unwrap_or("?"),
                 a["arm"].as_str().unwrap_or("?"),
                 yes(&a["pass"]),
@@ -423,13 +447,18 @@ pub(crate) fn verdict_text(v: &Value) -> String {
         }
     }
     out.push_str(&format!(
-        "verdict: {} (quality lane {}, fit benefit {}){}\n",
+        "verdict: {} (quality lane {}, fit benefit {}){}{}\n",
         v["verdict"].as_str().unwrap_or("?"),
         yes(&v["quality_lane_pass"]),
         if v["fit_benefit"] == json!(true) {
             "yes"
         } else {
             "no"
+        },
+        if v["run_ending"] == json!("interrupted") {
+            " -- the run was interrupted"
+        } else {
+            ""
         },
         if v["post_hoc"] == json!(true) {
             " -- POST HOC: the contract was not the one locked in at the run's start"
@@ -632,6 +661,37 @@ mod tests {
             json!("peak_vram_bytes")
         );
         assert_eq!(v["gates"][2]["arms"][0]["pass"], json!(true));
+    }
+
+    #[test]
+    fn failures_are_summed_per_arm_and_incomplete_levels_are_not_compared() {
+        let t = Thresholds {
+            max_failed_requests: 2,
+            ..Thresholds::default()
+        };
+        // Two failures at each of two levels: 4 in all, over a limit of 2.
+        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 2));
+        c["arms"][0]["concurrency"]["8"] = cell(4000.0, 100.0, 100.0, 0);
+        c["arms"][2]["concurrency"]["8"] = cell(1000.0, 200.0, 90.0, 2);
+        assert!(!gate_pass(&c, &t, "max_failed_requests"));
+        c["arms"][2]["concurrency"]["8"] = cell(1000.0, 200.0, 90.0, 0);
+        assert!(gate_pass(&c, &t, "max_failed_requests"));
+        // A level the fit arm did not complete is not compared: its slow latency there
+        // does not count, and with no complete level left the gate fails with a note.
+        c["arms"][2]["concurrency"]["8"] = cell(1000.0, 200.0, 900.0, 0);
+        assert!(!gate_pass(&c, &t, "max_p95_latency_ratio"));
+        c["arms"][2]["concurrency"]["8"]["complete"] = json!(false);
+        assert!(gate_pass(&c, &t, "max_p95_latency_ratio"));
+        c["arms"][2]["concurrency"]["1"]["complete"] = json!(false);
+        let v = evaluate(&c, &t);
+        let lat = &v["gates"][4]["arms"][0];
+        assert_eq!(lat["pass"], json!(false));
+        assert!(
+            lat["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("completed")),
+            "{lat}"
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@ For every arm and concurrency level, the cell's denominators, nearest-rank laten
 TTFT, mean per-request decode rate and aggregate decode rate are recomputed from the
 measured rows (and rounds.parquet's elapsed times) and must equal campaign.json. Drift
 (pairs, exact match, mean similarity, first divergence) is recomputed from the recorded
-answers with an independent Levenshtein, and when the run has verdict.json, its gates and
-verdict are re-derived from campaign.json and the contract the run recorded.
+answers with an independent Levenshtein, and when the run has verdict.json, every gate's
+result per arm, the lanes and the verdict are re-derived from campaign.json and the
+thresholds it recorded.
 
-Usage: python3 tests/interop/check_campaign.py RUN_DIR [CONTRACT]
+Usage: python3 tests/interop/check_campaign.py RUN_DIR
 """
 
 import json
@@ -165,7 +166,7 @@ def check_verdict(campaign: dict, verdict: dict) -> int:
 
     def failed_ok(a):
         ls = list(levels(a))
-        return bool(ls) and all(cell["failed_requests"] <= t["max_failed_requests"] for _, cell in ls)
+        return bool(ls) and sum(cell["failed_requests"] for _, cell in ls) <= t["max_failed_requests"]
 
     def ratio_ok(a, pick, factor, at_most):
         if not a["available"] or not ref["available"]:
@@ -173,7 +174,9 @@ def check_verdict(campaign: dict, verdict: dict) -> int:
         results = []
         for c, cell in levels(a):
             rcell = ref["concurrency"].get(c)
-            got = pick(cell, rcell) if rcell else None
+            if not rcell or not cell.get("complete", True) or not rcell.get("complete", True):
+                continue
+            got = pick(cell, rcell)
             if got is None:
                 continue
             x, r = got
@@ -201,13 +204,18 @@ def check_verdict(campaign: dict, verdict: dict) -> int:
                 for lv in drift[a["name"]]["concurrency"].values() if lv["exact_match_rate"] is not None)
         for a in quality if not a["reference"])
     quality_pass = exact_ok and all(failed_ok(a) for a in quality)
-    benefit, ready = {}, {}
+    benefit, ready, gates = {}, {}, {}
     for a in fit:
-        mem = ratio_ok(a, memory, 1 - t["fit_min_memory_reduction"], True)
-        speed = ratio_ok(a, decode, 1 + t["fit_min_decode_speedup"], False)
-        benefit[a["name"]] = failed_ok(a) and (mem or speed)
-        ready[a["name"]] = (ratio_ok(a, both("latency_p95_ms", False), t["max_p95_latency_ratio"], True)
-                            and ratio_ok(a, decode, t["min_decode_ratio"], False))
+        g = {
+            "max_failed_requests": failed_ok(a),
+            "fit_min_memory_reduction": ratio_ok(a, memory, 1 - t["fit_min_memory_reduction"], True),
+            "fit_min_decode_speedup": ratio_ok(a, decode, 1 + t["fit_min_decode_speedup"], False),
+            "max_p95_latency_ratio": ratio_ok(a, both("latency_p95_ms", False), t["max_p95_latency_ratio"], True),
+            "min_decode_ratio": ratio_ok(a, decode, t["min_decode_ratio"], False),
+        }
+        gates[a["name"]] = g
+        benefit[a["name"]] = g["max_failed_requests"] and (g["fit_min_memory_reduction"] or g["fit_min_decode_speedup"])
+        ready[a["name"]] = g["max_p95_latency_ratio"] and g["min_decode_ratio"]
     if not quality_pass:
         want = "reject"
     elif not any(benefit.values()):
@@ -219,10 +227,28 @@ def check_verdict(campaign: dict, verdict: dict) -> int:
     assert verdict["quality_lane_pass"] == quality_pass, verdict["quality_lane_pass"]
     assert verdict["fit_benefit"] == any(benefit.values())
     assert verdict["verdict"] == want, (verdict["verdict"], want)
+    checks = 4
     for f in verdict["fit_arms"]:
         assert f["benefit"] == benefit[f["arm"]], f
+        assert f["ready"] == (benefit[f["arm"]] and ready[f["arm"]]), f
+        for gate, passed in gates[f["arm"]].items():
+            assert f[gate] == passed, (f["arm"], gate, f[gate], passed)
+            checks += 1
+    # Every gate entry, per arm, as the rules above give it.
+    quality_failed = {a["name"]: failed_ok(a) for a in quality}
+    for g in verdict["gates"]:
+        for entry in g["arms"]:
+            name = entry["arm"]
+            if g["gate"] == "max_failed_requests":
+                want = quality_failed.get(name, gates.get(name, {}).get("max_failed_requests"))
+            elif g["gate"] == "quality_min_exact_match":
+                continue  # re-derived as part of quality_pass above
+            else:
+                want = gates[name][g["gate"]]
+            assert entry["pass"] == want, (g["gate"], name, entry["pass"], want)
+            checks += 1
     assert verdict["post_hoc"] is False, "replay --contract writes a pre-registered verdict"
-    return 4 + len(verdict["fit_arms"])
+    return checks
 
 
 if __name__ == "__main__":

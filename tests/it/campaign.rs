@@ -251,6 +251,14 @@ fn an_arm_that_cannot_start_is_recorded_and_the_others_still_run() {
         arms[2]
     );
     assert_eq!(arms[2]["concurrency"], json!({}));
+    // Only what was compared has drift: both other arms were unavailable.
+    assert_eq!(
+        c["drift"],
+        json!([]),
+        "an unavailable arm has no drift entry"
+    );
+    // The reference's cells say every planned round ran.
+    assert_eq!(arms[0]["concurrency"]["1"]["complete"], json!(true));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

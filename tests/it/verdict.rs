@@ -128,13 +128,20 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     );
 
     // Later, with the same contract: not post hoc, same verdict, verdict.json again.
+    std::thread::sleep(std::time::Duration::from_millis(5));
     let (code, _, stderr) = run(&["verdict", s(&run_dir), "--contract", s(contract)]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("post-hoc"), "{stderr}");
-    assert_eq!(
-        read_json(&run_dir.join("verdict.json"))["post_hoc"],
-        json!(false)
+    let again = read_json(&run_dir.join("verdict.json"));
+    assert_ne!(
+        again["evaluated_at"], v["evaluated_at"],
+        "the command wrote it anew"
     );
+    assert_eq!(
+        (&again["post_hoc"], &again["verdict"], &again["gates"]),
+        (&json!(false), &v["verdict"], &v["gates"])
+    );
+    assert_eq!(again["run_ending"], json!("passed"));
     // Another contract (stricter, written after the fact): post hoc, with a warning, in
     // its own file; the pre-registered verdict is left alone.
     let mut strict: Value = read_json(contract);

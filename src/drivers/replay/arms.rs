@@ -333,6 +333,9 @@ async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics
                     // level); a plain plan's are dropped with the round, as ever.
                     if a.spec.is_some() {
                         let level = a.levels.entry(c).or_default();
+                        level.planned_rounds = plan.cases.len() * plan.repetitions;
+                        level.attempted_rounds +=
+                            usize::from(m.round.attempted_requests == m.round.planned_requests);
                         level.elapsed_seconds += m.round.elapsed_seconds;
                         level.samples.extend(m.samples);
                         a.windows.push((c, m.window_ns.0, m.window_ns.1));
