@@ -642,13 +642,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_recipe_benchmarks_drift_cases_with_their_lanes() {
+    fn with_opts(f: impl FnOnce(&Options<'_>)) {
         let decisions = Pointer::parse("/answers").expect("pointer");
-        let opts = Options {
+        f(&Options {
             numeric_pointers: &[],
             decisions_pointer: &decisions,
-        };
+        });
+    }
+
+    #[test]
+    fn the_recipe_benchmarks_drift_cases_with_their_lanes() {
+        with_opts(|opts| lanes(opts));
+    }
+
+    fn lanes(opts: &Options<'_>) {
         // An identical runtime in the quality lane.
         let reference = answers(&["the capital is Paris", "4"]);
         let e = entry(
@@ -657,7 +664,7 @@ mod tests {
             "ref",
             &reference,
             &answers(&["the capital is Paris", "4"]),
-            &opts,
+            opts,
         );
         assert_eq!(
             (
@@ -676,7 +683,7 @@ mod tests {
             "ref",
             &reference,
             &answers(&["the capital is Lyon"]),
-            &opts,
+            opts,
         );
         assert_eq!(
             (&e["exact_match_rate"], &e["advisory"]),
@@ -689,16 +696,15 @@ mod tests {
 
     #[test]
     fn truncated_answers_are_left_out_not_unpaired() {
-        let decisions = Pointer::parse("/answers").expect("pointer");
-        let opts = Options {
-            numeric_pointers: &[],
-            decisions_pointer: &decisions,
-        };
+        with_opts(|opts| truncated(opts));
+    }
+
+    fn truncated(opts: &Options<'_>) {
         let reference = answers(&["a", "b"]);
         let mut arm = answers(&["a", "b"]);
         let (key, _) = arm.by_key.pop_last().expect("two answers");
         arm.truncated.insert(key);
-        let e = entry("x", "quality", "ref", &reference, &arm, &opts);
+        let e = entry("x", "quality", "ref", &reference, &arm, opts);
         assert_eq!(
             (
                 &e["compared_prompts"],

@@ -543,31 +543,27 @@ mod tests {
     #[test]
     fn every_verdict_is_reached() {
         let t = Thresholds::default();
-        // reject: the twin answers otherwise.
-        assert_eq!(
-            verdict(&campaign(0.5, cell(1000.0, 200.0, 90.0, 0)), &t).2,
-            "reject"
-        );
-        // keep-reference: 12.5 % less memory and 5 % faster is no benefit.
-        assert_eq!(
-            verdict(&campaign(1.0, cell(3500.0, 105.0, 90.0, 0)), &t).2,
-            "keep-reference"
-        );
-        // adopt: a quarter of the memory, 20 % faster, p95 within 10 %.
-        assert_eq!(
-            verdict(&campaign(1.0, cell(1000.0, 120.0, 105.0, 0)), &t).2,
-            "adopt"
-        );
-        // optimize: the benefit is there, the latency is not.
-        assert_eq!(
-            verdict(&campaign(1.0, cell(1000.0, 120.0, 120.0, 0)), &t).2,
-            "optimize"
-        );
-        // A benefit needs max_failed_requests too.
-        assert_eq!(
-            verdict(&campaign(1.0, cell(1000.0, 120.0, 105.0, 1)), &t).2,
-            "keep-reference"
-        );
+        // (twin's exact match, the fit arm's memory, decode tok/s, p95 ms, failures)
+        let table: [(f64, f64, f64, f64, u64, &str); 5] = [
+            // The twin answers otherwise.
+            (0.5, 1000.0, 200.0, 90.0, 0, "reject"),
+            // 12.5 % less memory and 5 % faster is no benefit.
+            (1.0, 3500.0, 105.0, 90.0, 0, "keep-reference"),
+            // A quarter of the memory, 20 % faster, p95 within 10 %.
+            (1.0, 1000.0, 120.0, 105.0, 0, "adopt"),
+            // The benefit is there, the latency is not.
+            (1.0, 1000.0, 120.0, 120.0, 0, "optimize"),
+            // A benefit needs max_failed_requests too.
+            (1.0, 1000.0, 120.0, 105.0, 1, "keep-reference"),
+        ];
+        for (rate, mem, decode, p95, failed, want) in table {
+            let c = campaign(rate, cell(mem, decode, p95, failed));
+            assert_eq!(
+                verdict(&c, &t).2,
+                want,
+                "{rate} {mem} {decode} {p95} {failed}"
+            );
+        }
     }
 
     #[test]
