@@ -652,7 +652,7 @@ mod tests {
 
     #[test]
     fn the_recipe_benchmarks_drift_cases_with_their_lanes() {
-        with_opts(|opts| lanes(opts));
+        with_opts(lanes);
     }
 
     fn lanes(opts: &Options<'_>) {
@@ -696,7 +696,7 @@ mod tests {
 
     #[test]
     fn truncated_answers_are_left_out_not_unpaired() {
-        with_opts(|opts| truncated(opts));
+        with_opts(truncated);
     }
 
     fn truncated(opts: &Options<'_>) {
