@@ -71,3 +71,124 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
     }
     out.into_iter().map(|e| (e.event, e.data)).collect()
 }
+
+/// The lean client's response codec against hyper's client on the same bytes: both
+/// accept them with the same status and body, or both refuse them. The input is what a
+/// worker sends to a GET, then closes.
+pub fn http1_response(data: &[u8]) {
+    let ours = lean_view(data);
+    let theirs = hyper_view(data);
+    match (&ours, &theirs) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "status or body differ"),
+        (Err(_), Err(_)) => {}
+        _ => panic!(
+            "the lean codec says {ours:?}, hyper says {theirs:?} for {:?}",
+            String::from_utf8_lossy(data)
+        ),
+    }
+}
+
+/// What the lean client makes of `data` followed by the end of the stream.
+fn lean_view(data: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    use crate::engine::http1::codec::{Chunked, Framing, parse_head};
+    let mut buf = data;
+    let head = loop {
+        let Some((head, n)) = parse_head(buf, &http::Method::GET)? else {
+            return Err("closed before the head ended".into());
+        };
+        buf = &buf[n..];
+        match head.status.as_u16() {
+            101 => return Err("101".into()),
+            100..=199 => continue,
+            _ => break head,
+        }
+    };
+    let body = match head.framing {
+        Framing::Empty => Vec::new(),
+        Framing::Length(n) => {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            buf.get(..n).ok_or("closed before the body ended")?.to_vec()
+        }
+        Framing::Chunked => {
+            let mut d = Chunked::default();
+            let mut out = Vec::new();
+            d.decode(buf, |b| out.extend_from_slice(b))?;
+            if !d.done() {
+                return Err("closed before the last chunk".into());
+            }
+            out
+        }
+        Framing::Close => buf.to_vec(),
+    };
+    Ok((head.status.as_u16(), body))
+}
+
+/// What hyper's HTTP/1 client makes of `data` sent in answer to a GET, then a close.
+fn hyper_view(data: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let data = data.to_vec();
+    rt.block_on(async move {
+        let (client, mut server) = tokio::io::duplex(data.len() + (64 << 10));
+        tokio::spawn(async move {
+            // Read the request head first: hyper refuses bytes that arrive unasked.
+            let mut seen = Vec::new();
+            let mut b = [0u8; 1024];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match server.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&b[..n]),
+                }
+            }
+            let _ = server.write_all(&data).await;
+            let _ = server.shutdown().await;
+            while matches!(server.read(&mut b).await, Ok(n) if n > 0) {}
+        });
+        let run = async {
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            let req = http::Request::get("/")
+                .header(http::header::HOST, "fuzz")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .map_err(|e| e.to_string())?;
+            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok((status, body.to_vec()))
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), run)
+            .await
+            .map_err(|_| "hyper did not finish in 5 s".to_string())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_views_read_a_plain_answer_and_refuse_a_broken_one() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+        assert_eq!(hyper_view(ok), Ok((200, b"hello".to_vec())));
+        assert_eq!(lean_view(ok), Ok((200, b"hello".to_vec())));
+        let chunked =
+            b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
+        assert_eq!(hyper_view(chunked), Ok((201, b"hi".to_vec())));
+        let bad = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello";
+        assert!(hyper_view(bad).is_err() && lean_view(bad).is_err());
+        http1_response(ok);
+        http1_response(bad);
+    }
+}

@@ -49,7 +49,7 @@ const ALLOWED: &[Row] = &[
         ],
     ),
     ("mock", &["clock", "net"]),
-    ("fuzzing", &["config", "oracle", "sse"]),
+    ("fuzzing", &["config", "oracle", "sse", "engine"]),
     ("cli", &[EVERYTHING]),
 ];
 

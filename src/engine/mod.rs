@@ -1,6 +1,7 @@
 //! The exchange engine: send one request to the worker and measure it at the boundary.
 //!
-//! Both drivers send every request through it: replay with [`Engine::exchange`], serve
+//! Both drivers send every request through it: replay with `Engine::exchange_lean` (the
+//! lean client of `lean.rs`: frozen request bytes, `http1::codec` framing), serve
 //! with [`Engine::send`] and then [`Engine::next_frame`] for each body frame. It owns
 //! connecting (TCP, then TLS through rustls), the keep-alive reconnection rule, and the
 //! timing hooks. Timing state lives in a [`Capture`] that the caller owns and passes by
@@ -17,6 +18,7 @@
 pub(crate) mod capture;
 pub(crate) mod error;
 pub(crate) mod http1;
+pub(crate) mod lean;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -86,6 +88,27 @@ impl Engine {
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
+        let (io, stamps) = self.open_stream(ep, policy, cap).await?;
+        let (sender, conn) = hyper_http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ExchangeError::upstream("http handshake", &e))?;
+        tokio::spawn(async move {
+            // Errors surface through the request future; the driver just ends.
+            let _ = conn.await;
+        });
+        let id = cap.connection_id.unwrap_or(-1);
+        Ok(Conn { id, sender, stamps })
+    }
+
+    /// TCP (and TLS for https) to `ep`'s origin, wrapped for socket stamps; connect and TLS
+    /// stamps go into `cap`, and the connection gets its id.
+    pub(crate) async fn open_stream(
+        &self,
+        ep: &Endpoint,
+        policy: ConnectionPolicy,
+        cap: &mut Capture,
+    ) -> Result<(TimedIo, Arc<IoStamps>), ExchangeError> {
         let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
             .await
             .map_err(|e| {
@@ -125,17 +148,8 @@ impl Engine {
             inner: stream,
             stamps: stamps.clone(),
         };
-        let (sender, conn) = hyper_http1::Builder::new()
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| ExchangeError::upstream("http handshake", &e))?;
-        tokio::spawn(async move {
-            // Errors surface through the request future; the driver just ends.
-            let _ = conn.await;
-        });
-        let id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        cap.connection_id = Some(id);
-        Ok(Conn { id, sender, stamps })
+        cap.connection_id = Some(self.next_conn_id.fetch_add(1, Ordering::Relaxed));
+        Ok((io, stamps))
     }
 
     /// Send `req` and wait for the response head. `conn` is the caller's connection to
@@ -245,28 +259,5 @@ impl Engine {
     /// only, and only if the worker did not close it).
     pub(crate) fn release<B>(conn: Conn<B>, policy: ConnectionPolicy) -> Option<Conn<B>> {
         (policy == ConnectionPolicy::KeepAlive && !conn.sender.is_closed()).then_some(conn)
-    }
-
-    /// Run one whole exchange: send, read the body into `cap`, and refill `slot` with the
-    /// connection when the exchange ended cleanly.
-    pub(crate) async fn exchange<B>(
-        &self,
-        slot: &mut Option<Conn<B>>,
-        ep: &Endpoint,
-        policy: ConnectionPolicy,
-        req: Request<B>,
-        cap: &mut Capture,
-    ) -> Result<(), ExchangeError>
-    where
-        B: Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<BoxError>,
-    {
-        let (conn, resp) = self.send(slot.take(), ep, policy, req, cap).await?;
-        let (parts, mut body) = resp.into_parts();
-        cap.keep_response_headers(parts.headers);
-        while Engine::next_frame(&mut body, cap).await?.is_some() {}
-        *slot = Engine::release(conn, policy);
-        Ok(())
     }
 }

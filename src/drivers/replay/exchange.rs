@@ -2,29 +2,41 @@
 //! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, header};
-use http_body_util::Full;
+use http::{HeaderMap, HeaderValue, Method, header};
 
-use super::{Ctx, Dispatch, ReqBody, Slot};
+use super::{Ctx, Dispatch, Slot};
 use crate::clock;
-use crate::config::plan::OnFailure;
+use crate::config::plan::{OnFailure, Plan};
 use crate::drivers::{RowIds, SentRequest, Verdict};
+use crate::engine::lean::LeanRequest;
 use crate::engine::{BodyCopy, Capture, Captured, http1};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::{ConnectionPolicy, Endpoint, Outcome};
 use crate::oracle::{self, Oracle};
 
-pub(super) fn build_request<'a>(
-    ctx: &'a Ctx,
-    d: &Dispatch,
-) -> (Request<ReqBody>, &'a Endpoint, Bytes) {
-    let plan = &ctx.plan;
+/// One request of the plan, made once per arm: its bytes for the lean client, and the
+/// method, headers and body its rows record.
+pub(super) struct Frozen {
+    pub(super) lean: LeanRequest,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+}
+
+/// The request for `case` (`None`: the health GET) and `variant`, built from the
+/// validated plan: `Host`, `Content-Type`, `Content-Length`, the case's headers, the
+/// bearer token, and `Connection: close` under `fresh`.
+pub(super) fn freeze(
+    plan: &Plan,
+    token: Option<&HeaderValue>,
+    case: Option<usize>,
+    variant: usize,
+) -> Frozen {
     let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
-        match d.case {
+        match case {
             None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
             Some(ci) => {
                 let case = &plan.cases[ci];
-                let v = &case.variants[d.variant];
+                let v = &case.variants[variant];
                 (
                     case.method.clone(),
                     &case.endpoint,
@@ -51,27 +63,36 @@ pub(super) fn build_request<'a>(
     for (k, v) in extra {
         headers.append(k.clone(), v.clone());
     }
-    if let Some(t) = &ctx.opts_token {
+    if let Some(t) = token {
         headers.insert(header::AUTHORIZATION, t.clone());
     }
     if plan.connection == ConnectionPolicy::Fresh {
         http1::close_after(&mut headers);
     }
-    let mut req = Request::new(Full::new(body.clone()));
-    *req.method_mut() = method;
-    *req.uri_mut() = ep
-        .path_and_query
-        .parse()
-        .unwrap_or_else(|_| http::Uri::from_static("/"));
-    *req.headers_mut() = headers;
-    (req, ep, body)
+    let target = if ep.path_and_query.starts_with('/') {
+        ep.path_and_query.as_str()
+    } else {
+        "/"
+    };
+    Frozen {
+        lean: LeanRequest::new(method, target, &headers, &body),
+        headers,
+        body,
+    }
 }
 
 /// Run, judge and record one exchange. Returns what the metrics need.
 pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
-    let (req, ep, body) = build_request(ctx, &d);
-    let method = req.method().clone();
-    let request_headers = req.headers().clone();
+    let frozen = match d.case {
+        None => &ctx.frozen[0][0],
+        Some(ci) => &ctx.frozen[ci + 1][d.variant],
+    };
+    let ep = match d.case {
+        None => &ctx.plan.health_endpoint,
+        Some(ci) => &ctx.plan.cases[ci].endpoint,
+    };
+    let method = frozen.lean.method.clone();
+    let request_headers = frozen.headers.clone();
     let started_at_us = clock::wall_now_us();
     let mut cap = Capture::start(ctx.max_record_body, None);
     let start_offset_us = clock::us_between(ctx.run.run_t0_ns, cap.t0_ns());
@@ -80,7 +101,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     let result = tokio::select! {
         r = tokio::time::timeout(
             ctx.plan.timeout,
-            ctx.engine.exchange(slot, ep, policy, req, &mut cap),
+            ctx.engine.exchange_lean(slot, ep, policy, &frozen.lean, &mut cap),
         ) => Some(r),
         _ = cut.wait_for(|c| *c) => None,
     };
@@ -165,7 +186,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             method,
             url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
             headers: request_headers,
-            body: BodyCopy::of_whole(&body, ctx.max_record_body),
+            body: BodyCopy::of_whole(&frozen.body, ctx.max_record_body),
         };
         let row = ctx.run.row(ids, request, got, verdict);
         if let Err(e) = ctx.run.recorder.submit(row).await {

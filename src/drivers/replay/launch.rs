@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock;
+use crate::engine::lean::LeanRequest;
 use crate::engine::{Capture, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
 
@@ -374,16 +375,17 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
 
 /// One GET of `health` on a fresh connection; its status, if one came.
 pub(crate) async fn probe(engine: &Engine, health: &Endpoint) -> Option<u16> {
-    let mut req = http::Request::new(http_body_util::Full::new(bytes::Bytes::new()));
-    *req.uri_mut() = health.path_and_query.parse().ok()?;
+    let mut headers = http::HeaderMap::new();
     if let Ok(h) = http::HeaderValue::from_str(&health.authority) {
-        req.headers_mut().insert(http::header::HOST, h);
+        headers.insert(http::header::HOST, h);
     }
+    crate::engine::http1::close_after(&mut headers);
+    let req = LeanRequest::new(http::Method::GET, &health.path_and_query, &headers, &[]);
     let mut cap = Capture::start(64 << 10, None);
     let mut slot = None;
     let r = tokio::time::timeout(
         Duration::from_secs(2),
-        engine.exchange(&mut slot, health, ConnectionPolicy::Fresh, req, &mut cap),
+        engine.exchange_lean(&mut slot, health, ConnectionPolicy::Fresh, &req, &mut cap),
     )
     .await;
     match r {

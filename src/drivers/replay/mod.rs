@@ -18,16 +18,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use bytes::Bytes;
 use http::HeaderValue;
-use http_body_util::Full;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 
 use super::RunContext;
 use crate::clock;
 use crate::config::plan::Plan;
-use crate::engine::{Conn, Engine};
+use crate::engine::Engine;
+use crate::engine::lean::LeanConn;
 use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
 use crate::model::Phase;
 use crate::report::{self, Ending, PhaseCounts};
@@ -36,8 +35,8 @@ use exchange::exchange;
 pub(crate) use launch::kill_all as kill_started_servers;
 use wave::{LagProbe, cores, wave};
 
-type ReqBody = Full<Bytes>;
-type Slot = Option<Conn<ReqBody>>;
+/// A worker's connection between its exchanges.
+type Slot = Option<LeanConn>;
 
 /// Everything a replay needs besides the plan and the run.
 pub(crate) struct ReplayOptions {
@@ -82,11 +81,13 @@ struct Ctx {
     engine: Arc<Engine>,
     plan: Plan,
     run: Arc<RunContext>,
-    opts_token: Option<HeaderValue>,
     max_record_body: usize,
     record_exchanges: bool,
     /// The health endpoint's URL, then each case's (index `case + 1`).
     urls: Vec<Arc<str>>,
+    /// The requests, made once: the health GET (`[0][0]`), then each case's variants
+    /// (`[case + 1][variant]`).
+    frozen: Vec<Vec<exchange::Frozen>>,
     /// This arm's dispatch stops (its failure under `on_failure: stop`, or a recorder
     /// error); the other arms go on.
     stop: AtomicBool,
@@ -161,6 +162,14 @@ impl Base {
                     .collect()
             })
             .collect();
+        let token = self.token.as_ref();
+        let frozen = std::iter::once(vec![exchange::freeze(&plan, token, None, 0)])
+            .chain(plan.cases.iter().enumerate().map(|(ci, c)| {
+                (0..c.variants.len())
+                    .map(|v| exchange::freeze(&plan, token, Some(ci), v))
+                    .collect()
+            }))
+            .collect();
         let urls = std::iter::once(&plan.health_endpoint)
             .chain(plan.cases.iter().map(|c| &c.endpoint))
             .map(|e| Arc::from(e.url()))
@@ -169,10 +178,10 @@ impl Base {
             engine: self.engine.clone(),
             plan,
             run: self.run.clone(),
-            opts_token: self.token.clone(),
             max_record_body: self.max_record_body,
             record_exchanges: self.record_exchanges,
             urls,
+            frozen,
             stop: AtomicBool::new(false),
             interrupted: self.interrupted.clone(),
             cut: self.cut.clone(),

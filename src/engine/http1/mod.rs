@@ -1,8 +1,10 @@
 //! HTTP/1 message rules both drivers share, below hyper: which headers are hop-by-hop
 //! (RFC 9110 section 7.6.1), how a request says it is its connection's only one, whether
-//! a response is an event stream, which responses have no body. This is also the place
-//! for the byte-level HTTP/1 codec both drivers will share (a lean client for frozen
-//! requests); until then hyper frames every message.
+//! a response is an event stream, which responses have no body; and (`codec`) the lean
+//! client's response codec without I/O: the head, its framing, chunked bodies. replay's
+//! exchanges go through that codec (`engine::lean`); serve's through hyper.
+
+pub(crate) mod codec;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};

@@ -1,0 +1,479 @@
+//! The lean client's HTTP/1.1 response codec, without I/O: the response head (httparse),
+//! its framing (RFC 9112 section 6.3), and a chunked-body decoder that hands out slices
+//! of the bytes it is given (no copy). The I/O around it is `engine::lean`.
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode};
+
+use super::has_no_body;
+
+/// The most header fields a response head may have (hyper's default).
+pub(crate) const MAX_HEADERS: usize = 100;
+/// The largest response head read (hyper's default buffer limit is about 400 KiB).
+pub(crate) const MAX_HEAD_BYTES: usize = 400 * 1024;
+
+/// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields.
+const TOO_LARGE: &str = "message head is too large";
+const BAD_HEADER: &str = "invalid HTTP header parsed";
+const BAD_LENGTH: &str = "invalid content-length parsed";
+
+/// A parse error in hyper's words (runs recorded before the lean client used them, and
+/// users search for them).
+fn parse_error(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::Version => "invalid HTTP version parsed",
+        httparse::Error::Status => "invalid HTTP status-code parsed",
+        httparse::Error::TooManyHeaders => TOO_LARGE,
+        _ => BAD_HEADER,
+    }
+}
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body (HEAD, 1xx, 204, 304).
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding` with `chunked` last.
+    Chunked,
+    /// Until the connection closes.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) framing: Framing,
+    /// The connection may carry another exchange after this one (HTTP/1.1 without
+    /// `Connection: close`, HTTP/1.0 with `keep-alive`, and a framed body).
+    pub(crate) keep_alive: bool,
+}
+
+/// Parse a response head at the start of `buf`: `Ok(None)` when more bytes are needed,
+/// else the head and its length in bytes. `method` is the request's (a HEAD has no body).
+pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, String> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let n = match res.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            return Err(TOO_LARGE.into());
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(parse_error(e).into()),
+    };
+    let code = res.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| parse_error(httparse::Error::Status))?;
+    let mut headers = HeaderMap::with_capacity(res.headers.len());
+    for h in res.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD_HEADER)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
+        headers.append(name, value);
+    }
+    let framing = framing(&headers, method, status)?;
+    let tokens = |v: &HeaderValue, t: &str| {
+        v.to_str()
+            .map(|s| s.split(',').any(|x| x.trim().eq_ignore_ascii_case(t)))
+            .unwrap_or(false)
+    };
+    let says = |t: &str| {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| tokens(v, t))
+    };
+    let persistent = match res.version {
+        Some(1) => !says("close"),
+        _ => says("keep-alive"),
+    };
+    // A body that the close delimits, or a Content-Length overridden by a transfer
+    // coding (RFC 9112 section 6.3, rule 3), ends the connection.
+    let both = headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH);
+    let keep_alive = persistent && framing != Framing::Close && !both;
+    Ok(Some((
+        Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        },
+        n,
+    )))
+}
+
+/// The framing of a response (RFC 9112 section 6.3): no body by definition; the last
+/// transfer coding chunked, or another coding (until the close); one Content-Length
+/// (repeated values must agree); else until the close.
+fn framing(headers: &HeaderMap, method: &Method, status: StatusCode) -> Result<Framing, String> {
+    if has_no_body(method, status) {
+        return Ok(Framing::Empty);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        return Ok(if super::is_close_delimited(headers) {
+            Framing::Close
+        } else {
+            Framing::Chunked
+        });
+    }
+    let mut length: Option<u64> = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        let s = v.to_str().map_err(|_| BAD_LENGTH.to_string())?;
+        for part in s.split(',') {
+            let part = part.trim();
+            let n = (!part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| part.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| format!("{BAD_LENGTH}: {s:?}"))?;
+            match length {
+                Some(m) if m != n => {
+                    return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
+                }
+                _ => length = Some(n),
+            }
+        }
+    }
+    Ok(length.map_or(Framing::Close, Framing::Length))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The first hex digit of a chunk size.
+    Start,
+    /// More hex digits, whitespace, `;` or CR.
+    Size,
+    /// Whitespace after the size: more of it, `;` or CR.
+    SizeLws,
+    /// A chunk extension, up to CR.
+    Extension,
+    /// The LF after a size line's CR.
+    SizeLf,
+    /// Chunk data; this many bytes left.
+    Data(u64),
+    BodyCr,
+    BodyLf,
+    /// After the last chunk: CR (the end) or a trailer line.
+    EndCr,
+    Trailer,
+    TrailerLf,
+    EndLf,
+    Done,
+}
+
+/// A chunked-body decoder (RFC 9112 section 7.1) with hyper's rules, so both clients
+/// accept and refuse the same bytes (checked by `fuzzing::http1_response`): CRLF line
+/// ends, a size of hex digits then optional whitespace, extensions without LF and under
+/// 16 KiB in all, CRLF after each chunk's data, trailer fields that parse as header
+/// fields.
+#[derive(Debug)]
+pub(crate) struct Chunked {
+    state: State,
+    size: u64,
+    extension_bytes: usize,
+    trailers: Vec<u8>,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Chunked {
+            state: State::Start,
+            size: 0,
+            extension_bytes: 0,
+            trailers: Vec::new(),
+        }
+    }
+}
+
+/// hyper's limit on the bytes of chunk extensions in one body.
+const MAX_EXTENSION_BYTES: usize = 16 * 1024;
+
+fn hex(b: u8) -> Option<u64> {
+    (b as char).to_digit(16).map(u64::from)
+}
+
+impl Chunked {
+    /// The last chunk and the trailers have been read.
+    pub(crate) fn done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    fn add_digit(&mut self, d: u64) -> Result<(), String> {
+        self.size = self
+            .size
+            .checked_mul(16)
+            .and_then(|s| s.checked_add(d))
+            .ok_or("invalid chunk size: overflow")?;
+        Ok(())
+    }
+
+    /// Decode from `buf`, handing each piece of body data to `data`. Returns the bytes
+    /// consumed (all of `buf` unless the body ended before its end).
+    pub(crate) fn decode(
+        &mut self,
+        buf: &[u8],
+        mut data: impl FnMut(&[u8]),
+    ) -> Result<usize, String> {
+        let mut at = 0;
+        while at < buf.len() {
+            if let State::Data(left) = self.state {
+                let take = (buf.len() - at).min(usize::try_from(left).unwrap_or(usize::MAX));
+                data(&buf[at..at + take]);
+                at += take;
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    State::BodyCr
+                } else {
+                    State::Data(left)
+                };
+                continue;
+            }
+            if self.state == State::Done {
+                break;
+            }
+            let b = buf[at];
+            at += 1;
+            self.state = self.step(b)?;
+        }
+        Ok(at)
+    }
+
+    /// One framing byte.
+    fn step(&mut self, b: u8) -> Result<State, String> {
+        let bad = |what: &str| Err(format!("invalid chunk: {what}"));
+        Ok(match (self.state, b) {
+            (State::Start, _) => match hex(b) {
+                Some(d) => {
+                    self.size = 0;
+                    self.add_digit(d)?;
+                    State::Size
+                }
+                None => return bad("size line without a size digit"),
+            },
+            (State::Size, _) if hex(b).is_some() => {
+                self.add_digit(hex(b).unwrap_or(0))?;
+                State::Size
+            }
+            (State::Size | State::SizeLws, b' ' | b'\t') => State::SizeLws,
+            (State::Size | State::SizeLws, b';') => State::Extension,
+            (State::Size | State::SizeLws | State::Extension, b'\r') => State::SizeLf,
+            (State::Size, _) => return bad("invalid size"),
+            (State::SizeLws, _) => return bad("invalid whitespace after the size"),
+            (State::Extension, b'\n') => return bad("extension contains a newline"),
+            (State::Extension, _) => {
+                self.extension_bytes += 1;
+                if self.extension_bytes >= MAX_EXTENSION_BYTES {
+                    return bad("extensions over 16 KiB");
+                }
+                State::Extension
+            }
+            (State::SizeLf, b'\n') if self.size == 0 => State::EndCr,
+            (State::SizeLf, b'\n') => State::Data(self.size),
+            (State::SizeLf, _) => return bad("size line without LF after CR"),
+            (State::BodyCr, b'\r') => State::BodyLf,
+            (State::BodyCr, _) => return bad("data longer than its size"),
+            (State::BodyLf, b'\n') => State::Start,
+            (State::BodyLf, _) => return bad("no LF after a chunk's data"),
+            (State::EndCr, b'\r') => State::EndLf,
+            (State::EndCr | State::Trailer, _) => {
+                if self.trailers.len() >= MAX_HEAD_BYTES {
+                    return bad("trailers too large");
+                }
+                self.trailers.push(b);
+                if b == b'\r' {
+                    State::TrailerLf
+                } else {
+                    State::Trailer
+                }
+            }
+            (State::TrailerLf, b'\n') => {
+                self.trailers.push(b);
+                State::EndCr
+            }
+            (State::TrailerLf, _) => return bad("trailer line without LF after CR"),
+            (State::EndLf, b'\n') => {
+                self.check_trailers()?;
+                State::Done
+            }
+            (State::EndLf, _) => return bad("no LF at the end"),
+            (State::Data(_) | State::Done, _) => self.state,
+        })
+    }
+
+    /// Trailer lines must parse as header fields (at most [`MAX_HEADERS`]).
+    fn check_trailers(&self) -> Result<(), String> {
+        if self.trailers.is_empty() {
+            return Ok(());
+        }
+        let mut block = self.trailers.clone();
+        block.extend_from_slice(b"\r\n");
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        match httparse::parse_headers(&block, &mut fields) {
+            Ok(httparse::Status::Complete(_)) => Ok(()),
+            _ => Err("invalid chunk: trailer fields do not parse".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, String> {
+        parse_head(text.as_bytes(), method)
+    }
+
+    #[test]
+    fn heads_and_their_framing() {
+        let get = Method::GET;
+        let (h, n) = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", &get)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.status.as_u16(), h.framing, h.keep_alive, n),
+            (200, Framing::Length(5), true, 38)
+        );
+        assert!(
+            head("HTTP/1.1 200 OK\r\ncontent-le", &get)
+                .unwrap()
+                .is_none()
+        );
+        let cases: [(&str, Method, Framing, bool); 8] = [
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+                Method::GET,
+                Framing::Chunked,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+                Method::GET,
+                Framing::Close,
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\n\r\n",
+                Method::GET,
+                Framing::Close,
+                false,
+            ),
+            (
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                Method::GET,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n",
+                Method::HEAD,
+                Framing::Empty,
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\n",
+                Method::GET,
+                Framing::Length(1),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n",
+                Method::GET,
+                Framing::Length(1),
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+                Method::GET,
+                Framing::Chunked,
+                false,
+            ),
+        ];
+        for (text, m, framing, keep) in cases {
+            let (h, _) = head(text, &m).unwrap().unwrap();
+            assert_eq!((h.framing, h.keep_alive), (framing, keep), "{text:?}");
+        }
+        // Repeated equal lengths are one length; different ones are refused.
+        assert_eq!(
+            head(
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5, 5\r\n\r\n",
+                &get
+            )
+            .unwrap()
+            .unwrap()
+            .0
+            .framing,
+            Framing::Length(5)
+        );
+        for bad in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n",
+            "HTTP/1.1 abc OK\r\ncontent-length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nthis line has no colon\r\ncontent-length: 0\r\n\r\n",
+            "HTTP/1.1 099 Low\r\n\r\n",
+        ] {
+            assert!(head(bad, &get).is_err(), "{bad:?}");
+        }
+        let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD_BYTES + 1));
+        assert!(head(&huge, &get).is_err());
+    }
+
+    fn chunked(parts: &[&[u8]]) -> Result<(Vec<u8>, bool, Vec<u8>), String> {
+        let mut d = Chunked::default();
+        let mut body = Vec::new();
+        let mut pending = Vec::new();
+        for p in parts {
+            pending.extend_from_slice(p);
+            let n = d.decode(&pending, |b| body.extend_from_slice(b))?;
+            pending.drain(..n);
+        }
+        Ok((body, d.done(), pending))
+    }
+
+    #[test]
+    fn chunked_bodies_in_any_split() {
+        let whole: &[u8] = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for split in 0..whole.len() {
+            let (body, done, rest) = chunked(&[&whole[..split], &whole[split..]]).unwrap();
+            assert_eq!(
+                (body.as_slice(), done, rest.len()),
+                (&b"hello world"[..], true, 0),
+                "split {split}"
+            );
+        }
+        // Bytes one at a time; bare LF line ends are refused (as hyper does).
+        let one: Vec<&[u8]> = b"3\r\nabc\r\n0\r\n\r\n".chunks(1).collect();
+        assert_eq!(chunked(&one).unwrap(), (b"abc".to_vec(), true, vec![]));
+        assert!(chunked(&[b"3\nabc\n0\n\n"]).is_err());
+        // Not done until the blank line after the last chunk.
+        assert!(!chunked(&[b"3\r\nabc\r\n0\r\n"]).unwrap().1);
+        let long_ext = [&b"1;"[..], &[b'x'; 17 * 1024]].concat();
+        for bad in [
+            &b"zz\r\n"[..],
+            b"5\r\nhelloX\r\n",
+            b"\r\n",
+            b" 5\r\n",
+            b"5 x\r\n",
+            b"1;a\nb\r\n",
+            b"f0000000000000003\r\n",
+            b"0\r\nno colon\r\n\r\n",
+            &long_ext,
+        ] {
+            assert!(
+                chunked(&[bad]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // The bad-chunk fault: 5 bytes of data, then an invalid size line.
+        let mut body = Vec::new();
+        let mut d = Chunked::default();
+        assert!(
+            d.decode(b"5\r\nhello\r\nzz\r\n", |b| body.extend_from_slice(b))
+                .is_err()
+        );
+        assert_eq!(body, b"hello");
+    }
+}

@@ -1,0 +1,309 @@
+//! The lean client: replay's frozen requests, serialised once ([`LeanRequest`]) and
+//! written with one call, and responses read through one reused buffer per connection
+//! and framed by `http1::codec`. Same connections (TCP, rustls), socket stamps, capture
+//! hooks and keep-alive rule as the hyper path serve uses; no task per connection, no
+//! request or response objects, no copy of body bytes besides the capture's own.
+//!
+//! Keep-alive rule: before a reused connection carries a request it is polled once; if
+//! the worker closed it (or sent something unasked) while it was idle, a new one is
+//! opened. If writing the request into a reused connection fails, the worker closed it
+//! before it took the request: the request is sent once more on a new connection
+//! (`connection_retried`). There are no other retries.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Context;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, Method};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+
+use super::http1::codec::{self, Chunked, Framing};
+use super::{Capture, Engine, ExchangeError, http1};
+use crate::clock;
+use crate::model::{ConnectionPolicy, Endpoint};
+use crate::net::timed_io::{IoStamps, TimedIo};
+
+/// Bytes read per call when the buffer needs room.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One open connection of the lean client.
+pub(crate) struct LeanConn {
+    id: i64,
+    io: TimedIo,
+    stamps: Arc<IoStamps>,
+    /// Bytes read and not yet consumed.
+    buf: BytesMut,
+}
+
+/// A request serialised once: the head and the body, ready to write.
+#[derive(Debug, Clone)]
+pub(crate) struct LeanRequest {
+    pub(crate) method: Method,
+    pub(crate) bytes: Bytes,
+}
+
+impl LeanRequest {
+    /// `METHOD target HTTP/1.1`, the headers as given (lower-case names, in order), the
+    /// body.
+    pub(crate) fn new(method: Method, target: &str, headers: &HeaderMap, body: &[u8]) -> Self {
+        let mut b = Vec::with_capacity(64 + target.len() + 48 * headers.len() + body.len());
+        b.extend_from_slice(method.as_str().as_bytes());
+        b.push(b' ');
+        b.extend_from_slice(target.as_bytes());
+        b.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in headers {
+            b.extend_from_slice(name.as_str().as_bytes());
+            b.extend_from_slice(b": ");
+            b.extend_from_slice(value.as_bytes());
+            b.extend_from_slice(b"\r\n");
+        }
+        b.extend_from_slice(b"\r\n");
+        b.extend_from_slice(body);
+        LeanRequest {
+            method,
+            bytes: Bytes::from(b),
+        }
+    }
+}
+
+/// One poll of a read on an idle connection: ready (end of stream, an error, or bytes
+/// nobody asked for) means it cannot carry another request.
+fn closed_while_idle(conn: &mut LeanConn) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut one = [0u8; 1];
+    let mut rb = ReadBuf::new(&mut one);
+    !conn.buf.is_empty()
+        || Pin::new(&mut conn.io)
+            .poll_read(&mut cx, &mut rb)
+            .is_ready()
+}
+
+/// Read more bytes into the connection's buffer; 0 at the end of the stream.
+async fn read_more(conn: &mut LeanConn) -> std::io::Result<usize> {
+    if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
+        conn.buf.reserve(READ_CHUNK);
+    }
+    conn.io.read_buf(&mut conn.buf).await
+}
+
+/// "connection closed before message completed" (hyper's words, kept for the records).
+fn closed_early(step: &str) -> ExchangeError {
+    ExchangeError::upstream_message(format!(
+        "{step}: connection closed before message completed"
+    ))
+}
+
+impl Engine {
+    async fn lean_connect(
+        &self,
+        ep: &Endpoint,
+        policy: ConnectionPolicy,
+        cap: &mut Capture,
+    ) -> Result<LeanConn, ExchangeError> {
+        let (io, stamps) = self.open_stream(ep, policy, cap).await?;
+        Ok(LeanConn {
+            id: cap.connection_id.unwrap_or(-1),
+            io,
+            stamps,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        })
+    }
+
+    /// Write `req` on the slot's connection (or a new one), under the keep-alive rule.
+    async fn lean_send(
+        &self,
+        slot: &mut Option<LeanConn>,
+        ep: &Endpoint,
+        policy: ConnectionPolicy,
+        req: &LeanRequest,
+        cap: &mut Capture,
+    ) -> Result<LeanConn, ExchangeError> {
+        let idle = match slot.take() {
+            Some(mut c) if policy == ConnectionPolicy::KeepAlive => {
+                (!closed_while_idle(&mut c)).then_some(c)
+            }
+            _ => None,
+        };
+        let mut conn = match idle {
+            Some(c) => {
+                cap.connection_reused = true;
+                cap.connection_id = Some(c.id);
+                c
+            }
+            None => self.lean_connect(ep, policy, cap).await?,
+        };
+        conn.stamps.reset();
+        cap.stamps = Some(conn.stamps.clone());
+        let sent = async |c: &mut LeanConn| {
+            c.io.write_all(&req.bytes).await?;
+            c.io.flush().await
+        };
+        if let Err(e) = sent(&mut conn).await {
+            if !cap.connection_reused {
+                return Err(ExchangeError::upstream("send request", &e));
+            }
+            // The worker closed the reused connection before it took the request.
+            cap.connection_reused = false;
+            cap.connection_retried = true;
+            conn = self.lean_connect(ep, policy, cap).await?;
+            cap.stamps = Some(conn.stamps.clone());
+            sent(&mut conn)
+                .await
+                .map_err(|e| ExchangeError::upstream("send request", &e))?;
+        }
+        Ok(conn)
+    }
+
+    /// Run one exchange of a frozen request: send it, read the head and the body into
+    /// `cap` (each read stamped as it returns), and put the connection back in `slot`
+    /// when the exchange ended cleanly and the connection may carry another.
+    pub(crate) async fn exchange_lean(
+        &self,
+        slot: &mut Option<LeanConn>,
+        ep: &Endpoint,
+        policy: ConnectionPolicy,
+        req: &LeanRequest,
+        cap: &mut Capture,
+    ) -> Result<(), ExchangeError> {
+        let mut conn = self.lean_send(slot, ep, policy, req, cap).await?;
+        let (head, head_ns) = read_head(&mut conn, &req.method).await?;
+        cap.request_sent_ns = conn.stamps.last_write_ns();
+        cap.first_byte_ns = conn.stamps.first_read_ns().or(Some(head_ns));
+        cap.status = Some(head.status);
+        if http1::is_event_stream(&head.headers) {
+            cap.on_event_stream(head.framing == Framing::Close);
+        }
+        cap.keep_response_headers(head.headers);
+        let clean = match head.framing {
+            Framing::Empty => {
+                cap.on_body_end(head_ns);
+                conn.buf.is_empty()
+            }
+            Framing::Length(n) => read_length(&mut conn, n, head_ns, cap).await?,
+            Framing::Chunked => read_chunked(&mut conn, head_ns, cap).await?,
+            Framing::Close => {
+                read_to_close(&mut conn, head_ns, cap).await?;
+                false
+            }
+        };
+        if clean && head.keep_alive && policy == ConnectionPolicy::KeepAlive {
+            *slot = Some(conn);
+        }
+        Ok(())
+    }
+}
+
+/// Read until a final response head (1xx heads other than 101 are skipped); returns it
+/// and when the read that completed it returned.
+async fn read_head(
+    conn: &mut LeanConn,
+    method: &Method,
+) -> Result<(codec::Head, u64), ExchangeError> {
+    let mut at = clock::now_ns();
+    loop {
+        if !conn.buf.is_empty() {
+            let parsed = codec::parse_head(&conn.buf, method)
+                .map_err(|m| ExchangeError::upstream_message(format!("send request: {m}")))?;
+            if let Some((head, n)) = parsed {
+                conn.buf.advance(n);
+                if head.status.as_u16() == 101 {
+                    return Err(ExchangeError::upstream_message(
+                        "send request: unexpected 101 Switching Protocols (no upgrade was asked for)"
+                            .into(),
+                    ));
+                }
+                if head.status.is_informational() {
+                    continue;
+                }
+                return Ok((head, at));
+            }
+        }
+        let n = read_more(conn)
+            .await
+            .map_err(|e| ExchangeError::upstream("send request", &e))?;
+        at = clock::now_ns();
+        if n == 0 {
+            return Err(closed_early("send request"));
+        }
+    }
+}
+
+/// A Content-Length body. `Ok(true)`: nothing followed it (the connection is clean).
+async fn read_length(
+    conn: &mut LeanConn,
+    mut left: u64,
+    mut at: u64,
+    cap: &mut Capture,
+) -> Result<bool, ExchangeError> {
+    loop {
+        if left > 0 && !conn.buf.is_empty() {
+            let take = conn
+                .buf
+                .len()
+                .min(usize::try_from(left).unwrap_or(usize::MAX));
+            cap.on_body_frame(&conn.buf[..take], at);
+            conn.buf.advance(take);
+            left -= take as u64;
+        }
+        if left == 0 {
+            cap.on_body_end(at);
+            return Ok(conn.buf.is_empty());
+        }
+        let n = read_more(conn)
+            .await
+            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
+        at = clock::now_ns();
+        if n == 0 {
+            return Err(closed_early("read response body"));
+        }
+    }
+}
+
+/// A chunked body. `Ok(true)`: nothing followed its end.
+async fn read_chunked(
+    conn: &mut LeanConn,
+    mut at: u64,
+    cap: &mut Capture,
+) -> Result<bool, ExchangeError> {
+    let mut dec = Chunked::default();
+    loop {
+        let used = dec
+            .decode(&conn.buf, |data| cap.on_body_frame(data, at))
+            .map_err(|m| ExchangeError::upstream_message(format!("read response body: {m}")))?;
+        conn.buf.advance(used);
+        if dec.done() {
+            cap.on_body_end(at);
+            return Ok(conn.buf.is_empty());
+        }
+        let n = read_more(conn)
+            .await
+            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
+        at = clock::now_ns();
+        if n == 0 {
+            return Err(closed_early("read response body"));
+        }
+    }
+}
+
+/// A body that the connection's close ends.
+async fn read_to_close(
+    conn: &mut LeanConn,
+    mut at: u64,
+    cap: &mut Capture,
+) -> Result<(), ExchangeError> {
+    loop {
+        if !conn.buf.is_empty() {
+            cap.on_body_frame(&conn.buf, at);
+            conn.buf.clear();
+        }
+        let n = read_more(conn)
+            .await
+            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
+        at = clock::now_ns();
+        if n == 0 {
+            cap.on_body_end(at);
+            return Ok(());
+        }
+    }
+}
