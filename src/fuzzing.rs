@@ -76,51 +76,60 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
 /// accept them with the same status and body, or both refuse them. The input is what a
 /// worker sends to a GET, then closes.
 pub fn http1_response(data: &[u8]) {
-    let ours = lean_view(data);
     let theirs = hyper_view(data);
-    match (&ours, &theirs) {
-        (Ok(a), Ok(b)) => assert_eq!(a, b, "status or body differ"),
-        (Err(_), Err(_)) => {}
-        _ => panic!(
-            "the lean codec says {ours:?}, hyper says {theirs:?} for {:?}",
-            String::from_utf8_lossy(data)
-        ),
+    // The whole input in one read, and split into reads of 1 and 7 bytes.
+    for step in [usize::MAX, 1, 7] {
+        let ours = lean_view(data, step);
+        match (&ours, &theirs) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "status or body differ (reads of {step})"),
+            (Err(_), Err(_)) => {}
+            _ => panic!(
+                "the lean client says {ours:?}, hyper says {theirs:?} (reads of {step}) for {:?}",
+                String::from_utf8_lossy(data)
+            ),
+        }
     }
 }
 
-/// What the lean client makes of `data` followed by the end of the stream.
-fn lean_view(data: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    use crate::engine::http1::codec::{Chunked, Framing, parse_head};
-    let mut buf = data;
-    let head = loop {
-        let Some((head, n)) = parse_head(buf, &http::Method::GET)? else {
-            return Err("closed before the head ended".into());
-        };
-        buf = &buf[n..];
-        match head.status.as_u16() {
-            101 => return Err("101".into()),
-            100..=199 => continue,
-            _ => break head,
-        }
-    };
-    let body = match head.framing {
-        Framing::Empty => Vec::new(),
-        Framing::Length(n) => {
-            let n = usize::try_from(n).unwrap_or(usize::MAX);
-            buf.get(..n).ok_or("closed before the body ended")?.to_vec()
-        }
-        Framing::Chunked => {
-            let mut d = Chunked::default();
-            let mut out = Vec::new();
-            d.decode(buf, |b| out.extend_from_slice(b))?;
-            if !d.done() {
-                return Err("closed before the last chunk".into());
-            }
-            out
-        }
-        Framing::Close => buf.to_vec(),
-    };
-    Ok((head.status.as_u16(), body))
+/// What the lean client's reader (`engine::lean::read_response`, the code replay runs)
+/// makes of `data` followed by the end of the stream, read `step` bytes at a time.
+fn lean_view(data: &[u8], step: usize) -> Result<(u16, Vec<u8>), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let mut io = Pieces { data, step };
+        let mut buf = bytes::BytesMut::new();
+        let mut cap = crate::engine::Capture::start(1 << 20, None);
+        crate::engine::lean::read_response(&mut io, &mut buf, &http::Method::GET, &mut cap)
+            .await
+            .map_err(|e| e.message)?;
+        let got = cap.into_captured();
+        Ok((
+            got.status.and_then(|s| u16::try_from(s).ok()).unwrap_or(0),
+            got.body.bytes.to_vec(),
+        ))
+    })
+}
+
+/// A stream that hands out `data` at most `step` bytes per read, then ends.
+struct Pieces<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl tokio::io::AsyncRead for Pieces<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = self.step.min(self.data.len()).min(buf.remaining());
+        let (now, rest) = self.data.split_at(n);
+        buf.put_slice(now);
+        self.data = rest;
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// What hyper's HTTP/1 client makes of `data` sent in answer to a GET, then a close.
@@ -182,12 +191,12 @@ mod tests {
     fn both_views_read_a_plain_answer_and_refuse_a_broken_one() {
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
         assert_eq!(hyper_view(ok), Ok((200, b"hello".to_vec())));
-        assert_eq!(lean_view(ok), Ok((200, b"hello".to_vec())));
+        assert_eq!(lean_view(ok, 3), Ok((200, b"hello".to_vec())));
         let chunked =
             b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
         assert_eq!(hyper_view(chunked), Ok((201, b"hi".to_vec())));
         let bad = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello";
-        assert!(hyper_view(bad).is_err() && lean_view(bad).is_err());
+        assert!(hyper_view(bad).is_err() && lean_view(bad, 1).is_err());
         http1_response(ok);
         http1_response(bad);
     }

@@ -12,7 +12,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Context;
+use std::task::Poll;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, Method};
@@ -68,23 +68,27 @@ impl LeanRequest {
 }
 
 /// One poll of a read on an idle connection: ready (end of stream, an error, or bytes
-/// nobody asked for) means it cannot carry another request.
-fn closed_while_idle(conn: &mut LeanConn) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
+/// nobody asked for) means it cannot carry another request. Unconstrained, so tokio's
+/// task budget cannot turn a closed connection into a "pending" one.
+async fn closed_while_idle(conn: &mut LeanConn) -> bool {
+    if !conn.buf.is_empty() {
+        return true;
+    }
     let mut one = [0u8; 1];
-    let mut rb = ReadBuf::new(&mut one);
-    !conn.buf.is_empty()
-        || Pin::new(&mut conn.io)
-            .poll_read(&mut cx, &mut rb)
-            .is_ready()
+    let io = &mut conn.io;
+    tokio::task::coop::unconstrained(std::future::poll_fn(|cx| {
+        let mut rb = ReadBuf::new(&mut one);
+        Poll::Ready(Pin::new(&mut *io).poll_read(cx, &mut rb).is_ready())
+    }))
+    .await
 }
 
-/// Read more bytes into the connection's buffer; 0 at the end of the stream.
-async fn read_more(conn: &mut LeanConn) -> std::io::Result<usize> {
-    if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
-        conn.buf.reserve(READ_CHUNK);
+/// Read more bytes into `buf`; 0 at the end of the stream.
+async fn read_more<R: AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
     }
-    conn.io.read_buf(&mut conn.buf).await
+    io.read_buf(buf).await
 }
 
 /// "connection closed before message completed" (hyper's words, kept for the records).
@@ -121,7 +125,7 @@ impl Engine {
     ) -> Result<LeanConn, ExchangeError> {
         let idle = match slot.take() {
             Some(mut c) if policy == ConnectionPolicy::KeepAlive => {
-                (!closed_while_idle(&mut c)).then_some(c)
+                (!closed_while_idle(&mut c).await).then_some(c)
             }
             _ => None,
         };
@@ -140,7 +144,9 @@ impl Engine {
             c.io.flush().await
         };
         if let Err(e) = sent(&mut conn).await {
-            if !cap.connection_reused {
+            // Only a request of which no byte was taken is sent again: a worker that read
+            // part of it may have acted on it.
+            if !cap.connection_reused || conn.stamps.last_write_ns().is_some() {
                 return Err(ExchangeError::upstream("send request", &e));
             }
             // The worker closed the reused connection before it took the request.
@@ -167,59 +173,68 @@ impl Engine {
         cap: &mut Capture,
     ) -> Result<(), ExchangeError> {
         let mut conn = self.lean_send(slot, ep, policy, req, cap).await?;
-        let (head, head_ns) = read_head(&mut conn, &req.method).await?;
+        let reusable = read_response(&mut conn.io, &mut conn.buf, &req.method, cap).await?;
         cap.request_sent_ns = conn.stamps.last_write_ns();
-        cap.first_byte_ns = conn.stamps.first_read_ns().or(Some(head_ns));
-        cap.status = Some(head.status);
-        if http1::is_event_stream(&head.headers) {
-            cap.on_event_stream(head.framing == Framing::Close);
-        }
-        cap.keep_response_headers(head.headers);
-        let clean = match head.framing {
-            Framing::Empty => {
-                cap.on_body_end(head_ns);
-                conn.buf.is_empty()
-            }
-            Framing::Length(n) => read_length(&mut conn, n, head_ns, cap).await?,
-            Framing::Chunked => read_chunked(&mut conn, head_ns, cap).await?,
-            Framing::Close => {
-                read_to_close(&mut conn, head_ns, cap).await?;
-                false
-            }
-        };
-        if clean && head.keep_alive && policy == ConnectionPolicy::KeepAlive {
+        cap.first_byte_ns = conn.stamps.first_read_ns();
+        if reusable && policy == ConnectionPolicy::KeepAlive {
             *slot = Some(conn);
         }
         Ok(())
     }
 }
 
-/// Read until a final response head (1xx heads other than 101 are skipped); returns it
-/// and when the read that completed it returned.
-async fn read_head(
-    conn: &mut LeanConn,
+/// Read one response to a `method` request from `io` (bytes already in `buf` first) into
+/// `cap`: the head, then the body as its framing says, each read's bytes stamped when the
+/// read returned. `Ok(true)`: the exchange ended cleanly, nothing followed the body, and
+/// the head lets the connection carry another request.
+pub(crate) async fn read_response<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    method: &Method,
+    cap: &mut Capture,
+) -> Result<bool, ExchangeError> {
+    let (head, head_ns) = read_head(io, buf, method).await?;
+    cap.status = Some(head.status);
+    if http1::is_event_stream(&head.headers) {
+        cap.on_event_stream(head.framing == Framing::Close);
+    }
+    cap.keep_response_headers(head.headers);
+    let clean = match head.framing {
+        Framing::Empty => {
+            cap.on_body_end(head_ns);
+            buf.is_empty()
+        }
+        Framing::Length(n) => read_length(io, buf, n, head_ns, cap).await?,
+        Framing::Chunked => read_chunked(io, buf, head_ns, cap).await?,
+        Framing::Close => {
+            read_to_close(io, buf, head_ns, cap).await?;
+            false
+        }
+    };
+    Ok(clean && head.keep_alive)
+}
+
+/// Read until a final response head (informational ones other than 101 are skipped, as
+/// hyper does); returns it and when the read that completed it returned.
+async fn read_head<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
     method: &Method,
 ) -> Result<(codec::Head, u64), ExchangeError> {
     let mut at = clock::now_ns();
     loop {
-        if !conn.buf.is_empty() {
-            let parsed = codec::parse_head(&conn.buf, method)
+        if !buf.is_empty() {
+            let parsed = codec::parse_head(buf, method)
                 .map_err(|m| ExchangeError::upstream_message(format!("send request: {m}")))?;
             if let Some((head, n)) = parsed {
-                conn.buf.advance(n);
-                if head.status.as_u16() == 101 {
-                    return Err(ExchangeError::upstream_message(
-                        "send request: unexpected 101 Switching Protocols (no upgrade was asked for)"
-                            .into(),
-                    ));
-                }
-                if head.status.is_informational() {
+                buf.advance(n);
+                if matches!(head.status.as_u16(), 100 | 102..=199) {
                     continue;
                 }
                 return Ok((head, at));
             }
         }
-        let n = read_more(conn)
+        let n = read_more(io, buf)
             .await
             .map_err(|e| ExchangeError::upstream("send request", &e))?;
         at = clock::now_ns();
@@ -229,28 +244,26 @@ async fn read_head(
     }
 }
 
-/// A Content-Length body. `Ok(true)`: nothing followed it (the connection is clean).
-async fn read_length(
-    conn: &mut LeanConn,
+/// A Content-Length body. `Ok(true)`: nothing followed it.
+async fn read_length<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
     mut left: u64,
     mut at: u64,
     cap: &mut Capture,
 ) -> Result<bool, ExchangeError> {
     loop {
-        if left > 0 && !conn.buf.is_empty() {
-            let take = conn
-                .buf
-                .len()
-                .min(usize::try_from(left).unwrap_or(usize::MAX));
-            cap.on_body_frame(&conn.buf[..take], at);
-            conn.buf.advance(take);
+        if left > 0 && !buf.is_empty() {
+            let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            cap.on_body_frame(&buf[..take], at);
+            buf.advance(take);
             left -= take as u64;
         }
         if left == 0 {
             cap.on_body_end(at);
-            return Ok(conn.buf.is_empty());
+            return Ok(buf.is_empty());
         }
-        let n = read_more(conn)
+        let n = read_more(io, buf)
             .await
             .map_err(|e| ExchangeError::upstream("read response body", &e))?;
         at = clock::now_ns();
@@ -261,22 +274,23 @@ async fn read_length(
 }
 
 /// A chunked body. `Ok(true)`: nothing followed its end.
-async fn read_chunked(
-    conn: &mut LeanConn,
+async fn read_chunked<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
     mut at: u64,
     cap: &mut Capture,
 ) -> Result<bool, ExchangeError> {
     let mut dec = Chunked::default();
     loop {
         let used = dec
-            .decode(&conn.buf, |data| cap.on_body_frame(data, at))
+            .decode(buf, |data| cap.on_body_frame(data, at))
             .map_err(|m| ExchangeError::upstream_message(format!("read response body: {m}")))?;
-        conn.buf.advance(used);
+        buf.advance(used);
         if dec.done() {
             cap.on_body_end(at);
-            return Ok(conn.buf.is_empty());
+            return Ok(buf.is_empty());
         }
-        let n = read_more(conn)
+        let n = read_more(io, buf)
             .await
             .map_err(|e| ExchangeError::upstream("read response body", &e))?;
         at = clock::now_ns();
@@ -287,17 +301,18 @@ async fn read_chunked(
 }
 
 /// A body that the connection's close ends.
-async fn read_to_close(
-    conn: &mut LeanConn,
+async fn read_to_close<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
     mut at: u64,
     cap: &mut Capture,
 ) -> Result<(), ExchangeError> {
     loop {
-        if !conn.buf.is_empty() {
-            cap.on_body_frame(&conn.buf, at);
-            conn.buf.clear();
+        if !buf.is_empty() {
+            cap.on_body_frame(buf, at);
+            buf.clear();
         }
-        let n = read_more(conn)
+        let n = read_more(io, buf)
             .await
             .map_err(|e| ExchangeError::upstream("read response body", &e))?;
         at = clock::now_ns();

@@ -3,7 +3,8 @@
 //! Phases, in order: `health` (one GET), `readiness` (one request per variant, sequential),
 //! `warmup` (`warmup_per_case` per variant, sequential), then for each case and each
 //! concurrency c: `feasibility` (one excluded wave of min(c, n)) and `repetitions` rounds
-//! of `measured` (n requests, c workers, closed loop). Each worker owns its connection; the
+//! of `measured` (n requests, c workers, closed loop). Requests are made once per arm
+//! (`exchange::freeze`) and sent by the engine's lean client. Each worker owns its connection; the
 //! scheduler hands connections from round to round without locks. With
 //! `on_failure: stop`, the first failure stops new dispatch, admitted requests drain and
 //! are recorded, and later phases are skipped. The driver decides *what* to send and

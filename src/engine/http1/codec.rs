@@ -9,8 +9,8 @@ use super::has_no_body;
 
 /// The most header fields a response head may have (hyper's default).
 pub(crate) const MAX_HEADERS: usize = 100;
-/// The largest response head read (hyper's default buffer limit is about 400 KiB).
-pub(crate) const MAX_HEAD_BYTES: usize = 400 * 1024;
+/// The largest response head read (hyper's default buffer limit).
+pub(crate) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields.
 const TOO_LARGE: &str = "message head is too large";
@@ -73,7 +73,8 @@ pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, us
         let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
         headers.append(name, value);
     }
-    let framing = framing(&headers, method, status)?;
+    let http10 = res.version != Some(1);
+    let framing = framing(&headers, method, status, http10)?;
     let tokens = |v: &HeaderValue, t: &str| {
         v.to_str()
             .map(|s| s.split(',').any(|x| x.trim().eq_ignore_ascii_case(t)))
@@ -85,15 +86,17 @@ pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, us
             .iter()
             .any(|v| tokens(v, t))
     };
-    let persistent = match res.version {
-        Some(1) => !says("close"),
-        _ => says("keep-alive"),
-    };
+    // `close` wins over `keep-alive`; HTTP/1.0 needs `keep-alive` to persist.
+    let persistent = !says("close") && (!http10 || says("keep-alive"));
     // A body that the close delimits, or a Content-Length overridden by a transfer
     // coding (RFC 9112 section 6.3, rule 3), ends the connection.
     let both = headers.contains_key(header::TRANSFER_ENCODING)
         && headers.contains_key(header::CONTENT_LENGTH);
-    let keep_alive = persistent && framing != Framing::Close && !both;
+    // 101 hands the connection to another protocol, never back to this client.
+    let keep_alive = persistent
+        && framing != Framing::Close
+        && !both
+        && status != StatusCode::SWITCHING_PROTOCOLS;
     Ok(Some((
         Head {
             status,
@@ -105,14 +108,23 @@ pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, us
     )))
 }
 
-/// The framing of a response (RFC 9112 section 6.3): no body by definition; the last
-/// transfer coding chunked, or another coding (until the close); one Content-Length
-/// (repeated values must agree); else until the close.
-fn framing(headers: &HeaderMap, method: &Method, status: StatusCode) -> Result<Framing, String> {
+/// The framing of a response (RFC 9112 section 6.3), in hyper's order: no body by
+/// definition (101, HEAD, 1xx, 204, 304); a transfer coding (refused in HTTP/1.0), chunked
+/// last or else until the close; one Content-Length (repeated values must agree); else
+/// until the close.
+fn framing(
+    headers: &HeaderMap,
+    method: &Method,
+    status: StatusCode,
+    http10: bool,
+) -> Result<Framing, String> {
     if has_no_body(method, status) {
         return Ok(Framing::Empty);
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
+        if http10 {
+            return Err("unexpected transfer-encoding parsed".into());
+        }
         return Ok(if super::is_close_delimited(headers) {
             Framing::Close
         } else {
@@ -136,7 +148,12 @@ fn framing(headers: &HeaderMap, method: &Method, status: StatusCode) -> Result<F
             }
         }
     }
-    Ok(length.map_or(Framing::Close, Framing::Length))
+    match length {
+        // hyper's largest length (the two values above it mean chunked and close).
+        Some(n) if n > u64::MAX - 2 => Err(TOO_LARGE.into()),
+        Some(n) => Ok(Framing::Length(n)),
+        None => Ok(Framing::Close),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +190,9 @@ pub(crate) struct Chunked {
     state: State,
     size: u64,
     extension_bytes: usize,
+    /// Trailer bytes with their line ends, and how many lines.
     trailers: Vec<u8>,
+    trailer_lines: usize,
 }
 
 impl Default for Chunked {
@@ -183,12 +202,15 @@ impl Default for Chunked {
             size: 0,
             extension_bytes: 0,
             trailers: Vec::new(),
+            trailer_lines: 0,
         }
     }
 }
 
 /// hyper's limit on the bytes of chunk extensions in one body.
 const MAX_EXTENSION_BYTES: usize = 16 * 1024;
+/// hyper's limit on the trailer bytes (line ends included) of one body.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
 fn hex(b: u8) -> Option<u64> {
     (b as char).to_digit(16).map(u64::from)
@@ -276,12 +298,18 @@ impl Chunked {
             (State::BodyCr, _) => return bad("data longer than its size"),
             (State::BodyLf, b'\n') => State::Start,
             (State::BodyLf, _) => return bad("no LF after a chunk's data"),
-            (State::EndCr, b'\r') => State::EndLf,
-            (State::EndCr | State::Trailer, _) => {
-                if self.trailers.len() >= MAX_HEAD_BYTES {
-                    return bad("trailers too large");
+            (State::EndCr, b'\r') => {
+                if !self.trailers.is_empty() {
+                    self.trailer_byte(b)?;
                 }
-                self.trailers.push(b);
+                State::EndLf
+            }
+            (State::EndCr, _) => {
+                self.trailer_byte(b)?;
+                State::Trailer
+            }
+            (State::Trailer, _) => {
+                self.trailer_byte(b)?;
                 if b == b'\r' {
                     State::TrailerLf
                 } else {
@@ -289,11 +317,18 @@ impl Chunked {
                 }
             }
             (State::TrailerLf, b'\n') => {
-                self.trailers.push(b);
+                if self.trailer_lines >= MAX_HEADERS {
+                    return bad("more than 100 trailer lines");
+                }
+                self.trailer_lines += 1;
+                self.trailer_byte(b)?;
                 State::EndCr
             }
             (State::TrailerLf, _) => return bad("trailer line without LF after CR"),
             (State::EndLf, b'\n') => {
+                if !self.trailers.is_empty() {
+                    self.trailer_byte(b)?;
+                }
                 self.check_trailers()?;
                 State::Done
             }
@@ -302,16 +337,30 @@ impl Chunked {
         })
     }
 
-    /// Trailer lines must parse as header fields (at most [`MAX_HEADERS`]).
+    /// Keep one trailer byte; like hyper, the limit is checked after adding it.
+    fn trailer_byte(&mut self, b: u8) -> Result<(), String> {
+        self.trailers.push(b);
+        if self.trailers.len() >= MAX_TRAILER_BYTES {
+            return Err("invalid chunk: trailers over 16 KiB".into());
+        }
+        Ok(())
+    }
+
+    /// Trailer lines must parse as header fields with valid names and values.
     fn check_trailers(&self) -> Result<(), String> {
         if self.trailers.is_empty() {
             return Ok(());
         }
-        let mut block = self.trailers.clone();
-        block.extend_from_slice(b"\r\n");
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        match httparse::parse_headers(&block, &mut fields) {
-            Ok(httparse::Status::Complete(_)) => Ok(()),
+        let mut fields = vec![httparse::EMPTY_HEADER; self.trailer_lines];
+        match httparse::parse_headers(&self.trailers, &mut fields) {
+            Ok(httparse::Status::Complete((_, fields)))
+                if fields.iter().all(|f| {
+                    HeaderName::from_bytes(f.name.as_bytes()).is_ok()
+                        && HeaderValue::from_bytes(f.value).is_ok()
+                }) =>
+            {
+                Ok(())
+            }
             _ => Err("invalid chunk: trailer fields do not parse".into()),
         }
     }
@@ -340,7 +389,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        let cases: [(&str, Method, Framing, bool); 8] = [
+        let cases: [(&str, Method, Framing, bool); 11] = [
             (
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
                 Method::GET,
@@ -389,6 +438,24 @@ mod tests {
                 Framing::Chunked,
                 false,
             ),
+            (
+                "HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n",
+                Method::GET,
+                Framing::Empty,
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nconnection: close, keep-alive\r\ncontent-length: 1\r\n\r\n",
+                Method::GET,
+                Framing::Length(1),
+                false,
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                Method::GET,
+                Framing::Length(1),
+                true,
+            ),
         ];
         for (text, m, framing, keep) in cases {
             let (h, _) = head(text, &m).unwrap().unwrap();
@@ -413,6 +480,8 @@ mod tests {
             "HTTP/1.1 abc OK\r\ncontent-length: 0\r\n\r\n",
             "HTTP/1.1 200 OK\r\nthis line has no colon\r\ncontent-length: 0\r\n\r\n",
             "HTTP/1.1 099 Low\r\n\r\n",
+            "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551614\r\n\r\n",
         ] {
             assert!(head(bad, &get).is_err(), "{bad:?}");
         }
