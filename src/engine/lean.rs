@@ -83,13 +83,38 @@ async fn closed_while_idle(conn: &mut LeanConn) -> bool {
     .await
 }
 
-/// Read more bytes into `buf`; 0 at the end of the stream.
-async fn read_more<R: AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut) -> std::io::Result<usize> {
+/// Read more bytes into `buf`: how many (0 at the end of the stream) and when the read
+/// returned. An error names `step`.
+async fn read_more<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    step: &str,
+) -> Result<(usize, u64), ExchangeError> {
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }
-    io.read_buf(buf).await
+    let n = io
+        .read_buf(buf)
+        .await
+        .map_err(|e| ExchangeError::upstream(step, &e))?;
+    Ok((n, clock::now_ns()))
 }
+
+/// Read at least one more byte into `buf` (the end of the stream is an error now: the
+/// message is not complete); when the read returned.
+async fn read_some<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    step: &str,
+) -> Result<u64, ExchangeError> {
+    match read_more(io, buf, step).await? {
+        (0, _) => Err(closed_early(step)),
+        (_, at) => Ok(at),
+    }
+}
+
+const HEAD: &str = "send request";
+const BODY: &str = "read response body";
 
 /// "connection closed before message completed" (hyper's words, kept for the records).
 fn closed_early(step: &str) -> ExchangeError {
@@ -225,7 +250,7 @@ async fn read_head<R: AsyncRead + Unpin>(
     loop {
         if !buf.is_empty() {
             let parsed = codec::parse_head(buf, method)
-                .map_err(|m| ExchangeError::upstream_message(format!("send request: {m}")))?;
+                .map_err(|m| ExchangeError::upstream_message(format!("{HEAD}: {m}")))?;
             if let Some((head, n)) = parsed {
                 buf.advance(n);
                 if matches!(head.status.as_u16(), 100 | 102..=199) {
@@ -234,13 +259,7 @@ async fn read_head<R: AsyncRead + Unpin>(
                 return Ok((head, at));
             }
         }
-        let n = read_more(io, buf)
-            .await
-            .map_err(|e| ExchangeError::upstream("send request", &e))?;
-        at = clock::now_ns();
-        if n == 0 {
-            return Err(closed_early("send request"));
-        }
+        at = read_some(io, buf, HEAD).await?;
     }
 }
 
@@ -249,54 +268,55 @@ async fn read_length<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     mut left: u64,
-    mut at: u64,
+    at: u64,
     cap: &mut Capture,
 ) -> Result<bool, ExchangeError> {
-    loop {
-        if left > 0 && !buf.is_empty() {
-            let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+    read_framed(io, buf, at, cap, |buf, cap, at| {
+        let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if take > 0 {
             cap.on_body_frame(&buf[..take], at);
             buf.advance(take);
             left -= take as u64;
         }
-        if left == 0 {
-            cap.on_body_end(at);
-            return Ok(buf.is_empty());
-        }
-        let n = read_more(io, buf)
-            .await
-            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
-        at = clock::now_ns();
-        if n == 0 {
-            return Err(closed_early("read response body"));
-        }
-    }
+        Ok(left == 0)
+    })
+    .await
 }
 
 /// A chunked body. `Ok(true)`: nothing followed its end.
 async fn read_chunked<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
-    mut at: u64,
+    at: u64,
     cap: &mut Capture,
 ) -> Result<bool, ExchangeError> {
     let mut dec = Chunked::default();
-    loop {
+    read_framed(io, buf, at, cap, |buf, cap, at| {
         let used = dec
             .decode(buf, |data| cap.on_body_frame(data, at))
-            .map_err(|m| ExchangeError::upstream_message(format!("read response body: {m}")))?;
+            .map_err(|m| ExchangeError::upstream_message(format!("{BODY}: {m}")))?;
         buf.advance(used);
-        if dec.done() {
+        Ok(dec.done())
+    })
+    .await
+}
+
+/// A body its framing ends: `feed` takes what it can of the buffered bytes (read at the
+/// given time) into the capture and says whether the body is complete; reads go on until
+/// it is. `Ok(true)`: nothing followed the body.
+async fn read_framed<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    mut at: u64,
+    cap: &mut Capture,
+    mut feed: impl FnMut(&mut BytesMut, &mut Capture, u64) -> Result<bool, ExchangeError>,
+) -> Result<bool, ExchangeError> {
+    loop {
+        if feed(buf, cap, at)? {
             cap.on_body_end(at);
             return Ok(buf.is_empty());
         }
-        let n = read_more(io, buf)
-            .await
-            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
-        at = clock::now_ns();
-        if n == 0 {
-            return Err(closed_early("read response body"));
-        }
+        at = read_some(io, buf, BODY).await?;
     }
 }
 
@@ -312,10 +332,8 @@ async fn read_to_close<R: AsyncRead + Unpin>(
             cap.on_body_frame(buf, at);
             buf.clear();
         }
-        let n = read_more(io, buf)
-            .await
-            .map_err(|e| ExchangeError::upstream("read response body", &e))?;
-        at = clock::now_ns();
+        let n;
+        (n, at) = read_more(io, buf, BODY).await?;
         if n == 0 {
             cap.on_body_end(at);
             return Ok(());
