@@ -103,12 +103,12 @@ pub(super) async fn wave(
             (slot, samples)
         }));
     }
-    let mut all = Vec::new();
+    let mut per_worker = Vec::with_capacity(c);
     for (w, t) in tasks.into_iter().enumerate() {
         match t.await {
             Ok((slot, samples)) => {
                 slots[w] = slot;
-                all.extend(samples);
+                per_worker.push(samples);
             }
             Err(e) => {
                 // A panicking worker is a bug; stop the run rather than hide it.
@@ -117,6 +117,12 @@ pub(super) async fn wave(
                 ctx.halt();
             }
         }
+    }
+    // One allocation of the round's size: growing it by doubling copied every sample
+    // again and faulted in fresh pages (5 % of a large round's CPU, measured with perf).
+    let mut all = Vec::with_capacity(per_worker.iter().map(Vec::len).sum());
+    for samples in per_worker {
+        all.extend(samples);
     }
     all
 }
