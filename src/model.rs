@@ -43,7 +43,7 @@ pub enum Outcome {
     Transport,
     /// serve: the client went away.
     ClientAborted,
-    /// serve: cut at the end of the shutdown grace period.
+    /// Cut at the end of the stop's grace period (`--grace-seconds`).
     ShutdownCut,
 }
 

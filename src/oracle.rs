@@ -96,6 +96,25 @@ impl Pointer {
     }
 }
 
+/// `v` with every object's keys sorted (serde_json keeps insertion order here): the
+/// canonical form drift compares and the workload hash serialises.
+pub(crate) fn sort_keys(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
+}
+
 /// What a judged JSON answer says of itself.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Judged {

@@ -15,7 +15,7 @@ use crate::config::plan::Plan;
 use crate::config::workload;
 use crate::drift::{self, Answers, Options};
 use crate::oracle::Pointer;
-use crate::record::rundir::{self, RunDir};
+use crate::record::rundir;
 use crate::report::config_json;
 use crate::report::verdict::{self, Provenance};
 
@@ -24,18 +24,12 @@ const MAX_CONTRACT_BYTES: u64 = 1 << 20;
 
 /// Read and validate a contract file (exit 2 with the file's name on any problem).
 pub(crate) fn load_contract(path: &Path) -> Result<Contract, CliError> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONTRACT_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| usage(format!("{}: cannot read the contract: {e}", path.display())))?;
-    if bytes.len() as u64 > MAX_CONTRACT_BYTES {
-        return Err(usage(format!(
-            "{}: larger than {} bytes; a contract holds thresholds, not data",
-            path.display(),
-            MAX_CONTRACT_BYTES
-        )));
-    }
+    let bytes = super::read_bounded(
+        path,
+        MAX_CONTRACT_BYTES,
+        "contract",
+        "a contract holds thresholds, not data",
+    )?;
     Contract::from_json_bytes(&bytes, rundir::sha256_hex(&bytes))
         .map_err(|e| usage(format!("{}: {e}", path.display())))
 }
@@ -326,19 +320,7 @@ pub fn verdict_cmd(dir: &Path, contract_path: &Path, out: Option<&Path>) -> Resu
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<(), CliError> {
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    RunDir {
-        path: parent.to_path_buf(),
-    }
-    .write_json(&name, v)
-    .map_err(|e| tool(e.to_string()))
+    rundir::write_json_at(path, v).map_err(|e| tool(e.to_string()))
 }
 
 /// One side of a comparison: a campaign arm, or a plain run (`None`).
@@ -436,17 +418,21 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
             .to_string(),
         _ => args.lane.as_str().to_string(),
     };
+    // B's side `sb` against A's side `sa`.
+    let pair_drift = |sa: &Side, sb: &Side| {
+        entry(
+            &format!("B:{}", label(sb)),
+            &lane_of(sb),
+            &format!("A:{}", label(sa)),
+            of(0, sa),
+            of(1, sb),
+            &opts,
+        )
+    };
     let drift_entries: Vec<Value> = pairs
         .iter()
         .map(|(sa, sb)| {
-            let mut e = entry(
-                &format!("B:{}", label(sb)),
-                &lane_of(sb),
-                &format!("A:{}", label(sa)),
-                of(0, sa),
-                of(1, sb),
-                &opts,
-            );
+            let mut e = pair_drift(sa, sb);
             e["side_a"] = json!(sa);
             e["side_b"] = json!(sb);
             e
@@ -470,15 +456,13 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
         doc["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]),
     ));
     if let Some(path) = args.contract {
-        let v = compare_verdict(&a, &b, &pairs, path, &lane_of, &|sa, sb| {
-            entry(
-                &format!("B:{}", label(sb)),
-                &lane_of(sb),
-                &format!("A:{}", label(sa)),
-                of(0, sa),
-                of(1, sb),
-                &opts,
-            )
+        let computed = doc["drift"].as_array().cloned().unwrap_or_default();
+        let v = compare_verdict(&a, &b, &pairs, path, &lane_of, &|i, sa| {
+            // The pair's own drift when its A side is the reference; else against it.
+            match computed.get(i) {
+                Some(e) if pairs[i].0 == *sa => e.clone(),
+                _ => pair_drift(sa, &pairs[i].1),
+            }
         })?;
         text.push_str(&verdict::verdict_text(&v));
         doc["verdict"] = v;
@@ -493,7 +477,8 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
 }
 
 /// A contract on two runs: run A's side is the reference (quality lane), each of B's
-/// sides a candidate in its lane, its drift taken against that reference (`drift_of`);
+/// sides a candidate in its lane, its drift taken against that reference (`drift_of(i,
+/// reference)` for pair i);
 /// cells are the runs' campaign.json cells, or for a plain run the cells its recorded
 /// rows give. Always post hoc unless both runs were started with this contract.
 fn compare_verdict(
@@ -502,7 +487,7 @@ fn compare_verdict(
     pairs: &[(Side, Side)],
     path: &Path,
     lane_of: &dyn Fn(&Side) -> String,
-    drift_of: &dyn Fn(&Side, &Side) -> Value,
+    drift_of: &dyn Fn(usize, &Side) -> Value,
 ) -> Result<Value, CliError> {
     let contract = load_contract(path)?;
     let name = a.plan.name.as_deref();
@@ -527,9 +512,9 @@ fn compare_verdict(
     };
     let mut arms = vec![arm_view(a, &sa, "A", "quality", true)?];
     let mut drift = Vec::new();
-    for (_, sb) in pairs {
+    for (i, (_, sb)) in pairs.iter().enumerate() {
         arms.push(arm_view(b, sb, "B", &lane_of(sb), false)?);
-        drift.push(drift_of(&sa, sb));
+        drift.push(drift_of(i, &sa));
     }
     let campaign = json!({
         "plan_id": a.plan.name,
@@ -692,6 +677,13 @@ mod tests {
         let sim = e["mean_similarity"].as_f64().expect("similarity");
         assert!(sim > 0.0 && sim < 1.0, "{sim}");
         assert_eq!(e["prompts"][0]["first_divergence_char"], json!(15));
+        assert_eq!(
+            (
+                &e["prompts"][0]["reference_chars"],
+                &e["prompts"][0]["arm_chars"]
+            ),
+            (&json!(20), &json!(19))
+        );
     }
 
     #[test]

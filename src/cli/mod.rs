@@ -475,10 +475,10 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     };
     let result = match cli.command {
         Command::Validate { plan } => validate(&plan),
-        Command::Replay(args) => with_runtime(REPLAY_STOPPING, |interrupt| async move {
+        Command::Replay(args) => with_runtime(RUN_STOPPING, |interrupt| async move {
             replay_cmd(args, interrupt).await
         }),
-        Command::Serve(args) => with_runtime(SERVE_STOPPING, |interrupt| async move {
+        Command::Serve(args) => with_runtime(RUN_STOPPING, |interrupt| async move {
             serve_cmd(args, interrupt).await
         }),
         Command::MockWorker(args) => with_runtime(MOCK_STOPPING, |interrupt| async move {
@@ -514,8 +514,8 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
 }
 
 /// What each command says on the first Ctrl-C / SIGTERM.
-const REPLAY_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
-const SERVE_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
+/// replay and serve stop alike.
+const RUN_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-flight exchanges get --grace-seconds, then are cut; closing files (again to exit at once)";
 const MOCK_STOPPING: &str =
     "matrix-proxy: interrupted: stopping the mock worker (again to exit at once)";
 
@@ -570,17 +570,19 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
 /// Largest plan file accepted.
 pub const MAX_PLAN_BYTES: u64 = 64 << 20;
 
-fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
+/// The bytes of an input file (`what`: "plan", "contract") of at most `max` bytes; `why`
+/// says what the limit is for. Exit 2 with the path when it cannot be read or is larger.
+fn read_bounded(path: &Path, max: u64, what: &str, why: &str) -> Result<Vec<u8>, CliError> {
     use std::io::Read;
     let too_big = |n: String| {
         usage(format!(
-            "{}: the plan is {n} bytes; plans are limited to {} MiB (a plan describes requests; it does not carry bulk data)",
+            "{}: the {what} is {n} bytes; {what}s are limited to {} MiB ({why})",
             path.display(),
-            MAX_PLAN_BYTES >> 20
+            max >> 20
         ))
     };
     if let Ok(meta) = std::fs::metadata(path)
-        && meta.len() > MAX_PLAN_BYTES
+        && meta.len() > max
     {
         return Err(too_big(meta.len().to_string()));
     }
@@ -588,13 +590,21 @@ fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
     // that reports no size is bounded too.
     let mut bytes = Vec::new();
     std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_PLAN_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| usage(format!("{}: cannot read the plan: {e}", path.display())))?;
-    if bytes.len() as u64 > MAX_PLAN_BYTES {
-        return Err(too_big(
-            "more than".to_string() + &format!(" {MAX_PLAN_BYTES}"),
-        ));
+        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
+        .map_err(|e| usage(format!("{}: cannot read the {what}: {e}", path.display())))?;
+    if bytes.len() as u64 > max {
+        return Err(too_big(format!("more than {max}")));
     }
+    Ok(bytes)
+}
+
+fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
+    let bytes = read_bounded(
+        path,
+        MAX_PLAN_BYTES,
+        "plan",
+        "a plan describes requests; it does not carry bulk data",
+    )?;
     let plan =
         Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok((bytes, plan))
@@ -687,7 +697,7 @@ fn print_stdout(text: &str, dir: &Path) -> Result<(), String> {
         .and_then(|()| out.flush())
         .map_err(|e| {
             format!(
-                "cannot write the table to stdout: {e}; the run's files are complete in {}",
+                "cannot write the table to stdout: {e}; the files written are complete ({})",
                 dir.display()
             )
         })
@@ -990,11 +1000,9 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
             "rows_kept": "rows in closed parts, all readable",
         },
     });
-    RunDir {
-        path: dir.to_path_buf(),
-    }
-    .write_json("recovery.json", &report)
-    .map_err(|e| tool(e.to_string()))?;
+    RunDir::existing(dir)
+        .write_json("recovery.json", &report)
+        .map_err(|e| tool(e.to_string()))?;
     eprintln!(
         "matrix-proxy: {} unfinished part(s) moved to quarantine/; {} rows lost, {} rows kept in closed parts (recovery.json); run `matrix-proxy summarize {}` next",
         r.quarantined.len(),

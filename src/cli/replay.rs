@@ -116,10 +116,8 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
     let arms_https = plan.campaign.as_ref().is_some_and(|c| {
         c.arms.iter().any(|a| {
-            a.endpoint.starts_with("https:")
-                || a.health_endpoint
-                    .as_deref()
-                    .is_some_and(|h| h.starts_with("https:"))
+            a.endpoints(1)
+                .is_ok_and(|(e, h)| e.scheme == Scheme::Https || h.scheme == Scheme::Https)
         })
     });
     let need_tls = args.ca_cert.is_some()

@@ -141,9 +141,7 @@ fn replay(
     s["rebuilt_from_exchanges"] = json!(true);
     keep_originals(dir)?;
     report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
-    let run = RunDir {
-        path: dir.to_path_buf(),
-    };
+    let run = RunDir::existing(dir);
     run.write_json("summary.json", &s)
         .map_err(|e| tool(e.to_string()))?;
     if !quiet {
@@ -194,11 +192,9 @@ fn serve(
         None => json!("crashed"),
     };
     keep_originals(dir)?;
-    RunDir {
-        path: dir.to_path_buf(),
-    }
-    .write_json("summary.json", &s)
-    .map_err(|e| tool(e.to_string()))?;
+    RunDir::existing(dir)
+        .write_json("summary.json", &s)
+        .map_err(|e| tool(e.to_string()))?;
     eprintln!(
         "matrix-proxy: rebuilt the summary of {} rows in {} (ending kept: {})",
         facts.len(),

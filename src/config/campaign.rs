@@ -67,6 +67,13 @@ impl Schedule {
     }
 }
 
+/// Under the interleaved schedule, the index of the arm that runs `k`-th in repetition
+/// `rep` of `n` arms: rotation `rep` (A B C, then B C A, then C A B). The live run and
+/// `summarize` order rounds by it.
+pub(crate) fn interleaved_arm(n: usize, rep: usize, k: usize) -> usize {
+    (k + rep) % n
+}
+
 /// The recipe an arm serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Recipe {
@@ -104,9 +111,7 @@ pub(crate) struct Arm {
     /// `resources.pid`: the server's process, for an arm the tool does not start (its
     /// process tree is sampled).
     pub(crate) resources_pid: Option<u32>,
-    /// The plan's metadata with this arm's fields over it (for the campaign's report;
-    /// read by the campaign driver).
-    #[allow(dead_code)]
+    /// The plan's metadata with this arm's fields over it (campaign.json).
     pub(crate) metadata: Map<String, Value>,
 }
 
@@ -190,7 +195,11 @@ impl Validator {
                 );
                 None
             }
-            Some(v) => self.nonblank(v, "name").map(str::to_string),
+            // Its type and blankness are checked with every plan's `name`.
+            Some(v) => v
+                .as_str()
+                .filter(|s| !s.trim().is_empty())
+                .map(str::to_string),
         };
         let declared = match top.get("evidence_class") {
             None => Some(EvidenceClass::Measured),
@@ -439,13 +448,10 @@ impl Validator {
             return None;
         };
         let s = self.string(v, path)?;
-        match Endpoint::parse(&s.replace("{port}", "1")) {
-            Ok(_) => Some(s.to_string()),
-            Err(m) => {
-                self.err(path, format!("'{s}' {m}"));
-                None
-            }
-        }
+        // The plan's endpoint rules (no secret query parameter, a valid URL), `{port}`
+        // checked with a stand-in port.
+        self.endpoint_str(s, &s.replace("{port}", "1"), path)
+            .map(|_| s.to_string())
     }
 
     fn recipe(&mut self, v: Option<&Value>, path: &str) -> Option<Recipe> {
@@ -620,6 +626,16 @@ mod tests {
                 "missing {w:?} in {errs:?}"
             );
         }
+        // An arm's URL follows the plan's endpoint rules: no secret query parameter.
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm_at("a", "quality", true, "8000/v1?api_key=s3cret&x=1", "")
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("arms[0].endpoint: 'http://127.0.0.1:8000/v1?api_key=<redacted>&x=1/v1' carries a secret query parameter"),
+            "{errs:?}"
+        );
         // Exactly one reference, in the quality lane.
         let errs = problems(&format!(
             r#""name": "n", "arms": [{}, {}]"#,

@@ -261,6 +261,14 @@ impl Plan {
         p
     }
 
+    /// The arms' names in plan order; one unnamed arm (`None`) for a plain plan.
+    pub(crate) fn arm_names(&self) -> Vec<Option<&str>> {
+        match &self.campaign {
+            None => vec![None],
+            Some(c) => c.arms.iter().map(|a| Some(a.name.as_str())).collect(),
+        }
+    }
+
     /// Requests the plan implies, health GET included.
     pub(crate) fn planned_requests(&self) -> u64 {
         let n = self.requests_per_case as u64;
@@ -580,6 +588,13 @@ impl Validator {
 
     fn endpoint(&mut self, v: &Value, path: &str) -> Option<Endpoint> {
         let s = self.string(v, path)?;
+        self.endpoint_str(s, s, path)
+    }
+
+    /// An endpoint URL as written: no secret query parameter (the plan is copied into
+    /// every run directory), and `parse_as` (the same text, or with a stand-in for a
+    /// placeholder such as an arm's `{port}`) a valid endpoint. Messages show `s`.
+    pub(super) fn endpoint_str(&mut self, s: &str, parse_as: &str, path: &str) -> Option<Endpoint> {
         if crate::redact::Redaction::default().url(s) != s {
             self.err(
                 path,
@@ -591,7 +606,7 @@ impl Validator {
             );
             return None;
         }
-        match Endpoint::parse(s) {
+        match Endpoint::parse(parse_as) {
             Ok(e) => Some(e),
             Err(m) => {
                 self.err(path, format!("'{s}' {m}"));

@@ -12,7 +12,7 @@
 //! object's keys sorted, serialised compactly; the
 //! hash is SHA-256 of that text (`report::config_json::workload_sha256`).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::plan::Plan;
 
@@ -41,7 +41,7 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
         })
         .unwrap_or_default();
     let top_ignore = root.get("ignore_paths").cloned().unwrap_or(json!([]));
-    sorted(&json!({
+    crate::oracle::sort_keys(json!({
         "cases": cases,
         "ignore_paths": top_ignore,
         "decisions_pointer": plan.decisions_pointer.as_str(),
@@ -53,23 +53,6 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
         "connection": plan.connection.as_str(),
         "on_failure": plan.on_failure.as_str(),
     }))
-}
-
-/// `v` with every object's keys sorted (serde_json keeps insertion order here).
-fn sorted(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let out: Map<String, Value> = keys
-                .into_iter()
-                .map(|k| (k.clone(), sorted(&m[k])))
-                .collect();
-            Value::Object(out)
-        }
-        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-        other => other.clone(),
-    }
 }
 
 /// The first place two canonical workloads differ: a JSON pointer into the workload and

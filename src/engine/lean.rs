@@ -11,7 +11,6 @@
 //! (`connection_retried`). There are no other retries.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -22,7 +21,7 @@ use super::http1::codec::{self, Chunked, Framing};
 use super::{Capture, Engine, ExchangeError, http1};
 use crate::clock;
 use crate::model::{ConnectionPolicy, Endpoint};
-use crate::net::timed_io::{IoStamps, TimedIo};
+use crate::net::timed_io::TimedIo;
 
 /// Bytes read per call when the buffer needs room.
 const READ_CHUNK: usize = 16 * 1024;
@@ -31,7 +30,6 @@ const READ_CHUNK: usize = 16 * 1024;
 pub(crate) struct LeanConn {
     id: i64,
     io: TimedIo,
-    stamps: Arc<IoStamps>,
     /// Bytes read and not yet consumed.
     buf: BytesMut,
 }
@@ -130,11 +128,10 @@ impl Engine {
         policy: ConnectionPolicy,
         cap: &mut Capture,
     ) -> Result<LeanConn, ExchangeError> {
-        let (io, stamps) = self.open_stream(ep, policy, cap).await?;
+        let (io, _) = self.open_stream(ep, policy, cap).await?;
         Ok(LeanConn {
             id: cap.connection_id.unwrap_or(-1),
             io,
-            stamps,
             buf: BytesMut::with_capacity(READ_CHUNK),
         })
     }
@@ -162,8 +159,8 @@ impl Engine {
             }
             None => self.lean_connect(ep, policy, cap).await?,
         };
-        conn.stamps.reset();
-        cap.stamps = Some(conn.stamps.clone());
+        conn.io.stamps.reset();
+        cap.stamps = Some(conn.io.stamps.clone());
         let sent = async |c: &mut LeanConn| {
             c.io.write_all(&req.bytes).await?;
             c.io.flush().await
@@ -171,14 +168,14 @@ impl Engine {
         if let Err(e) = sent(&mut conn).await {
             // Only a request of which no byte was taken is sent again: a worker that read
             // part of it may have acted on it.
-            if !cap.connection_reused || conn.stamps.last_write_ns().is_some() {
+            if !cap.connection_reused || conn.io.stamps.last_write_ns().is_some() {
                 return Err(ExchangeError::upstream("send request", &e));
             }
             // The worker closed the reused connection before it took the request.
             cap.connection_reused = false;
             cap.connection_retried = true;
             conn = self.lean_connect(ep, policy, cap).await?;
-            cap.stamps = Some(conn.stamps.clone());
+            cap.stamps = Some(conn.io.stamps.clone());
             sent(&mut conn)
                 .await
                 .map_err(|e| ExchangeError::upstream("send request", &e))?;
@@ -199,8 +196,6 @@ impl Engine {
     ) -> Result<(), ExchangeError> {
         let mut conn = self.lean_send(slot, ep, policy, req, cap).await?;
         let reusable = read_response(&mut conn.io, &mut conn.buf, &req.method, cap).await?;
-        cap.request_sent_ns = conn.stamps.last_write_ns();
-        cap.first_byte_ns = conn.stamps.first_read_ns();
         if reusable && policy == ConnectionPolicy::KeepAlive {
             *slot = Some(conn);
         }
@@ -246,7 +241,9 @@ async fn read_head<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     method: &Method,
 ) -> Result<(codec::Head, u64), ExchangeError> {
-    let mut at = clock::now_ns();
+    // When the read that completed the head returned (the buffer starts empty: a
+    // connection with bytes left over is never reused).
+    let mut at = None;
     loop {
         if !buf.is_empty() {
             let parsed = codec::parse_head(buf, method)
@@ -256,10 +253,10 @@ async fn read_head<R: AsyncRead + Unpin>(
                 if matches!(head.status.as_u16(), 100 | 102..=199) {
                     continue;
                 }
-                return Ok((head, at));
+                return Ok((head, at.unwrap_or_else(clock::now_ns)));
             }
         }
-        at = read_some(io, buf, HEAD).await?;
+        at = Some(read_some(io, buf, HEAD).await?);
     }
 }
 

@@ -233,7 +233,9 @@ impl Engine {
         cap: &mut Capture,
     ) -> Result<Option<Frame<Bytes>>, ExchangeError> {
         if body.is_end_stream() {
-            cap.on_body_end(clock::now_ns());
+            if !cap.ended() {
+                cap.on_body_end(clock::now_ns());
+            }
             return Ok(None);
         }
         match body.frame().await {
@@ -249,7 +251,9 @@ impl Engine {
             }
             Some(Err(e)) => Err(ExchangeError::upstream("read response body", &e)),
             None => {
-                cap.on_body_end(clock::now_ns());
+                if !cap.ended() {
+                    cap.on_body_end(clock::now_ns());
+                }
                 Ok(None)
             }
         }

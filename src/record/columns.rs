@@ -220,7 +220,7 @@ pub(crate) static COLUMNS: [Column; 48] = [
     column!("stream_done_seen", Boolean, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.done_seen),
         "an event's data was exactly `[DONE]` (not required for `ok` unless the oracle sets `require_done`)"),
     column!("outcome", Utf8, REQUIRED, "", |r: &R| Some(r.outcome.as_str()),
-        "`ok`, `http` (status other than expected), `correctness` (oracle mismatch), `timeout` (the plan's deadline cancelled it), `transport` (connect, reset, malformed or cut response); serve adds `client_aborted`, `shutdown_cut`"),
+        "`ok`, `http` (status other than expected), `correctness` (oracle mismatch), `timeout` (the plan's deadline cancelled it), `transport` (connect, reset, malformed or cut response), `shutdown_cut` (still in flight when the stop's grace period ended); serve adds `client_aborted`"),
     column!("error_message", Utf8, NULLABLE, "", |r: &R| r.error_message.as_deref(),
         "what went wrong, naming the side and the step (`connect to 127.0.0.1:8000: Connection refused`)"),
     column!("oracle_mismatch_pointer", Utf8, NULLABLE, "", |r: &R| r.oracle_mismatch_pointer.as_deref(),

@@ -70,43 +70,27 @@ pub(crate) fn for_each_row(
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
         for batch in read_columns(&part, &WANT)? {
             let b = batch.map_err(|e| ctx(&e))?;
-            let col = |n: &str| {
-                b.column_by_name(n)
-                    .ok_or_else(|| ctx(&format!("no column {n}")))
-            };
-            macro_rules! typed {
-                ($n:expr, $t:ty) => {
-                    col($n)?
-                        .as_any()
-                        .downcast_ref::<$t>()
-                        .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
-                };
-            }
-            let method = typed!("method", StringArray);
-            let url = typed!("url", StringArray);
-            let status = typed!("status", Int32Array);
-            let exchange_id = typed!("exchange_id", Int64Array);
-            let arm = b
-                .column_by_name("arm")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>());
-            let decisions = b
-                .column_by_name("decisions")
-                .and_then(|c| c.as_any().downcast_ref::<Int64Array>());
-            let phase = typed!("phase", StringArray);
-            let case = typed!("case_name", StringArray);
-            let conc = typed!("concurrency", Int32Array);
-            let rep = typed!("repetition", Int32Array);
-            let outcome = typed!("outcome", StringArray);
-            let start = typed!("start_offset_us", Int64Array);
-            let total = typed!("total_us", Int64Array);
-            let fb = typed!("first_byte_us", Int64Array);
-            let connect = typed!("connect_us", Int64Array);
-            let is_stream = typed!("is_stream", BooleanArray);
-            let ttft = typed!("ttft_us", Int64Array);
-            let tpot = typed!("tpot_us", Int64Array);
-            let out_tok = typed!("output_tokens", Int64Array);
-            let prompt = typed!("prompt_tokens", Int64Array);
-            let content = typed!("content_offsets_us", ListArray);
+            let method = column::<StringArray>(&b, "method", &part)?;
+            let url = column::<StringArray>(&b, "url", &part)?;
+            let status = column::<Int32Array>(&b, "status", &part)?;
+            let exchange_id = column::<Int64Array>(&b, "exchange_id", &part)?;
+            let arm = optional_column::<StringArray>(&b, "arm");
+            let decisions = optional_column::<Int64Array>(&b, "decisions");
+            let phase = column::<StringArray>(&b, "phase", &part)?;
+            let case = column::<StringArray>(&b, "case_name", &part)?;
+            let conc = column::<Int32Array>(&b, "concurrency", &part)?;
+            let rep = column::<Int32Array>(&b, "repetition", &part)?;
+            let outcome = column::<StringArray>(&b, "outcome", &part)?;
+            let start = column::<Int64Array>(&b, "start_offset_us", &part)?;
+            let total = column::<Int64Array>(&b, "total_us", &part)?;
+            let fb = column::<Int64Array>(&b, "first_byte_us", &part)?;
+            let connect = column::<Int64Array>(&b, "connect_us", &part)?;
+            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
+            let ttft = column::<Int64Array>(&b, "ttft_us", &part)?;
+            let tpot = column::<Int64Array>(&b, "tpot_us", &part)?;
+            let out_tok = column::<Int64Array>(&b, "output_tokens", &part)?;
+            let prompt = column::<Int64Array>(&b, "prompt_tokens", &part)?;
+            let content = column::<ListArray>(&b, "content_offsets_us", &part)?;
             let opt = |a: &Int64Array, i: usize| a.is_valid(i).then(|| a.value(i));
             for i in 0..b.num_rows() {
                 let outcome = Outcome::ALL
@@ -148,6 +132,25 @@ pub(crate) fn for_each_row(
         }
     }
     Ok(())
+}
+
+/// Column `name` of a batch read from `part`, as Arrow array type `T`.
+fn column<'a, T: 'static>(
+    b: &'a arrow_array::RecordBatch,
+    name: &str,
+    part: &Path,
+) -> Result<&'a T, String> {
+    b.column_by_name(name)
+        .ok_or_else(|| format!("{}: no column {name}", part.display()))?
+        .as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| format!("{}: column {name} has an unexpected type", part.display()))
+}
+
+/// A column that runs recorded before it existed lack (`arm`, `decisions`).
+fn optional_column<'a, T: 'static>(b: &'a arrow_array::RecordBatch, name: &str) -> Option<&'a T> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
 }
 
 /// The gaps between consecutive content events of row `i` (inter-token latencies).
@@ -241,28 +244,17 @@ pub(crate) fn for_each_measured_answer(
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
         for batch in read_columns(&part, &WANT)? {
             let b = batch.map_err(|e| ctx(&e))?;
-            macro_rules! typed {
-                ($n:expr, $t:ty) => {
-                    b.column_by_name($n)
-                        .ok_or_else(|| ctx(&format!("no column {}", $n)))?
-                        .as_any()
-                        .downcast_ref::<$t>()
-                        .ok_or_else(|| ctx(&format!("column {} has an unexpected type", $n)))?
-                };
-            }
-            let arm = b
-                .column_by_name("arm")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>());
-            let phase = typed!("phase", StringArray);
-            let outcome = typed!("outcome", StringArray);
-            let case = typed!("case_name", StringArray);
-            let variant = typed!("variant", StringArray);
-            let conc = typed!("concurrency", Int32Array);
-            let rep = typed!("repetition", Int32Array);
-            let index = typed!("dispatch_index", Int64Array);
-            let is_stream = typed!("is_stream", BooleanArray);
-            let body = typed!("response_body", BinaryArray);
-            let truncated = typed!("response_body_truncated", BooleanArray);
+            let arm = optional_column::<StringArray>(&b, "arm");
+            let phase = column::<StringArray>(&b, "phase", &part)?;
+            let outcome = column::<StringArray>(&b, "outcome", &part)?;
+            let case = column::<StringArray>(&b, "case_name", &part)?;
+            let variant = column::<StringArray>(&b, "variant", &part)?;
+            let conc = column::<Int32Array>(&b, "concurrency", &part)?;
+            let rep = column::<Int32Array>(&b, "repetition", &part)?;
+            let index = column::<Int64Array>(&b, "dispatch_index", &part)?;
+            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
+            let body = column::<BinaryArray>(&b, "response_body", &part)?;
+            let truncated = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
             for i in 0..b.num_rows() {
                 if phase.value(i) != "measured"
                     || outcome.value(i) != "ok"

@@ -56,6 +56,13 @@ impl RunDir {
         })
     }
 
+    /// A run directory that already exists (summarize, recover, verdict).
+    pub(crate) fn existing(path: &Path) -> RunDir {
+        RunDir {
+            path: path.to_path_buf(),
+        }
+    }
+
     pub(crate) fn exchanges(&self) -> PathBuf {
         self.path.join("exchanges")
     }
@@ -79,6 +86,20 @@ impl RunDir {
         bytes.push(b'\n');
         self.write_file(name, &bytes)
     }
+}
+
+/// Write `v` as JSON to any `path`, atomically as [`RunDir::write_json`] does in its
+/// directory (`compare --out`, `verdict --out`).
+pub(crate) fn write_json_at(path: &Path, v: &Value) -> Result<(), RunDirError> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    RunDir::existing(parent).write_json(&name, v)
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

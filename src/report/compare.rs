@@ -35,14 +35,14 @@ pub(crate) fn metric_deltas(
     for (sa, sb) in pairs {
         let (ga, gb) = (aggregates(a, sa), aggregates(b, sb));
         let key = |g: &Value| (g["case"].clone(), g["concurrency"].clone());
-        let mut keys: Vec<(Value, Value)> = ga.iter().chain(&gb).map(|g| key(g)).collect();
-        keys.dedup();
-        let mut seen = Vec::new();
-        for k in keys {
-            if seen.contains(&k) {
-                continue;
+        // Every (case, concurrency) of either run, once, in A's order then B's.
+        let mut keys: Vec<(Value, Value)> = Vec::new();
+        for k in ga.iter().chain(&gb).map(|g| key(g)) {
+            if !keys.contains(&k) {
+                keys.push(k);
             }
-            seen.push(k.clone());
+        }
+        for k in keys {
             let x = ga.iter().find(|g| key(g) == k);
             let y = gb.iter().find(|g| key(g) == k);
             let mut metrics = Map::new();

@@ -88,10 +88,7 @@ impl PhaseCounts {
 /// Per (arm, case, concurrency) — one unnamed arm for a plain plan — the spread of each
 /// metric over its rounds.
 pub(crate) fn aggregates(plan: &Plan, rounds: &[RoundMetrics]) -> Vec<Aggregate> {
-    let arms: Vec<Option<&str>> = match &plan.campaign {
-        None => vec![None],
-        Some(c) => c.arms.iter().map(|a| Some(a.name.as_str())).collect(),
-    };
+    let arms = plan.arm_names();
     let mut out = Vec::new();
     for arm in arms {
         for case in &plan.cases {

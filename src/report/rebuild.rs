@@ -16,10 +16,7 @@ pub(crate) fn rounds_from_rows(
     let mut rounds = Vec::new();
     // The live run's order: for a campaign, interleaved arms in rotation r at repetition r,
     // or each arm's rounds in turn (sequential).
-    let arms: Vec<Option<&str>> = match &plan.campaign {
-        None => vec![None],
-        Some(c) => c.arms.iter().map(|a| Some(a.name.as_str())).collect(),
-    };
+    let arms = plan.arm_names();
     let sequential = plan
         .campaign
         .as_ref()
@@ -39,7 +36,7 @@ pub(crate) fn rounds_from_rows(
                         let arm = if sequential {
                             group[k]
                         } else {
-                            group[(k + rep) % n]
+                            group[crate::config::campaign::interleaved_arm(n, rep, k)]
                         };
                         order.push((arm, ci, c, rep));
                     }

@@ -77,40 +77,71 @@ fn arms(campaign: &Value) -> Vec<ArmView<'_>> {
         .collect()
 }
 
+/// What a gate compared for one arm: the levels, whether it holds, a note.
+struct Compared {
+    levels: Vec<Value>,
+    pass: bool,
+    note: Option<String>,
+}
+
+impl Compared {
+    /// Levels that each carry their own `pass`: the gate holds when every one does.
+    fn per_level(levels: Vec<Value>) -> Compared {
+        Compared {
+            pass: levels.iter().all(|l| l["pass"] == json!(true)),
+            levels,
+            note: None,
+        }
+    }
+}
+
+/// Run one gate for `arm`: an unavailable arm fails it with its reason; otherwise `body`
+/// gives what it compared, or why nothing could be.
+fn arm_gate(arm: &ArmView<'_>, body: impl FnOnce() -> Result<Compared, String>) -> ArmGate {
+    let result = match &arm.unavailable {
+        Some(why) => Err(why.clone()),
+        None => body(),
+    };
+    match result {
+        Ok(c) => ArmGate {
+            arm: arm.name.into(),
+            pass: c.pass,
+            levels: c.levels,
+            note: c.note,
+        },
+        Err(note) => ArmGate {
+            arm: arm.name.into(),
+            pass: false,
+            levels: Vec::new(),
+            note: Some(note),
+        },
+    }
+}
+
 /// `max_failed_requests` for one arm: its failed measured requests, every level summed
 /// (complete or not: a level cut short by failures counts them); each level listed.
 fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
-    let fail = |note: String| ArmGate {
-        arm: arm.name.into(),
-        pass: false,
-        levels: vec![],
-        note: Some(note),
-    };
-    if let Some(why) = &arm.unavailable {
-        return fail(why.clone());
-    }
-    if arm.cells.is_empty() {
-        return fail("no measured level".into());
-    }
-    let mut total = 0u64;
-    let mut levels = Vec::new();
-    for (c, cell) in &arm.cells {
-        let Some(failed) = cell["failed_requests"].as_u64() else {
-            return fail(format!(
-                "the cell at concurrency {c} has no failed_requests"
-            ));
-        };
-        total += failed;
-        levels.push(json!({"concurrency": c, "failed_requests": failed}));
-    }
-    ArmGate {
-        arm: arm.name.into(),
-        pass: total <= max,
-        levels,
-        note: Some(format!(
-            "{total} failed measured request(s) in all, limit {max}"
-        )),
-    }
+    arm_gate(arm, || {
+        if arm.cells.is_empty() {
+            return Err("no measured level".into());
+        }
+        let mut total = 0u64;
+        let mut levels = Vec::new();
+        for (c, cell) in &arm.cells {
+            let failed = cell["failed_requests"]
+                .as_u64()
+                .ok_or_else(|| format!("the cell at concurrency {c} has no failed_requests"))?;
+            total += failed;
+            levels.push(json!({"concurrency": c, "failed_requests": failed}));
+        }
+        Ok(Compared {
+            levels,
+            pass: total <= max,
+            note: Some(format!(
+                "{total} failed measured request(s) in all, limit {max}"
+            )),
+        })
+    })
 }
 
 /// A level the arm completed (cells written before completeness was recorded count as
@@ -121,41 +152,28 @@ fn completed(cell: &Value) -> bool {
 
 /// `quality_min_exact_match` for one quality arm, from its drift entry.
 fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&Value>, min: f64) -> ArmGate {
-    let fail = |note: String| ArmGate {
-        arm: arm.name.into(),
-        pass: false,
-        levels: vec![],
-        note: Some(note),
-    };
-    if let Some(why) = &arm.unavailable {
-        return fail(why.clone());
-    }
-    let Some(d) = drift else {
-        return fail("no drift entry: its answers were not compared with the reference's".into());
-    };
-    let levels: Vec<Value> = d["concurrency"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter_map(|(c, t)| {
-                    let rate = t["exact_match_rate"].as_f64()?;
-                    Some(json!({"concurrency": c.parse::<u64>().ok(), "measured": rate,
-                                "compared_prompts": t["compared_prompts"], "limit": min, "pass": ge(rate, min)}))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if levels.is_empty() {
-        return fail(
-            "no answer was paired with the reference's (both ok at the same dispatch)".into(),
-        );
-    }
-    ArmGate {
-        arm: arm.name.into(),
-        pass: levels.iter().all(|l| l["pass"] == json!(true)),
-        levels,
-        note: None,
-    }
+    arm_gate(arm, || {
+        let d =
+            drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
+        let levels: Vec<Value> = d["concurrency"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(c, t)| {
+                        let rate = t["exact_match_rate"].as_f64()?;
+                        Some(json!({"concurrency": c.parse::<u64>().ok(), "measured": rate,
+                                    "compared_prompts": t["compared_prompts"], "limit": min, "pass": ge(rate, min)}))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if levels.is_empty() {
+            return Err(
+                "no answer was paired with the reference's (both ok at the same dispatch)".into(),
+            );
+        }
+        Ok(Compared::per_level(levels))
+    })
 }
 
 /// Which measured value a ratio gate reads from a cell pair, and its name; `None` when the
@@ -182,8 +200,8 @@ fn p95(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
     both(a, r, "latency_p95_ms").filter(|(_, r, _)| *r > 0.0)
 }
 
-/// A fit arm's value against the reference's at every level both measured:
-/// `holds(arm, reference)`; `factor` is the bound's multiple of the reference.
+/// A fit arm's value against the reference's at every level both completed and measured;
+/// `factor` is the bound's multiple of the reference, `at_most` its direction.
 fn ratio_gate(
     arm: &ArmView<'_>,
     reference: &ArmView<'_>,
@@ -191,47 +209,33 @@ fn ratio_gate(
     factor: f64,
     at_most: bool,
 ) -> ArmGate {
-    let fail = |note: String| ArmGate {
-        arm: arm.name.into(),
-        pass: false,
-        levels: vec![],
-        note: Some(note),
-    };
-    if let Some(why) = &arm.unavailable {
-        return fail(why.clone());
-    }
-    if let Some(why) = &reference.unavailable {
-        return fail(format!("the reference is {why}"));
-    }
-    let mut levels = Vec::new();
-    for (c, cell) in &arm.cells {
-        let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
-            continue;
-        };
-        if !completed(cell) || !completed(rcell) {
-            continue;
+    arm_gate(arm, || {
+        if let Some(why) = &reference.unavailable {
+            return Err(format!("the reference is {why}"));
         }
-        let Some((a, r, metric)) = pick(cell, rcell) else {
-            continue;
-        };
-        let limit = factor * r;
-        let pass = if at_most { le(a, limit) } else { ge(a, limit) };
-        levels.push(
-            json!({"concurrency": c, "metric": metric, "measured": a, "reference": r,
-                           "ratio": a / r, "limit": limit, "pass": pass}),
-        );
-    }
-    if levels.is_empty() {
-        return fail(
-            "no concurrency level that both this arm and the reference completed with this value measured (memory is sampled only for arms the tool starts or names by resources.pid)".into(),
-        );
-    }
-    ArmGate {
-        arm: arm.name.into(),
-        pass: levels.iter().all(|l| l["pass"] == json!(true)),
-        levels,
-        note: None,
-    }
+        let mut levels = Vec::new();
+        for (c, cell) in &arm.cells {
+            let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
+                continue;
+            };
+            if !completed(cell) || !completed(rcell) {
+                continue;
+            }
+            let Some((a, r, metric)) = pick(cell, rcell) else {
+                continue;
+            };
+            let limit = factor * r;
+            let pass = if at_most { le(a, limit) } else { ge(a, limit) };
+            levels.push(
+                json!({"concurrency": c, "metric": metric, "measured": a, "reference": r,
+                               "ratio": a / r, "limit": limit, "pass": pass}),
+            );
+        }
+        if levels.is_empty() {
+            return Err("no concurrency level that both this arm and the reference completed with this value measured (memory is sampled only for arms the tool starts or names by resources.pid)".into());
+        }
+        Ok(Compared::per_level(levels))
+    })
 }
 
 fn gate(name: &str, threshold: Value, passes_when: &str, results: &[ArmGate]) -> Value {

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import free_port, wait_http  # noqa: E402
+from support import cli_main, free_port, passed, wait_http  # noqa: E402
 
 import duckdb
 from openai import OpenAI
@@ -72,12 +72,8 @@ def main(binary: str, work: Path) -> int:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rows_written"] == len(everything), summary
     checks += 1
-    print(f"openai interop: {len(everything)} exchanges through serve, {checks} checks passed")
-    print(f"{checks} passed, 0 failed")
-    return 0
+    return passed(f"openai interop: {len(everything)} exchanges through serve", checks)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
+    cli_main(main, __doc__)

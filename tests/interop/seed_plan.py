@@ -20,6 +20,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).parent))
 import check_run  # noqa: E402
+from support import cli_main, passed  # noqa: E402
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "serving_matrix.example.json"
 
@@ -89,12 +90,8 @@ def main(binary: str, work: Path) -> int:
     assert [r["successful_decisions"] for r in summary["rounds"]] == [8, 8, 8, 8]
     checks += 2
     check_run.main(run)
-    print(f"seed plan: 22 POST + 1 GET, {checks} checks passed (and check_run's above)")
-    print(f"{checks} passed, 0 failed")
-    return 0
+    return passed("seed plan: 22 POST + 1 GET (and check_run's above)", checks)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
+    cli_main(main, __doc__)

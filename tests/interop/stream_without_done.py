@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import free_port, wait_http  # noqa: E402
+from support import cli_main, free_port, passed, wait_http  # noqa: E402
 
 import duckdb
 from openai import OpenAI
@@ -161,12 +161,8 @@ def main(binary: str, work: Path) -> int:
         checks += through_replay(binary, upstream, work, require_done=True)
     finally:
         server.shutdown()
-    print(f"streams without [DONE]: serve and replay, {checks} checks passed")
-    print(f"{checks} passed, 0 failed")
-    return 0
+    return passed("streams without [DONE]: serve and replay", checks)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], Path(sys.argv[2])))
+    cli_main(main, __doc__)

@@ -2,7 +2,6 @@
 //! rotation, sampled, reported in campaign.json, and always stopped.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::{Value, json};
 
@@ -273,13 +272,15 @@ async fn ctrl_c_stops_the_started_servers_too() {
     p["requests_per_case"] = json!(400);
     let path = write_plan(tmp.path(), "campaign.json", &p);
     let run = tmp.path().join("run");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args(["replay", "--quiet", "--grace-seconds", "0.2", "--out"])
-        .arg(&run)
-        .arg(&path)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_bin([
+        "replay".as_ref(),
+        "--quiet".as_ref(),
+        "--grace-seconds".as_ref(),
+        "0.2".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        path.as_os_str(),
+    ]);
     for _ in 0..500 {
         if run.join("exchanges").is_dir() && !processes_with("63291").is_empty() {
             break;
@@ -288,13 +289,8 @@ async fn ctrl_c_stops_the_started_servers_too() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!processes_with("63291").is_empty(), "the arm's server runs");
-    let pid = child.id().unwrap().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
-        .await
-        .expect("replay ends")
-        .unwrap();
-    assert_eq!(status.code(), Some(130));
+    signal(&child, "-INT");
+    assert_eq!(exit_code(&mut child, 30).await, Some(130));
     assert!(
         processes_with("63291").is_empty(),
         "{:?}",

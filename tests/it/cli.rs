@@ -291,12 +291,13 @@ async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
     });
     let path = write_plan(tmp.path(), "p.json", &plan);
     let run = tmp.path().join("run");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args(["replay", "--quiet", "--out"])
-        .arg(&run)
-        .arg(&path)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_bin([
+        "replay".as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        path.as_os_str(),
+    ]);
     // Wait until measured traffic flows, then SIGTERM.
     for _ in 0..400 {
         if peer.seen().len() >= 12 {
@@ -305,19 +306,12 @@ async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(peer.seen().len() >= 12, "replay did not start");
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
+    signal(&child, "-TERM");
+    assert_eq!(
+        exit_code(&mut child, 30).await,
+        Some(130),
+        "exits after SIGTERM"
     );
-    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
-        .await
-        .expect("exits after SIGTERM")
-        .unwrap();
-    assert_eq!(status.code(), Some(130));
     let seen = peer.seen().len();
     assert!(
         seen < 1 + 1 + 2 + 2 + 400,
@@ -589,13 +583,15 @@ async fn ctrl_c_cuts_in_flight_exchanges_after_the_grace_period() {
     });
     let path = write_plan(tmp.path(), "p.json", &plan);
     let run = tmp.path().join("run");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args(["replay", "--quiet", "--grace-seconds", "0.5", "--out"])
-        .arg(&run)
-        .arg(&path)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_bin([
+        "replay".as_ref(),
+        "--quiet".as_ref(),
+        "--grace-seconds".as_ref(),
+        "0.5".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        path.as_os_str(),
+    ]);
     for _ in 0..500 {
         if peer.seen().len() >= 16 {
             break;
@@ -607,21 +603,12 @@ async fn ctrl_c_cuts_in_flight_exchanges_after_the_grace_period() {
         16,
         "four workers stalled in a measured round"
     );
-    let pid = child.id().unwrap().to_string();
     let sent = matrix_proxy::now_ns();
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
-        .await
-        .expect("exits after the grace period, not after the plan's deadline")
-        .unwrap();
+    signal(&child, "-INT");
+    // Within 20 s: after the grace period, not after the plan's 60 s deadline.
+    let code = exit_code(&mut child, 20).await;
     let took = std::time::Duration::from_nanos(matrix_proxy::now_ns() - sent);
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(code, Some(130));
     assert!(
         took >= std::time::Duration::from_millis(500) && took < std::time::Duration::from_secs(10),
         "took {took:?}"
@@ -763,10 +750,12 @@ async fn listen_takes_a_host_name() {
             || line.starts_with("matrix-proxy: mock worker listening on http://[::1]:"),
         "{line}"
     );
-    let pid = child.id().unwrap().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    let status = child.wait().await.unwrap();
-    assert_eq!(status.code(), Some(130), "mock-worker exits 130 on Ctrl-C");
+    signal(&child, "-INT");
+    assert_eq!(
+        exit_code(&mut child, 30).await,
+        Some(130),
+        "mock-worker exits 130 on Ctrl-C"
+    );
     drop(tmp);
 }
 
@@ -923,31 +912,14 @@ async fn the_open_file_warning_is_for_a_configured_cap_the_limit_cannot_meet() {
 async fn serve_records_its_command_line() {
     let tmp = tempfile::tempdir().unwrap();
     let live = tmp.path().join("live");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args([
-            "serve",
-            "--quiet",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            "http://127.0.0.1:9/v1",
-            "--redact-query",
-            "sig",
-            "--out",
-        ])
-        .arg(&live)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    for _ in 0..500 {
-        if live.join("config.json").exists() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let pid = child.id().unwrap().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    assert_eq!(child.wait().await.unwrap().code(), Some(130));
+    let mut serve = crate::serve_lifecycle::spawn_serve(
+        "http://127.0.0.1:9/v1",
+        &live,
+        &["--redact-query", "sig"],
+    )
+    .await;
+    serve.signal("-INT");
+    assert_eq!(serve.wait().await, Some(130));
     let config = read_json(&live.join("config.json"));
     let argv: Vec<String> = serde_json::from_value(config["argv"].clone()).unwrap();
     assert_eq!(argv[1], "serve");

@@ -107,13 +107,15 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
     });
     let path = write_plan(tmp.path(), "p.json", &plan);
     let run = tmp.path().join("run");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args(["replay", "--quiet", "--part-rows", "50", "--out"])
-        .arg(&run)
-        .arg(&path)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_bin([
+        "replay".as_ref(),
+        "--quiet".as_ref(),
+        "--part-rows".as_ref(),
+        "50".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        path.as_os_str(),
+    ]);
     let closed = || {
         part_files(&run)
             .iter()
@@ -127,14 +129,7 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(closed() >= 3, "three parts closed before the kill");
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&child, "-KILL");
     let _ = child.wait().await;
     let seen = peer.seen().len() as u64;
 

@@ -448,12 +448,15 @@ async fn a_1_gib_response_is_judged_too_large_and_recorded_truncated_in_bounded_
     });
     let path = write_plan(tmp.path(), "p.json", &plan);
     let out = tmp.path().join("run");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args(["replay", "--quiet", "--max-record-body", "1048576", "--out"])
-        .arg(&out)
-        .arg(&path)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_bin([
+        "replay".as_ref(),
+        "--quiet".as_ref(),
+        "--max-record-body".as_ref(),
+        "1048576".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        path.as_os_str(),
+    ]);
     let pid = child.id().unwrap();
     let mut peak_kb = 0;
     let status = loop {

@@ -18,21 +18,19 @@ pub struct Proc {
 }
 
 pub async fn spawn_serve(upstream: &str, out: &Path, extra: &[&str]) -> Proc {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
-        .args([
-            "serve",
-            "--quiet",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "--out",
-        ])
-        .arg(out)
-        .args(extra)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let fixed = [
+        "serve",
+        "--quiet",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--out",
+    ];
+    let mut args: Vec<&std::ffi::OsStr> = fixed.iter().map(std::ffi::OsStr::new).collect();
+    args.push(out.as_os_str());
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let child = spawn_bin(args);
     let config = out.join("config.json");
     for _ in 0..1000 {
         if config.exists() {
@@ -54,21 +52,10 @@ pub async fn spawn_serve(upstream: &str, out: &Path, extra: &[&str]) -> Proc {
 
 impl Proc {
     pub fn signal(&self, sig: &str) {
-        let pid = self.child.id().unwrap().to_string();
-        assert!(
-            std::process::Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        signal(&self.child, sig);
     }
     pub async fn wait(&mut self) -> Option<i32> {
-        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("exited")
-            .unwrap()
-            .code()
+        exit_code(&mut self.child, 30).await
     }
 }
 

@@ -784,6 +784,38 @@ pub fn bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
 }
 
+/// `matrix-proxy ARGS` as a child process (tokio), killed if the test drops it.
+pub fn spawn_bin<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args(args)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Send `sig` (`-INT`, `-TERM`, `-KILL`) to a child process.
+pub fn signal(child: &tokio::process::Child, sig: &str) {
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// A child's exit code, which must come within `secs` seconds.
+pub async fn exit_code(child: &mut tokio::process::Child, secs: u64) -> Option<i32> {
+    tokio::time::timeout(Duration::from_secs(secs), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("no exit within {secs} s"))
+        .unwrap()
+        .code()
+}
+
 /// `matrix-proxy summarize --quiet RUN`: its exit code and stderr.
 pub fn summarize(run: &Path) -> (Option<i32>, String) {
     let out = bin()

@@ -77,7 +77,7 @@ impl ArmRun {
 
     /// Count the artifact, start the server and wait for its health, and build the arm's
     /// context; on any failure the arm is unavailable, with the reason.
-    async fn bring_up(&mut self, base: &Base, plan: &Plan, env: &ArmEnv) {
+    async fn bring_up(&mut self, base: &Arc<Base>, plan: &Plan, env: &ArmEnv) {
         let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
         self.slots = (0..max_c).map(|_| None).collect();
         let Some(arm) = self.spec.clone() else {
@@ -93,7 +93,7 @@ impl ArmRun {
 
     async fn start(
         &mut self,
-        base: &Base,
+        base: &Arc<Base>,
         plan: &Plan,
         env: &ArmEnv,
         arm: &Arm,
@@ -264,7 +264,7 @@ impl ArmRun {
 
 /// Run every arm in the plan's schedule; measured rounds go to `rounds`.
 pub(super) async fn run_arms(
-    base: &Base,
+    base: &Arc<Base>,
     plan: &Plan,
     env: &ArmEnv,
     runs: &mut [ArmRun],
@@ -318,7 +318,7 @@ async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics
             }
             for rep in 0..plan.repetitions {
                 for k in 0..n {
-                    let a = &mut runs[(k + rep) % n];
+                    let a = &mut runs[crate::config::campaign::interleaved_arm(n, rep, k)];
                     let Some(ctx) = a.live().cloned() else {
                         continue;
                     };

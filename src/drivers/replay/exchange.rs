@@ -91,17 +91,16 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         None => &ctx.plan.health_endpoint,
         Some(ci) => &ctx.plan.cases[ci].endpoint,
     };
-    let method = frozen.lean.method.clone();
-    let request_headers = frozen.headers.clone();
-    let started_at_us = clock::wall_now_us();
-    let mut cap = Capture::start(ctx.max_record_body, None);
-    let start_offset_us = clock::us_between(ctx.run.run_t0_ns, cap.t0_ns());
+    // The wall clock is read for the row only.
+    let started_at_us = ctx.base.record_exchanges.then(clock::wall_now_us);
+    let mut cap = Capture::start(ctx.base.max_record_body, None);
+    let start_offset_us = clock::us_between(ctx.base.run.run_t0_ns, cap.t0_ns());
     let policy = ctx.plan.connection;
-    let mut cut = ctx.cut.clone();
+    let mut cut = ctx.base.cut.clone();
     let result = tokio::select! {
         r = tokio::time::timeout(
             ctx.plan.timeout,
-            ctx.engine.exchange_lean(slot, ep, policy, &frozen.lean, &mut cap),
+            ctx.base.engine.exchange_lean(slot, ep, policy, &frozen.lean, &mut cap),
         ) => Some(r),
         _ = cut.wait_for(|c| *c) => None,
     };
@@ -118,7 +117,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
                 outcome: Outcome::ShutdownCut,
                 error_message: Some(format!(
                     "cut by Ctrl-C / SIGTERM: the exchange was still in flight {} s after it (--grace-seconds)",
-                    ctx.grace.as_secs_f64()
+                    ctx.base.grace.as_secs_f64()
                 )),
                 ..Verdict::default()
             }
@@ -142,7 +141,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
         Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
-    let exchange_id = ctx.run.next_exchange_id();
+    let exchange_id = ctx.base.run.next_exchange_id();
     let sample = Sample {
         exchange_id,
         decisions: verdict.decisions,
@@ -161,7 +160,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
     if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
         ctx.stop();
     }
-    if ctx.record_exchanges {
+    if ctx.base.record_exchanges {
         let (case_name, variant) = match d.case {
             None => (None, None),
             Some(ci) => (
@@ -181,20 +180,20 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             worker: d.worker,
         };
         let request = SentRequest {
-            started_at_us,
+            started_at_us: started_at_us.unwrap_or_default(),
             start_offset_us,
-            method,
+            method: frozen.lean.method.clone(),
             url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
-            headers: request_headers,
-            body: BodyCopy::of_whole(&frozen.body, ctx.max_record_body),
+            headers: frozen.headers.clone(),
+            body: BodyCopy::of_whole(&frozen.body, ctx.base.max_record_body),
         };
-        let row = ctx.run.row(ids, request, got, verdict);
-        if let Err(e) = ctx.run.recorder.submit(row).await {
-            ctx.run.record_failed(e);
+        let row = ctx.base.run.row(ids, request, got, verdict);
+        if let Err(e) = ctx.base.run.recorder.submit(row).await {
+            ctx.base.run.record_failed(e);
             ctx.halt();
         }
     }
-    ctx.progress.inc(1);
+    ctx.base.progress.inc(1);
     if outcome != Outcome::Ok {
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
@@ -204,7 +203,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,
 /// outcome, and its message) for the end of the run.
 fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<&str>) {
-    if ctx.first_failure.get().is_none() {
+    if ctx.base.first_failure.get().is_none() {
         let mut at = d.phase.as_str().to_string();
         if let Some(ci) = d.case {
             at.push_str(&format!(" case '{}'", ctx.case_names[ci]));
@@ -212,18 +211,19 @@ fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<&str>
                 at.push_str(&format!(" variant '{v}'"));
             }
         }
-        let _ = ctx.first_failure.set(format!(
+        let _ = ctx.base.first_failure.set(format!(
             "{at} -> {}: {}",
             outcome.as_str(),
             message.unwrap_or("(no message)")
         ));
     }
     let f = ctx
+        .base
         .failures
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    ctx.progress.set_prefix(format!("failures {f}"));
-    ctx.progress.println(format!(
+    ctx.base.progress.set_prefix(format!("failures {f}"));
+    ctx.base.progress.println(format!(
         "failure {f}: {} {} -> {}",
         d.phase.as_str(),
         d.case
@@ -282,7 +282,7 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             Outcome::Correctness,
             format!(
                 "response body of {} bytes is larger than --max-record-body ({} bytes) and cannot be judged; raise the limit",
-                got.body.len, ctx.max_record_body
+                got.body.len, ctx.base.max_record_body
             ),
         );
     }

@@ -78,12 +78,11 @@ struct Dispatch {
     worker: i32,
 }
 
+/// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,
+/// requests, names and stop flag.
 struct Ctx {
-    engine: Arc<Engine>,
+    base: Arc<Base>,
     plan: Plan,
-    run: Arc<RunContext>,
-    max_record_body: usize,
-    record_exchanges: bool,
     /// The health endpoint's URL, then each case's (index `case + 1`).
     urls: Vec<Arc<str>>,
     /// The requests, made once: the health GET (`[0][0]`), then each case's variants
@@ -92,35 +91,24 @@ struct Ctx {
     /// This arm's dispatch stops (its failure under `on_failure: stop`, or a recorder
     /// error); the other arms go on.
     stop: AtomicBool,
-    /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
-    interrupted: Arc<AtomicBool>,
-    /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
-    cut: tokio::sync::watch::Receiver<bool>,
-    grace: std::time::Duration,
-    /// Failures of every arm, and the first one's line.
-    failures: Arc<AtomicU64>,
-    first_failure: Arc<std::sync::OnceLock<String>>,
-    progress: ProgressBar,
     case_names: Vec<Arc<str>>,
     variant_names: Vec<Vec<Option<Arc<str>>>>,
     /// The campaign arm (`None` for a plain plan).
     arm: Option<Arc<str>>,
     /// A performance-fit arm: its answers are never `correctness` failures.
     performance_fit: bool,
-    /// Every arm stops (the recorder failed, or a worker panicked).
-    halted: Arc<AtomicBool>,
 }
 
 impl Ctx {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
-            || self.interrupted.load(Ordering::Relaxed)
-            || self.halted.load(Ordering::Relaxed)
+            || self.base.interrupted.load(Ordering::Relaxed)
+            || self.base.halted.load(Ordering::Relaxed)
     }
 
     /// Stop every arm: nothing more can be recorded.
     fn halt(&self) {
-        self.halted.store(true, Ordering::Relaxed);
+        self.base.halted.store(true, Ordering::Relaxed);
     }
 
     /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
@@ -131,23 +119,27 @@ impl Ctx {
 
 /// What every arm's context shares.
 struct Base {
-    engine: Arc<Engine>,
+    engine: Engine,
     run: Arc<RunContext>,
     token: Option<HeaderValue>,
     max_record_body: usize,
     record_exchanges: bool,
+    /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
     interrupted: Arc<AtomicBool>,
+    /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
     cut: tokio::sync::watch::Receiver<bool>,
     grace: std::time::Duration,
-    failures: Arc<AtomicU64>,
-    first_failure: Arc<std::sync::OnceLock<String>>,
+    /// Failures of every arm, and the first one's line.
+    failures: AtomicU64,
+    first_failure: std::sync::OnceLock<String>,
     progress: ProgressBar,
-    halted: Arc<AtomicBool>,
+    /// Every arm stops (the recorder failed, or a worker panicked).
+    halted: AtomicBool,
 }
 
 impl Base {
     /// The context of one arm (or of a plain plan: `arm` `None`) running `plan`.
-    fn ctx(&self, plan: Plan, arm: Option<(&str, bool)>) -> Arc<Ctx> {
+    fn ctx(self: &Arc<Self>, plan: Plan, arm: Option<(&str, bool)>) -> Arc<Ctx> {
         let case_names = plan
             .cases
             .iter()
@@ -176,25 +168,15 @@ impl Base {
             .map(|e| Arc::from(e.url()))
             .collect();
         Arc::new(Ctx {
-            engine: self.engine.clone(),
+            base: self.clone(),
             plan,
-            run: self.run.clone(),
-            max_record_body: self.max_record_body,
-            record_exchanges: self.record_exchanges,
             urls,
             frozen,
             stop: AtomicBool::new(false),
-            interrupted: self.interrupted.clone(),
-            cut: self.cut.clone(),
-            grace: self.grace,
-            failures: self.failures.clone(),
-            first_failure: self.first_failure.clone(),
-            progress: self.progress.clone(),
             case_names,
             variant_names,
             arm: arm.map(|(name, _)| Arc::from(name)),
             performance_fit: arm.is_some_and(|(_, fit)| fit),
-            halted: self.halted.clone(),
         })
     }
 }
@@ -234,8 +216,8 @@ pub(crate) async fn run(
     let (cut_tx, cut) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(cut_after_grace(interrupt.clone(), opts.grace, cut_tx));
     let arm_count = plan.campaign.as_ref().map_or(1, |c| c.arms.len()) as u64;
-    let base = Base {
-        engine: Arc::new(engine),
+    let base = Arc::new(Base {
+        engine,
         run,
         token,
         max_record_body: opts.max_record_body,
@@ -243,11 +225,11 @@ pub(crate) async fn run(
         interrupted: interrupt,
         cut,
         grace: opts.grace,
-        failures: Arc::new(AtomicU64::new(0)),
-        first_failure: Arc::new(std::sync::OnceLock::new()),
+        failures: AtomicU64::new(0),
+        first_failure: std::sync::OnceLock::new(),
         progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
-        halted: Arc::new(AtomicBool::new(false)),
-    };
+        halted: AtomicBool::new(false),
+    });
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
     arms::run_arms(&base, &plan, &env, &mut runs, &mut rounds).await;
@@ -309,7 +291,7 @@ async fn prelude(
 ) -> bool {
     let plan = &ctx.plan;
     // health: one GET on its own connection.
-    ctx.progress.set_message(label(ctx, "health"));
+    ctx.base.progress.set_message(label(ctx, "health"));
     let mut health_slot: Slot = None;
     let s = exchange(
         ctx,
@@ -335,7 +317,8 @@ async fn prelude(
             plan.warmup_per_case
         };
         for (ci, case) in plan.cases.iter().enumerate() {
-            ctx.progress
+            ctx.base
+                .progress
                 .set_message(label(ctx, &format!("{} {}", phase.as_str(), case.name)));
             for vi in 0..case.variants.len() {
                 for i in 0..per_variant {
@@ -382,7 +365,8 @@ async fn feasibility(
 ) {
     let case = &ctx.plan.cases[ci];
     let n = ctx.plan.requests_per_case;
-    ctx.progress
+    ctx.base
+        .progress
         .set_message(label(ctx, &format!("feasibility {} c={c}", case.name)));
     let samples = wave(ctx, slots, ci, Phase::Feasibility, c, None, c.min(n)).await;
     let counts = excluded.entry(Phase::Feasibility).or_default();
@@ -414,7 +398,7 @@ async fn measured_round(
         lags,
     );
     if let Some(w) = &load.warning {
-        ctx.progress.println(format!(
+        ctx.base.progress.println(format!(
             "warning: {} c={c} round {}: {w}",
             case.name,
             rep + 1

@@ -112,7 +112,8 @@ pub(super) async fn wave(
             }
             Err(e) => {
                 // A panicking worker is a bug; stop the run rather than hide it.
-                ctx.run
+                ctx.base
+                    .run
                     .record_failed(RecordError(format!("internal: worker {w} failed: {e}")));
                 ctx.halt();
             }

@@ -75,17 +75,7 @@ pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, us
     }
     let http10 = res.version != Some(1);
     let framing = framing(&headers, method, status, http10)?;
-    let tokens = |v: &HeaderValue, t: &str| {
-        v.to_str()
-            .map(|s| s.split(',').any(|x| x.trim().eq_ignore_ascii_case(t)))
-            .unwrap_or(false)
-    };
-    let says = |t: &str| {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| tokens(v, t))
-    };
+    let says = |t: &str| super::has_token(&headers, header::CONNECTION, t);
     // `close` wins over `keep-alive`; HTTP/1.0 needs `keep-alive` to persist.
     let persistent = !says("close") && (!http10 || says("keep-alive"));
     // A body that the close delimits, or a Content-Length overridden by a transfer

@@ -29,12 +29,7 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
         .flat_map(|s| s.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
         .collect();
-    let wants_trailers = h
-        .get_all(header::TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    let wants_trailers = has_token(h, header::TE, "trailers");
     for n in named {
         h.remove(n);
     }
@@ -44,6 +39,16 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     if wants_trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
     }
+}
+
+/// One of the comma-separated tokens of the `name` header fields is `token` (ASCII case
+/// ignored), as in `Connection: keep-alive, close` or `TE: gzip, trailers`.
+pub(crate) fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Mark a request as its connection's only one (`Connection: close`). Used on fresh
