@@ -152,16 +152,78 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None):
     cmd = ["taskset", "-c", "0", str(binary or BIN), "replay", "--quiet", "--out", str(out), str(p)]
     if not record:
         cmd.insert(5, "--no-record")
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"replay failed ({r.returncode}): {r.stderr}")
+    err = tmp / f"replay-{tag}.err"
+    with open(err, "w") as ef:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=ef)
+        threads, rusage, rc = watch_threads(proc)
+    if rc != 0:
+        sys.exit(f"replay failed ({rc}): {err.read_text()}")
     s = json.loads((out / "summary.json").read_text())
     rates = [x["successful_requests_per_second"] for x in s["rounds"]]
     shares = [x["generator"]["cpu_share"] for x in s["rounds"]]
     warned = sum(1 for x in s["rounds"] if x["generator"]["warning"])
+    # Guards against winning by moving work: every request of every phase, the process's
+    # whole CPU time (rounds and what was left for after them), rows = requests, a sample
+    # of recorded bodies, and every thread's CPU list.
+    requests = sum(x["attempted_requests"] for x in s["rounds"]) + \
+        sum(x["attempted"] for x in s["excluded_phases"].values())
+    cpu_s = rusage.ru_utime + rusage.ru_stime
+    guard = {"requests": requests, "cpu_us_per_request": 1e6 * cpu_s / max(requests, 1), "threads": threads,
+             "rows_ok": None, "bodies_ok": None}
+    if record:
+        guard["rows_ok"] = s.get("rows_written") == requests
+        guard["bodies_ok"] = sample_bodies(out / "exchanges")
+        guard["encoded_during_rounds"] = s.get("rows_encoded_during_rounds")
     shutil.rmtree(out, ignore_errors=True)
     return {"rps": statistics.median(rates), "cpu_share": statistics.median(shares), "warned": warned,
-            "rounds": len(rates)}
+            "rounds": len(rates), "guard": guard}
+
+
+def watch_threads(proc, every_s=0.2):
+    """Wait for a process, reading each of its threads' name, allowed CPUs and CPU ticks
+    every `every_s` (the last reading of a thread is kept). Returns (threads: name ->
+    {cpus, ticks}, rusage of the process, exit status)."""
+    seen = {}
+    while True:
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                status = (task / "status").read_text()
+                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
+            seen[task.name] = {"name": fields.get("Name", "?").strip(),
+                               "cpus": fields.get("Cpus_allowed_list", "?").strip(),
+                               "ticks": int(stat[11]) + int(stat[12])}
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(every_s)
+    threads = {}
+    for t in seen.values():
+        name = re.sub(r"[-_]?\d+$", "", t["name"])  # tokio-runtime-w, matrix-recorder, ...
+        entry = threads.setdefault(name, {"cpus": set(), "ticks": 0, "count": 0})
+        entry["cpus"].add(t["cpus"])
+        entry["ticks"] += t["ticks"]
+        entry["count"] += 1
+    return threads, rusage, proc.returncode
+
+
+def sample_bodies(exchanges, n=20):
+    """Whether n measured rows read back from the Parquet parts carry the upstream's body
+    byte for byte; None when pyarrow is not installed."""
+    try:
+        import pyarrow.dataset as ds
+    except ImportError:
+        return None
+    t = ds.dataset(str(exchanges), format="parquet").to_table(
+        columns=["phase", "response_body", "outcome"], filter=ds.field("phase") == "measured")
+    if t.num_rows == 0:
+        return False
+    step = max(1, t.num_rows // n)
+    rows = t.take(list(range(0, t.num_rows, step))[:n]).to_pylist()
+    return all(r["response_body"] == BODY.encode() and r["outcome"] == "ok" for r in rows)
 
 
 SERVE, SERVE_OLD = "matrix-proxy serve", "matrix-proxy serve, old binary"
@@ -564,6 +626,52 @@ def pct(v):
     return "-" if v is None else f"{v:.0f}%"
 
 
+def guard_section(gen):
+    """What each replay cell cost in all (CPU per request over the whole process, so work
+    moved out of the measured rounds still counts), where its threads were allowed to run,
+    and whether its rows and bodies are all there."""
+    cells = [(k, c) for (k, c) in sorted(gen, key=lambda kc: (kc[1], kc[0])) if k.startswith("replay")
+             and any("guard" in x for x in gen[(k, c)])]
+    if not cells:
+        return []
+    lines = ["", "## Guards (replay)", "",
+             "CPU per request: the replay process's whole user + system time (every phase, and the Parquet "
+             "encoding left for after each round) over every request it sent. Threads: each thread's "
+             "`Cpus_allowed_list` from /proc, read every 0.2 s (the generator is pinned to CPU 0), and its share "
+             "of the process's CPU ticks. Rows: `rows_written` = requests sent, every run. Bodies: 20 measured rows "
+             "per run read back from the Parquet parts with pyarrow and compared with the upstream's body.", "",
+             "| c | generator | CPU µs/request | threads (CPUs allowed, share of CPU) | rows = requests | bodies | "
+             "rows encoded during rounds |", "|---|---|---|---|---|---|---|"]
+    bad = []
+    for k, c in cells:
+        gs = [x["guard"] for x in gen[(k, c)] if "guard" in x]
+        cpu = statistics.median(g["cpu_us_per_request"] for g in gs)
+        names = {}
+        for g in gs:
+            for name, t in g["threads"].items():
+                e = names.setdefault(name, {"cpus": set(), "ticks": 0})
+                e["cpus"] |= t["cpus"]
+                e["ticks"] += t["ticks"]
+        total = sum(e["ticks"] for e in names.values()) or 1
+        th = "; ".join(f"{n} [{','.join(sorted(e['cpus']))}] {100 * e['ticks'] / total:.0f}%"
+                       for n, e in sorted(names.items(), key=lambda ne: -ne[1]["ticks"]))
+        if any(e["cpus"] != {"0"} for e in names.values()):
+            bad.append(f"{GEN_NAMES.get(k, k)} c={c}: a thread was allowed off CPU 0")
+
+        def verdict(key):
+            vals = [g[key] for g in gs if g[key] is not None]
+            if not vals:
+                return "-"
+            if not all(vals):
+                bad.append(f"{GEN_NAMES.get(k, k)} c={c}: {key} failed")
+            return f"{sum(1 for v in vals if v)}/{len(vals)} runs"
+        enc = [g.get("encoded_during_rounds") for g in gs if g.get("encoded_during_rounds") is not None]
+        lines.append(f"| {c} | {GEN_NAMES.get(k, k)} | {cpu:.1f} | {th} | {verdict('rows_ok')} | "
+                     f"{verdict('bodies_ok')} | {sum(enc) if enc else '-'} |")
+    lines += ["", "Guard failures: " + "; ".join(bad) + "." if bad else "No guard failed."]
+    return lines
+
+
 def check_section(proxy, gen, wcheck):
     """Re-layout check: new / old, one row per cell, with the flags of the acceptance rule."""
     lines = ["## Re-layout check: new / old", ""]
@@ -700,6 +808,7 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
         lines += ["", f"replay's own reports: median CPU share of its one core {share:.2f}; {warned} of {total} measured "
                   "rounds carry the generator-bound warning (the generator is pinned to one core and saturates it, "
                   "as wrk and oha do)."]
+    lines += guard_section(gen)
     if serve_rows and serve_rows.get(SERVE) is not None:
         if SERVE_OLD in serve_rows:
             lines += ["", f"serve recorded {serve_rows[SERVE]:,} exchanges during the proxy runs "

@@ -83,6 +83,8 @@ async fn run(requests: u64) {
             no_record: false,
             contract: None,
             grace_seconds: 5.0,
+            record_hold: None,
+            threads: None,
             mock: Default::default(),
         },
         Arc::new(AtomicBool::new(false)),

@@ -69,7 +69,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         start_offset_us: i * 40,
         method: Method::GET,
         url: "http://127.0.0.1:18080/v1/chat/completions".into(),
-        request_headers: req,
+        request_headers: Arc::new(req),
         request_body: Bytes::new(),
         request_body_len: 0,
         request_body_truncated: false,

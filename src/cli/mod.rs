@@ -201,6 +201,10 @@ pub struct ServeArgs {
         default_value_t = 10.0
     )]
     pub grace_seconds: f64,
+    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
+    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// Largest request head (request line and headers) accepted from a client; larger: 431.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
@@ -290,6 +294,13 @@ pub struct ReplayArgs {
     /// Roll to a new Parquet part after this many seconds.
     #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
     pub part_seconds: f64,
+    /// During a measured round, keep up to this many bytes of rows in memory and encode
+    /// them to Parquet after the round, so no request waits behind the encoder (0: encode
+    /// as rows arrive). Past it, rows are encoded during the round and counted
+    /// (`rows_encoded_during_rounds`). A SIGKILL mid-round loses the held rows. Default:
+    /// an eighth of the machine's memory, at most 1 GiB.
+    #[arg(long, value_name = "BYTES")]
+    pub record_hold: Option<usize>,
     /// Do not write exchanges/ (rounds.parquet and summary.json are still written, from
     /// the measurements in memory). For measuring what recording costs; such a run cannot
     /// be rebuilt by `summarize`.
@@ -311,6 +322,10 @@ pub struct ReplayArgs {
         default_value_t = 5.0
     )]
     pub grace_seconds: f64,
+    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
+    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub mock: MockLatencyArgs,
 }
@@ -475,13 +490,13 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     };
     let result = match cli.command {
         Command::Validate { plan } => validate(&plan),
-        Command::Replay(args) => with_runtime(RUN_STOPPING, |interrupt| async move {
+        Command::Replay(args) => with_runtime(RUN_STOPPING, args.threads, |interrupt| async move {
             replay_cmd(args, interrupt).await
         }),
-        Command::Serve(args) => with_runtime(RUN_STOPPING, |interrupt| async move {
+        Command::Serve(args) => with_runtime(RUN_STOPPING, args.threads, |interrupt| async move {
             serve_cmd(args, interrupt).await
         }),
-        Command::MockWorker(args) => with_runtime(MOCK_STOPPING, |interrupt| async move {
+        Command::MockWorker(args) => with_runtime(MOCK_STOPPING, None, |interrupt| async move {
             mock_cmd(args, interrupt).await
         }),
         Command::Summarize { dir, quiet } => summarize_cmd(&dir, quiet),
@@ -519,12 +534,29 @@ const RUN_STOPPING: &str = "matrix-proxy: interrupted: no new requests; in-fligh
 const MOCK_STOPPING: &str =
     "matrix-proxy: interrupted: stopping the mock worker (again to exit at once)";
 
-fn with_runtime<F, Fut>(stopping: &'static str, f: F) -> Result<Exit, CliError>
+/// Threads of the async runtime: `--threads`, else the cores in the process's affinity.
+pub(crate) fn runtime_threads(flag: Option<usize>) -> usize {
+    flag.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// One work-stealing runtime of `threads` threads (see [`runtime_threads`]). A
+/// `current_thread` runtime per thread was measured against it for replay (issue 15:
+/// pinned to one core, c = 1, 16, 64) and was not consistently faster, so the
+/// work-stealing one stays: it also balances serve's connections across threads.
+fn with_runtime<F, Fut>(
+    stopping: &'static str,
+    threads: Option<usize>,
+    f: F,
+) -> Result<Exit, CliError>
 where
     F: FnOnce(Arc<AtomicBool>) -> Fut,
     Fut: std::future::Future<Output = Result<Exit, CliError>>,
 {
+    if threads == Some(0) {
+        return Err(usage("--threads must be at least 1"));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(runtime_threads(threads))
         .enable_all()
         .build()
         .map_err(|e| tool(format!("cannot start the async runtime: {e}")))?;
@@ -962,6 +994,7 @@ fn serve_config_fields(
         "upstream_timeout_seconds": args.upstream_timeout,
         "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
         "grace_seconds": args.grace_seconds,
+        "runtime_threads": runtime_threads(args.threads),
         "limits": {
             "max_header_bytes": args.max_header_bytes,
             "header_read_timeout_seconds": args.header_read_timeout,
@@ -996,7 +1029,7 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
         "rows_lost": r.rows_lost,
         "rows_kept": r.rows_kept,
         "definitions": {
-            "rows_lost": "rows the writer had handed to the unfinished parts (from its ledger); rows still queued in memory at the moment of a crash are not on disk anywhere and cannot be counted here",
+            "rows_lost": "rows the writer had handed to the unfinished parts, plus rows it held unencoded during a replay round (counted every 64), both from its ledger; rows still queued in memory at the moment of a crash are not on disk anywhere and cannot be counted here",
             "rows_kept": "rows in closed parts, all readable",
         },
     });

@@ -55,6 +55,9 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows.max(1);
     rec_opts.part_seconds = args.part_seconds;
+    if let Some(b) = args.record_hold {
+        rec_opts.hold_bytes = b;
+    }
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
     let result = replay::run(
@@ -265,6 +268,7 @@ fn create_run(
             "max_batch": mock_config.max_batch,
             "default_max_tokens": mock_config.default_max_tokens,
         })),
+        "runtime_threads": super::runtime_threads(args.threads),
         "auth": {
             "bearer_token_env": token_env,
             "bearer_token_sent": bearer_token.is_some(),
@@ -272,6 +276,7 @@ fn create_run(
         "recording": {
             "exchanges": !args.no_record,
             "max_record_body_bytes": args.max_record_body,
+            "record_hold_bytes": args.record_hold.unwrap_or_else(crate::record::default_hold_bytes),
             "redacted_headers": DEFAULT_REDACT_HEADERS,
             "redacted_query_parameters": DEFAULT_REDACT_QUERY,
         },
@@ -440,6 +445,10 @@ fn reports(
     }
     let mut summary_v = result.summary.clone();
     summary_v["rows_written"] = serde_json::json!(recording.rows);
+    if !args.no_record {
+        summary_v["rows_encoded_during_rounds"] =
+            serde_json::json!(recording.encoded_during_rounds);
+    }
     let record_error = recording.problems.first();
     if let Some(e) = record_error {
         summary_v["record_error"] = serde_json::json!(e.to_string());

@@ -14,7 +14,7 @@ use http::{HeaderMap, Method};
 use crate::budget::BudgetHold;
 use crate::engine::{Captured, CopiedBody};
 use crate::model::{Outcome, Phase};
-use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions};
+use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions, WriterStats};
 
 /// What both drivers share for one run: its id, its start on the monotonic clock, the
 /// exchange counter, and the recorder with the first error it reported.
@@ -51,7 +51,7 @@ pub(crate) struct SentRequest {
     pub(crate) start_offset_us: i64,
     pub(crate) method: Method,
     pub(crate) url: Arc<str>,
-    pub(crate) headers: HeaderMap,
+    pub(crate) headers: Arc<HeaderMap>,
     pub(crate) body: CopiedBody,
 }
 
@@ -73,6 +73,8 @@ pub(crate) struct Verdict {
 /// the first one a submit saw), for the caller to report.
 pub(crate) struct RecordingEnd {
     pub(crate) rows: u64,
+    /// Rows encoded during a measured round because the held rows passed the hold bound.
+    pub(crate) encoded_during_rounds: u64,
     pub(crate) problems: Vec<RecordError>,
 }
 
@@ -163,18 +165,22 @@ impl RunContext {
         let recorder = self.recorder.clone();
         let writer = tokio::task::spawn_blocking(move || recorder.finish()).await;
         let mut problems = Vec::new();
-        let rows = match writer {
-            Ok(Ok(stats)) => stats.rows,
+        let stats = match writer {
+            Ok(Ok(stats)) => stats,
             Ok(Err(e)) => {
                 problems.push(e);
-                0
+                WriterStats::default()
             }
             Err(e) => {
                 problems.push(RecordError(format!("writer join: {e}")));
-                0
+                WriterStats::default()
             }
         };
         problems.extend(self.record_error());
-        RecordingEnd { rows, problems }
+        RecordingEnd {
+            rows: stats.rows,
+            encoded_during_rounds: stats.encoded_while_held,
+            problems,
+        }
     }
 }

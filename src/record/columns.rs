@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{
-    ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, ListArray, RecordBatch,
-    StringArray, StructArray, TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
+    StructArray, TimestampMicrosecondArray,
 };
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use http::HeaderMap;
@@ -99,7 +99,14 @@ impl Column {
             Fill::Int32(f) => Arc::new(Int32Array::from_iter(rows.iter().map(f))),
             Fill::Int64(f) => Arc::new(Int64Array::from_iter(rows.iter().map(f))),
             Fill::Boolean(f) => Arc::new(BooleanArray::from_iter(rows.iter().map(f))),
-            Fill::Binary(f) => Arc::new(BinaryArray::from_iter_values(rows.iter().map(f))),
+            Fill::Binary(f) => {
+                // Sized up front: bodies are most of a batch's bytes, and a builder grown
+                // by doubling copies them again at every step.
+                let bytes = rows.iter().map(|r| f(r).len()).sum();
+                let mut b = BinaryBuilder::with_capacity(rows.len(), bytes);
+                rows.iter().for_each(|r| b.append_value(f(r)));
+                Arc::new(b.finish())
+            }
             Fill::TimestampUtc(f) => Arc::new(
                 TimestampMicrosecondArray::from_iter_values(rows.iter().map(f))
                     .with_timezone("UTC"),
@@ -165,7 +172,7 @@ pub(crate) static COLUMNS: [Column; 48] = [
         "request method"),
     column!("url", RedactedUrl, REQUIRED, "", |r: &R| &*r.url,
         "full URL; values of secret query parameters (`api_key`, `apikey`, `key`, `token`, `access_token`) are `<redacted>`"),
-    column!("request_headers", Headers, REQUIRED, "", |r: &R| &r.request_headers,
+    column!("request_headers", Headers, REQUIRED, "", |r: &R| r.request_headers.as_ref(),
         "headers as sent, duplicates kept; secret values are `<redacted>`"),
     column!("request_body", Binary, REQUIRED, "bytes", |r: &R| &r.request_body[..],
         "body bytes as sent (up to `--max-record-body`)"),
@@ -283,8 +290,14 @@ fn headers_array(
     redact: &Redaction,
     pick: for<'a> fn(&'a ExchangeRecord) -> &'a HeaderMap,
 ) -> ArrayRef {
-    let mut names = StringBuilder::new();
-    let mut values = BinaryBuilder::new();
+    let (mut count, mut name_bytes, mut value_bytes) = (0, 0, 0);
+    for (name, value) in rows.iter().flat_map(pick) {
+        count += 1;
+        name_bytes += name.as_str().len();
+        value_bytes += value.len();
+    }
+    let mut names = StringBuilder::with_capacity(count, name_bytes);
+    let mut values = BinaryBuilder::with_capacity(count, value_bytes);
     let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
     offsets.push(0);
     let mut n: i32 = 0;

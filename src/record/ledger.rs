@@ -1,5 +1,6 @@
 //! The writer's ledger, `exchanges.ledger` beside `exchanges/`: one line `PART ROWS` each
-//! time rows are handed to a part. It is appended to before the part is closed, and the
+//! time rows are handed to a part, and `held ROWS` while rows wait unencoded (a measured
+//! round of replay, every 64 rows; `held 0` once they are encoded). It is appended to before the part is closed, and the
 //! page cache outlives a crash of this process, so [`super::recover`] can count what an
 //! unfinished part held. It sits outside `exchanges/` so that the folder holds Parquet
 //! only and every reader (polars included) can read it as a dataset. Runs made before
@@ -43,24 +44,43 @@ impl Ledger {
             let _ = writeln!(f, "{part} {rows}");
         }
     }
+
+    /// `rows` rows are held in memory, not yet in any part.
+    pub(crate) fn note_held(&mut self, rows: usize) {
+        if let Some(f) = self.0.as_mut() {
+            let _ = writeln!(f, "held {rows}");
+        }
+    }
 }
 
-/// Rows handed to each part so far (the last line per part wins).
-pub(crate) fn read(exchanges: &Path) -> BTreeMap<u32, u64> {
-    let mut m = BTreeMap::new();
+/// What the ledger says.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Noted {
+    /// Rows handed to each part so far (the last line per part wins).
+    pub(crate) parts: BTreeMap<u32, u64>,
+    /// Rows held unencoded at the last `held` line.
+    pub(crate) held: u64,
+}
+
+pub(crate) fn read(exchanges: &Path) -> Noted {
+    let mut n = Noted::default();
     let text = fs::read_to_string(path_of(exchanges))
         .or_else(|_| fs::read_to_string(exchanges.join(OLD_LEDGER)));
     if let Ok(text) = text {
         for line in text.lines() {
             let mut it = line.split_whitespace();
-            if let (Some(p), Some(r)) = (it.next(), it.next())
-                && let (Ok(p), Ok(r)) = (p.parse(), r.parse())
-            {
-                m.insert(p, r);
+            match (it.next(), it.next().map(str::parse::<u64>)) {
+                (Some("held"), Some(Ok(r))) => n.held = r,
+                (Some(p), Some(Ok(r))) => {
+                    if let Ok(p) = p.parse() {
+                        n.parts.insert(p, r);
+                    }
+                }
+                _ => {}
             }
         }
     }
-    m
+    n
 }
 
 #[cfg(test)]
@@ -75,6 +95,7 @@ mod tests {
         let mut l = Ledger::open(&ex);
         l.note(0, 50);
         l.note(0, 100);
+        l.note_held(1024);
         l.note(1, 7);
         drop(l);
         assert!(run.path().join(LEDGER).is_file());
@@ -83,12 +104,14 @@ mod tests {
             0,
             "exchanges/ holds parts only"
         );
-        assert_eq!(read(&ex), BTreeMap::from([(0, 100), (1, 7)]));
+        let noted = read(&ex);
+        assert_eq!(noted.parts, BTreeMap::from([(0, 100), (1, 7)]));
+        assert_eq!(noted.held, 1024);
         // A run made before kept it inside exchanges/.
         let old = tempfile::tempdir().unwrap();
         let ex = old.path().join("exchanges");
         fs::create_dir(&ex).unwrap();
         fs::write(ex.join(OLD_LEDGER), "0 10\n0 20\n").unwrap();
-        assert_eq!(read(&ex), BTreeMap::from([(0, 20)]));
+        assert_eq!(read(&ex).parts, BTreeMap::from([(0, 20)]));
     }
 }

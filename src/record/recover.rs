@@ -11,7 +11,8 @@ use super::ledger;
 pub(crate) struct Recovery {
     /// Left-over `.inprogress` parts moved to `quarantine/`.
     pub(crate) quarantined: Vec<PathBuf>,
-    /// Rows the ledger says were written into those parts: lost.
+    /// Rows the ledger says were written into those parts, or held unencoded (a replay
+    /// round's, to the last 64): lost.
     pub(crate) rows_lost: u64,
     /// Rows in the closed parts.
     pub(crate) rows_kept: u64,
@@ -22,7 +23,9 @@ pub(crate) struct Recovery {
 pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
     let ex = run.join("exchanges");
     let mut rec = Recovery::default();
-    let ledger = ledger::read(&ex);
+    let noted = ledger::read(&ex);
+    let ledger = noted.parts;
+    rec.rows_lost += noted.held;
     let entries: Vec<PathBuf> = fs::read_dir(&ex)
         .map_err(|e| format!("{}: {e}", ex.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -53,4 +56,28 @@ pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
         }
     }
     Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_held_for_a_round_count_as_lost_beside_the_unfinished_part() {
+        let run = tempfile::tempdir().unwrap();
+        let ex = run.path().join("exchanges");
+        fs::create_dir(&ex).unwrap();
+        fs::write(ex.join(".part-00001.parquet.inprogress"), b"PAR1").unwrap();
+        fs::write(
+            run.path().join(ledger::LEDGER),
+            "0 100000\nheld 1024\n1 500\nheld 3072\n",
+        )
+        .unwrap();
+        let r = recover(run.path()).unwrap();
+        assert_eq!(r.rows_lost, 500 + 3_072);
+        assert_eq!(r.quarantined.len(), 1);
+        // Once encoded, the held rows are no longer counted.
+        fs::write(run.path().join(ledger::LEDGER), "held 2048\n0 10\nheld 0\n").unwrap();
+        assert_eq!(recover(run.path()).unwrap().rows_lost, 0);
+    }
 }

@@ -5,7 +5,13 @@
 //! queue applies back-pressure ([`Recorder::submit`], the one policy replay uses) or hands
 //! the row back / drops and counts it ([`Recorder::submit_now`], [`Recorder::try_submit`],
 //! serve's choices). Nothing here runs on the async runtime.
+//!
+//! Encoding can wait: between [`Recorder::hold`] and [`Recorder::release`] (replay's
+//! measured rounds) the writer only takes rows off the queue and keeps them, up to
+//! [`RecorderOptions::hold_bytes`]; it encodes them after the round, when no request can
+//! wait behind it. Past that bound it encodes as it goes, as outside a hold.
 
+use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -43,6 +49,9 @@ pub struct RecorderOptions {
     pub redaction: Redaction,
     /// Extra key-value metadata for every part (run id, ...).
     pub metadata: Vec<(String, String)>,
+    /// While held ([`Recorder::hold`]), keep up to this many bytes of rows (as
+    /// [`ExchangeRecord::approx_bytes`] counts them) unencoded; 0: never hold.
+    pub hold_bytes: usize,
 }
 
 impl RecorderOptions {
@@ -54,8 +63,21 @@ impl RecorderOptions {
             queue_rows: 4096,
             redaction: Redaction::default(),
             metadata: Vec::new(),
+            hold_bytes: default_hold_bytes(),
         }
     }
+}
+
+/// Default of [`RecorderOptions::hold_bytes`]: an eighth of the machine's memory, at most
+/// 1 GiB (256 MiB where the machine's memory cannot be read).
+pub fn default_hold_bytes() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            .map(|kib| kib.saturating_mul(1024))
+    });
+    total.map_or(256 << 20, |t| (t / 8).min(1 << 30))
 }
 
 /// What the writer did.
@@ -63,6 +85,9 @@ impl RecorderOptions {
 pub struct WriterStats {
     pub rows: u64,
     pub parts: u32,
+    /// Rows encoded while held because the held rows passed
+    /// [`RecorderOptions::hold_bytes`] (encoding that overlapped a measured round).
+    pub encoded_while_held: u64,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -71,6 +96,12 @@ pub struct RecordError(pub(crate) String);
 
 enum Msg {
     Row(Box<ExchangeRecord>),
+    /// Rows gathered by one submitter, handed over at once ([`Recorder::submit_many`]).
+    Rows(Vec<ExchangeRecord>),
+    /// Keep rows unencoded until the matching [`Msg::Release`] (holds nest).
+    Hold,
+    /// End one hold; when none is left, encode what was held, then answer.
+    Release(tokio::sync::oneshot::Sender<()>),
     /// Finish every part and stop (sent by [`Recorder::finish`]).
     Close,
 }
@@ -79,6 +110,8 @@ enum Msg {
 pub struct Recorder {
     tx: mpsc::Sender<Msg>,
     slots: Arc<Semaphore>,
+    /// The queue's size in rows (the semaphore's permits).
+    queue_rows: usize,
     dropped: AtomicU64,
     handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
 }
@@ -93,7 +126,8 @@ const BATCH_BYTES: usize = 32 << 20;
 impl Recorder {
     pub fn start(opts: RecorderOptions) -> io::Result<Recorder> {
         let (tx, rx) = mpsc::channel();
-        let slots = Arc::new(Semaphore::new(opts.queue_rows.max(1)));
+        let queue_rows = opts.queue_rows.clamp(1, Semaphore::MAX_PERMITS);
+        let slots = Arc::new(Semaphore::new(queue_rows));
         let thread_slots = slots.clone();
         let handle = std::thread::Builder::new()
             .name("matrix-recorder".into())
@@ -106,6 +140,7 @@ impl Recorder {
         Ok(Recorder {
             tx,
             slots,
+            queue_rows,
             dropped: AtomicU64::new(0),
             handle: std::sync::Mutex::new(Some(handle)),
         })
@@ -123,6 +158,30 @@ impl Recorder {
         self.tx
             .send(Msg::Row(Box::new(rec)))
             .map_err(|_| RecordError("the writer stopped".into()))?;
+        Ok(())
+    }
+
+    /// Queue several finished exchanges with one hand-over (one wait for `rows.len()`
+    /// slots, one message): what a replay worker gathered over its last exchanges. More
+    /// rows than the queue holds are handed over in pieces.
+    pub async fn submit_many(&self, mut rows: Vec<ExchangeRecord>) -> Result<(), RecordError> {
+        let stopped = || RecordError("the writer stopped".into());
+        let cap = self.queue_rows;
+        while !rows.is_empty() {
+            let rest = if rows.len() > cap {
+                rows.split_off(cap)
+            } else {
+                Vec::new()
+            };
+            let n = u32::try_from(rows.len()).map_err(|_| stopped())?;
+            self.slots
+                .acquire_many(n)
+                .await
+                .map_err(|_| stopped())?
+                .forget();
+            self.tx.send(Msg::Rows(rows)).map_err(|_| stopped())?;
+            rows = rest;
+        }
         Ok(())
     }
 
@@ -154,6 +213,25 @@ impl Recorder {
                 Ok(false)
             }
         }
+    }
+
+    /// From now until [`Recorder::release`], keep rows in memory (up to
+    /// [`RecorderOptions::hold_bytes`]) instead of encoding them: replay calls it as a
+    /// measured round starts, so that no request waits behind Parquet encoding. Holds
+    /// nest (two arms' rounds may overlap); rows already queued are held too.
+    pub fn hold(&self) {
+        let _ = self.tx.send(Msg::Hold);
+    }
+
+    /// End a hold. When it was the last, wait until the writer has encoded every row
+    /// submitted before this call (they are then in the open part, as the ledger says).
+    pub async fn release(&self) -> Result<(), RecordError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Msg::Release(tx))
+            .map_err(|_| RecordError("the writer stopped".into()))?;
+        rx.await
+            .map_err(|_| RecordError("the writer stopped".into()))
     }
 
     /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
@@ -286,22 +364,34 @@ struct Writer {
     opts: RecorderOptions,
     schema: SchemaRef,
     stats: WriterStats,
-    pending: Vec<ExchangeRecord>,
+    /// Rows received and not yet encoded, oldest first.
+    pending: VecDeque<ExchangeRecord>,
     pending_bytes: usize,
     part: Option<OpenPart>,
     /// A part is closed when it is this old (and has rows).
     part_ns: u64,
     ledger: Ledger,
+    /// Holds not yet released ([`Recorder::hold`]).
+    holds: u32,
+    /// Rows held when the ledger last said so.
+    held_noted: usize,
 }
 
 /// What the queue gave the writer on one poll.
 enum Polled {
     Row(Box<ExchangeRecord>),
+    Rows(Vec<ExchangeRecord>),
+    Hold,
+    Release(tokio::sync::oneshot::Sender<()>),
     /// Nothing came for as long as the writer waits before flushing what it holds.
     Idle,
     /// [`Recorder::finish`], or every sender is gone.
     Closed,
 }
+
+/// While rows are held, the ledger is told how many every this many rows (one small
+/// write per 64 rows).
+const HELD_NOTE_EVERY: usize = 64;
 
 fn writer_loop(
     opts: RecorderOptions,
@@ -311,11 +401,13 @@ fn writer_loop(
     let mut w = Writer {
         schema: exchange_schema(),
         stats: WriterStats::default(),
-        pending: Vec::with_capacity(BATCH_ROWS),
+        pending: VecDeque::with_capacity(BATCH_ROWS),
         pending_bytes: 0,
         part: None,
         part_ns: (opts.part_seconds.max(0.001) * 1e9) as u64,
         ledger: Ledger::open(&opts.dir),
+        holds: 0,
+        held_noted: 0,
         opts,
     };
     match w.run(&rx, slots) {
@@ -340,10 +432,23 @@ impl Writer {
                     slots.add_permits(1);
                     self.on_row(*rec)?;
                 }
-                Some(Polled::Idle) => {
-                    // Idle: hand pending rows to the part so the age check sees them.
-                    self.flush_all()?;
+                Some(Polled::Rows(rows)) => {
+                    slots.add_permits(rows.len());
+                    for rec in rows {
+                        self.on_row(rec)?;
+                    }
                 }
+                Some(Polled::Hold) => self.holds += 1,
+                Some(Polled::Release(done)) => {
+                    self.holds = self.holds.saturating_sub(1);
+                    if self.holds == 0 {
+                        self.flush_all()?;
+                    }
+                    let _ = done.send(());
+                }
+                // Idle: hand pending rows to the part so the age check sees them.
+                Some(Polled::Idle) if self.holds == 0 => self.flush_all()?,
+                Some(Polled::Idle) => {}
                 Some(Polled::Closed) => {
                     self.flush_all()?;
                     if self.stats.parts == 0 {
@@ -355,7 +460,8 @@ impl Writer {
                     return self.close_open_part();
                 }
             }
-            if let Some(p) = &self.part
+            if self.holds == 0
+                && let Some(p) = &self.part
                 && p.rows > 0
                 && clock::now_ns().saturating_sub(p.opened_ns) >= self.part_ns
             {
@@ -375,6 +481,12 @@ impl Writer {
                 *idle = Duration::ZERO;
                 Some(Polled::Row(rec))
             }
+            Ok(Msg::Rows(rows)) => {
+                *idle = Duration::ZERO;
+                Some(Polled::Rows(rows))
+            }
+            Ok(Msg::Hold) => Some(Polled::Hold),
+            Ok(Msg::Release(done)) => Some(Polled::Release(done)),
             Ok(Msg::Close) | Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Closed),
             Err(mpsc::TryRecvError::Empty) => {
                 std::thread::sleep(POLL_TICK);
@@ -403,7 +515,24 @@ impl Writer {
 
     fn on_row(&mut self, rec: ExchangeRecord) -> Result<(), RecordError> {
         self.pending_bytes += rec.approx_bytes();
-        self.pending.push(rec);
+        self.pending.push_back(rec);
+        if self.holds > 0 && self.opts.hold_bytes > 0 {
+            // Held: encoded after the round, except the oldest rows past the bound.
+            while self.pending_bytes >= self.opts.hold_bytes {
+                let before = self.stats.rows;
+                self.flush()?;
+                self.stats.encoded_while_held += self.stats.rows - before;
+            }
+            // The ledger learns, every so often, how many rows a crash now would lose
+            // besides the open part.
+            if self.pending.len() >= self.held_noted + HELD_NOTE_EVERY
+                || self.pending.len() < self.held_noted
+            {
+                self.held_noted = self.pending.len();
+                self.ledger.note_held(self.held_noted);
+            }
+            return Ok(());
+        }
         // Never hold more rows than would complete the open part, so that a crash loses
         // at most that part (plus rows still in the queue).
         let open_rows = self.part.as_ref().map_or(0, |p| p.rows);
@@ -423,7 +552,8 @@ impl Writer {
         Ok(())
     }
 
-    /// Convert pending rows (at most what completes the open part) into one batch, write
+    /// Convert the oldest pending rows (one batch: at most [`BATCH_ROWS`] rows,
+    /// [`BATCH_BYTES`] bytes and what completes the open part) into one Arrow batch, write
     /// it, note it in the ledger, and close the part when it is full.
     fn flush(&mut self) -> Result<(), RecordError> {
         if self.pending.is_empty() {
@@ -439,9 +569,24 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| RecordError("no open part".into()))?;
         // Never let one part overshoot part_rows: split the batch at the boundary.
-        let take = self.pending.len().min(part_rows - p.rows);
-        let batch = to_batch(&self.pending[..take], &self.opts.redaction, &self.schema)
+        let room = (part_rows - p.rows).min(BATCH_ROWS);
+        let rows = self.pending.make_contiguous();
+        let (mut take, mut bytes) = (0, 0);
+        for r in rows.iter().take(room) {
+            if take > 0 && bytes + r.approx_bytes() > BATCH_BYTES {
+                break;
+            }
+            bytes += r.approx_bytes();
+            take += 1;
+        }
+        let batch = to_batch(&rows[..take], &self.opts.redaction, &self.schema)
             .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
+        // Rows leave the held count before the part's count takes them, so that a crash
+        // between the two ledger lines never counts a row twice.
+        if self.held_noted > 0 {
+            self.held_noted = self.pending.len() - take;
+            self.ledger.note_held(self.held_noted);
+        }
         p.writer
             .write(&batch)
             .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
@@ -450,7 +595,7 @@ impl Writer {
         self.ledger.note(p.index, p.rows);
         let full = p.rows >= part_rows;
         self.pending.drain(..take);
-        self.pending_bytes = self.pending.iter().map(ExchangeRecord::approx_bytes).sum();
+        self.pending_bytes -= bytes;
         if full {
             self.close_open_part()?;
         }
@@ -498,6 +643,124 @@ mod tests {
         assert_eq!(stats.parts as u64, kept.div_ceil(7_000));
         // After finish, submitting is an error, not a silent loss.
         assert!(rec.try_submit(row(0, b"x")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod hold {
+    use super::*;
+    use crate::record::ledger;
+    use crate::record::tests_support::row;
+
+    /// `RUN/exchanges` in a temporary run directory (the ledger goes beside it).
+    fn exchanges() -> (tempfile::TempDir, PathBuf) {
+        let run = tempfile::tempdir().unwrap();
+        let ex = run.path().join("exchanges");
+        fs::create_dir(&ex).unwrap();
+        (run, ex)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn held_rows_wait_unencoded_until_release_and_the_ledger_counts_them() {
+        let (_run, ex) = exchanges();
+        let mut opts = RecorderOptions::new(ex.clone());
+        opts.part_rows = 10_000;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = runtime();
+        rec.hold();
+        rt.block_on(async {
+            for i in 0..5_000 {
+                rec.submit(row(i, b"x")).await.unwrap();
+            }
+        });
+        // Longer than the idle wait (0.5 s) after which rows are otherwise encoded.
+        std::thread::sleep(Duration::from_millis(800));
+        let noted = ledger::read(&ex);
+        assert!(
+            noted.parts.is_empty(),
+            "nothing encoded while held: {noted:?}"
+        );
+        assert_eq!(noted.held, 4_992, "held rows noted every 64");
+        rt.block_on(rec.release()).unwrap();
+        // Release answers after every row submitted before it is in the open part.
+        let noted = ledger::read(&ex);
+        assert_eq!(noted.parts.get(&0), Some(&5_000), "{noted:?}");
+        assert_eq!(noted.held, 0);
+        let stats = rec.finish().unwrap();
+        assert_eq!((stats.rows, stats.encoded_while_held), (5_000, 0));
+    }
+
+    #[test]
+    fn past_the_hold_bound_rows_are_encoded_during_the_hold_and_counted() {
+        let (_run, ex) = exchanges();
+        let mut opts = RecorderOptions::new(ex.clone());
+        let one = row(0, b"x").approx_bytes();
+        opts.hold_bytes = 3_000 * one;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = runtime();
+        rec.hold();
+        rt.block_on(async {
+            for i in 0..8_000 {
+                rec.submit(row(i, b"x")).await.unwrap();
+            }
+            rec.release().await.unwrap();
+        });
+        let stats = rec.finish().unwrap();
+        assert_eq!(stats.rows, 8_000);
+        // Past the bound the oldest batch is encoded, so what stays held is within one
+        // batch below the bound.
+        assert!(
+            (8_000 - 3_000..8_000 - 3_000 + BATCH_ROWS as u64).contains(&stats.encoded_while_held),
+            "{stats:?}"
+        );
+    }
+
+    #[test]
+    fn holds_nest_and_a_zero_bound_never_holds() {
+        let (_run, ex) = exchanges();
+        let mut opts = RecorderOptions::new(ex.clone());
+        opts.part_rows = 10_000;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = runtime();
+        rec.hold();
+        rec.hold();
+        rt.block_on(async {
+            for i in 0..3_000 {
+                rec.submit(row(i, b"x")).await.unwrap();
+            }
+            rec.release().await.unwrap();
+        });
+        assert!(ledger::read(&ex).parts.is_empty(), "one hold is still open");
+        rt.block_on(rec.release()).unwrap();
+        assert_eq!(ledger::read(&ex).parts.get(&0), Some(&3_000));
+        rec.finish().unwrap();
+
+        let (_run, ex) = exchanges();
+        let mut opts = RecorderOptions::new(ex.clone());
+        opts.hold_bytes = 0;
+        let rec = Recorder::start(opts).unwrap();
+        rec.hold();
+        rt.block_on(async {
+            for i in 0..3_000 {
+                rec.submit(row(i, b"x")).await.unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            ledger::read(&ex).parts.get(&0),
+            Some(&2_048),
+            "whole batches encoded as they fill"
+        );
+        rt.block_on(rec.release()).unwrap();
+        let stats = rec.finish().unwrap();
+        assert_eq!((stats.rows, stats.parts), (3_000, 1));
     }
 }
 

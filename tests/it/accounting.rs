@@ -167,6 +167,10 @@ async fn replay_accounts_for_every_request_against_a_worker_that_fails_a_known_f
     );
     let summary = read_json(&out.join("summary.json"));
     assert_eq!(summary["failures"], json!({"http": failed}));
+    // Each round's rows (gathered by its workers, held by the writer) were all encoded
+    // after the round, and every one of them reached a part.
+    assert_eq!(summary["rows_encoded_during_rounds"], json!(0));
+    assert_eq!(summary["rows_written"], json!(total));
     let attempted: u64 = summary["rounds"]
         .as_array()
         .unwrap()

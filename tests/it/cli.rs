@@ -391,6 +391,8 @@ fn no_record_writes_no_exchanges_but_every_report() {
             "plans/demo.json",
             "--mock-worker",
             "--no-record",
+            "--threads",
+            "2",
             "--out",
         ])
         .arg(&run)
@@ -408,6 +410,8 @@ fn no_record_writes_no_exchanges_but_every_report() {
     assert_eq!(summary["rounds"].as_array().unwrap().len(), 12);
     let config = read_json(&run.join("config.json"));
     assert_eq!(config["extra"]["recording"]["exchanges"], json!(false));
+    assert_eq!(config["extra"]["runtime_threads"], json!(2));
+    assert!(summary.get("rows_encoded_during_rounds").is_none());
     assert!(run.join("rounds.parquet").is_file());
 }
 
@@ -657,6 +661,16 @@ fn first_hour_flag_mistakes_get_an_answer_about_the_flag_and_leave_nothing_behin
                 "-2",
             ],
             "--grace-seconds must be a number of seconds >= 0, got -2",
+        ),
+        (
+            vec![
+                "replay",
+                "plans/demo.json",
+                "--mock-worker",
+                "--threads",
+                "0",
+            ],
+            "--threads must be at least 1",
         ),
         (
             vec![

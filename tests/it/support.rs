@@ -221,6 +221,8 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         no_record: false,
         contract: None,
         grace_seconds: 5.0,
+        record_hold: None,
+        threads: None,
         mock: Default::default(),
     }
 }

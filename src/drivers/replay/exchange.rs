@@ -1,6 +1,8 @@
 //! One exchange of a replay: the request built from the validated plan, sent through the
 //! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
 
@@ -13,12 +15,14 @@ use crate::engine::{BodyCopy, Capture, Captured, http1};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::{ConnectionPolicy, Endpoint, Outcome};
 use crate::oracle::{self, Oracle};
+use crate::record::ExchangeRecord;
 
 /// One request of the plan, made once per arm: its bytes for the lean client, and the
 /// method, headers and body its rows record.
 pub(super) struct Frozen {
     pub(super) lean: LeanRequest,
-    pub(super) headers: HeaderMap,
+    /// Shared by every row of this request (no per-row copy).
+    pub(super) headers: Arc<HeaderMap>,
     pub(super) body: Bytes,
 }
 
@@ -76,13 +80,64 @@ pub(super) fn freeze(
     };
     Frozen {
         lean: LeanRequest::new(method, target, &headers, &body),
-        headers,
+        headers: Arc::new(headers),
         body,
     }
 }
 
-/// Run, judge and record one exchange. Returns what the metrics need.
-pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample {
+/// Finished rows on their way to the recorder, handed over `batch` at a time: a measured
+/// wave's worker gathers [`WAVE_ROW_BATCH`], so the queue is crossed once per batch, not
+/// once per exchange; the sequential phases hand each row over at once.
+pub(super) struct Rows {
+    rows: Vec<ExchangeRecord>,
+    batch: usize,
+}
+
+/// Rows a wave's worker gathers before handing them to the recorder (and at most what a
+/// SIGKILL loses from each worker, besides the recorder's own queue).
+pub(super) const WAVE_ROW_BATCH: usize = 64;
+
+impl Rows {
+    pub(super) fn new(batch: usize) -> Rows {
+        Rows {
+            rows: Vec::new(),
+            batch: batch.max(1),
+        }
+    }
+
+    async fn push(&mut self, ctx: &Ctx, row: ExchangeRecord) {
+        if self.batch == 1 {
+            if let Err(e) = ctx.base.run.recorder.submit(row).await {
+                ctx.base.run.record_failed(e);
+                ctx.halt();
+            }
+            return;
+        }
+        if self.rows.capacity() == 0 {
+            self.rows.reserve_exact(self.batch);
+        }
+        self.rows.push(row);
+        if self.rows.len() >= self.batch {
+            self.flush(ctx).await;
+        }
+    }
+
+    /// Hand every gathered row to the recorder (a stopped writer stops every arm).
+    pub(super) async fn flush(&mut self, ctx: &Ctx) {
+        if self.rows.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        if let Err(e) = ctx.base.run.recorder.submit_many(rows).await {
+            ctx.base.run.record_failed(e);
+            ctx.halt();
+        }
+    }
+}
+
+/// Run, judge and record one exchange (its row goes to `rows`). Returns what the
+/// metrics need.
+pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut Rows) -> Sample {
     let frozen = match d.case {
         None => &ctx.frozen[0][0],
         Some(ci) => &ctx.frozen[ci + 1][d.variant],
@@ -187,11 +242,8 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch) -> Sample 
             headers: frozen.headers.clone(),
             body: BodyCopy::of_whole(&frozen.body, ctx.base.max_record_body),
         };
-        let row = ctx.base.run.row(ids, request, got, verdict);
-        if let Err(e) = ctx.base.run.recorder.submit(row).await {
-            ctx.base.run.record_failed(e);
-            ctx.halt();
-        }
+        rows.push(ctx, ctx.base.run.row(ids, request, got, verdict))
+            .await;
     }
     ctx.base.progress.inc(1);
     if outcome != Outcome::Ok {

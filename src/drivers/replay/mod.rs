@@ -32,7 +32,7 @@ use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
 use crate::model::Phase;
 use crate::report::{self, Ending, PhaseCounts};
 pub(crate) use arms::ArmEnv;
-use exchange::exchange;
+use exchange::{Rows, exchange};
 pub(crate) use launch::kill_all as kill_started_servers;
 use wave::{LagProbe, cores, wave};
 
@@ -305,6 +305,7 @@ async fn prelude(
             dispatch_index: 0,
             worker: 0,
         },
+        &mut Rows::new(1),
     )
     .await;
     excluded.entry(Phase::Health).or_default().add(&s);
@@ -337,6 +338,7 @@ async fn prelude(
                             dispatch_index: i as i64,
                             worker: 0,
                         },
+                        &mut Rows::new(1),
                     )
                     .await;
                     excluded.entry(phase).or_default().add(&s);
@@ -384,11 +386,22 @@ async fn measured_round(
 ) -> Measured {
     let case = &ctx.plan.cases[ci];
     let n = ctx.plan.requests_per_case;
+    let recorder = &ctx.base.run.recorder;
+    // The round's rows are encoded after it, not while requests are in flight.
+    if ctx.base.record_exchanges {
+        recorder.hold();
+    }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
     let samples = wave(ctx, slots, ci, Phase::Measured, c, Some(rep), n).await;
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
+    if ctx.base.record_exchanges
+        && let Err(e) = recorder.release().await
+    {
+        ctx.base.run.record_failed(e);
+        ctx.halt();
+    }
     let mut round = metrics::round_metrics(&case.name, c, rep, n as u64, &samples);
     round.arm = ctx.arm.as_deref().map(str::to_string);
     let load = GeneratorLoad::new(

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::exchange::exchange;
+use super::exchange::{Rows, WAVE_ROW_BATCH, exchange};
 use super::{Ctx, Dispatch, Slot};
 use crate::clock;
 use crate::metrics::Sample;
@@ -71,6 +71,7 @@ pub(super) async fn wave(
             // Closed loop: each worker takes about n / c requests. Nothing is allocated per
             // planned request up front: a round that stops early never pays for the rest.
             let mut samples = Vec::with_capacity((n / c.max(1) + 1).min(1024));
+            let mut rows = Rows::new(WAVE_ROW_BATCH);
             loop {
                 if ctx.stopped() {
                     break;
@@ -98,8 +99,9 @@ pub(super) async fn wave(
                     dispatch_index: i as i64,
                     worker: w as i32,
                 };
-                samples.push(exchange(&ctx, &mut slot, d).await);
+                samples.push(exchange(&ctx, &mut slot, d, &mut rows).await);
             }
+            rows.flush(&ctx).await;
             (slot, samples)
         }));
     }

@@ -269,7 +269,7 @@ fn build_record(
         start_offset_us: p.start_offset_us,
         method: p.method,
         url: Arc::from(p.url),
-        headers: p.request_headers,
+        headers: Arc::new(p.request_headers),
         body: tee,
     };
     sh.run.row(ids, request, got, verdict)
