@@ -166,7 +166,7 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None):
     # whole CPU time (rounds and what was left for after them), rows = requests, a sample
     # of recorded bodies, and every thread's CPU list.
     requests = sum(x["attempted_requests"] for x in s["rounds"]) + \
-        sum(x["attempted"] for x in s["excluded_phases"].values())
+        sum(x["attempted_requests"] for x in s["excluded_phases"].values())
     cpu_s = rusage.ru_utime + rusage.ru_stime
     guard = {"requests": requests, "cpu_us_per_request": 1e6 * cpu_s / max(requests, 1), "threads": threads,
              "rows_ok": None, "bodies_ok": None}
@@ -638,7 +638,8 @@ def guard_section(gen):
              "CPU per request: the replay process's whole user + system time (every phase, and the Parquet "
              "encoding left for after each round) over every request it sent. Threads: each thread's "
              "`Cpus_allowed_list` from /proc, read every 0.2 s (the generator is pinned to CPU 0), and its share "
-             "of the process's CPU ticks. Rows: `rows_written` = requests sent, every run. Bodies: 20 measured rows "
+             "of the CPU ticks seen at each thread's last reading (a lower bound for threads busy in the last "
+             "0.2 s of the run, such as the recorder finishing its parts). Rows: `rows_written` = requests sent, every run. Bodies: 20 measured rows "
              "per run read back from the Parquet parts with pyarrow and compared with the upstream's body.", "",
              "| c | generator | CPU µs/request | threads (CPUs allowed, share of CPU) | rows = requests | bodies | "
              "rows encoded during rounds |", "|---|---|---|---|---|---|---|"]

@@ -446,8 +446,11 @@ fn reports(
     let mut summary_v = result.summary.clone();
     summary_v["rows_written"] = serde_json::json!(recording.rows);
     if !args.no_record {
-        summary_v["rows_encoded_during_rounds"] =
-            serde_json::json!(recording.encoded_during_rounds);
+        // Unknown (null) when the writer failed: its count did not come back.
+        summary_v["rows_encoded_during_rounds"] = match recording.problems.is_empty() {
+            true => serde_json::json!(recording.encoded_during_rounds),
+            false => serde_json::Value::Null,
+        };
     }
     let record_error = recording.problems.first();
     if let Some(e) = record_error {

@@ -38,17 +38,24 @@ impl Ledger {
         )
     }
 
-    /// Part `part` now holds `rows` rows.
-    pub(crate) fn note(&mut self, part: u32, rows: usize) {
-        if let Some(f) = self.0.as_mut() {
-            let _ = writeln!(f, "{part} {rows}");
-        }
+    /// Part `part` now holds `rows` rows; with `held`, that many rows are (still) held in
+    /// memory, not yet in any part. One write, so a crash sees both lines or neither.
+    pub(crate) fn note(&mut self, part: u32, rows: usize, held: Option<usize>) {
+        let line = match held {
+            Some(h) => format!("{part} {rows}\nheld {h}\n"),
+            None => format!("{part} {rows}\n"),
+        };
+        self.write(&line);
     }
 
     /// `rows` rows are held in memory, not yet in any part.
     pub(crate) fn note_held(&mut self, rows: usize) {
+        self.write(&format!("held {rows}\n"));
+    }
+
+    fn write(&mut self, line: &str) {
         if let Some(f) = self.0.as_mut() {
-            let _ = writeln!(f, "held {rows}");
+            let _ = f.write_all(line.as_bytes());
         }
     }
 }
@@ -93,10 +100,10 @@ mod tests {
         let ex = run.path().join("exchanges");
         fs::create_dir(&ex).unwrap();
         let mut l = Ledger::open(&ex);
-        l.note(0, 50);
-        l.note(0, 100);
+        l.note(0, 50, None);
+        l.note(0, 100, None);
         l.note_held(1024);
-        l.note(1, 7);
+        l.note(1, 7, Some(1000));
         drop(l);
         assert!(run.path().join(LEDGER).is_file());
         assert_eq!(
@@ -106,7 +113,7 @@ mod tests {
         );
         let noted = read(&ex);
         assert_eq!(noted.parts, BTreeMap::from([(0, 100), (1, 7)]));
-        assert_eq!(noted.held, 1024);
+        assert_eq!(noted.held, 1000);
         // A run made before kept it inside exchanges/.
         let old = tempfile::tempdir().unwrap();
         let ex = old.path().join("exchanges");

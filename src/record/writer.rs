@@ -68,16 +68,25 @@ impl RecorderOptions {
     }
 }
 
-/// Default of [`RecorderOptions::hold_bytes`]: an eighth of the machine's memory, at most
-/// 1 GiB (256 MiB where the machine's memory cannot be read).
+/// Default of [`RecorderOptions::hold_bytes`]: an eighth of the memory this process may
+/// use (the machine's, or its cgroup's `memory.max` when lower), at most 1 GiB (256 MiB
+/// where neither can be read).
 pub fn default_hold_bytes() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
             .map(|kib| kib.saturating_mul(1024))
     });
-    total.map_or(256 << 20, |t| (t / 8).min(1 << 30))
+    // cgroup v2; "max" (no limit) does not parse and leaves the machine's.
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let limit = match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    };
+    limit.map_or(256 << 20, |t| (t / 8).min(1 << 30))
 }
 
 /// What the writer did.
@@ -218,7 +227,8 @@ impl Recorder {
     /// From now until [`Recorder::release`], keep rows in memory (up to
     /// [`RecorderOptions::hold_bytes`]) instead of encoding them: replay calls it as a
     /// measured round starts, so that no request waits behind Parquet encoding. Holds
-    /// nest (two arms' rounds may overlap); rows already queued are held too.
+    /// nest (each is ended by one release); rows already taken off the queue and not yet
+    /// encoded are held too.
     pub fn hold(&self) {
         let _ = self.tx.send(Msg::Hold);
     }
@@ -441,13 +451,16 @@ impl Writer {
                 Some(Polled::Hold) => self.holds += 1,
                 Some(Polled::Release(done)) => {
                     self.holds = self.holds.saturating_sub(1);
-                    if self.holds == 0 {
+                    if !self.holding() {
+                        // Everything the round left, and an old part's close, happen
+                        // before the next round may start.
                         self.flush_all()?;
+                        self.roll_if_old()?;
                     }
                     let _ = done.send(());
                 }
                 // Idle: hand pending rows to the part so the age check sees them.
-                Some(Polled::Idle) if self.holds == 0 => self.flush_all()?,
+                Some(Polled::Idle) if !self.holding() => self.flush_all()?,
                 Some(Polled::Idle) => {}
                 Some(Polled::Closed) => {
                     self.flush_all()?;
@@ -460,15 +473,28 @@ impl Writer {
                     return self.close_open_part();
                 }
             }
-            if self.holds == 0
-                && let Some(p) = &self.part
-                && p.rows > 0
-                && clock::now_ns().saturating_sub(p.opened_ns) >= self.part_ns
-            {
-                self.flush_all()?;
-                self.close_open_part()?;
+            if !self.holding() {
+                self.roll_if_old()?;
             }
         }
+    }
+
+    /// Rows are being held ([`Recorder::hold`] with a bound above 0): no idle flush, no
+    /// part closed for its age.
+    fn holding(&self) -> bool {
+        self.holds > 0 && self.opts.hold_bytes > 0
+    }
+
+    /// Close the open part when it is older than `--part-seconds` and has rows.
+    fn roll_if_old(&mut self) -> Result<(), RecordError> {
+        if let Some(p) = &self.part
+            && p.rows > 0
+            && clock::now_ns().saturating_sub(p.opened_ns) >= self.part_ns
+        {
+            self.flush_all()?;
+            self.close_open_part()?;
+        }
+        Ok(())
     }
 
     /// One look at the queue. Poll rather than block: a receiver blocked in the channel
@@ -516,12 +542,10 @@ impl Writer {
     fn on_row(&mut self, rec: ExchangeRecord) -> Result<(), RecordError> {
         self.pending_bytes += rec.approx_bytes();
         self.pending.push_back(rec);
-        if self.holds > 0 && self.opts.hold_bytes > 0 {
+        if self.holding() {
             // Held: encoded after the round, except the oldest rows past the bound.
-            while self.pending_bytes >= self.opts.hold_bytes {
-                let before = self.stats.rows;
+            while self.pending_bytes >= self.opts.hold_bytes && !self.pending.is_empty() {
                 self.flush()?;
-                self.stats.encoded_while_held += self.stats.rows - before;
             }
             // The ledger learns, every so often, how many rows a crash now would lose
             // besides the open part.
@@ -570,32 +594,39 @@ impl Writer {
             .ok_or_else(|| RecordError("no open part".into()))?;
         // Never let one part overshoot part_rows: split the batch at the boundary.
         let room = (part_rows - p.rows).min(BATCH_ROWS);
-        let rows = self.pending.make_contiguous();
         let (mut take, mut bytes) = (0, 0);
-        for r in rows.iter().take(room) {
+        for r in self.pending.iter().take(room) {
             if take > 0 && bytes + r.approx_bytes() > BATCH_BYTES {
                 break;
             }
             bytes += r.approx_bytes();
             take += 1;
         }
-        let batch = to_batch(&rows[..take], &self.opts.redaction, &self.schema)
+        // Moved out (at most one batch), never by rotating a deque of held rows.
+        let rows: Vec<ExchangeRecord> = self.pending.drain(..take).collect();
+        self.pending_bytes = match self.pending.is_empty() {
+            true => 0,
+            false => self.pending_bytes.saturating_sub(bytes),
+        };
+        let batch = to_batch(&rows, &self.opts.redaction, &self.schema)
             .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
-        // Rows leave the held count before the part's count takes them, so that a crash
-        // between the two ledger lines never counts a row twice.
-        if self.held_noted > 0 {
-            self.held_noted = self.pending.len() - take;
-            self.ledger.note_held(self.held_noted);
-        }
         p.writer
             .write(&batch)
             .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
         p.rows += take;
         self.stats.rows += take as u64;
-        self.ledger.note(p.index, p.rows);
+        if self.holds > 0 {
+            // Encoded while a measured round runs (past the bound, or with no bound).
+            self.stats.encoded_while_held += take as u64;
+        }
+        // The rows move from the held count to the part's in one ledger write: a crash
+        // sees both lines or neither, never a row twice or not at all.
+        let held = (self.held_noted > 0).then(|| {
+            self.held_noted = self.pending.len();
+            self.held_noted
+        });
+        self.ledger.note(p.index, p.rows, held);
         let full = p.rows >= part_rows;
-        self.pending.drain(..take);
-        self.pending_bytes -= bytes;
         if full {
             self.close_open_part()?;
         }
@@ -752,15 +783,17 @@ mod hold {
                 rec.submit(row(i, b"x")).await.unwrap();
             }
         });
-        std::thread::sleep(Duration::from_millis(100));
+        // Longer than the idle wait (0.5 s): with no bound, the idle flush still runs.
+        std::thread::sleep(Duration::from_millis(800));
         assert_eq!(
             ledger::read(&ex).parts.get(&0),
-            Some(&2_048),
-            "whole batches encoded as they fill"
+            Some(&3_000),
+            "encoded as rows arrive, as outside a hold"
         );
         rt.block_on(rec.release()).unwrap();
         let stats = rec.finish().unwrap();
         assert_eq!((stats.rows, stats.parts), (3_000, 1));
+        assert_eq!(stats.encoded_while_held, 3_000, "and counted as such");
     }
 }
 

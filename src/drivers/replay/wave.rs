@@ -11,9 +11,13 @@ use crate::metrics::Sample;
 use crate::model::Phase;
 use crate::record::RecordError;
 
-/// Cores this process may run on (its CPU affinity, e.g. under `taskset`).
+/// Cores the run can use: those in the process's CPU affinity (e.g. under `taskset`), at
+/// most the runtime's threads (`--threads`) plus the recorder's.
 pub(super) fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    let affinity = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads =
+        tokio::runtime::Handle::try_current().map_or(affinity, |h| h.metrics().num_workers() + 1);
+    affinity.min(threads)
 }
 
 /// The dispatch-lag probe: a task on the same runtime as the workers that asks to wake
