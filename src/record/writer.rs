@@ -683,67 +683,81 @@ mod hold {
     use crate::record::ledger;
     use crate::record::tests_support::row;
 
-    /// `RUN/exchanges` in a temporary run directory (the ledger goes beside it).
-    fn exchanges() -> (tempfile::TempDir, PathBuf) {
-        let run = tempfile::tempdir().unwrap();
-        let ex = run.path().join("exchanges");
-        fs::create_dir(&ex).unwrap();
-        (run, ex)
+    /// A recorder writing into `RUN/exchanges` of a temporary run directory (the ledger
+    /// goes beside it), parts of 10,000 rows, and a runtime to submit from.
+    struct Setup {
+        _run: tempfile::TempDir,
+        ex: PathBuf,
+        rec: Recorder,
+        rt: tokio::runtime::Runtime,
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
+    impl Setup {
+        fn new(hold_bytes: Option<usize>) -> Setup {
+            let run = tempfile::tempdir().unwrap();
+            let ex = run.path().join("exchanges");
+            fs::create_dir(&ex).unwrap();
+            let mut opts = RecorderOptions::new(ex.clone());
+            opts.part_rows = 10_000;
+            if let Some(b) = hold_bytes {
+                opts.hold_bytes = b;
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let rec = Recorder::start(opts).unwrap();
+            Setup {
+                _run: run,
+                ex,
+                rec,
+                rt,
+            }
+        }
+
+        /// Submit `n` rows (back-pressure as replay's).
+        fn submit(&self, n: i64) {
+            self.rt.block_on(async {
+                for i in 0..n {
+                    self.rec.submit(row(i, b"x")).await.unwrap();
+                }
+            });
+        }
+
+        fn release(&self) {
+            self.rt.block_on(self.rec.release()).unwrap();
+        }
     }
 
     #[test]
     fn held_rows_wait_unencoded_until_release_and_the_ledger_counts_them() {
-        let (_run, ex) = exchanges();
-        let mut opts = RecorderOptions::new(ex.clone());
-        opts.part_rows = 10_000;
-        let rec = Recorder::start(opts).unwrap();
-        let rt = runtime();
-        rec.hold();
-        rt.block_on(async {
-            for i in 0..5_000 {
-                rec.submit(row(i, b"x")).await.unwrap();
-            }
-        });
+        let t = Setup::new(None);
+        t.rec.hold();
+        t.submit(5_000);
         // Longer than the idle wait (0.5 s) after which rows are otherwise encoded.
         std::thread::sleep(Duration::from_millis(800));
-        let noted = ledger::read(&ex);
+        let noted = ledger::read(&t.ex);
         assert!(
             noted.parts.is_empty(),
             "nothing encoded while held: {noted:?}"
         );
         assert_eq!(noted.held, 4_992, "held rows noted every 64");
-        rt.block_on(rec.release()).unwrap();
+        t.release();
         // Release answers after every row submitted before it is in the open part.
-        let noted = ledger::read(&ex);
+        let noted = ledger::read(&t.ex);
         assert_eq!(noted.parts.get(&0), Some(&5_000), "{noted:?}");
         assert_eq!(noted.held, 0);
-        let stats = rec.finish().unwrap();
+        let stats = t.rec.finish().unwrap();
         assert_eq!((stats.rows, stats.encoded_while_held), (5_000, 0));
     }
 
     #[test]
     fn past_the_hold_bound_rows_are_encoded_during_the_hold_and_counted() {
-        let (_run, ex) = exchanges();
-        let mut opts = RecorderOptions::new(ex.clone());
-        let one = row(0, b"x").approx_bytes();
-        opts.hold_bytes = 3_000 * one;
-        let rec = Recorder::start(opts).unwrap();
-        let rt = runtime();
-        rec.hold();
-        rt.block_on(async {
-            for i in 0..8_000 {
-                rec.submit(row(i, b"x")).await.unwrap();
-            }
-            rec.release().await.unwrap();
-        });
-        let stats = rec.finish().unwrap();
+        let t = Setup::new(Some(3_000 * row(0, b"x").approx_bytes()));
+        t.rec.hold();
+        t.submit(8_000);
+        t.release();
+        let stats = t.rec.finish().unwrap();
         assert_eq!(stats.rows, 8_000);
         // Past the bound the oldest batch is encoded, so what stays held is within one
         // batch below the bound.
@@ -755,43 +769,31 @@ mod hold {
 
     #[test]
     fn holds_nest_and_a_zero_bound_never_holds() {
-        let (_run, ex) = exchanges();
-        let mut opts = RecorderOptions::new(ex.clone());
-        opts.part_rows = 10_000;
-        let rec = Recorder::start(opts).unwrap();
-        let rt = runtime();
-        rec.hold();
-        rec.hold();
-        rt.block_on(async {
-            for i in 0..3_000 {
-                rec.submit(row(i, b"x")).await.unwrap();
-            }
-            rec.release().await.unwrap();
-        });
-        assert!(ledger::read(&ex).parts.is_empty(), "one hold is still open");
-        rt.block_on(rec.release()).unwrap();
-        assert_eq!(ledger::read(&ex).parts.get(&0), Some(&3_000));
-        rec.finish().unwrap();
+        let t = Setup::new(None);
+        t.rec.hold();
+        t.rec.hold();
+        t.submit(3_000);
+        t.release();
+        assert!(
+            ledger::read(&t.ex).parts.is_empty(),
+            "one hold is still open"
+        );
+        t.release();
+        assert_eq!(ledger::read(&t.ex).parts.get(&0), Some(&3_000));
+        t.rec.finish().unwrap();
 
-        let (_run, ex) = exchanges();
-        let mut opts = RecorderOptions::new(ex.clone());
-        opts.hold_bytes = 0;
-        let rec = Recorder::start(opts).unwrap();
-        rec.hold();
-        rt.block_on(async {
-            for i in 0..3_000 {
-                rec.submit(row(i, b"x")).await.unwrap();
-            }
-        });
+        let t = Setup::new(Some(0));
+        t.rec.hold();
+        t.submit(3_000);
         // Longer than the idle wait (0.5 s): with no bound, the idle flush still runs.
         std::thread::sleep(Duration::from_millis(800));
         assert_eq!(
-            ledger::read(&ex).parts.get(&0),
+            ledger::read(&t.ex).parts.get(&0),
             Some(&3_000),
             "encoded as rows arrive, as outside a hold"
         );
-        rt.block_on(rec.release()).unwrap();
-        let stats = rec.finish().unwrap();
+        t.release();
+        let stats = t.rec.finish().unwrap();
         assert_eq!((stats.rows, stats.parts), (3_000, 1));
         assert_eq!(stats.encoded_while_held, 3_000, "and counted as such");
     }

@@ -270,34 +270,10 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_dispatch_keeps_every_row_and_exits_130() {
-    let handler: Handler = std::sync::Arc::new(|_, s: &Seen| {
-        let mut r = if s.method == "GET" {
-            Reply::json(200, &json!({}))
-        } else {
-            Reply::json(
-                200,
-                &json!({"echo": serde_json::from_slice::<serde_json::Value>(&s.body).unwrap()}),
-            )
-        };
-        r.delay = std::time::Duration::from_millis(40);
-        r
-    });
-    let peer = Peer::start(handler).await;
+    let peer = Peer::start(slow_echo_handler(std::time::Duration::from_millis(40))).await;
     let tmp = tempfile::tempdir().unwrap();
-    let plan = json!({
-        "endpoint": peer.url("/x"),
-        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
-        "concurrency": [2], "requests_per_case": 200, "timeout_seconds": 5, "metadata": metadata(),
-    });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let run = tmp.path().join("run");
-    let mut child = spawn_bin([
-        "replay".as_ref(),
-        "--quiet".as_ref(),
-        "--out".as_ref(),
-        run.as_os_str(),
-        path.as_os_str(),
-    ]);
+    let (mut child, run) =
+        spawn_replay(tmp.path(), &echo_plan(peer.url("/x"), "fresh", 2, 200), &[]);
     // Wait until measured traffic flows, then SIGTERM.
     for _ in 0..400 {
         if peer.seen().len() >= 12 {

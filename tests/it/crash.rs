@@ -89,36 +89,14 @@ async fn summarize_rebuilds_the_same_reports_from_the_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was_kept() {
-    let handler: Handler = Arc::new(|_, s: &Seen| {
-        let mut r = Reply::json(
-            200,
-            &json!({"echo": serde_json::from_slice::<Value>(&s.body).unwrap_or(Value::Null)}),
-        );
-        r.delay = Duration::from_millis(3);
-        r
-    });
-    let peer = Peer::start(handler).await;
+    let peer = Peer::start(slow_echo_handler(Duration::from_millis(3))).await;
     let tmp = tempfile::tempdir().unwrap();
-    let plan = json!({
-        "endpoint": peer.url("/x"),
-        "connection": "keep-alive",
-        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
-        "concurrency": [4], "requests_per_case": 2_000, "timeout_seconds": 5, "metadata": metadata(),
-    });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let run = tmp.path().join("run");
-    let mut child = spawn_bin([
-        "replay".as_ref(),
-        "--quiet".as_ref(),
-        "--part-rows".as_ref(),
-        "50".as_ref(),
-        // Rows encoded as they arrive (the held rows of a round: the next test).
-        "--record-hold".as_ref(),
-        "0".as_ref(),
-        "--out".as_ref(),
-        run.as_os_str(),
-        path.as_os_str(),
-    ]);
+    // Rows encoded as they arrive (the held rows of a round: the next test).
+    let (mut child, run) = spawn_replay(
+        tmp.path(),
+        &echo_plan(peer.url("/x"), "keep-alive", 4, 2_000),
+        &["--part-rows", "50", "--record-hold", "0"],
+    );
     let closed = || {
         part_files(&run)
             .iter()
@@ -200,31 +178,13 @@ fn ledger_held(run: &std::path::Path) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_in_a_measured_round_loses_the_held_rows_and_recover_counts_them() {
-    let handler: Handler = Arc::new(|_, s: &Seen| {
-        let mut r = Reply::json(
-            200,
-            &json!({"echo": serde_json::from_slice::<Value>(&s.body).unwrap_or(Value::Null)}),
-        );
-        r.delay = Duration::from_millis(2);
-        r
-    });
-    let peer = Peer::start(handler).await;
+    let peer = Peer::start(slow_echo_handler(Duration::from_millis(2))).await;
     let tmp = tempfile::tempdir().unwrap();
-    let plan = json!({
-        "endpoint": peer.url("/x"),
-        "connection": "keep-alive",
-        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
-        "concurrency": [4], "requests_per_case": 20_000, "timeout_seconds": 5, "metadata": metadata(),
-    });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let run = tmp.path().join("run");
-    let mut child = spawn_bin([
-        "replay".as_ref(),
-        "--quiet".as_ref(),
-        "--out".as_ref(),
-        run.as_os_str(),
-        path.as_os_str(),
-    ]);
+    let (mut child, run) = spawn_replay(
+        tmp.path(),
+        &echo_plan(peer.url("/x"), "keep-alive", 4, 20_000),
+        &[],
+    );
     // The round's rows are held, not encoded: wait until the ledger says 500 are.
     for _ in 0..2000 {
         if ledger_held(&run) >= 500 {

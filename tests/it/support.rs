@@ -193,6 +193,44 @@ pub fn echo_handler() -> Handler {
     })
 }
 
+/// [`echo_handler`], each answer `delay` late.
+pub fn slow_echo_handler(delay: Duration) -> Handler {
+    let echo = echo_handler();
+    Arc::new(move |i, seen: &Seen| {
+        let mut r = echo(i, seen);
+        r.delay = delay;
+        r
+    })
+}
+
+/// A one-case plan against [`echo_handler`] at `url`: `{"q": 1}` answered
+/// `{"echo": {"q": 1}}`, at one concurrency, over `connection` (`fresh`, `keep-alive`).
+pub fn echo_plan(
+    url: String,
+    connection: &str,
+    concurrency: usize,
+    requests_per_case: usize,
+) -> Value {
+    json!({
+        "endpoint": url,
+        "connection": connection,
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
+        "concurrency": [concurrency], "requests_per_case": requests_per_case, "timeout_seconds": 5,
+        "metadata": metadata(),
+    })
+}
+
+/// Write `plan` in `dir` and start `matrix-proxy replay --quiet FLAGS --out DIR/run PLAN`
+/// as a child; the child and its run directory.
+pub fn spawn_replay(dir: &Path, plan: &Value, flags: &[&str]) -> (tokio::process::Child, PathBuf) {
+    let path = write_plan(dir, "p.json", plan);
+    let run = dir.join("run");
+    let mut args: Vec<std::ffi::OsString> = vec!["replay".into(), "--quiet".into()];
+    args.extend(flags.iter().map(Into::into));
+    args.extend(["--out".into(), run.clone().into(), path.into()]);
+    (spawn_bin(args), run)
+}
+
 pub fn metadata() -> Value {
     json!({"gpu": "N/A: test", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A", "precision": "N/A",
         "model_revision": "test", "runtime_revision": "test", "cache_policy": "none",
