@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{CliError, Exit, tool, usage};
+use super::{CliError, Exit, read_json, tool, usage};
+use crate::clock;
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
 use crate::config::plan::Plan;
@@ -201,16 +202,9 @@ struct Run {
     campaign: Option<Value>,
 }
 
-fn read_json(path: &Path) -> Result<Value, CliError> {
-    let bytes = std::fs::read(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| usage(format!("{}: not valid JSON: {e}", path.display())))
-}
-
 impl Run {
     fn open(dir: &Path) -> Result<Run, CliError> {
-        let config = read_json(&dir.join("config.json"))
-            .map_err(|e| usage(format!("{} (is this a run directory?)", e.message)))?;
+        let config = super::run_config(dir)?;
         if config["command"] != json!("replay") {
             return Err(usage(format!(
                 "{}: not a replay run (config.json says command {})",
@@ -218,17 +212,7 @@ impl Run {
                 config["command"]
             )));
         }
-        let plan_path = dir.join("plan.json");
-        let bytes = std::fs::read(&plan_path)
-            .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-        if config["plan_sha256"].as_str() != Some(rundir::sha256_hex(&bytes).as_str()) {
-            return Err(usage(format!(
-                "{}: its SHA-256 is not config.json's plan_sha256; the plan was changed after the run",
-                plan_path.display()
-            )));
-        }
-        let plan = Plan::from_json_bytes(&bytes)
-            .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+        let plan = super::run_plan(dir, &config)?;
         // Absent is fine (a crashed run has no summary; a plain run no campaign.json);
         // present but unreadable is an error, not a different kind of run.
         let optional = |name: &str| -> Result<Option<Value>, CliError> {
@@ -250,14 +234,12 @@ impl Run {
 
     fn started_at_us(&self) -> Result<i64, CliError> {
         let s = self.config["started_at"].as_str().unwrap_or("");
-        chrono::DateTime::parse_from_rfc3339(s)
-            .map(|t| t.timestamp_micros())
-            .map_err(|e| {
-                usage(format!(
-                    "{}: config.json started_at {s:?}: {e}",
-                    self.dir.display()
-                ))
-            })
+        clock::parse_rfc3339_us(s).map_err(|e| {
+            usage(format!(
+                "{}: config.json started_at {s:?}: {e}",
+                self.dir.display()
+            ))
+        })
     }
 
     /// campaign.json with drift (computed from the recorded answers when the run's own
@@ -270,9 +252,22 @@ impl Run {
             ))
         })?;
         if c.get("drift").is_none_or(Value::is_null) {
+            self.recorded()?;
             add_drift(&mut c, &self.dir.join("exchanges"), &self.plan).map_err(tool)?;
         }
         Ok(c)
+    }
+
+    /// Refuse a run made with `--no-record`: drift is read from the recorded answers, and
+    /// an empty exchanges/ would read as an arm that matched nothing.
+    fn recorded(&self) -> Result<(), CliError> {
+        if self.config["extra"]["recording"]["exchanges"] == json!(false) {
+            return Err(usage(format!(
+                "{}: the run was made with --no-record, so there are no recorded answers to compare (drift, and the gates that read it, need them)",
+                self.dir.display()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -401,6 +396,8 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
             unmatched.join(", ")
         )));
     }
+    a.recorded()?;
+    b.recorded()?;
     let answers = [
         read_answers(&a.dir.join("exchanges"), &a.plan).map_err(tool)?,
         read_answers(&b.dir.join("exchanges"), &b.plan).map_err(tool)?,
@@ -591,6 +588,11 @@ fn plain_cells(run: &Run) -> Result<Value, CliError> {
         if let (Some(c), Some(e)) = (r["concurrency"].as_u64(), r["elapsed_seconds"].as_f64())
             && let Some(l) = levels.get_mut(&(c as usize))
         {
+            // Completeness as a campaign's cells count it (drivers/replay/arms.rs): every
+            // planned round ran its whole budget.
+            l.planned_rounds = run.plan.cases.len() * run.plan.repetitions;
+            l.attempted_rounds +=
+                usize::from(r["attempted_requests"].as_u64() == r["planned_requests"].as_u64());
             l.elapsed_seconds += e;
         }
     }

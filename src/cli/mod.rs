@@ -630,6 +630,35 @@ fn read_bounded(path: &Path, max: u64, what: &str, why: &str) -> Result<Vec<u8>,
     Ok(bytes)
 }
 
+/// A JSON file a run wrote (exit 2 when it cannot be read or is not JSON).
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, CliError> {
+    let bytes = std::fs::read(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| usage(format!("{}: not valid JSON: {e}", path.display())))
+}
+
+/// A run directory's `config.json`.
+pub(crate) fn run_config(dir: &Path) -> Result<serde_json::Value, CliError> {
+    read_json(&dir.join("config.json"))
+        .map_err(|e| usage(format!("{} (is this a run directory?)", e.message)))
+}
+
+/// A replay run's `plan.json`, refused unless it is the plan the run was made with (its
+/// SHA-256 is `config.json`'s `plan_sha256`).
+pub(crate) fn run_plan(dir: &Path, config: &serde_json::Value) -> Result<Plan, CliError> {
+    let path = dir.join("plan.json");
+    let (bytes, plan) = load_plan(&path)?;
+    let sha = rundir::sha256_hex(&bytes);
+    if config["plan_sha256"].as_str() != Some(sha.as_str()) {
+        return Err(usage(format!(
+            "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run",
+            path.display(),
+            config["plan_sha256"]
+        )));
+    }
+    Ok(plan)
+}
+
 fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
     let bytes = read_bounded(
         path,

@@ -10,9 +10,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{CliError, Exit, tool, usage};
-use crate::config::plan::Plan;
 use crate::record::read::RowFacts;
-use crate::record::rundir::{self, RunDir};
+use crate::record::rundir::RunDir;
 use crate::report::{self, Ending, ServeStats};
 
 /// The originals a rebuild keeps, each beside its replacement.
@@ -23,18 +22,7 @@ const ORIGINALS: [(&str, &str); 2] = [
 
 /// The `summarize` command.
 pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
-    let config_path = dir.join("config.json");
-    let config: Value = std::fs::read(&config_path)
-        .map_err(|e| {
-            usage(format!(
-                "{}: {e} (is this a run directory?)",
-                config_path.display()
-            ))
-        })
-        .and_then(|b| {
-            serde_json::from_slice(&b)
-                .map_err(|e| usage(format!("{}: not valid JSON: {e}", config_path.display())))
-        })?;
+    let config = super::run_config(dir)?;
     let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
     if facts.is_empty() {
         let why = if config["extra"]["recording"]["exchanges"] == json!(false) {
@@ -63,7 +51,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
         Some("serve") => serve(dir, &facts, original.as_ref(), finished),
         other => Err(usage(format!(
             "{}: command {other:?} is not replay or serve; is this a matrix-proxy run directory?",
-            config_path.display()
+            dir.join("config.json").display()
         ))),
     }
 }
@@ -115,19 +103,7 @@ fn replay(
     finished: bool,
     quiet: bool,
 ) -> Result<Exit, CliError> {
-    let plan_path = dir.join("plan.json");
-    let plan_bytes =
-        std::fs::read(&plan_path).map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
-    let sha = rundir::sha256_hex(&plan_bytes);
-    if config["plan_sha256"].as_str() != Some(sha.as_str()) {
-        return Err(usage(format!(
-            "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run, so its rounds cannot be rebuilt",
-            plan_path.display(),
-            config["plan_sha256"]
-        )));
-    }
-    let plan = Plan::from_json_bytes(&plan_bytes)
-        .map_err(|e| usage(format!("{}: {e}", plan_path.display())))?;
+    let plan = super::run_plan(dir, config)?;
     // A campaign's campaign.json needs what the rows do not hold (memory samples, load
     // times): it is left as the run wrote it; rounds and the summary are rebuilt per arm.
     let (mut rounds, excluded, failures) = report::rounds_from_rows(&plan, facts);

@@ -14,7 +14,7 @@ pub(crate) const CONTRACT_VERSION: u64 = 1;
 pub(crate) struct Thresholds {
     /// Every non-reference quality-lane arm's exact-match rate must be at least this.
     pub(crate) quality_min_exact_match: f64,
-    /// An arm's failed requests (per level) must be at most this.
+    /// An arm's failed requests (every level summed) must be at most this.
     pub(crate) max_failed_requests: u64,
     /// A fit arm's peak memory must be at most (1 - this) x the reference's.
     pub(crate) fit_min_memory_reduction: f64,
@@ -121,8 +121,8 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
         "when the thresholds were fixed, in RFC 3339 with a zone, e.g. \"2026-11-30T09:00:00Z\"",
     )
     .and_then(|x| v.nonblank(x, "locked_at"))
-    .and_then(|s| match chrono::DateTime::parse_from_rfc3339(s) {
-        Ok(t) => Some((s.to_string(), t.timestamp_micros())),
+    .and_then(|s| match crate::clock::parse_rfc3339_us(s) {
+        Ok(us) => Some((s.to_string(), us)),
         Err(e) => {
             v.err(
                 "locked_at",

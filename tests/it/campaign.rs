@@ -546,3 +546,33 @@ fn a_server_started_elsewhere_is_sampled_through_resources_pid() {
         "not started by the tool"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_bytes_oracle_still_counts_the_answers_usage() {
+    // A worker with one fixed answer, judged byte for byte: the campaign's decode rate
+    // comes from the answer's usage whatever the oracle.
+    const ANSWER: &str = r#"{"choices":[{"message":{"content":"Paris"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+    let peer = Peer::start(std::sync::Arc::new(|_, _: &Seen| {
+        Reply::json(200, &serde_json::from_str::<Value>(ANSWER).unwrap())
+    }))
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": peer.url("/v1/chat/completions")}
+    ]);
+    let mut p = plan(arms);
+    p["cases"][0]["expected_response_text"] = json!(ANSWER);
+    let dir = tmp.path().to_path_buf();
+    let (code, stderr) = tokio::task::spawn_blocking(move || replay(&dir, &p))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = read_json(&tmp.path().join("run").join("campaign.json"));
+    let cell = &c["arms"][0]["concurrency"]["1"];
+    assert_eq!(cell["output_tokens"], json!(8 * 4), "{cell}");
+    assert!(
+        cell["aggregate_decode_tokens_per_sec"].as_f64().unwrap() > 0.0,
+        "{cell}"
+    );
+}

@@ -262,6 +262,7 @@ async fn replay_against(
     name: &str,
     plan: &Value,
     text_seed: u64,
+    no_record: bool,
 ) -> std::path::PathBuf {
     let mock = start_mock(matrix_proxy::MockConfig {
         text_seed,
@@ -272,6 +273,7 @@ async fn replay_against(
     let out = dir.join(name);
     let mut args = replay_args(&path, &out);
     args.endpoint = Some(format!("{}/v1/chat/completions", mock.url()));
+    args.no_record = no_record;
     assert_eq!(replay(args).await.unwrap(), matrix_proxy::cli::Exit::Ok);
     mock.shutdown().await;
     out
@@ -281,9 +283,9 @@ async fn replay_against(
 async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_workloads() {
     let tmp = tempfile::tempdir().unwrap();
     let plan = any_text_plan(4);
-    let a = replay_against(tmp.path(), "a", &plan, 0).await;
-    let same = replay_against(tmp.path(), "same", &plan, 0).await;
-    let other = replay_against(tmp.path(), "other", &plan, 3).await;
+    let a = replay_against(tmp.path(), "a", &plan, 0, false).await;
+    let same = replay_against(tmp.path(), "same", &plan, 0, false).await;
+    let other = replay_against(tmp.path(), "other", &plan, 3, false).await;
     let out = tmp.path().join("compare.json");
 
     // Same recipe: every pair equal.
@@ -332,11 +334,19 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
     assert!((rps["delta"].as_f64().unwrap() - delta).abs() < 1e-9);
     // The contract on two runs is never pre-registered unless both were started with it.
     assert_eq!(doc["verdict"]["post_hoc"], json!(true));
+    // Plain runs' levels are complete, so the ratio gates compare both of them.
+    let latency = &doc["verdict"]["gates"][4];
+    assert_eq!(latency["gate"], json!("max_p95_latency_ratio"));
+    assert_eq!(
+        latency["arms"][0]["levels"].as_array().unwrap().len(),
+        2,
+        "{latency}"
+    );
     assert!(stderr.contains("warning: post-hoc verdict"), "{stderr}");
     assert!(stdout.contains("verdict: "), "{stdout}");
 
     // Another workload is refused, naming the first difference.
-    let bigger = replay_against(tmp.path(), "bigger", &any_text_plan(5), 0).await;
+    let bigger = replay_against(tmp.path(), "bigger", &any_text_plan(5), 0, false).await;
     let (code, _, stderr) = run(&["compare", s(&a), s(&bigger), "--out", s(&out)]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
@@ -344,4 +354,10 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
             && stderr.contains("first differ at /requests_per_case (4 in"),
         "{stderr}"
     );
+
+    // A run without recorded answers has nothing to compare: refused, not a reject.
+    let norec = replay_against(tmp.path(), "norec", &plan, 0, true).await;
+    let (code, _, stderr) = run(&["compare", s(&a), s(&norec), "--out", s(&out)]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("was made with --no-record"), "{stderr}");
 }

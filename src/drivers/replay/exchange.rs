@@ -311,14 +311,14 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             format!("status {status}, expected {expected_status}"),
         );
     }
-    // A campaign reads every JSON answer's usage (aggregate tok/s); a JSON oracle reads it
-    // from its own parse, anything else parses here, once, only in a campaign.
+    // A campaign reads every JSON answer's usage (aggregate tok/s; a stream's comes from
+    // its events); a JSON oracle reads it from its own parse, any other oracle's answer is
+    // parsed here, once, only in a campaign.
     let usage_here = || {
-        ctx.arm.as_ref().and_then(|_| {
-            serde_json::from_slice(&got.body.bytes)
-                .ok()
-                .and_then(|v| oracle::usage_tokens(&v))
-        })
+        (ctx.arm.is_some() && got.stream.is_none())
+            .then(|| serde_json::from_slice(&got.body.bytes).ok())
+            .flatten()
+            .and_then(|v| oracle::usage_tokens(&v))
     };
     let oracle = match oracle {
         None | Some(Oracle::Unjudged) => {
@@ -341,7 +341,10 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
     match oracle.judge(&got.body.bytes, Some(&ctx.plan.decisions_pointer)) {
         Ok(j) => Verdict {
             decisions: j.decisions,
-            usage_tokens: j.usage,
+            usage_tokens: match oracle {
+                Oracle::Json { .. } => j.usage,
+                _ => usage_here(),
+            },
             ..Verdict::default()
         },
         // A performance-fit arm answering differently is what is measured, not a fault:
