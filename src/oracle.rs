@@ -342,54 +342,69 @@ impl Oracle {
 
     /// Judge a response body.
     pub(crate) fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
-        self.judge(body, None).map(|_| ())
+        self.judge_and_read(body, None).1
     }
 
     /// Judge a response body and, for a JSON oracle, read what the answer says of itself
-    /// from the same parse: its decisions under `decisions` ([`count_decisions`]) and its
-    /// `usage` ([`usage_tokens`]). Other oracles read nothing (`Judged::default()`).
-    pub(crate) fn judge(
+    /// from the same parse: its `usage` ([`usage_tokens`]) whether it matched or not (a
+    /// performance-fit arm's mismatching answers still count their tokens), and when it
+    /// matched its decisions under `decisions` ([`count_decisions`]). Other oracles read
+    /// nothing (`Judged::default()`).
+    pub(crate) fn judge_and_read(
         &self,
         body: &[u8],
         decisions: Option<&Pointer>,
-    ) -> Result<Judged, Mismatch> {
+    ) -> (Judged, Result<(), Mismatch>) {
         match self {
-            Oracle::Bytes(expected) => {
-                if expected[..] == *body {
-                    return Ok(Judged::default());
-                }
-                let at = expected
-                    .iter()
-                    .zip(body)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(expected.len().min(body.len()));
-                Err(Mismatch {
-                    pointer: None,
-                    reason: format!(
-                        "bytes differ at offset {at} (expected {} bytes, got {})",
-                        expected.len(),
-                        body.len()
-                    ),
-                })
-            }
             Oracle::Json {
                 expected, ignore, ..
             } => {
-                let actual: Value = serde_json::from_slice(body).map_err(|e| Mismatch {
-                    pointer: Some(String::new()),
-                    reason: format!("response is not valid JSON ({e})"),
-                })?;
+                let actual: Value = match serde_json::from_slice(body) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let m = Mismatch {
+                            pointer: Some(String::new()),
+                            reason: format!("response is not valid JSON ({e})"),
+                        };
+                        return (Judged::default(), Err(m));
+                    }
+                };
                 let mut path = Vec::new();
-                compare(expected, &actual, Some(&ignore.0), &mut path)?;
-                Ok(Judged {
-                    decisions: decisions.map(|at| count_decisions(&actual, at)),
+                let verdict = compare(expected, &actual, Some(&ignore.0), &mut path);
+                let judged = Judged {
+                    decisions: verdict
+                        .is_ok()
+                        .then(|| decisions.map(|at| count_decisions(&actual, at)))
+                        .flatten(),
                     usage: usage_tokens(&actual),
-                })
+                };
+                (judged, verdict)
             }
-            Oracle::Stream(so) => so.check(body).map(|()| Judged::default()),
-            Oracle::Unjudged => Ok(Judged::default()),
+            Oracle::Bytes(expected) => (Judged::default(), same_bytes(expected, body)),
+            Oracle::Stream(so) => (Judged::default(), so.check(body)),
+            Oracle::Unjudged => (Judged::default(), Ok(())),
         }
     }
+}
+
+/// The exact-bytes oracle: where `body` first differs from `expected`.
+fn same_bytes(expected: &[u8], body: &[u8]) -> Result<(), Mismatch> {
+    if expected == body {
+        return Ok(());
+    }
+    let at = expected
+        .iter()
+        .zip(body)
+        .position(|(a, b)| a != b)
+        .unwrap_or(expected.len().min(body.len()));
+    Err(Mismatch {
+        pointer: None,
+        reason: format!(
+            "bytes differ at offset {at} (expected {} bytes, got {})",
+            expected.len(),
+            body.len()
+        ),
+    })
 }
 
 impl StreamOracle {

@@ -35,7 +35,7 @@ const ALLOWED: &[Row] = &[
     ("metrics", &["model"]),
     ("net", &["clock"]),
     ("engine", &["clock", "model", "budget", "sse", "net"]),
-    ("config", &["model", "oracle", "redact"]),
+    ("config", &["clock", "model", "oracle", "redact"]),
     ("record", &["clock", "model", "redact", "budget", "metrics"]),
     (
         "report",

@@ -298,7 +298,8 @@ pub struct ReplayArgs {
     /// them to Parquet after the round, so no request waits behind the encoder (0: encode
     /// as rows arrive). Past it, rows are encoded during the round and counted
     /// (`rows_encoded_during_rounds`). A SIGKILL mid-round loses the held rows. Default:
-    /// an eighth of the machine's memory, at most 1 GiB.
+    /// an eighth of the memory the process may use (the machine's, or the cgroup's
+    /// memory.max when lower), at most 1 GiB; 256 MiB when neither can be read.
     #[arg(long, value_name = "BYTES")]
     pub record_hold: Option<usize>,
     /// Do not write exchanges/ (rounds.parquet and summary.json are still written, from
@@ -948,7 +949,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     };
     let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
     let recording = run.finish_recording().await;
-    let rows = recording.rows;
+    let rows = recording.stats.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
     let mut table = report::routes::RouteTable::default();

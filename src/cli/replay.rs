@@ -36,6 +36,8 @@ struct Input {
     grace: std::time::Duration,
     /// `--contract`, checked against the plan and the start.
     contract: Option<Contract>,
+    /// `--record-hold`, or its default for this machine.
+    record_hold: usize,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -55,9 +57,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     rec_opts.part_rows = args.part_rows.max(1);
     rec_opts.part_seconds = args.part_seconds;
-    if let Some(b) = args.record_hold {
-        rec_opts.hold_bytes = b;
-    }
+    rec_opts.hold_bytes = input.record_hold;
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
     let result = replay::run(
@@ -177,6 +177,9 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         started_at_us,
         grace,
         contract,
+        record_hold: args
+            .record_hold
+            .unwrap_or_else(crate::record::default_hold_bytes),
     })
 }
 
@@ -251,6 +254,7 @@ fn create_run(
         bearer_token,
         out,
         started_at_us,
+        record_hold,
         ..
     } = input;
     let started_at_us = *started_at_us;
@@ -276,7 +280,7 @@ fn create_run(
         "recording": {
             "exchanges": !args.no_record,
             "max_record_body_bytes": args.max_record_body,
-            "record_hold_bytes": args.record_hold.unwrap_or_else(crate::record::default_hold_bytes),
+            "record_hold_bytes": record_hold,
             "redacted_headers": DEFAULT_REDACT_HEADERS,
             "redacted_query_parameters": DEFAULT_REDACT_QUERY,
         },
@@ -444,11 +448,11 @@ fn reports(
         problems.push(format!("rounds.parquet: {e}"));
     }
     let mut summary_v = result.summary.clone();
-    summary_v["rows_written"] = serde_json::json!(recording.rows);
+    summary_v["rows_written"] = serde_json::json!(recording.stats.rows);
     if !args.no_record {
         // Unknown (null) when the writer failed: its count did not come back.
         summary_v["rows_encoded_during_rounds"] = match recording.problems.is_empty() {
-            true => serde_json::json!(recording.encoded_during_rounds),
+            true => serde_json::json!(recording.stats.encoded_while_held),
             false => serde_json::Value::Null,
         };
     }
@@ -487,8 +491,8 @@ fn reports(
         } else {
             eprintln!(
                 "matrix-proxy: {} exchange{} recorded in {}",
-                recording.rows,
-                if recording.rows == 1 { "" } else { "s" },
+                recording.stats.rows,
+                if recording.stats.rows == 1 { "" } else { "s" },
                 dir.path.display()
             );
         }

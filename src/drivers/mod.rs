@@ -72,9 +72,8 @@ pub(crate) struct Verdict {
 /// How a run's recording ended: rows written, and every problem (the writer's error, then
 /// the first one a submit saw), for the caller to report.
 pub(crate) struct RecordingEnd {
-    pub(crate) rows: u64,
-    /// Rows encoded during a measured round because the held rows passed the hold bound.
-    pub(crate) encoded_during_rounds: u64,
+    /// What the writer did (all zero when it failed).
+    pub(crate) stats: WriterStats,
     pub(crate) problems: Vec<RecordError>,
 }
 
@@ -177,10 +176,6 @@ impl RunContext {
             }
         };
         problems.extend(self.record_error());
-        RecordingEnd {
-            rows: stats.rows,
-            encoded_during_rounds: stats.encoded_while_held,
-            problems,
-        }
+        RecordingEnd { stats, problems }
     }
 }

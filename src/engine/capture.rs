@@ -309,6 +309,26 @@ impl Capture {
         self.response_headers = headers;
     }
 
+    /// The exchange goes out on connection `id`, kept alive from an earlier exchange.
+    pub(super) fn on_reuse(&mut self, id: i64) {
+        self.connection_reused = true;
+        self.connection_id = Some(id);
+    }
+
+    /// The reused connection was closed before it took the request, which is sent once
+    /// more on a new connection (the engine's one retry).
+    pub(super) fn on_retry(&mut self) {
+        self.connection_reused = false;
+        self.connection_retried = true;
+    }
+
+    /// Stamp this exchange's reads and writes: the stamps of the connection carrying it,
+    /// cleared of an earlier exchange's.
+    pub(super) fn attach(&mut self, stamps: &Arc<IoStamps>) {
+        stamps.reset();
+        self.stamps = Some(stamps.clone());
+    }
+
     /// Close the capture when its body has ended, at the body's end stamp (no clock read),
     /// or now if it has not.
     pub(crate) fn finish_at_end(&mut self) {

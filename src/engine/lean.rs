@@ -111,7 +111,9 @@ async fn read_some<R: AsyncRead + Unpin>(
     }
 }
 
-const HEAD: &str = "send request";
+/// The step named in errors up to the response head (as the hyper path names it: a
+/// head that never comes fails the request's send).
+const SEND: &str = "send request";
 const BODY: &str = "read response body";
 
 /// "connection closed before message completed" (hyper's words, kept for the records).
@@ -128,7 +130,7 @@ impl Engine {
         policy: ConnectionPolicy,
         cap: &mut Capture,
     ) -> Result<LeanConn, ExchangeError> {
-        let (io, _) = self.open_stream(ep, policy, cap).await?;
+        let io = self.open_stream(ep, policy, cap).await?;
         Ok(LeanConn {
             id: cap.connection_id.unwrap_or(-1),
             io,
@@ -153,14 +155,12 @@ impl Engine {
         };
         let mut conn = match idle {
             Some(c) => {
-                cap.connection_reused = true;
-                cap.connection_id = Some(c.id);
+                cap.on_reuse(c.id);
                 c
             }
             None => self.lean_connect(ep, policy, cap).await?,
         };
-        conn.io.stamps.reset();
-        cap.stamps = Some(conn.io.stamps.clone());
+        cap.attach(&conn.io.stamps);
         let sent = async |c: &mut LeanConn| {
             c.io.write_all(&req.bytes).await?;
             c.io.flush().await
@@ -169,16 +169,15 @@ impl Engine {
             // Only a request of which no byte was taken is sent again: a worker that read
             // part of it may have acted on it.
             if !cap.connection_reused || conn.io.stamps.last_write_ns().is_some() {
-                return Err(ExchangeError::upstream("send request", &e));
+                return Err(ExchangeError::upstream(SEND, &e));
             }
             // The worker closed the reused connection before it took the request.
-            cap.connection_reused = false;
-            cap.connection_retried = true;
+            cap.on_retry();
             conn = self.lean_connect(ep, policy, cap).await?;
-            cap.stamps = Some(conn.io.stamps.clone());
+            cap.attach(&conn.io.stamps);
             sent(&mut conn)
                 .await
-                .map_err(|e| ExchangeError::upstream("send request", &e))?;
+                .map_err(|e| ExchangeError::upstream(SEND, &e))?;
         }
         Ok(conn)
     }
@@ -247,7 +246,7 @@ async fn read_head<R: AsyncRead + Unpin>(
     loop {
         if !buf.is_empty() {
             let parsed = codec::parse_head(buf, method)
-                .map_err(|m| ExchangeError::upstream_message(format!("{HEAD}: {m}")))?;
+                .map_err(|m| ExchangeError::upstream_message(format!("{SEND}: {m}")))?;
             if let Some((head, n)) = parsed {
                 buf.advance(n);
                 if matches!(head.status.as_u16(), 100 | 102..=199) {
@@ -256,7 +255,7 @@ async fn read_head<R: AsyncRead + Unpin>(
                 return Ok((head, at.unwrap_or_else(clock::now_ns)));
             }
         }
-        at = Some(read_some(io, buf, HEAD).await?);
+        at = Some(read_some(io, buf, SEND).await?);
     }
 }
 

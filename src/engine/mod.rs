@@ -88,7 +88,8 @@ impl Engine {
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
-        let (io, stamps) = self.open_stream(ep, policy, cap).await?;
+        let io = self.open_stream(ep, policy, cap).await?;
+        let stamps = io.stamps.clone();
         let (sender, conn) = hyper_http1::Builder::new()
             .handshake(TokioIo::new(io))
             .await
@@ -108,7 +109,7 @@ impl Engine {
         ep: &Endpoint,
         policy: ConnectionPolicy,
         cap: &mut Capture,
-    ) -> Result<(TimedIo, Arc<IoStamps>), ExchangeError> {
+    ) -> Result<TimedIo, ExchangeError> {
         let tcp = TcpStream::connect((ep.host.as_str(), ep.port))
             .await
             .map_err(|e| {
@@ -143,13 +144,11 @@ impl Engine {
                 Stream::Tls(Box::new(tls))
             }
         };
-        let stamps = Arc::new(IoStamps::default());
-        let io = TimedIo {
-            inner: stream,
-            stamps: stamps.clone(),
-        };
         cap.connection_id = Some(self.next_conn_id.fetch_add(1, Ordering::Relaxed));
-        Ok((io, stamps))
+        Ok(TimedIo {
+            inner: stream,
+            stamps: Arc::new(IoStamps::default()),
+        })
     }
 
     /// Send `req` and wait for the response head. `conn` is the caller's connection to
@@ -180,8 +179,7 @@ impl Engine {
         let mut conn = match reusable {
             Some(mut c) => {
                 if c.sender.ready().await.is_ok() {
-                    cap.connection_reused = true;
-                    cap.connection_id = Some(c.id);
+                    cap.on_reuse(c.id);
                     c
                 } else {
                     // Closed while idle: nothing was sent; open a new one.
@@ -190,8 +188,7 @@ impl Engine {
             }
             None => self.connect(ep, policy, cap).await?,
         };
-        conn.stamps.reset();
-        cap.stamps = Some(conn.stamps.clone());
+        cap.attach(&conn.stamps);
         conn.sender
             .ready()
             .await
@@ -201,10 +198,9 @@ impl Engine {
             Err(mut e) => match e.take_message() {
                 Some(req) if cap.connection_reused => {
                     // The worker closed the reused connection before it took the request.
-                    cap.connection_reused = false;
-                    cap.connection_retried = true;
+                    cap.on_retry();
                     conn = self.connect(ep, policy, cap).await?;
-                    cap.stamps = Some(conn.stamps.clone());
+                    cap.attach(&conn.stamps);
                     conn.sender
                         .ready()
                         .await

@@ -33,7 +33,8 @@ use crate::model::{Outcome, Phase, StreamColumns, Timings};
 
 pub use ledger::LEDGER;
 pub(crate) use writer::RecordError;
-pub use writer::{Recorder, RecorderOptions, WriterStats, default_hold_bytes};
+pub use writer::{Recorder, RecorderOptions};
+pub(crate) use writer::{WriterStats, default_hold_bytes};
 
 /// Version of the exchange schema, stored in each file's key-value metadata.
 pub(crate) const SCHEMA_VERSION: &str = "1";

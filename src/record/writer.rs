@@ -50,7 +50,8 @@ pub struct RecorderOptions {
     /// Extra key-value metadata for every part (run id, ...).
     pub metadata: Vec<(String, String)>,
     /// While held ([`Recorder::hold`]), keep up to this many bytes of rows (as
-    /// [`ExchangeRecord::approx_bytes`] counts them) unencoded; 0: never hold.
+    /// [`ExchangeRecord::approx_bytes`] counts them) unencoded; 0 (the default): never
+    /// hold. Replay sets it (`--record-hold`, else [`default_hold_bytes`]).
     pub hold_bytes: usize,
 }
 
@@ -63,7 +64,7 @@ impl RecorderOptions {
             queue_rows: 4096,
             redaction: Redaction::default(),
             metadata: Vec::new(),
-            hold_bytes: default_hold_bytes(),
+            hold_bytes: 0,
         }
     }
 }
@@ -103,9 +104,15 @@ pub struct WriterStats {
 #[error("recorder: {0}")]
 pub struct RecordError(pub(crate) String);
 
+impl RecordError {
+    /// A submit after the writer stopped (on an error, or after [`Recorder::finish`]).
+    fn stopped() -> RecordError {
+        RecordError("the writer stopped".into())
+    }
+}
+
 enum Msg {
-    Row(Box<ExchangeRecord>),
-    /// Rows gathered by one submitter, handed over at once ([`Recorder::submit_many`]).
+    /// One row, or rows gathered by one submitter ([`Recorder::submit_many`]).
     Rows(Vec<ExchangeRecord>),
     /// Keep rows unencoded until the matching [`Msg::Release`] (holds nest).
     Hold,
@@ -158,37 +165,30 @@ impl Recorder {
     /// Queue a finished exchange, waiting for a free slot (back-pressure). Fails only when
     /// the writer has stopped on an error (see [`Recorder::finish`] for the reason).
     pub async fn submit(&self, rec: ExchangeRecord) -> Result<(), RecordError> {
-        let permit = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| RecordError("the writer stopped".into()))?;
-        permit.forget();
+        let permit = self.slots.acquire().await;
+        permit.map_err(|_| RecordError::stopped())?.forget();
         self.tx
-            .send(Msg::Row(Box::new(rec)))
-            .map_err(|_| RecordError("the writer stopped".into()))?;
-        Ok(())
+            .send(Msg::Rows(vec![rec]))
+            .map_err(|_| RecordError::stopped())
     }
 
     /// Queue several finished exchanges with one hand-over (one wait for `rows.len()`
     /// slots, one message): what a replay worker gathered over its last exchanges. More
     /// rows than the queue holds are handed over in pieces.
     pub async fn submit_many(&self, mut rows: Vec<ExchangeRecord>) -> Result<(), RecordError> {
-        let stopped = || RecordError("the writer stopped".into());
-        let cap = self.queue_rows;
+        // acquire_many takes a u32 and never more permits than the semaphore holds.
+        let cap = self.queue_rows.min(u32::MAX as usize);
         while !rows.is_empty() {
             let rest = if rows.len() > cap {
                 rows.split_off(cap)
             } else {
                 Vec::new()
             };
-            let n = u32::try_from(rows.len()).map_err(|_| stopped())?;
-            self.slots
-                .acquire_many(n)
-                .await
-                .map_err(|_| stopped())?
-                .forget();
-            self.tx.send(Msg::Rows(rows)).map_err(|_| stopped())?;
+            let permits = self.slots.acquire_many(rows.len() as u32).await;
+            permits.map_err(|_| RecordError::stopped())?.forget();
+            self.tx
+                .send(Msg::Rows(rows))
+                .map_err(|_| RecordError::stopped())?;
             rows = rest;
         }
         Ok(())
@@ -201,14 +201,12 @@ impl Recorder {
             Ok(permit) => {
                 permit.forget();
                 self.tx
-                    .send(Msg::Row(Box::new(rec)))
-                    .map_err(|_| RecordError("the writer stopped".into()))?;
+                    .send(Msg::Rows(vec![rec]))
+                    .map_err(|_| RecordError::stopped())?;
                 Ok(None)
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => Ok(Some(rec)),
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                Err(RecordError("the writer stopped".into()))
-            }
+            Err(tokio::sync::TryAcquireError::Closed) => Err(RecordError::stopped()),
         }
     }
 
@@ -239,9 +237,8 @@ impl Recorder {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
             .send(Msg::Release(tx))
-            .map_err(|_| RecordError("the writer stopped".into()))?;
-        rx.await
-            .map_err(|_| RecordError("the writer stopped".into()))
+            .map_err(|_| RecordError::stopped())?;
+        rx.await.map_err(|_| RecordError::stopped())
     }
 
     /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
@@ -374,8 +371,9 @@ struct Writer {
     opts: RecorderOptions,
     schema: SchemaRef,
     stats: WriterStats,
-    /// Rows received and not yet encoded, oldest first.
-    pending: VecDeque<ExchangeRecord>,
+    /// Rows received and not yet encoded, oldest first, each with its size as
+    /// [`ExchangeRecord::approx_bytes`] counted it once.
+    pending: VecDeque<(ExchangeRecord, usize)>,
     pending_bytes: usize,
     part: Option<OpenPart>,
     /// A part is closed when it is this old (and has rows).
@@ -389,14 +387,10 @@ struct Writer {
 
 /// What the queue gave the writer on one poll.
 enum Polled {
-    Row(Box<ExchangeRecord>),
-    Rows(Vec<ExchangeRecord>),
-    Hold,
-    Release(tokio::sync::oneshot::Sender<()>),
+    /// A message ([`Msg::Close`] also when every sender is gone).
+    Msg(Msg),
     /// Nothing came for as long as the writer waits before flushing what it holds.
     Idle,
-    /// [`Recorder::finish`], or every sender is gone.
-    Closed,
 }
 
 /// While rows are held, the ledger is told how many every this many rows (one small
@@ -438,18 +432,14 @@ impl Writer {
         loop {
             match self.poll(rx, &mut idle) {
                 None => continue,
-                Some(Polled::Row(rec)) => {
-                    slots.add_permits(1);
-                    self.on_row(*rec)?;
-                }
-                Some(Polled::Rows(rows)) => {
+                Some(Polled::Msg(Msg::Rows(rows))) => {
                     slots.add_permits(rows.len());
                     for rec in rows {
                         self.on_row(rec)?;
                     }
                 }
-                Some(Polled::Hold) => self.holds += 1,
-                Some(Polled::Release(done)) => {
+                Some(Polled::Msg(Msg::Hold)) => self.holds += 1,
+                Some(Polled::Msg(Msg::Release(done))) => {
                     self.holds = self.holds.saturating_sub(1);
                     if !self.holding() {
                         // Everything the round left, and an old part's close, happen
@@ -462,7 +452,7 @@ impl Writer {
                 // Idle: hand pending rows to the part so the age check sees them.
                 Some(Polled::Idle) if !self.holding() => self.flush_all()?,
                 Some(Polled::Idle) => {}
-                Some(Polled::Closed) => {
+                Some(Polled::Msg(Msg::Close)) => {
                     self.flush_all()?;
                     if self.stats.parts == 0 {
                         // A run with no exchanges still leaves one valid, empty part, so
@@ -503,17 +493,11 @@ impl Writer {
     /// `None`: slept one tick, nothing to do yet.
     fn poll(&self, rx: &mpsc::Receiver<Msg>, idle: &mut Duration) -> Option<Polled> {
         match rx.try_recv() {
-            Ok(Msg::Row(rec)) => {
+            Ok(msg) => {
                 *idle = Duration::ZERO;
-                Some(Polled::Row(rec))
+                Some(Polled::Msg(msg))
             }
-            Ok(Msg::Rows(rows)) => {
-                *idle = Duration::ZERO;
-                Some(Polled::Rows(rows))
-            }
-            Ok(Msg::Hold) => Some(Polled::Hold),
-            Ok(Msg::Release(done)) => Some(Polled::Release(done)),
-            Ok(Msg::Close) | Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Closed),
+            Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Msg(Msg::Close)),
             Err(mpsc::TryRecvError::Empty) => {
                 std::thread::sleep(POLL_TICK);
                 *idle += POLL_TICK;
@@ -540,8 +524,9 @@ impl Writer {
     }
 
     fn on_row(&mut self, rec: ExchangeRecord) -> Result<(), RecordError> {
-        self.pending_bytes += rec.approx_bytes();
-        self.pending.push_back(rec);
+        let bytes = rec.approx_bytes();
+        self.pending_bytes += bytes;
+        self.pending.push_back((rec, bytes));
         if self.holding() {
             // Held: encoded after the round, except the oldest rows past the bound.
             while self.pending_bytes >= self.opts.hold_bytes && !self.pending.is_empty() {
@@ -595,19 +580,16 @@ impl Writer {
         // Never let one part overshoot part_rows: split the batch at the boundary.
         let room = (part_rows - p.rows).min(BATCH_ROWS);
         let (mut take, mut bytes) = (0, 0);
-        for r in self.pending.iter().take(room) {
-            if take > 0 && bytes + r.approx_bytes() > BATCH_BYTES {
+        for (_, b) in self.pending.iter().take(room) {
+            if take > 0 && bytes + b > BATCH_BYTES {
                 break;
             }
-            bytes += r.approx_bytes();
+            bytes += b;
             take += 1;
         }
         // Moved out (at most one batch), never by rotating a deque of held rows.
-        let rows: Vec<ExchangeRecord> = self.pending.drain(..take).collect();
-        self.pending_bytes = match self.pending.is_empty() {
-            true => 0,
-            false => self.pending_bytes.saturating_sub(bytes),
-        };
+        let rows: Vec<ExchangeRecord> = self.pending.drain(..take).map(|(r, _)| r).collect();
+        self.pending_bytes -= bytes;
         let batch = to_batch(&rows, &self.opts.redaction, &self.schema)
             .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
         p.writer
@@ -693,15 +675,13 @@ mod hold {
     }
 
     impl Setup {
-        fn new(hold_bytes: Option<usize>) -> Setup {
+        fn new(hold_bytes: usize) -> Setup {
             let run = tempfile::tempdir().unwrap();
             let ex = run.path().join("exchanges");
             fs::create_dir(&ex).unwrap();
             let mut opts = RecorderOptions::new(ex.clone());
             opts.part_rows = 10_000;
-            if let Some(b) = hold_bytes {
-                opts.hold_bytes = b;
-            }
+            opts.hold_bytes = hold_bytes;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -731,7 +711,7 @@ mod hold {
 
     #[test]
     fn held_rows_wait_unencoded_until_release_and_the_ledger_counts_them() {
-        let t = Setup::new(None);
+        let t = Setup::new(256 << 20);
         t.rec.hold();
         t.submit(5_000);
         // Longer than the idle wait (0.5 s) after which rows are otherwise encoded.
@@ -753,7 +733,7 @@ mod hold {
 
     #[test]
     fn past_the_hold_bound_rows_are_encoded_during_the_hold_and_counted() {
-        let t = Setup::new(Some(3_000 * row(0, b"x").approx_bytes()));
+        let t = Setup::new(3_000 * row(0, b"x").approx_bytes());
         t.rec.hold();
         t.submit(8_000);
         t.release();
@@ -769,7 +749,7 @@ mod hold {
 
     #[test]
     fn holds_nest_and_a_zero_bound_never_holds() {
-        let t = Setup::new(None);
+        let t = Setup::new(256 << 20);
         t.rec.hold();
         t.rec.hold();
         t.submit(3_000);
@@ -782,7 +762,7 @@ mod hold {
         assert_eq!(ledger::read(&t.ex).parts.get(&0), Some(&3_000));
         t.rec.finish().unwrap();
 
-        let t = Setup::new(Some(0));
+        let t = Setup::new(0);
         t.rec.hold();
         t.submit(3_000);
         // Longer than the idle wait (0.5 s): with no bound, the idle flush still runs.

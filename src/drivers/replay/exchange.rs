@@ -159,7 +159,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         ) => Some(r),
         _ = cut.wait_for(|c| *c) => None,
     };
-    cap.finish(clock::now_ns());
+    cap.finish_at_end();
     let incomplete = match result {
         Some(Ok(Ok(()))) => cap.stream_incomplete(),
         _ => None,
@@ -338,20 +338,23 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             ),
         );
     }
-    match oracle.judge(&got.body.bytes, Some(&ctx.plan.decisions_pointer)) {
-        Ok(j) => Verdict {
-            decisions: j.decisions,
-            usage_tokens: match oracle {
-                Oracle::Json { .. } => j.usage,
-                _ => usage_here(),
-            },
+    let (judged, verdict) =
+        oracle.judge_and_read(&got.body.bytes, Some(&ctx.plan.decisions_pointer));
+    let usage_tokens = || match oracle {
+        Oracle::Json { .. } => judged.usage,
+        _ => usage_here(),
+    };
+    match verdict {
+        Ok(()) => Verdict {
+            decisions: judged.decisions,
+            usage_tokens: usage_tokens(),
             ..Verdict::default()
         },
         // A performance-fit arm answering differently is what is measured, not a fault:
         // the difference is recorded, the exchange stays `ok`.
         Err(m) if ctx.performance_fit => Verdict {
             oracle_mismatch_pointer: m.pointer,
-            usage_tokens: usage_here(),
+            usage_tokens: usage_tokens(),
             ..Verdict::default()
         },
         Err(m) => Verdict {

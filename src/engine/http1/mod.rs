@@ -65,9 +65,10 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| {
+            const SSE: &str = "text/event-stream";
             ct.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("text/event-stream")
+                .get(..SSE.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(SSE))
         })
 }
 
