@@ -188,13 +188,15 @@ def watch_threads(proc, every_s=0.2):
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
                 status = (task / "status").read_text()
-                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
+                continue
+            ticks = cpu_ticks(None, task / "stat")
+            if ticks is None:
                 continue
             fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
             seen[task.name] = {"name": fields.get("Name", "?").strip(),
                                "cpus": fields.get("Cpus_allowed_list", "?").strip(),
-                               "ticks": int(stat[11]) + int(stat[12])}
+                               "ticks": ticks}
         pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -251,10 +253,11 @@ def pair(r, new, old):
     return [new, old] if r % 2 == 0 else [old, new]
 
 
-def cpu_ticks(pid):
-    """utime + stime of a process (all its threads), in clock ticks; None when gone."""
+def cpu_ticks(pid, stat=None):
+    """utime + stime of a process (all its threads), or of the thread whose /proc stat file
+    is `stat`, in clock ticks; None when gone."""
     try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        f = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(f[11]) + int(f[12])
     except (OSError, IndexError, ValueError):
         return None

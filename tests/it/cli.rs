@@ -561,17 +561,7 @@ async fn ctrl_c_cuts_in_flight_exchanges_after_the_grace_period() {
         "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"ok": true}}],
         "concurrency": [4], "requests_per_case": 40, "timeout_seconds": 60, "metadata": metadata(),
     });
-    let path = write_plan(tmp.path(), "p.json", &plan);
-    let run = tmp.path().join("run");
-    let mut child = spawn_bin([
-        "replay".as_ref(),
-        "--quiet".as_ref(),
-        "--grace-seconds".as_ref(),
-        "0.5".as_ref(),
-        "--out".as_ref(),
-        run.as_os_str(),
-        path.as_os_str(),
-    ]);
+    let (mut child, run) = spawn_replay(tmp.path(), &plan, &["--grace-seconds", "0.5"]);
     for _ in 0..500 {
         if peer.seen().len() >= 16 {
             break;

@@ -110,22 +110,9 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(closed() >= 3, "three parts closed before the kill");
-    signal(&child, "-KILL");
-    let _ = child.wait().await;
-    let seen = peer.seen().len() as u64;
-
-    let r = bin().arg("recover").arg(&run).output().unwrap();
-    let report = read_json(&run.join("recovery.json"));
-    let (kept, lost) = (
-        report["rows_kept"].as_u64().unwrap(),
-        report["rows_lost"].as_u64().unwrap(),
-    );
-    assert_eq!(
-        r.status.code(),
-        Some(if lost > 0 { 1 } else { 0 }),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    let seen = kill(&mut child, &peer).await;
+    let (code, kept, lost) = recover(&run);
+    assert_eq!(code, Some(if lost > 0 { 1 } else { 0 }));
     assert_eq!(
         kept,
         closed() as u64 * 50,
@@ -134,15 +121,7 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
     // What the worker answered is in the closed parts, in the counted loss, or was still
     // in memory uncounted: at most the rest of the open part (49), and what each of the 4
     // workers had gathered for the recorder (63) or had in flight (1).
-    assert!(
-        kept + lost <= seen,
-        "kept {kept} + lost {lost} > seen {seen}"
-    );
-    assert!(
-        seen - kept - lost <= 49 + 4 * 64,
-        "uncounted: {} (seen {seen}, kept {kept}, lost {lost})",
-        seen - kept - lost
-    );
+    assert_accounted(seen, kept, lost, 49 + 4 * 64);
     assert!(
         part_files(&run)
             .iter()
@@ -165,9 +144,30 @@ async fn after_a_sigkill_recover_counts_the_loss_and_summarize_rebuilds_what_was
     );
 }
 
+/// SIGKILL the replay and wait for it; the requests the worker saw.
+async fn kill(child: &mut tokio::process::Child, peer: &Peer) -> u64 {
+    signal(child, "-KILL");
+    assert_eq!(exit_code(child, 30).await, None, "killed by a signal");
+    peer.seen().len() as u64
+}
+
+/// Nothing counted twice (kept + lost <= what the worker saw), and at most `uncounted`
+/// rows neither kept nor counted as lost.
+fn assert_accounted(seen: u64, kept: u64, lost: u64, uncounted: u64) {
+    assert!(
+        kept + lost <= seen,
+        "kept {kept} + lost {lost} > seen {seen}"
+    );
+    assert!(
+        seen - kept - lost <= uncounted,
+        "uncounted: {} (seen {seen}, kept {kept}, lost {lost})",
+        seen - kept - lost
+    );
+}
+
 /// The rows the writer's ledger says it holds unencoded (its last `held N` line).
 fn ledger_held(run: &std::path::Path) -> u64 {
-    std::fs::read_to_string(run.join("exchanges.ledger"))
+    std::fs::read_to_string(run.join(matrix_proxy::LEDGER))
         .unwrap_or_default()
         .lines()
         .rev()
@@ -194,31 +194,15 @@ async fn a_sigkill_in_a_measured_round_loses_the_held_rows_and_recover_counts_th
     }
     let held = ledger_held(&run);
     assert!(held >= 500, "the ledger counts held rows: {held}");
-    signal(&child, "-KILL");
-    let _ = child.wait().await;
-    let seen = peer.seen().len() as u64;
+    let seen = kill(&mut child, &peer).await;
     assert!(seen < 20_000, "killed mid-round ({seen} requests)");
-
-    let r = bin().arg("recover").arg(&run).output().unwrap();
-    assert_eq!(r.status.code(), Some(1), "rows were lost");
-    let report = read_json(&run.join("recovery.json"));
-    let (kept, lost) = (
-        report["rows_kept"].as_u64().unwrap(),
-        report["rows_lost"].as_u64().unwrap(),
-    );
+    let (code, kept, lost) = recover(&run);
+    assert_eq!(code, Some(1), "rows were lost");
     assert!(lost >= held, "lost {lost} counts the {held} held rows");
     // Nothing counted twice; uncounted: the open part's rows (health, readiness,
     // warm-up, feasibility: 4 + 4 = 8 at most here), held rows not yet noted (63), and
     // what each of the 4 workers had gathered (63) or had in flight (1).
-    assert!(
-        kept + lost <= seen,
-        "kept {kept} + lost {lost} > seen {seen}"
-    );
-    assert!(
-        seen - kept - lost <= 8 + 63 + 4 * 64,
-        "uncounted: {} (seen {seen}, kept {kept}, lost {lost})",
-        seen - kept - lost
-    );
+    assert_accounted(seen, kept, lost, 8 + 63 + 4 * 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

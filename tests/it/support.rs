@@ -856,6 +856,17 @@ pub async fn exit_code(child: &mut tokio::process::Child, secs: u64) -> Option<i
         .code()
 }
 
+/// `matrix-proxy recover RUN`: its exit code and recovery.json's (rows_kept, rows_lost).
+pub fn recover(run: &Path) -> (Option<i32>, u64, u64) {
+    let out = bin().arg("recover").arg(run).output().unwrap();
+    let report = read_json(&run.join("recovery.json"));
+    (
+        out.status.code(),
+        report["rows_kept"].as_u64().unwrap(),
+        report["rows_lost"].as_u64().unwrap(),
+    )
+}
+
 /// `matrix-proxy summarize --quiet RUN`: its exit code and stderr.
 pub fn summarize(run: &Path) -> (Option<i32>, String) {
     let out = bin()
