@@ -174,13 +174,13 @@ impl Tally {
         self.similarity += similarity;
     }
 
-    fn json(&self) -> Value {
+    fn json(&self) -> Map<String, Value> {
         let rate = |x: f64| (self.pairs > 0).then(|| x / self.pairs as f64);
-        json!({
-            "compared_prompts": self.pairs,
-            "exact_match_rate": rate(self.equal as f64),
-            "mean_similarity": rate(self.similarity),
-        })
+        let mut m = Map::new();
+        m.insert("compared_prompts".into(), json!(self.pairs));
+        m.insert("exact_match_rate".into(), json!(rate(self.equal as f64)));
+        m.insert("mean_similarity".into(), json!(rate(self.similarity)));
+        m
     }
 }
 
@@ -201,11 +201,7 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
         };
         lossy += u64::from(a.lossy) + u64::from(b.lossy);
         let equal = a.text == b.text;
-        let sim = if equal {
-            1.0
-        } else {
-            similarity(&a.text, &b.text)
-        };
+        let sim = similarity(&a.text, &b.text);
         all.add(equal, sim);
         by_level.entry(key.concurrency).or_default().add(equal, sim);
         let mut pair_flips = None;
@@ -248,13 +244,10 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
         .keys()
         .filter(|k| !arm.by_key.contains_key(*k) && !arm.truncated.contains(*k))
         .count();
-    let mut out = match all.json() {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
+    let mut out = all.json();
     let levels: Map<String, Value> = by_level
         .iter()
-        .map(|(c, t)| (c.to_string(), t.json()))
+        .map(|(c, t)| (c.to_string(), Value::Object(t.json())))
         .collect();
     out.insert("concurrency".into(), Value::Object(levels));
     out.insert(

@@ -145,7 +145,7 @@ pub(crate) fn count_decisions(answer: &Value, at: &Pointer) -> u64 {
 }
 
 /// Escape one reference token for a pointer (RFC 6901 section 3).
-fn escape_token(tok: &str, out: &mut String) {
+pub(crate) fn escape_token(tok: &str, out: &mut String) {
     for c in tok.chars() {
         match c {
             '~' => out.push_str("~0"),

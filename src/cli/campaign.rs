@@ -274,7 +274,11 @@ impl Run {
 /// The `verdict` command: a contract's gates on a finished campaign run. Written to
 /// `RUN/verdict.json` when the contract is the one the run was started with, else to
 /// `RUN/verdict.post-hoc.json` (never over the pre-registered verdict), or to `--out`.
-pub fn verdict_cmd(dir: &Path, contract_path: &Path, out: Option<&Path>) -> Result<Exit, CliError> {
+pub(crate) fn verdict_cmd(
+    dir: &Path,
+    contract_path: &Path,
+    out: Option<&Path>,
+) -> Result<Exit, CliError> {
     let run = Run::open(dir)?;
     let contract = load_contract(contract_path)?;
     let campaign = run.campaign_with_drift()?;
@@ -364,7 +368,7 @@ pub(crate) struct CompareArgs<'a> {
     pub(crate) contract: Option<&'a Path>,
     /// The lane of B's side when B is not a campaign (a campaign arm keeps its own).
     pub(crate) lane: Lane,
-    pub(crate) out: Option<&'a Path>,
+    pub(crate) out: &'a Path,
 }
 
 /// The `compare` command.
@@ -464,11 +468,9 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
         text.push_str(&verdict::verdict_text(&v));
         doc["verdict"] = v;
     }
-    let out = args
-        .out
-        .map_or_else(|| PathBuf::from("compare.json"), Path::to_path_buf);
-    write_json(&out, &doc)?;
-    super::print_stdout(&text, &out).map_err(tool)?;
+    let out = args.out;
+    write_json(out, &doc)?;
+    super::print_stdout(&text, out).map_err(tool)?;
     eprintln!("matrix-proxy: comparison written to {}", out.display());
     Ok(Exit::Ok)
 }

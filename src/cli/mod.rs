@@ -15,7 +15,7 @@ mod campaign;
 mod replay;
 mod summarize;
 
-pub use campaign::verdict_cmd;
+use campaign::verdict_cmd;
 use campaign::{CompareArgs, compare_cmd};
 pub use replay::replay_cmd;
 pub use summarize::summarize_cmd;
@@ -517,7 +517,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
                 LaneArg::Quality => crate::config::campaign::Lane::Quality,
                 LaneArg::PerformanceFit => crate::config::campaign::Lane::PerformanceFit,
             },
-            out: Some(&out),
+            out: &out,
         }),
     };
     match result {
@@ -689,7 +689,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",
-            c.name,
+            plan.name.as_deref().unwrap_or_default(),
             c.arms.len(),
             c.evidence_class.as_str(),
             c.schedule.as_str()

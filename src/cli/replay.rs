@@ -145,13 +145,13 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         None => None,
         Some(path) => {
             let c = super::campaign::load_contract(path)?;
-            let Some(camp) = &plan.campaign else {
+            if plan.campaign.is_none() {
                 return Err(usage(format!(
                     "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
                     path.display()
                 )));
-            };
-            super::campaign::check_contract(&c, path, Some(&camp.name), started_at_us)?;
+            }
+            super::campaign::check_contract(&c, path, plan.name.as_deref(), started_at_us)?;
             Some(c)
         }
     };
@@ -341,7 +341,7 @@ fn targets(plan: &Plan) -> String {
         let names: Vec<&str> = c.arms.iter().map(|a| a.name.as_str()).collect();
         return format!(
             "campaign '{}', {} arm(s): {} ({} schedule; counts below are per arm)",
-            c.name,
+            plan.name.as_deref().unwrap_or_default(),
             names.len(),
             names.join(", "),
             c.schedule.as_str()

@@ -139,8 +139,6 @@ impl Arm {
 /// The campaign part of a plan.
 #[derive(Debug, Clone)]
 pub(crate) struct Campaign {
-    /// The plan id a contract names.
-    pub(crate) name: String,
     /// As declared, or `synthetic` when every arm is the built-in mock.
     pub(crate) evidence_class: EvidenceClass,
     pub(crate) schedule: Schedule,
@@ -187,20 +185,14 @@ impl Validator {
                 );
             }
         }
-        let name = match top.get("name") {
-            None => {
-                self.err(
-                    "name",
-                    "is required in a campaign plan: it is the plan id a contract names",
-                );
-                None
-            }
-            // Its type and blankness are checked with every plan's `name`.
-            Some(v) => v
-                .as_str()
-                .filter(|s| !s.trim().is_empty())
-                .map(str::to_string),
-        };
+        // Its type and blankness are checked with every plan's `name` (`Plan::name`).
+        let named = top.contains_key("name");
+        if !named {
+            self.err(
+                "name",
+                "is required in a campaign plan: it is the plan id a contract names",
+            );
+        }
         let declared = match top.get("evidence_class") {
             None => Some(EvidenceClass::Measured),
             Some(v) => match self.string(v, "evidence_class") {
@@ -238,8 +230,8 @@ impl Validator {
         } else {
             declared
         };
+        named.then_some(())?;
         Some(Campaign {
-            name: name?,
             evidence_class: evidence_class?,
             schedule: schedule?,
             arms,
@@ -573,7 +565,7 @@ mod tests {
         let text = format!("{{ {top}, {BODY}, {META} }}");
         let p = Plan::from_json_bytes(text.as_bytes()).expect("valid");
         let c = p.campaign.as_ref().unwrap();
-        assert_eq!(c.name, "q4-vs-bf16");
+        assert_eq!(p.name.as_deref(), Some("q4-vs-bf16"));
         assert_eq!(c.evidence_class.as_str(), "measured");
         assert_eq!(c.schedule.as_str(), "interleaved");
         assert_eq!(c.reference().name, "bf16");

@@ -68,13 +68,31 @@ const FIELDS: &[&str] = &[
     "stop_condition",
 ];
 
-/// (name, lowest, lowest allowed?, highest) for each fractional threshold.
-const RANGES: &[(&str, f64, bool, f64)] = &[
-    ("quality_min_exact_match", 0.0, true, 1.0),
-    ("fit_min_memory_reduction", 0.0, true, 1.0),
-    ("fit_min_decode_speedup", 0.0, true, f64::MAX),
-    ("max_p95_latency_ratio", 0.0, false, f64::MAX),
-    ("min_decode_ratio", 0.0, true, f64::MAX),
+/// (name, lowest, lowest allowed?, highest, the field it sets) for each fractional
+/// threshold.
+type Range = (
+    &'static str,
+    f64,
+    bool,
+    f64,
+    fn(&mut Thresholds) -> &mut f64,
+);
+const RANGES: &[Range] = &[
+    ("quality_min_exact_match", 0.0, true, 1.0, |t| {
+        &mut t.quality_min_exact_match
+    }),
+    ("fit_min_memory_reduction", 0.0, true, 1.0, |t| {
+        &mut t.fit_min_memory_reduction
+    }),
+    ("fit_min_decode_speedup", 0.0, true, f64::MAX, |t| {
+        &mut t.fit_min_decode_speedup
+    }),
+    ("max_p95_latency_ratio", 0.0, false, f64::MAX, |t| {
+        &mut t.max_p95_latency_ratio
+    }),
+    ("min_decode_ratio", 0.0, true, f64::MAX, |t| {
+        &mut t.min_decode_ratio
+    }),
 ];
 
 impl Contract {
@@ -170,7 +188,7 @@ fn thresholds(v: &mut Validator, m: &Map<String, Value>) -> Option<Thresholds> {
             None => ok = false,
         }
     }
-    for &(name, lo, lo_ok, hi) in RANGES {
+    for &(name, lo, lo_ok, hi, field) in RANGES {
         let Some(x) = m.get(name) else { continue };
         let path = join("thresholds", name);
         let Some(f) = x.as_f64().filter(|f| x.is_number() && f.is_finite()) else {
@@ -190,13 +208,7 @@ fn thresholds(v: &mut Validator, m: &Map<String, Value>) -> Option<Thresholds> {
             ok = false;
             continue;
         }
-        match name {
-            "quality_min_exact_match" => t.quality_min_exact_match = f,
-            "fit_min_memory_reduction" => t.fit_min_memory_reduction = f,
-            "fit_min_decode_speedup" => t.fit_min_decode_speedup = f,
-            "max_p95_latency_ratio" => t.max_p95_latency_ratio = f,
-            _ => t.min_decode_ratio = f,
-        }
+        *field(&mut t) = f;
     }
     ok.then_some(t)
 }

@@ -71,7 +71,7 @@ pub(crate) fn first_difference(a: &Value, b: &Value) -> Option<(String, String, 
                 for k in keys {
                     let len = at.len();
                     at.push('/');
-                    at.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                    crate::oracle::escape_token(k, at);
                     if let Some(d) = walk(x.get(k), y.get(k), at) {
                         return Some(d);
                     }

@@ -103,7 +103,12 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
 }
 
 /// campaign.json for `campaign` and what its arms measured.
-pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Value {
+/// `plan_id` is the plan's `name` (a campaign plan has one).
+pub(crate) fn campaign_json(
+    plan_id: Option<&str>,
+    campaign: &Campaign,
+    arms: &[ArmMeasures<'_>],
+) -> Value {
     let arms_json: Vec<Value> = arms
         .iter()
         .map(|a| {
@@ -134,7 +139,7 @@ pub(crate) fn campaign_json(campaign: &Campaign, arms: &[ArmMeasures<'_>]) -> Va
         .collect();
     json!({
         "schema_version": CAMPAIGN_SCHEMA_VERSION,
-        "plan_id": campaign.name,
+        "plan_id": plan_id,
         "evidence_class": campaign.evidence_class.as_str(),
         "schedule": campaign.schedule.as_str(),
         "reference_arm": campaign.reference().name,

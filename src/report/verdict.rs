@@ -98,23 +98,20 @@ impl Compared {
 /// Run one gate for `arm`: an unavailable arm fails it with its reason; otherwise `body`
 /// gives what it compared, or why nothing could be.
 fn arm_gate(arm: &ArmView<'_>, body: impl FnOnce() -> Result<Compared, String>) -> ArmGate {
-    let result = match &arm.unavailable {
+    let c = match &arm.unavailable {
         Some(why) => Err(why.clone()),
         None => body(),
-    };
-    match result {
-        Ok(c) => ArmGate {
-            arm: arm.name.into(),
-            pass: c.pass,
-            levels: c.levels,
-            note: c.note,
-        },
-        Err(note) => ArmGate {
-            arm: arm.name.into(),
-            pass: false,
-            levels: Vec::new(),
-            note: Some(note),
-        },
+    }
+    .unwrap_or_else(|note| Compared {
+        levels: Vec::new(),
+        pass: false,
+        note: Some(note),
+    });
+    ArmGate {
+        arm: arm.name.into(),
+        pass: c.pass,
+        levels: c.levels,
+        note: c.note,
     }
 }
 

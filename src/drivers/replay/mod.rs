@@ -257,7 +257,7 @@ pub(crate) async fn run(
     let campaign = plan
         .campaign
         .as_ref()
-        .map(|c| report::campaign::campaign_json(c, &arms::reports(&runs)));
+        .map(|c| report::campaign::campaign_json(plan.name.as_deref(), c, &arms::reports(&runs)));
     ReplayResult {
         ending,
         rounds,
