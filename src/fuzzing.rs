@@ -76,10 +76,15 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
 /// accept them with the same status and body, or both refuse them. The input is what a
 /// worker sends to a GET, then closes.
 pub fn http1_response(data: &[u8]) {
-    let theirs = hyper_view(data);
+    // One runtime for every view of this input.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the fuzz target");
+    let theirs = hyper_view(&rt, data);
     // The whole input in one read, and split into reads of 1 and 7 bytes.
     for step in [usize::MAX, 1, 7] {
-        let ours = lean_view(data, step);
+        let ours = lean_view(&rt, data, step);
         match (&ours, &theirs) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "status or body differ (reads of {step})"),
             (Err(_), Err(_)) => {}
@@ -93,10 +98,11 @@ pub fn http1_response(data: &[u8]) {
 
 /// What the lean client's reader (`engine::lean::read_response`, the code replay runs)
 /// makes of `data` followed by the end of the stream, read `step` bytes at a time.
-fn lean_view(data: &[u8], step: usize) -> Result<(u16, Vec<u8>), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(|e| e.to_string())?;
+fn lean_view(
+    rt: &tokio::runtime::Runtime,
+    data: &[u8],
+    step: usize,
+) -> Result<(u16, Vec<u8>), String> {
     rt.block_on(async {
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
@@ -133,13 +139,9 @@ impl tokio::io::AsyncRead for Pieces<'_> {
 }
 
 /// What hyper's HTTP/1 client makes of `data` sent in answer to a GET, then a close.
-fn hyper_view(data: &[u8]) -> Result<(u16, Vec<u8>), String> {
+fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>), String> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
     let data = data.to_vec();
     rt.block_on(async move {
         let (client, mut server) = tokio::io::duplex(data.len() + (64 << 10));
@@ -189,14 +191,18 @@ mod tests {
 
     #[test]
     fn both_views_read_a_plain_answer_and_refuse_a_broken_one() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
-        assert_eq!(hyper_view(ok), Ok((200, b"hello".to_vec())));
-        assert_eq!(lean_view(ok, 3), Ok((200, b"hello".to_vec())));
+        assert_eq!(hyper_view(&rt, ok), Ok((200, b"hello".to_vec())));
+        assert_eq!(lean_view(&rt, ok, 3), Ok((200, b"hello".to_vec())));
         let chunked =
             b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
-        assert_eq!(hyper_view(chunked), Ok((201, b"hi".to_vec())));
+        assert_eq!(hyper_view(&rt, chunked), Ok((201, b"hi".to_vec())));
         let bad = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello";
-        assert!(hyper_view(bad).is_err() && lean_view(bad, 1).is_err());
+        assert!(hyper_view(&rt, bad).is_err() && lean_view(&rt, bad, 1).is_err());
         http1_response(ok);
         http1_response(bad);
     }

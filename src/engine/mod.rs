@@ -229,9 +229,7 @@ impl Engine {
         cap: &mut Capture,
     ) -> Result<Option<Frame<Bytes>>, ExchangeError> {
         if body.is_end_stream() {
-            if !cap.ended() {
-                cap.on_body_end(clock::now_ns());
-            }
+            cap.on_body_end_now();
             return Ok(None);
         }
         match body.frame().await {
@@ -247,9 +245,7 @@ impl Engine {
             }
             Some(Err(e)) => Err(ExchangeError::upstream("read response body", &e)),
             None => {
-                if !cap.ended() {
-                    cap.on_body_end(clock::now_ns());
-                }
+                cap.on_body_end_now();
                 Ok(None)
             }
         }

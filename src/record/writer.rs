@@ -780,6 +780,35 @@ mod hold {
 }
 
 #[cfg(test)]
+mod batches {
+    use super::*;
+    use crate::record::tests_support::row;
+
+    #[test]
+    fn a_batch_larger_than_the_queue_is_handed_over_in_pieces_and_every_row_written() {
+        let run = tempfile::tempdir().unwrap();
+        let ex = run.path().join("exchanges");
+        fs::create_dir(&ex).unwrap();
+        let mut opts = RecorderOptions::new(ex);
+        opts.queue_rows = 10;
+        let rec = Recorder::start(opts).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for b in 0..40 {
+                let rows = (0..25).map(|i| row(b * 25 + i, b"x")).collect();
+                rec.submit_many(rows).await.unwrap();
+            }
+        });
+        assert_eq!(rec.finish().unwrap().rows, 1_000);
+        // After finish, a batch is refused, not lost silently.
+        let refused = rt.block_on(rec.submit_many(vec![row(0, b"x")]));
+        assert!(refused.is_err());
+    }
+}
+
+#[cfg(test)]
 mod disk_full {
     use super::*;
     use crate::record::tests_support::row;
