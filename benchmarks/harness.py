@@ -71,21 +71,23 @@ def parse_only(text):
         kind, _, c = tok.partition(":")
         if kind == "writer" and not c:
             cells.add(("writer", None))
-        elif kind in ("serve", "replay") and not c:
+        elif kind in ("serve", "replay", "fresh") and not c:
             cells.update((kind, x) for x in CONC)
-        elif kind in ("serve", "replay") and c.isdigit() and int(c) > 0:
+        elif kind in ("serve", "replay", "fresh") and c.isdigit() and int(c) > 0:
             cells.add((kind, int(c)))
         else:
-            sys.exit(f"ONLY: cannot read {tok!r}; expected serve:C, replay:C, serve, replay or writer, comma-separated")
+            sys.exit(f"ONLY: cannot read {tok!r}; expected serve:C, replay:C, fresh:C, serve, replay, fresh or "
+                     "writer, comma-separated")
     return cells
 
 
 ONLY = parse_only(os.environ.get("ONLY", ""))
 if ONLY is None:
-    PROXY_CONC, GEN_CONC, RUN_WRITER = CONC, CONC, True
+    PROXY_CONC, GEN_CONC, FRESH_CONC, RUN_WRITER = CONC, CONC, CONC, True
 else:
     PROXY_CONC = sorted(c for k, c in ONLY if k == "serve")
     GEN_CONC = sorted(c for k, c in ONLY if k == "replay")
+    FRESH_CONC = sorted(c for k, c in ONLY if k == "fresh")
     RUN_WRITER = ("writer", None) in ONLY
 
 procs = []
@@ -419,15 +421,16 @@ backend b
         return v
 
     for r in range(ROUNDS):
-        for c in GEN_CONC:
-            w = add("wrk", c, wrk(UP, c))
-            add("oha", c, oha(c))
-            n = int(w["rps"] * DUR / 2)  # two measured rounds of DUR/2 s each, roughly
-            for key, b in pair(r, ("replay", BIN), ("replay old", OLD_BIN)):
-                add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", binary=b))
-            for key, b in pair(r, ("replay norec", BIN), ("replay old norec", OLD_BIN)):
-                add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", record=False, binary=b))
-            if ONLY is None:
+        for c in sorted(set(GEN_CONC) | set(FRESH_CONC)):
+            if c in GEN_CONC:
+                w = add("wrk", c, wrk(UP, c))
+                add("oha", c, oha(c))
+                n = int(w["rps"] * DUR / 2)  # two measured rounds of DUR/2 s each, roughly
+                for key, b in pair(r, ("replay", BIN), ("replay old", OLD_BIN)):
+                    add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", binary=b))
+                for key, b in pair(r, ("replay norec", BIN), ("replay old norec", OLD_BIN)):
+                    add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", record=False, binary=b))
+            if c in FRESH_CONC:
                 of = add("oha fresh", c, oha(c, fresh=True))
                 add("replay fresh", c, replay(c, int(of["rps"] * DUR / 2), tmp, fresh=True, tag=f"f{r}-{c}"))
             print(f"round {r + 1}/{ROUNDS} c={c}: " + ", ".join(
@@ -751,7 +754,8 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
     only = ""
     if ONLY is not None:
         only = ("Only the cells " + ", ".join(f"{k}:{c}" if c else k for k, c in sorted(ONLY, key=str)) +
-                " (ONLY), with the reference targets their rows need (no HAProxy, no fresh-connection pair). ")
+                " (ONLY), with the reference targets their rows need (no HAProxy; the fresh-connection pair only "
+                "in fresh:C cells). ")
     lines = [
         f"# {datetime.date.today().isoformat()} — proxy overhead and load generation",
         "",
@@ -785,17 +789,17 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
             rps = median(rows, "rps")
             lines.append(f"| {c} | {t} | {fmt(rps, 0)} | {spread(rows, 'rps')} | {rps / base:.2f}x | {rps / ngx:.2f}x | "
                          f"{fmt(median(rows, 'p50_ms'), 3)} | {fmt(median(rows, 'p99_ms'), 3)} |")
-    if GEN_CONC:
+    if GEN_CONC or FRESH_CONC:
         if lines[-1]:
             lines.append("")
         lines += ["## Load generation (generator -> nginx upstream)", "",
                   "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
-    for c in GEN_CONC:
-        w = median(gen[("wrk", c)], "rps")
-        o = median(gen[("oha", c)], "rps")
+    for c in sorted(set(GEN_CONC) | set(FRESH_CONC)):
         for t in ("wrk", "oha", "replay", "replay old", "replay norec", "replay old norec"):
             if (t, c) not in gen:
                 continue
+            w = median(gen[("wrk", c)], "rps")
+            o = median(gen[("oha", c)], "rps")
             v = median(gen[(t, c)], "rps")
             lines.append(f"| {c} | {GEN_NAMES.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x |")
         if ("oha fresh", c) in gen:

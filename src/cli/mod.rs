@@ -902,6 +902,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     rec_opts.part_seconds = input.part_seconds.as_secs_f64();
     rec_opts.queue_rows = args.record_queue.max(1);
     rec_opts.redaction = input.redaction.clone();
+    rec_opts.slice = Some(crate::record::SERVE_SLICE);
     let policy = match args.upstream_connection {
         UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
@@ -960,7 +961,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         problems.push(format!("reading the recorded rows back: {e}"));
     }
     (stats.routes, stats.ok_total) = table.finish();
-    let summary = report::serve_summary_json(&stats, rows);
+    let summary = report::serve_summary_json(&stats, rows, Some(recording.stats.longest_slice_us));
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
     }

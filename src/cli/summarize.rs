@@ -160,7 +160,9 @@ fn serve(
     stats.dropped_rows = original
         .and_then(|p| p["dropped_rows"].as_u64())
         .unwrap_or(0);
-    let mut s = report::serve_summary_json(&stats, facts.len() as u64);
+    // Only the live run measured its recorder; a crashed run's is unknown (null).
+    let slice = original.and_then(|p| p["recorder_longest_slice_us"].as_u64());
+    let mut s = report::serve_summary_json(&stats, facts.len() as u64, slice);
     s["rebuilt_from_exchanges"] = json!(true);
     s["ending"] = match original.and_then(|o| o.get("ending")) {
         Some(e) => e.clone(),

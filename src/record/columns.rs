@@ -12,14 +12,17 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{
-    ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
-    StructArray, TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray,
+    TimestampMicrosecondArray,
 };
-use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use http::HeaderMap;
 
 use super::ExchangeRecord;
 use crate::redact::Redaction;
+
+/// What one header weighs in an encoding step besides its bytes ([`Column::step_end`]).
+const HEADER_STEP_BYTES: usize = 512;
 
 /// How a column is filled from a row; the variant fixes the column's Arrow type.
 #[derive(Clone, Copy)]
@@ -90,7 +93,42 @@ impl Column {
         Field::new(self.name, self.data_type(), self.nullable)
     }
 
-    fn array(&self, rows: &[ExchangeRecord], redact: &Redaction) -> ArrayRef {
+    /// Where one encoding step over `rows[start..]` ends: at the last row for a column of
+    /// fixed-width values, else once the values reach `bytes` (at least one row).
+    pub(crate) fn step_end(&self, rows: &[ExchangeRecord], start: usize, bytes: usize) -> usize {
+        if bytes == usize::MAX {
+            return rows.len();
+        }
+        let until = |size: &dyn Fn(&ExchangeRecord) -> usize| {
+            let mut sum = 0;
+            for (i, r) in rows.iter().enumerate().skip(start) {
+                sum += size(r);
+                if sum >= bytes {
+                    return i + 1;
+                }
+            }
+            rows.len()
+        };
+        match self.fill {
+            Fill::Utf8(f) => until(&|r| f(r).map_or(0, str::len)),
+            Fill::RedactedUrl(f) => until(&|r| f(r).len()),
+            Fill::Binary(f) => until(&|r| f(r).len()),
+            // A header costs a list entry, a struct and a redaction check besides its
+            // bytes (measured: about as much as 512 bytes of a body).
+            Fill::Headers(f) => until(&|r| {
+                f(r).iter()
+                    .map(|(k, v)| HEADER_STEP_BYTES + k.as_str().len() + v.len())
+                    .sum()
+            }),
+            Fill::Int64List(f) => until(&|r| f(r).map_or(0, |v| v.len() * 8)),
+            Fill::Int32(_) | Fill::Int64(_) | Fill::Boolean(_) | Fill::TimestampUtc(_) => {
+                rows.len()
+            }
+        }
+    }
+
+    /// This column's values of `rows`, secrets redacted.
+    pub(crate) fn array(&self, rows: &[ExchangeRecord], redact: &Redaction) -> ArrayRef {
         match self.fill {
             Fill::Utf8(f) => Arc::new(StringArray::from_iter(rows.iter().map(f))),
             Fill::RedactedUrl(f) => Arc::new(StringArray::from_iter_values(
@@ -247,23 +285,26 @@ fn schema_of(columns: &[Column]) -> SchemaRef {
     ))
 }
 
-/// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets.
+/// Convert rows to one Arrow batch of [`exchange_schema`], redacting secrets (the writer
+/// converts a column at a time instead: `encode.rs`).
+#[cfg(test)]
 pub(crate) fn to_batch(
     rows: &[ExchangeRecord],
     redact: &Redaction,
     schema: &SchemaRef,
-) -> Result<RecordBatch, ArrowError> {
+) -> Result<arrow_array::RecordBatch, arrow_schema::ArrowError> {
     batch_of(&COLUMNS, rows, redact, schema.clone())
 }
 
+#[cfg(test)]
 fn batch_of(
     columns: &[Column],
     rows: &[ExchangeRecord],
     redact: &Redaction,
     schema: SchemaRef,
-) -> Result<RecordBatch, ArrowError> {
+) -> Result<arrow_array::RecordBatch, arrow_schema::ArrowError> {
     let arrays = columns.iter().map(|c| c.array(rows, redact)).collect();
-    RecordBatch::try_new(schema, arrays)
+    arrow_array::RecordBatch::try_new(schema, arrays)
 }
 
 fn int_item() -> Field {

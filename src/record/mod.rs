@@ -17,6 +17,7 @@
 //! Never imports a driver, the engine or the reports: a row is plain data.
 
 pub(crate) mod columns;
+mod encode;
 pub(crate) mod ledger;
 pub(crate) mod read;
 pub(crate) mod recover;
@@ -34,7 +35,7 @@ use crate::model::{Outcome, Phase, StreamColumns, Timings};
 pub use ledger::LEDGER;
 pub(crate) use writer::RecordError;
 pub use writer::{Recorder, RecorderOptions};
-pub(crate) use writer::{WriterStats, default_hold_bytes};
+pub(crate) use writer::{SERVE_SLICE, WriterStats, default_hold_bytes};
 
 /// Version of the exchange schema, stored in each file's key-value metadata.
 pub(crate) const SCHEMA_VERSION: &str = "1";

@@ -22,14 +22,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use arrow_schema::SchemaRef;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use tokio::sync::Semaphore;
 
-use super::columns::{exchange_schema, to_batch};
+use super::columns::exchange_schema;
+use super::encode::{Pacer, PartEncoder, STEP_BYTES};
 use super::ledger::Ledger;
 use super::{ExchangeRecord, SCHEMA_VERSION};
 use crate::clock;
@@ -53,7 +53,14 @@ pub struct RecorderOptions {
     /// [`ExchangeRecord::approx_bytes`] counts them) unencoded; 0 (the default): never
     /// hold. Replay sets it (`--record-hold`, else [`default_hold_bytes`]).
     pub hold_bytes: usize,
+    /// Encode in slices of at most about this much work, sleeping between them, so that
+    /// a request on the same core never waits behind more than one slice (serve sets
+    /// [`SERVE_SLICE`]); `None` (the default): encode without pausing.
+    pub slice: Option<Duration>,
 }
+
+/// The slice serve encodes in: with one encoding step after it, under 0.1 ms.
+pub const SERVE_SLICE: Duration = Duration::from_micros(40);
 
 impl RecorderOptions {
     pub fn new(dir: PathBuf) -> RecorderOptions {
@@ -65,6 +72,7 @@ impl RecorderOptions {
             redaction: Redaction::default(),
             metadata: Vec::new(),
             hold_bytes: 0,
+            slice: None,
         }
     }
 }
@@ -98,6 +106,9 @@ pub struct WriterStats {
     /// Rows encoded while held because the held rows passed
     /// [`RecorderOptions::hold_bytes`] (encoding that overlapped a measured round).
     pub encoded_while_held: u64,
+    /// The longest slice of encoding between two pauses, in the writer thread's CPU
+    /// microseconds ([`RecorderOptions::slice`]; 0 when it encoded without pausing).
+    pub longest_slice_us: u64,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -262,7 +273,7 @@ impl Recorder {
 
 struct OpenPart {
     index: u32,
-    writer: ArrowWriter<File>,
+    encoder: PartEncoder,
     tmp: PathBuf,
     final_path: PathBuf,
     rows: usize,
@@ -312,8 +323,6 @@ fn writer_props(opts: &RecorderOptions) -> WriterProperties {
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(ZSTD_LEVEL).unwrap_or_default(),
         ))
-        .set_max_row_group_row_count(Some(64 * 1024))
-        .set_max_row_group_bytes(Some(128 << 20))
         .set_dictionary_enabled(false)
         .set_key_value_metadata(Some(kv));
     // Min/max statistics of a body or a header value are of no use to a query and cost a
@@ -323,6 +332,10 @@ fn writer_props(opts: &RecorderOptions) -> WriterProperties {
     }
     for col in DICTIONARY_COLUMNS {
         b = b.set_column_dictionary_enabled(column_path(col), true);
+    }
+    if opts.slice.is_some() {
+        // Compressing a page is one step: a paced part keeps its pages small.
+        b = b.set_data_page_size_limit(STEP_BYTES);
     }
     b.build()
 }
@@ -342,11 +355,11 @@ fn open_part(
     let final_path = opts.dir.join(format!("part-{index:05}.parquet"));
     let file = File::create(&tmp)
         .map_err(|e| RecordError(format!("{}: cannot create: {e}", tmp.display())))?;
-    let writer = ArrowWriter::try_new(file, schema.clone(), Some(writer_props(opts)))
+    let encoder = PartEncoder::new(file, schema, writer_props(opts), opts.slice.is_some())
         .map_err(|e| RecordError(format!("{}: {e}", tmp.display())))?;
     Ok(OpenPart {
         index,
-        writer,
+        encoder,
         tmp,
         final_path,
         rows: 0,
@@ -354,9 +367,9 @@ fn open_part(
     })
 }
 
-fn close_part(part: OpenPart, dir: &Path) -> Result<(), RecordError> {
+fn close_part(part: OpenPart, dir: &Path, pace: &mut Pacer) -> Result<(), RecordError> {
     let ctx = |e: &dyn std::fmt::Display| RecordError(format!("{}: {e}", part.tmp.display()));
-    let file = part.writer.into_inner().map_err(|e| ctx(&e))?;
+    let file = part.encoder.finish(pace).map_err(|e| ctx(&e))?;
     file.sync_all().map_err(|e| ctx(&e))?;
     drop(file);
     fs::rename(&part.tmp, &part.final_path).map_err(|e| ctx(&e))?;
@@ -383,6 +396,7 @@ struct Writer {
     holds: u32,
     /// Rows held when the ledger last said so.
     held_noted: usize,
+    pacer: Pacer,
 }
 
 /// What the queue gave the writer on one poll.
@@ -392,6 +406,9 @@ enum Polled {
     /// Nothing came for as long as the writer waits before flushing what it holds.
     Idle,
 }
+
+/// Rows freed in one step after their batch is encoded.
+const FREE_STEP_ROWS: usize = 64;
 
 /// While rows are held, the ledger is told how many every this many rows (one small
 /// write per 64 rows).
@@ -412,14 +429,17 @@ fn writer_loop(
         ledger: Ledger::open(&opts.dir),
         holds: 0,
         held_noted: 0,
+        pacer: Pacer::new(opts.slice),
         opts,
     };
-    match w.run(&rx, slots) {
+    let ran = w.run(&rx, slots);
+    w.stats.longest_slice_us = w.pacer.longest.as_micros() as u64;
+    match ran {
         Ok(()) => Ok(w.stats),
         Err(e) => {
             // Keep what was written: try to close the open part so its rows survive.
             if let Some(p) = w.part.take() {
-                let _ = close_part(p, &w.opts.dir);
+                let _ = close_part(p, &w.opts.dir, &mut Pacer::new(None));
             }
             Err(e)
         }
@@ -590,11 +610,18 @@ impl Writer {
         // Moved out (at most one batch), never by rotating a deque of held rows.
         let rows: Vec<ExchangeRecord> = self.pending.drain(..take).map(|(r, _)| r).collect();
         self.pending_bytes -= bytes;
-        let batch = to_batch(&rows, &self.opts.redaction, &self.schema)
-            .map_err(|e| RecordError(format!("arrow conversion: {e}")))?;
-        p.writer
-            .write(&batch)
-            .map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
+        self.pacer.begin();
+        let written = p
+            .encoder
+            .write(&rows, &self.opts.redaction, &mut self.pacer);
+        // Freeing a batch of rows is work too (a few allocations each): in steps.
+        let mut rows = rows;
+        while !rows.is_empty() {
+            rows.truncate(rows.len().saturating_sub(FREE_STEP_ROWS));
+            self.pacer.step();
+        }
+        self.pacer.end();
+        written.map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
         p.rows += take;
         self.stats.rows += take as u64;
         if self.holds > 0 {
@@ -617,7 +644,12 @@ impl Writer {
 
     fn close_open_part(&mut self) -> Result<(), RecordError> {
         match self.part.take() {
-            Some(p) => close_part(p, &self.opts.dir),
+            Some(p) => {
+                self.pacer.begin();
+                let closed = close_part(p, &self.opts.dir, &mut self.pacer);
+                self.pacer.end();
+                closed
+            }
             None => Ok(()),
         }
     }

@@ -691,6 +691,9 @@ async fn a_slow_writer_slows_the_clients_instead_of_growing_memory() {
     let peak = summary["recorder_backlog_peak_rows"].as_u64().unwrap();
     assert!((1..=16).contains(&peak), "backlog peak {peak}");
     assert_eq!(Rows::read(&out).len(), 400);
+    // serve's recorder encodes in measured slices (an unpaced writer reports 0).
+    let slice = summary["recorder_longest_slice_us"].as_u64().unwrap();
+    assert!(slice > 0, "{summary}");
 }
 
 /// `GET /v1/models` with a client `Host`.
