@@ -60,8 +60,9 @@ assert "'" not in BODY and len(BODY) < 1100
 
 
 def parse_only(text):
-    """ONLY="serve:16,replay:64,writer" -> {("serve", 16), ("replay", 64), ("writer", None)};
-    None when unset (everything). `serve` or `replay` without `:C` means every c in CONC."""
+    """ONLY="serve:16,replay:64,fresh:1,writer" -> {("serve", 16), ("replay", 64), ("fresh", 1),
+    ("writer", None)}; None when unset (everything). `serve`, `replay` or `fresh` without `:C`
+    means every c in CONC."""
     if not text.strip():
         return None
     cells = set()

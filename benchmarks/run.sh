@@ -7,7 +7,7 @@
 #
 #   DUR=5 ROUNDS=3 bash benchmarks/run.sh
 #   OLD_BIN=/tmp/baseline/matrix-proxy OLD_WRITER_BENCH=/tmp/baseline/writer-bench ROUNDS=5 bash benchmarks/run.sh
-#     (the old build as targets of its own, interleaved with the new; ONLY=serve:16,replay:64
+#     (the old build as targets of its own, interleaved with the new; ONLY=serve:16,replay:64,fresh:1
 #     reruns some cells; see benchmarks/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."

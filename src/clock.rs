@@ -38,6 +38,13 @@ pub(crate) fn process_cpu_ns() -> u64 {
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
 }
 
+/// CPU time used by the calling thread so far, in nanoseconds (CLOCK_THREAD_CPUTIME_ID):
+/// what the recorder measures its slices of work in.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
 /// Wall-clock microseconds since the Unix epoch (UTC). The only wall-clock read.
 #[allow(clippy::disallowed_methods)]
 pub(crate) fn wall_now_us() -> i64 {

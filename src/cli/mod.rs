@@ -961,7 +961,12 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         problems.push(format!("reading the recorded rows back: {e}"));
     }
     (stats.routes, stats.ok_total) = table.finish();
-    let summary = report::serve_summary_json(&stats, rows, Some(recording.stats.longest_slice_us));
+    // Unknown (null) when the writer failed: its measurement did not come back.
+    let slice = recording
+        .problems
+        .is_empty()
+        .then_some(recording.stats.longest_slice_us);
+    let summary = report::serve_summary_json(&stats, rows, slice);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
     }

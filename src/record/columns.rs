@@ -2,7 +2,8 @@
 //!
 //! Each [`Column`] carries its name, nullability, unit, doc line *and* the code that fills
 //! it from a row; the Arrow type follows from the filler's kind. The schema
-//! ([`exchange_schema`]) and the batch ([`to_batch`]) are both generated from [`COLUMNS`],
+//! ([`exchange_schema`]) and each column's array ([`Column::array`], which the part
+//! encoder calls a column at a time) are both generated from [`COLUMNS`],
 //! so no column is matched to its values by position, and `docs/output.md` is checked
 //! against the same list by a test. Secrets are redacted here, as values are copied into
 //! Arrow buffers: the URL's secret query parameters and secret header values never reach

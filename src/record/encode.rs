@@ -1,14 +1,16 @@
 //! One Parquet part, encoded a column at a time in short steps.
 //!
 //! The writer thread shares a core with the proxy it records. A step here is one column
-//! of a batch of rows (or, for bodies, header lists and event times, the rows whose
-//! values add up to [`STEP_BYTES`]): converted to Arrow, then encoded into that column's
-//! pages. Between steps a [`Pacer`] may give the core back, so that a request never waits
-//! behind more than one slice of encoding (serve). A row group closes between batches;
-//! its pages are then copied into the file in one step, so a paced part keeps its row
-//! groups small ([`PACED_GROUP_BYTES`]). The file is the same Parquet an `ArrowWriter`
-//! writes (the Arrow schema in its metadata included): `ArrowWriter` is built first and
-//! taken apart into its file writer and column-writer factory.
+//! of some rows (for a column of variable-size values, the rows whose values first reach
+//! [`STEP_BYTES`]): converted to Arrow, then encoded into that column's pages. Between
+//! steps a [`Pacer`] may give the core back, so that a request waits behind one slice of
+//! encoding and one step rather than a whole batch (serve). A row group's pages are
+//! copied into the file in one step, and the footer is written in one, so a paced part
+//! keeps its row groups small ([`PACED_GROUP_BYTES`]; the writer's batches are no larger
+//! when paced). The file is built as an `ArrowWriter` builds it (the writer is
+//! created first and taken apart into its file writer and column-writer factory, so the
+//! Arrow schema and key-value metadata are its), and row groups close by its rule: at
+//! 65,536 rows, or before the rows would take the estimated encoded bytes past the limit.
 
 use std::fs::File;
 use std::time::Duration;
@@ -37,13 +39,17 @@ pub(super) const PACED_GROUP_BYTES: usize = 1 << 20;
 pub(super) const STEP_BYTES: usize = 64 * 1024;
 
 /// Gives the core back between steps once a slice of work has run for `budget`, and
-/// measures the longest slice in CPU time.
+/// measures the longest slice in the thread's CPU time. A slice runs from the thread's
+/// last rest (a pause here, or the writer's sleep on its queue) to its next one, so work
+/// split over several calls is still one slice.
 pub(super) struct Pacer {
     budget: Option<Duration>,
-    /// When the slice began ([`clock::now_ns`]).
+    /// When the slice began ([`clock::now_ns`]) and the thread's CPU time then.
     since_ns: u64,
-    cpu_at: Duration,
-    /// The longest slice of work between two pauses, in this thread's CPU time.
+    cpu_at_ns: u64,
+    /// The thread rested since the slice began: the next work starts a new slice.
+    rested: bool,
+    /// The longest slice of work between two rests, in this thread's CPU time.
     pub(super) longest: Duration,
 }
 
@@ -51,30 +57,24 @@ pub(super) struct Pacer {
 /// long enough for what waited to run.
 const PAUSE: Duration = Duration::from_micros(20);
 
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(
-        t.tv_sec.max(0) as u64,
-        t.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
-}
-
 impl Pacer {
-    /// `None`: never pause (replay encodes between its rounds).
+    /// `None`: never pause, measure nothing (replay encodes between its rounds).
     pub(super) fn new(budget: Option<Duration>) -> Pacer {
         Pacer {
             budget,
             since_ns: 0,
-            cpu_at: Duration::ZERO,
+            cpu_at_ns: 0,
+            rested: true,
             longest: Duration::ZERO,
         }
     }
 
-    /// Work starts (after the writer waited for rows).
+    /// Work starts: a new slice if the thread rested since the last one, else the same.
     pub(super) fn begin(&mut self) {
-        if self.budget.is_some() {
+        if self.budget.is_some() && self.rested {
+            self.rested = false;
             self.since_ns = clock::now_ns();
-            self.cpu_at = thread_cpu();
+            self.cpu_at_ns = clock::thread_cpu_ns();
         }
     }
 
@@ -84,21 +84,32 @@ impl Pacer {
         if clock::now_ns().saturating_sub(self.since_ns) < budget.as_nanos() as u64 {
             return;
         }
-        self.end();
+        self.measure();
         std::thread::sleep(PAUSE);
+        self.rested = true;
         self.begin();
     }
 
-    /// Work ends (the writer goes back to its queue): the slice is measured.
+    /// Work stopped for now (the slice may go on if no rest follows): measure it.
     pub(super) fn end(&mut self) {
-        if self.budget.is_some() {
-            self.longest = self.longest.max(thread_cpu().saturating_sub(self.cpu_at));
+        if self.budget.is_some() && !self.rested {
+            self.measure();
         }
+    }
+
+    /// The thread slept (waiting for rows): the next work starts a new slice.
+    pub(super) fn rest(&mut self) {
+        self.rested = true;
+    }
+
+    fn measure(&mut self) {
+        let ns = clock::thread_cpu_ns().saturating_sub(self.cpu_at_ns);
+        self.longest = self.longest.max(Duration::from_nanos(ns));
     }
 }
 
-/// An open part: the file writer, the open row group's column writers (one per Parquet
-/// leaf, in schema order) and where each of [`COLUMNS`] starts among them.
+/// An open part: the file writer and the open row group's column writers (one per
+/// Parquet leaf, in schema order; a header list has two).
 pub(super) struct PartEncoder {
     file: SerializedFileWriter<File>,
     factory: ArrowRowGroupWriterFactory,
@@ -139,6 +150,8 @@ impl PartEncoder {
     }
 
     /// Encode `rows` into the part (redacting secrets), closing row groups as they fill.
+    /// On an error the rows of the open row group are dropped (the part keeps the row
+    /// groups already closed, and [`PartEncoder::finish`] can still write its footer).
     pub(super) fn write(
         &mut self,
         mut rows: &[ExchangeRecord],
@@ -148,20 +161,45 @@ impl PartEncoder {
         while !rows.is_empty() {
             if self.leaves.is_empty() {
                 self.leaves = self.factory.create_column_writers(self.group_index)?;
+                pace.step();
             }
-            let (now, rest) = rows.split_at(rows.len().min(GROUP_ROWS - self.group_rows));
-            self.write_group(now, redact, pace)?;
+            let Some(fit) = self.rows_that_fit() else {
+                self.close_group(pace)?;
+                continue;
+            };
+            let (now, rest) = rows.split_at(rows.len().min(fit));
+            if let Err(e) = self.write_group(now, redact, pace) {
+                // Some columns hold these rows and others do not: the group cannot close.
+                self.leaves.clear();
+                self.group_rows = 0;
+                return Err(e);
+            }
             rows = rest;
-            let bytes: usize = self
-                .leaves
-                .iter()
-                .map(ArrowColumnWriter::get_estimated_total_bytes)
-                .sum();
-            if self.group_rows >= GROUP_ROWS || bytes >= self.group_bytes {
+            if self.group_rows >= GROUP_ROWS {
                 self.close_group(pace)?;
             }
         }
         Ok(())
+    }
+
+    /// How many more rows the open row group takes: up to 65,536 rows, and, once it holds
+    /// some, as many as its average encoded row size says fit under the byte limit
+    /// (`ArrowWriter`'s rule). `None`: it is full.
+    fn rows_that_fit(&self) -> Option<usize> {
+        let rows = GROUP_ROWS - self.group_rows;
+        if self.group_rows == 0 {
+            return Some(rows);
+        }
+        let bytes: usize = self
+            .leaves
+            .iter()
+            .map(ArrowColumnWriter::get_estimated_total_bytes)
+            .sum();
+        let fit = match bytes.checked_div(self.group_rows) {
+            Some(0) | None => rows,
+            Some(per_row) => self.group_bytes.saturating_sub(bytes) / per_row,
+        };
+        (bytes < self.group_bytes && fit > 0 && rows > 0).then_some(rows.min(fit))
     }
 
     /// Every column of `rows` into the open row group, one step per column (or per
@@ -224,14 +262,16 @@ impl PartEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::columns::exchange_schema;
+    use crate::model::StreamColumns;
+    use crate::record::columns::{exchange_schema, to_batch};
     use crate::record::tests_support::row;
-    use arrow_array::{BinaryArray, Int64Array};
+    use arrow_array::{Array, RecordBatch};
     use bytes::Bytes;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::basic::{Compression, ZstdLevel};
 
-    /// `n` rows with distinct, barely compressible 1 KiB response bodies and two headers.
+    /// `n` rows with distinct, barely compressible 1 KiB response bodies, a secret and a
+    /// plain header, and every third row a stream with its event times.
     fn rows(n: usize) -> Vec<ExchangeRecord> {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         (0..n)
@@ -248,17 +288,29 @@ mod tests {
                 r.response_body = Bytes::from(body);
                 r.response_body_len = 1024;
                 let mut h = http::HeaderMap::new();
-                h.insert("content-type", "application/json".parse().unwrap());
+                h.insert("authorization", format!("Bearer sk-{i}").parse().unwrap());
                 h.insert("x-request-id", format!("req-{i}").parse().unwrap());
-                r.response_headers = h;
+                r.request_headers = std::sync::Arc::new(h);
+                if i % 3 == 0 {
+                    r.stream = Some(StreamColumns {
+                        event_count: (i % 50) as i64,
+                        event_offsets_us: (0..(i % 50) as i64).map(|e| e * 10).collect(),
+                        content_offsets_us: (0..(i % 7) as i64).collect(),
+                        ttft_us: Some(5),
+                        tpot_us: None,
+                        output_tokens: Some(3),
+                        output_tokens_source: "usage",
+                        prompt_tokens: None,
+                        done_seen: true,
+                    });
+                }
                 r
             })
             .collect()
     }
 
     struct Read {
-        ids: Vec<i64>,
-        bodies: Vec<Vec<u8>>,
+        batches: Vec<RecordBatch>,
         row_groups: Vec<i64>,
         arrow_schema_in_metadata: bool,
     }
@@ -278,76 +330,106 @@ mod tests {
         let mut enc = PartEncoder::new(file, &schema, props.build(), paced).unwrap();
         let mut pace = Pacer::new(paced.then_some(Duration::ZERO));
         for batch in rows.chunks(1000) {
+            pace.begin();
             enc.write(batch, &Redaction::default(), &mut pace).unwrap();
+            pace.end();
         }
         enc.finish(&mut pace).unwrap().sync_all().unwrap();
         let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
         let meta = builder.metadata().clone();
-        let mut read = Read {
-            ids: Vec::new(),
-            bodies: Vec::new(),
+        Read {
+            batches: builder.build().unwrap().map(|b| b.unwrap()).collect(),
             row_groups: meta.row_groups().iter().map(|g| g.num_rows()).collect(),
             arrow_schema_in_metadata: meta
                 .file_metadata()
                 .key_value_metadata()
                 .is_some_and(|kv| kv.iter().any(|e| e.key == "ARROW:schema")),
-        };
-        for batch in builder.build().unwrap() {
-            let batch = batch.unwrap();
-            let ids = batch.column_by_name("exchange_id").unwrap();
-            let ids = ids.as_any().downcast_ref::<Int64Array>().unwrap();
-            read.ids.extend(ids.values().iter().copied());
-            let bodies = batch.column_by_name("response_body").unwrap();
-            let bodies = bodies.as_any().downcast_ref::<BinaryArray>().unwrap();
-            read.bodies
-                .extend(bodies.iter().map(|b| b.unwrap().to_vec()));
         }
-        read
+    }
+
+    /// Every column of what was read equals what `to_batch` makes of the same rows.
+    fn assert_holds(read: &Read, rows: &[ExchangeRecord]) {
+        let schema = exchange_schema();
+        let mut at = 0;
+        for batch in &read.batches {
+            let want = to_batch(
+                &rows[at..at + batch.num_rows()],
+                &Redaction::default(),
+                &schema,
+            )
+            .unwrap();
+            for (i, field) in schema.fields().iter().enumerate() {
+                assert_eq!(
+                    batch.column(i).to_data(),
+                    want.column(i).to_data(),
+                    "column {} at row {at}",
+                    field.name()
+                );
+            }
+            at += batch.num_rows();
+        }
+        assert_eq!(at, rows.len());
     }
 
     #[test]
-    fn a_paced_part_holds_the_same_rows_in_row_groups_of_about_a_mebibyte() {
+    fn a_part_encoded_a_column_at_a_time_holds_every_column_of_every_row() {
         let rows = rows(5_000);
         let plain = encode(&rows, false);
         let paced = encode(&rows, true);
-        let want: Vec<i64> = (0..5_000).collect();
-        assert_eq!(plain.ids, want);
-        assert_eq!(paced.ids, want);
-        assert_eq!(plain.bodies, paced.bodies);
-        assert_eq!(paced.bodies[4_321], rows[4_321].response_body.to_vec());
+        assert_holds(&plain, &rows);
+        assert_holds(&paced, &rows);
         assert!(plain.arrow_schema_in_metadata && paced.arrow_schema_in_metadata);
+        // The secret header went through the redaction (to_batch's, compared above) and
+        // its value is nowhere in the file's bodies or header values.
+        let values = paced.batches[0].column_by_name("request_headers").unwrap();
+        assert!(!format!("{values:?}").contains("sk-1"));
         // Unpaced: one row group. Paced: ~5 MB of bodies (zstd cannot shrink random
-        // letters below ~60 %) in groups closed at 1 MiB, between batches of 1,000 rows.
+        // letters below ~60 %) in groups closed near 1 MiB.
         assert_eq!(plain.row_groups, vec![5_000]);
-        assert!(
-            paced.row_groups.len() >= 3 && paced.row_groups.iter().all(|&n| n % 1_000 == 0),
-            "{:?}",
-            paced.row_groups
-        );
+        assert!(paced.row_groups.len() >= 4, "{:?}", paced.row_groups);
         assert_eq!(paced.row_groups.iter().sum::<i64>(), 5_000);
     }
 
     #[test]
     fn a_row_group_closes_at_65536_rows_even_within_a_batch() {
-        let rows: Vec<ExchangeRecord> = (0..70_000).map(|i| row(i, b"")).collect();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.parquet");
-        let schema = exchange_schema();
-        let file = File::create(&path).unwrap();
-        let props = WriterProperties::builder().build();
-        let mut enc = PartEncoder::new(file, &schema, props, false).unwrap();
-        let mut pace = Pacer::new(None);
-        // One call larger than a row group: it is split at the boundary.
-        enc.write(&rows, &Redaction::default(), &mut pace).unwrap();
-        drop(enc.finish(&mut pace).unwrap());
-        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
-        let groups: Vec<i64> = builder
-            .metadata()
-            .row_groups()
-            .iter()
-            .map(|g| g.num_rows())
-            .collect();
-        assert_eq!(groups, vec![65_536, 70_000 - 65_536]);
+        for paced in [false, true] {
+            let rows: Vec<ExchangeRecord> = (0..70_000).map(|i| row(i, b"")).collect();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("p.parquet");
+            let schema = exchange_schema();
+            let file = File::create(&path).unwrap();
+            let props = WriterProperties::builder().build();
+            let mut enc = PartEncoder::new(file, &schema, props, paced).unwrap();
+            let mut pace = Pacer::new(None);
+            if paced {
+                // In the writer's batches (a paced writer's are small).
+                for batch in rows.chunks(1024) {
+                    enc.write(batch, &Redaction::default(), &mut pace).unwrap();
+                }
+            } else {
+                // One call larger than a row group: it is split at the boundary.
+                enc.write(&rows, &Redaction::default(), &mut pace).unwrap();
+            }
+            drop(enc.finish(&mut pace).unwrap());
+            let builder =
+                ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+            let groups: Vec<i64> = builder
+                .metadata()
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows())
+                .collect();
+            if paced {
+                // ~21 encoded bytes a row: the 1 MiB limit closes groups first.
+                assert!(
+                    groups.len() >= 2 && groups.iter().all(|&n| n < 65_536),
+                    "{groups:?}"
+                );
+                assert_eq!(groups.iter().sum::<i64>(), 70_000);
+            } else {
+                assert_eq!(groups, vec![65_536, 70_000 - 65_536]);
+            }
+        }
     }
 
     #[test]
@@ -362,18 +444,41 @@ mod tests {
         paced.end();
         let took = Duration::from_nanos(clock::now_ns() - t);
         assert!(took >= PAUSE * 50, "{took:?}");
-        // A slice of busy work is measured in CPU time.
+        // Under its budget it does not sleep: a slice of busy work split over two calls
+        // without a rest between them is measured as one.
         let mut measured = Pacer::new(Some(Duration::from_secs(60)));
+        // Spins for `ms` of this thread's CPU time (wall time would count preemption).
+        let spin = |ms: u64| {
+            let from = clock::thread_cpu_ns();
+            let mut x = 0u64;
+            while clock::thread_cpu_ns() - from < ms * 1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        };
+        let t = clock::now_ns();
         measured.begin();
-        let spin = clock::now_ns();
-        let mut x = 0u64;
-        while clock::now_ns() - spin < 3_000_000 {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
+        spin(2);
         measured.step();
         measured.end();
-        let wall = Duration::from_nanos(clock::now_ns() - spin);
-        assert!(measured.longest > Duration::ZERO && measured.longest <= wall * 2);
+        measured.begin();
+        spin(2);
+        measured.end();
+        let wall = Duration::from_nanos(clock::now_ns() - t);
+        assert!(
+            measured.longest >= Duration::from_millis(3),
+            "{:?}",
+            measured.longest
+        );
+        assert!(
+            measured.longest <= wall,
+            "{:?} > {wall:?}",
+            measured.longest
+        );
+        // After a rest the next work is a new slice.
+        measured.rest();
+        measured.begin();
+        measured.end();
+        assert!(measured.longest >= Duration::from_millis(3));
         // No budget: never sleeps, measures nothing.
         let mut free = Pacer::new(None);
         free.begin();

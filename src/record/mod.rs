@@ -5,7 +5,8 @@
 //! has ended, so recording never stalls a response in flight. Rows cross a bounded queue
 //! to a dedicated OS thread ([`writer`]), which owns all Arrow conversion, redaction,
 //! compression and fsync; nothing here runs on the async runtime. The columns are
-//! declared once in [`columns`]; [`ledger`] counts what each part holds so [`recover`] can
+//! declared once in [`columns`]; [`encode`] encodes a part a column at a time, in steps
+//! the writer can pause between (serve); [`ledger`] counts what each part holds so [`recover`] can
 //! say what a crash lost; [`read`] reads closed parts back for the reports; [`rundir`]
 //! creates the run directory and writes its JSON files atomically.
 //!

@@ -29,7 +29,7 @@ use parquet::schema::types::ColumnPath;
 use tokio::sync::Semaphore;
 
 use super::columns::exchange_schema;
-use super::encode::{Pacer, PartEncoder, STEP_BYTES};
+use super::encode::{PACED_GROUP_BYTES, Pacer, PartEncoder, STEP_BYTES};
 use super::ledger::Ledger;
 use super::{ExchangeRecord, SCHEMA_VERSION};
 use crate::clock;
@@ -511,7 +511,7 @@ impl Writer {
     /// turns every send into a futex wake-up and a context switch on the submitting core
     /// (measured: over a quarter of serve's CPU time). Rows wait at most one tick here.
     /// `None`: slept one tick, nothing to do yet.
-    fn poll(&self, rx: &mpsc::Receiver<Msg>, idle: &mut Duration) -> Option<Polled> {
+    fn poll(&mut self, rx: &mpsc::Receiver<Msg>, idle: &mut Duration) -> Option<Polled> {
         match rx.try_recv() {
             Ok(msg) => {
                 *idle = Duration::ZERO;
@@ -520,6 +520,7 @@ impl Writer {
             Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Msg(Msg::Close)),
             Err(mpsc::TryRecvError::Empty) => {
                 std::thread::sleep(POLL_TICK);
+                self.pacer.rest();
                 *idle += POLL_TICK;
                 if *idle < self.idle_wait() {
                     return None;
@@ -568,10 +569,19 @@ impl Writer {
         let batch_limit = BATCH_ROWS
             .min(self.opts.part_rows.max(1) - open_rows)
             .max(1);
-        while self.pending.len() >= batch_limit || self.pending_bytes >= BATCH_BYTES {
+        while self.pending.len() >= batch_limit || self.pending_bytes >= self.batch_bytes() {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Bytes of rows encoded as one batch: [`BATCH_BYTES`], or a paced row group's size
+    /// (a batch is what may go into an empty row group at once).
+    fn batch_bytes(&self) -> usize {
+        match self.opts.slice {
+            Some(_) => PACED_GROUP_BYTES,
+            None => BATCH_BYTES,
+        }
     }
 
     fn flush_all(&mut self) -> Result<(), RecordError> {
@@ -581,18 +591,20 @@ impl Writer {
         Ok(())
     }
 
-    /// Convert the oldest pending rows (one batch: at most [`BATCH_ROWS`] rows,
-    /// [`BATCH_BYTES`] bytes and what completes the open part) into one Arrow batch, write
-    /// it, note it in the ledger, and close the part when it is full.
+    /// Encode the oldest pending rows (one batch: at most [`BATCH_ROWS`] rows,
+    /// [`Writer::batch_bytes`] and what completes the open part) into the open part, free
+    /// them, note them in the ledger, and close the part when it is full.
     fn flush(&mut self) -> Result<(), RecordError> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.pacer.begin();
         if self.part.is_none() {
             self.part = Some(open_part(&self.opts, self.stats.parts, &self.schema)?);
             self.stats.parts += 1;
         }
         let part_rows = self.opts.part_rows.max(1);
+        let batch_bytes = self.batch_bytes();
         let p = self
             .part
             .as_mut()
@@ -601,7 +613,7 @@ impl Writer {
         let room = (part_rows - p.rows).min(BATCH_ROWS);
         let (mut take, mut bytes) = (0, 0);
         for (_, b) in self.pending.iter().take(room) {
-            if take > 0 && bytes + b > BATCH_BYTES {
+            if take > 0 && bytes + b > batch_bytes {
                 break;
             }
             bytes += b;
@@ -610,7 +622,6 @@ impl Writer {
         // Moved out (at most one batch), never by rotating a deque of held rows.
         let rows: Vec<ExchangeRecord> = self.pending.drain(..take).map(|(r, _)| r).collect();
         self.pending_bytes -= bytes;
-        self.pacer.begin();
         let written = p
             .encoder
             .write(&rows, &self.opts.redaction, &mut self.pacer);

@@ -302,7 +302,7 @@ pub(crate) fn serve_summary_json(
             "routes": format!("one entry per route (method and path as forwarded, without the query; the first {} distinct routes, later ones grouped as \"{}\") and status class of the worker's answer (\"none\": no head came from the worker and the client got the proxy's 502/503/504); latency and stream numbers are nearest rank over the group's ok exchanges; an answer is ok when it reached the client whole, whatever its status", routes::MAX_ROUTES, routes::OTHER),
             "dropped_rows": "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block",
             "recorder_backlog_peak_rows": "most finished exchanges waiting at once for room in the recorder's queue (block); each holds its client connection's next request, so it is at most the number of client connections",
-            "recorder_longest_slice_us": "the longest run of Parquet encoding between two of the recorder's pauses, in its thread's CPU microseconds: how long a request sharing its core could wait behind it (the recorder sleeps between slices of about 40 µs); null when a summary rebuilt from exchanges/ has no measurement",
+            "recorder_longest_slice_us": "the longest run of the recorder's work (encoding rows, freeing them, closing row groups and parts) between two of its rests, in its thread's CPU microseconds: about how long a request sharing its core could wait behind it (the recorder sleeps after every ~40 µs of work); null when the recorder failed, or in a summary rebuilt from exchanges/ of a run that never wrote one",
         },
     })
 }
