@@ -81,6 +81,7 @@ impl Pacer {
     /// A step ended: pause when the slice has used its budget.
     pub(super) fn step(&mut self) {
         let Some(budget) = self.budget else { return };
+        self.begin();
         if clock::now_ns().saturating_sub(self.since_ns) < budget.as_nanos() as u64 {
             return;
         }
@@ -97,8 +98,10 @@ impl Pacer {
         }
     }
 
-    /// The thread slept (waiting for rows): the next work starts a new slice.
+    /// The thread is about to sleep (waiting for rows): the slice ends here, measured,
+    /// and the next work starts a new one.
     pub(super) fn rest(&mut self) {
+        self.end();
         self.rested = true;
     }
 
@@ -122,6 +125,9 @@ pub(super) struct PartEncoder {
     group_bytes: usize,
     /// A wide column's step ends at this many bytes of values (all rows when unpaced).
     step_bytes: usize,
+    /// An error left the part unfinishable (some columns hold rows others do not, or a
+    /// row group was half written): it stays `.inprogress`, and the ledger counts its rows.
+    failed: bool,
 }
 
 impl PartEncoder {
@@ -146,13 +152,30 @@ impl PartEncoder {
                 GROUP_BYTES
             },
             step_bytes: if paced { STEP_BYTES } else { usize::MAX },
+            failed: false,
         })
     }
 
     /// Encode `rows` into the part (redacting secrets), closing row groups as they fill.
-    /// On an error the rows of the open row group are dropped (the part keeps the row
-    /// groups already closed, and [`PartEncoder::finish`] can still write its footer).
+    /// After an error the part cannot be finished ([`PartEncoder::finish`] refuses): it
+    /// stays `.inprogress`, and `recover` counts its rows as lost from the ledger.
     pub(super) fn write(
+        &mut self,
+        rows: &[ExchangeRecord],
+        redact: &Redaction,
+        pace: &mut Pacer,
+    ) -> Result<(), ParquetError> {
+        if self.failed {
+            return Err(ParquetError::General(
+                "an earlier error left the part unfinished".into(),
+            ));
+        }
+        let written = self.write_rows(rows, redact, pace);
+        self.failed = written.is_err();
+        written
+    }
+
+    fn write_rows(
         &mut self,
         mut rows: &[ExchangeRecord],
         redact: &Redaction,
@@ -168,18 +191,22 @@ impl PartEncoder {
                 continue;
             };
             let (now, rest) = rows.split_at(rows.len().min(fit));
-            if let Err(e) = self.write_group(now, redact, pace) {
-                // Some columns hold these rows and others do not: the group cannot close.
-                self.leaves.clear();
-                self.group_rows = 0;
-                return Err(e);
-            }
+            self.write_group(now, redact, pace)?;
             rows = rest;
-            if self.group_rows >= GROUP_ROWS {
+            // As ArrowWriter: a group that reached a limit closes at once.
+            if self.group_rows >= GROUP_ROWS || self.group_encoded_bytes() >= self.group_bytes {
                 self.close_group(pace)?;
             }
         }
         Ok(())
+    }
+
+    /// The open row group's encoded bytes, as its column writers estimate them.
+    fn group_encoded_bytes(&self) -> usize {
+        self.leaves
+            .iter()
+            .map(ArrowColumnWriter::get_estimated_total_bytes)
+            .sum()
     }
 
     /// How many more rows the open row group takes: up to 65,536 rows, and, once it holds
@@ -190,11 +217,7 @@ impl PartEncoder {
         if self.group_rows == 0 {
             return Some(rows);
         }
-        let bytes: usize = self
-            .leaves
-            .iter()
-            .map(ArrowColumnWriter::get_estimated_total_bytes)
-            .sum();
+        let bytes = self.group_encoded_bytes();
         let fit = match bytes.checked_div(self.group_rows) {
             Some(0) | None => rows,
             Some(per_row) => self.group_bytes.saturating_sub(bytes) / per_row,
@@ -252,6 +275,11 @@ impl PartEncoder {
 
     /// Close the last row group and write the footer; the file is returned to be synced.
     pub(super) fn finish(mut self, pace: &mut Pacer) -> Result<File, ParquetError> {
+        if self.failed {
+            return Err(ParquetError::General(
+                "an earlier error left the part unfinished".into(),
+            ));
+        }
         if self.group_rows > 0 {
             self.close_group(pace)?;
         }
@@ -474,11 +502,16 @@ mod tests {
             "{:?} > {wall:?}",
             measured.longest
         );
-        // After a rest the next work is a new slice.
+        // After a rest the next work is a new slice: 3 ms more is not a 7 ms slice.
         measured.rest();
         measured.begin();
+        spin(3);
         measured.end();
-        assert!(measured.longest >= Duration::from_millis(3));
+        assert!(
+            measured.longest < Duration::from_millis(6),
+            "{:?}",
+            measured.longest
+        );
         // No budget: never sleeps, measures nothing.
         let mut free = Pacer::new(None);
         free.begin();

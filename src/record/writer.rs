@@ -59,7 +59,8 @@ pub struct RecorderOptions {
     pub slice: Option<Duration>,
 }
 
-/// The slice serve encodes in: with one encoding step after it, under 0.1 ms.
+/// The budget of a slice of serve's recorder: it sleeps once its work since it last
+/// rested passes this (checked after each step, so one step may run past it).
 pub const SERVE_SLICE: Duration = Duration::from_micros(40);
 
 impl RecorderOptions {
@@ -106,8 +107,9 @@ pub struct WriterStats {
     /// Rows encoded while held because the held rows passed
     /// [`RecorderOptions::hold_bytes`] (encoding that overlapped a measured round).
     pub encoded_while_held: u64,
-    /// The longest slice of encoding between two pauses, in the writer thread's CPU
-    /// microseconds ([`RecorderOptions::slice`]; 0 when it encoded without pausing).
+    /// The longest run of work (encoding, freeing rows, closing row groups and parts)
+    /// between two rests, in the writer thread's CPU microseconds
+    /// ([`RecorderOptions::slice`]; 0 when it is not paced).
     pub longest_slice_us: u64,
 }
 
@@ -146,7 +148,9 @@ pub struct Recorder {
 /// How long the writer sleeps when its queue is empty.
 const POLL_TICK: Duration = Duration::from_millis(2);
 
-/// Rows are converted and handed to Parquet in batches of this many rows or bytes.
+/// Rows are encoded in batches of at most this many rows, and this many bytes when the
+/// writer is not paced (a paced writer's batches are a row group's size at most,
+/// [`Writer::batch_bytes`]).
 const BATCH_ROWS: usize = 1024;
 const BATCH_BYTES: usize = 32 << 20;
 
@@ -519,8 +523,8 @@ impl Writer {
             }
             Err(mpsc::TryRecvError::Disconnected) => Some(Polled::Msg(Msg::Close)),
             Err(mpsc::TryRecvError::Empty) => {
-                std::thread::sleep(POLL_TICK);
                 self.pacer.rest();
+                std::thread::sleep(POLL_TICK);
                 *idle += POLL_TICK;
                 if *idle < self.idle_wait() {
                     return None;
