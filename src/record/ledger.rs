@@ -96,9 +96,7 @@ mod tests {
 
     #[test]
     fn the_ledger_sits_beside_exchanges_and_an_old_run_is_still_read() {
-        let run = tempfile::tempdir().unwrap();
-        let ex = run.path().join("exchanges");
-        fs::create_dir(&ex).unwrap();
+        let (run, ex) = crate::record::tests_support::run_dir();
         let mut l = Ledger::open(&ex);
         l.note(0, 50, None);
         l.note(0, 100, None);
@@ -115,9 +113,7 @@ mod tests {
         assert_eq!(noted.parts, BTreeMap::from([(0, 100), (1, 7)]));
         assert_eq!(noted.held, 1000);
         // A run made before kept it inside exchanges/.
-        let old = tempfile::tempdir().unwrap();
-        let ex = old.path().join("exchanges");
-        fs::create_dir(&ex).unwrap();
+        let (_old, ex) = crate::record::tests_support::run_dir();
         fs::write(ex.join(OLD_LEDGER), "0 10\n0 20\n").unwrap();
         assert_eq!(read(&ex).parts, BTreeMap::from([(0, 20)]));
     }

@@ -121,6 +121,14 @@ pub(crate) mod tests_support {
     use http::HeaderMap;
     use std::sync::Arc;
 
+    /// A temporary run directory with its `exchanges/` made: (the run, `exchanges/`).
+    pub(crate) fn run_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+        let run = tempfile::tempdir().unwrap();
+        let ex = run.path().join("exchanges");
+        std::fs::create_dir(&ex).unwrap();
+        (run, ex)
+    }
+
     pub(crate) fn row(i: i64, body: &'static [u8]) -> ExchangeRecord {
         ExchangeRecord {
             run_id: Arc::from("r"),

@@ -64,9 +64,7 @@ mod tests {
 
     #[test]
     fn rows_held_for_a_round_count_as_lost_beside_the_unfinished_part() {
-        let run = tempfile::tempdir().unwrap();
-        let ex = run.path().join("exchanges");
-        fs::create_dir(&ex).unwrap();
+        let (run, ex) = crate::record::tests_support::run_dir();
         fs::write(ex.join(".part-00001.parquet.inprogress"), b"PAR1").unwrap();
         fs::write(
             run.path().join(ledger::LEDGER),

@@ -723,9 +723,7 @@ mod hold {
 
     impl Setup {
         fn new(hold_bytes: usize) -> Setup {
-            let run = tempfile::tempdir().unwrap();
-            let ex = run.path().join("exchanges");
-            fs::create_dir(&ex).unwrap();
+            let (run, ex) = crate::record::tests_support::run_dir();
             let mut opts = RecorderOptions::new(ex.clone());
             opts.part_rows = 10_000;
             opts.hold_bytes = hold_bytes;
@@ -833,9 +831,7 @@ mod batches {
 
     #[test]
     fn a_batch_larger_than_the_queue_is_handed_over_in_pieces_and_every_row_written() {
-        let run = tempfile::tempdir().unwrap();
-        let ex = run.path().join("exchanges");
-        fs::create_dir(&ex).unwrap();
+        let (_run, ex) = crate::record::tests_support::run_dir();
         let mut opts = RecorderOptions::new(ex);
         opts.queue_rows = 10;
         let rec = Recorder::start(opts).unwrap();
