@@ -1,7 +1,7 @@
 //! matrix-proxy: a recording reverse proxy and frozen-plan replayer for model servers.
 //!
 //! One exchange engine (`engine`) and two drivers (`drivers::replay`, frozen plans in a
-//! closed loop; `drivers::serve`, live traffic), both handing finished exchanges to the
+//! closed or open loop; `drivers::serve`, live traffic), both handing finished exchanges to the
 //! recorder (`record`), which writes Parquet off the async runtime. Folders are layers:
 //! docs/architecture.md is the map, and `tests/layering.rs` fails on an import against it.
 //!
@@ -25,6 +25,9 @@ mod redact;
 mod report;
 mod sse;
 
+/// Seeded open-loop arrival schedules (the offsets a plan's `load` sends at; docs/load.md
+/// gives each round's stream, so a schedule can be recomputed outside a run).
+pub mod arrival;
 /// The command line: argument shapes, the commands, exit codes (the binary is a call of
 /// [`cli::main_with_args`]; tests run commands in-process as a user runs them).
 pub mod cli;

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::Outcome;
+use crate::model::{Level, Outcome, Slo};
 
 /// What the metrics need of one exchange.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -35,6 +35,9 @@ pub(crate) struct Sample {
     pub(crate) usage_tokens: Option<(i64, i64)>,
     /// A failure's message (campaign cells list the distinct ones).
     pub(crate) failure: Option<String>,
+    /// Open loop: the intended send time on the run's clock (`start_offset_us` is the
+    /// actual one).
+    pub(crate) scheduled_offset_us: Option<i64>,
 }
 
 /// What the streaming metrics need of one exchange.
@@ -145,6 +148,118 @@ impl Sample {
     /// Completion time on the run's clock.
     pub(crate) fn end_offset_us(&self) -> i64 {
         self.start_offset_us + self.total_us.unwrap_or(0)
+    }
+
+    /// Open loop: how late the send was (actual - intended), µs.
+    pub(crate) fn send_lag_us(&self) -> Option<i64> {
+        self.scheduled_offset_us.map(|s| self.start_offset_us - s)
+    }
+
+    /// The user's latency: from the intended send time (open loop) or the actual one
+    /// (closed loop) to the last body byte.
+    pub(crate) fn latency_from_schedule_us(&self) -> Option<i64> {
+        Some(self.total_us? + self.send_lag_us().unwrap_or(0))
+    }
+}
+
+/// A send this far behind its schedule (µs) fell behind: its round is `saturated`.
+pub(crate) const SATURATION_LAG_US: i64 = 5_000;
+
+/// What an open-loop round measures beside the closed loop's numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OpenMetrics {
+    pub(crate) target_rate_per_second: f64,
+    /// `(sends - 1) / (last send - first send)`, from the actual send times.
+    pub(crate) achieved_rate_per_second: Option<f64>,
+    /// Over every attempted send.
+    pub(crate) send_lag_us: Percentiles,
+    pub(crate) send_lag_max_us: Option<i64>,
+    /// Successful exchanges, from the intended send time to the last body byte.
+    pub(crate) latency_from_schedule_us: Percentiles,
+    /// Coefficient of variation of the gaps between actual sends, and between the
+    /// intended ones (1 for Poisson, 0 for constant, `1/sqrt(k)` for gamma).
+    pub(crate) inter_arrival_cv: Option<f64>,
+    pub(crate) scheduled_inter_arrival_cv: Option<f64>,
+    /// Sends more than [`SATURATION_LAG_US`] behind their schedule.
+    pub(crate) late_sends: u64,
+    pub(crate) saturated: bool,
+}
+
+/// Goodput of a round against the plan's `slo`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Goodput {
+    /// Passed the oracle and met every bound.
+    pub(crate) good_requests: u64,
+    /// Over the round's elapsed time, like `successful_requests_per_second`.
+    pub(crate) good_requests_per_second: Option<f64>,
+    /// Per bound given: successful exchanges that missed it (`None`: no such bound).
+    pub(crate) missed_ttft: Option<u64>,
+    pub(crate) missed_tpot: Option<u64>,
+    pub(crate) missed_e2e: Option<u64>,
+}
+
+/// Goodput of `samples` against `slo`. TTFT is the first content event of a stream, the
+/// first response byte otherwise; a TPOT bound does not apply to an exchange without a
+/// TPOT (not a stream, or one output token); e2e is [`Sample::latency_from_schedule_us`].
+pub(crate) fn goodput(samples: &[Sample], slo: &Slo, elapsed_seconds: f64) -> Goodput {
+    let (mut good, mut ttft, mut tpot, mut e2e) = (0u64, 0u64, 0u64, 0u64);
+    for s in samples.iter().filter(|s| s.outcome == Outcome::Ok) {
+        let st = s.stream.as_ref();
+        let over = |v: Option<i64>, bound: Option<i64>| match (v, bound) {
+            (_, None) => false,
+            (Some(v), Some(b)) => v > b,
+            (None, Some(_)) => true,
+        };
+        let miss_ttft = over(st.map_or(s.first_byte_us, |st| st.ttft_us), slo.ttft_us);
+        let tpot_us = st.and_then(|st| st.tpot_us);
+        let miss_tpot = tpot_us.is_some() && over(tpot_us, slo.tpot_us);
+        let miss_e2e = over(s.latency_from_schedule_us(), slo.e2e_us);
+        ttft += u64::from(miss_ttft);
+        tpot += u64::from(miss_tpot);
+        e2e += u64::from(miss_e2e);
+        good += u64::from(!(miss_ttft || miss_tpot || miss_e2e));
+    }
+    Goodput {
+        good_requests: good,
+        good_requests_per_second: (elapsed_seconds > 0.0).then(|| good as f64 / elapsed_seconds),
+        missed_ttft: slo.ttft_us.map(|_| ttft),
+        missed_tpot: slo.tpot_us.map(|_| tpot),
+        missed_e2e: slo.e2e_us.map(|_| e2e),
+    }
+}
+
+/// The open-loop numbers of a round at `rate` over its attempted samples.
+fn open_metrics(rate: f64, samples: &[Sample]) -> OpenMetrics {
+    let mut sends: Vec<i64> = samples.iter().map(|s| s.start_offset_us).collect();
+    sends.sort_unstable();
+    let mut scheduled: Vec<i64> = samples
+        .iter()
+        .filter_map(|s| s.scheduled_offset_us)
+        .collect();
+    scheduled.sort_unstable();
+    let lags: Vec<i64> = samples.iter().filter_map(Sample::send_lag_us).collect();
+    let late_sends = lags.iter().filter(|&&l| l > SATURATION_LAG_US).count() as u64;
+    let achieved_rate_per_second = match (sends.first(), sends.last()) {
+        (Some(a), Some(b)) if b > a => Some((sends.len() - 1) as f64 / ((b - a) as f64 / 1e6)),
+        _ => None,
+    };
+    let as_u64 = |v: &[i64]| -> Vec<u64> { v.iter().map(|&x| x.max(0) as u64).collect() };
+    OpenMetrics {
+        target_rate_per_second: rate,
+        achieved_rate_per_second,
+        send_lag_max_us: lags.iter().copied().max(),
+        send_lag_us: Percentiles::of(lags),
+        latency_from_schedule_us: Percentiles::of(
+            samples
+                .iter()
+                .filter(|s| s.outcome == Outcome::Ok)
+                .filter_map(Sample::latency_from_schedule_us)
+                .collect(),
+        ),
+        inter_arrival_cv: crate::arrival::gap_cv(&as_u64(&sends)),
+        scheduled_inter_arrival_cv: crate::arrival::gap_cv(&as_u64(&scheduled)),
+        late_sends,
+        saturated: late_sends > 0,
     }
 }
 
@@ -289,6 +404,29 @@ pub(crate) struct RoundMetrics {
     pub(crate) generator: Option<GeneratorLoad>,
     /// The campaign arm (`None` for a plain plan).
     pub(crate) arm: Option<String>,
+    /// Open loop: the target rate and what only an open loop measures (`concurrency` is
+    /// then 0 and not reported).
+    pub(crate) open: Option<OpenMetrics>,
+    /// Against the plan's `slo` (`None` without one).
+    pub(crate) goodput: Option<Goodput>,
+}
+
+impl RoundMetrics {
+    /// The user's latency of the successful exchanges: from the intended send time in an
+    /// open loop, from the actual send (`total_us`) in a closed one.
+    pub(crate) fn user_latency_us(&self) -> &Percentiles {
+        self.open
+            .as_ref()
+            .map_or(&self.total_us, |o| &o.latency_from_schedule_us)
+    }
+
+    /// The round's load: its concurrency, or its open loop's rate.
+    pub(crate) fn level(&self) -> Level {
+        match &self.open {
+            Some(o) => Level::Rate(o.target_rate_per_second),
+            None => Level::Concurrency(self.concurrency),
+        }
+    }
 }
 
 /// How busy matrix-proxy itself was while it drove a round, so that nobody mistakes the
@@ -356,6 +494,8 @@ impl GeneratorLoad {
     }
 }
 
+/// A closed-loop round's metrics.
+#[cfg(test)]
 pub(crate) fn round_metrics(
     case_name: &str,
     concurrency: usize,
@@ -363,6 +503,30 @@ pub(crate) fn round_metrics(
     planned: u64,
     samples: &[Sample],
 ) -> RoundMetrics {
+    level_round_metrics(
+        case_name,
+        Level::Concurrency(concurrency),
+        repetition,
+        planned,
+        samples,
+    )
+}
+
+/// A round's metrics at its level: an open loop's add [`OpenMetrics`], and its latency
+/// percentiles stay those of the actual sends (service latency) beside the ones from the
+/// schedule. The steady-state window is a closed-loop notion (it drops the ramp of `c`
+/// workers); an open loop has none.
+pub(crate) fn level_round_metrics(
+    case_name: &str,
+    level: Level,
+    repetition: usize,
+    planned: u64,
+    samples: &[Sample],
+) -> RoundMetrics {
+    let (concurrency, open) = match level {
+        Level::Concurrency(c) => (c, None),
+        Level::Rate(r) => (0, Some(open_metrics(r, samples))),
+    };
     let attempted = samples.len() as u64;
     let ok: Vec<&Sample> = samples
         .iter()
@@ -422,10 +586,18 @@ pub(crate) fn round_metrics(
         successful_decisions_per_second: (elapsed_seconds > 0.0)
             .then(|| successful_decisions as f64 / elapsed_seconds),
         complete,
-        steady_state: steady_state(&completions, concurrency, complete),
+        steady_state: if open.is_some() {
+            SteadyState::unavailable(
+                "open loop: the arrival rate is set, not a number of workers; see achieved_rate_per_second",
+            )
+        } else {
+            steady_state(&completions, concurrency, complete)
+        },
         stream: stream_metrics(&ok, elapsed_seconds),
         generator: None,
         arm: None,
+        open,
+        goodput: None,
     }
 }
 
@@ -474,7 +646,10 @@ pub(crate) struct Aggregate {
     /// The campaign arm (`None` for a plain plan).
     pub(crate) arm: Option<String>,
     pub(crate) case_name: String,
+    /// 0 for an open-loop level.
     pub(crate) concurrency: usize,
+    /// An open-loop level's rate.
+    pub(crate) rate: Option<f64>,
     pub(crate) planned_rounds: usize,
     pub(crate) attempted_rounds: usize,
     pub(crate) complete_rounds: usize,
@@ -485,7 +660,7 @@ pub(crate) struct Aggregate {
 
 pub(crate) fn aggregate(
     case_name: &str,
-    concurrency: usize,
+    level: Level,
     planned_rounds: usize,
     rounds: &[&RoundMetrics],
 ) -> Aggregate {
@@ -513,17 +688,34 @@ pub(crate) fn aggregate(
             "steady_state_decisions_per_second",
             spread(&collect(&|r| r.steady_state.decisions_per_second)),
         ),
+        // The user's latency: from the intended send time in an open loop.
         (
             "latency_p50_seconds",
-            spread(&collect(&|r| secs(r.total_us.p50))),
+            spread(&collect(&|r| secs(r.user_latency_us().p50))),
         ),
         (
             "latency_p95_seconds",
-            spread(&collect(&|r| secs(r.total_us.p95))),
+            spread(&collect(&|r| secs(r.user_latency_us().p95))),
+        ),
+        (
+            "service_latency_p50_seconds",
+            spread(&collect(&|r| secs(r.total_us.p50))),
         ),
         (
             "first_byte_p50_seconds",
             spread(&collect(&|r| secs(r.first_byte_us.p50))),
+        ),
+        (
+            "send_lag_p99_seconds",
+            spread(&collect(&|r| secs(r.open.as_ref()?.send_lag_us.p99))),
+        ),
+        (
+            "achieved_rate_per_second",
+            spread(&collect(&|r| r.open.as_ref()?.achieved_rate_per_second)),
+        ),
+        (
+            "goodput_requests_per_second",
+            spread(&collect(&|r| r.goodput.as_ref()?.good_requests_per_second)),
         ),
         (
             "ttft_p50_seconds",
@@ -549,7 +741,14 @@ pub(crate) fn aggregate(
     Aggregate {
         arm: None,
         case_name: case_name.to_string(),
-        concurrency,
+        concurrency: match level {
+            Level::Concurrency(c) => c,
+            Level::Rate(_) => 0,
+        },
+        rate: match level {
+            Level::Rate(r) => Some(r),
+            Level::Concurrency(_) => None,
+        },
         planned_rounds,
         attempted_rounds: attempted.len(),
         complete_rounds: complete.len(),
@@ -812,7 +1011,7 @@ mod tests {
     fn aggregate_counts_rounds() {
         let complete = round_metrics("a", 1, 0, 2, &[ok(0, 1_000_000), ok(1_000_000, 1_000_000)]);
         let partial = round_metrics("a", 1, 1, 2, &[ok(0, 1_000_000)]);
-        let a = aggregate("a", 1, 3, &[&complete, &partial]);
+        let a = aggregate("a", Level::Concurrency(1), 3, &[&complete, &partial]);
         assert_eq!(
             (
                 a.planned_rounds,

@@ -99,6 +99,33 @@ pub struct StreamColumns {
     pub(crate) done_seen: bool,
 }
 
+/// The load of a measured round: `c` closed-loop workers, or an open-loop arrival rate
+/// (requests per second).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Level {
+    Concurrency(usize),
+    Rate(f64),
+}
+
+impl Level {
+    /// How the table and messages name it: `4` workers, or `20/s`.
+    pub(crate) fn label(self) -> String {
+        match self {
+            Level::Concurrency(c) => c.to_string(),
+            Level::Rate(r) => format!("{r}/s"),
+        }
+    }
+}
+
+/// A plan's per-request bounds (`slo`), in microseconds, each optional: an exchange is
+/// good output when it passed its oracle and met every bound given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Slo {
+    pub(crate) ttft_us: Option<i64>,
+    pub(crate) tpot_us: Option<i64>,
+    pub(crate) e2e_us: Option<i64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scheme {
     Http,

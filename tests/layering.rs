@@ -32,10 +32,11 @@ const ALLOWED: &[Row] = &[
     ("sse", &[]),
     ("oracle", &["sse"]),
     ("drift", &["oracle", "sse"]),
-    ("metrics", &["model"]),
+    ("arrival", &[]),
+    ("metrics", &["model", "arrival"]),
     ("net", &["clock"]),
     ("engine", &["clock", "model", "budget", "sse", "net"]),
-    ("config", &["clock", "model", "oracle", "redact"]),
+    ("config", &["clock", "model", "oracle", "redact", "arrival"]),
     ("record", &["clock", "model", "redact", "budget", "metrics"]),
     (
         "report",
@@ -45,7 +46,7 @@ const ALLOWED: &[Row] = &[
         "drivers",
         &[
             "clock", "model", "redact", "budget", "sse", "oracle", "metrics", "net", "engine",
-            "config", "record", "report",
+            "arrival", "config", "record", "report",
         ],
     ),
     ("mock", &["clock", "net"]),

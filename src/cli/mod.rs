@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod campaign;
 mod replay;
+mod shards;
 mod summarize;
 
 use campaign::verdict_cmd;
@@ -327,6 +328,24 @@ pub struct ReplayArgs {
     /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// GuideLLM-style sweep of a closed-loop plan, per case: one round at c = 1 (the
+    /// synchronous rate), one at the plan's highest concurrency (the throughput probe),
+    /// then N open-loop rates spaced evenly between their throughputs (the plan's
+    /// `load.arrival` and `load.seed`, `requests_per_case` arrivals a round), in one run.
+    #[arg(long, value_name = "N")]
+    pub sweep: Option<usize>,
+    /// Open-loop plans only: be shard I of N generator machines. This process sends the
+    /// arrivals whose index is I modulo N of every round's seeded schedule (the shards'
+    /// union is the unsharded schedule), writes its rows under `OUT/exchanges/shard=I/`
+    /// and its reports under `OUT/shards/I/`; `matrix-proxy summarize OUT` merges the
+    /// shards. Needs --start-at and --out.
+    #[arg(long, value_name = "I/N", requires = "start_at")]
+    pub shard: Option<String>,
+    /// With --shard: the shared instant (RFC 3339, `2026-12-01T12:00:00Z`) at which every
+    /// shard's first open-loop wave starts; later waves follow on a timetable every shard
+    /// computes alike (each wave's schedule, then `timeout_seconds` + 1 s to drain).
+    #[arg(long, value_name = "UTC", requires = "shard")]
+    pub start_at: Option<String>,
     #[command(flatten)]
     pub mock: MockLatencyArgs,
 }
@@ -657,6 +676,11 @@ pub(crate) fn run_plan(dir: &Path, config: &serde_json::Value) -> Result<Plan, C
             config["plan_sha256"]
         )));
     }
+    let mut plan = plan;
+    // `--sweep` shaped the run's levels; the rebuild needs it too.
+    plan.sweep = config["effective_budget"]["sweep"]
+        .as_u64()
+        .map(|n| n as usize);
     Ok(plan)
 }
 
@@ -675,6 +699,20 @@ fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
 pub fn validate(path: &Path) -> Result<Exit, CliError> {
     let (_, plan) = load_plan(path)?;
     let variants: usize = plan.cases.iter().map(|c| c.variants.len()).sum();
+    if plan.load.mode == crate::config::load::Mode::Open {
+        eprintln!(
+            "{}: valid plan: {} case(s), {} variant(s), open loop at {:?} requests/s ({}), {} repetitions, {} planned requests, {} connections",
+            path.display(),
+            plan.cases.len(),
+            variants,
+            plan.load.rates_per_second,
+            plan.load.to_json(),
+            plan.repetitions,
+            plan.planned_requests(),
+            plan.connection.as_str()
+        );
+        return Ok(Exit::Ok);
+    }
     eprintln!(
         "{}: valid plan: {} case(s), {} variant(s), concurrency {:?}, {} requests per case x {} repetitions, {} planned requests, {} connections",
         path.display(),

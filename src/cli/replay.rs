@@ -38,6 +38,8 @@ struct Input {
     contract: Option<Contract>,
     /// `--record-hold`, or its default for this machine.
     record_hold: usize,
+    /// `--shard` and `--start-at`: (index, count, start instant in wall-clock µs).
+    shard: Option<(usize, usize, i64)>,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -55,6 +57,17 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
 
     // Step 4: the run, then the recorder closed.
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
+    // A shard's ledger stays with its reports: exchanges/ holds partition folders only.
+    let shard = config["shard"]["start_at_offset_us"]
+        .as_i64()
+        .map(|off| replay::Shard {
+            index: input.shard.map_or(0, |s| s.0),
+            count: input.shard.map_or(1, |s| s.1),
+            start_ns: run_t0_ns.saturating_add_signed(off.saturating_mul(1000)),
+        });
+    if shard.is_some() {
+        rec_opts.ledger = Some(dir.path.join(crate::record::LEDGER));
+    }
     rec_opts.part_rows = args.part_rows.max(1);
     rec_opts.part_seconds = args.part_seconds;
     rec_opts.hold_bytes = input.record_hold;
@@ -68,6 +81,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             quiet: args.quiet,
             record_exchanges: !args.no_record,
             grace: input.grace,
+            shard,
         },
         input.engine,
         run.clone(),
@@ -85,6 +99,37 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     reports(&args, &dir, &mut config, result, recording, campaign)
 }
 
+/// `--sweep N`, checked against the plan.
+fn sweep_levels(plan: &crate::config::plan::Plan, n: usize) -> Result<usize, CliError> {
+    use crate::config::load::Mode;
+    if n == 0 {
+        return Err(usage(
+            "--sweep 0: give the number of open-loop rates to place between the synchronous rate and the throughput probe (1 or more; GuideLLM's default is 10)",
+        ));
+    }
+    if n > 100 {
+        return Err(usage(format!(
+            "--sweep {n}: at most 100 rates (each runs the plan's repetitions)"
+        )));
+    }
+    if plan.campaign.is_some() {
+        return Err(usage(
+            "--sweep does not go with a campaign plan: sweep each arm's endpoint with a plain plan",
+        ));
+    }
+    if plan.load.mode == Mode::Open {
+        return Err(usage(
+            "--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates",
+        ));
+    }
+    if plan.concurrency.iter().all(|&c| c < 2) {
+        return Err(usage(
+            "--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1",
+        ));
+    }
+    Ok(n)
+}
+
 /// Step 1: Everything that can be wrong with the input is checked before any output exists.
 async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
     let (plan_bytes, mut plan) = load_plan(&args.plan)?;
@@ -98,6 +143,10 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
             "--endpoint does not go with a campaign plan: each arm has its own endpoint",
         ));
     }
+    if let Some(n) = args.sweep {
+        plan.sweep = Some(sweep_levels(&plan, n)?);
+    }
+    let shard = shard_spec(args, &plan)?;
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let endpoint_override = match &args.endpoint {
@@ -180,7 +229,33 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         record_hold: args
             .record_hold
             .unwrap_or_else(crate::record::default_hold_bytes),
+        shard,
     })
+}
+
+/// `--shard I/N --start-at UTC`, checked against the plan and the other flags.
+fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i64)>, CliError> {
+    let (Some(s), Some(at)) = (&args.shard, &args.start_at) else {
+        return Ok(None);
+    };
+    let (i, n) = flags::shard(s).map_err(usage)?;
+    if plan.load.mode != crate::config::load::Mode::Open {
+        return Err(usage(
+            "--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round",
+        ));
+    }
+    if args.out.is_none() {
+        return Err(usage(
+            "--shard needs --out: every shard writes into the same output folder (OUT/exchanges/shard=I/ and OUT/shards/I/), which `matrix-proxy summarize OUT` merges",
+        ));
+    }
+    if args.no_record {
+        return Err(usage(
+            "--shard needs the rows: `summarize OUT` merges the shards from exchanges/; drop --no-record",
+        ));
+    }
+    let at = flags::start_at(at, clock::wall_now_us()).map_err(usage)?;
+    Ok(Some((i, n, at)))
 }
 
 /// Open files a run needs besides its connections: standard streams, the runtime's
@@ -192,7 +267,14 @@ const RESERVED_FDS: u64 = 64;
 /// refuse a concurrency the limit cannot hold, naming the largest it can: running into
 /// "Too many open files" halfway through a round would fail it for the tool's reasons.
 fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
-    let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
+    // An open loop holds at most load.max_in_flight connections.
+    let (what, max_c) = match plan.load.mode {
+        crate::config::load::Mode::Open => ("load.max_in_flight", plan.load.max_in_flight as u64),
+        crate::config::load::Mode::Closed => (
+            "concurrency",
+            plan.concurrency.iter().copied().max().unwrap_or(1) as u64,
+        ),
+    };
     let per_worker = if mock { 2 } else { 1 };
     let wanted = max_c
         .saturating_mul(per_worker)
@@ -205,7 +287,7 @@ fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
     if limit < wanted {
         let can = limit.saturating_sub(RESERVED_FDS) / per_worker;
         return Err(usage(format!(
-            "concurrency {max_c} needs about {wanted} open files{}, but this process may open at most {limit} (ulimit -n; raise the hard limit with ulimit -Hn or in limits.conf): the largest concurrency it can hold is {can}",
+            "{what} {max_c} needs about {wanted} open files{}, but this process may open at most {limit} (ulimit -n; raise the hard limit with ulimit -Hn or in limits.conf): the largest {what} it can hold is {can}",
             if mock {
                 " (two per worker with --mock-worker)"
             } else {
@@ -258,7 +340,15 @@ fn create_run(
         ..
     } = input;
     let started_at_us = *started_at_us;
-    let dir = create_run_dir(out, args.out.is_none())?;
+    let dir = match input.shard {
+        Some((i, _, _)) => RunDir::create_shard(out, i).map_err(|e| {
+            usage(format!(
+                "--out {} --shard: {e}; each shard's folders are new",
+                out.display()
+            ))
+        })?,
+        None => create_run_dir(out, args.out.is_none())?,
+    };
     dir.write_file("plan.json", plan_bytes)
         .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
@@ -304,6 +394,17 @@ fn create_run(
     config["contract"] = match (&input.contract, &args.contract) {
         (Some(c), Some(path)) => super::campaign::contract_record(c, path),
         _ => serde_json::Value::Null,
+    };
+    // The shared start on this process's run clock: `summarize OUT` puts every shard's
+    // offsets on one timeline from it.
+    config["shard"] = match input.shard {
+        Some((index, count, at_us)) => serde_json::json!({
+            "index": index,
+            "count": count,
+            "start_at": clock::iso_utc(at_us),
+            "start_at_offset_us": (at_us - clock::wall_now_us()) + clock::us_between(run_t0_ns, clock::now_ns()),
+        }),
+        None => serde_json::Value::Null,
     };
     dir.write_json("config.json", &config)
         .map_err(|e| tool(e.to_string()))?;

@@ -3,7 +3,8 @@
 //! was: a run that recorded no exchanges is refused, `ending` is never changed, the
 //! originals are kept beside the new files (`summary.orig.json`, `rounds.orig.parquet`),
 //! and what the rows cannot hold (the generator's load, measured live) is carried over
-//! from the originals.
+//! from the originals. The output folder of a sharded run is merged instead
+//! ([`super::shards`]).
 
 use std::path::Path;
 
@@ -22,6 +23,9 @@ const ORIGINALS: [(&str, &str); 2] = [
 
 /// The `summarize` command.
 pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
+    if super::shards::is_sharded(dir) {
+        return super::shards::merge(dir, quiet);
+    }
     let config = super::run_config(dir)?;
     let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
     if facts.is_empty() {

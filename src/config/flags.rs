@@ -44,6 +44,42 @@ pub(crate) fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
     Ok(v)
 }
 
+/// `--shard I/N`: this process is shard I (from 0) of N (at least 2).
+pub(crate) fn shard(v: &str) -> Result<(usize, usize), String> {
+    let usage = || {
+        format!(
+            "--shard '{v}' must be I/N: this shard's index from 0 and the number of shards (0/3, 1/3, 2/3), N >= 2"
+        )
+    };
+    let (i, n) = v.split_once('/').ok_or_else(usage)?;
+    let (i, n): (usize, usize) = (
+        i.trim().parse().map_err(|_| usage())?,
+        n.trim().parse().map_err(|_| usage())?,
+    );
+    if n < 2 || i >= n || n > 10_000 {
+        return Err(usage());
+    }
+    Ok((i, n))
+}
+
+/// `--start-at`: an RFC 3339 instant (`2026-12-01T12:00:00Z`) after `now_us` (wall
+/// clock, µs since the epoch), at most a day ahead; microseconds since the epoch.
+pub(crate) fn start_at(v: &str, now_us: i64) -> Result<i64, String> {
+    let at = crate::clock::parse_rfc3339_us(v).map_err(|e| {
+        format!("--start-at '{v}' is not an RFC 3339 instant (2026-12-01T12:00:00Z): {e}")
+    })?;
+    if at <= now_us {
+        return Err(format!(
+            "--start-at {v} is already {:.1} s past: every shard would start late; give an instant far enough ahead for every shard to be up and warmed up",
+            (now_us - at) as f64 / 1e6
+        ));
+    }
+    if at - now_us > 86_400_000_000 {
+        return Err(format!("--start-at {v} is more than a day ahead"));
+    }
+    Ok(at)
+}
+
 /// `--endpoint`: an http(s) URL replacing the plan's endpoint.
 pub(crate) fn endpoint(flag: &str, url: &str) -> Result<Endpoint, String> {
     Endpoint::parse(url).map_err(|m| format!("{flag} '{url}' {m}"))
@@ -97,6 +133,36 @@ pub(crate) fn bearer_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_and_start_at_are_checked() {
+        assert_eq!(shard("1/3"), Ok((1, 3)));
+        assert_eq!(shard("0/2"), Ok((0, 2)));
+        for bad in ["3/3", "0/1", "1", "a/3", "-1/3", "1/0"] {
+            assert!(
+                shard(bad)
+                    .unwrap_err()
+                    .starts_with(&format!("--shard '{bad}' must be I/N"))
+            );
+        }
+        let now = crate::clock::parse_rfc3339_us("2026-12-01T12:00:00Z").unwrap();
+        assert_eq!(start_at("2026-12-01T12:00:05Z", now), Ok(now + 5_000_000));
+        assert!(
+            start_at("2026-12-01T11:59:00Z", now)
+                .unwrap_err()
+                .contains("already 60.0 s past")
+        );
+        assert!(
+            start_at("2026-12-03T12:00:00Z", now)
+                .unwrap_err()
+                .contains("more than a day")
+        );
+        assert!(
+            start_at("noon", now)
+                .unwrap_err()
+                .contains("not an RFC 3339 instant")
+        );
+    }
 
     #[test]
     fn flag_errors_name_the_flag_and_the_rule() {

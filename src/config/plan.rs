@@ -16,7 +16,8 @@ use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
 use super::campaign::Campaign;
-use crate::model::{ConnectionPolicy, Endpoint};
+use super::load::{Load, Mode};
+use crate::model::{ConnectionPolicy, Endpoint, Level, Slo};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
 /// The provenance keys every plan must carry with a non-blank string value.
@@ -55,6 +56,8 @@ const TOP_FIELDS: &[&str] = &[
     "evidence_class",
     "schedule",
     "drift",
+    "load",
+    "slo",
 ];
 /// The fields of one request and its oracle: a variant's, or a case's without variants.
 const REQUEST_FIELDS: &[&str] = &[
@@ -203,6 +206,14 @@ pub(crate) struct Plan {
     pub(crate) drift_numeric_pointers: Vec<Pointer>,
     /// The canonical workload (see [`super::workload`]).
     pub(crate) workload: Value,
+    /// Closed loop (default) or open loop, with the open loop's arrival process.
+    pub(crate) load: Load,
+    /// Per-request bounds goodput counts against.
+    pub(crate) slo: Option<Slo>,
+    /// `replay --sweep N` (set by the command, never read from the file): per case a
+    /// closed round at c = 1, one at the highest concurrency, then N open-loop rates
+    /// between their throughputs.
+    pub(crate) sweep: Option<usize>,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
@@ -269,15 +280,55 @@ impl Plan {
         }
     }
 
-    /// Requests the plan implies, health GET included.
+    /// The measured levels in plan order: each concurrency of a closed loop, each rate of
+    /// an open one.
+    pub(crate) fn levels(&self) -> Vec<Level> {
+        match self.load.mode {
+            Mode::Closed => self
+                .concurrency
+                .iter()
+                .map(|&c| Level::Concurrency(c))
+                .collect(),
+            Mode::Open => self
+                .load
+                .rates_per_second
+                .iter()
+                .map(|&r| Level::Rate(r))
+                .collect(),
+        }
+    }
+
+    /// Requests the plan implies, health GET included. An open loop's rounds are counted
+    /// from their seeded schedules.
     pub(crate) fn planned_requests(&self) -> u64 {
         let n = self.requests_per_case as u64;
+        if let Some(rates) = self.sweep {
+            // Before the run the sweep's rates are unknown: at most n a feasibility wave.
+            let max_c = self.concurrency.iter().copied().max().unwrap_or(1) as u64;
+            let per_case =
+                1 + n + max_c.min(n) + n + rates as u64 * (n + self.repetitions as u64 * n);
+            let prelude: u64 = self
+                .cases
+                .iter()
+                .map(|c| c.variants.len() as u64 * (1 + self.warmup_per_case as u64))
+                .sum();
+            return 1 + prelude + self.cases.len() as u64 * per_case;
+        }
         let mut total = 1u64;
-        for case in &self.cases {
+        for (ci, case) in self.cases.iter().enumerate() {
             let v = case.variants.len() as u64;
             total += v + v * self.warmup_per_case as u64;
-            for &c in &self.concurrency {
-                total += (c.min(self.requests_per_case)) as u64 + self.repetitions as u64 * n;
+            for (li, level) in self.levels().into_iter().enumerate() {
+                total += match level {
+                    Level::Concurrency(c) => {
+                        (c.min(self.requests_per_case)) as u64 + self.repetitions as u64 * n
+                    }
+                    Level::Rate(r) => (0..self.repetitions)
+                        .map(Some)
+                        .chain([None])
+                        .map(|rep| self.load.schedule(r, ci, li, rep).len() as u64)
+                        .sum(),
+                };
             }
         }
         total
@@ -644,25 +695,21 @@ impl Validator {
             _ => self.endpoints(top),
         };
 
-        let requests_per_case = match top.get("requests_per_case") {
-            None => {
-                self.err("requests_per_case", "is required (an integer >= 1)");
-                None
-            }
-            Some(v) => self.integer(v, "requests_per_case", 1).and_then(|n| {
-                if n > MAX_REQUESTS_PER_CASE {
-                    self.err(
-                        "requests_per_case",
-                        format!(
-                            "{n} is above {MAX_REQUESTS_PER_CASE}: a round's samples are kept in memory for exact nearest-rank percentiles (about 100 bytes each, more for streams); split the load into more repetitions or cases"
-                        ),
-                    );
-                    return None;
-                }
-                Some(n)
-            }),
+        let load = self.load(top.get("load"));
+        let slo = self.slo(top.get("slo"));
+        // As written, so an open load with a mistake elsewhere is still judged as open.
+        let open = top
+            .get("load")
+            .and_then(|l| l.get("mode"))
+            .and_then(Value::as_str)
+            == Some("open");
+        let (requests_per_case, concurrency) = if open {
+            self.open_refusals(top, is_campaign);
+            (Some(0), Some(Vec::new()))
+        } else {
+            let n = self.requests_per_case(top.get("requests_per_case"));
+            (n, self.concurrency(top.get("concurrency"), n))
         };
-        let concurrency = self.concurrency(top.get("concurrency"), requests_per_case);
         let repetitions = match top.get("repetitions") {
             None => Some(2),
             Some(v) => self.integer(v, "repetitions", 2),
@@ -719,6 +766,15 @@ impl Validator {
             name: name?,
             drift_numeric_pointers: drift_numeric_pointers?,
             workload: Value::Null,
+            load: load.map(|mut l| {
+                if l.mode == Mode::Closed {
+                    l.extent =
+                        crate::arrival::Extent::Requests(requests_per_case.unwrap_or(0) as u64);
+                }
+                l
+            })?,
+            slo: slo?,
+            sweep: None,
         })
         .filter(|_| top_ignore.is_some())
         .map(|mut p| {
@@ -738,6 +794,50 @@ impl Validator {
         match m.get("numeric_pointers") {
             None => Some(Vec::new()),
             Some(p) => self.pointers(p, "drift.numeric_pointers"),
+        }
+    }
+
+    /// `requests_per_case` of a closed loop.
+    fn requests_per_case(&mut self, v: Option<&Value>) -> Option<usize> {
+        match v {
+            None => {
+                self.err("requests_per_case", "is required (an integer >= 1)");
+                None
+            }
+            Some(v) => self.integer(v, "requests_per_case", 1).and_then(|n| {
+                if n > MAX_REQUESTS_PER_CASE {
+                    self.err(
+                        "requests_per_case",
+                        format!(
+                            "{n} is above {MAX_REQUESTS_PER_CASE}: a round's samples are kept in memory for exact nearest-rank percentiles (about 100 bytes each, more for streams); split the load into more repetitions or cases"
+                        ),
+                    );
+                    return None;
+                }
+                Some(n)
+            }),
+        }
+    }
+
+    /// What an open loop does not use, and where it does not apply yet.
+    fn open_refusals(&mut self, top: &Map<String, Value>, is_campaign: bool) {
+        if top.contains_key("concurrency") {
+            self.err(
+                "concurrency",
+                "is not used with load.mode \"open\": the arrival rates (load.rates_per_second) set the load, and load.max_in_flight bounds the requests in flight; remove it",
+            );
+        }
+        if top.contains_key("requests_per_case") {
+            self.err(
+                "requests_per_case",
+                "is replaced with load.mode \"open\" by load.duration_seconds or load.requests (per rate and round); remove it",
+            );
+        }
+        if is_campaign {
+            self.err(
+                "load.mode",
+                "an open loop is not supported in a campaign plan (arms) yet; measure the arms in closed loop, or replay each arm's endpoint with its own open-loop plan",
+            );
         }
     }
 
@@ -1583,6 +1683,102 @@ mod tests {
         assert_eq!(&p.cases[0].variants[0].body[..], br#"{"z":1,"a":2}"#);
         // 1 health + 1 readiness + 2 warmup + (1 + 2*4) + (2 + 2*4)
         assert_eq!(p.planned_requests(), 1 + 1 + 2 + 9 + 10);
+    }
+
+    const CASE: &str = r#""cases": [{"name": "a", "request": {}, "expected_response": {}}]"#;
+    const OPEN: &str = r#""endpoint": "http://h/x", "timeout_seconds": 2"#;
+
+    #[test]
+    fn an_open_load_resolves_with_its_defaults_and_its_planned_requests() {
+        let p = plan(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "open", "rates_per_second": [5, 2.5], "duration_seconds": 4}},
+            "slo": {{"e2e_ms": 250, "ttft_ms": 0.5}}"#
+        ))
+        .expect("valid");
+        assert_eq!(p.load.mode, super::super::load::Mode::Open);
+        assert_eq!(p.load.arrival, crate::arrival::Arrival::Poisson);
+        assert_eq!(p.load.seed, 0);
+        assert_eq!(
+            p.load.max_in_flight,
+            super::super::load::DEFAULT_MAX_IN_FLIGHT
+        );
+        assert_eq!(p.levels(), vec![Level::Rate(5.0), Level::Rate(2.5)]);
+        assert!(p.concurrency.is_empty());
+        let slo = p.slo.expect("slo");
+        assert_eq!(
+            (slo.e2e_us, slo.ttft_us, slo.tpot_us),
+            (Some(250_000), Some(500), None)
+        );
+        // Planned: health, readiness, 2 warm-ups, then per rate a feasibility second and
+        // two rounds, each counted from its seeded schedule.
+        let scheduled: u64 = [(5.0, 0), (2.5, 1)]
+            .iter()
+            .flat_map(|&(r, li)| {
+                [None, Some(0), Some(1)].map(|rep| p.load.schedule(r, 0, li, rep).len() as u64)
+            })
+            .sum();
+        assert_eq!(p.planned_requests(), 1 + 1 + 2 + scheduled);
+        // A closed plan with a load keeps its arrival for --sweep; its hash is unchanged
+        // by a closed load.
+        let closed = plan(&format!(
+            r#"{BASE}, {CASE}, "load": {{"arrival": "constant", "seed": 9}}"#
+        ))
+        .unwrap();
+        let bare = plan(&format!(r#"{BASE}, {CASE}"#)).unwrap();
+        assert_eq!(closed.load.arrival, crate::arrival::Arrival::Constant);
+        assert_eq!(closed.workload, bare.workload);
+        assert_eq!(closed.load.extent, crate::arrival::Extent::Requests(4));
+    }
+
+    #[test]
+    fn open_load_rules() {
+        let errs = problems(&format!(
+            r#"{BASE}, {CASE}, "load": {{"mode": "open", "rates_per_second": [5, 5, 0, "x"], "duration_seconds": 1, "requests": 3,
+              "arrival": {{"gamma": {{"burstiness": -1}}}}, "max_in_flight": 0}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.arrival.gamma.burstiness: must be a finite number > 0 and <= 1000000, found -1",
+                "load.max_in_flight: must be an integer >= 1, found 0",
+                "load.rates_per_second[1]: 5 appears more than once",
+                "load.rates_per_second[2]: must be a finite number > 0 and <= 1000000, found 0",
+                "load.rates_per_second[3]: must be a number > 0, found a string",
+                "load.requests: give either load.duration_seconds or load.requests, not both",
+                "concurrency: is not used with load.mode \"open\": the arrival rates (load.rates_per_second) set the load, and load.max_in_flight bounds the requests in flight; remove it",
+                "requests_per_case: is replaced with load.mode \"open\" by load.duration_seconds or load.requests (per rate and round); remove it",
+            ]
+        );
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "open", "arrival": "bursty"}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.arrival: 'bursty' is not an arrival process; use \"constant\", \"poisson\" or {\"gamma\": {\"burstiness\": k}}",
+                "load.rates_per_second: is required with load.mode \"open\": a non-empty list of request rates (requests per second)",
+                "load.duration_seconds: is required with load.mode \"open\" (or load.requests): how long each round's schedule runs",
+            ]
+        );
+        let errs = problems(&format!(
+            r#"{BASE}, {CASE}, "load": {{"rates_per_second": [1], "mode": "closed"}}, "slo": {{}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.rates_per_second: goes with load.mode \"open\"; a closed loop is sized by concurrency and requests_per_case",
+                "slo: is empty: give at least one of ttft_ms, tpot_ms, e2e_ms",
+            ]
+        );
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "open", "rates_per_second": [100000], "duration_seconds": 86400}}"#
+        ));
+        assert!(
+            errs[0].starts_with(
+                "load.duration_seconds: at 100000/s a round would hold about 8640000000 requests"
+            ),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The workload of a plan and its hash: what is sent and how it is judged and loaded —
 //! the cases (requests, headers, paths, oracles, ignore paths), the budget (requests per
 //! case, concurrency, repetitions, warm-up, timeout) and the load policies (connection,
-//! on_failure) and the decisions pointer — without what only describes or addresses it
+//! on_failure; an open loop's `load`; the `slo`) and the decisions pointer — without what only describes or addresses it
 //! (`name`, `description`, `metadata`, `endpoint`, `health_endpoint`, `auth`, `arms`,
 //! `evidence_class`, `schedule`, `drift`). Two runs of one workload against two recipes
 //! benchmarked apart share the hash, so `compare` can put them side by side.
@@ -41,7 +41,7 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
         })
         .unwrap_or_default();
     let top_ignore = root.get("ignore_paths").cloned().unwrap_or(json!([]));
-    crate::oracle::sort_keys(json!({
+    let mut w = json!({
         "cases": cases,
         "ignore_paths": top_ignore,
         "decisions_pointer": plan.decisions_pointer.as_str(),
@@ -52,7 +52,16 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
         "timeout_seconds": plan.timeout_seconds,
         "connection": plan.connection.as_str(),
         "on_failure": plan.on_failure.as_str(),
-    }))
+    });
+    // An open loop's load and a plan's slo are part of the workload; a closed plan
+    // without them hashes as it did before they existed.
+    if plan.load.mode == super::load::Mode::Open {
+        w["load"] = plan.load.to_json();
+    }
+    if let Some(slo) = &plan.slo {
+        w["slo"] = super::load::slo_json(slo);
+    }
+    crate::oracle::sort_keys(w)
 }
 
 /// The first place two canonical workloads differ: a JSON pointer into the workload and

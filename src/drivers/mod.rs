@@ -1,4 +1,4 @@
-//! The two drivers: `replay` (a frozen plan, closed loop) and `serve` (live traffic).
+//! The two drivers: `replay` (a frozen plan, closed or open loop) and `serve` (live traffic).
 //! They differ in where a request comes from, never in how it is sent, timed or recorded:
 //! both go through the engine and hand rows to the recorder. They never import each
 //! other; what both need lives here or below.
@@ -38,6 +38,8 @@ pub(crate) struct RowIds {
     pub(crate) case_name: Option<Arc<str>>,
     pub(crate) variant: Option<Arc<str>>,
     pub(crate) concurrency: Option<i32>,
+    /// Open loop: the round's arrival rate.
+    pub(crate) target_rate_per_second: Option<f64>,
     pub(crate) repetition: Option<i32>,
     pub(crate) dispatch_index: i64,
     pub(crate) worker: i32,
@@ -49,6 +51,8 @@ pub(crate) struct SentRequest {
     /// Wall clock at t0 (the one wall-clock read per exchange).
     pub(crate) started_at_us: i64,
     pub(crate) start_offset_us: i64,
+    /// Open loop: the intended send time on the run's clock.
+    pub(crate) scheduled_offset_us: Option<i64>,
     pub(crate) method: Method,
     pub(crate) url: Arc<str>,
     pub(crate) headers: Arc<HeaderMap>,
@@ -129,6 +133,7 @@ impl RunContext {
             case_name: ids.case_name,
             variant: ids.variant,
             concurrency: ids.concurrency,
+            target_rate_per_second: ids.target_rate_per_second,
             repetition: ids.repetition,
             dispatch_index: ids.dispatch_index,
             worker: ids.worker,
@@ -137,6 +142,7 @@ impl RunContext {
             connection_retried: got.connection_retried,
             started_at_us: request.started_at_us,
             start_offset_us: request.start_offset_us,
+            scheduled_offset_us: request.scheduled_offset_us,
             method: request.method,
             url: request.url,
             request_headers: request.headers,

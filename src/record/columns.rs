@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{
-    ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray,
-    TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray, StringArray,
+    StructArray, TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use http::HeaderMap;
@@ -34,6 +34,7 @@ pub(crate) enum Fill {
     Int32(fn(&ExchangeRecord) -> Option<i32>),
     Int64(fn(&ExchangeRecord) -> Option<i64>),
     Boolean(fn(&ExchangeRecord) -> Option<bool>),
+    Float64(fn(&ExchangeRecord) -> Option<f64>),
     Binary(for<'a> fn(&'a ExchangeRecord) -> &'a [u8]),
     /// Microseconds since the Unix epoch, UTC.
     TimestampUtc(fn(&ExchangeRecord) -> i64),
@@ -63,6 +64,7 @@ impl Column {
             Fill::Int32(_) => DataType::Int32,
             Fill::Int64(_) => DataType::Int64,
             Fill::Boolean(_) => DataType::Boolean,
+            Fill::Float64(_) => DataType::Float64,
             Fill::Binary(_) => DataType::Binary,
             Fill::TimestampUtc(_) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             Fill::Headers(_) => header_list_type(),
@@ -78,6 +80,7 @@ impl Column {
             Fill::Int32(_) => "Int32",
             Fill::Int64(_) => "Int64",
             Fill::Boolean(_) => "Boolean",
+            Fill::Float64(_) => "Float64",
             Fill::Binary(_) => "Binary",
             Fill::TimestampUtc(_) => "Timestamp(µs, UTC)",
             Fill::Headers(_) => "List<Struct<name: Utf8, value: Binary>>",
@@ -122,9 +125,11 @@ impl Column {
                     .sum()
             }),
             Fill::Int64List(f) => until(&|r| f(r).map_or(0, |v| v.len() * 8)),
-            Fill::Int32(_) | Fill::Int64(_) | Fill::Boolean(_) | Fill::TimestampUtc(_) => {
-                rows.len()
-            }
+            Fill::Int32(_)
+            | Fill::Int64(_)
+            | Fill::Boolean(_)
+            | Fill::Float64(_)
+            | Fill::TimestampUtc(_) => rows.len(),
         }
     }
 
@@ -138,6 +143,7 @@ impl Column {
             Fill::Int32(f) => Arc::new(Int32Array::from_iter(rows.iter().map(f))),
             Fill::Int64(f) => Arc::new(Int64Array::from_iter(rows.iter().map(f))),
             Fill::Boolean(f) => Arc::new(BooleanArray::from_iter(rows.iter().map(f))),
+            Fill::Float64(f) => Arc::new(Float64Array::from_iter(rows.iter().map(f))),
             Fill::Binary(f) => {
                 // Sized up front: bodies are most of a batch's bytes, and a builder grown
                 // by doubling copies them again at every step.
@@ -176,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 48] = [
+pub(crate) static COLUMNS: [Column; 51] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -190,7 +196,9 @@ pub(crate) static COLUMNS: [Column; 48] = [
     column!("variant", Utf8, NULLABLE, "", |r: &R| r.variant.as_deref(),
         "the variant's name; null for a case without variants and for `health`"),
     column!("concurrency", Int32, NULLABLE, "", |r: &R| r.concurrency,
-        "the wave's concurrency; 1 for the sequential phases; null in serve"),
+        "the wave's concurrency; 1 for the sequential phases; null in serve and in open-loop rounds"),
+    column!("target_rate_per_second", Float64, NULLABLE, "", |r: &R| r.target_rate_per_second,
+        "open loop: the round's arrival rate (requests per second); null in closed loops and serve"),
     column!("repetition", Int32, NULLABLE, "", |r: &R| r.repetition,
         "measured round, from 0; null in other phases"),
     column!("dispatch_index", Int64, REQUIRED, "", |r: &R| Some(r.dispatch_index),
@@ -207,6 +215,10 @@ pub(crate) static COLUMNS: [Column; 48] = [
         "wall clock at t0: the only wall-clock read per exchange, for joining with other logs"),
     column!("start_offset_us", Int64, REQUIRED, "us", |r: &R| Some(r.start_offset_us),
         "t0 on the run's monotonic clock (from the run's start)"),
+    column!("scheduled_offset_us", Int64, NULLABLE, "us", |r: &R| r.scheduled_offset_us,
+        "open loop: the intended send time on the same clock as `start_offset_us`; null in closed loops and serve"),
+    column!("send_lag_us", Int64, NULLABLE, "us", |r: &R| r.scheduled_offset_us.map(|s| r.start_offset_us - s),
+        "open loop: `start_offset_us - scheduled_offset_us`, how late the send was"),
     column!("method", Utf8, REQUIRED, "", |r: &R| Some( r.method.as_str() ),
         "request method"),
     column!("url", RedactedUrl, REQUIRED, "", |r: &R| &*r.url,
@@ -406,6 +418,8 @@ mod tests {
         r.connection_retried = false;
         r.started_at_us = 13;
         r.start_offset_us = 14;
+        r.scheduled_offset_us = Some(10);
+        r.target_rate_per_second = Some(2.5);
         r.request_body_len = 15;
         r.request_body_truncated = true;
         r.status = Some(200);
@@ -449,8 +463,10 @@ mod tests {
             let c = b.column_by_name(n).unwrap();
             c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
         };
-        let expected: [(&str, i64); 19] = [
+        let expected: [(&str, i64); 21] = [
             ("exchange_id", 7),
+            ("scheduled_offset_us", 10),
+            ("send_lag_us", 4),
             ("dispatch_index", 11),
             ("connection_id", 12),
             ("start_offset_us", 14),
@@ -525,6 +541,14 @@ mod tests {
             ]
             .map(flag),
             [true, false, true, false, true, true, true]
+        );
+        let rate = b.column_by_name("target_rate_per_second").unwrap();
+        assert_eq!(
+            rate.as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .value(0),
+            2.5
         );
     }
 

@@ -19,7 +19,7 @@ const OLD_LEDGER: &str = ".ledger";
 /// The ledger of the parts in the folder `exchanges`: a sibling file named after it with
 /// `.ledger` (`RUN/exchanges` -> `RUN/exchanges.ledger`, which is [`LEDGER`] in a run
 /// directory; a library user's folder `data/parts` gets `data/parts.ledger`).
-fn path_of(exchanges: &Path) -> PathBuf {
+pub(crate) fn path_of(exchanges: &Path) -> PathBuf {
     exchanges.with_extension("ledger")
 }
 
@@ -29,11 +29,17 @@ pub(crate) struct Ledger(Option<File>);
 
 impl Ledger {
     pub(crate) fn open(exchanges: &Path) -> Ledger {
+        Ledger::open_at(&path_of(exchanges))
+    }
+
+    /// The ledger at `path` (a sharded run keeps each shard's in its report folder, so
+    /// that `exchanges/` holds partition folders only).
+    pub(crate) fn open_at(path: &Path) -> Ledger {
         Ledger(
             fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(path_of(exchanges))
+                .open(path)
                 .ok(),
         )
     }

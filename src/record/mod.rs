@@ -52,6 +52,8 @@ pub struct ExchangeRecord {
     pub case_name: Option<Arc<str>>,
     pub variant: Option<Arc<str>>,
     pub concurrency: Option<i32>,
+    /// Open loop: the round's arrival rate.
+    pub target_rate_per_second: Option<f64>,
     pub repetition: Option<i32>,
     pub dispatch_index: i64,
     pub worker: i32,
@@ -61,6 +63,8 @@ pub struct ExchangeRecord {
     /// Wall clock, microseconds since the Unix epoch (UTC).
     pub started_at_us: i64,
     pub start_offset_us: i64,
+    /// Open loop: the intended send time on the run's clock.
+    pub scheduled_offset_us: Option<i64>,
     pub method: http::Method,
     /// Full URL; secret query parameters are redacted when the row is written.
     pub url: Arc<str>,
@@ -138,6 +142,7 @@ pub(crate) mod tests_support {
             case_name: None,
             variant: None,
             concurrency: None,
+            target_rate_per_second: None,
             repetition: None,
             dispatch_index: i,
             worker: 0,
@@ -146,6 +151,7 @@ pub(crate) mod tests_support {
             connection_retried: false,
             started_at_us: 0,
             start_offset_us: 0,
+            scheduled_offset_us: None,
             method: http::Method::GET,
             url: "http://h/x?token=abc&keep=1".into(),
             request_headers: Arc::new(HeaderMap::new()),

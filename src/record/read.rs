@@ -19,6 +19,9 @@ pub(crate) struct RowFacts {
     pub(crate) arm: Option<String>,
     pub(crate) case_name: Option<String>,
     pub(crate) concurrency: Option<i32>,
+    /// Open loop: the round's rate (`None` in closed loops and in runs recorded before
+    /// open loops existed).
+    pub(crate) target_rate: Option<f64>,
     pub(crate) repetition: Option<i32>,
     pub(crate) method: String,
     /// As recorded (secret query values already redacted).
@@ -43,7 +46,9 @@ pub(crate) fn for_each_row(
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
     // `decisions` is read when present: runs recorded before it existed have none.
-    const WANT: [&str; 21] = [
+    const WANT: [&str; 23] = [
+        "target_rate_per_second",
+        "scheduled_offset_us",
         "arm",
         "method",
         "url",
@@ -76,6 +81,8 @@ pub(crate) fn for_each_row(
             let exchange_id = column::<Int64Array>(&b, "exchange_id", &part)?;
             let arm = optional_column::<StringArray>(&b, "arm");
             let decisions = optional_column::<Int64Array>(&b, "decisions");
+            let rate = optional_column::<arrow_array::Float64Array>(&b, "target_rate_per_second");
+            let scheduled = optional_column::<Int64Array>(&b, "scheduled_offset_us");
             let phase = column::<StringArray>(&b, "phase", &part)?;
             let case = column::<StringArray>(&b, "case_name", &part)?;
             let conc = column::<Int32Array>(&b, "concurrency", &part)?;
@@ -111,6 +118,7 @@ pub(crate) fn for_each_row(
                         .map(|a| a.value(i).to_string()),
                     case_name: case.is_valid(i).then(|| case.value(i).to_string()),
                     concurrency: conc.is_valid(i).then(|| conc.value(i)),
+                    target_rate: rate.filter(|r| r.is_valid(i)).map(|r| r.value(i)),
                     repetition: rep.is_valid(i).then(|| rep.value(i)),
                     method: method.value(i).to_string(),
                     url: url.value(i).to_string(),
@@ -126,6 +134,7 @@ pub(crate) fn for_each_row(
                         stream,
                         usage_tokens: None,
                         failure: None,
+                        scheduled_offset_us: scheduled.and_then(|s| opt(s, i)),
                     },
                 });
             }

@@ -25,6 +25,8 @@ pub(crate) enum RunDirError {
 
 pub(crate) struct RunDir {
     pub(crate) path: PathBuf,
+    /// `path/exchanges`; a shard's is `OUT/exchanges/shard=i`.
+    exchanges: PathBuf,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
@@ -53,18 +55,46 @@ impl RunDir {
         fs::create_dir(&ex).map_err(io_err(&ex))?;
         Ok(RunDir {
             path: path.to_path_buf(),
+            exchanges: ex,
         })
+    }
+
+    /// Shard `index` of a sharded run into `out` (which may exist): its reports in
+    /// `out/shards/INDEX/`, its parts in `out/exchanges/shard=INDEX/` (Hive-style
+    /// partitions); either folder existing already is refused.
+    pub(crate) fn create_shard(out: &Path, index: usize) -> Result<RunDir, RunDirError> {
+        let shards = out.join("shards");
+        let exchanges = out.join("exchanges");
+        for dir in [&shards, &exchanges] {
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
+        let mine = [
+            shards.join(index.to_string()),
+            exchanges.join(format!("shard={index}")),
+        ];
+        for dir in &mine {
+            match fs::create_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Err(RunDirError::Exists(dir.clone()));
+                }
+                Err(e) => return Err(io_err(dir)(e)),
+            }
+        }
+        let [path, exchanges] = mine;
+        Ok(RunDir { path, exchanges })
     }
 
     /// A run directory that already exists (summarize, recover, verdict).
     pub(crate) fn existing(path: &Path) -> RunDir {
         RunDir {
             path: path.to_path_buf(),
+            exchanges: path.join("exchanges"),
         }
     }
 
     pub(crate) fn exchanges(&self) -> PathBuf {
-        self.path.join("exchanges")
+        self.exchanges.clone()
     }
 
     /// Write `bytes` to `name` atomically (temporary file, fsync, rename).

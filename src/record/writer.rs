@@ -57,6 +57,9 @@ pub struct RecorderOptions {
     /// a request on the same core never waits behind more than one slice (serve sets
     /// [`SERVE_SLICE`]); `None` (the default): encode without pausing.
     pub slice: Option<Duration>,
+    /// The ledger file; `None` (the default): beside `dir`, named after it with
+    /// `.ledger` (`RUN/exchanges.ledger`).
+    pub ledger: Option<PathBuf>,
 }
 
 /// The budget of a slice of serve's recorder: it sleeps once its work since it last
@@ -74,6 +77,7 @@ impl RecorderOptions {
             metadata: Vec::new(),
             hold_bytes: 0,
             slice: None,
+            ledger: None,
         }
     }
 }
@@ -430,7 +434,10 @@ fn writer_loop(
         pending_bytes: 0,
         part: None,
         part_ns: (opts.part_seconds.max(0.001) * 1e9) as u64,
-        ledger: Ledger::open(&opts.dir),
+        ledger: match &opts.ledger {
+            Some(path) => Ledger::open_at(path),
+            None => Ledger::open(&opts.dir),
+        },
         holds: 0,
         held_noted: 0,
         pacer: Pacer::new(opts.slice),

@@ -22,7 +22,7 @@ use crate::config::plan::Plan;
 use crate::metrics::{
     self, Aggregate, Percentiles, RoundMetrics, Sample, Spread, THROUGHPUT_SCOPE,
 };
-use crate::model::{Outcome, Phase};
+use crate::model::{Level, Outcome, Phase};
 use crate::record::RecordError;
 
 pub(crate) use rebuild::rounds_from_rows;
@@ -85,21 +85,72 @@ impl PhaseCounts {
     }
 }
 
-/// Per (arm, case, concurrency) — one unnamed arm for a plain plan — the spread of each
-/// metric over its rounds.
+/// The levels of one case in run order, each with the rounds planned at it: the plan's
+/// levels with its repetitions; under `--sweep`, the levels its rounds ran at (the
+/// synchronous round and the throughput probe one round each, each open rate the plan's
+/// repetitions).
+pub(crate) fn case_levels(plan: &Plan, rounds: &[RoundMetrics], case: &str) -> Vec<(Level, usize)> {
+    if plan.sweep.is_none() {
+        return plan
+            .levels()
+            .into_iter()
+            .map(|l| (l, plan.repetitions))
+            .collect();
+    }
+    let mut out: Vec<(Level, usize)> = Vec::new();
+    for r in rounds.iter().filter(|r| r.case_name == case) {
+        let l = r.level();
+        if !out.iter().any(|(x, _)| *x == l) {
+            let reps = match l {
+                Level::Concurrency(_) => 1,
+                Level::Rate(_) => plan.repetitions,
+            };
+            out.push((l, reps));
+        }
+    }
+    out
+}
+
+/// Requests the run planned, health GET included: the plan's, or under `--sweep` those
+/// of the levels its rounds ran at (an open rate's rounds hold `requests_per_case` each).
+pub(crate) fn planned_requests(plan: &Plan, rounds: &[RoundMetrics]) -> u64 {
+    if plan.sweep.is_none() {
+        return plan.planned_requests();
+    }
+    let n = plan.requests_per_case as u64;
+    let mut total = 1u64;
+    for (ci, case) in plan.cases.iter().enumerate() {
+        let v = case.variants.len() as u64;
+        total += v + v * plan.warmup_per_case as u64;
+        let mut li = 0;
+        for (level, reps) in case_levels(plan, rounds, &case.name) {
+            total += match level {
+                Level::Concurrency(c) => (c as u64).min(n) + reps as u64 * n,
+                Level::Rate(r) => {
+                    li += 1;
+                    plan.load.schedule(r, ci, li - 1, None).len() as u64 + reps as u64 * n
+                }
+            };
+        }
+    }
+    total
+}
+
+/// Per (arm, case, level) — one unnamed arm for a plain plan — the spread of each metric
+/// over its rounds.
 pub(crate) fn aggregates(plan: &Plan, rounds: &[RoundMetrics]) -> Vec<Aggregate> {
     let arms = plan.arm_names();
     let mut out = Vec::new();
     for arm in arms {
         for case in &plan.cases {
-            for &c in &plan.concurrency {
+            for (level, planned) in case_levels(plan, rounds, &case.name) {
                 let rs: Vec<&RoundMetrics> = rounds
                     .iter()
                     .filter(|r| {
-                        r.arm.as_deref() == arm && r.case_name == case.name && r.concurrency == c
+                        r.arm.as_deref() == arm && r.case_name == case.name && r.level() == level
                     })
                     .collect();
-                let mut a = metrics::aggregate(&case.name, c, plan.repetitions, &rs);
+                let mut a = metrics::aggregate(&case.name, level, planned, &rs);
                 a.arm = arm.map(str::to_string);
                 out.push(a);
             }
@@ -143,18 +194,71 @@ fn round_json(r: &RoundMetrics) -> Value {
     v
 }
 
+/// An open round's own numbers; `null` for a closed round.
+fn open_json(r: &RoundMetrics) -> Value {
+    let Some(o) = &r.open else {
+        return Value::Null;
+    };
+    json!({
+        "target_rate_per_second": o.target_rate_per_second,
+        "achieved_rate_per_second": o.achieved_rate_per_second,
+        "send_lag_seconds": pct_json(&o.send_lag_us),
+        "send_lag_max_seconds": secs(o.send_lag_max_us),
+        "latency_from_schedule_seconds": pct_json(&o.latency_from_schedule_us),
+        "service_latency_seconds": pct_json(&r.total_us),
+        "inter_arrival_cv": o.inter_arrival_cv,
+        "scheduled_inter_arrival_cv": o.scheduled_inter_arrival_cv,
+        "late_sends": o.late_sends,
+        "saturated": o.saturated,
+    })
+}
+
+/// A round's goodput against the plan's `slo`; `null` without one.
+fn goodput_json(r: &RoundMetrics) -> Value {
+    let Some(g) = &r.goodput else {
+        return Value::Null;
+    };
+    let share = |missed: Option<u64>| {
+        missed.map(|m| {
+            if r.successful_requests == 0 {
+                Value::Null
+            } else {
+                json!(m as f64 / r.successful_requests as f64)
+            }
+        })
+    };
+    json!({
+        "good_requests": g.good_requests,
+        "good_requests_per_second": g.good_requests_per_second,
+        "missed_share": {
+            "ttft": share(g.missed_ttft),
+            "tpot": share(g.missed_tpot),
+            "e2e": share(g.missed_e2e),
+        },
+        "missed_requests": {"ttft": g.missed_ttft, "tpot": g.missed_tpot, "e2e": g.missed_e2e},
+    })
+}
+
 fn round_json_keys(r: &RoundMetrics) -> Value {
     let ss = &r.steady_state;
+    // An open round's user latency runs from the intended send time.
+    let (latency, latency_from) = match &r.open {
+        Some(o) => (&o.latency_from_schedule_us, "intended_send_time"),
+        None => (&r.total_us, "actual_send"),
+    };
     json!({
         "case": r.case_name,
-        "concurrency": r.concurrency,
+        "concurrency": r.open.is_none().then_some(r.concurrency),
+        "rate_per_second": r.open.as_ref().map(|o| o.target_rate_per_second),
         "repetition": r.repetition,
         "planned_requests": r.planned_requests,
         "attempted_requests": r.attempted_requests,
         "successful_requests": r.successful_requests,
         "elapsed_seconds": r.elapsed_seconds,
         "successful_requests_per_second": r.successful_requests_per_second,
-        "successful_latency_seconds": pct_json(&r.total_us),
+        "successful_latency_seconds": pct_json(latency),
+        "latency_from": latency_from,
+        "service_latency_seconds": pct_json(&r.total_us),
         "failures": failures_json(&r.failures),
         "failure_latency_seconds": r.failure_latencies_us.iter().map(|&us| us as f64 / 1e6).collect::<Vec<f64>>(),
         "failure_latency_percentiles_seconds": if r.failures.is_empty() { Value::Null } else { pct_json(&r.failure_total_us) },
@@ -196,6 +300,8 @@ fn round_json_keys(r: &RoundMetrics) -> Value {
             },
             "prefill_tokens_per_second_mean": st.prefill_tokens_per_second_mean,
         })),
+        "open_loop": open_json(r),
+        "goodput": goodput_json(r),
     })
 }
 
@@ -219,7 +325,17 @@ pub(crate) fn summary_json(
         }
     }
     let arms = plan.campaign.as_ref().map_or(1, |c| c.arms.len());
-    let planned_rounds = arms * plan.cases.len() * plan.concurrency.len() * plan.repetitions;
+    let planned_rounds = arms
+        * plan
+            .cases
+            .iter()
+            .map(|c| {
+                case_levels(plan, rounds, &c.name)
+                    .iter()
+                    .map(|(_, r)| r)
+                    .sum::<usize>()
+            })
+            .sum::<usize>();
     let complete = ending == Ending::Passed
         && total_failures == 0
         && rounds.len() == planned_rounds
@@ -240,7 +356,8 @@ pub(crate) fn summary_json(
         "round_aggregates": aggs.iter().map(|a| {
             let mut v = json!({
             "case": a.case_name,
-            "concurrency": a.concurrency,
+            "concurrency": a.rate.is_none().then_some(a.concurrency),
+            "rate_per_second": a.rate,
             "planned_rounds": a.planned_rounds,
             "attempted_rounds": a.attempted_rounds,
             "complete_rounds": a.complete_rounds,
@@ -255,9 +372,12 @@ pub(crate) fn summary_json(
         "excluded_phases": excluded_json,
         "ending": match ending { Ending::Passed => "passed", Ending::Failed => "failed", Ending::Interrupted => "interrupted" },
         "planned_rounds": planned_rounds,
-        "planned_requests": plan.planned_requests() * arms as u64,
+        "planned_requests": planned_requests(plan, rounds) * arms as u64,
+        "load": {"mode": plan.load.mode.as_str(), "sweep": plan.sweep},
         "definitions": {
-            "latency": "t0 (worker starts the exchange) to the last response body byte; oracle validation excluded",
+            "latency": "t0 (worker starts the exchange) to the last response body byte; oracle validation excluded. In an open-loop round successful_latency_seconds runs from the intended send time (latency_from: intended_send_time; the user's latency, queueing included) and service_latency_seconds from the actual send",
+            "open_loop": format!("send_lag = actual send - intended send; achieved_rate_per_second = (sends - 1) / (last send - first send); inter_arrival_cv = standard deviation / mean of the gaps between actual sends (scheduled_inter_arrival_cv: between intended ones); a round is saturated when any send fell more than {} ms behind its schedule (late_sends counts them)", metrics::SATURATION_LAG_US / 1000),
+            "goodput": "successful requests (oracle passed) that met every bound of the plan's slo, per second of the round's elapsed time; ttft is the first content event of a stream, the first response byte otherwise; a tpot bound does not apply to an exchange without a tpot (not a stream, or one output token); e2e runs from the intended send time in an open loop; missed_share is over successful requests",
             "percentiles": "nearest rank over the round's successful exchanges: sorted[ceil(p*n)-1]; p95 of fewer than 20 samples is the maximum",
             "throughput_scope": "successful requests / (last completion - first dispatch) of the round, ramp and drain included",
             "steady_state": "complete rounds with n > 2c: completions sorted, first and last c dropped; rate over completion c .. completion n-c",

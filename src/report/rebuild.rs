@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::PhaseCounts;
 use crate::config::plan::Plan;
 use crate::metrics::{self, GeneratorLoad, Percentiles, RoundMetrics, Sample};
-use crate::model::{Outcome, Phase};
+use crate::model::{Level, Outcome, Phase};
 use crate::record::read::RowFacts;
 
 pub(crate) fn rounds_from_rows(
@@ -21,7 +21,7 @@ pub(crate) fn rounds_from_rows(
         .campaign
         .as_ref()
         .is_some_and(|c| c.schedule == crate::config::campaign::Schedule::Sequential);
-    let mut order: Vec<(Option<&str>, usize, usize, usize)> = Vec::new();
+    let mut order: Vec<(Option<&str>, usize, Level, usize, usize)> = Vec::new();
     let n = arms.len();
     let groups: Vec<Vec<Option<&str>>> = if sequential {
         arms.iter().map(|a| vec![*a]).collect()
@@ -29,22 +29,26 @@ pub(crate) fn rounds_from_rows(
         vec![arms.clone()]
     };
     for group in &groups {
-        for ci in 0..plan.cases.len() {
-            for &c in &plan.concurrency {
-                for rep in 0..plan.repetitions {
+        for (ci, case) in plan.cases.iter().enumerate() {
+            let mut rate_index = 0;
+            for (level, reps) in levels_of_rows(plan, facts, &case.name) {
+                // An open level's schedule is the seed's stream for its index among rates.
+                let li = rate_index;
+                rate_index += usize::from(matches!(level, Level::Rate(_)));
+                for rep in 0..reps {
                     for k in 0..group.len() {
                         let arm = if sequential {
                             group[k]
                         } else {
                             group[crate::config::campaign::interleaved_arm(n, rep, k)]
                         };
-                        order.push((arm, ci, c, rep));
+                        order.push((arm, ci, level, li, rep));
                     }
                 }
             }
         }
     }
-    for (arm, ci, c, rep) in order {
+    for (arm, ci, level, li, rep) in order {
         let case = &plan.cases[ci];
         let samples: Vec<Sample> = facts
             .iter()
@@ -52,14 +56,21 @@ pub(crate) fn rounds_from_rows(
                 f.phase == Phase::Measured.as_str()
                     && f.arm.as_deref() == arm
                     && f.case_name.as_deref() == Some(case.name.as_str())
-                    && f.concurrency == Some(c as i32)
+                    && fact_level(f) == Some(level)
                     && f.repetition == Some(rep as i32)
             })
             .map(|f| f.sample.clone())
             .collect();
         if !samples.is_empty() {
-            let mut r =
-                metrics::round_metrics(&case.name, c, rep, plan.requests_per_case as u64, &samples);
+            let planned = match level {
+                Level::Concurrency(_) => plan.requests_per_case as u64,
+                Level::Rate(r) => plan.load.schedule(r, ci, li, Some(rep)).len() as u64,
+            };
+            let mut r = metrics::level_round_metrics(&case.name, level, rep, planned, &samples);
+            r.goodput = plan
+                .slo
+                .as_ref()
+                .map(|slo| metrics::goodput(&samples, slo, r.elapsed_seconds));
             r.arm = arm.map(str::to_string);
             rounds.push(r);
         }
@@ -85,6 +96,48 @@ pub(crate) fn rounds_from_rows(
     (rounds, excluded, failures)
 }
 
+/// A measured row's level: its open loop's rate, else its concurrency.
+fn fact_level(f: &RowFacts) -> Option<Level> {
+    match (f.target_rate, f.concurrency) {
+        (Some(r), _) => Some(Level::Rate(r)),
+        (None, Some(c)) => Some(Level::Concurrency(c.max(0) as usize)),
+        (None, None) => None,
+    }
+}
+
+/// The levels of one case in run order, each with its planned rounds: the plan's; under
+/// `--sweep` those its measured rows ran at, in the order they started.
+fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, usize)> {
+    if plan.sweep.is_none() {
+        return plan
+            .levels()
+            .into_iter()
+            .map(|l| (l, plan.repetitions))
+            .collect();
+    }
+    let mut seen: Vec<(i64, Level)> = Vec::new();
+    for f in facts
+        .iter()
+        .filter(|f| f.phase == Phase::Measured.as_str() && f.case_name.as_deref() == Some(case))
+    {
+        let Some(l) = fact_level(f) else { continue };
+        match seen.iter_mut().find(|(_, x)| *x == l) {
+            Some((at, _)) => *at = (*at).min(f.sample.start_offset_us),
+            None => seen.push((f.sample.start_offset_us, l)),
+        }
+    }
+    seen.sort_by_key(|(at, _)| *at);
+    seen.into_iter()
+        .map(|(_, l)| {
+            let reps = match l {
+                Level::Concurrency(_) => 1,
+                Level::Rate(_) => plan.repetitions,
+            };
+            (l, reps)
+        })
+        .collect()
+}
+
 /// Carry each original round's generator load (measured live, not in the rows) into the
 /// rebuilt round with the same case, concurrency and repetition.
 pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original_summary: &serde_json::Value) {
@@ -95,7 +148,10 @@ pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original_summary: &se
         let same = originals.iter().find(|o| {
             o["arm"].as_str() == r.arm.as_deref()
                 && o["case"].as_str() == Some(r.case_name.as_str())
-                && o["concurrency"].as_u64() == Some(r.concurrency as u64)
+                && match r.level() {
+                    Level::Concurrency(c) => o["concurrency"].as_u64() == Some(c as u64),
+                    Level::Rate(x) => o["rate_per_second"].as_f64() == Some(x),
+                }
                 && o["repetition"].as_u64() == Some(r.repetition as u64)
         });
         if let Some(g) = same.map(|o| &o["generator"]).filter(|g| g.is_object()) {

@@ -12,7 +12,9 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 
-use crate::metrics::{GeneratorLoad, Percentiles, RoundMetrics, StreamMetrics, THROUGHPUT_SCOPE};
+use crate::metrics::{
+    GeneratorLoad, Goodput, OpenMetrics, Percentiles, RoundMetrics, StreamMetrics, THROUGHPUT_SCOPE,
+};
 use crate::model::Outcome;
 
 type Rounds<'a> = &'a [RoundMetrics];
@@ -40,12 +42,25 @@ fn int(
 
 /// An Int32 column: the type `concurrency` and `repetition` have in exchanges/ too, so a
 /// join between the two files needs no cast.
-fn int32(name: &str, f: impl Fn(&RoundMetrics) -> i32 + 'static) -> RoundColumn {
+fn int32(
+    name: &str,
+    nullable: bool,
+    f: impl Fn(&RoundMetrics) -> Option<i32> + 'static,
+) -> RoundColumn {
     RoundColumn {
         name: name.to_string(),
-        nullable: false,
+        nullable,
         data_type: DataType::Int32,
-        fill: Box::new(move |rs: Rounds| Arc::new(Int32Array::from_iter_values(rs.iter().map(&f)))),
+        fill: Box::new(move |rs: Rounds| Arc::new(Int32Array::from_iter(rs.iter().map(&f)))),
+    }
+}
+
+fn flag_opt(name: &str, f: fn(&RoundMetrics) -> Option<bool>) -> RoundColumn {
+    RoundColumn {
+        name: name.to_string(),
+        nullable: true,
+        data_type: DataType::Boolean,
+        fill: Box::new(move |rs: Rounds| Arc::new(BooleanArray::from_iter(rs.iter().map(f)))),
     }
 }
 
@@ -108,11 +123,17 @@ fn counts() -> Vec<RoundColumn> {
     let mut v = vec![
         text("arm", false, |r| r.arm.as_deref()),
         text("case_name", false, |r| Some(r.case_name.as_str())),
-        int32("concurrency", |r| {
-            i32::try_from(r.concurrency).unwrap_or(i32::MAX)
+        // Null in an open-loop round, whose level is its rate.
+        int32("concurrency", true, |r| {
+            r.open
+                .is_none()
+                .then(|| i32::try_from(r.concurrency).unwrap_or(i32::MAX))
         }),
-        int32("repetition", |r| {
-            i32::try_from(r.repetition).unwrap_or(i32::MAX)
+        float("target_rate_per_second", true, |r| {
+            r.open.as_ref().map(|o| o.target_rate_per_second)
+        }),
+        int32("repetition", false, |r| {
+            Some(i32::try_from(r.repetition).unwrap_or(i32::MAX))
         }),
         int("planned_requests", false, |r| {
             Some(r.planned_requests as i64)
@@ -225,6 +246,53 @@ fn generator() -> Vec<RoundColumn> {
     ]
 }
 
+/// An open-loop round's own numbers (null in closed rounds) and goodput (null without a
+/// plan `slo`).
+fn open_loop() -> Vec<RoundColumn> {
+    fn o(r: &RoundMetrics) -> Option<&OpenMetrics> {
+        r.open.as_ref()
+    }
+    fn g(r: &RoundMetrics) -> Option<&Goodput> {
+        r.goodput.as_ref()
+    }
+    let mut v = vec![float("achieved_rate_per_second", true, |r| {
+        o(r).and_then(|o| o.achieved_rate_per_second)
+    })];
+    v.extend(percentiles("send_lag", |r| o(r).map(|o| &o.send_lag_us)));
+    v.push(int("send_lag_max_us", true, |r| {
+        o(r).and_then(|o| o.send_lag_max_us)
+    }));
+    v.extend(percentiles("latency_from_schedule", |r| {
+        o(r).map(|o| &o.latency_from_schedule_us)
+    }));
+    v.extend([
+        float("inter_arrival_cv", true, |r| {
+            o(r).and_then(|o| o.inter_arrival_cv)
+        }),
+        float("scheduled_inter_arrival_cv", true, |r| {
+            o(r).and_then(|o| o.scheduled_inter_arrival_cv)
+        }),
+        int("late_sends", true, |r| o(r).map(|o| o.late_sends as i64)),
+        flag_opt("saturated", |r| o(r).map(|o| o.saturated)),
+        int("good_requests", true, |r| {
+            g(r).map(|g| g.good_requests as i64)
+        }),
+        float("good_requests_per_second", true, |r| {
+            g(r).and_then(|g| g.good_requests_per_second)
+        }),
+        int("slo_missed_ttft", true, |r| {
+            g(r).and_then(|g| g.missed_ttft).map(|v| v as i64)
+        }),
+        int("slo_missed_tpot", true, |r| {
+            g(r).and_then(|g| g.missed_tpot).map(|v| v as i64)
+        }),
+        int("slo_missed_e2e", true, |r| {
+            g(r).and_then(|g| g.missed_e2e).map(|v| v as i64)
+        }),
+    ]);
+    v
+}
+
 /// Every column of rounds.parquet, in file order.
 fn columns() -> Vec<RoundColumn> {
     let mut v = counts();
@@ -232,6 +300,7 @@ fn columns() -> Vec<RoundColumn> {
     v.extend(streams());
     v.extend(steady_state());
     v.extend(generator());
+    v.extend(open_loop());
     v
 }
 

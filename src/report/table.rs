@@ -1,4 +1,4 @@
-//! The per (case, concurrency) table printed on stdout, with the scope of its numbers
+//! The per (case, level) table printed on stdout, with the scope of its numbers
 //! written under it.
 
 use std::collections::BTreeMap;
@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use super::PhaseCounts;
 use crate::config::plan::Plan;
 use crate::metrics::{Aggregate, RoundMetrics};
-use crate::model::{Outcome, Phase};
+use crate::model::{Level, Outcome, Phase};
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
 }
 
-/// The per (case, concurrency) table printed on stdout.
+/// The per (case, level) table printed on stdout.
 pub(crate) fn table(
     plan: &Plan,
     rounds: &[RoundMetrics],
@@ -20,21 +20,40 @@ pub(crate) fn table(
     excluded: &BTreeMap<Phase, PhaseCounts>,
 ) -> String {
     let streams = rounds.iter().any(|r| r.stream.is_some());
+    let open = aggs.iter().any(|a| a.rate.is_some());
+    let closed = aggs.iter().any(|a| a.rate.is_none());
+    let goodput = plan.slo.is_some();
+    let level = match (open, closed) {
+        (true, true) => "level",
+        (true, false) => "rate",
+        _ => "c",
+    };
     let mut rows: Vec<Vec<String>> = vec![vec![
         "case".into(),
-        "c".into(),
+        level.into(),
         "rounds".into(),
         "req/s".into(),
         "spread".into(),
         "p50 ms".into(),
         "p95 ms".into(),
     ]];
+    if open {
+        rows[0].extend(["svc p50 ms".into(), "lag p99 ms".into(), "saturated".into()]);
+    }
+    if goodput {
+        rows[0].push("good/s".into());
+    }
     if streams {
         rows[0].extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
     }
     rows[0].extend(["ok/attempted".into(), "failures".into()]);
+    let cols = Cols {
+        open,
+        goodput,
+        streams,
+    };
     for a in aggs {
-        rows.push(aggregate_row(a, rounds, streams));
+        rows.push(aggregate_row(a, rounds, cols));
     }
     let mut widths = vec![0usize; rows[0].len()];
     for r in &rows {
@@ -74,27 +93,58 @@ pub(crate) fn table(
         "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",
         plan.connection.as_str()
     ));
+    if open {
+        out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
+    }
+    if goodput {
+        out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over complete rounds)\n");
+    }
     if streams {
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
     }
     for r in rounds {
+        let at = match r.level() {
+            Level::Concurrency(c) => format!("c={c}"),
+            l => l.label(),
+        };
         if let Some(w) = r.generator.as_ref().and_then(|g| g.warning.as_ref()) {
             out.push_str(&format!(
-                "warning: {} c={} round {}: {w}\n",
+                "warning: {} {at} round {}: {w}\n",
                 r.case_name,
-                r.concurrency,
                 r.repetition + 1
+            ));
+        }
+        if let Some(o) = r.open.as_ref().filter(|o| o.saturated) {
+            out.push_str(&format!(
+                "warning: {} {at} round {}: saturated: {} send(s) fell more than {} ms behind their schedule (worst {:.1} ms)\n",
+                r.case_name,
+                r.repetition + 1,
+                o.late_sends,
+                crate::metrics::SATURATION_LAG_US / 1000,
+                o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
             ));
         }
     }
     out
 }
 
-/// One (case, concurrency) line of the table.
-fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<String> {
+/// Which optional columns the table has.
+#[derive(Clone, Copy)]
+struct Cols {
+    open: bool,
+    goodput: bool,
+    streams: bool,
+}
+
+/// One (case, level) line of the table.
+fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<String> {
+    let level = match a.rate {
+        Some(r) => Level::Rate(r),
+        None => Level::Concurrency(a.concurrency),
+    };
     let rs: Vec<&RoundMetrics> = rounds
         .iter()
-        .filter(|r| r.arm == a.arm && r.case_name == a.case_name && r.concurrency == a.concurrency)
+        .filter(|r| r.arm == a.arm && r.case_name == a.case_name && r.level() == level)
         .collect();
     let ok: u64 = rs.iter().map(|r| r.successful_requests).sum();
     let att: u64 = rs.iter().map(|r| r.attempted_requests).sum();
@@ -117,7 +167,7 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<S
             Some(arm) => format!("{arm}/{}", a.case_name),
             None => a.case_name.clone(),
         },
-        a.concurrency.to_string(),
+        level.label(),
         format!("{}/{}", a.complete_rounds, a.planned_rounds),
         rps.map_or("-".into(), |s| format!("{:.1}", s.median)),
         rps.and_then(|s| s.relative_spread)
@@ -125,7 +175,25 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], streams: bool) -> Vec<S
         fmt_ms(get("latency_p50_seconds").map(|s| s.median)),
         fmt_ms(get("latency_p95_seconds").map(|s| s.median)),
     ];
-    if streams {
+    if cols.open {
+        if a.rate.is_some() {
+            row.push(fmt_ms(get("service_latency_p50_seconds").map(|s| s.median)));
+            row.push(fmt_ms(get("send_lag_p99_seconds").map(|s| s.median)));
+            let saturated = rs
+                .iter()
+                .filter(|r| r.open.as_ref().is_some_and(|o| o.saturated))
+                .count();
+            row.push(format!("{saturated}/{}", rs.len()));
+        } else {
+            row.extend(["-".into(), "-".into(), "-".into()]);
+        }
+    }
+    if cols.goodput {
+        row.push(
+            get("goodput_requests_per_second").map_or("-".into(), |s| format!("{:.1}", s.median)),
+        );
+    }
+    if cols.streams {
         row.push(fmt_ms(get("ttft_p50_seconds").map(|s| s.median)));
         row.push(fmt_ms(get("itl_p50_seconds").map(|s| s.median)));
         row.push(

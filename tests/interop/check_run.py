@@ -26,6 +26,16 @@ def nearest_rank(sorted_values, pct):
     return int(sorted_values[rank - 1])
 
 
+def value(v):
+    """A JSON or pandas value, nulls (None, NaN) as None, numbers as float."""
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def same(column, v):
+    """Rows of `column` equal to `v`, null matching null."""
+    return column.isna() if value(v) is None else column == v
+
+
 def main(run: Path) -> int:
     checks = 0
     # pandas / pyarrow read the directory as a dataset (dot-files are skipped).
@@ -54,14 +64,15 @@ def main(run: Path) -> int:
     assert "host" in names, names
     checks += 3
     # Nearest rank in SQL, in integers, equals rounds.parquet.
+    # A round's level is its concurrency, or (open loop) its rate: one of the two is null.
     sql_p95 = con.execute(
-        f"""select case_name, concurrency, repetition,
+        f"""select case_name, concurrency, target_rate_per_second, repetition,
                    list_sort(list(total_us))[(95 * count(*) + 99) // 100] as p95
             from '{glob}' where phase = 'measured' and outcome = 'ok' group by all"""
     ).fetchall()
-    for case, c, rep, p95 in sql_p95:
-        row = rounds[(rounds.case_name == case) & (rounds.concurrency == c) & (rounds.repetition == rep)]
-        assert int(row.total_p95_us.iloc[0]) == p95, (case, c, rep, p95)
+    for case, c, rate, rep, p95 in sql_p95:
+        row = rounds[(rounds.case_name == case) & same(rounds.concurrency, c) & same(rounds.target_rate_per_second, rate) & (rounds.repetition == rep)]
+        assert int(row.total_p95_us.iloc[0]) == p95, (case, c, rate, rep, p95)
         checks += 1
 
     measured = ex[ex.phase == "measured"]
@@ -69,7 +80,8 @@ def main(run: Path) -> int:
     for _, r in rounds.iterrows():
         sub = measured[
             (measured.case_name == r.case_name)
-            & (measured.concurrency == r.concurrency)
+            & same(measured.concurrency, r.concurrency)
+            & same(measured.target_rate_per_second, r.target_rate_per_second)
             & (measured.repetition == r.repetition)
         ]
         ok = sub[sub.outcome == "ok"]
@@ -110,13 +122,29 @@ def main(run: Path) -> int:
         assert abs(elapsed - r.elapsed_seconds) < 1e-9, (elapsed, r.elapsed_seconds)
         s = next(
             x for x in summary["rounds"]
-            if x["case"] == r.case_name and x["concurrency"] == r.concurrency and x["repetition"] == r.repetition
+            if x["case"] == r.case_name
+            and value(x["concurrency"]) == value(r.concurrency)
+            and value(x["rate_per_second"]) == value(r.target_rate_per_second)
+            and x["repetition"] == r.repetition
         )
         assert s["attempted_requests"] == r.attempted_requests
         assert s["successful_requests"] == r.successful_requests
-        p50 = r.total_p50_us
+        # The user's latency: from the intended send time in an open loop.
+        p50 = r.total_p50_us if pd.isna(r.target_rate_per_second) else r.latency_from_schedule_p50_us
         assert s["successful_latency_seconds"]["p50"] == (None if pd.isna(p50) else p50 / 1e6)
         checks += 4
+        if not pd.isna(r.target_rate_per_second):
+            # Open loop: lag and latency from intended times, recomputed from the rows.
+            lag = sorted(int(v) for v in (sub.start_offset_us - sub.scheduled_offset_us))
+            assert lag == sorted(int(v) for v in sub.send_lag_us)
+            user = sorted(int(v) for v in (ok.send_lag_us + ok.total_us))
+            for pct in (50, 95, 99):
+                assert int(r[f"send_lag_p{pct}_us"]) == nearest_rank(lag, pct)
+                assert int(r[f"latency_from_schedule_p{pct}_us"]) == nearest_rank(user, pct)
+                checks += 2
+            assert int(r.send_lag_max_us) == max(lag)
+            assert bool(r.saturated) == (max(lag) > 5000) == (r.late_sends > 0)
+            checks += 2
         # Decisions: the sum over the round's successful rows, and the seed's list of
         # failure latencies in completion order.
         decisions = int(ok.decisions.fillna(0).sum())

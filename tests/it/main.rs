@@ -9,6 +9,7 @@ mod fault_matrix;
 mod faults;
 mod fuzz_corpus;
 mod hostile;
+mod open_loop;
 mod replay;
 mod secrets;
 mod serve;

@@ -261,6 +261,9 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         grace_seconds: 5.0,
         record_hold: None,
         threads: None,
+        sweep: None,
+        shard: None,
+        start_at: None,
         mock: Default::default(),
     }
 }
@@ -878,4 +881,38 @@ pub fn summarize(run: &Path) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A one-case plan against [`echo_handler`] at `url` with the open `load` given.
+pub fn open_plan(url: String, load: Value) -> Value {
+    json!({
+        "endpoint": url,
+        "connection": "keep-alive",
+        "cases": [{"name": "a", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}}],
+        "load": load, "timeout_seconds": 5, "metadata": metadata(),
+    })
+}
+
+/// The measured rows of repetition `rep`: (dispatch index, scheduled, start, lag), by
+/// dispatch index.
+pub fn measured(rows: &Rows, rep: i32) -> Vec<(i64, i64, i64, i64)> {
+    let phase = rows.strs("phase");
+    let reps = rows.i32s("repetition");
+    let index = rows.i64s("dispatch_index");
+    let sched = rows.i64s("scheduled_offset_us");
+    let start = rows.i64s("start_offset_us");
+    let lag = rows.i64s("send_lag_us");
+    let mut v: Vec<(i64, i64, i64, i64)> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured") && reps[i] == Some(rep))
+        .map(|i| {
+            (
+                index[i].unwrap(),
+                sched[i].unwrap(),
+                start[i].unwrap(),
+                lag[i].unwrap(),
+            )
+        })
+        .collect();
+    v.sort_unstable();
+    v
 }

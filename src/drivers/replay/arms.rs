@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::launch::{self, Sampler, Server, Who};
-use super::{Base, Ctx, Slot, feasibility, measured_round, prelude};
+use super::open::OpenPool;
+use super::{At, Base, Ctx, Senders, Slot, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;
 use crate::metrics::RoundMetrics;
-use crate::model::Phase;
+use crate::model::{Level, Phase};
 use crate::report::PhaseCounts;
-use crate::report::campaign::{ArmMeasures, Level};
+use crate::report::campaign::{ArmMeasures, Level as CampaignLevel};
 
 /// Where started servers run from: the running binary (`{self}`) and the directory for
 /// their stdout and stderr.
@@ -33,6 +34,8 @@ pub(super) struct ArmRun {
     spec: Option<Arm>,
     ctx: Option<Arc<Ctx>>,
     slots: Vec<Slot>,
+    /// The open loop's connections.
+    pool: Arc<OpenPool>,
     pub(super) excluded: BTreeMap<Phase, PhaseCounts>,
     /// Why the arm could not be measured.
     pub(super) unavailable: Option<String>,
@@ -42,7 +45,7 @@ pub(super) struct ArmRun {
     load_ms: Option<f64>,
     artifact_bytes: Option<u64>,
     /// Per concurrency: the measured samples, their rounds' elapsed time, their windows.
-    levels: BTreeMap<usize, Level>,
+    levels: BTreeMap<usize, CampaignLevel>,
     windows: Vec<(usize, u64, u64)>,
 }
 
@@ -59,6 +62,7 @@ impl ArmRun {
                 spec,
                 ctx: None,
                 slots: Vec::new(),
+                pool: Arc::default(),
                 excluded: BTreeMap::new(),
                 unavailable: None,
                 server: None,
@@ -170,6 +174,7 @@ impl ArmRun {
     /// each level's peak memory from the samples taken while its rounds ran.
     async fn shut_down(&mut self, sequential: bool) {
         self.slots.clear();
+        self.pool.clear();
         let grace = self
             .spec
             .as_ref()
@@ -305,44 +310,153 @@ pub(super) async fn run_arms(
     }
 }
 
-/// For each case and concurrency: each live arm's feasibility wave, then each repetition
-/// r with the arms in rotation r (A B C, then B C A, then C A B).
+/// For each case: each level of the plan (or, with `--sweep`, the sweep's levels), each
+/// in turn: each live arm's feasibility wave, then each repetition r with the arms in
+/// rotation r (A B C, then B C A, then C A B).
 async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics>) {
-    let n = runs.len();
     for ci in 0..plan.cases.len() {
-        for &c in &plan.concurrency {
-            for a in runs.iter_mut() {
-                if let Some(ctx) = a.live().cloned() {
-                    feasibility(&ctx, &mut a.slots, ci, c, &mut a.excluded).await;
+        match plan.sweep {
+            Some(n) => sweep(plan, runs, rounds, ci, n).await,
+            None => {
+                for (li, level) in plan.levels().into_iter().enumerate() {
+                    let at = At { ci, level, li };
+                    measure_level(plan, runs, rounds, at, plan.repetitions).await;
                 }
             }
-            for rep in 0..plan.repetitions {
-                for k in 0..n {
-                    let a = &mut runs[crate::config::campaign::interleaved_arm(n, rep, k)];
-                    let Some(ctx) = a.live().cloned() else {
-                        continue;
-                    };
-                    if let Some(s) = a.sampler() {
-                        s.sample_now();
-                    }
-                    let m = measured_round(&ctx, &mut a.slots, ci, c, rep).await;
-                    if let Some(s) = a.sampler() {
-                        s.sample_now();
-                    }
-                    // Only a campaign keeps its samples (campaign.json pools them per
-                    // level); a plain plan's are dropped with the round, as ever.
-                    if a.spec.is_some() {
-                        let level = a.levels.entry(c).or_default();
-                        level.planned_rounds = plan.cases.len() * plan.repetitions;
-                        level.attempted_rounds +=
-                            usize::from(m.round.attempted_requests == m.round.planned_requests);
-                        level.elapsed_seconds += m.round.elapsed_seconds;
-                        level.samples.extend(m.samples);
-                        a.windows.push((c, m.window_ns.0, m.window_ns.1));
-                    }
-                    rounds.push(m.round);
-                }
+        }
+    }
+}
+
+/// GuideLLM's sweep for case `ci`: one closed round at c = 1 (the synchronous rate), one
+/// at the plan's highest concurrency (the throughput probe), then `n` open-loop rates
+/// spaced evenly between the two, each with the plan's repetitions.
+async fn sweep(
+    plan: &Plan,
+    runs: &mut [ArmRun],
+    rounds: &mut Vec<RoundMetrics>,
+    ci: usize,
+    n: usize,
+) {
+    let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
+    let measured =
+        |rounds: &[RoundMetrics]| rounds.last().and_then(|r| r.successful_requests_per_second);
+    let sync_at = At {
+        ci,
+        level: Level::Concurrency(1),
+        li: 0,
+    };
+    measure_level(plan, runs, rounds, sync_at, 1).await;
+    let sync = measured(rounds);
+    let probe_at = At {
+        ci,
+        level: Level::Concurrency(max_c),
+        li: 1,
+    };
+    measure_level(plan, runs, rounds, probe_at, 1).await;
+    let probe = measured(rounds);
+    let progress = runs
+        .first()
+        .and_then(|a| a.ctx.as_ref())
+        .map(|c| c.base.progress.clone());
+    let say = |m: String| {
+        if let Some(p) = &progress {
+            p.println(m);
+        }
+    };
+    let (Some(lo), Some(hi)) = (sync, probe) else {
+        say(format!(
+            "sweep: case '{}': the synchronous round or the throughput probe measured no successful request, so no rate can be placed between them; the open-loop rates are skipped",
+            plan.cases[ci].name
+        ));
+        return;
+    };
+    let rates = sweep_rates(lo, hi, n);
+    if rates.is_empty() {
+        say(format!(
+            "sweep: case '{}': the throughput probe ({hi:.2}/s at c={max_c}) is not above the synchronous rate ({lo:.2}/s), so there is no room for rates between them; the open-loop rates are skipped",
+            plan.cases[ci].name
+        ));
+        return;
+    }
+    say(format!(
+        "sweep: case '{}': synchronous {lo:.2}/s, throughput {hi:.2}/s at c={max_c}; open-loop rates {}",
+        plan.cases[ci].name,
+        rates
+            .iter()
+            .map(|r| format!("{r}/s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    for (k, r) in rates.into_iter().enumerate() {
+        let at = At {
+            ci,
+            level: Level::Rate(r),
+            li: k,
+        };
+        measure_level(plan, runs, rounds, at, plan.repetitions).await;
+    }
+}
+
+/// `n` rates spaced evenly strictly between `lo` and `hi` (rounded to 0.01/s); none when
+/// `hi` is not above `lo` by enough to tell them apart.
+pub(super) fn sweep_rates(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    let mut out: Vec<f64> = Vec::new();
+    for k in 1..=n {
+        let r = ((lo + (hi - lo) * k as f64 / (n + 1) as f64) * 100.0).round() / 100.0;
+        if r > lo && r < hi && r > 0.0 && !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    if out.len() < n { Vec::new() } else { out }
+}
+
+/// One level of case `at.ci` for every live arm: feasibility, then `reps` rounds.
+async fn measure_level(
+    plan: &Plan,
+    runs: &mut [ArmRun],
+    rounds: &mut Vec<RoundMetrics>,
+    at: At,
+    reps: usize,
+) {
+    let n = runs.len();
+    for a in runs.iter_mut() {
+        if let Some(ctx) = a.live().cloned() {
+            let senders = Senders {
+                slots: &mut a.slots,
+                pool: &a.pool,
+            };
+            feasibility(&ctx, senders, at, &mut a.excluded).await;
+        }
+    }
+    for rep in 0..reps {
+        for k in 0..n {
+            let a = &mut runs[crate::config::campaign::interleaved_arm(n, rep, k)];
+            let Some(ctx) = a.live().cloned() else {
+                continue;
+            };
+            if let Some(s) = a.sampler() {
+                s.sample_now();
             }
+            let senders = Senders {
+                slots: &mut a.slots,
+                pool: &a.pool,
+            };
+            let m = measured_round(&ctx, senders, at, rep).await;
+            if let Some(s) = a.sampler() {
+                s.sample_now();
+            }
+            // Only a campaign keeps its samples (campaign.json pools them per level); a
+            // plain plan's are dropped with the round, as ever. Campaigns run closed loops.
+            if let (Some(_), Level::Concurrency(c)) = (&a.spec, at.level) {
+                let level = a.levels.entry(c).or_default();
+                level.planned_rounds = plan.cases.len() * plan.repetitions;
+                level.attempted_rounds +=
+                    usize::from(m.round.attempted_requests == m.round.planned_requests);
+                level.elapsed_seconds += m.round.elapsed_seconds;
+                level.samples.extend(m.samples);
+                a.windows.push((c, m.window_ns.0, m.window_ns.1));
+            }
+            rounds.push(m.round);
         }
     }
 }

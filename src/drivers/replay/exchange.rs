@@ -210,6 +210,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         first_byte_us: got.timings.first_byte_us,
         connect_us: got.timings.connect_us,
         stream: got.stream.as_ref().map(StreamSample::from_columns),
+        scheduled_offset_us: d.scheduled_offset_us,
     };
     // A failure stops dispatch before anything else happens (recording may wait).
     if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
@@ -230,6 +231,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
             case_name,
             variant,
             concurrency: d.concurrency,
+            target_rate_per_second: d.rate,
             repetition: d.repetition,
             dispatch_index: d.dispatch_index,
             worker: d.worker,
@@ -237,6 +239,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         let request = SentRequest {
             started_at_us: started_at_us.unwrap_or_default(),
             start_offset_us,
+            scheduled_offset_us: d.scheduled_offset_us,
             method: frozen.lean.method.clone(),
             url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
             headers: frozen.headers.clone(),

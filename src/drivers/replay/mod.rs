@@ -1,9 +1,11 @@
-//! The replay driver: runs a frozen plan's phases through the engine, closed loop.
+//! The replay driver: runs a frozen plan's phases through the engine, closed or open loop.
 //!
 //! Phases, in order: `health` (one GET), `readiness` (one request per variant, sequential),
 //! `warmup` (`warmup_per_case` per variant, sequential), then for each case and each
 //! concurrency c: `feasibility` (one excluded wave of min(c, n)) and `repetitions` rounds
-//! of `measured` (n requests, c workers, closed loop). Requests are made once per arm
+//! of `measured` (n requests, c workers, closed loop); or, in an open loop, for each rate:
+//! `feasibility` (the rate's own arrivals for a second) and `repetitions` rounds of its
+//! seeded schedule (`open`). Requests are made once per arm
 //! (`exchange::freeze`) and sent by the engine's lean client. Each worker owns its connection; the
 //! scheduler hands connections from round to round without locks. With
 //! `on_failure: stop`, the first failure stops new dispatch, admitted requests drain and
@@ -13,6 +15,7 @@
 mod arms;
 mod exchange;
 mod launch;
+mod open;
 mod wave;
 
 use std::collections::BTreeMap;
@@ -29,11 +32,12 @@ use crate::config::plan::Plan;
 use crate::engine::Engine;
 use crate::engine::lean::LeanConn;
 use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
-use crate::model::Phase;
+use crate::model::{Level, Phase};
 use crate::report::{self, Ending, PhaseCounts};
 pub(crate) use arms::ArmEnv;
 use exchange::{Rows, exchange};
 pub(crate) use launch::kill_all as kill_started_servers;
+use open::{OpenPool, OpenWave, open_wave};
 use wave::{LagProbe, cores, wave};
 
 /// A worker's connection between its exchanges.
@@ -52,6 +56,35 @@ pub(crate) struct ReplayOptions {
     /// After Ctrl-C / SIGTERM, how long in-flight exchanges may still finish before they
     /// are cut (`shutdown_cut`).
     pub(crate) grace: std::time::Duration,
+    /// `--shard`: this process's share of every open wave, on the shared timetable.
+    pub(crate) shard: Option<Shard>,
+}
+
+/// One shard of a sharded open-loop run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shard {
+    pub(crate) index: usize,
+    pub(crate) count: usize,
+    /// `--start-at` on the monotonic clock: the first open wave's start.
+    pub(crate) start_ns: u64,
+}
+
+/// Where a shard's open waves start: every shard runs the same waves in the same order,
+/// so each computes the same starts: the first at `--start-at`, each next one after the
+/// previous wave's schedule and then `timeout_seconds` + 1 s for its last exchanges to
+/// end and its rows to be handed over.
+struct Timetable {
+    shard: Shard,
+    next_ns: AtomicU64,
+    settle_ns: u64,
+}
+
+impl Timetable {
+    /// The start of the next wave, whose schedule spans `span_us`.
+    fn next_start(&self, span_us: u64) -> u64 {
+        self.next_ns
+            .fetch_add(span_us * 1000 + self.settle_ns, Ordering::Relaxed)
+    }
 }
 
 pub(crate) struct ReplayResult {
@@ -76,6 +109,9 @@ struct Dispatch {
     repetition: Option<i32>,
     dispatch_index: i64,
     worker: i32,
+    /// Open loop: the round's rate and this arrival's intended send time (run clock).
+    rate: Option<f64>,
+    scheduled_offset_us: Option<i64>,
 }
 
 /// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,
@@ -135,6 +171,8 @@ struct Base {
     progress: ProgressBar,
     /// Every arm stops (the recorder failed, or a worker panicked).
     halted: AtomicBool,
+    /// `--shard`: the shared timetable of open waves.
+    timetable: Option<Timetable>,
 }
 
 impl Base {
@@ -229,6 +267,11 @@ pub(crate) async fn run(
         first_failure: std::sync::OnceLock::new(),
         progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
         halted: AtomicBool::new(false),
+        timetable: opts.shard.map(|shard| Timetable {
+            shard,
+            next_ns: AtomicU64::new(shard.start_ns),
+            settle_ns: (plan.timeout + std::time::Duration::from_secs(1)).as_nanos() as u64,
+        }),
     });
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
@@ -304,6 +347,8 @@ async fn prelude(
             repetition: None,
             dispatch_index: 0,
             worker: 0,
+            rate: None,
+            scheduled_offset_us: None,
         },
         &mut Rows::new(1),
     )
@@ -337,6 +382,8 @@ async fn prelude(
                             repetition: None,
                             dispatch_index: i as i64,
                             worker: 0,
+                            rate: None,
+                            scheduled_offset_us: None,
                         },
                         &mut Rows::new(1),
                     )
@@ -357,35 +404,102 @@ fn label(ctx: &Ctx, what: &str) -> String {
     }
 }
 
-/// The excluded feasibility wave of case `ci` at concurrency `c`.
+/// Where a level's waves send from: the closed loop's workers' connections, or the open
+/// loop's senders' pool.
+struct Senders<'a> {
+    slots: &'a mut [Slot],
+    pool: &'a Arc<OpenPool>,
+}
+
+/// A level of case `ci` as the driver runs it: `level` is the `li`-th of its kind
+/// (the seeded schedule's stream of an open level depends on it).
+#[derive(Clone, Copy)]
+struct At {
+    ci: usize,
+    level: Level,
+    li: usize,
+}
+
+impl At {
+    /// The open wave of repetition `rep` (`None`: the feasibility wave) at this level;
+    /// a shard's share of it, at its place in the shared timetable.
+    fn open_wave(self, ctx: &Ctx, rate: f64, rep: Option<usize>) -> OpenWave {
+        let schedule = ctx.plan.load.schedule(rate, self.ci, self.li, rep);
+        let (shard, start_ns) = match &ctx.base.timetable {
+            None => (None, None),
+            Some(t) => {
+                let start = t.next_start(schedule.last().copied().unwrap_or(0));
+                let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
+                if late_ms > 0.0 {
+                    ctx.base.progress.println(format!(
+                        "warning: shard {}/{}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded",
+                        t.shard.index, t.shard.count
+                    ));
+                }
+                (Some((t.shard.index, t.shard.count)), Some(start))
+            }
+        };
+        OpenWave {
+            case: self.ci,
+            phase: if rep.is_some() {
+                Phase::Measured
+            } else {
+                Phase::Feasibility
+            },
+            rate,
+            repetition: rep,
+            schedule,
+            shard,
+            start_ns,
+        }
+    }
+}
+
+/// The excluded feasibility wave of a level: one closed wave of min(c, n), or an open
+/// level's own arrivals for its first second.
 async fn feasibility(
     ctx: &Arc<Ctx>,
-    slots: &mut [Slot],
-    ci: usize,
-    c: usize,
+    senders: Senders<'_>,
+    at: At,
     excluded: &mut BTreeMap<Phase, PhaseCounts>,
 ) {
-    let case = &ctx.plan.cases[ci];
-    let n = ctx.plan.requests_per_case;
-    ctx.base
-        .progress
-        .set_message(label(ctx, &format!("feasibility {} c={c}", case.name)));
-    let samples = wave(ctx, slots, ci, Phase::Feasibility, c, None, c.min(n)).await;
+    let case = &ctx.plan.cases[at.ci];
+    ctx.base.progress.set_message(label(
+        ctx,
+        &format!("feasibility {} {}", case.name, level_label(at.level)),
+    ));
+    let samples = match at.level {
+        Level::Concurrency(c) => {
+            let n = ctx.plan.requests_per_case;
+            wave(
+                ctx,
+                senders.slots,
+                at.ci,
+                Phase::Feasibility,
+                c,
+                None,
+                c.min(n),
+            )
+            .await
+        }
+        Level::Rate(r) => open_wave(ctx, senders.pool, at.open_wave(ctx, r, None)).await,
+    };
     let counts = excluded.entry(Phase::Feasibility).or_default();
     samples.iter().for_each(|s| counts.add(s));
 }
 
-/// One measured round of case `ci` at concurrency `c`, with the tool's own CPU time and
-/// the runtime's dispatch lag over the round.
-async fn measured_round(
-    ctx: &Arc<Ctx>,
-    slots: &mut [Slot],
-    ci: usize,
-    c: usize,
-    rep: usize,
-) -> Measured {
-    let case = &ctx.plan.cases[ci];
-    let n = ctx.plan.requests_per_case;
+/// `c=4` or `20/s`.
+fn level_label(level: Level) -> String {
+    match level {
+        Level::Concurrency(c) => format!("c={c}"),
+        Level::Rate(_) => level.label(),
+    }
+}
+
+/// One measured round of a level, with the tool's own CPU time and the runtime's
+/// dispatch lag over the round, and goodput against the plan's `slo`.
+async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize) -> Measured {
+    let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
     // The round's rows are encoded after it, not while requests are in flight.
     if ctx.base.record_exchanges {
@@ -393,7 +507,18 @@ async fn measured_round(
     }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
-    let samples = wave(ctx, slots, ci, Phase::Measured, c, Some(rep), n).await;
+    let (samples, planned) = match at.level {
+        Level::Concurrency(c) => {
+            let n = ctx.plan.requests_per_case;
+            let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
+            (s, n as u64)
+        }
+        Level::Rate(r) => {
+            let w = at.open_wave(ctx, r, Some(rep));
+            let planned = w.planned();
+            (open_wave(ctx, senders.pool, w).await, planned)
+        }
+    };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
     if ctx.base.record_exchanges
@@ -402,7 +527,12 @@ async fn measured_round(
         ctx.base.run.record_failed(e);
         ctx.halt();
     }
-    let mut round = metrics::round_metrics(&case.name, c, rep, n as u64, &samples);
+    let mut round = metrics::level_round_metrics(&case.name, at.level, rep, planned, &samples);
+    round.goodput = ctx
+        .plan
+        .slo
+        .as_ref()
+        .map(|slo| metrics::goodput(&samples, slo, round.elapsed_seconds));
     round.arm = ctx.arm.as_deref().map(str::to_string);
     let load = GeneratorLoad::new(
         cpu1.saturating_sub(cpu0),
@@ -412,9 +542,22 @@ async fn measured_round(
     );
     if let Some(w) = &load.warning {
         ctx.base.progress.println(format!(
-            "warning: {} c={c} round {}: {w}",
+            "warning: {} {} round {}: {w}",
             case.name,
+            level_label(at.level),
             rep + 1
+        ));
+    }
+    if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
+        ctx.base.progress.println(format!(
+            "warning: {} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
+            case.name,
+            level_label(at.level),
+            rep + 1,
+            o.late_sends,
+            round.attempted_requests,
+            metrics::SATURATION_LAG_US / 1000,
+            o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
         ));
     }
     round.generator = Some(load);

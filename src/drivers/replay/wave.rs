@@ -102,6 +102,8 @@ pub(super) async fn wave(
                     repetition: repetition.map(|r| r as i32),
                     dispatch_index: i as i64,
                     worker: w as i32,
+                    rate: None,
+                    scheduled_offset_us: None,
                 };
                 samples.push(exchange(&ctx, &mut slot, d, &mut rows).await);
             }

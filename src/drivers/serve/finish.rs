@@ -254,6 +254,7 @@ fn build_record(
         sh.opts.stats_interval.is_some(),
     );
     let ids = RowIds {
+        target_rate_per_second: None,
         exchange_id: sh.run.next_exchange_id(),
         phase: Phase::Live,
         arm: None,
@@ -265,6 +266,7 @@ fn build_record(
         worker: (p.conn_no % i64::from(i32::MAX)) as i32,
     };
     let request = SentRequest {
+        scheduled_offset_us: None,
         started_at_us: p.started_at_us,
         start_offset_us: p.start_offset_us,
         method: p.method,

@@ -1,0 +1,366 @@
+//! A plan's `load` (closed or open loop; for an open loop the arrival process, its seed,
+//! the rates, how long each round runs and the bound on requests in flight) and its `slo`
+//! (per-request bounds that goodput counts against). Validated here, with every problem
+//! and its path; the schedules themselves come from `arrival`.
+
+use serde_json::{Map, Value};
+
+use super::plan::{MAX_REQUESTS_PER_CASE, Validator};
+use crate::arrival::{self, Arrival, Extent};
+use crate::model::Slo;
+use crate::oracle::json_kind;
+
+/// Closed loop (c workers, each sends its next request when the last ends) or open loop
+/// (requests sent at scheduled instants, whatever the worker does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Closed,
+    Open,
+}
+
+impl Mode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Closed => "closed",
+            Mode::Open => "open",
+        }
+    }
+}
+
+/// The plan's `load` section, resolved with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Load {
+    pub(crate) mode: Mode,
+    /// Default Poisson (also the arrival of `--sweep`'s open rates in a closed plan).
+    pub(crate) arrival: Arrival,
+    /// Default 0.
+    pub(crate) seed: u64,
+    /// Open mode: the levels, in plan order (empty in closed mode).
+    pub(crate) rates_per_second: Vec<f64>,
+    /// Open mode: how long each round runs (`duration_seconds`) or how many arrivals it
+    /// has (`requests`). Closed mode: `requests_per_case` arrivals (for `--sweep`).
+    pub(crate) extent: Extent,
+    /// Requests in flight at most; the next send waits (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    pub(crate) max_in_flight: usize,
+}
+
+/// `max_in_flight` when the plan does not say.
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// The longest an open-loop round may be scheduled for.
+const MAX_DURATION_SECONDS: f64 = 86_400.0;
+
+/// A feasibility wave of an open level is the level's own arrivals for this long (or its
+/// first `ceil(rate)` arrivals when the rounds are counted in requests), excluded.
+pub(crate) const FEASIBILITY_US: u64 = 1_000_000;
+
+impl Load {
+    /// A closed loop with the defaults (a plan without `load`).
+    pub(crate) fn closed(requests_per_case: usize) -> Load {
+        Load {
+            mode: Mode::Closed,
+            arrival: Arrival::Poisson,
+            seed: 0,
+            rates_per_second: Vec::new(),
+            extent: Extent::Requests(requests_per_case as u64),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+
+    /// The arrival offsets (µs from the round's start) of one round of case `case` at
+    /// `rate`, the level's `level`-th rate: repetition `rep`, or (`None`) the level's
+    /// feasibility wave. Each (case, level, round) has its own stream of the seed.
+    pub(crate) fn schedule(
+        &self,
+        rate: f64,
+        case: usize,
+        level: usize,
+        rep: Option<usize>,
+    ) -> Vec<u64> {
+        let slot = rep.map_or(0xF_FFFF, |r| (r as u64).min(0xF_FFFE));
+        let stream = ((case as u64) << 40) | ((level as u64 & 0xF_FFFF) << 20) | slot;
+        let extent = match (rep, self.extent) {
+            (Some(_), e) => e,
+            (None, Extent::DurationUs(d)) => Extent::DurationUs(d.min(FEASIBILITY_US)),
+            (None, Extent::Requests(n)) => Extent::Requests(n.min(rate.ceil().max(1.0) as u64)),
+        };
+        arrival::schedule(self.arrival, rate, self.seed, stream, extent)
+    }
+
+    /// The plan's `load` as config.json and the workload record it.
+    pub(crate) fn to_json(&self) -> Value {
+        let arrival = match self.arrival {
+            Arrival::Constant => Value::from("constant"),
+            Arrival::Poisson => Value::from("poisson"),
+            Arrival::Gamma { burstiness } => {
+                serde_json::json!({"gamma": {"burstiness": burstiness}})
+            }
+        };
+        let mut m = Map::new();
+        m.insert("mode".into(), self.mode.as_str().into());
+        m.insert("arrival".into(), arrival);
+        m.insert("seed".into(), self.seed.into());
+        m.insert("max_in_flight".into(), self.max_in_flight.into());
+        if self.mode == Mode::Open {
+            m.insert(
+                "rates_per_second".into(),
+                self.rates_per_second.clone().into(),
+            );
+            match self.extent {
+                Extent::DurationUs(d) => {
+                    m.insert("duration_seconds".into(), (d as f64 / 1e6).into());
+                }
+                Extent::Requests(n) => {
+                    m.insert("requests".into(), n.into());
+                }
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+/// `slo` as config.json and the workload record it (milliseconds, as the plan writes it).
+pub(crate) fn slo_json(slo: &Slo) -> Value {
+    let ms = |v: Option<i64>| v.map_or(Value::Null, |us| Value::from(us as f64 / 1000.0));
+    serde_json::json!({"ttft_ms": ms(slo.ttft_us), "tpot_ms": ms(slo.tpot_us), "e2e_ms": ms(slo.e2e_us)})
+}
+
+const LOAD_FIELDS: &[&str] = &[
+    "mode",
+    "arrival",
+    "seed",
+    "rates_per_second",
+    "duration_seconds",
+    "requests",
+    "max_in_flight",
+];
+const OPEN_ONLY: &[&str] = &["rates_per_second", "duration_seconds", "requests"];
+
+impl Validator {
+    /// `load`, without `requests_per_case` (filled in by the caller for a closed loop).
+    pub(super) fn load(&mut self, v: Option<&Value>) -> Option<Load> {
+        let Some(v) = v else {
+            return Some(Load::closed(0));
+        };
+        let m = self.object(v, "load")?;
+        self.unknown_fields(m, "load", &[LOAD_FIELDS]);
+        let mode = match m.get("mode") {
+            None => Some(Mode::Closed),
+            Some(v) => match self.string(v, "load.mode") {
+                Some("closed") => Some(Mode::Closed),
+                Some("open") => Some(Mode::Open),
+                Some(other) => {
+                    self.err(
+                        "load.mode",
+                        format!("'{other}' is not a load mode; use \"closed\" or \"open\""),
+                    );
+                    None
+                }
+                None => None,
+            },
+        };
+        let arrival = match m.get("arrival") {
+            None => Some(Arrival::Poisson),
+            Some(v) => self.arrival(v),
+        };
+        let seed = match m.get("seed") {
+            None => Some(0),
+            Some(v) => self.integer(v, "load.seed", 0).map(|s| s as u64),
+        };
+        let max_in_flight = match m.get("max_in_flight") {
+            None => Some(DEFAULT_MAX_IN_FLIGHT),
+            Some(v) => self.integer(v, "load.max_in_flight", 1),
+        };
+        let (rates, extent) = match mode? {
+            Mode::Open => (self.rates(m.get("rates_per_second")), self.extent(m)),
+            Mode::Closed => {
+                for key in OPEN_ONLY {
+                    if m.contains_key(*key) {
+                        self.err(
+                            format!("load.{key}"),
+                            "goes with load.mode \"open\"; a closed loop is sized by concurrency and requests_per_case",
+                        );
+                    }
+                }
+                (Some(Vec::new()), Some(Extent::Requests(0)))
+            }
+        };
+        let (rates, extent) = (rates?, extent?);
+        for &r in &rates {
+            let expected = match extent {
+                Extent::DurationUs(d) => r * d as f64 / 1e6,
+                Extent::Requests(n) => n as f64,
+            };
+            if expected > MAX_REQUESTS_PER_CASE as f64 {
+                self.err(
+                    "load.duration_seconds",
+                    format!(
+                        "at {r}/s a round would hold about {expected:.0} requests, above {MAX_REQUESTS_PER_CASE}: a round's samples are kept in memory for exact nearest-rank percentiles; shorten the rounds or add repetitions"
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(Load {
+            mode: mode?,
+            arrival: arrival?,
+            seed: seed?,
+            rates_per_second: rates,
+            extent,
+            max_in_flight: max_in_flight?,
+        })
+    }
+
+    fn arrival(&mut self, v: &Value) -> Option<Arrival> {
+        let path = "load.arrival";
+        let usage = "use \"constant\", \"poisson\" or {\"gamma\": {\"burstiness\": k}}";
+        match v {
+            Value::String(s) if s == "constant" => Some(Arrival::Constant),
+            Value::String(s) if s == "poisson" => Some(Arrival::Poisson),
+            Value::Object(m) if m.len() == 1 && m.contains_key("gamma") => {
+                let g = self.object(&m["gamma"], "load.arrival.gamma")?;
+                self.unknown_fields(g, "load.arrival.gamma", &[&["burstiness"]]);
+                let Some(k) = g.get("burstiness") else {
+                    self.err(
+                        "load.arrival.gamma.burstiness",
+                        "is required: the gamma shape k (1 is Poisson, below 1 burstier)",
+                    );
+                    return None;
+                };
+                self.positive(k, "load.arrival.gamma.burstiness", 1e6)
+                    .map(|burstiness| Arrival::Gamma { burstiness })
+            }
+            Value::String(s) => {
+                self.err(path, format!("'{s}' is not an arrival process; {usage}"));
+                None
+            }
+            other => {
+                self.err(path, format!("found {}; {usage}", json_kind(other)));
+                None
+            }
+        }
+    }
+
+    fn rates(&mut self, v: Option<&Value>) -> Option<Vec<f64>> {
+        let path = "load.rates_per_second";
+        let Some(v) = v else {
+            self.err(
+                path,
+                "is required with load.mode \"open\": a non-empty list of request rates (requests per second)",
+            );
+            return None;
+        };
+        let Value::Array(items) = v else {
+            self.err(
+                path,
+                format!(
+                    "must be a non-empty list of numbers, found {}",
+                    json_kind(v)
+                ),
+            );
+            return None;
+        };
+        if items.is_empty() {
+            self.err(path, "must not be empty");
+            return None;
+        }
+        let mut out: Vec<f64> = Vec::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            match self.positive(item, &p, 1e6) {
+                Some(r) if out.contains(&r) => {
+                    self.err(p, format!("{r} appears more than once"));
+                    ok = false;
+                }
+                Some(r) => out.push(r),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// Exactly one of `duration_seconds` and `requests`.
+    fn extent(&mut self, m: &Map<String, Value>) -> Option<Extent> {
+        match (m.get("duration_seconds"), m.get("requests")) {
+            (Some(_), Some(_)) => {
+                self.err(
+                    "load.requests",
+                    "give either load.duration_seconds or load.requests, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.err(
+                    "load.duration_seconds",
+                    "is required with load.mode \"open\" (or load.requests): how long each round's schedule runs",
+                );
+                None
+            }
+            (Some(d), None) => self
+                .positive(d, "load.duration_seconds", MAX_DURATION_SECONDS)
+                .map(|s| Extent::DurationUs((s * 1e6).round().max(1.0) as u64)),
+            (None, Some(n)) => {
+                let n = self.integer(n, "load.requests", 1)?;
+                if n > MAX_REQUESTS_PER_CASE {
+                    self.err(
+                        "load.requests",
+                        format!("{n} is above {MAX_REQUESTS_PER_CASE}: a round's samples are kept in memory for exact nearest-rank percentiles"),
+                    );
+                    return None;
+                }
+                Some(Extent::Requests(n as u64))
+            }
+        }
+    }
+
+    /// A finite number above 0 and at most `max`.
+    fn positive(&mut self, v: &Value, path: &str, max: f64) -> Option<f64> {
+        let Some(x) = v.as_f64().filter(|_| v.is_number()) else {
+            self.err(
+                path,
+                format!("must be a number > 0, found {}", json_kind(v)),
+            );
+            return None;
+        };
+        if !x.is_finite() || x <= 0.0 || x > max {
+            self.err(
+                path,
+                format!("must be a finite number > 0 and <= {max}, found {x}"),
+            );
+            return None;
+        }
+        Some(x)
+    }
+
+    /// `slo`: `{"ttft_ms", "tpot_ms", "e2e_ms"}`, each optional, each > 0.
+    pub(super) fn slo(&mut self, v: Option<&Value>) -> Option<Option<Slo>> {
+        let Some(v) = v else {
+            return Some(None);
+        };
+        let m = self.object(v, "slo")?;
+        self.unknown_fields(m, "slo", &[&["ttft_ms", "tpot_ms", "e2e_ms"]]);
+        if m.is_empty() {
+            self.err(
+                "slo",
+                "is empty: give at least one of ttft_ms, tpot_ms, e2e_ms",
+            );
+            return None;
+        }
+        let mut ok = true;
+        let mut bound = |key: &str| match m.get(key) {
+            None => None,
+            Some(v) => {
+                let ms = self.positive(v, &format!("slo.{key}"), 86_400_000.0);
+                ok &= ms.is_some();
+                ms.map(|ms| ((ms * 1000.0).round() as i64).max(1))
+            }
+        };
+        let slo = Slo {
+            ttft_us: bound("ttft_ms"),
+            tpot_us: bound("tpot_ms"),
+            e2e_us: bound("e2e_ms"),
+        };
+        ok.then_some(Some(slo))
+    }
+}

@@ -1,0 +1,171 @@
+//! One open-loop wave: every arrival of a seeded schedule is sent at its instant, whatever
+//! the worker does, so a stalled worker shows as latency from the intended time instead
+//! of as fewer, later sends (coordinated omission).
+//!
+//! The schedule is computed before the wave starts, as offsets from its start. A pacer on
+//! a blocking thread sleeps to each arrival's absolute instant (`std::thread::sleep`,
+//! microseconds, not the runtime's 1 ms timer) and spawns its exchange on the runtime. At
+//! `max_in_flight` requests in flight the pacer waits for one to end: nothing is dropped,
+//! and the lateness is recorded as each exchange's `send_lag_us`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::exchange::{Rows, exchange};
+use super::{Ctx, Dispatch, Slot};
+use crate::clock;
+use crate::metrics::Sample;
+use crate::model::Phase;
+use crate::record::RecordError;
+
+/// The open loop's senders' connections between exchanges. A sender takes the lowest
+/// free one (its number is the row's `worker`), so the same few connections carry a light
+/// load; there are never more than `max_in_flight`. The mutex is held for one map insert
+/// or removal, never across an await.
+#[derive(Default)]
+pub(super) struct OpenPool {
+    free: Mutex<BTreeMap<i32, Slot>>,
+    next: AtomicI32,
+}
+
+impl OpenPool {
+    fn take(&self) -> (i32, Slot) {
+        let got = self.free.lock().ok().and_then(|mut f| f.pop_first());
+        got.unwrap_or_else(|| (self.next.fetch_add(1, Ordering::Relaxed), None))
+    }
+
+    fn put(&self, worker: i32, slot: Slot) {
+        if let Ok(mut f) = self.free.lock() {
+            f.insert(worker, slot);
+        }
+    }
+
+    /// Close every kept connection (between arms, at the end).
+    pub(super) fn clear(&self) {
+        if let Ok(mut f) = self.free.lock() {
+            f.clear();
+        }
+    }
+}
+
+/// What one open wave sends.
+pub(super) struct OpenWave {
+    pub(super) case: usize,
+    pub(super) phase: Phase,
+    pub(super) rate: f64,
+    pub(super) repetition: Option<usize>,
+    /// Offsets (µs) from the wave's start, ascending.
+    pub(super) schedule: Vec<u64>,
+    /// `(i, n)`: send only the arrivals whose index is `i` modulo `n`.
+    pub(super) shard: Option<(usize, usize)>,
+    /// The wave's start on the monotonic clock; `None`: 2 ms from now.
+    pub(super) start_ns: Option<u64>,
+}
+
+impl OpenWave {
+    /// How many arrivals this process sends.
+    pub(super) fn planned(&self) -> u64 {
+        match self.shard {
+            None => self.schedule.len() as u64,
+            Some((i, n)) => (self.schedule.len() as u64 + (n - 1 - i) as u64) / n as u64,
+        }
+    }
+}
+
+/// Lead time between computing a wave's start and its first arrival, so that the first
+/// send is not already late.
+const LEAD_NS: u64 = 2_000_000;
+
+/// Run one open wave; its samples in no particular order.
+pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave) -> Vec<Sample> {
+    let run_t0 = ctx.base.run.run_t0_ns;
+    let start_ns = w.start_ns.unwrap_or_else(|| clock::now_ns() + LEAD_NS);
+    // Whole microseconds on the run's clock, so a recorded `scheduled_offset_us` minus
+    // the wave's start is exactly the schedule's offset.
+    let start_us = start_ns.saturating_sub(run_t0) / 1000;
+    let base_ns = run_t0 + start_us * 1000;
+    let handle = tokio::runtime::Handle::current();
+    let sem = Arc::new(tokio::sync::Semaphore::new(ctx.plan.load.max_in_flight));
+    let (ctx2, pool2) = (ctx.clone(), pool.clone());
+    let pacer = tokio::task::spawn_blocking(move || {
+        let mut tasks = Vec::with_capacity(w.planned() as usize);
+        for (i, &off) in w.schedule.iter().enumerate() {
+            if w.shard.is_some_and(|(k, n)| i % n != k) {
+                continue;
+            }
+            if !sleep_until(base_ns + off * 1000, &ctx2) {
+                break;
+            }
+            let permit = match sem.clone().try_acquire_owned() {
+                Ok(p) => p,
+                // At max_in_flight: wait for a send to end; the lateness is recorded.
+                Err(_) => match handle.block_on(sem.clone().acquire_owned()) {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            if ctx2.stopped() {
+                break;
+            }
+            let d = Dispatch {
+                phase: w.phase,
+                case: Some(w.case),
+                variant: i % ctx2.plan.cases[w.case].variants.len(),
+                concurrency: None,
+                repetition: w.repetition.map(|r| r as i32),
+                dispatch_index: i as i64,
+                worker: 0,
+                rate: Some(w.rate),
+                scheduled_offset_us: Some((start_us + off) as i64),
+            };
+            let (ctx, pool) = (ctx2.clone(), pool2.clone());
+            tasks.push(handle.spawn(async move {
+                let (worker, mut slot) = pool.take();
+                let d = Dispatch { worker, ..d };
+                let s = exchange(&ctx, &mut slot, d, &mut Rows::new(1)).await;
+                pool.put(worker, slot);
+                drop(permit);
+                s
+            }));
+        }
+        tasks
+    });
+    let tasks = match pacer.await {
+        Ok(t) => t,
+        Err(e) => {
+            failed(ctx, format!("internal: the open-loop pacer failed: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut samples = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        match t.await {
+            Ok(s) => samples.push(s),
+            Err(e) => failed(ctx, format!("internal: an open-loop sender failed: {e}")),
+        }
+    }
+    samples
+}
+
+/// A panicking sender is a bug; stop the run rather than hide it.
+fn failed(ctx: &Ctx, why: String) {
+    ctx.base.run.record_failed(RecordError(why));
+    ctx.halt();
+}
+
+/// Sleep on this (blocking) thread until `due_ns` on the monotonic clock, waking at least
+/// every 50 ms to see a stop; `false` when the arm stopped.
+fn sleep_until(due_ns: u64, ctx: &Ctx) -> bool {
+    loop {
+        if ctx.stopped() {
+            return false;
+        }
+        let now = clock::now_ns();
+        if now >= due_ns {
+            return true;
+        }
+        let left = (due_ns - now).min(50_000_000);
+        std::thread::sleep(std::time::Duration::from_nanos(left));
+    }
+}
