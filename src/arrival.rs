@@ -34,8 +34,13 @@ pub enum Extent {
     Requests(u64),
 }
 
+/// The most arrivals a schedule holds: a longer one is cut here (a plan's validation keeps
+/// rounds far below it; see `config::load`).
+pub const MAX_ARRIVALS: usize = 10_000_000;
+
 /// The schedule of one round: offsets in microseconds from the round's start, ascending,
-/// the first at 0 (a round starts with a send, as vLLM's and GuideLLM's do).
+/// the first at 0 (a round starts with a send, as vLLM's and GuideLLM's do), at most
+/// [`MAX_ARRIVALS`] of them.
 ///
 /// `stream` tells the rounds of one seed apart (the caller numbers each (rate, round)).
 /// `rate_per_s` must be finite and above 0 (the plan's validation sees to it).
@@ -54,6 +59,7 @@ pub fn schedule(
     loop {
         let offset = at_us.round() as u64;
         match extent {
+            _ if out.len() >= MAX_ARRIVALS => break,
             Extent::DurationUs(d) if offset >= d => break,
             Extent::Requests(n) if out.len() as u64 >= n => break,
             _ => {}

@@ -713,9 +713,19 @@ pub(crate) fn aggregate(
             "achieved_rate_per_second",
             spread(&collect(&|r| r.open.as_ref()?.achieved_rate_per_second)),
         ),
+        // Failures are what goodput counts against: over every fully attempted round, not
+        // only the complete (failure-free) ones.
         (
             "goodput_requests_per_second",
-            spread(&collect(&|r| r.goodput.as_ref()?.good_requests_per_second)),
+            spread(
+                &rounds
+                    .iter()
+                    .filter(|r| {
+                        r.attempted_requests == r.planned_requests && r.planned_requests > 0
+                    })
+                    .filter_map(|r| r.goodput.as_ref()?.good_requests_per_second)
+                    .collect::<Vec<f64>>(),
+            ),
         ),
         (
             "ttft_p50_seconds",

@@ -391,6 +391,19 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
             args.b.display(),
         )));
     }
+    for (run, path) in [(&a, args.a), (&b, args.b)] {
+        if run.plan.load.mode == crate::config::load::Mode::Open || run.plan.sweep.is_some() {
+            return Err(usage(format!(
+                "{}: an open-loop run{}: compare pairs levels, cells and drift by concurrency, which open-loop rounds do not have; compare the two runs' rounds.parquet by target_rate_per_second instead (latency_from_schedule_*, good_requests_per_second)",
+                path.display(),
+                if run.plan.sweep.is_some() {
+                    " (--sweep)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     let (pairs, unmatched) = pair_sides(&sides_of(&a), &sides_of(&b));
     if pairs.is_empty() {
         return Err(usage(format!(

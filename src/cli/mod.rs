@@ -1091,13 +1091,19 @@ fn serve_config_fields(
 
 /// The `recover` command: quarantine unfinished parts and count the rows they held.
 pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
-    if !dir.join("exchanges").is_dir() {
+    // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
+    // OUT/exchanges/shard=I.
+    let (exchanges, ledger) = match shards::shard_parts(dir) {
+        Some(found) => found,
+        None => (dir.join("exchanges"), dir.join(crate::record::LEDGER)),
+    };
+    if !exchanges.is_dir() {
         return Err(usage(format!(
             "{}: no exchanges/ directory; is this a run directory?",
             dir.display()
         )));
     }
-    let r = crate::record::recover::recover(dir).map_err(tool)?;
+    let r = crate::record::recover::recover_parts(dir, &exchanges, &ledger).map_err(tool)?;
     let report = serde_json::json!({
         "quarantined": r.quarantined.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "rows_lost": r.rows_lost,

@@ -147,6 +147,7 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
         plan.sweep = Some(sweep_levels(&plan, n)?);
     }
     let shard = shard_spec(args, &plan)?;
+    plan.shard = shard.map(|(i, n, _)| (i, n));
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let endpoint_override = match &args.endpoint {
@@ -268,12 +269,13 @@ const RESERVED_FDS: u64 = 64;
 /// "Too many open files" halfway through a round would fail it for the tool's reasons.
 fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
     // An open loop holds at most load.max_in_flight connections.
-    let (what, max_c) = match plan.load.mode {
-        crate::config::load::Mode::Open => ("load.max_in_flight", plan.load.max_in_flight as u64),
-        crate::config::load::Mode::Closed => (
-            "concurrency",
-            plan.concurrency.iter().copied().max().unwrap_or(1) as u64,
-        ),
+    let closed = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
+    let open = plan.load.max_in_flight as u64;
+    let (what, max_c) = match (plan.load.mode, plan.sweep) {
+        (crate::config::load::Mode::Open, _) => ("load.max_in_flight", open),
+        // A sweep keeps its closed workers' connections while its open rates run.
+        (_, Some(_)) => ("concurrency + load.max_in_flight", closed + open),
+        _ => ("concurrency", closed),
     };
     let per_worker = if mock { 2 } else { 1 };
     let wanted = max_c

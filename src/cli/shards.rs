@@ -18,6 +18,19 @@ pub(crate) fn is_sharded(dir: &Path) -> bool {
     dir.join("shards").is_dir() && !dir.join("config.json").exists()
 }
 
+/// For a shard's report folder `OUT/shards/I` (its config.json names the shard): its
+/// parts folder `OUT/exchanges/shard=I` and its ledger; `None` for any other folder.
+pub(crate) fn shard_parts(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
+    let index = config["shard"]["index"].as_u64()?;
+    let out = dir.parent()?.parent()?;
+    Some((
+        out.join("exchanges").join(format!("shard={index}")),
+        dir.join(crate::record::LEDGER),
+    ))
+}
+
 /// One shard as its folders hold it.
 struct ShardRun {
     index: usize,
@@ -148,6 +161,9 @@ pub(crate) fn merge(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
     let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
     s["rows_written"] = json!(facts.len());
     s["rebuilt_from_exchanges"] = json!(true);
+    // Every shard ran its own health check, readiness and warm-up.
+    s["planned_requests"] =
+        json!(plan.planned_requests() + (runs.len() as u64 - 1) * plan.prelude_requests());
     s["shards"] = json!({
         "count": runs.len(),
         "start_at": runs[0].config["shard"]["start_at"],

@@ -27,6 +27,12 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
         return super::shards::merge(dir, quiet);
     }
     let config = super::run_config(dir)?;
+    if config["shard"].is_object() {
+        return Err(usage(format!(
+            "{}: this is one shard's report folder of a sharded run (its rounds count only its share of each schedule); summarize the output folder that holds shards/ and exchanges/ to merge every shard",
+            dir.display()
+        )));
+    }
     let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
     if facts.is_empty() {
         let why = if config["extra"]["recording"]["exchanges"] == json!(false) {
@@ -117,6 +123,13 @@ fn replay(
     let ending = replay_ending(original, finished, failures);
     let aggs = report::aggregates(&plan, &rounds);
     let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
+    // What the sweep noted as it placed its rates is not in the rows: kept as written.
+    if let Some(notes) = original
+        .map(|o| &o["load"]["notes"])
+        .filter(|n| n.is_array())
+    {
+        s["load"]["notes"] = notes.clone();
+    }
     s["rows_written"] = json!(facts.len());
     s["rebuilt_from_exchanges"] = json!(true);
     keep_originals(dir)?;

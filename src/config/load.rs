@@ -47,8 +47,14 @@ pub(crate) struct Load {
 /// `max_in_flight` when the plan does not say.
 pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
-/// The longest an open-loop round may be scheduled for.
+/// The longest an open-loop round may be scheduled for (with `requests`: on average).
 const MAX_DURATION_SECONDS: f64 = 86_400.0;
+
+/// The lowest rate a plan may ask for: one request every ~17 minutes.
+const MIN_RATE: f64 = 0.001;
+
+/// The lowest gamma shape: below it almost every gap is 0 and the rest are enormous.
+const MIN_BURSTINESS: f64 = 0.01;
 
 /// A feasibility wave of an open level is the level's own arrivals for this long (or its
 /// first `ceil(rate)` arrivals when the rounds are counted in requests), excluded.
@@ -116,6 +122,15 @@ impl Load {
             }
         }
         Value::Object(m)
+    }
+}
+
+/// How many of a schedule's `len` arrivals a process sends: all of them, or, as shard
+/// `(i, n)`, those whose index is `i` modulo `n`.
+pub(crate) fn shard_share(len: usize, shard: Option<(usize, usize)>) -> u64 {
+    match shard {
+        None => len as u64,
+        Some((i, n)) => (len + (n - 1 - i)) as u64 / n as u64,
     }
 }
 
@@ -191,6 +206,18 @@ impl Validator {
                 Extent::DurationUs(d) => r * d as f64 / 1e6,
                 Extent::Requests(n) => n as f64,
             };
+            if let Extent::Requests(n) = extent
+                && n as f64 / r > MAX_DURATION_SECONDS
+            {
+                self.err(
+                    "load.requests",
+                    format!(
+                        "{n} requests at {r}/s would take about {:.0} s a round, more than a day; use fewer requests or a higher rate",
+                        n as f64 / r
+                    ),
+                );
+                return None;
+            }
             if expected > MAX_REQUESTS_PER_CASE as f64 {
                 self.err(
                     "load.duration_seconds",
@@ -228,6 +255,16 @@ impl Validator {
                     return None;
                 };
                 self.positive(k, "load.arrival.gamma.burstiness", 1e6)
+                    .filter(|&k| {
+                        let ok = k >= MIN_BURSTINESS;
+                        if !ok {
+                            self.err(
+                                "load.arrival.gamma.burstiness",
+                                format!("{k} is below {MIN_BURSTINESS}: almost every gap would be 0 and the rest enormous (CV 1/sqrt(k) = {:.0})", 1.0 / k.sqrt()),
+                            );
+                        }
+                        ok
+                    })
                     .map(|burstiness| Arrival::Gamma { burstiness })
             }
             Value::String(s) => {
@@ -269,6 +306,15 @@ impl Validator {
         for (i, item) in items.iter().enumerate() {
             let p = format!("{path}[{i}]");
             match self.positive(item, &p, 1e6) {
+                Some(r) if r < MIN_RATE => {
+                    self.err(
+                        p,
+                        format!(
+                            "{r} is below {MIN_RATE} requests per second (one every ~17 minutes)"
+                        ),
+                    );
+                    ok = false;
+                }
                 Some(r) if out.contains(&r) => {
                     self.err(p, format!("{r} appears more than once"));
                     ok = false;

@@ -214,6 +214,9 @@ pub(crate) struct Plan {
     /// closed round at c = 1, one at the highest concurrency, then N open-loop rates
     /// between their throughputs.
     pub(crate) sweep: Option<usize>,
+    /// `replay --shard I/N` (set by the command): this process's share of every open
+    /// round is the arrivals whose index is I modulo N.
+    pub(crate) shard: Option<(usize, usize)>,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
@@ -298,8 +301,22 @@ impl Plan {
         }
     }
 
+    /// The health GET, readiness and warm-up: what every run (every shard) sends first.
+    pub(crate) fn prelude_requests(&self) -> u64 {
+        1 + self
+            .cases
+            .iter()
+            .map(|c| c.variants.len() as u64 * (1 + self.warmup_per_case as u64))
+            .sum::<u64>()
+    }
+
+    /// How many of a schedule's `len` arrivals this process sends: all, or a shard's.
+    pub(crate) fn share(&self, len: usize) -> u64 {
+        super::load::shard_share(len, self.shard)
+    }
+
     /// Requests the plan implies, health GET included. An open loop's rounds are counted
-    /// from their seeded schedules.
+    /// from their seeded schedules (a shard's: its share of them).
     pub(crate) fn planned_requests(&self) -> u64 {
         let n = self.requests_per_case as u64;
         if let Some(rates) = self.sweep {
@@ -307,12 +324,7 @@ impl Plan {
             let max_c = self.concurrency.iter().copied().max().unwrap_or(1) as u64;
             let per_case =
                 1 + n + max_c.min(n) + n + rates as u64 * (n + self.repetitions as u64 * n);
-            let prelude: u64 = self
-                .cases
-                .iter()
-                .map(|c| c.variants.len() as u64 * (1 + self.warmup_per_case as u64))
-                .sum();
-            return 1 + prelude + self.cases.len() as u64 * per_case;
+            return self.prelude_requests() + self.cases.len() as u64 * per_case;
         }
         let mut total = 1u64;
         for (ci, case) in self.cases.iter().enumerate() {
@@ -326,7 +338,7 @@ impl Plan {
                     Level::Rate(r) => (0..self.repetitions)
                         .map(Some)
                         .chain([None])
-                        .map(|rep| self.load.schedule(r, ci, li, rep).len() as u64)
+                        .map(|rep| self.share(self.load.schedule(r, ci, li, rep).len()))
                         .sum(),
                 };
             }
@@ -775,6 +787,7 @@ impl Validator {
             })?,
             slo: slo?,
             sweep: None,
+            shard: None,
         })
         .filter(|_| top_ignore.is_some())
         .map(|mut p| {

@@ -75,10 +75,16 @@ pub(crate) struct Noted {
     pub(crate) held: u64,
 }
 
+#[cfg(test)]
 pub(crate) fn read(exchanges: &Path) -> Noted {
+    read_at(&path_of(exchanges), exchanges)
+}
+
+/// `read` of the ledger at `path` (or, for runs made before it moved, the one inside
+/// `exchanges`).
+pub(crate) fn read_at(path: &Path, exchanges: &Path) -> Noted {
     let mut n = Noted::default();
-    let text = fs::read_to_string(path_of(exchanges))
-        .or_else(|_| fs::read_to_string(exchanges.join(OLD_LEDGER)));
+    let text = fs::read_to_string(path).or_else(|_| fs::read_to_string(exchanges.join(OLD_LEDGER)));
     if let Ok(text) = text {
         for line in text.lines() {
             let mut it = line.split_whitespace();

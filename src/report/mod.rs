@@ -112,28 +112,49 @@ pub(crate) fn case_levels(plan: &Plan, rounds: &[RoundMetrics], case: &str) -> V
 }
 
 /// Requests the run planned, health GET included: the plan's, or under `--sweep` those
-/// of the levels its rounds ran at (an open rate's rounds hold `requests_per_case` each).
+/// of the levels its rounds ran at (an open rate's rounds hold `requests_per_case` each;
+/// a rate never placed counts its feasibility wave at its bound, `requests_per_case`).
 pub(crate) fn planned_requests(plan: &Plan, rounds: &[RoundMetrics]) -> u64 {
-    if plan.sweep.is_none() {
+    let Some(sweep) = plan.sweep else {
         return plan.planned_requests();
-    }
+    };
     let n = plan.requests_per_case as u64;
-    let mut total = 1u64;
+    let reps = plan.repetitions as u64;
+    let mut total = plan.prelude_requests();
     for (ci, case) in plan.cases.iter().enumerate() {
-        let v = case.variants.len() as u64;
-        total += v + v * plan.warmup_per_case as u64;
-        let mut li = 0;
-        for (level, reps) in case_levels(plan, rounds, &case.name) {
-            total += match level {
-                Level::Concurrency(c) => (c as u64).min(n) + reps as u64 * n,
-                Level::Rate(r) => {
-                    li += 1;
-                    plan.load.schedule(r, ci, li - 1, None).len() as u64 + reps as u64 * n
-                }
-            };
+        let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
+        total += 1 + n + max_c.min(n) + n;
+        let rates: Vec<f64> = case_levels(plan, rounds, &case.name)
+            .into_iter()
+            .filter_map(|(l, _)| match l {
+                Level::Rate(r) => Some(r),
+                Level::Concurrency(_) => None,
+            })
+            .collect();
+        for (li, r) in rates.iter().enumerate() {
+            total += plan.load.schedule(*r, ci, li, None).len() as u64 + reps * n;
         }
+        total += sweep.saturating_sub(rates.len()) as u64 * (n + reps * n);
     }
     total
+}
+
+/// Rounds the run planned per arm: each case's levels times their rounds; under
+/// `--sweep N`, per case 2 closed rounds and N rates' repetitions, placed or not.
+fn planned_rounds(plan: &Plan, rounds: &[RoundMetrics]) -> usize {
+    match plan.sweep {
+        Some(n) => plan.cases.len() * (2 + n * plan.repetitions),
+        None => plan
+            .cases
+            .iter()
+            .map(|c| {
+                case_levels(plan, rounds, &c.name)
+                    .iter()
+                    .map(|(_, r)| r)
+                    .sum::<usize>()
+            })
+            .sum(),
+    }
 }
 
 /// Per (arm, case, level) — one unnamed arm for a plain plan — the spread of each metric
@@ -325,17 +346,7 @@ pub(crate) fn summary_json(
         }
     }
     let arms = plan.campaign.as_ref().map_or(1, |c| c.arms.len());
-    let planned_rounds = arms
-        * plan
-            .cases
-            .iter()
-            .map(|c| {
-                case_levels(plan, rounds, &c.name)
-                    .iter()
-                    .map(|(_, r)| r)
-                    .sum::<usize>()
-            })
-            .sum::<usize>();
+    let planned_rounds = arms * planned_rounds(plan, rounds);
     let complete = ending == Ending::Passed
         && total_failures == 0
         && rounds.len() == planned_rounds
@@ -381,7 +392,7 @@ pub(crate) fn summary_json(
             "percentiles": "nearest rank over the round's successful exchanges: sorted[ceil(p*n)-1]; p95 of fewer than 20 samples is the maximum",
             "throughput_scope": "successful requests / (last completion - first dispatch) of the round, ramp and drain included",
             "steady_state": "complete rounds with n > 2c: completions sorted, first and last c dropped; rate over completion c .. completion n-c",
-            "round_aggregates": "over complete rounds only; median is the ordinary median; relative_spread = (max - min) / median",
+            "round_aggregates": "over complete rounds only (goodput_requests_per_second: over every fully attempted round, since failures are what it counts against); median is the ordinary median; relative_spread = (max - min) / median",
             "ttft": "t0 to the first event carrying generated content (OpenAI: non-empty delta.content or text; other event streams: the first event)",
             "tpot": "(total - ttft) / (output_tokens - 1), per exchange with more than one output token",
             "itl": "gaps between consecutive content events, pooled over every successful exchange of the round",

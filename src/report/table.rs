@@ -97,7 +97,7 @@ pub(crate) fn table(
         out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
     }
     if goodput {
-        out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over complete rounds)\n");
+        out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
     }
     if streams {
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");

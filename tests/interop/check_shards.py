@@ -72,7 +72,9 @@ def main(binary: str, work: Path) -> int:
     assert merged["shards"]["count"] == 2
     keys = ("case", "rate_per_second", "repetition", "planned_requests", "attempted_requests")
     assert [[r[k] for k in keys] for r in merged["rounds"]] == [[r[k] for k in keys] for r in whole["rounds"]]
-    assert merged["planned_requests"] == whole["planned_requests"]
+    # Each shard also runs the prelude (health check, readiness probe, warm-ups) once.
+    prelude = 1 + sum(len(c.get("variants", [None])) * (1 + plan.get("warmup_per_case", 2)) for c in plan["cases"])
+    assert merged["planned_requests"] == whole["planned_requests"] + (2 - 1) * prelude, (merged["planned_requests"], whole["planned_requests"], prelude)
     checks += 3
 
     # The docs' query, on this OUT.

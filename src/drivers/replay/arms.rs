@@ -290,7 +290,7 @@ pub(super) async fn run_arms(
                     a.prelude().await;
                 }
             }
-            measure(plan, runs, rounds).await;
+            measure(base, plan, runs, rounds).await;
             for a in runs.iter_mut() {
                 a.shut_down(false).await;
             }
@@ -302,7 +302,7 @@ pub(super) async fn run_arms(
                 } else {
                     runs[i].bring_up(base, plan, env).await;
                     runs[i].prelude().await;
-                    measure(plan, &mut runs[i..=i], rounds).await;
+                    measure(base, plan, &mut runs[i..=i], rounds).await;
                 }
                 runs[i].shut_down(true).await;
             }
@@ -313,10 +313,15 @@ pub(super) async fn run_arms(
 /// For each case: each level of the plan (or, with `--sweep`, the sweep's levels), each
 /// in turn: each live arm's feasibility wave, then each repetition r with the arms in
 /// rotation r (A B C, then B C A, then C A B).
-async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics>) {
+async fn measure(
+    base: &Arc<Base>,
+    plan: &Plan,
+    runs: &mut [ArmRun],
+    rounds: &mut Vec<RoundMetrics>,
+) {
     for ci in 0..plan.cases.len() {
         match plan.sweep {
-            Some(n) => sweep(plan, runs, rounds, ci, n).await,
+            Some(n) => sweep(base, plan, runs, rounds, ci, n).await,
             None => {
                 for (li, level) in plan.levels().into_iter().enumerate() {
                     let at = At { ci, level, li };
@@ -329,8 +334,10 @@ async fn measure(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics
 
 /// GuideLLM's sweep for case `ci`: one closed round at c = 1 (the synchronous rate), one
 /// at the plan's highest concurrency (the throughput probe), then `n` open-loop rates
-/// spaced evenly between the two, each with the plan's repetitions.
+/// spaced evenly between the two, each with the plan's repetitions. What it placed, or
+/// why it placed nothing, is noted for summary.json.
 async fn sweep(
+    base: &Arc<Base>,
     plan: &Plan,
     runs: &mut [ArmRun],
     rounds: &mut Vec<RoundMetrics>,
@@ -338,49 +345,59 @@ async fn sweep(
     n: usize,
 ) {
     let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
-    let measured =
-        |rounds: &[RoundMetrics]| rounds.last().and_then(|r| r.successful_requests_per_second);
+    let case = &plan.cases[ci].name;
+    // The throughput of the round just measured, if it had a success.
+    let measured = |rounds: &[RoundMetrics], before: usize| {
+        rounds
+            .get(before)
+            .filter(|r| r.successful_requests > 0)
+            .and_then(|r| r.successful_requests_per_second)
+    };
+    let before = rounds.len();
     let sync_at = At {
         ci,
         level: Level::Concurrency(1),
         li: 0,
     };
     measure_level(plan, runs, rounds, sync_at, 1).await;
-    let sync = measured(rounds);
+    let sync = measured(rounds, before);
+    let before = rounds.len();
     let probe_at = At {
         ci,
         level: Level::Concurrency(max_c),
         li: 1,
     };
     measure_level(plan, runs, rounds, probe_at, 1).await;
-    let probe = measured(rounds);
-    let progress = runs
-        .first()
-        .and_then(|a| a.ctx.as_ref())
-        .map(|c| c.base.progress.clone());
-    let say = |m: String| {
-        if let Some(p) = &progress {
-            p.println(m);
+    let probe = measured(rounds, before);
+    let note = |m: String| {
+        base.progress.println(format!("sweep: {m}"));
+        if let Ok(mut notes) = base.notes.lock() {
+            notes.push(m);
         }
     };
     let (Some(lo), Some(hi)) = (sync, probe) else {
-        say(format!(
-            "sweep: case '{}': the synchronous round or the throughput probe measured no successful request, so no rate can be placed between them; the open-loop rates are skipped",
-            plan.cases[ci].name
+        note(format!(
+            "case '{case}': the synchronous round or the throughput probe did not run or had no successful request, so no rate can be placed between them; its {n} open-loop rates were not run"
         ));
         return;
     };
     let rates = sweep_rates(lo, hi, n);
     if rates.is_empty() {
-        say(format!(
-            "sweep: case '{}': the throughput probe ({hi:.2}/s at c={max_c}) is not above the synchronous rate ({lo:.2}/s), so there is no room for rates between them; the open-loop rates are skipped",
-            plan.cases[ci].name
+        note(format!(
+            "case '{case}': no rate fits strictly between the synchronous rate ({lo:.4}/s) and the throughput probe ({hi:.4}/s at c={max_c}); its {n} open-loop rates were not run"
         ));
         return;
     }
-    say(format!(
-        "sweep: case '{}': synchronous {lo:.2}/s, throughput {hi:.2}/s at c={max_c}; open-loop rates {}",
-        plan.cases[ci].name,
+    let fewer = if rates.len() < n {
+        format!(
+            " ({} of {n}: the others round to the same rate)",
+            rates.len()
+        )
+    } else {
+        String::new()
+    };
+    note(format!(
+        "case '{case}': synchronous {lo:.4}/s, throughput {hi:.4}/s at c={max_c}; open-loop rates {}{fewer}",
         rates
             .iter()
             .map(|r| format!("{r}/s"))
@@ -397,17 +414,22 @@ async fn sweep(
     }
 }
 
-/// `n` rates spaced evenly strictly between `lo` and `hi` (rounded to 0.01/s); none when
-/// `hi` is not above `lo` by enough to tell them apart.
+/// Up to `n` rates spaced evenly strictly between `lo` and `hi`, each rounded to four
+/// significant digits; rates that round to the same value are kept once.
 pub(super) fn sweep_rates(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     let mut out: Vec<f64> = Vec::new();
     for k in 1..=n {
-        let r = ((lo + (hi - lo) * k as f64 / (n + 1) as f64) * 100.0).round() / 100.0;
-        if r > lo && r < hi && r > 0.0 && !out.contains(&r) {
+        let exact = lo + (hi - lo) * k as f64 / (n + 1) as f64;
+        if !(exact.is_finite() && exact > 0.0) {
+            continue;
+        }
+        let scale = 10f64.powi(3 - exact.log10().floor() as i32);
+        let r = (exact * scale).round() / scale;
+        if r > lo && r < hi && !out.contains(&r) {
             out.push(r);
         }
     }
-    if out.len() < n { Vec::new() } else { out }
+    out
 }
 
 /// One level of case `at.ci` for every live arm: feasibility, then `reps` rounds.
@@ -486,4 +508,24 @@ pub(super) fn reports(runs: &[ArmRun]) -> Vec<ArmMeasures<'_>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sweep_rates;
+
+    #[test]
+    fn sweep_rates_sit_strictly_between_and_keep_four_digits() {
+        assert_eq!(sweep_rates(100.0, 400.0, 2), vec![200.0, 300.0]);
+        assert_eq!(sweep_rates(1.0, 2.0, 3), vec![1.25, 1.5, 1.75]);
+        // Slow endpoints keep their resolution: 0.2/s to 0.9/s in 100 steps.
+        let slow = sweep_rates(0.2, 0.9, 100);
+        assert_eq!(slow.len(), 100);
+        assert!(slow.windows(2).all(|w| w[0] < w[1]) && slow[0] > 0.2 && slow[99] < 0.9);
+        assert_eq!(slow[0], 0.2069);
+        // Rates that round alike are kept once; no room, no rate.
+        assert_eq!(sweep_rates(1000.0, 1000.2, 5), Vec::<f64>::new());
+        assert_eq!(sweep_rates(5.0, 5.0, 3), Vec::<f64>::new());
+        assert_eq!(sweep_rates(9.0, 3.0, 3), Vec::<f64>::new());
+    }
 }

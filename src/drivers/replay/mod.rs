@@ -82,8 +82,8 @@ struct Timetable {
 impl Timetable {
     /// The start of the next wave, whose schedule spans `span_us`.
     fn next_start(&self, span_us: u64) -> u64 {
-        self.next_ns
-            .fetch_add(span_us * 1000 + self.settle_ns, Ordering::Relaxed)
+        let step = span_us.saturating_mul(1000).saturating_add(self.settle_ns);
+        self.next_ns.fetch_add(step, Ordering::Relaxed)
     }
 }
 
@@ -173,6 +173,9 @@ struct Base {
     halted: AtomicBool,
     /// `--shard`: the shared timetable of open waves.
     timetable: Option<Timetable>,
+    /// What a `--sweep` placed per case, or why it placed nothing (summary.json's
+    /// `load.notes`).
+    notes: std::sync::Mutex<Vec<String>>,
 }
 
 impl Base {
@@ -272,6 +275,7 @@ pub(crate) async fn run(
             next_ns: AtomicU64::new(shard.start_ns),
             settle_ns: (plan.timeout + std::time::Duration::from_secs(1)).as_nanos() as u64,
         }),
+        notes: std::sync::Mutex::new(Vec::new()),
     });
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
@@ -295,7 +299,13 @@ pub(crate) async fn run(
         }
     }
     let aggregates = report::aggregates(&plan, &rounds);
-    let summary = report::summary_json(&plan, &rounds, &aggregates, &excluded, ending, failures);
+    let mut summary =
+        report::summary_json(&plan, &rounds, &aggregates, &excluded, ending, failures);
+    if let Ok(notes) = base.notes.lock()
+        && !notes.is_empty()
+    {
+        summary["load"]["notes"] = serde_json::json!(*notes);
+    }
     let table = report::table(&plan, &rounds, &aggregates, &excluded);
     let campaign = plan
         .campaign
@@ -488,6 +498,19 @@ async fn feasibility(
     samples.iter().for_each(|s| counts.add(s));
 }
 
+/// Wait (on the runtime's timer, in slices that see a stop) until `ns` on the monotonic
+/// clock.
+async fn wait_until(ctx: &Ctx, ns: u64) {
+    while !ctx.stopped() {
+        let now = clock::now_ns();
+        if now >= ns {
+            return;
+        }
+        let left = (ns - now).min(50_000_000);
+        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
+    }
+}
+
 /// `c=4` or `20/s`.
 fn level_label(level: Level) -> String {
     match level {
@@ -501,22 +524,34 @@ fn level_label(level: Level) -> String {
 async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize) -> Measured {
     let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
+    let open = match at.level {
+        Level::Rate(r) => Some(at.open_wave(ctx, r, Some(rep))),
+        Level::Concurrency(_) => None,
+    };
+    // A shard's wave has its place in the timetable: the round's measurements (the
+    // generator's CPU and lag, the held rows) start just before it, not at the wait.
+    if let Some(start) = open.as_ref().and_then(|w| w.start_ns) {
+        wait_until(ctx, start.saturating_sub(5_000_000)).await;
+    }
     // The round's rows are encoded after it, not while requests are in flight.
     if ctx.base.record_exchanges {
         recorder.hold();
     }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
-    let (samples, planned) = match at.level {
-        Level::Concurrency(c) => {
+    let (samples, planned) = match open {
+        Some(w) => {
+            let planned = w.planned();
+            (open_wave(ctx, senders.pool, w).await, planned)
+        }
+        None => {
+            let c = match at.level {
+                Level::Concurrency(c) => c,
+                Level::Rate(_) => 0,
+            };
             let n = ctx.plan.requests_per_case;
             let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
             (s, n as u64)
-        }
-        Level::Rate(r) => {
-            let w = at.open_wave(ctx, r, Some(rep));
-            let planned = w.planned();
-            (open_wave(ctx, senders.pool, w).await, planned)
         }
     };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());

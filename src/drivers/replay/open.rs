@@ -66,10 +66,7 @@ pub(super) struct OpenWave {
 impl OpenWave {
     /// How many arrivals this process sends.
     pub(super) fn planned(&self) -> u64 {
-        match self.shard {
-            None => self.schedule.len() as u64,
-            Some((i, n)) => (self.schedule.len() as u64 + (n - 1 - i) as u64) / n as u64,
-        }
+        crate::config::load::shard_share(self.schedule.len(), self.shard)
     }
 }
 
@@ -94,20 +91,14 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
             if w.shard.is_some_and(|(k, n)| i % n != k) {
                 continue;
             }
-            if !sleep_until(base_ns + off * 1000, &ctx2) {
+            if !sleep_until(base_ns.saturating_add(off.saturating_mul(1000)), &ctx2) {
                 break;
             }
-            let permit = match sem.clone().try_acquire_owned() {
-                Ok(p) => p,
-                // At max_in_flight: wait for a send to end; the lateness is recorded.
-                Err(_) => match handle.block_on(sem.clone().acquire_owned()) {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
+            // At max_in_flight: wait for a send to end (its lateness is recorded), looking
+            // every 50 ms for a stop.
+            let Some(permit) = acquire(&handle, &sem, &ctx2) else {
+                break;
             };
-            if ctx2.stopped() {
-                break;
-            }
             let d = Dispatch {
                 phase: w.phase,
                 case: Some(w.case),
@@ -117,7 +108,9 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
                 dispatch_index: i as i64,
                 worker: 0,
                 rate: Some(w.rate),
-                scheduled_offset_us: Some((start_us + off) as i64),
+                scheduled_offset_us: Some(
+                    i64::try_from(start_us.saturating_add(off)).unwrap_or(i64::MAX),
+                ),
             };
             let (ctx, pool) = (ctx2.clone(), pool2.clone());
             tasks.push(handle.spawn(async move {
@@ -148,6 +141,30 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
     samples
 }
 
+/// A permit to send, waiting for one while `max_in_flight` are in flight; `None` when the
+/// arm stopped meanwhile.
+fn acquire(
+    handle: &tokio::runtime::Handle,
+    sem: &Arc<tokio::sync::Semaphore>,
+    ctx: &Ctx,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    loop {
+        if ctx.stopped() {
+            return None;
+        }
+        if let Ok(p) = sem.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        let wait = async { tokio::time::timeout(STOP_CHECK, sem.clone().acquire_owned()).await };
+        if let Ok(Ok(p)) = handle.block_on(wait) {
+            return (!ctx.stopped()).then_some(p);
+        }
+    }
+}
+
+/// How often a waiting pacer looks for a stop.
+const STOP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A panicking sender is a bug; stop the run rather than hide it.
 fn failed(ctx: &Ctx, why: String) {
     ctx.base.run.record_failed(RecordError(why));
@@ -165,7 +182,7 @@ fn sleep_until(due_ns: u64, ctx: &Ctx) -> bool {
         if now >= due_ns {
             return true;
         }
-        let left = (due_ns - now).min(50_000_000);
+        let left = (due_ns - now).min(STOP_CHECK.as_nanos() as u64);
         std::thread::sleep(std::time::Duration::from_nanos(left));
     }
 }
