@@ -78,6 +78,7 @@ async fn run(requests: u64) {
             ca_cert: None,
             max_record_body: 16 << 20,
             quiet: true,
+            json: false,
             part_rows: 100_000,
             part_seconds: 60.0,
             no_record: false,

@@ -13,12 +13,14 @@ use clap::{Args, Parser, Subcommand};
 
 mod campaign;
 mod replay;
+mod report_cmd;
 mod shards;
 mod summarize;
 
 use campaign::verdict_cmd;
 use campaign::{CompareArgs, compare_cmd};
 pub use replay::replay_cmd;
+pub use report_cmd::report_cmd;
 pub use summarize::summarize_cmd;
 
 use crate::clock;
@@ -81,6 +83,28 @@ pub enum Command {
         /// No table.
         #[arg(long, short)]
         quiet: bool,
+        /// Print the rebuilt summary.json to stdout (one JSON document) instead of the
+        /// table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one self-contained HTML report (charts with the numbers they draw) of one or
+    /// more runs.
+    Report {
+        /// Run directories (replay, campaign or serve); several are overlaid, labelled by
+        /// their folder names.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
+        /// Where to write it. Default: RUN/report.html for one run; needed for several.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Print a shell completion script (e.g. `matrix-proxy completions bash >
+    /// /etc/bash_completion.d/matrix-proxy`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Quarantine a crashed run's unfinished Parquet part and count the rows it held.
     Recover {
@@ -233,6 +257,9 @@ pub struct ServeArgs {
     /// No live counters.
     #[arg(long, short)]
     pub quiet: bool,
+    /// When stopped, print the run's summary.json to stdout (one JSON document).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--on-record-full`: what serve does when the recorder's queue is full.
@@ -315,6 +342,10 @@ pub struct ReplayArgs {
     /// No progress bar and no table.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Print the run's summary.json to stdout (one JSON document, the same bytes as the
+    /// file) instead of the table; progress and messages stay on stderr.
+    #[arg(long)]
+    pub json: bool,
     /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
     /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
     #[arg(
@@ -519,7 +550,18 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         Command::MockWorker(args) => with_runtime(MOCK_STOPPING, None, |interrupt| async move {
             mock_cmd(args, interrupt).await
         }),
-        Command::Summarize { dir, quiet } => summarize_cmd(&dir, quiet),
+        Command::Summarize { dir, quiet, json } => summarize_cmd(&dir, quiet, json),
+        Command::Report { runs, out } => report_cmd(&runs, out.as_deref()),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "matrix-proxy",
+                &mut std::io::stdout(),
+            );
+            Ok(Exit::Ok)
+        }
         Command::Recover { dir } => recover_cmd(&dir),
         Command::Verdict { dir, contract, out } => verdict_cmd(&dir, &contract, out.as_deref()),
         Command::Compare {
@@ -803,6 +845,13 @@ fn print_stdout(text: &str, dir: &Path) -> Result<(), String> {
         })
 }
 
+/// `--json`: `v` on stdout exactly as `RunDir::write_json` writes it to summary.json.
+fn print_json(v: &serde_json::Value, dir: &Path) -> Result<(), String> {
+    let mut text = serde_json::to_string_pretty(v).unwrap_or_default();
+    text.push('\n');
+    print_stdout(&text, dir)
+}
+
 fn run_id(now_us: i64) -> String {
     let seed = format!("{}-{}-{}", now_us, std::process::id(), clock::now_ns());
     format!(
@@ -1007,6 +1056,11 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let summary = report::serve_summary_json(&stats, rows, slice);
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
+    }
+    if args.json
+        && let Err(e) = print_json(&summary, &dir.path)
+    {
+        problems.push(e);
     }
     config_json::finished(&mut config);
     if let Err(e) = dir.write_json("config.json", &config) {

@@ -582,8 +582,15 @@ fn reports(
     if let Err(e) = dir.write_json("config.json", config) {
         problems.push(e.to_string());
     }
+    if args.json
+        && let Err(e) = super::print_json(&summary_v, &dir.path)
+    {
+        problems.push(e);
+    }
     if !args.quiet {
-        if let Err(e) = super::print_stdout(&(result.table.clone() + &campaign_text), &dir.path) {
+        if !args.json
+            && let Err(e) = super::print_stdout(&(result.table.clone() + &campaign_text), &dir.path)
+        {
             problems.push(e);
         }
         if args.no_record {

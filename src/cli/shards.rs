@@ -101,6 +101,17 @@ fn shard_runs(dir: &Path) -> Result<Vec<ShardRun>, CliError> {
     Ok(runs)
 }
 
+/// A sharded output folder's rows on one timeline, the first shard's config.json and its
+/// folder (which holds plan.json), for `report`.
+pub(super) fn merged_facts(dir: &Path) -> Result<(Value, Vec<RowFacts>, PathBuf), CliError> {
+    let runs = shard_runs(dir)?;
+    let facts = merged_rows(dir, &runs)?;
+    let first = runs
+        .first()
+        .ok_or_else(|| usage(format!("{}: no shard folder under shards/", dir.display())))?;
+    Ok((first.config.clone(), facts, first.dir.clone()))
+}
+
 /// Each shard's rows, offsets moved to microseconds from `--start-at`.
 fn merged_rows(dir: &Path, runs: &[ShardRun]) -> Result<Vec<RowFacts>, CliError> {
     let mut facts = Vec::new();
@@ -151,7 +162,7 @@ fn merged_ending(runs: &[ShardRun]) -> Ending {
 }
 
 /// Merge the shards of `dir` into `dir/summary.json` and `dir/rounds.parquet`.
-pub(crate) fn merge(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
+pub(crate) fn merge(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliError> {
     let runs = shard_runs(dir)?;
     let plan = super::run_plan(&runs[0].dir, &runs[0].config)?;
     let facts = merged_rows(dir, &runs)?;
@@ -174,7 +185,9 @@ pub(crate) fn merge(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
     RunDir::existing(dir)
         .write_json("summary.json", &s)
         .map_err(|e| tool(e.to_string()))?;
-    if !quiet {
+    if json {
+        super::print_json(&s, dir).map_err(tool)?;
+    } else if !quiet {
         super::print_stdout(&report::table(&plan, &rounds, &aggs, &excluded), dir).map_err(tool)?;
     }
     eprintln!(

@@ -22,9 +22,9 @@ const ORIGINALS: [(&str, &str); 2] = [
 ];
 
 /// The `summarize` command.
-pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
+pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliError> {
     if super::shards::is_sharded(dir) {
-        return super::shards::merge(dir, quiet);
+        return super::shards::merge(dir, quiet, json);
     }
     let config = super::run_config(dir)?;
     if config["shard"].is_object() {
@@ -57,8 +57,15 @@ pub fn summarize_cmd(dir: &Path, quiet: bool) -> Result<Exit, CliError> {
         .or_else(|| read("summary.json").filter(|s| s["rebuilt_from_exchanges"] != json!(true)));
     let finished = config["finished_at"].is_string();
     match config["command"].as_str() {
-        Some("replay") => replay(dir, &config, &facts, original.as_ref(), finished, quiet),
-        Some("serve") => serve(dir, &facts, original.as_ref(), finished),
+        Some("replay") => replay(
+            dir,
+            &config,
+            &facts,
+            original.as_ref(),
+            finished,
+            (quiet, json),
+        ),
+        Some("serve") => serve(dir, &facts, original.as_ref(), finished, json),
         other => Err(usage(format!(
             "{}: command {other:?} is not replay or serve; is this a matrix-proxy run directory?",
             dir.join("config.json").display()
@@ -111,7 +118,7 @@ fn replay(
     facts: &[RowFacts],
     original: Option<&Value>,
     finished: bool,
-    quiet: bool,
+    (quiet, json): (bool, bool),
 ) -> Result<Exit, CliError> {
     let plan = super::run_plan(dir, config)?;
     // A campaign's campaign.json needs what the rows do not hold (memory samples, load
@@ -137,7 +144,9 @@ fn replay(
     let run = RunDir::existing(dir);
     run.write_json("summary.json", &s)
         .map_err(|e| tool(e.to_string()))?;
-    if !quiet {
+    if json {
+        super::print_json(&s, dir).map_err(tool)?;
+    } else if !quiet {
         super::print_stdout(&report::table(&plan, &rounds, &aggs, &excluded), dir).map_err(tool)?;
     }
     eprintln!(
@@ -165,6 +174,7 @@ fn serve(
     facts: &[RowFacts],
     original: Option<&Value>,
     finished: bool,
+    json: bool,
 ) -> Result<Exit, CliError> {
     let mut stats = ServeStats::default();
     let mut table = report::routes::RouteTable::default();
@@ -190,6 +200,9 @@ fn serve(
     RunDir::existing(dir)
         .write_json("summary.json", &s)
         .map_err(|e| tool(e.to_string()))?;
+    if json {
+        super::print_json(&s, dir).map_err(tool)?;
+    }
     eprintln!(
         "matrix-proxy: rebuilt the summary of {} rows in {} (ending kept: {})",
         facts.len(),

@@ -27,6 +27,9 @@ pub(crate) struct RowFacts {
     /// As recorded (secret query values already redacted).
     pub(crate) url: String,
     pub(crate) status: Option<i32>,
+    /// serve: when the client's side of the response ended (µs from t0); `None` in
+    /// replay and in runs recorded before the column.
+    pub(crate) downstream_done_us: Option<i64>,
     pub(crate) sample: Sample,
 }
 
@@ -46,7 +49,8 @@ pub(crate) fn for_each_row(
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
     // `decisions` is read when present: runs recorded before it existed have none.
-    const WANT: [&str; 23] = [
+    const WANT: [&str; 24] = [
+        "downstream_done_us",
         "target_rate_per_second",
         "scheduled_offset_us",
         "arm",
@@ -83,6 +87,7 @@ pub(crate) fn for_each_row(
             let decisions = optional_column::<Int64Array>(&b, "decisions");
             let rate = optional_column::<arrow_array::Float64Array>(&b, "target_rate_per_second");
             let scheduled = optional_column::<Int64Array>(&b, "scheduled_offset_us");
+            let downstream = optional_column::<Int64Array>(&b, "downstream_done_us");
             let phase = column::<StringArray>(&b, "phase", &part)?;
             let case = column::<StringArray>(&b, "case_name", &part)?;
             let conc = column::<Int32Array>(&b, "concurrency", &part)?;
@@ -123,6 +128,7 @@ pub(crate) fn for_each_row(
                     method: method.value(i).to_string(),
                     url: url.value(i).to_string(),
                     status: status.is_valid(i).then(|| status.value(i)),
+                    downstream_done_us: downstream.and_then(|d| opt(d, i)),
                     sample: Sample {
                         exchange_id: exchange_id.value(i),
                         decisions: decisions.and_then(|d| opt(d, i)).map(|d| d.max(0) as u64),

@@ -121,6 +121,13 @@ impl RunDir {
 /// Write `v` as JSON to any `path`, atomically as [`RunDir::write_json`] does in its
 /// directory (`compare --out`, `verdict --out`).
 pub(crate) fn write_json_at(path: &Path, v: &Value) -> Result<(), RunDirError> {
+    let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
+    bytes.push(b'\n');
+    write_bytes_at(path, &bytes)
+}
+
+/// Write `bytes` to any `path`, atomically as [`RunDir::write_file`] does (`report --out`).
+pub(crate) fn write_bytes_at(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -129,7 +136,7 @@ pub(crate) fn write_json_at(path: &Path, v: &Value) -> Result<(), RunDirError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    RunDir::existing(parent).write_json(&name, v)
+    RunDir::existing(parent).write_file(&name, bytes)
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -8,6 +8,7 @@
 pub(crate) mod campaign;
 pub(crate) mod compare;
 pub(crate) mod config_json;
+pub(crate) mod html;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;

@@ -95,7 +95,7 @@ pub(crate) struct RouteGroup {
 }
 
 /// The path of a recorded URL, without scheme, authority, query or fragment.
-fn path_of(url: &str) -> &str {
+pub(crate) fn path_of(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.split(['?', '#']).next().unwrap_or("");
     rest.find('/').map_or("/", |i| &rest[i..])

@@ -11,6 +11,7 @@ mod fuzz_corpus;
 mod hostile;
 mod open_loop;
 mod replay;
+mod report;
 mod secrets;
 mod serve;
 mod serve_lifecycle;

@@ -254,6 +254,7 @@ pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
         ca_cert: None,
         max_record_body: 16 << 20,
         quiet: true,
+        json: false,
         part_rows: 100_000,
         part_seconds: 60.0,
         no_record: false,

@@ -1,0 +1,573 @@
+//! The report's charts as data: each a JSON object (`id`, `kind`, `title`, `scope`, axis
+//! labels, `series`) that `report.js` draws and `tests/interop/check_report.py`
+//! recomputes from `exchanges/` with DuckDB. Kinds:
+//! - `cdf`: per series `points` = `[[pct, value_us], …]`, the nearest rank at every whole
+//!   percent 0..=100 of the series' rows;
+//! - `rounds`: per series `points` = `[[level, repetition, value], …]`, one per measured
+//!   round (the spread of rounds at a level stays visible), from summary.json;
+//! - `timeline`: per run, counts per time bin (`bin_us`, from `first_bin`) of sends,
+//!   ok completions and failures by kind, with the measured rounds as spans.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::{RunInput, esc};
+use crate::metrics::nearest_rank;
+use crate::model::Outcome;
+use crate::record::read::RowFacts;
+
+/// One chart: its data, which is also what is drawn.
+pub(crate) struct Chart {
+    pub(crate) data: Value,
+}
+
+impl Chart {
+    fn new(id: String, kind: &str, title: String, scope: &str, axes: (&str, &str)) -> Chart {
+        Chart {
+            data: json!({"id": id, "kind": kind, "title": title, "scope": scope,
+                "x_label": axes.0, "y_label": axes.1, "series": []}),
+        }
+    }
+
+    fn push(&mut self, series: Value) {
+        if let Some(a) = self.data["series"].as_array_mut() {
+            a.push(series);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.data["series"].as_array().is_none_or(Vec::is_empty)
+    }
+
+    /// The chart's `<figure>`: title, scope, the empty drawing area and its JSON block.
+    pub(crate) fn html(&self) -> String {
+        let id = self.data["id"].as_str().unwrap_or("chart");
+        // `<` never appears raw inside the script element, so no `</script>` can end it.
+        let json = serde_json::to_string(&self.data)
+            .unwrap_or_default()
+            .replace('<', "\\u003c");
+        format!(
+            "<figure class=\"chart\" id=\"{id}\" data-kind=\"{}\">\n<figcaption><b>{}</b><br><span class=\"scope\">{}</span></figcaption>\n<div class=\"plot\"></div>\n<script type=\"application/json\" class=\"chart-data\" data-for=\"{id}\">{json}</script>\n</figure>\n",
+            esc(self.data["kind"].as_str().unwrap_or("")),
+            esc(self.data["title"].as_str().unwrap_or("")),
+            esc(self.data["scope"].as_str().unwrap_or("")),
+        )
+    }
+}
+
+/// A round's level: a closed loop's concurrency or an open loop's rate.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+enum Lvl {
+    C(i32),
+    R(f64),
+}
+
+impl Lvl {
+    fn of(f: &RowFacts) -> Option<Lvl> {
+        match (f.concurrency, f.target_rate) {
+            (Some(c), _) => Some(Lvl::C(c)),
+            (None, Some(r)) => Some(Lvl::R(r)),
+            _ => None,
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Lvl::C(c) => format!("c={c}"),
+            Lvl::R(r) => format!("{r}/s"),
+        }
+    }
+
+    fn fields(self) -> (Value, Value) {
+        match self {
+            Lvl::C(c) => (json!(c), Value::Null),
+            Lvl::R(r) => (Value::Null, json!(r)),
+        }
+    }
+}
+
+/// The nearest rank at every whole percent, 0 (the minimum) to 100 (the maximum).
+pub(crate) fn cdf_points(mut v: Vec<i64>) -> Vec<[i64; 2]> {
+    v.sort_unstable();
+    (0..=100u32)
+        .filter_map(|p| Some([i64::from(p), nearest_rank(&v, p)?]))
+        .collect()
+}
+
+/// Every chart of `runs`, in reading order.
+pub(super) fn all(runs: &[RunInput]) -> Vec<Chart> {
+    let mut charts = Vec::new();
+    charts.extend(latency_cdfs(runs));
+    for kind in ["concurrency", "rate"] {
+        charts.extend(round_charts(runs, kind));
+    }
+    charts.extend(drift_charts(runs));
+    charts.extend(serve_charts(runs));
+    for (i, r) in runs.iter().enumerate() {
+        charts.extend(timeline(r, i));
+    }
+    charts.retain(|c| !c.is_empty());
+    charts
+}
+
+fn slug(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.trim_matches('-').to_string()
+}
+
+/// Measured rows of replay runs by case, then (run, arm, level): first appearance order
+/// for cases and runs, levels ascending.
+type Groups<'a> = Vec<(
+    String,
+    Vec<((usize, Option<String>, Lvl), Vec<&'a RowFacts>)>,
+)>;
+
+fn measured_groups(runs: &[RunInput]) -> Groups<'_> {
+    let mut out: Groups<'_> = Vec::new();
+    for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.is_serve()) {
+        for f in r.facts.iter().filter(|f| f.phase == "measured") {
+            let (Some(case), Some(level)) = (f.case_name.clone(), Lvl::of(f)) else {
+                continue;
+            };
+            let pos = match out.iter().position(|(c, _)| *c == case) {
+                Some(p) => p,
+                None => {
+                    out.push((case, Vec::new()));
+                    out.len() - 1
+                }
+            };
+            let key = (i, f.arm.clone(), level);
+            let groups = &mut out[pos].1;
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, rows)) => rows.push(f),
+                None => groups.push((key, vec![f])),
+            }
+        }
+    }
+    for (_, groups) in &mut out {
+        groups.sort_by(|a, b| {
+            (a.0.0, &a.0.1).cmp(&(b.0.0, &b.0.1)).then(
+                a.0.2
+                    .partial_cmp(&b.0.2)
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
+        });
+    }
+    out
+}
+
+const CDF_SCOPE: &str = "measured exchanges of every round at the level pooled; latency = start to last body byte (total_us), from the intended send time in an open loop (send_lag_us + total_us); ok and failed apart (failed: those with a measured duration); nearest rank at each whole percent";
+
+fn latency_cdfs(runs: &[RunInput]) -> Vec<Chart> {
+    let mut charts = Vec::new();
+    for (n, (case, groups)) in measured_groups(runs).into_iter().enumerate() {
+        let mut c = Chart::new(
+            format!("latency-cdf-{n}-{}", slug(&case)),
+            "cdf",
+            format!("Latency CDF: case {case}"),
+            CDF_SCOPE,
+            ("latency (ms)", "share of requests (%)"),
+        );
+        c.data["x_scale"] = json!(0.001);
+        c.data["case"] = json!(case);
+        for ((run, arm, level), rows) in groups {
+            for ok in [true, false] {
+                let v: Vec<i64> = rows
+                    .iter()
+                    .filter(|f| (f.sample.outcome == Outcome::Ok) == ok)
+                    .filter_map(|f| f.sample.latency_from_schedule_us())
+                    .collect();
+                if v.is_empty() {
+                    continue;
+                }
+                let (conc, rate) = level.fields();
+                let outcome = if ok { "ok" } else { "failed" };
+                let name = series_name(
+                    &runs[run].label,
+                    runs.len(),
+                    arm.as_deref(),
+                    &level.label(),
+                    outcome,
+                );
+                c.push(json!({"name": name, "run": runs[run].label, "arm": arm, "case": case,
+                    "concurrency": conc, "rate_per_second": rate, "outcome": outcome,
+                    "latency_from": if matches!(level, Lvl::R(_)) { "intended_send_time" } else { "actual_send" },
+                    "n": v.len(), "points": cdf_points(v)}));
+            }
+        }
+        charts.push(c);
+    }
+    charts
+}
+
+fn series_name(run: &str, runs: usize, arm: Option<&str>, rest: &str, what: &str) -> String {
+    let mut parts = Vec::new();
+    if runs > 1 {
+        parts.push(run.to_string());
+    }
+    if let Some(a) = arm {
+        parts.push(a.to_string());
+    }
+    if !rest.is_empty() {
+        parts.push(rest.to_string());
+    }
+    parts.push(what.to_string());
+    parts.join(" · ")
+}
+
+/// What a per-round chart draws: (chart key, title, y label, y scale, metrics as
+/// (series label, pointer into a round of summary.json)).
+type RoundMetric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    f64,
+    &'static [(&'static str, &'static str)],
+);
+
+const ROUND_METRICS: [RoundMetric; 3] = [
+    (
+        "throughput",
+        "Throughput and goodput",
+        "requests/s",
+        1.0,
+        &[
+            ("throughput", "/successful_requests_per_second"),
+            ("goodput", "/goodput/good_requests_per_second"),
+        ],
+    ),
+    (
+        "ttft-itl",
+        "TTFT and ITL p50 (streams)",
+        "ms",
+        1000.0,
+        &[
+            ("TTFT p50", "/stream/ttft_seconds/p50"),
+            ("ITL p50", "/stream/itl_seconds/p50"),
+        ],
+    ),
+    (
+        "tokens",
+        "Output tokens per second (streams)",
+        "tokens/s",
+        1.0,
+        &[("output tok/s", "/stream/output_tokens_per_second/aggregate")],
+    ),
+];
+
+const ROUNDS_SCOPE: &str = "one point per measured round (summary.json): throughput = successful / round wall time (first send to last completion); goodput = ok and within every slo bound / the same time (only with a plan slo); TTFT and ITL = nearest-rank p50 over the round's ok streams (ITL pools every gap); tok/s = all output tokens / round wall time; the line joins each level's median round";
+
+/// A per-round series: (arm, case, metric label).
+type SeriesKey<'a> = (Option<String>, String, &'a str);
+
+fn round_charts(runs: &[RunInput], kind: &str) -> Vec<Chart> {
+    let level_key = if kind == "concurrency" {
+        "concurrency"
+    } else {
+        "rate_per_second"
+    };
+    let x_label = if kind == "concurrency" {
+        "concurrency"
+    } else {
+        "target rate (requests/s)"
+    };
+    let mut charts = Vec::new();
+    for (key, title, y_label, y_scale, metrics) in ROUND_METRICS {
+        let mut c = Chart::new(
+            format!("{key}-vs-{kind}"),
+            "rounds",
+            format!("{title} vs {x_label}"),
+            ROUNDS_SCOPE,
+            (x_label, y_label),
+        );
+        c.data["y_scale"] = json!(y_scale);
+        c.data["level"] = json!(level_key);
+        for r in runs.iter().filter(|r| !r.is_serve()) {
+            let rounds = r.summary["rounds"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            // Series per (arm, case, metric), in first-appearance order.
+            let mut series: Vec<(SeriesKey<'_>, Vec<Value>)> = Vec::new();
+            for round in rounds {
+                let Some(x) = round[level_key].as_f64() else {
+                    continue;
+                };
+                let arm = round["arm"].as_str().map(str::to_string);
+                let case = round["case"].as_str().unwrap_or("").to_string();
+                for (label, pointer) in metrics {
+                    let Some(y) = round.pointer(pointer).and_then(Value::as_f64) else {
+                        continue;
+                    };
+                    let k = (arm.clone(), case.clone(), *label);
+                    let p = json!([x, round["repetition"], y]);
+                    match series.iter_mut().find(|(sk, _)| *sk == k) {
+                        Some((_, pts)) => pts.push(p),
+                        None => series.push((k, vec![p])),
+                    }
+                }
+            }
+            for ((arm, case, label), points) in series {
+                let name = series_name(&r.label, runs.len(), arm.as_deref(), &case, label);
+                c.push(
+                    json!({"name": name, "run": r.label, "arm": arm, "case": case,
+                    "metric": label, "points": points}),
+                );
+            }
+        }
+        charts.push(c);
+    }
+    charts
+}
+
+fn drift_charts(runs: &[RunInput]) -> Vec<Chart> {
+    let mut charts = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let Some(k) = &r.campaign else { continue };
+        let mut c = Chart::new(
+            format!("drift-{i}"),
+            "rounds",
+            format!(
+                "Drift against the reference arm {}",
+                k["reference_arm"].as_str().unwrap_or("?")
+            ),
+            "campaign.json drift per arm and concurrency: exact match rate and mean similarity (Levenshtein, Unicode scalar values) of each arm's answers to the reference's for the same prompts",
+            ("concurrency", "share (0..1)"),
+        );
+        c.data["y_scale"] = json!(1.0);
+        c.data["level"] = json!("concurrency");
+        for d in k["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let arm = d["arm"].as_str().unwrap_or("?");
+            for metric in ["exact_match_rate", "mean_similarity"] {
+                let points: Vec<Value> = d["concurrency"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(lvl, cell)| {
+                        Some(json!([
+                            lvl.parse::<f64>().ok()?,
+                            Value::Null,
+                            cell[metric].as_f64()?
+                        ]))
+                    })
+                    .collect();
+                if !points.is_empty() {
+                    c.push(
+                        json!({"name": series_name(&r.label, runs.len(), Some(arm), "", metric),
+                        "run": r.label, "arm": arm, "metric": metric, "points": points}),
+                    );
+                }
+            }
+        }
+        charts.push(c);
+    }
+    charts
+}
+
+fn serve_charts(runs: &[RunInput]) -> Vec<Chart> {
+    let mut by_route = Chart::new(
+        "serve-latency-by-route".into(),
+        "cdf",
+        "serve: latency CDF by route (ok exchanges)".into(),
+        "live exchanges that reached the client whole, per route (method and path, no query; the first 8 routes by count, the rest as other); latency = client request head parsed to the last upstream body byte (total_us)",
+        ("latency (ms)", "share of requests (%)"),
+    );
+    by_route.data["x_scale"] = json!(0.001);
+    let mut overhead = Chart::new(
+        "serve-overhead".into(),
+        "cdf",
+        "serve: the proxy's own time after the worker's last byte".into(),
+        "per live exchange with both stamps: downstream_done_us − total_us, from the last upstream body byte to the client's side of the response ending (writing to the client and recording hand-off)",
+        ("overhead (ms)", "share of requests (%)"),
+    );
+    overhead.data["x_scale"] = json!(0.001);
+    for r in runs.iter().filter(|r| r.is_serve()) {
+        let live: Vec<&RowFacts> = r.facts.iter().filter(|f| f.phase == "live").collect();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for f in &live {
+            *counts.entry(route_of(f)).or_default() += 1;
+        }
+        let mut order: Vec<(String, usize)> = counts.into_iter().collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let top: Vec<String> = order
+            .iter()
+            .take(MAX_ROUTES)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let mut lat: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for f in live.iter().filter(|f| f.sample.outcome == Outcome::Ok) {
+            let route = route_of(f);
+            let key = if top.contains(&route) {
+                route
+            } else {
+                "other".into()
+            };
+            lat.entry(key).or_default().extend(f.sample.total_us);
+        }
+        for route in top.iter().cloned().chain(["other".to_string()]) {
+            let Some(v) = lat.remove(&route) else {
+                continue;
+            };
+            by_route.push(
+                json!({"name": series_name(&r.label, runs.len(), None, "", &route),
+                "run": r.label, "route": route, "n": v.len(), "points": cdf_points(v)}),
+            );
+        }
+        let o: Vec<i64> = live
+            .iter()
+            .filter_map(|f| Some(f.downstream_done_us? - f.sample.total_us?))
+            .collect();
+        if !o.is_empty() {
+            overhead.push(
+                json!({"name": series_name(&r.label, runs.len(), None, "", "overhead"),
+                "run": r.label, "n": o.len(), "points": cdf_points(o)}),
+            );
+        }
+    }
+    vec![by_route, overhead]
+}
+
+/// Routes drawn apart in serve's latency chart; the rest are `other`.
+const MAX_ROUTES: usize = 8;
+
+fn route_of(f: &RowFacts) -> String {
+    format!("{} {}", f.method, crate::report::routes::path_of(&f.url))
+}
+
+/// Bin widths a timeline may use (µs): the first that needs at most [`MAX_BINS`].
+const BIN_WIDTHS_US: [i64; 19] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
+    300_000_000,
+    600_000_000,
+    3_600_000_000,
+];
+const MAX_BINS: i64 = 150;
+
+fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
+    let first = r.facts.iter().map(|f| f.sample.start_offset_us).min()?;
+    let last = r.facts.iter().map(|f| f.sample.end_offset_us()).max()?;
+    let bin = BIN_WIDTHS_US
+        .into_iter()
+        .find(|b| last.div_euclid(*b) - first.div_euclid(*b) < MAX_BINS)
+        .unwrap_or(BIN_WIDTHS_US[BIN_WIDTHS_US.len() - 1]);
+    let first_bin = first.div_euclid(bin);
+    let n = (last.div_euclid(bin) - first_bin + 1) as usize;
+    let mut series: Vec<(String, Vec<u64>)> = vec![
+        ("sends".into(), vec![0; n]),
+        ("completed ok".into(), vec![0; n]),
+    ];
+    for f in &r.facts {
+        let s = (f.sample.start_offset_us.div_euclid(bin) - first_bin) as usize;
+        let e = (f.sample.end_offset_us().div_euclid(bin) - first_bin) as usize;
+        series[0].1[s] += 1;
+        let name = match f.sample.outcome {
+            Outcome::Ok => "completed ok".to_string(),
+            o => format!("failed: {}", o.as_str()),
+        };
+        match series.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, v)) => v[e] += 1,
+            None => {
+                let mut v = vec![0; n];
+                v[e] += 1;
+                series.push((name, v));
+            }
+        }
+    }
+    let mut c = Chart::new(
+        format!("timeline-{i}"),
+        "timeline",
+        format!("Timeline: {}", r.label),
+        "every recorded exchange of every phase: sends by start_offset_us, completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
+        ("time since the run's start (s)", "exchanges per bin"),
+    );
+    c.data["run"] = json!(r.label);
+    c.data["bin_us"] = json!(bin);
+    c.data["first_bin"] = json!(first_bin);
+    c.data["rounds"] = json!(round_spans(r));
+    for (name, counts) in series {
+        c.push(json!({"name": name, "counts": counts}));
+    }
+    Some(c)
+}
+
+/// The measured rounds' spans, in start order.
+fn round_spans(r: &RunInput) -> Vec<Value> {
+    let mut spans: Vec<(String, i64, i64)> = Vec::new();
+    for f in r.facts.iter().filter(|f| f.phase == "measured") {
+        let Some(level) = Lvl::of(f) else { continue };
+        let label = series_name(
+            "",
+            1,
+            f.arm.as_deref(),
+            &format!(
+                "{} {}",
+                f.case_name.as_deref().unwrap_or("?"),
+                level.label()
+            ),
+            &format!("#{}", f.repetition.unwrap_or(0)),
+        );
+        let (s, e) = (f.sample.start_offset_us, f.sample.end_offset_us());
+        match spans.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(span) => {
+                span.1 = span.1.min(s);
+                span.2 = span.2.max(e);
+            }
+            None => spans.push((label, s, e)),
+        }
+    }
+    spans.sort_by_key(|s| s.1);
+    spans
+        .into_iter()
+        .map(|(label, s, e)| json!({"label": label, "start_us": s, "end_us": e}))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cdf_points_are_nearest_ranks_at_every_percent() {
+        let p = cdf_points((1..=10).rev().collect());
+        assert_eq!(p.len(), 101);
+        assert_eq!(p[0], [0, 1]);
+        assert_eq!(p[50], [50, 5]);
+        assert_eq!(p[51], [51, 6]);
+        assert_eq!(p[100], [100, 10]);
+        assert!(cdf_points(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn json_blocks_cannot_close_their_script() {
+        let mut c = Chart::new("x".into(), "cdf", "</script><b>".into(), "s", ("a", "b"));
+        c.push(json!({"name": "</script>"}));
+        let h = c.html();
+        assert_eq!(h.matches("</script>").count(), 1, "{h}");
+        assert!(h.contains("&lt;/script&gt;&lt;b&gt;"));
+    }
+}

@@ -1,0 +1,261 @@
+"""Interop check: every chart of a `matrix-proxy report` recomputed from exchanges/ with DuckDB.
+
+Each chart of the report embeds the numbers it draws (a JSON block per chart). This
+check parses every block and recomputes it from the runs' exchanges/*.parquet with
+DuckDB (and campaign.json for drift), requiring exact equality for counts and
+microseconds and 1e-9 relative for rates; it also requires that every group the rows
+hold has its series, so a chart cannot be empty, short or wrong and still pass.
+
+Usage: python3 tests/interop/check_report.py REPORT.html RUN_DIR [RUN_DIR ...]
+(run directories are matched to the report's series by their folder names)
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import duckdb
+
+BLOCK = re.compile(r'<script type="application/json" class="chart-data" data-for="([^"]+)">(.*?)</script>', re.S)
+FIGURE = re.compile(r'<figure class="chart" id="([^"]+)"')
+
+
+def close(a, b, rel=1e-9):
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+class Run:
+    def __init__(self, con, d: Path):
+        self.dir = d
+        self.name = d.resolve().name
+        self.config = json.loads((d / "config.json").read_text())
+        self.summary = json.loads((d / "summary.json").read_text())
+        cj = d / "campaign.json"
+        self.campaign = json.loads(cj.read_text()) if cj.exists() else None
+        self.view = "ex_" + re.sub(r"\W", "_", self.name)
+        con.execute(f"create view {self.view} as select * from read_parquet('{d / 'exchanges' / '*.parquet'}')")
+
+
+LATENCY = "total_us + coalesce(send_lag_us, 0)"
+
+
+def level_filter(s):
+    c, r = s.get("concurrency"), s.get("rate_per_second")
+    conc = "concurrency is null" if c is None else f"concurrency = {int(c)}"
+    rate = "target_rate_per_second is null" if r is None else f"target_rate_per_second = {float(r)!r}"
+    return f"{conc} and {rate}"
+
+
+def arm_filter(arm):
+    return "arm is null" if arm is None else "arm = " + sql_str(arm)
+
+
+def sql_str(s):
+    return "'" + s.replace("'", "''") + "'"
+
+
+def nearest_rank_cdf(con, view, where, expr):
+    """[[pct, value]] for pct 0..100: the nearest rank, computed in DuckDB."""
+    rows = con.execute(f"""
+        with v as (select {expr} as x, row_number() over (order by {expr}) as rn, count(*) over () as n
+                   from {view} where {where} and {expr} is not null)
+        select p.range as pct, v.x from range(0, 101) p join v
+          on v.rn = greatest(1, (p.range * v.n + 99) // 100)
+        order by pct""").fetchall()
+    return [[int(p), int(x)] for p, x in rows]
+
+
+def check_latency_cdf(con, runs, chart):
+    n = 0
+    for s in chart["series"]:
+        run = runs[s["run"]]
+        ok = "outcome = 'ok'" if s["outcome"] == "ok" else "outcome <> 'ok'"
+        where = (f"phase = 'measured' and case_name = {sql_str(s['case'])} and {arm_filter(s['arm'])} "
+                 f"and {level_filter(s)} and {ok}")
+        want = nearest_rank_cdf(con, run.view, where, LATENCY)
+        assert s["points"] == want, (chart["id"], s["name"], s["points"][:5], want[:5])
+        count = con.execute(f"select count(*) from {run.view} where {where} and {LATENCY} is not null").fetchone()[0]
+        assert s["n"] == count, (chart["id"], s["name"], s["n"], count)
+        assert s["latency_from"] == ("intended_send_time" if s["rate_per_second"] is not None else "actual_send")
+        n += 1
+    return n
+
+
+def measured_groups(con, run):
+    """(case, arm, concurrency, rate, ok?) of measured rows with a latency, as DuckDB groups them."""
+    return set(con.execute(f"""select case_name, arm, concurrency, target_rate_per_second, outcome = 'ok'
+        from {run.view} where phase = 'measured' and {LATENCY} is not null group by all""").fetchall())
+
+
+def round_values(con, run, level_col):
+    """Per measured round: throughput, goodput, TTFT p50, ITL p50 and output tok/s, from rows."""
+    slo = run.config["effective_budget"].get("slo")
+    q = f"""select arm, case_name, {level_col} as lvl, repetition,
+              count(*) filter (where outcome = 'ok') as ok,
+              max(start_offset_us + coalesce(total_us, 0)) - min(start_offset_us) as elapsed,
+              sum(output_tokens) filter (where outcome = 'ok' and is_stream) as tokens
+            from {run.view} where phase = 'measured' and {level_col} is not null group by all"""
+    out = {}
+    for arm, case, lvl, rep, ok, elapsed, tokens in con.execute(q).fetchall():
+        where = (f"phase = 'measured' and {arm_filter(arm)} and case_name = {sql_str(case)} "
+                 f"and {level_col} = {lvl!r} and repetition = {rep}")
+        secs = elapsed / 1e6
+        v = {"throughput": ok / secs if secs > 0 else None}
+        ttft = nearest_rank_cdf(con, run.view, where + " and outcome = 'ok' and is_stream", "ttft_us")
+        v["TTFT p50"] = ttft[50][1] / 1e6 if ttft else None
+        gaps = con.execute(f"""
+            with g as (select unnest(list_transform(range(1, len(content_offsets_us)),
+                                     lambda i: content_offsets_us[i + 1] - content_offsets_us[i])) as gap
+                       from {run.view} where {where} and outcome = 'ok' and is_stream),
+                 v as (select gap, row_number() over (order by gap) rn, count(*) over () n from g)
+            select gap from v where rn = greatest(1, (50 * n + 99) // 100)""").fetchall()
+        v["ITL p50"] = gaps[0][0] / 1e6 if gaps else None
+        v["output tok/s"] = tokens / secs if tokens is not None and secs > 0 else None
+        if slo:
+            e2e = slo.get("e2e_ms")
+            ttft_b = slo.get("ttft_ms")
+            tpot_b = slo.get("tpot_ms")
+            conds = ["outcome = 'ok'"]
+            if ttft_b is not None:
+                conds.append(f"coalesce(case when is_stream then ttft_us else first_byte_us end, 1e18) <= {ttft_b * 1000}")
+            if tpot_b is not None:
+                conds.append(f"(tpot_us is null or tpot_us <= {tpot_b * 1000})")
+            if e2e is not None:
+                conds.append(f"coalesce({LATENCY}, 1e18) <= {e2e * 1000}")
+            good = con.execute(f"select count(*) from {run.view} where {where} and {' and '.join(conds)}").fetchone()[0]
+            v["goodput"] = good / secs if secs > 0 else None
+        out[(arm, case, float(lvl), rep)] = v
+    return out
+
+
+def check_rounds(con, runs, chart, cache):
+    level_col = "concurrency" if chart["level"] == "concurrency" else "target_rate_per_second"
+    n = 0
+    for s in chart["series"]:
+        run = runs[s["run"]]
+        key = (run.name, level_col)
+        if key not in cache:
+            cache[key] = round_values(con, run, level_col)
+        values = cache[key]
+        for x, rep, y in s["points"]:
+            want = values[(s["arm"], s["case"], float(x), rep)][s["metric"]]
+            assert close(y, want), (chart["id"], s["name"], x, rep, y, want)
+            n += 1
+    # Every measured round of every run in the chart has its throughput point.
+    for run in {runs[s["run"]] for s in chart["series"]}:
+        if (run.name, level_col) in cache and chart["id"].startswith("throughput"):
+            pts = sum(len(s["points"]) for s in chart["series"] if s["run"] == run.name and s["metric"] == "throughput")
+            assert pts == len(cache[(run.name, level_col)]), (chart["id"], run.name, pts)
+    return n
+
+
+def check_drift(runs, chart):
+    n = 0
+    for s in chart["series"]:
+        drift = next(d for d in runs[s["run"]].campaign["drift"] if d["arm"] == s["arm"])
+        want = sorted([float(c), None, cell[s["metric"]]] for c, cell in drift["concurrency"].items())
+        assert sorted(s["points"]) == want, (chart["id"], s["name"], s["points"], want)
+        n += len(want)
+    return n
+
+
+def check_timeline(con, runs, chart):
+    run = runs[chart["run"]]
+    bin_us, first = chart["bin_us"], chart["first_bin"]
+    series = {s["name"]: s["counts"] for s in chart["series"]}
+    nbins = len(series["sends"])
+    want = {"sends": [0] * nbins}
+    for b, c in con.execute(f"select floor(start_offset_us / {bin_us}) - {first}, count(*) from {run.view} group by 1").fetchall():
+        want["sends"][int(b)] = c
+    q = f"""select case when outcome = 'ok' then 'completed ok' else 'failed: ' || outcome end,
+              floor((start_offset_us + coalesce(total_us, 0)) / {bin_us}) - {first}, count(*)
+            from {run.view} group by 1, 2"""
+    for name, b, c in con.execute(q).fetchall():
+        want.setdefault(name, [0] * nbins)[int(b)] = c
+    want.setdefault("completed ok", [0] * nbins)
+    assert series == want, (chart["id"], {k: sum(v) for k, v in series.items()}, {k: sum(v) for k, v in want.items()})
+    spans = con.execute(f"""select min(start_offset_us), max(start_offset_us + coalesce(total_us, 0)), count(*)
+        from {run.view} where phase = 'measured' group by arm, case_name, concurrency, target_rate_per_second, repetition
+        order by 1""").fetchall()
+    assert [(r["start_us"], r["end_us"]) for r in chart["rounds"]] == [(a, b) for a, b, _ in spans], chart["id"]
+    return sum(sum(v) for v in series.values())
+
+
+def route_sql():
+    # The path as report::routes::path_of takes it: no scheme, authority, query or fragment.
+    rest = "regexp_replace(url, '^[^:/?#]*://', '')"
+    path = f"regexp_extract(regexp_replace({rest}, '[?#].*$', ''), '(/.*)$', 1)"
+    return f"method || ' ' || (case when {path} = '' then '/' else {path} end)"
+
+
+def check_serve(con, runs, chart):
+    n = 0
+    for s in chart["series"]:
+        run = runs[s["run"]]
+        if chart["id"] == "serve-overhead":
+            want = nearest_rank_cdf(con, run.view, "phase = 'live'", "downstream_done_us - total_us")
+        else:
+            top = [r for r, in con.execute(f"""select {route_sql()} r from {run.view} where phase = 'live'
+                group by r order by count(*) desc, r limit 8""").fetchall()]
+            if s["route"] == "other":
+                where = "phase = 'live' and outcome = 'ok' and " + " and ".join(f"{route_sql()} <> {sql_str(r)}" for r in top)
+            else:
+                assert s["route"] in top, (s["route"], top)
+                where = f"phase = 'live' and outcome = 'ok' and {route_sql()} = {sql_str(s['route'])}"
+            want = nearest_rank_cdf(con, run.view, where, "total_us")
+        assert s["points"] == want, (chart["id"], s["name"], s["points"][:3], want[:3])
+        n += 1
+    return n
+
+
+def main(report: Path, dirs) -> int:
+    html = report.read_text()
+    con = duckdb.connect()
+    runs = {}
+    for d in dirs:
+        r = Run(con, Path(d))
+        runs[r.name] = r
+    blocks = BLOCK.findall(html)
+    figures = FIGURE.findall(html)
+    assert blocks, "the report has no chart"
+    assert [b[0] for b in blocks] == figures, "every figure has exactly one data block"
+    kinds, checks, cache = {}, 0, {}
+    groups_drawn = set()
+    for fid, text in blocks:
+        chart = json.loads(text)
+        assert chart["id"] == fid
+        assert chart["series"], f"{fid}: no series"
+        kinds[chart["kind"]] = kinds.get(chart["kind"], 0) + 1
+        if fid.startswith("latency-cdf-"):
+            checks += check_latency_cdf(con, runs, chart)
+            for s in chart["series"]:
+                groups_drawn.add((s["run"], s["case"], s["arm"], s["concurrency"], s["rate_per_second"], s["outcome"] == "ok"))
+        elif fid.startswith("drift-"):
+            checks += check_drift(runs, chart)
+        elif chart["kind"] == "rounds":
+            checks += check_rounds(con, runs, chart, cache)
+        elif chart["kind"] == "timeline":
+            checks += check_timeline(con, runs, chart)
+        elif fid.startswith("serve-"):
+            checks += check_serve(con, runs, chart)
+        else:
+            raise AssertionError(f"{fid}: no check for this chart")
+    # Every group of measured rows has its CDF series: none left out.
+    for run in runs.values():
+        if run.config["command"] != "replay":
+            continue
+        for case, arm, c, r, ok in measured_groups(con, run):
+            key = (run.name, case, arm, c, r, ok)
+            assert key in groups_drawn, f"no CDF series for {key}"
+            checks += 1
+        timelines = [b for b in blocks if json.loads(b[1]).get("run") == run.name and json.loads(b[1])["kind"] == "timeline"]
+        assert len(timelines) == 1, (run.name, len(timelines))
+    print(f"check_report: {len(blocks)} charts ({kinds}) of {len(runs)} run(s) equal DuckDB's numbers ({checks} checks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))

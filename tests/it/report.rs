@@ -1,0 +1,252 @@
+//! `--json` on replay / summarize / serve, `completions`, and `report` run as a user runs
+//! them (the binary), against loopback peers.
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// `cmd` run to completion in a blocking thread: (exit code, stdout, stderr).
+async fn run_bin(args: Vec<std::ffi::OsString>) -> (Option<i32>, Vec<u8>, String) {
+    let out = tokio::task::spawn_blocking(move || bin().args(args).output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn rows_len(run: &std::path::Path) -> usize {
+    Rows::read(run).len()
+}
+
+/// The JSON blocks of a report, by chart id.
+fn chart_blocks(html: &str) -> Vec<Value> {
+    let tag = "<script type=\"application/json\" class=\"chart-data\"";
+    html.split(tag)
+        .skip(1)
+        .map(|rest| {
+            let body = &rest[rest.find('>').unwrap() + 1..rest.find("</script>").unwrap()];
+            serde_json::from_str(body).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn replay_and_summarize_json_print_summary_json_byte_for_byte() {
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(
+        dir.path(),
+        "p.json",
+        &echo_plan(peer.url("/x"), "keep-alive", 2, 6),
+    );
+    let run = dir.path().join("run");
+    let (code, stdout, stderr) = run_bin(vec![
+        "replay".into(),
+        "--json".into(),
+        "--out".into(),
+        run.clone().into(),
+        plan.into(),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let file = std::fs::read(run.join("summary.json")).unwrap();
+    assert_eq!(
+        stdout, file,
+        "stdout is summary.json's bytes, and nothing else"
+    );
+    let v: Value = serde_json::from_slice(&stdout).unwrap();
+    assert_eq!(v["ending"], json!("passed"));
+    assert_eq!(v["rounds"][0]["successful_requests"], json!(6));
+    // Progress and messages stay on stderr.
+    assert!(stderr.contains("exchanges recorded"), "{stderr}");
+
+    let (code, stdout, _) = run_bin(vec![
+        "summarize".into(),
+        "--json".into(),
+        run.clone().into(),
+    ])
+    .await;
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, std::fs::read(run.join("summary.json")).unwrap());
+    let rebuilt: Value = serde_json::from_slice(&stdout).unwrap();
+    assert_eq!(rebuilt["rebuilt_from_exchanges"], json!(true));
+    assert_eq!(rebuilt["rounds"][0]["successful_requests"], json!(6));
+}
+
+#[tokio::test]
+async fn completions_are_generated_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef matrix-proxy"),
+        ("fish", "complete -c matrix-proxy"),
+    ] {
+        let (code, stdout, stderr) = run_bin(vec!["completions".into(), shell.into()]).await;
+        assert_eq!(code, Some(0), "{shell}: {stderr}");
+        let text = String::from_utf8(stdout).unwrap();
+        assert!(text.contains(marker), "{shell}: no {marker:?}");
+        // Subcommands and flags are in it.
+        assert!(
+            text.contains("replay") && text.contains("mock-worker") && text.contains("report"),
+            "{shell}"
+        );
+        assert!(text.contains("json"), "{shell}: --json is not in it");
+    }
+    let (code, _, stderr) = run_bin(vec!["completions".into(), "tcsh".into()]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+#[tokio::test]
+async fn report_embeds_the_numbers_it_draws_for_one_and_several_runs() {
+    // One ok round at c = 1 and c = 2, then a run whose worker fails every other answer.
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut plan = echo_plan(peer.url("/x"), "keep-alive", 1, 8);
+    plan["concurrency"] = json!([1, 2]);
+    plan["repetitions"] = json!(2);
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, matrix_proxy::cli::Exit::Ok);
+    let (code, _, stderr) = run_bin(vec!["report".into(), run.clone().into()]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    // Self-contained: nothing is fetched (no src, no link, no import, no url()).
+    for remote in [" src=", "<link", "@import", "url("] {
+        assert!(!html.contains(remote), "{remote}");
+    }
+    // Provenance and denominators on the first screen.
+    let summary = read_json(&run.join("summary.json"));
+    let config = read_json(&run.join("config.json"));
+    assert!(html.contains(config["plan_sha256"].as_str().unwrap()));
+    assert!(html.contains(config["tool"]["binary_sha256"].as_str().unwrap()));
+    assert!(
+        html.contains("<td>32 / 32 / 32</td>"),
+        "planned / attempted / successful: {}",
+        html.lines()
+            .find(|l| l.contains("planned / attempted"))
+            .unwrap_or("")
+    );
+    // Every phase: the health check, readiness, warm-up and feasibility besides the rounds.
+    let all = format!(
+        "<td>{} / {}</td>",
+        summary["planned_requests"], summary["rows_written"]
+    );
+    assert!(html.contains(&all), "{all}");
+    assert!(html.contains("health 1/1, readiness"), "excluded phases");
+    assert_eq!(summary["rows_written"], json!(rows_len(&run)));
+    let charts = chart_blocks(&html);
+    let ids: Vec<&str> = charts.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["latency-cdf-0-a", "throughput-vs-concurrency", "timeline-0"],
+        "{ids:?}"
+    );
+    // The CDF at c = 1: nearest ranks of the 16 measured totals, recomputed from the rows.
+    let rows = Rows::read(&run);
+    let (phase, conc, total) = (
+        rows.strs("phase"),
+        rows.i32s("concurrency"),
+        rows.i64s("total_us"),
+    );
+    let mut c1: Vec<i64> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured") && conc[i] == Some(1))
+        .map(|i| total[i].unwrap())
+        .collect();
+    c1.sort_unstable();
+    let s = &charts[0]["series"][0];
+    assert_eq!(
+        (
+            s["concurrency"].clone(),
+            s["outcome"].clone(),
+            s["n"].clone()
+        ),
+        (json!(1), json!("ok"), json!(16))
+    );
+    let points = s["points"].as_array().unwrap();
+    assert_eq!(points.len(), 101);
+    assert_eq!(points[0], json!([0, c1[0]]));
+    assert_eq!(points[50], json!([50, c1[7]]));
+    assert_eq!(points[100], json!([100, c1[15]]));
+    // Throughput: each round a point, the value summary.json's.
+    let t = &charts[1]["series"][0];
+    assert_eq!(t["metric"], json!("throughput"));
+    let pts = t["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    for (p, r) in pts.iter().zip(summary["rounds"].as_array().unwrap()) {
+        assert_eq!(
+            p,
+            &json!([
+                r["concurrency"].as_f64().unwrap(),
+                r["repetition"],
+                r["successful_requests_per_second"]
+            ])
+        );
+    }
+    // Timeline: every recorded row sent once and completed once.
+    let tl = &charts[2];
+    let sum = |name: &str| -> u64 {
+        tl["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"] == json!(name))
+            .flat_map(|s| {
+                s["counts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.as_u64().unwrap())
+            })
+            .sum()
+    };
+    assert_eq!(sum("sends") as usize, rows.len());
+    assert_eq!(sum("completed ok") as usize, rows.len());
+    assert_eq!(tl["rounds"].as_array().unwrap().len(), 4);
+
+    // Several runs: overlaid, labelled by folder; --out is needed.
+    let other = dir.path().join("second");
+    std::fs::create_dir(&other).unwrap();
+    let (run2, _) = replay_plan(&other, &echo_plan(peer.url("/x"), "fresh", 1, 4)).await;
+    let (code, _, stderr) = run_bin(vec![
+        "report".into(),
+        run.clone().into(),
+        run2.clone().into(),
+    ])
+    .await;
+    assert_eq!(code, Some(2), "several runs without --out: {stderr}");
+    assert!(stderr.contains("--out"), "{stderr}");
+    let out = dir.path().join("both.html");
+    let (code, _, stderr) = run_bin(vec![
+        "report".into(),
+        run.clone().into(),
+        run2.into(),
+        "--out".into(),
+        out.clone().into(),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let both = chart_blocks(&std::fs::read_to_string(&out).unwrap());
+    let names: Vec<String> = both[0]["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    // Both folders are named `run`: the second is `run #2`.
+    assert_eq!(
+        names,
+        ["run · c=1 · ok", "run · c=2 · ok", "run #2 · c=1 · ok"]
+    );
+    assert_eq!(
+        both.iter()
+            .filter(|c| c["kind"] == json!("timeline"))
+            .count(),
+        2
+    );
+
+    // Not a run directory: a usage error naming the file.
+    let (code, _, stderr) = run_bin(vec!["report".into(), dir.path().into()]).await;
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("config.json"), "{stderr}");
+}
