@@ -26,6 +26,12 @@ Comparing two builds (the re-layout check; see benchmarks/README.md):
   concurrency in CONC;
 - NEW_BIN (default target/release/matrix-proxy) and NEW_WRITER_BENCH (default: built as
   above) override the new side.
+
+The cost of live metrics (issue 17): METRICS=1 adds `serve --metrics-listen` (a second
+serve of the same binary, its /metrics scraped once a second for the whole run) to the
+proxy table and `replay --metrics-listen` to the generator table, each back to back with
+the plain target in every round (their order swapped every round), and a "Live metrics
+cost" section with the with / without ratios (target: >= 0.97, "<= 3 % apart").
 """
 
 import datetime
@@ -49,7 +55,9 @@ DUR = int(os.environ.get("DUR", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CONC = [int(c) for c in os.environ.get("CONC", "1,16,64").split(",")]
 WRITER_ROUNDS = max(3, int(os.environ.get("WRITER_ROUNDS", "3")))
-UP, NGX, HAP, MPX, SOAK, MPX_OLD = 18080, 18081, 18082, 18083, 18084, 18085
+UP, NGX, HAP, MPX, SOAK, MPX_OLD, MPX_MET, MET_PORT = 18080, 18081, 18082, 18083, 18084, 18085, 18086, 18087
+METRICS = os.environ.get("METRICS") == "1"
+METRICS_RATIO = 0.97
 # The re-layout check's acceptance: new / old median >= ACCEPT_RATIO in every cell; a cell
 # whose rounds spread more than NOISY_PCT % on either side is rerun (ONLY=...).
 ACCEPT_RATIO, NOISY_PCT, ACCEPT_ROUNDS = 0.97, 10.0, 5
@@ -139,7 +147,7 @@ def oha(c, fresh=False):
     return {"rps": j["summary"]["requestsPerSec"]}
 
 
-def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None):
+def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None, metrics=False):
     plan = {
         "endpoint": f"http://127.0.0.1:{UP}/",
         "connection": "fresh" if fresh else "keep-alive",
@@ -155,6 +163,8 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None):
     cmd = ["taskset", "-c", "0", str(binary or BIN), "replay", "--quiet", "--out", str(out), str(p)]
     if not record:
         cmd.insert(5, "--no-record")
+    if metrics:
+        cmd[5:5] = ["--metrics-listen", "127.0.0.1:0"]
     err = tmp / f"replay-{tag}.err"
     with open(err, "w") as ef:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=ef)
@@ -232,19 +242,44 @@ def sample_bodies(exchanges, n=20):
 
 
 SERVE, SERVE_OLD = "matrix-proxy serve", "matrix-proxy serve, old binary"
+SERVE_MET = "matrix-proxy serve --metrics-listen (scraped 1/s)"
 GEN_NAMES = {"replay": "matrix-proxy replay (validating, recording)",
              "replay norec": "matrix-proxy replay (validating, --no-record)",
              "replay old": "matrix-proxy replay (validating, recording), old binary",
              "replay old norec": "matrix-proxy replay (validating, --no-record), old binary",
-             "oha fresh": "oha --disable-keepalive", "replay fresh": "matrix-proxy replay, fresh connections"}
-TAGS = {"replay": "", "replay old": "o", "replay norec": "n", "replay old norec": "no"}
+             "oha fresh": "oha --disable-keepalive", "replay fresh": "matrix-proxy replay, fresh connections",
+             "replay metrics": "matrix-proxy replay --metrics-listen (validating, recording)"}
+TAGS = {"replay": "", "replay old": "o", "replay norec": "n", "replay old norec": "no", "replay metrics": "m"}
 SHORT = {"replay norec": "replay --no-record", "replay old": "replay-old",
-         "replay old norec": "replay-old --no-record"}
+         "replay old norec": "replay-old --no-record", "replay metrics": "replay --metrics-listen"}
 
 
 def serve_cmd(binary, port, out):
     return [str(binary), "serve", "--quiet", "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{UP}",
             "--out", str(out)]
+
+
+def with_metrics(r, targets, plain, metered):
+    """With METRICS=1, `metered` placed back to back with `plain` in `targets`: after it in
+    even rounds, before it in odd ones."""
+    if not METRICS:
+        return targets
+    i = next(k for k, t in enumerate(targets) if t[0] == plain)
+    return targets[:i + 1] + [metered] + targets[i + 1:] if r % 2 == 0 else targets[:i] + [metered] + targets[i:]
+
+
+def scraper(port, stop):
+    """Scrape http://127.0.0.1:PORT/metrics once a second until `stop` is set; the count."""
+    import urllib.request
+    n = 0
+    while not stop.wait(1.0):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                r.read()
+            n += 1
+        except OSError:
+            pass
+    return n
 
 
 def pair(r, new, old):
@@ -392,15 +427,25 @@ backend b
     start(["haproxy", "-f", str(hap_conf)], 1, tmp / "logs/hap.log")
     ports = [UP, NGX, HAP]
     serves = {}  # target name -> its serve process, to let its recorder settle (OLD_BIN only)
+    scraping = None
     if PROXY_CONC:
         serves[SERVE] = start(serve_cmd(BIN, MPX, tmp / "serve-run"), 1, tmp / "logs/serve.log")
         ports.append(MPX)
+        if METRICS:
+            cmd = serve_cmd(BIN, MPX_MET, tmp / "serve-met-run") + ["--metrics-listen", f"127.0.0.1:{MET_PORT}"]
+            serves[SERVE_MET] = start(cmd, 1, tmp / "logs/serve-met.log")
+            ports += [MPX_MET, MET_PORT]
         if OLD_BIN:
             serves[SERVE_OLD] = start(serve_cmd(OLD_BIN, MPX_OLD, tmp / "serve-old-run"), 1, tmp / "logs/serve-old.log")
             ports.append(MPX_OLD)
     for port in ports:
         wait_port(port)
 
+    if METRICS and PROXY_CONC:
+        import concurrent.futures
+        import threading
+        stop_scrape = threading.Event()
+        scraping = (stop_scrape, concurrent.futures.ThreadPoolExecutor(1).submit(scraper, MET_PORT, stop_scrape))
     cpu_at_start = cpu_times()
     proxy = {}
     for r in range(ROUNDS):
@@ -409,10 +454,11 @@ backend b
             if ONLY is None:  # a rerun of some cells measures the references their rows need
                 targets.append(("HAProxy", HAP))
             targets += pair(r, (SERVE, MPX), (SERVE_OLD, MPX_OLD))
+            targets = with_metrics(r, targets, SERVE, (SERVE_MET, MPX_MET))
             for name, port in targets:
                 proxy.setdefault((name, c), []).append(wrk(port, c))
                 print(f"round {r + 1}/{ROUNDS} c={c} {name}: {proxy[(name, c)][-1]['rps']:,.0f} req/s", file=sys.stderr)
-                if name in serves and OLD_BIN:
+                if name in serves and (OLD_BIN or METRICS):
                     settle(serves[name])
 
     gen = {}
@@ -427,8 +473,10 @@ backend b
                 w = add("wrk", c, wrk(UP, c))
                 add("oha", c, oha(c))
                 n = int(w["rps"] * DUR / 2)  # two measured rounds of DUR/2 s each, roughly
-                for key, b in pair(r, ("replay", BIN), ("replay old", OLD_BIN)):
-                    add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", binary=b))
+                plain = pair(r, ("replay", BIN), ("replay old", OLD_BIN))
+                for key, b in with_metrics(r, plain, "replay", ("replay metrics", BIN)):
+                    add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", binary=b,
+                                       metrics=key == "replay metrics"))
                 for key, b in pair(r, ("replay norec", BIN), ("replay old norec", OLD_BIN)):
                     add(key, c, replay(c, n, tmp, tag=f"{TAGS[key]}{r}-{c}", record=False, binary=b))
             if c in FRESH_CONC:
@@ -438,6 +486,9 @@ backend b
                 f"{SHORT.get(k, k)} {v[-1]['rps']:,.0f}" for (k, cc), v in gen.items() if cc == c), file=sys.stderr)
 
     steal = steal_share(cpu_at_start, cpu_times())
+    if scraping:
+        scraping[0].set()
+        print(f"scraped serve's /metrics {scraping[1].result()} times", file=sys.stderr)
     # The main tables are written before the soak, so a failed soak loses nothing.
     wb = wcheck = None
     if os.environ.get("WRITER", "1") == "1" and RUN_WRITER:
@@ -746,6 +797,29 @@ def check_section(proxy, gen, wcheck):
     return lines
 
 
+def metrics_section(proxy, gen):
+    """Live metrics cost: with / without --metrics-listen, one row per cell."""
+    lines = ["## Live metrics cost: with / without --metrics-listen", "",
+             f"Target: with / without >= {METRICS_RATIO} (at most 3 % apart). serve's metered instance is "
+             "scraped once a second for the whole run; replay's endpoint is up and counting but not scraped. "
+             "Each pair ran back to back in every round, its order swapped every round.", "",
+             "| cell | without | spread | with | spread | with/without | meets |", "|---|---|---|---|---|---|---|"]
+    cells = [(f"serve c={c}, req/s", proxy.get((SERVE, c), []), proxy.get((SERVE_MET, c), [])) for c in PROXY_CONC]
+    cells += [(f"replay c={c}, req/s", gen.get(("replay", c), []), gen.get(("replay metrics", c), []))
+              for c in GEN_CONC]
+    cells += [(f"serve c={c}, p99 ms (lower is better)", proxy.get((SERVE, c), []), proxy.get((SERVE_MET, c), []))
+              for c in PROXY_CONC]
+    for label, plain, metered in cells:
+        key = "p99_ms" if "p99" in label else "rps"
+        a, b = median(plain, key), median(metered, key)
+        ratio = None if a is None or b is None else (b / a if key == "rps" else a / b)
+        meets = "-" if ratio is None else ("yes" if ratio >= METRICS_RATIO else "no")
+        lines.append(f"| {label} | {fmt(a, 3 if key != 'rps' else 0)} | {spread(plain, key)} | "
+                     f"{fmt(b, 3 if key != 'rps' else 0)} | {spread(metered, key)} | "
+                     f"{'-' if ratio is None else f'{ratio:.3f}'} | {meets} |")
+    return lines + [""]
+
+
 def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
     cpu = ""
     try:
@@ -771,6 +845,8 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
     ]
     if OLD_BIN or wcheck:
         lines += check_section(proxy, gen, wcheck)
+    if METRICS:
+        lines += metrics_section(proxy, gen)
     if PROXY_CONC:
         if lines[-1]:
             lines.append("")
@@ -783,7 +859,7 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
     for c in PROXY_CONC:
         base = median(proxy[("no proxy", c)], "rps")
         ngx = median(proxy[("nginx", c)], "rps")
-        for t in ("no proxy", "nginx", "HAProxy", SERVE, SERVE_OLD):
+        for t in ("no proxy", "nginx", "HAProxy", SERVE, SERVE_OLD, SERVE_MET):
             if (t, c) not in proxy:
                 continue
             rows = proxy[(t, c)]
@@ -796,7 +872,7 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
         lines += ["## Load generation (generator -> nginx upstream)", "",
                   "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
     for c in sorted(set(GEN_CONC) | set(FRESH_CONC)):
-        for t in ("wrk", "oha", "replay", "replay old", "replay norec", "replay old norec"):
+        for t in ("wrk", "oha", "replay", "replay old", "replay norec", "replay old norec", "replay metrics"):
             if (t, c) not in gen:
                 continue
             w = median(gen[("wrk", c)], "rps")

@@ -79,6 +79,7 @@ async fn run(requests: u64) {
             max_record_body: 16 << 20,
             quiet: true,
             json: false,
+            metrics_listen: None,
             part_rows: 100_000,
             part_seconds: 60.0,
             no_record: false,

@@ -24,6 +24,7 @@ mod record;
 mod redact;
 mod report;
 mod sse;
+mod telemetry;
 
 /// Seeded open-loop arrival schedules (the offsets a plan's `load` sends at; docs/load.md
 /// gives each round's stream, so a schedule can be recomputed outside a run).

@@ -282,3 +282,11 @@ pub(crate) enum Side {
     Downstream,
     Internal,
 }
+
+/// The path of a URL as recorded or as sent, without scheme, authority, query or fragment
+/// (`/` when it has none): what serve's routes and the live metrics group by.
+pub(crate) fn url_path(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    rest.find('/').map_or("/", |i| &rest[i..])
+}

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Args, Parser, Subcommand};
 
 mod campaign;
+mod metrics_http;
 mod replay;
 mod report_cmd;
 mod shards;
@@ -260,6 +261,11 @@ pub struct ServeArgs {
     /// When stopped, print the run's summary.json to stdout (one JSON document).
     #[arg(long)]
     pub json: bool,
+    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
+    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
+    /// config.json as `metrics_listen`).
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `--on-record-full`: what serve does when the recorder's queue is full.
@@ -346,6 +352,11 @@ pub struct ReplayArgs {
     /// file) instead of the table; progress and messages stay on stderr.
     #[arg(long)]
     pub json: bool,
+    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
+    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
+    /// config.json as `metrics_listen`).
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
     /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
     /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
     #[arg(
@@ -978,6 +989,10 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let listener = crate::net::listener::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
+    let metrics_listener = match args.metrics_listen {
+        Some(a) => Some(metrics_http::bind(a).await?),
+        None => None,
+    };
     let started_at_us = clock::wall_now_us();
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
@@ -994,7 +1009,13 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
-    let fields = serve_config_fields(&args, &input, listen_addr, backlog);
+    let mut fields = serve_config_fields(&args, &input, listen_addr, backlog);
+    fields["metrics_listen"] = serde_json::json!(
+        metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.to_string())
+    );
     let mut config = config_json::config_json(
         "serve",
         &argv(&input.redaction),
@@ -1035,7 +1056,18 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         header_read_timeout: input.header_read_timeout,
         max_connections: input.max_connections,
     };
+    // Live metrics only when asked for: without them serve counts nothing more.
+    let metrics_server = metrics_listener.and_then(|l| {
+        let t = Arc::new(crate::telemetry::Telemetry::new());
+        metrics_http::start(Some(l), &t, &run)
+    });
+    if let (Some(a), false) = (config["metrics_listen"].as_str(), args.quiet) {
+        eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
+    }
     let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     let recording = run.finish_recording().await;
     let rows = recording.stats.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();

@@ -40,6 +40,8 @@ struct Input {
     record_hold: usize,
     /// `--shard` and `--start-at`: (index, count, start instant in wall-clock µs).
     shard: Option<(usize, usize, i64)>,
+    /// `--metrics-listen`, bound.
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -73,6 +75,12 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     rec_opts.hold_bytes = input.record_hold;
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
+    // Live metrics: always for the progress line, served with --metrics-listen.
+    let telemetry = Arc::new(crate::telemetry::Telemetry::new());
+    let metrics_server = super::metrics_http::start(input.metrics.take(), &telemetry, &run);
+    if let (Some(a), false) = (config["extra"]["metrics_listen"].as_str(), args.quiet) {
+        eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
+    }
     let result = replay::run(
         ReplayOptions {
             plan,
@@ -92,6 +100,9 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         },
     )
     .await;
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     let recording = run.finish_recording().await;
     if let Some(m) = mock {
         m.shutdown().await;
@@ -231,6 +242,10 @@ async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
             .record_hold
             .unwrap_or_else(crate::record::default_hold_bytes),
         shard,
+        metrics: match args.metrics_listen {
+            Some(a) => Some(super::metrics_http::bind(a).await?),
+            None => None,
+        },
     })
 }
 
@@ -365,6 +380,7 @@ fn create_run(
             "default_max_tokens": mock_config.default_max_tokens,
         })),
         "runtime_threads": super::runtime_threads(args.threads),
+        "metrics_listen": input.metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         "auth": {
             "bearer_token_env": token_env,
             "bearer_token_sent": bearer_token.is_some(),

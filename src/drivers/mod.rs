@@ -15,6 +15,7 @@ use crate::budget::BudgetHold;
 use crate::engine::{Captured, CopiedBody};
 use crate::model::{Outcome, Phase};
 use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions, WriterStats};
+use crate::telemetry::Telemetry;
 
 /// What both drivers share for one run: its id, its start on the monotonic clock, the
 /// exchange counter, and the recorder with the first error it reported.
@@ -25,6 +26,9 @@ pub(crate) struct RunContext {
     next_exchange: AtomicI64,
     pub(crate) recorder: Arc<Recorder>,
     record_failed: OnceLock<RecordError>,
+    /// Live metrics (`--metrics-listen`, replay's progress line), when the command set
+    /// them.
+    telemetry: OnceLock<Arc<Telemetry>>,
 }
 
 /// Where a row belongs in the run (the identifying columns).
@@ -97,7 +101,18 @@ impl RunContext {
             next_exchange: AtomicI64::new(0),
             recorder: Arc::new(recorder),
             record_failed: OnceLock::new(),
+            telemetry: OnceLock::new(),
         })
+    }
+
+    /// Count every exchange of this run in `t` from now on (set once, before the drivers
+    /// start).
+    pub(crate) fn set_telemetry(&self, t: Arc<Telemetry>) {
+        let _ = self.telemetry.set(t);
+    }
+
+    pub(crate) fn telemetry(&self) -> Option<&Arc<Telemetry>> {
+        self.telemetry.get()
     }
 
     /// Keep the first recording error a driver saw (a submit refused by a stopped writer).

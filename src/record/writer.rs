@@ -146,7 +146,16 @@ pub struct Recorder {
     /// The queue's size in rows (the semaphore's permits).
     queue_rows: usize,
     dropped: AtomicU64,
+    live: Arc<WriterLive>,
     handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
+}
+
+/// What the writer has done so far, for live metrics (the final numbers are
+/// [`WriterStats`]).
+#[derive(Debug, Default)]
+struct WriterLive {
+    rows: AtomicU64,
+    parts_closed: AtomicU64,
 }
 
 /// How long the writer sleeps when its queue is empty.
@@ -164,10 +173,12 @@ impl Recorder {
         let queue_rows = opts.queue_rows.clamp(1, Semaphore::MAX_PERMITS);
         let slots = Arc::new(Semaphore::new(queue_rows));
         let thread_slots = slots.clone();
+        let live = Arc::new(WriterLive::default());
+        let thread_live = live.clone();
         let handle = std::thread::Builder::new()
             .name("matrix-recorder".into())
             .spawn(move || {
-                let r = writer_loop(opts, rx, &thread_slots);
+                let r = writer_loop(opts, rx, &thread_slots, thread_live);
                 // Wake and fail every submitter still waiting for a slot.
                 thread_slots.close();
                 r
@@ -177,6 +188,7 @@ impl Recorder {
             slots,
             queue_rows,
             dropped: AtomicU64::new(0),
+            live,
             handle: std::sync::Mutex::new(Some(handle)),
         })
     }
@@ -263,6 +275,22 @@ impl Recorder {
     /// Rows dropped by [`Recorder::try_submit`] because the queue was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Rows waiting in the queue for the writer now.
+    pub(crate) fn queued_rows(&self) -> usize {
+        self.queue_rows
+            .saturating_sub(self.slots.available_permits())
+    }
+
+    /// Rows encoded into parts so far (the open part's included).
+    pub(crate) fn rows_written(&self) -> u64 {
+        self.live.rows.load(Ordering::Relaxed)
+    }
+
+    /// Parts finished and renamed so far.
+    pub(crate) fn parts_closed(&self) -> u64 {
+        self.live.parts_closed.load(Ordering::Relaxed)
     }
 
     /// Close the queue (later submits fail), let the writer write every row already
@@ -405,6 +433,7 @@ struct Writer {
     /// Rows held when the ledger last said so.
     held_noted: usize,
     pacer: Pacer,
+    live: Arc<WriterLive>,
 }
 
 /// What the queue gave the writer on one poll.
@@ -426,8 +455,10 @@ fn writer_loop(
     opts: RecorderOptions,
     rx: mpsc::Receiver<Msg>,
     slots: &Semaphore,
+    live: Arc<WriterLive>,
 ) -> Result<WriterStats, RecordError> {
     let mut w = Writer {
+        live,
         schema: exchange_schema(),
         stats: WriterStats::default(),
         pending: VecDeque::with_capacity(BATCH_ROWS),
@@ -646,6 +677,7 @@ impl Writer {
         written.map_err(|e| RecordError(format!("{}: {e}", p.tmp.display())))?;
         p.rows += take;
         self.stats.rows += take as u64;
+        self.live.rows.fetch_add(take as u64, Ordering::Relaxed);
         if self.holds > 0 {
             // Encoded while a measured round runs (past the bound, or with no bound).
             self.stats.encoded_while_held += take as u64;
@@ -670,6 +702,9 @@ impl Writer {
                 self.pacer.begin();
                 let closed = close_part(p, &self.opts.dir, &mut self.pacer);
                 self.pacer.end();
+                if closed.is_ok() {
+                    self.live.parts_closed.fetch_add(1, Ordering::Relaxed);
+                }
                 closed
             }
             None => Ok(()),

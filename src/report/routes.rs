@@ -94,13 +94,6 @@ pub(crate) struct RouteGroup {
     pub(crate) stream: Option<RouteStream>,
 }
 
-/// The path of a recorded URL, without scheme, authority, query or fragment.
-pub(crate) fn path_of(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    rest.find('/').map_or("/", |i| &rest[i..])
-}
-
 fn status_class(status: Option<i32>) -> String {
     match status {
         Some(s) => format!("{}xx", s / 100),
@@ -111,7 +104,7 @@ fn status_class(status: Option<i32>) -> String {
 impl RouteTable {
     /// Count one exchange.
     pub(crate) fn add(&mut self, method: &str, url: &str, status: Option<i32>, sample: Sample) {
-        let mut route = format!("{method} {}", path_of(url));
+        let mut route = format!("{method} {}", crate::model::url_path(url));
         if !self.routes.contains(&route) {
             if self.routes.len() < MAX_ROUTES {
                 self.routes.insert(route.clone());

@@ -93,6 +93,10 @@ async fn completions_are_generated_for_bash_zsh_and_fish() {
             "{shell}"
         );
         assert!(text.contains("json"), "{shell}: --json is not in it");
+        assert!(
+            text.contains("metrics-listen"),
+            "{shell}: --metrics-listen is not in it"
+        );
     }
     let (code, _, stderr) = run_bin(vec!["completions".into(), "tcsh".into()]).await;
     assert_eq!(code, Some(2), "{stderr}");
@@ -249,4 +253,34 @@ async fn report_embeds_the_numbers_it_draws_for_one_and_several_runs() {
     let (code, _, stderr) = run_bin(vec!["report".into(), dir.path().into()]).await;
     assert_eq!(code, Some(2));
     assert!(stderr.contains("config.json"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_taken_metrics_port_is_refused_before_anything_is_created() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(
+        dir.path(),
+        "p.json",
+        &echo_plan(peer.url("/x"), "keep-alive", 1, 2),
+    );
+    let run = dir.path().join("run");
+    let (code, _, stderr) = run_bin(vec![
+        "replay".into(),
+        "--metrics-listen".into(),
+        addr.clone().into(),
+        "--out".into(),
+        run.clone().into(),
+        plan.into(),
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--metrics-listen {addr}: cannot bind")),
+        "{stderr}"
+    );
+    assert!(!run.exists(), "no run directory for refused input");
+    assert!(peer.seen().is_empty(), "nothing was sent");
 }

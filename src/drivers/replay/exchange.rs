@@ -2,6 +2,7 @@
 //! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
@@ -16,6 +17,7 @@ use crate::metrics::{Sample, StreamSample};
 use crate::model::{ConnectionPolicy, Endpoint, Outcome};
 use crate::oracle::{self, Oracle};
 use crate::record::ExchangeRecord;
+use crate::telemetry::Observed;
 
 /// One request of the plan, made once per arm: its bytes for the lean client, and the
 /// method, headers and body its rows record.
@@ -148,6 +150,10 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     };
     // The wall clock is read for the row only.
     let started_at_us = ctx.base.record_exchanges.then(clock::wall_now_us);
+    let telemetry = ctx.base.run.telemetry();
+    if let Some(t) = telemetry {
+        t.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
     let mut cap = Capture::start(ctx.base.max_record_body, None);
     let start_offset_us = clock::us_between(ctx.base.run.run_t0_ns, cap.t0_ns());
     let policy = ctx.plan.connection;
@@ -196,6 +202,18 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
+    if let Some(t) = telemetry {
+        t.in_flight.fetch_sub(1, Ordering::Relaxed);
+        t.observe(&Observed {
+            method: frozen.lean.method.as_str(),
+            url: &ctx.urls[d.case.map_or(0, |c| c + 1)],
+            status: got.status,
+            outcome,
+            total_us: got.timings.total_us,
+            ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
+            content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
+        });
+    }
     let exchange_id = ctx.base.run.next_exchange_id();
     let sample = Sample {
         exchange_id,
@@ -277,7 +295,6 @@ fn note_failure(ctx: &Ctx, d: &Dispatch, outcome: Outcome, message: Option<&str>
         .failures
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    ctx.base.progress.set_prefix(format!("failures {f}"));
     ctx.base.progress.println(format!(
         "failure {f}: {} {} -> {}",
         d.phase.as_str(),

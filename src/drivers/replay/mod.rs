@@ -227,11 +227,49 @@ fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::with_draw_target(Some(planned), ProgressDrawTarget::stderr_with_hz(10));
+    // The second line is the live one ([`live_line`]).
     pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}\n  {prefix}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb
+}
+
+/// The progress bar's live line, once a second: exchanges ended per second over the last
+/// second, the latency p50 and p95 so far as the upper bounds of their histogram buckets
+/// (approximate, and labelled so), and failures by kind; every phase counts.
+async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let (mut last_n, mut last_ns) = (0u64, crate::clock::now_ns());
+    loop {
+        tick.tick().await;
+        let (n, failures) = t.totals();
+        let now = crate::clock::now_ns();
+        let secs = (now.saturating_sub(last_ns) as f64 / 1e9).max(1e-3);
+        let rate = n.saturating_sub(last_n) as f64 / secs;
+        (last_n, last_ns) = (n, now);
+        let bound = |pct| match t.duration.quantile_bound(pct) {
+            None => "-".to_string(),
+            Some(s) if s.is_infinite() => "> 300 s".to_string(),
+            Some(s) => format!("<= {} ms", s * 1e3),
+        };
+        let failed = if failures.is_empty() {
+            "none".to_string()
+        } else {
+            failures
+                .iter()
+                .map(|(o, n)| format!("{} {n}", o.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        pb.set_prefix(format!(
+            "{rate:.1} req/s (last second); latency p50 {}, p95 {} (histogram buckets, every phase so far); failures: {failed}",
+            bound(50),
+            bound(95)
+        ));
+    }
 }
 
 /// Run the plan, recording into `run`. `interrupt` flips to true on Ctrl-C / SIGTERM.
@@ -277,10 +315,17 @@ pub(crate) async fn run(
         }),
         notes: std::sync::Mutex::new(Vec::new()),
     });
+    let live = match (base.progress.is_hidden(), base.run.telemetry()) {
+        (false, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
+        _ => None,
+    };
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
     arms::run_arms(&base, &plan, &env, &mut runs, &mut rounds).await;
     watcher.abort();
+    if let Some(l) = live {
+        l.abort();
+    }
     base.progress.finish_and_clear();
 
     let failures = base.failures.load(Ordering::Relaxed);

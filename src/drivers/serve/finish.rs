@@ -21,6 +21,7 @@ use crate::engine::Conn;
 use crate::engine::{CopiedBody, Engine, ExchangeError};
 use crate::model::Phase;
 use crate::record::ExchangeRecord;
+use crate::telemetry::Observed;
 
 /// The one place serve decides an exchange's outcome: a failure on the upstream side (or
 /// the proxy's own deadline or cut) wins; else the client's side: complete is `ok`, ended
@@ -253,6 +254,18 @@ fn build_record(
         got.timings.total_us,
         sh.opts.stats_interval.is_some(),
     );
+    if let Some(t) = sh.run.telemetry() {
+        t.in_flight.fetch_sub(1, Ordering::Relaxed);
+        t.observe(&Observed {
+            method: p.method.as_str(),
+            url: &p.url,
+            status: got.status,
+            outcome: verdict.outcome,
+            total_us: got.timings.total_us,
+            ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
+            content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
+        });
+    }
     let ids = RowIds {
         target_rate_per_second: None,
         exchange_id: sh.run.next_exchange_id(),

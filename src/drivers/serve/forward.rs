@@ -116,6 +116,9 @@ pub(super) async fn handle(
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
+    if let Some(t) = sh.run.telemetry() {
+        t.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(parts.headers, &client, &sh);
     // The record's URL; the upstream target is its tail.

@@ -441,7 +441,7 @@ fn serve_charts(runs: &[RunInput]) -> Vec<Chart> {
 const MAX_ROUTES: usize = 8;
 
 fn route_of(f: &RowFacts) -> String {
-    format!("{} {}", f.method, crate::report::routes::path_of(&f.url))
+    format!("{} {}", f.method, crate::model::url_path(&f.url))
 }
 
 /// Bin widths a timeline may use (µs): the first that needs at most [`MAX_BINS`].

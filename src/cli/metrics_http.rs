@@ -1,0 +1,108 @@
+//! `--metrics-listen ADDR`: a Prometheus text endpoint (`GET /metrics`, exposition format
+//! 0.0.4) over the run's live telemetry and its recorder, served on its own listener
+//! beside the run until the command ends.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use super::{CliError, usage};
+use crate::drivers::RunContext;
+use crate::telemetry::{Kind, Telemetry};
+
+/// The exposition format's content type.
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Bind `--metrics-listen` before anything is created, so a taken port is a usage error.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CliError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| usage(format!("--metrics-listen {addr}: cannot bind: {e}")))
+}
+
+/// Count `run`'s exchanges in `t` and, with a listener, serve them with the recorder's
+/// queue, rows and parts; the server's task (abort it when the command ends).
+pub(crate) fn start(
+    listener: Option<tokio::net::TcpListener>,
+    t: &Arc<Telemetry>,
+    run: &RunContext,
+) -> Option<tokio::task::JoinHandle<()>> {
+    run.set_telemetry(t.clone());
+    let listener = listener?;
+    let r = run.recorder.clone();
+    t.register(
+        "matrix_proxy_recorder_queue_rows",
+        "Finished exchanges waiting in the recorder's queue for the writer thread.",
+        Kind::Gauge,
+        move || r.queued_rows() as f64,
+    );
+    let r = run.recorder.clone();
+    t.register(
+        "matrix_proxy_rows_written_total",
+        "Rows encoded into Parquet parts (the open part included).",
+        Kind::Counter,
+        move || r.rows_written() as f64,
+    );
+    let r = run.recorder.clone();
+    t.register(
+        "matrix_proxy_rows_dropped_total",
+        "Rows dropped because the recorder's queue was full (serve --on-record-full drop).",
+        Kind::Counter,
+        move || r.dropped() as f64,
+    );
+    let r = run.recorder.clone();
+    t.register(
+        "matrix_proxy_parts_closed_total",
+        "Parquet parts finished and renamed into exchanges/.",
+        Kind::Counter,
+        move || r.parts_closed() as f64,
+    );
+    let t = t.clone();
+    Some(tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                // Out of descriptors, say: try again a little later, never spin.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let t = t.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| answer(req, t.clone()));
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    }))
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    t: Arc<Telemetry>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let found = req.uri().path() == "/metrics";
+    let method_ok = req.method() == Method::GET || req.method() == Method::HEAD;
+    let (status, body) = match (found, method_ok) {
+        (true, true) => (StatusCode::OK, t.render()),
+        (true, false) => (StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n".to_string()),
+        (false, _) => (
+            StatusCode::NOT_FOUND,
+            "the metrics are at /metrics\n".to_string(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(CONTENT_TYPE),
+    );
+    Ok(resp)
+}

@@ -1,0 +1,358 @@
+//! Live metrics: what `--metrics-listen` serves and replay's progress line shows. Counters
+//! and fixed-bucket histograms updated with relaxed atomics as each exchange ends, so
+//! the cost per exchange is a few atomic adds and no state is kept per request; route
+//! labels are capped ([`MAX_ROUTES`], then `other`). Rendered in Prometheus' text
+//! exposition format 0.0.4 with conventional names and base units (seconds).
+//!
+//! These numbers are approximate by construction (a histogram's quantile is a bucket's
+//! upper bound) and cover every phase; the run's reported metrics come from the rows.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use crate::model::Outcome;
+
+/// Distinct `METHOD /path` routes kept apart; later ones are counted as `other`.
+pub(crate) const MAX_ROUTES: usize = 32;
+const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// Upper bounds (seconds) of the request-duration and TTFT buckets.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+/// Upper bounds (seconds) of the inter-token-gap buckets.
+const ITL_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A histogram with fixed buckets: a count per bucket (not cumulative) and the sum.
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    /// One per bound, then the `+Inf` bucket.
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe_us(&self, us: i64) {
+        let us = us.max(0);
+        let s = us as f64 / 1e6;
+        let i = self.bounds.partition_point(|b| *b < s);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound and for `+Inf` (which is also the count), read once
+    /// each, so `+Inf` always equals the count rendered with it.
+    fn cumulative(&self) -> Vec<u64> {
+        let mut acc = 0;
+        self.counts
+            .iter()
+            .map(|c| {
+                acc += c.load(Ordering::Relaxed);
+                acc
+            })
+            .collect()
+    }
+
+    /// The upper bound (seconds) of the bucket holding the nearest rank of `pct`, or
+    /// `None` with no observation (`+Inf`: past the last bound).
+    pub(crate) fn quantile_bound(&self, pct: u64) -> Option<f64> {
+        let cum = self.cumulative();
+        let n = *cum.last()?;
+        if n == 0 {
+            return None;
+        }
+        let rank = (pct * n).div_ceil(100).max(1);
+        let i = cum.iter().position(|c| *c >= rank)?;
+        Some(self.bounds.get(i).copied().unwrap_or(f64::INFINITY))
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let cum = self.cumulative();
+        for (b, c) in self.bounds.iter().zip(&cum) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let n = cum.last().copied().unwrap_or(0);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+    }
+}
+
+/// Whether an outside value is a counter (only rises) or a gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// A value read when the endpoint is scraped (the recorder's queue, rows written, ...).
+type Source = Box<dyn Fn() -> f64 + Send + Sync>;
+
+/// The live metrics of one process.
+pub(crate) struct Telemetry {
+    /// `(method, path)` of each route kept apart, in first-seen order.
+    routes: RwLock<Vec<(String, String)>>,
+    /// `[route][status class][outcome]`; route index [`MAX_ROUTES`] is `other`.
+    requests: Vec<AtomicU64>,
+    pub(crate) duration: Histogram,
+    ttft: Histogram,
+    itl: Histogram,
+    /// Exchanges begun and not yet ended (replay; serve registers its own gauge).
+    pub(crate) in_flight: AtomicI64,
+    sources: Mutex<Vec<(&'static str, &'static str, Kind, Source)>>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Telemetry {
+        Telemetry::new()
+    }
+}
+
+/// One ended exchange, as the metrics see it.
+pub(crate) struct Observed<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) url: &'a str,
+    pub(crate) status: Option<i32>,
+    pub(crate) outcome: Outcome,
+    pub(crate) total_us: Option<i64>,
+    pub(crate) ttft_us: Option<i64>,
+    /// Content events' offsets (µs from t0), for the gaps between them.
+    pub(crate) content_offsets_us: &'a [i64],
+}
+
+impl Telemetry {
+    pub(crate) fn new() -> Telemetry {
+        let cells = (MAX_ROUTES + 1) * STATUS_CLASSES.len() * Outcome::ALL.len();
+        Telemetry {
+            routes: RwLock::new(Vec::new()),
+            requests: (0..cells).map(|_| AtomicU64::new(0)).collect(),
+            duration: Histogram::new(LATENCY_BUCKETS),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            in_flight: AtomicI64::new(0),
+            sources: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Serve also `value()` as `name` (with its `# HELP` line) when scraped.
+    pub(crate) fn register(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        kind: Kind,
+        value: impl Fn() -> f64 + Send + Sync + 'static,
+    ) {
+        if let Ok(mut s) = self.sources.lock() {
+            s.push((name, help, kind, Box::new(value)));
+        }
+    }
+
+    /// The route's index: a kept route, a new one while fewer than [`MAX_ROUTES`] are
+    /// kept, else `other`.
+    fn route(&self, method: &str, url: &str) -> usize {
+        let path = crate::model::url_path(url);
+        let find = |r: &[(String, String)]| r.iter().position(|(m, p)| m == method && p == path);
+        if let Some(i) = self.routes.read().ok().and_then(|r| find(&r)) {
+            return i;
+        }
+        let Ok(mut r) = self.routes.write() else {
+            return MAX_ROUTES;
+        };
+        if let Some(i) = find(&r) {
+            return i;
+        }
+        if r.len() < MAX_ROUTES {
+            r.push((method.to_string(), path.to_string()));
+            return r.len() - 1;
+        }
+        MAX_ROUTES
+    }
+
+    /// Count one ended exchange.
+    pub(crate) fn observe(&self, o: &Observed<'_>) {
+        let route = self.route(o.method, o.url);
+        let class = match o.status {
+            Some(s) => ((s / 100).clamp(1, 5) - 1) as usize,
+            None => 5,
+        };
+        let outcome = Outcome::ALL
+            .iter()
+            .position(|x| *x == o.outcome)
+            .unwrap_or(0);
+        let cell = (route * STATUS_CLASSES.len() + class) * Outcome::ALL.len() + outcome;
+        self.requests[cell].fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = o.total_us {
+            self.duration.observe_us(t);
+        }
+        if let Some(t) = o.ttft_us {
+            self.ttft.observe_us(t);
+        }
+        for w in o.content_offsets_us.windows(2) {
+            self.itl.observe_us(w[1] - w[0]);
+        }
+    }
+
+    /// Exchanges ended so far, and those of each failure kind (`ok` left out).
+    pub(crate) fn totals(&self) -> (u64, Vec<(Outcome, u64)>) {
+        let mut by = vec![0u64; Outcome::ALL.len()];
+        for (i, c) in self.requests.iter().enumerate() {
+            by[i % Outcome::ALL.len()] += c.load(Ordering::Relaxed);
+        }
+        let total = by.iter().sum();
+        let failures = Outcome::ALL
+            .iter()
+            .zip(by)
+            .filter(|(o, n)| **o != Outcome::Ok && *n > 0)
+            .map(|(o, n)| (*o, n))
+            .collect();
+        (total, failures)
+    }
+
+    /// The exposition text (format 0.0.4).
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::with_capacity(8 << 10);
+        out.push_str("# HELP matrix_proxy_requests_total Exchanges ended, by route (method and path without the query; the first 32, later ones as other), the worker's status class (none: no response head) and outcome.\n# TYPE matrix_proxy_requests_total counter\n");
+        let routes = self.routes.read().map(|r| r.clone()).unwrap_or_default();
+        let n_out = Outcome::ALL.len();
+        for (cell, c) in self.requests.iter().enumerate() {
+            let v = c.load(Ordering::Relaxed);
+            if v == 0 {
+                continue;
+            }
+            let (route, rest) = (
+                cell / (STATUS_CLASSES.len() * n_out),
+                cell % (STATUS_CLASSES.len() * n_out),
+            );
+            let label = routes
+                .get(route)
+                .map_or_else(|| "other".to_string(), |(m, p)| format!("{m} {p}"));
+            let _ = writeln!(
+                out,
+                "matrix_proxy_requests_total{{route=\"{}\",status_class=\"{}\",outcome=\"{}\"}} {v}",
+                escape_label(&label),
+                STATUS_CLASSES[rest / n_out],
+                Outcome::ALL[rest % n_out].as_str()
+            );
+        }
+        self.duration.render(
+            &mut out,
+            "matrix_proxy_request_duration_seconds",
+            "Start of the exchange to the last body byte (total_us), every exchange with a duration.",
+        );
+        self.ttft.render(
+            &mut out,
+            "matrix_proxy_time_to_first_token_seconds",
+            "Time to the first content event of event streams (ttft_us).",
+        );
+        self.itl.render(
+            &mut out,
+            "matrix_proxy_inter_token_latency_seconds",
+            "Gaps between consecutive content events of event streams.",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP matrix_proxy_in_flight_requests Exchanges begun and not yet ended.\n# TYPE matrix_proxy_in_flight_requests gauge\nmatrix_proxy_in_flight_requests {}",
+            self.in_flight.load(Ordering::Relaxed)
+        );
+        if let Ok(sources) = self.sources.lock() {
+            for (name, help, kind, value) in sources.iter() {
+                let kind = match kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                };
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                    value()
+                );
+            }
+        }
+        out
+    }
+}
+
+/// A label value as the exposition format writes it: `\`, `"` and newlines escaped.
+fn escape_label(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            _ => o.push(c),
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(method: &str, url: &str, total_us: i64) -> Observed<'static> {
+        Observed {
+            method: Box::leak(method.to_string().into_boxed_str()),
+            url: Box::leak(url.to_string().into_boxed_str()),
+            status: Some(200),
+            outcome: Outcome::Ok,
+            total_us: Some(total_us),
+            ttft_us: None,
+            content_offsets_us: &[],
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_inf_is_the_count() {
+        let t = Telemetry::new();
+        for us in [500, 1_000, 1_001, 7_000, 400_000_000] {
+            t.observe(&ok("POST", "/v1/x", us));
+        }
+        let text = t.render();
+        assert!(
+            text.contains("matrix_proxy_request_duration_seconds_bucket{le=\"0.001\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("matrix_proxy_request_duration_seconds_bucket{le=\"0.0025\"} 3\n"));
+        assert!(text.contains("matrix_proxy_request_duration_seconds_bucket{le=\"0.01\"} 4\n"));
+        assert!(text.contains("matrix_proxy_request_duration_seconds_bucket{le=\"300\"} 4\n"));
+        assert!(text.contains("matrix_proxy_request_duration_seconds_bucket{le=\"+Inf\"} 5\n"));
+        assert!(text.contains("matrix_proxy_request_duration_seconds_count 5\n"));
+        assert!(text.contains("matrix_proxy_requests_total{route=\"POST /v1/x\",status_class=\"2xx\",outcome=\"ok\"} 5\n"));
+        // Nearest rank 50 of 5 is the 3rd: the 2.5 ms bucket; p95 is past every bound.
+        assert_eq!(t.duration.quantile_bound(50), Some(0.0025));
+        assert_eq!(t.duration.quantile_bound(95), Some(f64::INFINITY));
+    }
+
+    #[test]
+    fn routes_are_capped_and_labels_escaped() {
+        let t = Telemetry::new();
+        for i in 0..40 {
+            t.observe(&ok("GET", &format!("http://h/p{i}?secret=1"), 10));
+        }
+        t.observe(&ok("GET", "/a\"b\\c\nd", 10));
+        let text = t.render();
+        assert_eq!(
+            text.matches("matrix_proxy_requests_total{").count(),
+            33,
+            "{text}"
+        );
+        assert!(text.contains("route=\"other\",status_class=\"2xx\",outcome=\"ok\"} 9\n"));
+        assert!(!text.contains("secret"));
+        let t = Telemetry::new();
+        t.observe(&ok("GET", "/a\"b\\c\nd", 10));
+        assert!(t.render().contains("route=\"GET /a\\\"b\\\\c\\nd\""));
+    }
+}
