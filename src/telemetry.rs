@@ -181,6 +181,13 @@ impl Telemetry {
         MAX_ROUTES
     }
 
+    /// One exchange in flight until the guard is dropped (replay's exchanges; serve
+    /// counts its own with its live counter).
+    pub(crate) fn begin(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.in_flight)
+    }
+
     /// Count one ended exchange.
     pub(crate) fn observe(&self, o: &Observed<'_>) {
         let route = self.route(o.method, o.url);
@@ -281,6 +288,15 @@ impl Telemetry {
             }
         }
         out
+    }
+}
+
+/// An exchange counted in flight; dropped, it is not.
+pub(crate) struct InFlight<'a>(&'a AtomicI64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

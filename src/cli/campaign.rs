@@ -313,7 +313,7 @@ pub(crate) fn verdict_cmd(
     };
     let path = out.map_or_else(|| dir.join(default), Path::to_path_buf);
     write_json(&path, &v)?;
-    super::print_stdout(&verdict::verdict_text(&v), dir).map_err(tool)?;
+    super::print_stdout(&verdict::verdict_text(&v), "the verdict", dir).map_err(tool)?;
     eprintln!("matrix-proxy: verdict written to {}", path.display());
     Ok(Exit::Ok)
 }
@@ -483,7 +483,7 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
     }
     let out = args.out;
     write_json(out, &doc)?;
-    super::print_stdout(&text, out).map_err(tool)?;
+    super::print_stdout(&text, "the comparison", out).map_err(tool)?;
     eprintln!("matrix-proxy: comparison written to {}", out.display());
     Ok(Exit::Ok)
 }

@@ -21,6 +21,11 @@ use crate::telemetry::{Kind, Telemetry};
 /// The exposition format's content type.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// The bound address as config.json records it (`metrics_listen`).
+pub(crate) fn address(listener: Option<&tokio::net::TcpListener>) -> Option<String> {
+    listener?.local_addr().ok().map(|a| a.to_string())
+}
+
 /// Bind `--metrics-listen` before anything is created, so a taken port is a usage error.
 pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CliError> {
     tokio::net::TcpListener::bind(addr)
@@ -34,9 +39,13 @@ pub(crate) fn start(
     listener: Option<tokio::net::TcpListener>,
     t: &Arc<Telemetry>,
     run: &RunContext,
+    quiet: bool,
 ) -> Option<tokio::task::JoinHandle<()>> {
     run.set_telemetry(t.clone());
     let listener = listener?;
+    if let (Some(a), false) = (address(Some(&listener)), quiet) {
+        eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
+    }
     let r = run.recorder.clone();
     t.register(
         "matrix_proxy_recorder_queue_rows",
@@ -67,14 +76,17 @@ pub(crate) fn start(
     );
     let t = t.clone();
     Some(tokio::spawn(async move {
+        // The connections' tasks end with the server's (aborting it drops the set).
+        let mut conns = tokio::task::JoinSet::new();
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 // Out of descriptors, say: try again a little later, never spin.
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
+            while conns.try_join_next().is_some() {}
             let t = t.clone();
-            tokio::spawn(async move {
+            conns.spawn(async move {
                 let svc = service_fn(move |req| answer(req, t.clone()));
                 let _ = http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), svc)

@@ -563,16 +563,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         }),
         Command::Summarize { dir, quiet, json } => summarize_cmd(&dir, quiet, json),
         Command::Report { runs, out } => report_cmd(&runs, out.as_deref()),
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "matrix-proxy",
-                &mut std::io::stdout(),
-            );
-            Ok(Exit::Ok)
-        }
+        Command::Completions { shell } => completions(shell),
         Command::Recover { dir } => recover_cmd(&dir),
         Command::Verdict { dir, contract, out } => verdict_cmd(&dir, &contract, out.as_deref()),
         Command::Compare {
@@ -843,24 +834,38 @@ fn create_run_dir(out: &Path, default_name: bool) -> Result<RunDir, CliError> {
 
 /// Write `text` to stdout. A closed or full stdout (`> /dev/full`, a pipe whose reader
 /// left) is an error naming where the files are (exit 3), never a panic.
-fn print_stdout(text: &str, dir: &Path) -> Result<(), String> {
+fn print_stdout(text: &str, what: &str, dir: &Path) -> Result<(), String> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
         .map_err(|e| {
             format!(
-                "cannot write the table to stdout: {e}; the files written are complete ({})",
+                "cannot write {what} to stdout: {e}; the files written are complete ({})",
                 dir.display()
             )
         })
+}
+
+/// `completions SHELL`: the script on stdout (a closed pipe is an error, not a panic).
+fn completions(shell: clap_complete::Shell) -> Result<Exit, CliError> {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "matrix-proxy", &mut script);
+    print_stdout(
+        &String::from_utf8_lossy(&script),
+        "the completion script",
+        Path::new("."),
+    )
+    .map(|()| Exit::Ok)
+    .map_err(tool)
 }
 
 /// `--json`: `v` on stdout exactly as `RunDir::write_json` writes it to summary.json.
 fn print_json(v: &serde_json::Value, dir: &Path) -> Result<(), String> {
     let mut text = serde_json::to_string_pretty(v).unwrap_or_default();
     text.push('\n');
-    print_stdout(&text, dir)
+    print_stdout(&text, "the summary", dir)
 }
 
 fn run_id(now_us: i64) -> String {
@@ -1010,12 +1015,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
     let mut fields = serve_config_fields(&args, &input, listen_addr, backlog);
-    fields["metrics_listen"] = serde_json::json!(
-        metrics_listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok())
-            .map(|a| a.to_string())
-    );
+    fields["metrics_listen"] = serde_json::json!(metrics_http::address(metrics_listener.as_ref()));
     let mut config = config_json::config_json(
         "serve",
         &argv(&input.redaction),
@@ -1057,13 +1057,8 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         max_connections: input.max_connections,
     };
     // Live metrics only when asked for: without them serve counts nothing more.
-    let metrics_server = metrics_listener.and_then(|l| {
-        let t = Arc::new(crate::telemetry::Telemetry::new());
-        metrics_http::start(Some(l), &t, &run)
-    });
-    if let (Some(a), false) = (config["metrics_listen"].as_str(), args.quiet) {
-        eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
-    }
+    let metrics_server = metrics_listener
+        .and_then(|l| metrics_http::start(Some(l), &Arc::default(), &run, args.quiet));
     let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
     if let Some(m) = metrics_server {
         m.abort();
@@ -1089,27 +1084,27 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Err(e) = dir.write_json("summary.json", &summary) {
         problems.push(e.to_string());
     }
-    if args.json
-        && let Err(e) = print_json(&summary, &dir.path)
-    {
-        problems.push(e);
-    }
     config_json::finished(&mut config);
     if let Err(e) = dir.write_json("config.json", &config) {
         problems.push(e.to_string());
     }
-    serve_stopped(&args, &stats, rows, &dir, problems)
+    serve_stopped(&args, (&stats, &summary), rows, &dir, problems)
 }
 
 /// What a stopped serve prints, and its exit: 130 (stopped by a signal) unless writing
 /// failed.
 fn serve_stopped(
     args: &ServeArgs,
-    stats: &ServeStats,
+    (stats, summary): (&ServeStats, &serde_json::Value),
     rows: u64,
     dir: &RunDir,
-    problems: Vec<String>,
+    mut problems: Vec<String>,
 ) -> Result<Exit, CliError> {
+    if args.json
+        && let Err(e) = print_json(summary, &dir.path)
+    {
+        problems.push(e);
+    }
     if !args.quiet || stats.dropped_rows > 0 {
         eprintln!(
             "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",

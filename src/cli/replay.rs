@@ -75,12 +75,12 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     rec_opts.hold_bytes = input.record_hold;
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
-    // Live metrics: always for the progress line, served with --metrics-listen.
-    let telemetry = Arc::new(crate::telemetry::Telemetry::new());
-    let metrics_server = super::metrics_http::start(input.metrics.take(), &telemetry, &run);
-    if let (Some(a), false) = (config["extra"]["metrics_listen"].as_str(), args.quiet) {
-        eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
-    }
+    // Live metrics for the progress line and --metrics-listen; neither: none are counted.
+    let metrics = input.metrics.take();
+    let metrics_server = (!args.quiet || metrics.is_some()).then(|| {
+        let t = Arc::new(crate::telemetry::Telemetry::new());
+        super::metrics_http::start(metrics, &t, &run, args.quiet)
+    });
     let result = replay::run(
         ReplayOptions {
             plan,
@@ -100,7 +100,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         },
     )
     .await;
-    if let Some(m) = metrics_server {
+    if let Some(m) = metrics_server.flatten() {
         m.abort();
     }
     let recording = run.finish_recording().await;
@@ -380,7 +380,7 @@ fn create_run(
             "default_max_tokens": mock_config.default_max_tokens,
         })),
         "runtime_threads": super::runtime_threads(args.threads),
-        "metrics_listen": input.metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
+        "metrics_listen": super::metrics_http::address(input.metrics.as_ref()),
         "auth": {
             "bearer_token_env": token_env,
             "bearer_token_sent": bearer_token.is_some(),
@@ -605,7 +605,11 @@ fn reports(
     }
     if !args.quiet {
         if !args.json
-            && let Err(e) = super::print_stdout(&(result.table.clone() + &campaign_text), &dir.path)
+            && let Err(e) = super::print_stdout(
+                &(result.table.clone() + &campaign_text),
+                "the table",
+                &dir.path,
+            )
         {
             problems.push(e);
         }

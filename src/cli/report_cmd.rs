@@ -63,6 +63,12 @@ fn read_run(dir: &Path) -> Result<RunInput, CliError> {
         (config, facts, first)
     } else {
         let config = super::run_config(dir)?;
+        if config["shard"].is_object() {
+            return Err(usage(format!(
+                "{}: this is one shard's report folder of a sharded run; report the output folder that holds shards/ and exchanges/ (after `matrix-proxy summarize` on it) to see every shard's rows on one timeline",
+                dir.display()
+            )));
+        }
         let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
         (config, facts, dir.to_path_buf())
     };

@@ -188,7 +188,12 @@ pub(crate) fn merge(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErro
     if json {
         super::print_json(&s, dir).map_err(tool)?;
     } else if !quiet {
-        super::print_stdout(&report::table(&plan, &rounds, &aggs, &excluded), dir).map_err(tool)?;
+        super::print_stdout(
+            &report::table(&plan, &rounds, &aggs, &excluded),
+            "the table",
+            dir,
+        )
+        .map_err(tool)?;
     }
     eprintln!(
         "matrix-proxy: merged {} shard(s): {} round(s) from {} rows in {} (ending: {})",

@@ -147,7 +147,12 @@ fn replay(
     if json {
         super::print_json(&s, dir).map_err(tool)?;
     } else if !quiet {
-        super::print_stdout(&report::table(&plan, &rounds, &aggs, &excluded), dir).map_err(tool)?;
+        super::print_stdout(
+            &report::table(&plan, &rounds, &aggs, &excluded),
+            "the table",
+            dir,
+        )
+        .map_err(tool)?;
     }
     eprintln!(
         "matrix-proxy: rebuilt {} round(s) from {} rows in {} (ending kept: {}){}",

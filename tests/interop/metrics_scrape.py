@@ -137,11 +137,20 @@ def serve_check(binary: str, work: Path) -> int:
         chat(5, False)
         first = scrape(addr)
         chat(5, True)
-        second = scrape(addr)
+        # A stream's row (and its count) is built just after the client read its end: wait
+        # for the tenth, with a deadline.
+        deadline = time.monotonic() + 10
+        while True:
+            second = scrape(addr)
+            ok = value(second, "matrix_proxy_requests", "_total", route="POST /v1/chat/completions",
+                       status_class="2xx", outcome="ok")
+            if ok == 10 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         checks = check_twice(first, second)
-        ok = value(second, "matrix_proxy_requests", "_total", route="POST /v1/chat/completions",
-                   status_class="2xx", outcome="ok")
         assert ok == 10, ok
+        # Nothing is left in flight once every client has its answer.
+        assert value(second, "matrix_proxy_in_flight_requests") == 0, "in flight after the traffic"
         assert value(second, "matrix_proxy_time_to_first_token_seconds", "_count") == 5
         assert value(second, "matrix_proxy_inter_token_latency_seconds", "_count") > 0
         assert "SECRET" not in str([s for f in second.values() for s in f.samples])

@@ -104,7 +104,7 @@ async fn completions_are_generated_for_bash_zsh_and_fish() {
 
 #[tokio::test]
 async fn report_embeds_the_numbers_it_draws_for_one_and_several_runs() {
-    // One ok round at c = 1 and c = 2, then a run whose worker fails every other answer.
+    // Two ok rounds at c = 1 and two at c = 2.
     let peer = Peer::start(echo_handler()).await;
     let dir = tempfile::tempdir().unwrap();
     let mut plan = echo_plan(peer.url("/x"), "keep-alive", 1, 8);
@@ -283,4 +283,71 @@ async fn a_taken_metrics_port_is_refused_before_anything_is_created() {
     );
     assert!(!run.exists(), "no run directory for refused input");
     assert!(peer.seen().is_empty(), "nothing was sent");
+}
+
+#[tokio::test]
+async fn failed_exchanges_get_their_own_cdf_and_timeline_series() {
+    // Every other POST answered 500: half the measured exchanges fail (`http`).
+    let echo = echo_handler();
+    let flaky: Handler = std::sync::Arc::new(move |i, seen: &Seen| {
+        if seen.method == "POST" && i % 2 == 1 {
+            Reply::json(500, &json!({"error": "flaky"}))
+        } else {
+            echo(i, seen)
+        }
+    });
+    let peer = Peer::start(flaky).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut plan = echo_plan(peer.url("/x"), "keep-alive", 1, 10);
+    plan["on_failure"] = json!("continue");
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, matrix_proxy::cli::Exit::Failure);
+    let (code, _, stderr) = run_bin(vec!["report".into(), run.clone().into()]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let charts = chart_blocks(&std::fs::read_to_string(run.join("report.html")).unwrap());
+    let rows = Rows::read(&run);
+    let (phase, outcome, total) = (
+        rows.strs("phase"),
+        rows.strs("outcome"),
+        rows.i64s("total_us"),
+    );
+    let mut failed: Vec<i64> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured") && outcome[i].as_deref() != Some("ok"))
+        .map(|i| total[i].unwrap())
+        .collect();
+    failed.sort_unstable();
+    assert!(failed.len() >= 4, "{} failed", failed.len());
+    let cdf = &charts[0];
+    let f = cdf["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["outcome"] == json!("failed"))
+        .unwrap();
+    assert_eq!(f["n"], json!(failed.len()));
+    assert_eq!(f["points"][0], json!([0, failed[0]]));
+    assert_eq!(f["points"][100], json!([100, failed[failed.len() - 1]]));
+    // The timeline counts every failure of every phase by kind.
+    let all_failed = outcome
+        .iter()
+        .filter(|o| o.as_deref() != Some("ok"))
+        .count() as u64;
+    let tl = charts
+        .iter()
+        .find(|c| c["kind"] == json!("timeline"))
+        .unwrap();
+    let counted: u64 = tl["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"].as_str().unwrap().starts_with("failed: "))
+        .flat_map(|s| {
+            s["counts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_u64().unwrap())
+        })
+        .sum();
+    assert_eq!(counted, all_failed);
 }

@@ -2,7 +2,6 @@
 //! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
@@ -150,10 +149,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     };
     // The wall clock is read for the row only.
     let started_at_us = ctx.base.record_exchanges.then(clock::wall_now_us);
-    let telemetry = ctx.base.run.telemetry();
-    if let Some(t) = telemetry {
-        t.in_flight.fetch_add(1, Ordering::Relaxed);
-    }
+    let in_flight = ctx.base.run.telemetry().map(|t| t.begin());
     let mut cap = Capture::start(ctx.base.max_record_body, None);
     let start_offset_us = clock::us_between(ctx.base.run.run_t0_ns, cap.t0_ns());
     let policy = ctx.plan.connection;
@@ -202,18 +198,8 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
     };
     let outcome = verdict.outcome;
-    if let Some(t) = telemetry {
-        t.in_flight.fetch_sub(1, Ordering::Relaxed);
-        t.observe(&Observed {
-            method: frozen.lean.method.as_str(),
-            url: &ctx.urls[d.case.map_or(0, |c| c + 1)],
-            status: got.status,
-            outcome,
-            total_us: got.timings.total_us,
-            ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
-            content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
-        });
-    }
+    drop(in_flight);
+    observe(ctx, &d, &frozen.lean.method, &got, outcome);
     let exchange_id = ctx.base.run.next_exchange_id();
     let sample = Sample {
         exchange_id,
@@ -271,6 +257,22 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
     sample
+}
+
+/// Count an ended exchange in the live metrics, when the run has them.
+fn observe(ctx: &Ctx, d: &Dispatch, method: &Method, got: &Captured, outcome: Outcome) {
+    let Some(t) = ctx.base.run.telemetry() else {
+        return;
+    };
+    t.observe(&Observed {
+        method: method.as_str(),
+        url: &ctx.urls[d.case.map_or(0, |c| c + 1)],
+        status: got.status,
+        outcome,
+        total_us: got.timings.total_us,
+        ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
+        content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
+    });
 }
 
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,

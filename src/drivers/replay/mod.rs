@@ -242,6 +242,8 @@ fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
 /// (approximate, and labelled so), and failures by kind; every phase counts.
 async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    // After a stall, one late tick rather than a burst of catch-up ones.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut last_n, mut last_ns) = (0u64, crate::clock::now_ns());
     loop {
         tick.tick().await;

@@ -239,7 +239,6 @@ fn build_record(
     verdict: Verdict,
     end: Option<DownstreamEnd>,
 ) -> ExchangeRecord {
-    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
     let t0_ns = p.cap.t0_ns();
     let mut got = p.cap.into_captured();
     // Only a response whose last byte was handed to the client has a downstream end; one
@@ -255,7 +254,6 @@ fn build_record(
         sh.opts.stats_interval.is_some(),
     );
     if let Some(t) = sh.run.telemetry() {
-        t.in_flight.fetch_sub(1, Ordering::Relaxed);
         t.observe(&Observed {
             method: p.method.as_str(),
             url: &p.url,

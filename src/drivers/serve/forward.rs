@@ -34,6 +34,32 @@ pub(super) struct InFlight {
     pub(super) conn_no: i64,
     pub(super) index: i64,
     pub(super) client: Arc<ClientConn>,
+    /// Counts the exchange in flight until the row is built or the request is dropped.
+    pub(super) _counted: InFlightCount,
+}
+
+/// One exchange in flight in serve's live counter and the telemetry's gauge, until dropped:
+/// when its row has been built, or when hyper drops the request's future because the
+/// client left before the response head came.
+pub(super) struct InFlightCount(Arc<Shared>);
+
+impl InFlightCount {
+    fn new(sh: &Arc<Shared>) -> InFlightCount {
+        sh.in_flight.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = sh.run.telemetry() {
+            t.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+        InFlightCount(sh.clone())
+    }
+}
+
+impl Drop for InFlightCount {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(t) = self.0.run.telemetry() {
+            t.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
@@ -115,10 +141,7 @@ pub(super) async fn handle(
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
-    sh.in_flight.fetch_add(1, Ordering::Relaxed);
-    if let Some(t) = sh.run.telemetry() {
-        t.in_flight.fetch_add(1, Ordering::Relaxed);
-    }
+    let counted = InFlightCount::new(&sh);
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(parts.headers, &client, &sh);
     // The record's URL; the upstream target is its tail.
@@ -141,6 +164,7 @@ pub(super) async fn handle(
         conn_no,
         index,
         client,
+        _counted: counted,
     };
 
     let conn = slot.lock().ok().and_then(|mut s| s.take());
