@@ -228,6 +228,32 @@ impl Telemetry {
         (total, failures)
     }
 
+    /// replay's live progress line, given the exchanges ended per second lately: that
+    /// rate, p50 and p95 so far as histogram bucket bounds (labelled approximate), and
+    /// the failures so far by kind.
+    pub(crate) fn live_text(&self, rate: f64) -> String {
+        let bound = |pct| match self.duration.quantile_bound(pct) {
+            None => "-".to_string(),
+            Some(s) if s.is_infinite() => "> 300 s".to_string(),
+            Some(s) => format!("<= {} ms", (s * 1e6).round() / 1e3),
+        };
+        let (_, failures) = self.totals();
+        let failed = if failures.is_empty() {
+            "none".to_string()
+        } else {
+            let kinds: Vec<String> = failures
+                .iter()
+                .map(|(o, n)| format!("{} {n}", o.as_str()))
+                .collect();
+            kinds.join(", ")
+        };
+        format!(
+            "{rate:.1} req/s (last second); latency p50 {}, p95 {} (histogram buckets, every phase so far); failures: {failed}",
+            bound(50),
+            bound(95)
+        )
+    }
+
     /// The exposition text (format 0.0.4).
     pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(8 << 10);
@@ -350,6 +376,27 @@ mod tests {
         // Nearest rank 50 of 5 is the 3rd: the 2.5 ms bucket; p95 is past every bound.
         assert_eq!(t.duration.quantile_bound(50), Some(0.0025));
         assert_eq!(t.duration.quantile_bound(95), Some(f64::INFINITY));
+    }
+
+    #[test]
+    fn the_live_line_says_rate_bounds_and_failures() {
+        let t = Telemetry::new();
+        assert_eq!(
+            t.live_text(0.0),
+            "0.0 req/s (last second); latency p50 -, p95 - (histogram buckets, every phase so far); failures: none"
+        );
+        for us in [2_000, 2_100, 2_200, 40_000] {
+            t.observe(&ok("POST", "/v1/x", us));
+        }
+        let mut timeout = ok("POST", "/v1/x", 0);
+        timeout.outcome = Outcome::Timeout;
+        timeout.total_us = None;
+        t.observe(&timeout);
+        t.observe(&timeout);
+        assert_eq!(
+            t.live_text(12.34),
+            "12.3 req/s (last second); latency p50 <= 2.5 ms, p95 <= 50 ms (histogram buckets, every phase so far); failures: timeout 2"
+        );
     }
 
     #[test]

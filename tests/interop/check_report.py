@@ -31,12 +31,24 @@ class Run:
     def __init__(self, con, d: Path):
         self.dir = d
         self.name = d.resolve().name
-        self.config = json.loads((d / "config.json").read_text())
         self.summary = json.loads((d / "summary.json").read_text())
         cj = d / "campaign.json"
         self.campaign = json.loads(cj.read_text()) if cj.exists() else None
         self.view = "ex_" + re.sub(r"\W", "_", self.name)
-        con.execute(f"create view {self.view} as select * from read_parquet('{d / 'exchanges' / '*.parquet'}')")
+        if (d / "shards").is_dir() and not (d / "config.json").exists():
+            # A sharded run: every shard's rows, their offsets moved onto the shared
+            # timeline (microseconds from --start-at), read with Hive partitioning.
+            configs = [json.loads(c.read_text()) for c in sorted((d / "shards").glob("*/config.json"))]
+            self.config = configs[0]
+            offs = ", ".join(f"({c['shard']['index']}, {c['shard']['start_at_offset_us']})" for c in configs)
+            con.execute(f"""create view {self.view} as
+                select * exclude (off) replace (start_offset_us - off as start_offset_us,
+                                                scheduled_offset_us - off as scheduled_offset_us)
+                from read_parquet('{d / 'exchanges' / '*' / '*.parquet'}', hive_partitioning = true)
+                join (values {offs}) o(shard, off) using (shard)""")
+        else:
+            self.config = json.loads((d / "config.json").read_text())
+            con.execute(f"create view {self.view} as select * from read_parquet('{d / 'exchanges' / '*.parquet'}')")
 
 
 LATENCY = "total_us + coalesce(send_lag_us, 0)"

@@ -351,3 +351,57 @@ async fn failed_exchanges_get_their_own_cdf_and_timeline_series() {
         .sum();
     assert_eq!(counted, all_failed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_json_prints_its_summary_when_stopped() {
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("live");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))
+        .args([
+            "serve",
+            "--quiet",
+            "--json",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+        ])
+        .arg(peer.url(""))
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let addr = serve_address(&out).await;
+    let mut client = Client::connect(addr).await;
+    for _ in 0..3 {
+        let (status, _, _) = client
+            .send(request("POST", addr, "/v1/x", "{\"q\": 1}"))
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    drop(client);
+    signal(&child, "-TERM");
+    let done = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("serve stops within 30 s")
+        .unwrap();
+    assert_eq!(
+        done.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(
+        done.stdout,
+        std::fs::read(out.join("summary.json")).unwrap()
+    );
+    let v: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(
+        (v["requests"].clone(), v["ending"].clone()),
+        (json!(3), json!("stopped"))
+    );
+}

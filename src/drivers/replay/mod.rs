@@ -247,30 +247,12 @@ async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
     let (mut last_n, mut last_ns) = (0u64, crate::clock::now_ns());
     loop {
         tick.tick().await;
-        let (n, failures) = t.totals();
+        let (n, _) = t.totals();
         let now = crate::clock::now_ns();
         let secs = (now.saturating_sub(last_ns) as f64 / 1e9).max(1e-3);
         let rate = n.saturating_sub(last_n) as f64 / secs;
         (last_n, last_ns) = (n, now);
-        let bound = |pct| match t.duration.quantile_bound(pct) {
-            None => "-".to_string(),
-            Some(s) if s.is_infinite() => "> 300 s".to_string(),
-            Some(s) => format!("<= {} ms", s * 1e3),
-        };
-        let failed = if failures.is_empty() {
-            "none".to_string()
-        } else {
-            failures
-                .iter()
-                .map(|(o, n)| format!("{} {n}", o.as_str()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        pb.set_prefix(format!(
-            "{rate:.1} req/s (last second); latency p50 {}, p95 {} (histogram buckets, every phase so far); failures: {failed}",
-            bound(50),
-            bound(95)
-        ));
+        pb.set_prefix(t.live_text(rate));
     }
 }
 
