@@ -16,7 +16,39 @@ use hyper_util::rt::TokioIo;
 
 use super::{CliError, usage};
 use crate::drivers::RunContext;
+use crate::record::Recorder;
 use crate::telemetry::{Kind, Telemetry};
+
+/// A value of the recorder served at each scrape: name, help, type, and how to read it.
+type RecorderValue = (&'static str, &'static str, Kind, fn(&Recorder) -> f64);
+
+/// The recorder's values, read at each scrape.
+const RECORDER_VALUES: [RecorderValue; 4] = [
+    (
+        "matrix_proxy_recorder_queue_rows",
+        "Finished exchanges waiting in the recorder's queue for the writer thread.",
+        Kind::Gauge,
+        |r| r.queued_rows() as f64,
+    ),
+    (
+        "matrix_proxy_rows_written_total",
+        "Rows encoded into Parquet parts (the open part included).",
+        Kind::Counter,
+        |r| r.rows_written() as f64,
+    ),
+    (
+        "matrix_proxy_rows_dropped_total",
+        "Rows dropped because the recorder's queue was full (serve --on-record-full drop).",
+        Kind::Counter,
+        |r| r.dropped() as f64,
+    ),
+    (
+        "matrix_proxy_parts_closed_total",
+        "Parquet parts finished and renamed into exchanges/.",
+        Kind::Counter,
+        |r| r.parts_closed() as f64,
+    ),
+];
 
 /// The exposition format's content type.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -46,34 +78,10 @@ pub(crate) fn start(
     if let (Some(a), false) = (address(Some(&listener)), quiet) {
         eprintln!("matrix-proxy: live metrics at http://{a}/metrics");
     }
-    let r = run.recorder.clone();
-    t.register(
-        "matrix_proxy_recorder_queue_rows",
-        "Finished exchanges waiting in the recorder's queue for the writer thread.",
-        Kind::Gauge,
-        move || r.queued_rows() as f64,
-    );
-    let r = run.recorder.clone();
-    t.register(
-        "matrix_proxy_rows_written_total",
-        "Rows encoded into Parquet parts (the open part included).",
-        Kind::Counter,
-        move || r.rows_written() as f64,
-    );
-    let r = run.recorder.clone();
-    t.register(
-        "matrix_proxy_rows_dropped_total",
-        "Rows dropped because the recorder's queue was full (serve --on-record-full drop).",
-        Kind::Counter,
-        move || r.dropped() as f64,
-    );
-    let r = run.recorder.clone();
-    t.register(
-        "matrix_proxy_parts_closed_total",
-        "Parquet parts finished and renamed into exchanges/.",
-        Kind::Counter,
-        move || r.parts_closed() as f64,
-    );
+    for (name, help, kind, read) in RECORDER_VALUES {
+        let r = run.recorder.clone();
+        t.register(name, help, kind, move || read(&r));
+    }
     let t = t.clone();
     Some(tokio::spawn(async move {
         // The connections' tasks end with the server's (aborting it drops the set).

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use super::{CliError, Exit, tool, usage};
 use crate::record::read::{RowFacts, read_row_facts};
-use crate::record::rundir::RunDir;
 use crate::report::{self, Ending};
 
 /// Whether `dir` is the output folder of a sharded run (it has `shards/`, and no
@@ -182,19 +181,9 @@ pub(crate) fn merge(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErro
         "timeline": "start_offset_us and scheduled_offset_us of every shard moved to microseconds from start_at; each shard's own summary (with its generator load) is in shards/I/summary.json",
     });
     report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
-    RunDir::existing(dir)
-        .write_json("summary.json", &s)
-        .map_err(|e| tool(e.to_string()))?;
-    if json {
-        super::print_json(&s, dir).map_err(tool)?;
-    } else if !quiet {
-        super::print_stdout(
-            &report::table(&plan, &rounds, &aggs, &excluded),
-            "the table",
-            dir,
-        )
-        .map_err(tool)?;
-    }
+    super::summarize::write_and_show(dir, &s, (quiet, json), || {
+        report::table(&plan, &rounds, &aggs, &excluded)
+    })?;
     eprintln!(
         "matrix-proxy: merged {} shard(s): {} round(s) from {} rows in {} (ending: {})",
         runs.len(),

@@ -141,19 +141,9 @@ fn replay(
     s["rebuilt_from_exchanges"] = json!(true);
     keep_originals(dir)?;
     report::write_rounds_parquet(&dir.join("rounds.parquet"), &rounds).map_err(tool)?;
-    let run = RunDir::existing(dir);
-    run.write_json("summary.json", &s)
-        .map_err(|e| tool(e.to_string()))?;
-    if json {
-        super::print_json(&s, dir).map_err(tool)?;
-    } else if !quiet {
-        super::print_stdout(
-            &report::table(&plan, &rounds, &aggs, &excluded),
-            "the table",
-            dir,
-        )
-        .map_err(tool)?;
-    }
+    write_and_show(dir, &s, (quiet, json), || {
+        report::table(&plan, &rounds, &aggs, &excluded)
+    })?;
     eprintln!(
         "matrix-proxy: rebuilt {} round(s) from {} rows in {} (ending kept: {}){}",
         rounds.len(),
@@ -172,6 +162,25 @@ fn replay(
     } else {
         Exit::Failure
     })
+}
+
+/// Write a rebuilt or merged summary.json, then show it: the same bytes with `--json`,
+/// else the table (`table()`) unless `--quiet`.
+pub(super) fn write_and_show(
+    dir: &Path,
+    s: &Value,
+    (quiet, json): (bool, bool),
+    table: impl FnOnce() -> String,
+) -> Result<(), CliError> {
+    RunDir::existing(dir)
+        .write_json("summary.json", s)
+        .map_err(|e| tool(e.to_string()))?;
+    if json {
+        super::print_json(s, dir).map_err(tool)?;
+    } else if !quiet {
+        super::print_stdout(&table(), "the table", dir).map_err(tool)?;
+    }
+    Ok(())
 }
 
 fn serve(

@@ -92,24 +92,33 @@ impl PhaseCounts {
 /// repetitions).
 pub(crate) fn case_levels(plan: &Plan, rounds: &[RoundMetrics], case: &str) -> Vec<(Level, usize)> {
     if plan.sweep.is_none() {
-        return plan
-            .levels()
-            .into_iter()
-            .map(|l| (l, plan.repetitions))
-            .collect();
+        return plan_levels(plan);
     }
     let mut out: Vec<(Level, usize)> = Vec::new();
     for r in rounds.iter().filter(|r| r.case_name == case) {
         let l = r.level();
         if !out.iter().any(|(x, _)| *x == l) {
-            let reps = match l {
-                Level::Concurrency(_) => 1,
-                Level::Rate(_) => plan.repetitions,
-            };
-            out.push((l, reps));
+            out.push((l, sweep_rounds(plan, l)));
         }
     }
     out
+}
+
+/// The plan's own levels, each with its repetitions (no `--sweep`).
+pub(crate) fn plan_levels(plan: &Plan) -> Vec<(Level, usize)> {
+    plan.levels()
+        .into_iter()
+        .map(|l| (l, plan.repetitions))
+        .collect()
+}
+
+/// Rounds a `--sweep` runs at a level: one synchronous round or throughput probe (a
+/// concurrency), the plan's repetitions at an open rate.
+pub(crate) fn sweep_rounds(plan: &Plan, l: Level) -> usize {
+    match l {
+        Level::Concurrency(_) => 1,
+        Level::Rate(_) => plan.repetitions,
+    }
 }
 
 /// Requests the run planned, health GET included: the plan's, or under `--sweep` those

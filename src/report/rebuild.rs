@@ -109,11 +109,7 @@ fn fact_level(f: &RowFacts) -> Option<Level> {
 /// `--sweep` those its measured rows ran at, in the order they started.
 fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, usize)> {
     if plan.sweep.is_none() {
-        return plan
-            .levels()
-            .into_iter()
-            .map(|l| (l, plan.repetitions))
-            .collect();
+        return super::plan_levels(plan);
     }
     let mut seen: Vec<(i64, Level)> = Vec::new();
     for f in facts
@@ -128,13 +124,7 @@ fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, us
     }
     seen.sort_by_key(|(at, _)| *at);
     seen.into_iter()
-        .map(|(_, l)| {
-            let reps = match l {
-                Level::Concurrency(_) => 1,
-                Level::Rate(_) => plan.repetitions,
-            };
-            (l, reps)
-        })
+        .map(|(_, l)| (l, super::sweep_rounds(plan, l)))
         .collect()
 }
 
