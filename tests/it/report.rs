@@ -21,6 +21,21 @@ fn rows_len(run: &std::path::Path) -> usize {
     Rows::read(run).len()
 }
 
+/// `matrix-proxy replay FLAGS --out DIR/run DIR/p.json` of `plan`: the run directory and
+/// what [`run_bin`] returns.
+async fn replay_bin(
+    dir: &std::path::Path,
+    plan: &Value,
+    flags: &[&str],
+) -> (std::path::PathBuf, (Option<i32>, Vec<u8>, String)) {
+    let path = write_plan(dir, "p.json", plan);
+    let run = dir.join("run");
+    let mut args: Vec<std::ffi::OsString> = vec!["replay".into()];
+    args.extend(flags.iter().map(Into::into));
+    args.extend(["--out".into(), run.clone().into(), path.into()]);
+    (run, run_bin(args).await)
+}
+
 /// The JSON blocks of a report, by chart id.
 fn chart_blocks(html: &str) -> Vec<Value> {
     let tag = "<script type=\"application/json\" class=\"chart-data\"";
@@ -37,20 +52,8 @@ fn chart_blocks(html: &str) -> Vec<Value> {
 async fn replay_and_summarize_json_print_summary_json_byte_for_byte() {
     let peer = Peer::start(echo_handler()).await;
     let dir = tempfile::tempdir().unwrap();
-    let plan = write_plan(
-        dir.path(),
-        "p.json",
-        &echo_plan(peer.url("/x"), "keep-alive", 2, 6),
-    );
-    let run = dir.path().join("run");
-    let (code, stdout, stderr) = run_bin(vec![
-        "replay".into(),
-        "--json".into(),
-        "--out".into(),
-        run.clone().into(),
-        plan.into(),
-    ])
-    .await;
+    let plan = echo_plan(peer.url("/x"), "keep-alive", 2, 6);
+    let (run, (code, stdout, stderr)) = replay_bin(dir.path(), &plan, &["--json"]).await;
     assert_eq!(code, Some(0), "{stderr}");
     let file = std::fs::read(run.join("summary.json")).unwrap();
     assert_eq!(
@@ -261,21 +264,9 @@ async fn a_taken_metrics_port_is_refused_before_anything_is_created() {
     let addr = taken.local_addr().unwrap().to_string();
     let peer = Peer::start(echo_handler()).await;
     let dir = tempfile::tempdir().unwrap();
-    let plan = write_plan(
-        dir.path(),
-        "p.json",
-        &echo_plan(peer.url("/x"), "keep-alive", 1, 2),
-    );
-    let run = dir.path().join("run");
-    let (code, _, stderr) = run_bin(vec![
-        "replay".into(),
-        "--metrics-listen".into(),
-        addr.clone().into(),
-        "--out".into(),
-        run.clone().into(),
-        plan.into(),
-    ])
-    .await;
+    let plan = echo_plan(peer.url("/x"), "keep-alive", 1, 2);
+    let (run, (code, _, stderr)) =
+        replay_bin(dir.path(), &plan, &["--metrics-listen", &addr]).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains(&format!("--metrics-listen {addr}: cannot bind")),
