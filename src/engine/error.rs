@@ -66,6 +66,16 @@ impl ExchangeError {
         }
     }
 
+    /// serve: the client closed its connection while its request waited for the
+    /// worker's response head (the upstream exchange is cancelled).
+    pub(crate) fn client_gone_before_head() -> Self {
+        ExchangeError {
+            side: Side::Downstream,
+            cause: Cause::Transport,
+            message: "the client closed its connection before the worker's response head came; the upstream request was cancelled".into(),
+        }
+    }
+
     /// serve: cut at the end of the shutdown grace period.
     pub(crate) fn shutdown_cut() -> Self {
         ExchangeError {

@@ -860,3 +860,39 @@ async fn the_summary_groups_by_route_so_probes_never_blend_into_generation() {
     assert_eq!(health["stream"], Value::Null);
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_the_head_is_recorded_client_aborted() {
+    use tokio::io::AsyncWriteExt;
+    let mock = start_mock(MockConfig {
+        prefill_ms: 600.0,
+        ..MockConfig::default()
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_args(&mock.url(), &tmp.path().join("live"))).await;
+    let body = json!({"messages": [{"role": "user", "content": "g"}], "max_tokens": 2});
+    let mut tcp = tokio::net::TcpStream::connect(serve.addr).await.unwrap();
+    tcp.write_all(post("/v1/chat/completions", &body, false).as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(tcp);
+    // The worker answers after 600 ms; the row must be there whatever hyper did with the
+    // request once its client left.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let out = serve.out.clone();
+    serve.stop().await.unwrap();
+    let rows = Rows::read(&out);
+    assert_eq!(rows.len(), 1, "one row for the request");
+    assert_eq!(rows.strs("outcome")[0].as_deref(), Some("client_aborted"));
+    assert_eq!(rows.i64s("downstream_done_us")[0], None);
+    let message = rows.strs("error_message")[0].clone().unwrap_or_default();
+    assert!(
+        message.contains("before the worker's response head"),
+        "{message}"
+    );
+    // The request itself is kept.
+    assert_eq!(rows.strs("method")[0].as_deref(), Some("POST"));
+    mock.shutdown().await;
+}

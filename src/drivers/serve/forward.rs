@@ -153,7 +153,7 @@ pub(super) async fn handle(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/"));
     *up.headers_mut() = headers.clone();
-    let mut p = InFlight {
+    let p = InFlight {
         cap,
         started_at_us,
         start_offset_us,
@@ -169,12 +169,25 @@ pub(super) async fn handle(
 
     let conn = slot.lock().ok().and_then(|mut s| s.take());
     let mut cut = sh.cut.clone();
+    // Until a response is handed to hyper, a client that leaves makes hyper drop this
+    // future: the exchange is then recorded by the guard's drop.
+    let mut unanswered = Unanswered {
+        sh: sh.clone(),
+        armed: Some((p, guard)),
+    };
+    let (p, _) = unanswered
+        .armed
+        .as_mut()
+        .expect("armed until a response is handed over");
     let sent = tokio::select! {
         r = tokio::time::timeout(
             sh.opts.upstream_timeout,
             sh.engine.send(conn, &sh.opts.upstream, sh.opts.policy, up, &mut p.cap),
         ) => Some(r),
         _ = cut.wait_for(|c| *c) => None,
+    };
+    let Some((mut p, guard)) = unanswered.armed.take() else {
+        unreachable!("armed until a response is handed over")
     };
     let failure = match sent {
         Some(Ok(Ok((conn, resp)))) => return Ok(respond(sh, guard, p, conn, resp, slot).await),
@@ -200,6 +213,31 @@ pub(super) async fn handle(
         drop(guard);
     });
     Ok(resp)
+}
+
+/// A request waiting for the worker's response head. Its drop, while still armed (hyper
+/// dropped the request's future because the client closed its connection, or serve is
+/// cutting it), records the exchange: `client_aborted` (or `shutdown_cut`), the
+/// upstream exchange cancelled, nothing handed to the client.
+struct Unanswered {
+    sh: Arc<Shared>,
+    armed: Option<(InFlight, PendingGuard)>,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some((mut p, guard)) = self.armed.take() else {
+            return;
+        };
+        p.cap.finish(clock::now_ns());
+        let failure = if *self.sh.cut.borrow() {
+            ExchangeError::shutdown_cut()
+        } else {
+            ExchangeError::client_gone_before_head()
+        };
+        let v = finish::verdict(Some(failure), None, || false);
+        finish::record_now(&self.sh, p, v, None, guard);
+    }
 }
 
 /// The upstream answered with a head: stream its response to the client.
