@@ -865,7 +865,7 @@ async fn the_summary_groups_by_route_so_probes_never_blend_into_generation() {
 async fn a_client_that_leaves_before_the_head_is_recorded_client_aborted() {
     use tokio::io::AsyncWriteExt;
     let mock = start_mock(MockConfig {
-        prefill_ms: 600.0,
+        prefill_ms: 1500.0,
         ..MockConfig::default()
     })
     .await;
@@ -878,11 +878,10 @@ async fn a_client_that_leaves_before_the_head_is_recorded_client_aborted() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     drop(tcp);
-    // The worker answers after 600 ms; the row must be there whatever hyper did with the
-    // request once its client left.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // The worker would answer after 1.5 s; the row is there once serve has stopped.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let out = serve.out.clone();
-    serve.stop().await.unwrap();
+    assert_eq!(serve.stop().await.unwrap(), Exit::Interrupted);
     let rows = Rows::read(&out);
     assert_eq!(rows.len(), 1, "one row for the request");
     assert_eq!(rows.strs("outcome")[0].as_deref(), Some("client_aborted"));
@@ -894,5 +893,7 @@ async fn a_client_that_leaves_before_the_head_is_recorded_client_aborted() {
     );
     // The request itself is kept.
     assert_eq!(rows.strs("method")[0].as_deref(), Some("POST"));
+    let sent: Value = serde_json::from_slice(&rows.bins("request_body")[0]).unwrap();
+    assert_eq!(sent, body);
     mock.shutdown().await;
 }

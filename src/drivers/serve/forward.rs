@@ -34,13 +34,14 @@ pub(super) struct InFlight {
     pub(super) conn_no: i64,
     pub(super) index: i64,
     pub(super) client: Arc<ClientConn>,
-    /// Counts the exchange in flight until the row is built or the request is dropped.
+    /// Counts the exchange in flight until its row is built (or, at a shutdown that
+    /// aborts it, it is dropped unrecorded).
     pub(super) _counted: InFlightCount,
 }
 
-/// One exchange in flight in serve's live counter and the telemetry's gauge, until dropped:
-/// when its row has been built, or when hyper drops the request's future because the
-/// client left before the response head came.
+/// One exchange in flight in serve's live counter and the telemetry's gauge, until dropped
+/// with its [`InFlight`]: when its row has been built (also the row [`Unanswered`] builds
+/// when hyper drops a request whose client left before the head).
 pub(super) struct InFlightCount(Arc<Shared>);
 
 impl InFlightCount {
@@ -190,6 +191,9 @@ pub(super) async fn handle(
         unreachable!("armed until a response is handed over")
     };
     let failure = match sent {
+        // `respond` never suspends before the row has an owner (the pump task or the
+        // response body's end): the state is disarmed here, so an await added there
+        // would lose the row of a client that leaves at it.
         Some(Ok(Ok((conn, resp)))) => return Ok(respond(sh, guard, p, conn, resp, slot).await),
         Some(Ok(Err(mut e))) => {
             e.message = format!("upstream {}: {}", sh.opts.upstream.authority, e.message);
