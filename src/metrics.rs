@@ -654,7 +654,8 @@ pub(crate) struct Aggregate {
     pub(crate) attempted_rounds: usize,
     pub(crate) complete_rounds: usize,
     pub(crate) incomplete_rounds: usize,
-    /// Metric name -> spread over complete rounds (`None`: no complete round had it).
+    /// Metric name -> spread over complete rounds (goodput: over every fully attempted
+    /// round, failures included); `None`: no such round had it.
     pub(crate) metrics: Vec<(&'static str, Option<Spread>)>,
 }
 

@@ -110,8 +110,10 @@ pub(crate) struct Telemetry {
     pub(crate) duration: Histogram,
     ttft: Histogram,
     itl: Histogram,
-    /// Exchanges begun and not yet ended (replay; serve registers its own gauge).
-    pub(crate) in_flight: AtomicI64,
+    /// Exchanges begun and not yet ended, counted by [`Telemetry::begin`] (replay).
+    in_flight: AtomicI64,
+    /// Where the in-flight gauge is read instead (serve's own live counter).
+    in_flight_source: std::sync::OnceLock<Source>,
     sources: Mutex<Vec<(&'static str, &'static str, Kind, Source)>>,
 }
 
@@ -123,8 +125,8 @@ impl Default for Telemetry {
 
 /// One ended exchange, as the metrics see it.
 pub(crate) struct Observed<'a> {
-    pub(crate) method: &'a str,
-    pub(crate) url: &'a str,
+    /// From [`Telemetry::route_id`].
+    pub(crate) route: usize,
     pub(crate) status: Option<i32>,
     pub(crate) outcome: Outcome,
     pub(crate) total_us: Option<i64>,
@@ -143,6 +145,7 @@ impl Telemetry {
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             in_flight: AtomicI64::new(0),
+            in_flight_source: std::sync::OnceLock::new(),
             sources: Mutex::new(Vec::new()),
         }
     }
@@ -160,9 +163,16 @@ impl Telemetry {
         }
     }
 
-    /// The route's index: a kept route, a new one while fewer than [`MAX_ROUTES`] are
-    /// kept, else `other`.
-    fn route(&self, method: &str, url: &str) -> usize {
+    /// Read the in-flight gauge from `value` (a driver that counts its exchanges in
+    /// flight already) instead of [`Telemetry::begin`]'s count.
+    pub(crate) fn in_flight_from(&self, value: impl Fn() -> f64 + Send + Sync + 'static) {
+        let _ = self.in_flight_source.set(Box::new(value));
+    }
+
+    /// The route's index for [`Observed::route`]: a kept route, a new one while fewer
+    /// than [`MAX_ROUTES`] are kept, else `other`. Replay asks once per request of its
+    /// plan; serve once per request.
+    pub(crate) fn route_id(&self, method: &str, url: &str) -> usize {
         let path = crate::model::url_path(url);
         let find = |r: &[(String, String)]| r.iter().position(|(m, p)| m == method && p == path);
         if let Some(i) = self.routes.read().ok().and_then(|r| find(&r)) {
@@ -190,7 +200,7 @@ impl Telemetry {
 
     /// Count one ended exchange.
     pub(crate) fn observe(&self, o: &Observed<'_>) {
-        let route = self.route(o.method, o.url);
+        let route = o.route.min(MAX_ROUTES);
         let class = match o.status {
             Some(s) => ((s / 100).clamp(1, 5) - 1) as usize,
             None => 5,
@@ -295,10 +305,13 @@ impl Telemetry {
             "matrix_proxy_inter_token_latency_seconds",
             "Gaps between consecutive content events of event streams.",
         );
+        let in_flight = match self.in_flight_source.get() {
+            Some(read) => read(),
+            None => self.in_flight.load(Ordering::Relaxed) as f64,
+        };
         let _ = writeln!(
             out,
-            "# HELP matrix_proxy_in_flight_requests Exchanges begun and not yet ended.\n# TYPE matrix_proxy_in_flight_requests gauge\nmatrix_proxy_in_flight_requests {}",
-            self.in_flight.load(Ordering::Relaxed)
+            "# HELP matrix_proxy_in_flight_requests Exchanges begun and not yet ended.\n# TYPE matrix_proxy_in_flight_requests gauge\nmatrix_proxy_in_flight_requests {in_flight}"
         );
         if let Ok(sources) = self.sources.lock() {
             for (name, help, kind, value) in sources.iter() {
@@ -344,10 +357,9 @@ fn escape_label(s: &str) -> String {
 mod tests {
     use super::*;
 
-    fn ok(method: &str, url: &str, total_us: i64) -> Observed<'static> {
+    fn ok(t: &Telemetry, method: &str, url: &str, total_us: i64) -> Observed<'static> {
         Observed {
-            method: Box::leak(method.to_string().into_boxed_str()),
-            url: Box::leak(url.to_string().into_boxed_str()),
+            route: t.route_id(method, url),
             status: Some(200),
             outcome: Outcome::Ok,
             total_us: Some(total_us),
@@ -360,7 +372,7 @@ mod tests {
     fn histogram_buckets_are_cumulative_and_inf_is_the_count() {
         let t = Telemetry::new();
         for us in [500, 1_000, 1_001, 7_000, 400_000_000] {
-            t.observe(&ok("POST", "/v1/x", us));
+            t.observe(&ok(&t, "POST", "/v1/x", us));
         }
         let text = t.render();
         assert!(
@@ -386,9 +398,9 @@ mod tests {
             "0.0 req/s (last second); latency p50 -, p95 - (histogram buckets, every phase so far); failures: none"
         );
         for us in [2_000, 2_100, 2_200, 40_000] {
-            t.observe(&ok("POST", "/v1/x", us));
+            t.observe(&ok(&t, "POST", "/v1/x", us));
         }
-        let mut timeout = ok("POST", "/v1/x", 0);
+        let mut timeout = ok(&t, "POST", "/v1/x", 0);
         timeout.outcome = Outcome::Timeout;
         timeout.total_us = None;
         t.observe(&timeout);
@@ -403,9 +415,9 @@ mod tests {
     fn routes_are_capped_and_labels_escaped() {
         let t = Telemetry::new();
         for i in 0..40 {
-            t.observe(&ok("GET", &format!("http://h/p{i}?secret=1"), 10));
+            t.observe(&ok(&t, "GET", &format!("http://h/p{i}?secret=1"), 10));
         }
-        t.observe(&ok("GET", "/a\"b\\c\nd", 10));
+        t.observe(&ok(&t, "GET", "/a\"b\\c\nd", 10));
         let text = t.render();
         assert_eq!(
             text.matches("matrix_proxy_requests_total{").count(),
@@ -415,7 +427,7 @@ mod tests {
         assert!(text.contains("route=\"other\",status_class=\"2xx\",outcome=\"ok\"} 9\n"));
         assert!(!text.contains("secret"));
         let t = Telemetry::new();
-        t.observe(&ok("GET", "/a\"b\\c\nd", 10));
+        t.observe(&ok(&t, "GET", "/a\"b\\c\nd", 10));
         assert!(t.render().contains("route=\"GET /a\\\"b\\\\c\\nd\""));
     }
 }

@@ -1174,17 +1174,21 @@ fn serve_config_fields(
 pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
     // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
     // OUT/exchanges/shard=I.
-    let (exchanges, ledger) = match shards::shard_parts(dir) {
-        Some(found) => found,
-        None => (dir.join("exchanges"), dir.join(crate::record::LEDGER)),
-    };
+    let shard = shards::shard_parts(dir);
+    let exchanges = shard
+        .as_ref()
+        .map_or(dir.join("exchanges"), |(ex, _)| ex.clone());
     if !exchanges.is_dir() {
         return Err(usage(format!(
             "{}: no exchanges/ directory; is this a run directory?",
             dir.display()
         )));
     }
-    let r = crate::record::recover::recover_parts(dir, &exchanges, &ledger).map_err(tool)?;
+    let r = match &shard {
+        Some((ex, ledger)) => crate::record::recover::recover_parts(dir, ex, ledger),
+        None => crate::record::recover::recover(dir),
+    }
+    .map_err(tool)?;
     let report = serde_json::json!({
         "quarantined": r.quarantined.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "rows_lost": r.rows_lost,

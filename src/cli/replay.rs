@@ -60,14 +60,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     // Step 4: the run, then the recorder closed.
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     // A shard's ledger stays with its reports: exchanges/ holds partition folders only.
-    let shard = config["shard"]["start_at_offset_us"]
+    let shard_start_ns = config["shard"]["start_at_offset_us"]
         .as_i64()
-        .map(|off| replay::Shard {
-            index: input.shard.map_or(0, |s| s.0),
-            count: input.shard.map_or(1, |s| s.1),
-            start_ns: run_t0_ns.saturating_add_signed(off.saturating_mul(1000)),
-        });
-    if shard.is_some() {
+        .map(|off| run_t0_ns.saturating_add_signed(off.saturating_mul(1000)));
+    if shard_start_ns.is_some() {
         rec_opts.ledger = Some(dir.path.join(crate::record::LEDGER));
     }
     rec_opts.part_rows = args.part_rows.max(1);
@@ -89,7 +85,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
             quiet: args.quiet,
             record_exchanges: !args.no_record,
             grace: input.grace,
-            shard,
+            shard_start_ns,
         },
         input.engine,
         run.clone(),

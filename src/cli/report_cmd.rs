@@ -59,16 +59,9 @@ fn read_run(dir: &Path) -> Result<RunInput, CliError> {
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| dir.display().to_string());
     let (config, facts, plan_dir) = if super::shards::is_sharded(dir) {
-        let (config, facts, first) = super::shards::merged_facts(dir)?;
-        (config, facts, first)
+        super::shards::merged_facts(dir)?
     } else {
-        let config = super::run_config(dir)?;
-        if config["shard"].is_object() {
-            return Err(usage(format!(
-                "{}: this is one shard's report folder of a sharded run; report the output folder that holds shards/ and exchanges/ (after `matrix-proxy summarize` on it) to see every shard's rows on one timeline",
-                dir.display()
-            )));
-        }
+        let config = super::shards::whole_run_config(dir, "report")?;
         let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
         (config, facts, dir.to_path_buf())
     };

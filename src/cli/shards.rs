@@ -17,11 +17,24 @@ pub(crate) fn is_sharded(dir: &Path) -> bool {
     dir.join("shards").is_dir() && !dir.join("config.json").exists()
 }
 
+/// A run directory's config.json, refusing one shard's report folder (`OUT/shards/I`):
+/// its rows and rounds are only its share, so `what` (a command's name) is sent to the
+/// output folder that holds every shard.
+pub(crate) fn whole_run_config(dir: &Path, what: &str) -> Result<Value, CliError> {
+    let config = super::run_config(dir)?;
+    if config["shard"].is_object() {
+        return Err(usage(format!(
+            "{}: this is one shard's report folder of a sharded run (its rows and rounds are only its share of each schedule); {what} the output folder that holds shards/ and exchanges/, which merges every shard",
+            dir.display()
+        )));
+    }
+    Ok(config)
+}
+
 /// For a shard's report folder `OUT/shards/I` (its config.json names the shard): its
 /// parts folder `OUT/exchanges/shard=I` and its ledger; `None` for any other folder.
 pub(crate) fn shard_parts(dir: &Path) -> Option<(PathBuf, PathBuf)> {
-    let config: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
+    let config = super::run_config(dir).ok()?;
     let index = config["shard"]["index"].as_u64()?;
     let out = dir.parent()?.parent()?;
     Some((
@@ -163,17 +176,16 @@ fn merged_ending(runs: &[ShardRun]) -> Ending {
 /// Merge the shards of `dir` into `dir/summary.json` and `dir/rounds.parquet`.
 pub(crate) fn merge(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliError> {
     let runs = shard_runs(dir)?;
-    let plan = super::run_plan(&runs[0].dir, &runs[0].config)?;
+    let mut plan = super::run_plan(&runs[0].dir, &runs[0].config)?;
+    // Every shard ran its own health check, readiness and warm-up.
+    plan.preludes = runs.len() as u64;
     let facts = merged_rows(dir, &runs)?;
     let (rounds, excluded, failures) = report::rounds_from_rows(&plan, &facts);
     let ending = merged_ending(&runs);
     let aggs = report::aggregates(&plan, &rounds);
-    let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
+    let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures, &[]);
     s["rows_written"] = json!(facts.len());
     s["rebuilt_from_exchanges"] = json!(true);
-    // Every shard ran its own health check, readiness and warm-up.
-    s["planned_requests"] =
-        json!(plan.planned_requests() + (runs.len() as u64 - 1) * plan.prelude_requests());
     s["shards"] = json!({
         "count": runs.len(),
         "start_at": runs[0].config["shard"]["start_at"],

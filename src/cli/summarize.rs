@@ -26,13 +26,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
     if super::shards::is_sharded(dir) {
         return super::shards::merge(dir, quiet, json);
     }
-    let config = super::run_config(dir)?;
-    if config["shard"].is_object() {
-        return Err(usage(format!(
-            "{}: this is one shard's report folder of a sharded run (its rounds count only its share of each schedule); summarize the output folder that holds shards/ and exchanges/ to merge every shard",
-            dir.display()
-        )));
-    }
+    let config = super::shards::whole_run_config(dir, "summarize")?;
     let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
     if facts.is_empty() {
         let why = if config["extra"]["recording"]["exchanges"] == json!(false) {
@@ -129,14 +123,16 @@ fn replay(
     }
     let ending = replay_ending(original, finished, failures);
     let aggs = report::aggregates(&plan, &rounds);
-    let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures);
     // What the sweep noted as it placed its rates is not in the rows: kept as written.
-    if let Some(notes) = original
-        .map(|o| &o["load"]["notes"])
-        .filter(|n| n.is_array())
-    {
-        s["load"]["notes"] = notes.clone();
-    }
+    let notes: Vec<String> = original
+        .and_then(|o| o["load"]["notes"].as_array())
+        .map(|n| {
+            n.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut s = report::summary_json(&plan, &rounds, &aggs, &excluded, ending, failures, &notes);
     s["rows_written"] = json!(facts.len());
     s["rebuilt_from_exchanges"] = json!(true);
     keep_originals(dir)?;
@@ -211,12 +207,8 @@ fn serve(
         None => json!("crashed"),
     };
     keep_originals(dir)?;
-    RunDir::existing(dir)
-        .write_json("summary.json", &s)
-        .map_err(|e| tool(e.to_string()))?;
-    if json {
-        super::print_json(&s, dir).map_err(tool)?;
-    }
+    // serve has no table: the JSON with --json, else nothing on stdout.
+    write_and_show(dir, &s, (true, json), String::new)?;
     eprintln!(
         "matrix-proxy: rebuilt the summary of {} rows in {} (ending kept: {})",
         facts.len(),

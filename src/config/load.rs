@@ -254,18 +254,15 @@ impl Validator {
                     );
                     return None;
                 };
-                self.positive(k, "load.arrival.gamma.burstiness", 1e6)
-                    .filter(|&k| {
-                        let ok = k >= MIN_BURSTINESS;
-                        if !ok {
-                            self.err(
-                                "load.arrival.gamma.burstiness",
-                                format!("{k} is below {MIN_BURSTINESS}: almost every gap would be 0 and the rest enormous (CV 1/sqrt(k) = {:.0})", 1.0 / k.sqrt()),
-                            );
-                        }
-                        ok
-                    })
-                    .map(|burstiness| Arrival::Gamma { burstiness })
+                let why =
+                    "almost every gap would be 0 and the rest enormous (the gaps' CV is 1/sqrt(k))";
+                self.positive(
+                    k,
+                    "load.arrival.gamma.burstiness",
+                    1e6,
+                    Some((MIN_BURSTINESS, why)),
+                )
+                .map(|burstiness| Arrival::Gamma { burstiness })
             }
             Value::String(s) => {
                 self.err(path, format!("'{s}' is not an arrival process; {usage}"));
@@ -305,16 +302,8 @@ impl Validator {
         let mut ok = true;
         for (i, item) in items.iter().enumerate() {
             let p = format!("{path}[{i}]");
-            match self.positive(item, &p, 1e6) {
-                Some(r) if r < MIN_RATE => {
-                    self.err(
-                        p,
-                        format!(
-                            "{r} is below {MIN_RATE} requests per second (one every ~17 minutes)"
-                        ),
-                    );
-                    ok = false;
-                }
+            let why = "the lowest rate, in requests per second (one request every ~17 minutes)";
+            match self.positive(item, &p, 1e6, Some((MIN_RATE, why))) {
                 Some(r) if out.contains(&r) => {
                     self.err(p, format!("{r} appears more than once"));
                     ok = false;
@@ -344,7 +333,7 @@ impl Validator {
                 None
             }
             (Some(d), None) => self
-                .positive(d, "load.duration_seconds", MAX_DURATION_SECONDS)
+                .positive(d, "load.duration_seconds", MAX_DURATION_SECONDS, None)
                 .map(|s| Extent::DurationUs((s * 1e6).round().max(1.0) as u64)),
             (None, Some(n)) => {
                 let n = self.integer(n, "load.requests", 1)?;
@@ -361,7 +350,15 @@ impl Validator {
     }
 
     /// A finite number above 0 and at most `max`.
-    fn positive(&mut self, v: &Value, path: &str, max: f64) -> Option<f64> {
+    /// A finite number in `(0, max]`, and at least `floor.0` when given (`floor.1` says
+    /// why, after "X is below MIN: ").
+    fn positive(
+        &mut self,
+        v: &Value,
+        path: &str,
+        max: f64,
+        floor: Option<(f64, &str)>,
+    ) -> Option<f64> {
         let Some(x) = v.as_f64().filter(|_| v.is_number()) else {
             self.err(
                 path,
@@ -374,6 +371,12 @@ impl Validator {
                 path,
                 format!("must be a finite number > 0 and <= {max}, found {x}"),
             );
+            return None;
+        }
+        if let Some((min, why)) = floor
+            && x < min
+        {
+            self.err(path, format!("{x} is below {min}: {why}"));
             return None;
         }
         Some(x)
@@ -397,7 +400,7 @@ impl Validator {
         let mut bound = |key: &str| match m.get(key) {
             None => None,
             Some(v) => {
-                let ms = self.positive(v, &format!("slo.{key}"), 86_400_000.0);
+                let ms = self.positive(v, &format!("slo.{key}"), 86_400_000.0, None);
                 ok &= ms.is_some();
                 ms.map(|ms| ((ms * 1000.0).round() as i64).max(1))
             }

@@ -217,11 +217,15 @@ pub(crate) struct Plan {
     /// `replay --shard I/N` (set by the command): this process's share of every open
     /// round is the arrivals whose index is I modulo N.
     pub(crate) shard: Option<(usize, usize)>,
+    /// Processes that each sent the prelude (health GET, readiness, warm-up): 1, or the
+    /// shard count of a sharded run merged by `summarize` (set by the command).
+    pub(crate) preludes: u64,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
 /// rank (about 100 bytes each, plus 8 per streamed token), so 10 million is about 1 GB.
-pub(crate) const MAX_REQUESTS_PER_CASE: usize = 10_000_000;
+/// The same bound as an open round's arrivals.
+pub(crate) const MAX_REQUESTS_PER_CASE: usize = crate::arrival::MAX_ARRIVALS;
 
 /// The seed tool's decisions container.
 pub(crate) const DEFAULT_DECISIONS_POINTER: &str = "/answers";
@@ -301,18 +305,15 @@ impl Plan {
         }
     }
 
-    /// The health GET, readiness and warm-up: what every run (every shard) sends first.
+    /// The health GET, readiness and warm-up, as every process of the run (every shard)
+    /// sent them first.
     pub(crate) fn prelude_requests(&self) -> u64 {
-        1 + self
+        let once = 1 + self
             .cases
             .iter()
             .map(|c| c.variants.len() as u64 * (1 + self.warmup_per_case as u64))
-            .sum::<u64>()
-    }
-
-    /// How many of a schedule's `len` arrivals this process sends: all, or a shard's.
-    pub(crate) fn share(&self, len: usize) -> u64 {
-        super::load::shard_share(len, self.shard)
+            .sum::<u64>();
+        once * self.preludes
     }
 
     /// Requests the plan implies, health GET included. An open loop's rounds are counted
@@ -326,10 +327,8 @@ impl Plan {
                 1 + n + max_c.min(n) + n + rates as u64 * (n + self.repetitions as u64 * n);
             return self.prelude_requests() + self.cases.len() as u64 * per_case;
         }
-        let mut total = 1u64;
-        for (ci, case) in self.cases.iter().enumerate() {
-            let v = case.variants.len() as u64;
-            total += v + v * self.warmup_per_case as u64;
+        let mut total = self.prelude_requests();
+        for ci in 0..self.cases.len() {
             for (li, level) in self.levels().into_iter().enumerate() {
                 total += match level {
                     Level::Concurrency(c) => {
@@ -338,7 +337,12 @@ impl Plan {
                     Level::Rate(r) => (0..self.repetitions)
                         .map(Some)
                         .chain([None])
-                        .map(|rep| self.share(self.load.schedule(r, ci, li, rep).len()))
+                        .map(|rep| {
+                            super::load::shard_share(
+                                self.load.schedule(r, ci, li, rep).len(),
+                                self.shard,
+                            )
+                        })
                         .sum(),
                 };
             }
@@ -788,6 +792,7 @@ impl Validator {
             slo: slo?,
             sweep: None,
             shard: None,
+            preludes: 1,
         })
         .filter(|_| top_ignore.is_some())
         .map(|mut p| {
@@ -1791,6 +1796,18 @@ mod tests {
                 "load.duration_seconds: at 100000/s a round would hold about 8640000000 requests"
             ),
             "{errs:?}"
+        );
+        // The floors: a rate and a gamma shape too small to mean anything.
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "open", "rates_per_second": [0.0005], "duration_seconds": 1,
+              "arrival": {{"gamma": {{"burstiness": 0.001}}}}}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.arrival.gamma.burstiness: 0.001 is below 0.01: almost every gap would be 0 and the rest enormous (the gaps' CV is 1/sqrt(k))",
+                "load.rates_per_second[0]: 0.0005 is below 0.001: the lowest rate, in requests per second (one request every ~17 minutes)",
+            ]
         );
     }
 

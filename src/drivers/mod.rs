@@ -115,6 +115,27 @@ impl RunContext {
         self.telemetry.get()
     }
 
+    /// Count an ended exchange in the live metrics, when the run has them: both drivers'
+    /// one place (`route` from [`Telemetry::route_id`], looked up once per request).
+    pub(crate) fn observe(
+        &self,
+        route: impl FnOnce(&Telemetry) -> usize,
+        got: &Captured,
+        outcome: Outcome,
+    ) {
+        let Some(t) = self.telemetry() else {
+            return;
+        };
+        t.observe(&crate::telemetry::Observed {
+            route: route(t),
+            status: got.status,
+            outcome,
+            total_us: got.timings.total_us,
+            ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
+            content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
+        });
+    }
+
     /// Keep the first recording error a driver saw (a submit refused by a stopped writer).
     pub(crate) fn record_failed(&self, e: RecordError) {
         let _ = self.record_failed.set(e);

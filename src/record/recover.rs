@@ -20,7 +20,6 @@ pub(crate) struct Recovery {
 
 /// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
 /// its footer cannot be read) and count, from the writer's ledger, the rows they held.
-#[cfg(test)]
 pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
     let ex = run.join("exchanges");
     recover_parts(run, &ex, &ledger::path_of(&ex))
@@ -30,12 +29,11 @@ pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
 /// in `OUT/exchanges/shard=I/`, its ledger in `OUT/shards/I/`); unfinished parts go to
 /// `run/quarantine/`.
 pub(crate) fn recover_parts(run: &Path, ex: &Path, ledger_path: &Path) -> Result<Recovery, String> {
-    let ex = ex.to_path_buf();
     let mut rec = Recovery::default();
-    let noted = ledger::read_at(ledger_path, &ex);
+    let noted = ledger::read_at(ledger_path, ex);
     let ledger = noted.parts;
     rec.rows_lost += noted.held;
-    let entries: Vec<PathBuf> = fs::read_dir(&ex)
+    let entries: Vec<PathBuf> = fs::read_dir(ex)
         .map_err(|e| format!("{}: {e}", ex.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();

@@ -343,6 +343,7 @@ pub(crate) fn summary_json(
     excluded: &BTreeMap<Phase, PhaseCounts>,
     ending: Ending,
     total_failures: u64,
+    notes: &[String],
 ) -> Value {
     let mut failures: BTreeMap<Outcome, u64> = BTreeMap::new();
     for r in rounds {
@@ -394,7 +395,11 @@ pub(crate) fn summary_json(
         "ending": match ending { Ending::Passed => "passed", Ending::Failed => "failed", Ending::Interrupted => "interrupted" },
         "planned_rounds": planned_rounds,
         "planned_requests": planned_requests(plan, rounds) * arms as u64,
-        "load": {"mode": plan.load.mode.as_str(), "sweep": plan.sweep},
+        "load": if notes.is_empty() {
+            json!({"mode": plan.load.mode.as_str(), "sweep": plan.sweep})
+        } else {
+            json!({"mode": plan.load.mode.as_str(), "sweep": plan.sweep, "notes": notes})
+        },
         "definitions": {
             "latency": "t0 (worker starts the exchange) to the last response body byte; oracle validation excluded. In an open-loop round successful_latency_seconds runs from the intended send time (latency_from: intended_send_time; the user's latency, queueing included) and service_latency_seconds from the actual send",
             "open_loop": format!("send_lag = actual send - intended send; achieved_rate_per_second = (sends - 1) / (last send - first send); inter_arrival_cv = standard deviation / mean of the gaps between actual sends (scheduled_inter_arrival_cv: between intended ones); a round is saturated when any send fell more than {} ms behind its schedule (late_sends counts them)", metrics::SATURATION_LAG_US / 1000),

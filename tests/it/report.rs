@@ -36,6 +36,17 @@ async fn replay_bin(
     (run, run_bin(args).await)
 }
 
+/// The sorted `total_us` of the measured rows that `keep` (a row index) selects.
+fn measured_totals(rows: &Rows, keep: impl Fn(usize) -> bool) -> Vec<i64> {
+    let (phase, total) = (rows.strs("phase"), rows.i64s("total_us"));
+    let mut v: Vec<i64> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured") && keep(i))
+        .map(|i| total[i].unwrap())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// The JSON blocks of a report, by chart id.
 fn chart_blocks(html: &str) -> Vec<Value> {
     let tag = "<script type=\"application/json\" class=\"chart-data\"";
@@ -151,16 +162,8 @@ async fn report_embeds_the_numbers_it_draws_for_one_and_several_runs() {
     );
     // The CDF at c = 1: nearest ranks of the 16 measured totals, recomputed from the rows.
     let rows = Rows::read(&run);
-    let (phase, conc, total) = (
-        rows.strs("phase"),
-        rows.i32s("concurrency"),
-        rows.i64s("total_us"),
-    );
-    let mut c1: Vec<i64> = (0..rows.len())
-        .filter(|&i| phase[i].as_deref() == Some("measured") && conc[i] == Some(1))
-        .map(|i| total[i].unwrap())
-        .collect();
-    c1.sort_unstable();
+    let conc = rows.i32s("concurrency");
+    let c1 = measured_totals(&rows, |i| conc[i] == Some(1));
     let s = &charts[0]["series"][0];
     assert_eq!(
         (
@@ -297,16 +300,8 @@ async fn failed_exchanges_get_their_own_cdf_and_timeline_series() {
     assert_eq!(code, Some(0), "{stderr}");
     let charts = chart_blocks(&std::fs::read_to_string(run.join("report.html")).unwrap());
     let rows = Rows::read(&run);
-    let (phase, outcome, total) = (
-        rows.strs("phase"),
-        rows.strs("outcome"),
-        rows.i64s("total_us"),
-    );
-    let mut failed: Vec<i64> = (0..rows.len())
-        .filter(|&i| phase[i].as_deref() == Some("measured") && outcome[i].as_deref() != Some("ok"))
-        .map(|i| total[i].unwrap())
-        .collect();
-    failed.sort_unstable();
+    let outcome = rows.strs("outcome");
+    let failed = measured_totals(&rows, |i| outcome[i].as_deref() != Some("ok"));
     assert!(failed.len() >= 4, "{} failed", failed.len());
     let cdf = &charts[0];
     let f = cdf["series"]

@@ -16,7 +16,6 @@ use crate::metrics::{Sample, StreamSample};
 use crate::model::{ConnectionPolicy, Endpoint, Outcome};
 use crate::oracle::{self, Oracle};
 use crate::record::ExchangeRecord;
-use crate::telemetry::Observed;
 
 /// One request of the plan, made once per arm: its bytes for the lean client, and the
 /// method, headers and body its rows record.
@@ -199,7 +198,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     };
     let outcome = verdict.outcome;
     drop(in_flight);
-    observe(ctx, &d, &frozen.lean.method, &got, outcome);
+    ctx.base.run.observe(|_| ctx.route(d.case), &got, outcome);
     let exchange_id = ctx.base.run.next_exchange_id();
     let sample = Sample {
         exchange_id,
@@ -257,22 +256,6 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
     sample
-}
-
-/// Count an ended exchange in the live metrics, when the run has them.
-fn observe(ctx: &Ctx, d: &Dispatch, method: &Method, got: &Captured, outcome: Outcome) {
-    let Some(t) = ctx.base.run.telemetry() else {
-        return;
-    };
-    t.observe(&Observed {
-        method: method.as_str(),
-        url: &ctx.urls[d.case.map_or(0, |c| c + 1)],
-        status: got.status,
-        outcome,
-        total_us: got.timings.total_us,
-        ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
-        content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
-    });
 }
 
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,

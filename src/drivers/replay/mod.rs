@@ -56,17 +56,9 @@ pub(crate) struct ReplayOptions {
     /// After Ctrl-C / SIGTERM, how long in-flight exchanges may still finish before they
     /// are cut (`shutdown_cut`).
     pub(crate) grace: std::time::Duration,
-    /// `--shard`: this process's share of every open wave, on the shared timetable.
-    pub(crate) shard: Option<Shard>,
-}
-
-/// One shard of a sharded open-loop run.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Shard {
-    pub(crate) index: usize,
-    pub(crate) count: usize,
-    /// `--start-at` on the monotonic clock: the first open wave's start.
-    pub(crate) start_ns: u64,
+    /// `--shard`'s `--start-at` on the monotonic clock: the first open wave's start (the
+    /// share of each wave this process sends is the plan's `shard`).
+    pub(crate) shard_start_ns: Option<u64>,
 }
 
 /// Where a shard's open waves start: every shard runs the same waves in the same order,
@@ -74,7 +66,6 @@ pub(crate) struct Shard {
 /// previous wave's schedule and then `timeout_seconds` + 1 s for its last exchanges to
 /// end and its rows to be handed over.
 struct Timetable {
-    shard: Shard,
     next_ns: AtomicU64,
     settle_ns: u64,
 }
@@ -121,6 +112,8 @@ struct Ctx {
     plan: Plan,
     /// The health endpoint's URL, then each case's (index `case + 1`).
     urls: Vec<Arc<str>>,
+    /// Their routes in the live metrics (empty without them).
+    routes: Vec<usize>,
     /// The requests, made once: the health GET (`[0][0]`), then each case's variants
     /// (`[case + 1][variant]`).
     frozen: Vec<Vec<exchange::Frozen>>,
@@ -136,6 +129,12 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The live metrics' route of `case`'s requests (`None`: the health GET).
+    fn route(&self, case: Option<usize>) -> usize {
+        let i = case.map_or(0, |c| c + 1);
+        self.routes.get(i).copied().unwrap_or(0)
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
             || self.base.interrupted.load(Ordering::Relaxed)
@@ -197,21 +196,35 @@ impl Base {
             })
             .collect();
         let token = self.token.as_ref();
-        let frozen = std::iter::once(vec![exchange::freeze(&plan, token, None, 0)])
-            .chain(plan.cases.iter().enumerate().map(|(ci, c)| {
-                (0..c.variants.len())
-                    .map(|v| exchange::freeze(&plan, token, Some(ci), v))
-                    .collect()
-            }))
-            .collect();
-        let urls = std::iter::once(&plan.health_endpoint)
+        let frozen: Vec<Vec<exchange::Frozen>> =
+            std::iter::once(vec![exchange::freeze(&plan, token, None, 0)])
+                .chain(plan.cases.iter().enumerate().map(|(ci, c)| {
+                    (0..c.variants.len())
+                        .map(|v| exchange::freeze(&plan, token, Some(ci), v))
+                        .collect()
+                }))
+                .collect();
+        let urls: Vec<Arc<str>> = std::iter::once(&plan.health_endpoint)
             .chain(plan.cases.iter().map(|c| &c.endpoint))
             .map(|e| Arc::from(e.url()))
             .collect();
+        // Each request's route in the live metrics, looked up once here, not per exchange.
+        let routes = match self.run.telemetry() {
+            Some(t) => urls
+                .iter()
+                .zip(&frozen)
+                .map(|(url, f)| {
+                    f.first()
+                        .map_or(0, |f| t.route_id(f.lean.method.as_str(), url))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Arc::new(Ctx {
             base: self.clone(),
             plan,
             urls,
+            routes,
             frozen,
             stop: AtomicBool::new(false),
             case_names,
@@ -292,9 +305,8 @@ pub(crate) async fn run(
         first_failure: std::sync::OnceLock::new(),
         progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
         halted: AtomicBool::new(false),
-        timetable: opts.shard.map(|shard| Timetable {
-            shard,
-            next_ns: AtomicU64::new(shard.start_ns),
+        timetable: opts.shard_start_ns.map(|start_ns| Timetable {
+            next_ns: AtomicU64::new(start_ns),
             settle_ns: (plan.timeout + std::time::Duration::from_secs(1)).as_nanos() as u64,
         }),
         notes: std::sync::Mutex::new(Vec::new()),
@@ -328,13 +340,16 @@ pub(crate) async fn run(
         }
     }
     let aggregates = report::aggregates(&plan, &rounds);
-    let mut summary =
-        report::summary_json(&plan, &rounds, &aggregates, &excluded, ending, failures);
-    if let Ok(notes) = base.notes.lock()
-        && !notes.is_empty()
-    {
-        summary["load"]["notes"] = serde_json::json!(*notes);
-    }
+    let notes = base.notes.lock().map(|n| n.clone()).unwrap_or_default();
+    let summary = report::summary_json(
+        &plan,
+        &rounds,
+        &aggregates,
+        &excluded,
+        ending,
+        failures,
+        &notes,
+    );
     let table = report::table(&plan, &rounds, &aggregates, &excluded);
     let campaign = plan
         .campaign
@@ -464,18 +479,17 @@ impl At {
     /// a shard's share of it, at its place in the shared timetable.
     fn open_wave(self, ctx: &Ctx, rate: f64, rep: Option<usize>) -> OpenWave {
         let schedule = ctx.plan.load.schedule(rate, self.ci, self.li, rep);
-        let (shard, start_ns) = match &ctx.base.timetable {
-            None => (None, None),
+        let start_ns = match &ctx.base.timetable {
+            None => None,
             Some(t) => {
                 let start = t.next_start(schedule.last().copied().unwrap_or(0));
                 let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
-                if late_ms > 0.0 {
+                if let (true, Some((i, n))) = (late_ms > 0.0, ctx.plan.shard) {
                     ctx.base.progress.println(format!(
-                        "warning: shard {}/{}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded",
-                        t.shard.index, t.shard.count
+                        "warning: shard {i}/{n}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded"
                     ));
                 }
-                (Some((t.shard.index, t.shard.count)), Some(start))
+                Some(start)
             }
         };
         OpenWave {
@@ -488,7 +502,7 @@ impl At {
             rate,
             repetition: rep,
             schedule,
-            shard,
+            shard: ctx.plan.shard,
             start_ns,
         }
     }

@@ -148,12 +148,13 @@ fn acquire(
     sem: &Arc<tokio::sync::Semaphore>,
     ctx: &Ctx,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    // The pacer has just seen no stop: a free permit is taken at once.
+    if let Ok(p) = sem.clone().try_acquire_owned() {
+        return Some(p);
+    }
     loop {
         if ctx.stopped() {
             return None;
-        }
-        if let Ok(p) = sem.clone().try_acquire_owned() {
-            return Some(p);
         }
         let wait = async { tokio::time::timeout(STOP_CHECK, sem.clone().acquire_owned()).await };
         if let Ok(Ok(p)) = handle.block_on(wait) {

@@ -21,7 +21,6 @@ use crate::engine::Conn;
 use crate::engine::{CopiedBody, Engine, ExchangeError};
 use crate::model::Phase;
 use crate::record::ExchangeRecord;
-use crate::telemetry::Observed;
 
 /// The one place serve decides an exchange's outcome: a failure on the upstream side (or
 /// the proxy's own deadline or cut) wins; else the client's side: complete is `ok`, ended
@@ -239,6 +238,7 @@ fn build_record(
     verdict: Verdict,
     end: Option<DownstreamEnd>,
 ) -> ExchangeRecord {
+    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
     let t0_ns = p.cap.t0_ns();
     let mut got = p.cap.into_captured();
     // Only a response whose last byte was handed to the client has a downstream end; one
@@ -253,17 +253,11 @@ fn build_record(
         got.timings.total_us,
         sh.opts.stats_interval.is_some(),
     );
-    if let Some(t) = sh.run.telemetry() {
-        t.observe(&Observed {
-            method: p.method.as_str(),
-            url: &p.url,
-            status: got.status,
-            outcome: verdict.outcome,
-            total_us: got.timings.total_us,
-            ttft_us: got.stream.as_ref().and_then(|s| s.ttft_us),
-            content_offsets_us: got.stream.as_ref().map_or(&[], |s| &s.content_offsets_us),
-        });
-    }
+    sh.run.observe(
+        |t| t.route_id(p.method.as_str(), &p.url),
+        &got,
+        verdict.outcome,
+    );
     let ids = RowIds {
         target_rate_per_second: None,
         exchange_id: sh.run.next_exchange_id(),

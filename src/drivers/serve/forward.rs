@@ -34,33 +34,6 @@ pub(super) struct InFlight {
     pub(super) conn_no: i64,
     pub(super) index: i64,
     pub(super) client: Arc<ClientConn>,
-    /// Counts the exchange in flight until its row is built (or, at a shutdown that
-    /// aborts it, it is dropped unrecorded).
-    pub(super) _counted: InFlightCount,
-}
-
-/// One exchange in flight in serve's live counter and the telemetry's gauge, until dropped
-/// with its [`InFlight`]: when its row has been built (also the row [`Unanswered`] builds
-/// when hyper drops a request whose client left before the head).
-pub(super) struct InFlightCount(Arc<Shared>);
-
-impl InFlightCount {
-    fn new(sh: &Arc<Shared>) -> InFlightCount {
-        sh.in_flight.fetch_add(1, Ordering::Relaxed);
-        if let Some(t) = sh.run.telemetry() {
-            t.in_flight.fetch_add(1, Ordering::Relaxed);
-        }
-        InFlightCount(sh.clone())
-    }
-}
-
-impl Drop for InFlightCount {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if let Some(t) = self.0.run.telemetry() {
-            t.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
@@ -142,7 +115,9 @@ pub(super) async fn handle(
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
-    let counted = InFlightCount::new(&sh);
+    // Ends in `finish::build_record`, which every started exchange reaches (through
+    // `Unanswered` when its client leaves before the head).
+    sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(parts.headers, &client, &sh);
     // The record's URL; the upstream target is its tail.
@@ -165,7 +140,6 @@ pub(super) async fn handle(
         conn_no,
         index,
         client,
-        _counted: counted,
     };
 
     let conn = slot.lock().ok().and_then(|mut s| s.take());
@@ -173,7 +147,7 @@ pub(super) async fn handle(
     // Until a response is handed to hyper, a client that leaves makes hyper drop this
     // future: the exchange is then recorded by the guard's drop.
     let mut unanswered = Unanswered {
-        sh: sh.clone(),
+        sh: &sh,
         armed: Some((p, guard)),
     };
     let (p, _) = unanswered
@@ -190,6 +164,7 @@ pub(super) async fn handle(
     let Some((mut p, guard)) = unanswered.armed.take() else {
         unreachable!("armed until a response is handed over")
     };
+    drop(unanswered);
     let failure = match sent {
         // `respond` never suspends before the row has an owner (the pump task or the
         // response body's end): the state is disarmed here, so an await added there
@@ -223,12 +198,12 @@ pub(super) async fn handle(
 /// dropped the request's future because the client closed its connection, or serve is
 /// cutting it), records the exchange: `client_aborted` (or `shutdown_cut`), the
 /// upstream exchange cancelled, nothing handed to the client.
-struct Unanswered {
-    sh: Arc<Shared>,
+struct Unanswered<'a> {
+    sh: &'a Arc<Shared>,
     armed: Option<(InFlight, PendingGuard)>,
 }
 
-impl Drop for Unanswered {
+impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         let Some((mut p, guard)) = self.armed.take() else {
             return;
@@ -240,7 +215,7 @@ impl Drop for Unanswered {
             ExchangeError::client_gone_before_head()
         };
         let v = finish::verdict(Some(failure), None, || false);
-        finish::record_now(&self.sh, p, v, None, guard);
+        finish::record_now(self.sh, p, v, None, guard);
     }
 }
 

@@ -165,6 +165,13 @@ pub(crate) async fn run(
         upstream_host: HeaderValue::from_str(&opts.upstream.authority).ok(),
         opts,
     });
+    if let Some(t) = shared.run.telemetry() {
+        let sh = Arc::downgrade(&shared);
+        t.in_flight_from(move || {
+            sh.upgrade()
+                .map_or(0.0, |s| s.in_flight.load(Ordering::Relaxed) as f64)
+        });
+    }
     let pending = Arc::new(Pending::default());
     let stats_task = shared
         .opts
