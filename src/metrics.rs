@@ -412,6 +412,12 @@ pub(crate) struct RoundMetrics {
 }
 
 impl RoundMetrics {
+    /// Every planned request was sent (the round ran its whole budget; some may have
+    /// failed).
+    pub(crate) fn fully_attempted(&self) -> bool {
+        self.planned_requests > 0 && self.attempted_requests == self.planned_requests
+    }
+
     /// The user's latency of the successful exchanges: from the intended send time in an
     /// open loop, from the actual send (`total_us`) in a closed one.
     pub(crate) fn user_latency_us(&self) -> &Percentiles {
@@ -721,9 +727,7 @@ pub(crate) fn aggregate(
             spread(
                 &rounds
                     .iter()
-                    .filter(|r| {
-                        r.attempted_requests == r.planned_requests && r.planned_requests > 0
-                    })
+                    .filter(|r| r.fully_attempted())
                     .filter_map(|r| r.goodput.as_ref()?.good_requests_per_second)
                     .collect::<Vec<f64>>(),
             ),

@@ -100,8 +100,8 @@ pub struct StreamColumns {
 }
 
 /// The load of a measured round: `c` closed-loop workers, or an open-loop arrival rate
-/// (requests per second).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// (requests per second). Ordered closed levels first, then open ones, each ascending.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub(crate) enum Level {
     Concurrency(usize),
     Rate(f64),
@@ -113,6 +113,14 @@ impl Level {
         match self {
             Level::Concurrency(c) => c.to_string(),
             Level::Rate(r) => format!("{r}/s"),
+        }
+    }
+
+    /// As progress lines and chart legends name it: `c=4`, or `20/s`.
+    pub(crate) fn named(self) -> String {
+        match self {
+            Level::Concurrency(c) => format!("c={c}"),
+            Level::Rate(_) => self.label(),
         }
     }
 }

@@ -863,8 +863,7 @@ fn completions(shell: clap_complete::Shell) -> Result<Exit, CliError> {
 
 /// `--json`: `v` on stdout exactly as `RunDir::write_json` writes it to summary.json.
 fn print_json(v: &serde_json::Value, dir: &Path) -> Result<(), String> {
-    let mut text = serde_json::to_string_pretty(v).unwrap_or_default();
-    text.push('\n');
+    let text = String::from_utf8_lossy(&rundir::json_bytes(v)).into_owned();
     print_stdout(&text, "the summary", dir)
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use arrow_array::{ListArray, StringArray};
 
 use crate::metrics::{Sample, StreamSample};
-use crate::model::Outcome;
+use crate::model::{Level, Outcome};
 
 /// What the reports need of one recorded row (read back by `summarize`, and by serve for
 /// its end-of-run summary).
@@ -31,6 +31,17 @@ pub(crate) struct RowFacts {
     /// replay and in runs recorded before the column.
     pub(crate) downstream_done_us: Option<i64>,
     pub(crate) sample: Sample,
+}
+
+impl RowFacts {
+    /// A measured row's level: its open loop's rate, else its concurrency.
+    pub(crate) fn level(&self) -> Option<Level> {
+        match (self.target_rate, self.concurrency) {
+            (Some(r), _) => Some(Level::Rate(r)),
+            (None, Some(c)) => Some(Level::Concurrency(c.max(0) as usize)),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.

@@ -112,18 +112,22 @@ impl RunDir {
     }
 
     pub(crate) fn write_json(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
-        let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
-        bytes.push(b'\n');
-        self.write_file(name, &bytes)
+        self.write_file(name, &json_bytes(v))
     }
 }
 
 /// Write `v` as JSON to any `path`, atomically as [`RunDir::write_json`] does in its
 /// directory (`compare --out`, `verdict --out`).
 pub(crate) fn write_json_at(path: &Path, v: &Value) -> Result<(), RunDirError> {
+    write_bytes_at(path, &json_bytes(v))
+}
+
+/// A JSON file's bytes as every JSON file of a run is written (pretty, one trailing
+/// newline); `--json` prints the same bytes.
+pub(crate) fn json_bytes(v: &Value) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
     bytes.push(b'\n');
-    write_bytes_at(path, &bytes)
+    bytes
 }
 
 /// Write `bytes` to any `path`, atomically as [`RunDir::write_file`] does (`report --out`).

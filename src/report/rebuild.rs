@@ -56,7 +56,7 @@ pub(crate) fn rounds_from_rows(
                 f.phase == Phase::Measured.as_str()
                     && f.arm.as_deref() == arm
                     && f.case_name.as_deref() == Some(case.name.as_str())
-                    && fact_level(f) == Some(level)
+                    && f.level() == Some(level)
                     && f.repetition == Some(rep as i32)
             })
             .map(|f| f.sample.clone())
@@ -96,15 +96,6 @@ pub(crate) fn rounds_from_rows(
     (rounds, excluded, failures)
 }
 
-/// A measured row's level: its open loop's rate, else its concurrency.
-fn fact_level(f: &RowFacts) -> Option<Level> {
-    match (f.target_rate, f.concurrency) {
-        (Some(r), _) => Some(Level::Rate(r)),
-        (None, Some(c)) => Some(Level::Concurrency(c.max(0) as usize)),
-        (None, None) => None,
-    }
-}
-
 /// The levels of one case in run order, each with its planned rounds: the plan's; under
 /// `--sweep` those its measured rows ran at, in the order they started.
 fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, usize)> {
@@ -116,7 +107,7 @@ fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, us
         .iter()
         .filter(|f| f.phase == Phase::Measured.as_str() && f.case_name.as_deref() == Some(case))
     {
-        let Some(l) = fact_level(f) else { continue };
+        let Some(l) = f.level() else { continue };
         match seen.iter_mut().find(|(_, x)| *x == l) {
             Some((at, _)) => *at = (*at).min(f.sample.start_offset_us),
             None => seen.push((f.sample.start_offset_us, l)),

@@ -472,8 +472,7 @@ async fn measure_level(
             if let (Some(_), Level::Concurrency(c)) = (&a.spec, at.level) {
                 let level = a.levels.entry(c).or_default();
                 level.planned_rounds = plan.cases.len() * plan.repetitions;
-                level.attempted_rounds +=
-                    usize::from(m.round.attempted_requests == m.round.planned_requests);
+                level.attempted_rounds += usize::from(m.round.fully_attempted());
                 level.elapsed_seconds += m.round.elapsed_seconds;
                 level.samples.extend(m.samples);
                 a.windows.push((c, m.window_ns.0, m.window_ns.1));

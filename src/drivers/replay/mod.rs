@@ -519,7 +519,11 @@ async fn feasibility(
     let case = &ctx.plan.cases[at.ci];
     ctx.base.progress.set_message(label(
         ctx,
-        &format!("feasibility {} {}", case.name, level_label(at.level)),
+        &format!(
+            "feasibility {} {}",
+            case.name,
+            crate::model::Level::named(at.level)
+        ),
     ));
     let samples = match at.level {
         Level::Concurrency(c) => {
@@ -554,26 +558,23 @@ async fn wait_until(ctx: &Ctx, ns: u64) {
     }
 }
 
-/// `c=4` or `20/s`.
-fn level_label(level: Level) -> String {
-    match level {
-        Level::Concurrency(c) => format!("c={c}"),
-        Level::Rate(_) => level.label(),
-    }
-}
-
 /// One measured round of a level, with the tool's own CPU time and the runtime's
 /// dispatch lag over the round, and goodput against the plan's `slo`.
 async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize) -> Measured {
     let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
-    let open = match at.level {
-        Level::Rate(r) => Some(at.open_wave(ctx, r, Some(rep))),
-        Level::Concurrency(_) => None,
+    // An open round's wave (closed: its concurrency).
+    let work = match at.level {
+        Level::Rate(r) => Ok(at.open_wave(ctx, r, Some(rep))),
+        Level::Concurrency(c) => Err(c),
     };
     // A shard's wave has its place in the timetable: the round's measurements (the
     // generator's CPU and lag, the held rows) start just before it, not at the wait.
-    if let Some(start) = open.as_ref().and_then(|w| w.start_ns) {
+    if let Ok(OpenWave {
+        start_ns: Some(start),
+        ..
+    }) = &work
+    {
         wait_until(ctx, start.saturating_sub(5_000_000)).await;
     }
     // The round's rows are encoded after it, not while requests are in flight.
@@ -582,16 +583,12 @@ async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize
     }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
-    let (samples, planned) = match open {
-        Some(w) => {
+    let (samples, planned) = match work {
+        Ok(w) => {
             let planned = w.planned();
             (open_wave(ctx, senders.pool, w).await, planned)
         }
-        None => {
-            let c = match at.level {
-                Level::Concurrency(c) => c,
-                Level::Rate(_) => 0,
-            };
+        Err(c) => {
             let n = ctx.plan.requests_per_case;
             let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
             (s, n as u64)
@@ -622,7 +619,7 @@ async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize
         ctx.base.progress.println(format!(
             "warning: {} {} round {}: {w}",
             case.name,
-            level_label(at.level),
+            crate::model::Level::named(at.level),
             rep + 1
         ));
     }
@@ -630,7 +627,7 @@ async fn measured_round(ctx: &Arc<Ctx>, senders: Senders<'_>, at: At, rep: usize
         ctx.base.progress.println(format!(
             "warning: {} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
             case.name,
-            level_label(at.level),
+            crate::model::Level::named(at.level),
             rep + 1,
             o.late_sends,
             round.attempted_requests,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::{RunInput, esc};
 use crate::metrics::nearest_rank;
-use crate::model::Outcome;
+use crate::model::{Level, Outcome};
 use crate::record::read::RowFacts;
 
 /// One chart: its data, which is also what is drawn.
@@ -56,34 +56,11 @@ impl Chart {
     }
 }
 
-/// A round's level: a closed loop's concurrency or an open loop's rate.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
-enum Lvl {
-    C(i32),
-    R(f64),
-}
-
-impl Lvl {
-    fn of(f: &RowFacts) -> Option<Lvl> {
-        match (f.concurrency, f.target_rate) {
-            (Some(c), _) => Some(Lvl::C(c)),
-            (None, Some(r)) => Some(Lvl::R(r)),
-            _ => None,
-        }
-    }
-
-    fn label(self) -> String {
-        match self {
-            Lvl::C(c) => format!("c={c}"),
-            Lvl::R(r) => format!("{r}/s"),
-        }
-    }
-
-    fn fields(self) -> (Value, Value) {
-        match self {
-            Lvl::C(c) => (json!(c), Value::Null),
-            Lvl::R(r) => (Value::Null, json!(r)),
-        }
+/// A level as a series' `concurrency` and `rate_per_second` fields (one is null).
+fn level_fields(level: Level) -> (Value, Value) {
+    match level {
+        Level::Concurrency(c) => (json!(c), Value::Null),
+        Level::Rate(r) => (Value::Null, json!(r)),
     }
 }
 
@@ -129,14 +106,14 @@ fn slug(s: &str) -> String {
 /// for cases and runs, levels ascending.
 type Groups<'a> = Vec<(
     String,
-    Vec<((usize, Option<String>, Lvl), Vec<&'a RowFacts>)>,
+    Vec<((usize, Option<String>, Level), Vec<&'a RowFacts>)>,
 )>;
 
 fn measured_groups(runs: &[RunInput]) -> Groups<'_> {
     let mut out: Groups<'_> = Vec::new();
     for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.is_serve()) {
         for f in r.facts.iter().filter(|f| f.phase == "measured") {
-            let (Some(case), Some(level)) = (f.case_name.clone(), Lvl::of(f)) else {
+            let (Some(case), Some(level)) = (f.case_name.clone(), f.level()) else {
                 continue;
             };
             let pos = match out.iter().position(|(c, _)| *c == case) {
@@ -190,18 +167,18 @@ fn latency_cdfs(runs: &[RunInput]) -> Vec<Chart> {
                 if v.is_empty() {
                     continue;
                 }
-                let (conc, rate) = level.fields();
+                let (conc, rate) = level_fields(level);
                 let outcome = if ok { "ok" } else { "failed" };
                 let name = series_name(
                     &runs[run].label,
                     runs.len(),
                     arm.as_deref(),
-                    &level.label(),
+                    &level.named(),
                     outcome,
                 );
                 c.push(json!({"name": name, "run": runs[run].label, "arm": arm, "case": case,
                     "concurrency": conc, "rate_per_second": rate, "outcome": outcome,
-                    "latency_from": if matches!(level, Lvl::R(_)) { "intended_send_time" } else { "actual_send" },
+                    "latency_from": if matches!(level, Level::Rate(_)) { "intended_send_time" } else { "actual_send" },
                     "n": v.len(), "points": cdf_points(v)}));
             }
         }
@@ -519,7 +496,7 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
 fn round_spans(r: &RunInput) -> Vec<Value> {
     let mut spans: Vec<(String, i64, i64)> = Vec::new();
     for f in r.facts.iter().filter(|f| f.phase == "measured") {
-        let Some(level) = Lvl::of(f) else { continue };
+        let Some(level) = f.level() else { continue };
         let label = series_name(
             "",
             1,
@@ -527,7 +504,7 @@ fn round_spans(r: &RunInput) -> Vec<Value> {
             &format!(
                 "{} {}",
                 f.case_name.as_deref().unwrap_or("?"),
-                level.label()
+                level.named()
             ),
             &format!("#{}", f.repetition.unwrap_or(0)),
         );
