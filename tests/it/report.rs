@@ -47,6 +47,18 @@ fn measured_totals(rows: &Rows, keep: impl Fn(usize) -> bool) -> Vec<i64> {
     v
 }
 
+/// The exchanges a timeline chart counts over every bin of the series `pick` names.
+fn timeline_count(chart: &Value, pick: impl Fn(&str) -> bool) -> u64 {
+    chart["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| pick(s["name"].as_str().unwrap()))
+        .flat_map(|s| s["counts"].as_array().unwrap().iter())
+        .map(|c| c.as_u64().unwrap())
+        .sum()
+}
+
 /// The JSON blocks of a report, by chart id.
 fn chart_blocks(html: &str) -> Vec<Value> {
     let tag = "<script type=\"application/json\" class=\"chart-data\"";
@@ -195,21 +207,7 @@ async fn report_embeds_the_numbers_it_draws_for_one_and_several_runs() {
     }
     // Timeline: every recorded row sent once and completed once.
     let tl = &charts[2];
-    let sum = |name: &str| -> u64 {
-        tl["series"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["name"] == json!(name))
-            .flat_map(|s| {
-                s["counts"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|c| c.as_u64().unwrap())
-            })
-            .sum()
-    };
+    let sum = |name: &str| timeline_count(tl, |n| n == name);
     assert_eq!(sum("sends") as usize, rows.len());
     assert_eq!(sum("completed ok") as usize, rows.len());
     assert_eq!(tl["rounds"].as_array().unwrap().len(), 4);
@@ -322,19 +320,7 @@ async fn failed_exchanges_get_their_own_cdf_and_timeline_series() {
         .iter()
         .find(|c| c["kind"] == json!("timeline"))
         .unwrap();
-    let counted: u64 = tl["series"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["name"].as_str().unwrap().starts_with("failed: "))
-        .flat_map(|s| {
-            s["counts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c.as_u64().unwrap())
-        })
-        .sum();
+    let counted = timeline_count(tl, |n| n.starts_with("failed: "));
     assert_eq!(counted, all_failed);
 }
 
