@@ -8,6 +8,7 @@ mod crash;
 mod fault_matrix;
 mod faults;
 mod fuzz_corpus;
+mod golden;
 mod hostile;
 mod open_loop;
 mod replay;
