@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::oracle::{Pointer, sort_keys};
 
@@ -174,19 +175,73 @@ impl Tally {
         self.similarity += similarity;
     }
 
-    fn json(&self) -> Map<String, Value> {
+    fn level(&self) -> LevelDrift {
         let rate = |x: f64| (self.pairs > 0).then(|| x / self.pairs as f64);
-        let mut m = Map::new();
-        m.insert("compared_prompts".into(), json!(self.pairs));
-        m.insert("exact_match_rate".into(), json!(rate(self.equal as f64)));
-        m.insert("mean_similarity".into(), json!(rate(self.similarity)));
-        m
+        LevelDrift {
+            compared_prompts: self.pairs,
+            exact_match_rate: rate(self.equal as f64),
+            mean_similarity: rate(self.similarity),
+        }
     }
 }
 
-/// Drift of `arm`'s answers against `reference`'s: the totals, per concurrency level,
-/// numeric pointers, decision flips, and one entry per pair (`prompts`).
-pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Value {
+/// Drift of one arm's answers against the reference's: the totals, per concurrency
+/// level, numeric pointers, decision flips, and one entry per pair (`prompts`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Drift {
+    pub(crate) compared_prompts: u64,
+    pub(crate) exact_match_rate: Option<f64>,
+    pub(crate) mean_similarity: Option<f64>,
+    /// By concurrency level, in numeric order (string keys: a drift entry is flattened
+    /// into campaign.json's, and serde reads a flattened map's keys only as strings).
+    pub(crate) concurrency: indexmap::IndexMap<String, LevelDrift>,
+    pub(crate) numeric: Vec<NumericDrift>,
+    pub(crate) decision_flips: Option<u64>,
+    pub(crate) decision_pairs: u64,
+    pub(crate) unpaired_reference_answers: u64,
+    pub(crate) unpaired_arm_answers: u64,
+    pub(crate) truncated_answers_left_out: u64,
+    pub(crate) lossy_utf8_answers: u64,
+    pub(crate) prompts: Vec<PromptDrift>,
+}
+
+/// The totals of one concurrency level.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct LevelDrift {
+    pub(crate) compared_prompts: u64,
+    pub(crate) exact_match_rate: Option<f64>,
+    pub(crate) mean_similarity: Option<f64>,
+}
+
+/// One of `drift.numeric_pointers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct NumericDrift {
+    pub(crate) pointer: String,
+    pub(crate) max_abs_difference: Option<f64>,
+    pub(crate) compared_pairs: u64,
+    pub(crate) pairs_without_both_numbers: u64,
+}
+
+/// One pair of answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PromptDrift {
+    pub(crate) case: String,
+    pub(crate) variant: Option<String>,
+    pub(crate) concurrency: i32,
+    pub(crate) repetition: i32,
+    pub(crate) dispatch_index: i64,
+    pub(crate) equal: bool,
+    pub(crate) similarity: f64,
+    pub(crate) first_divergence_char: Option<usize>,
+    pub(crate) reference_chars: usize,
+    pub(crate) arm_chars: usize,
+    pub(crate) decision_flips: Option<u64>,
+}
+
+/// Drift of `arm`'s answers against `reference`'s.
+pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Drift {
     let mut all = Tally::default();
     let mut by_level: BTreeMap<i32, Tally> = BTreeMap::new();
     let mut prompts = Vec::new();
@@ -225,77 +280,91 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> V
                 }
             }
         }
-        prompts.push(json!({
-            "case": key.case,
-            "variant": key.variant,
-            "concurrency": key.concurrency,
-            "repetition": key.repetition,
-            "dispatch_index": key.dispatch_index,
-            "equal": equal,
-            "similarity": sim,
-            "first_divergence_char": first_divergence(&a.text, &b.text),
-            "reference_chars": a.text.chars().count(),
-            "arm_chars": b.text.chars().count(),
-            "decision_flips": pair_flips,
-        }));
+        prompts.push(PromptDrift {
+            case: key.case.clone(),
+            variant: key.variant.clone(),
+            concurrency: key.concurrency,
+            repetition: key.repetition,
+            dispatch_index: key.dispatch_index,
+            equal,
+            similarity: sim,
+            first_divergence_char: first_divergence(&a.text, &b.text),
+            reference_chars: a.text.chars().count(),
+            arm_chars: b.text.chars().count(),
+            decision_flips: pair_flips,
+        });
     }
     let unpaired_reference = reference
         .by_key
         .keys()
         .filter(|k| !arm.by_key.contains_key(*k) && !arm.truncated.contains(*k))
         .count();
-    let mut out = all.json();
-    let levels: Map<String, Value> = by_level
-        .iter()
-        .map(|(c, t)| (c.to_string(), Value::Object(t.json())))
-        .collect();
-    out.insert("concurrency".into(), Value::Object(levels));
-    out.insert(
-        "numeric".into(),
-        opts.numeric_pointers
+    let totals = all.level();
+    Drift {
+        compared_prompts: totals.compared_prompts,
+        exact_match_rate: totals.exact_match_rate,
+        mean_similarity: totals.mean_similarity,
+        concurrency: by_level
+            .iter()
+            .map(|(c, t)| (c.to_string(), t.level()))
+            .collect(),
+        numeric: opts
+            .numeric_pointers
             .iter()
             .zip(&numeric)
-            .map(|(p, (max, n, missing))| {
-                json!({"pointer": p.as_str(), "max_abs_difference": max, "compared_pairs": n, "pairs_without_both_numbers": missing})
+            .map(|(p, (max, n, missing))| NumericDrift {
+                pointer: p.as_str().to_string(),
+                max_abs_difference: *max,
+                compared_pairs: *n,
+                pairs_without_both_numbers: *missing,
             })
             .collect(),
-    );
-    out.insert(
-        "decision_flips".into(),
-        json!((flip_pairs > 0).then_some(flips)),
-    );
-    out.insert("decision_pairs".into(), json!(flip_pairs));
-    out.insert(
-        "unpaired_reference_answers".into(),
-        json!(unpaired_reference),
-    );
-    out.insert("unpaired_arm_answers".into(), json!(unpaired_arm));
-    out.insert(
-        "truncated_answers_left_out".into(),
-        json!(reference.truncated.len() + arm.truncated.len()),
-    );
-    out.insert("lossy_utf8_answers".into(), json!(lossy));
-    out.insert("prompts".into(), Value::Array(prompts));
-    Value::Object(out)
+        decision_flips: (flip_pairs > 0).then_some(flips),
+        decision_pairs: flip_pairs,
+        unpaired_reference_answers: unpaired_reference as u64,
+        unpaired_arm_answers: unpaired_arm,
+        truncated_answers_left_out: (reference.truncated.len() + arm.truncated.len()) as u64,
+        lossy_utf8_answers: lossy,
+        prompts,
+    }
 }
 
 /// What each drift key means (for campaign.json and compare.json).
-pub(crate) fn definitions() -> Value {
-    json!({
-        "pairs": "measured exchanges both sides answered ok at the same (case, variant, concurrency, repetition, dispatch_index)",
-        "answer": "a stream's assembled content; an OpenAI-style JSON answer's first choice message content (or text); else the response as canonical JSON (keys sorted, the request's ignore_paths taken out); a non-JSON body as UTF-8, lossy (counted in lossy_utf8_answers)",
-        "exact_match_rate": "equal pairs / pairs",
-        "mean_similarity": "mean over pairs of 1 - levenshtein(a, b) / max(len(a), len(b)), in Unicode scalar values; 1.0 for two empty answers",
-        "first_divergence_char": "index (Unicode scalar values) of the first difference; null when equal",
-        "numeric": "per drift.numeric_pointers pointer, the largest absolute difference over pairs where both JSON answers have a number there",
-        "decision_flips": "entries of the decisions container (decisions_pointer) whose value differs, summed over pairs of JSON answers; null when no pair had one",
-        "advisory": "true for performance-fit arms: reported, never an equivalence claim",
-    })
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Definitions {
+    pub(crate) pairs: String,
+    pub(crate) answer: String,
+    pub(crate) exact_match_rate: String,
+    pub(crate) mean_similarity: String,
+    pub(crate) first_divergence_char: String,
+    pub(crate) numeric: String,
+    pub(crate) decision_flips: String,
+    pub(crate) advisory: String,
+}
+
+/// The drift keys' definitions.
+pub(crate) fn definitions() -> Definitions {
+    Definitions {
+        pairs: "measured exchanges both sides answered ok at the same (case, variant, concurrency, repetition, dispatch_index)".into(),
+        answer: "a stream's assembled content; an OpenAI-style JSON answer's first choice message content (or text); else the response as canonical JSON (keys sorted, the request's ignore_paths taken out); a non-JSON body as UTF-8, lossy (counted in lossy_utf8_answers)".into(),
+        exact_match_rate: "equal pairs / pairs".into(),
+        mean_similarity: "mean over pairs of 1 - levenshtein(a, b) / max(len(a), len(b)), in Unicode scalar values; 1.0 for two empty answers".into(),
+        first_divergence_char: "index (Unicode scalar values) of the first difference; null when equal".into(),
+        numeric: "per drift.numeric_pointers pointer, the largest absolute difference over pairs where both JSON answers have a number there".into(),
+        decision_flips: "entries of the decisions container (decisions_pointer) whose value differs, summed over pairs of JSON answers; null when no pair had one".into(),
+        advisory: "true for performance-fit arms: reported, never an equivalence claim".into(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// [`super::drift`] as the JSON campaign.json holds.
+    fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Value {
+        serde_json::to_value(super::drift(reference, arm, opts)).expect("drift serializes")
+    }
 
     fn text(t: &str) -> Answer {
         from_text(t.to_string(), false)

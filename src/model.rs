@@ -4,7 +4,10 @@
 //! [`ConnectionPolicy`]). A leaf: it imports nothing from the crate, and owns no I/O.
 
 /// The only values of the `phase` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Phase {
     Health,
     Readiness,
@@ -27,8 +30,21 @@ impl Phase {
     }
 }
 
-/// The only values of the `outcome` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+/// The only values of the `outcome` column (serialized as [`Outcome::as_str`]).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     #[default]
     Ok,

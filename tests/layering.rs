@@ -41,7 +41,9 @@ const ALLOWED: &[Row] = &[
     ("record", &["clock", "model", "redact", "budget", "metrics"]),
     (
         "report",
-        &["clock", "model", "redact", "metrics", "record", "config"],
+        &[
+            "clock", "model", "redact", "oracle", "drift", "metrics", "record", "config",
+        ],
     ),
     (
         "drivers",

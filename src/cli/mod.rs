@@ -15,7 +15,6 @@ mod campaign;
 mod metrics_http;
 mod replay;
 mod report_cmd;
-mod shards;
 mod summarize;
 
 use campaign::verdict_cmd;
@@ -35,6 +34,7 @@ use crate::net::tls::TlsOptions;
 use crate::record::RecorderOptions;
 use crate::record::rundir::{self, RunDir, RunDirError};
 use crate::redact::Redaction;
+use crate::report::doc::config::Fields;
 use crate::report::{self, ServeStats, config_json};
 
 /// Exit codes, the same for every command.
@@ -297,6 +297,16 @@ impl OnRecordFull {
 pub enum UpstreamConnection {
     Pinned,
     Fresh,
+}
+
+impl UpstreamConnection {
+    /// As config.json and the banner name it.
+    fn as_str(self) -> &'static str {
+        match self {
+            UpstreamConnection::Pinned => "pinned",
+            UpstreamConnection::Fresh => "fresh",
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -664,80 +674,19 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
 }
 
 /// Largest plan file accepted.
-pub const MAX_PLAN_BYTES: u64 = 64 << 20;
+pub const MAX_PLAN_BYTES: u64 = report::run::MAX_PLAN_BYTES;
 
-/// The bytes of an input file (`what`: "plan", "contract") of at most `max` bytes; `why`
-/// says what the limit is for. Exit 2 with the path when it cannot be read or is larger.
-fn read_bounded(path: &Path, max: u64, what: &str, why: &str) -> Result<Vec<u8>, CliError> {
-    use std::io::Read;
-    let too_big = |n: String| {
-        usage(format!(
-            "{}: the {what} is {n} bytes; {what}s are limited to {} MiB ({why})",
-            path.display(),
-            max >> 20
-        ))
-    };
-    if let Ok(meta) = std::fs::metadata(path)
-        && meta.len() > max
-    {
-        return Err(too_big(meta.len().to_string()));
+/// A report's error as the command line says it: a run or a file that cannot be used is
+/// unusable input (exit 2); rows that cannot be read back are the tool's (exit 3).
+fn report_error(e: report::run::ReportError) -> CliError {
+    match e {
+        report::run::ReportError::Rows(m) => tool(m),
+        other => usage(other.to_string()),
     }
-    // Read at most the limit + 1 bytes, so a pipe or a device (`/dev/zero`, `<(...)`)
-    // that reports no size is bounded too.
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
-        .map_err(|e| usage(format!("{}: cannot read the {what}: {e}", path.display())))?;
-    if bytes.len() as u64 > max {
-        return Err(too_big(format!("more than {max}")));
-    }
-    Ok(bytes)
-}
-
-/// A JSON file a run wrote (exit 2 when it cannot be read or is not JSON).
-pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, CliError> {
-    let bytes = std::fs::read(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| usage(format!("{}: not valid JSON: {e}", path.display())))
-}
-
-/// A run directory's `config.json`.
-pub(crate) fn run_config(dir: &Path) -> Result<serde_json::Value, CliError> {
-    read_json(&dir.join("config.json"))
-        .map_err(|e| usage(format!("{} (is this a run directory?)", e.message)))
-}
-
-/// A replay run's `plan.json`, refused unless it is the plan the run was made with (its
-/// SHA-256 is `config.json`'s `plan_sha256`).
-pub(crate) fn run_plan(dir: &Path, config: &serde_json::Value) -> Result<Plan, CliError> {
-    let path = dir.join("plan.json");
-    let (bytes, plan) = load_plan(&path)?;
-    let sha = rundir::sha256_hex(&bytes);
-    if config["plan_sha256"].as_str() != Some(sha.as_str()) {
-        return Err(usage(format!(
-            "{}: its SHA-256 ({sha}) is not config.json's plan_sha256 ({}); the plan was changed after the run",
-            path.display(),
-            config["plan_sha256"]
-        )));
-    }
-    let mut plan = plan;
-    // `--sweep` shaped the run's levels; the rebuild needs it too.
-    plan.sweep = config["effective_budget"]["sweep"]
-        .as_u64()
-        .map(|n| n as usize);
-    Ok(plan)
 }
 
 fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
-    let bytes = read_bounded(
-        path,
-        MAX_PLAN_BYTES,
-        "plan",
-        "a plan describes requests; it does not carry bulk data",
-    )?;
-    let plan =
-        Plan::from_json_bytes(&bytes).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    Ok((bytes, plan))
+    report::run::load_plan(path).map_err(report_error)
 }
 
 pub fn validate(path: &Path) -> Result<Exit, CliError> {
@@ -862,7 +811,7 @@ fn completions(shell: clap_complete::Shell) -> Result<Exit, CliError> {
 }
 
 /// `--json`: `v` on stdout exactly as `RunDir::write_json` writes it to summary.json.
-fn print_json(v: &serde_json::Value, dir: &Path) -> Result<(), String> {
+fn print_json<T: serde::Serialize>(v: &T, dir: &Path) -> Result<(), String> {
     let text = String::from_utf8_lossy(&rundir::json_bytes(v)).into_owned();
     print_stdout(&text, "the summary", dir)
 }
@@ -1013,17 +962,14 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
         UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
     };
-    let mut fields = serve_config_fields(&args, &input, listen_addr, backlog);
-    fields["metrics_listen"] = serde_json::json!(metrics_http::address(metrics_listener.as_ref()));
-    let mut config = config_json::config_json(
-        "serve",
-        &argv(&input.redaction),
-        &rid,
-        started_at_us,
-        fields,
-        config_json::serve_timers(),
+    let fields = serve_config_fields(
+        &args,
+        &input,
+        (listen_addr, backlog),
+        metrics_http::address(metrics_listener.as_ref()),
     );
-    dir.write_json("config.json", &config)
+    let mut config = config_json::config(&argv(&input.redaction), &rid, started_at_us, fields);
+    dir.write_json(rundir::CONFIG, &config)
         .map_err(|e| tool(e.to_string()))?;
     let run = Arc::new(
         RunContext::start(&rid, clock::now_ns(), rec_opts).map_err(|e| tool(e.to_string()))?,
@@ -1034,7 +980,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
             if input.tls.is_some() { "https" } else { "http" },
             listen_addr,
             input.redaction.url(&input.upstream.url()),
-            config["connection_policy"].as_str().unwrap_or(""),
+            args.upstream_connection.as_str(),
             dir.path.display()
         );
     }
@@ -1067,7 +1013,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
     let mut table = report::routes::RouteTable::default();
-    let read = crate::record::read::for_each_row(&dir.path.join("exchanges"), |r| {
+    let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
         table.add(&r.method, &r.url, r.status, r.sample)
     });
     if let Err(e) = read {
@@ -1079,12 +1025,12 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         .problems
         .is_empty()
         .then_some(recording.stats.longest_slice_us);
-    let summary = report::serve_summary_json(&stats, rows, slice);
-    if let Err(e) = dir.write_json("summary.json", &summary) {
+    let summary = report::serve_summary(&stats, rows, slice, None);
+    if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
         problems.push(e.to_string());
     }
     config_json::finished(&mut config);
-    if let Err(e) = dir.write_json("config.json", &config) {
+    if let Err(e) = dir.write_json(rundir::CONFIG, &config) {
         problems.push(e.to_string());
     }
     serve_stopped(&args, (&stats, &summary), rows, &dir, problems)
@@ -1094,7 +1040,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
 /// failed.
 fn serve_stopped(
     args: &ServeArgs,
-    (stats, summary): (&ServeStats, &serde_json::Value),
+    (stats, summary): (&ServeStats, &report::doc::summary::ServeSummary),
     rows: u64,
     dir: &RunDir,
     mut problems: Vec<String>,
@@ -1135,48 +1081,52 @@ fn serve_stopped(
 fn serve_config_fields(
     args: &ServeArgs,
     input: &ServeInput,
-    listen_addr: SocketAddr,
-    backlog: u32,
-) -> serde_json::Value {
+    (listen_addr, backlog): (SocketAddr, u32),
+    metrics_listen: Option<String>,
+) -> Fields {
+    use report::doc::config::{Limits, ServeFields, ServeRecording};
     let (upstream, redaction) = (&input.upstream, &input.redaction);
-    let (tls, nofile, max_connections) = (input.tls.is_some(), input.nofile, input.max_connections);
-    serde_json::json!({
-        "listen": listen_addr.to_string(),
-        "tls": tls,
-        "upstream": redaction.url(&upstream.url()),
-        "connection_policy": match args.upstream_connection { UpstreamConnection::Pinned => "pinned", UpstreamConnection::Fresh => "fresh" },
-        "upstream_timeout_seconds": args.upstream_timeout,
-        "upstream_idle_timeout_seconds": args.upstream_idle_timeout,
-        "grace_seconds": args.grace_seconds,
-        "runtime_threads": runtime_threads(args.threads),
-        "limits": {
-            "max_header_bytes": args.max_header_bytes,
-            "header_read_timeout_seconds": args.header_read_timeout,
-            "max_connections": max_connections,
-            "listen_backlog": crate::net::listener::effective_backlog(backlog),
-            "open_file_limit": nofile,
+    Fields::Serve(Box::new(ServeFields {
+        listen: listen_addr.to_string(),
+        tls: input.tls.is_some(),
+        upstream: redaction.url(&upstream.url()).into_owned(),
+        connection_policy: args.upstream_connection.as_str().into(),
+        upstream_timeout_seconds: args.upstream_timeout,
+        upstream_idle_timeout_seconds: args.upstream_idle_timeout,
+        grace_seconds: args.grace_seconds,
+        runtime_threads: runtime_threads(args.threads),
+        limits: Limits {
+            max_header_bytes: args.max_header_bytes,
+            header_read_timeout_seconds: args.header_read_timeout,
+            max_connections: input.max_connections,
+            listen_backlog: crate::net::listener::effective_backlog(backlog),
+            open_file_limit: input.nofile,
         },
-        "rewrite_host": args.rewrite_host,
-        "recording": {
-            "max_record_body_bytes": args.max_record_body,
-            "record_memory_bytes": args.record_memory,
-            "on_record_full": args.on_record_full.as_str(),
-            "part_rows": args.part_rows,
-            "part_seconds": args.part_seconds,
-            "redacted_headers": redaction.headers.iter().map(|h| h.as_str().to_string()).collect::<Vec<_>>(),
-            "redacted_query_parameters": redaction.query,
+        rewrite_host: args.rewrite_host,
+        recording: ServeRecording {
+            max_record_body_bytes: args.max_record_body,
+            record_memory_bytes: args.record_memory,
+            on_record_full: args.on_record_full.as_str().into(),
+            part_rows: args.part_rows,
+            part_seconds: args.part_seconds,
+            redacted_headers: redaction
+                .headers
+                .iter()
+                .map(|h| h.as_str().to_string())
+                .collect(),
+            redacted_query_parameters: redaction.query.clone(),
         },
-    })
+        metrics_listen,
+        timers: config_json::serve_timers(),
+    }))
 }
 
 /// The `recover` command: quarantine unfinished parts and count the rows they held.
 pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
     // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
     // OUT/exchanges/shard=I.
-    let shard = shards::shard_parts(dir);
-    let exchanges = shard
-        .as_ref()
-        .map_or(dir.join("exchanges"), |(ex, _)| ex.clone());
+    let shard = crate::report::run::shard_parts(dir);
+    let exchanges = shard.clone().unwrap_or_else(|| dir.join(rundir::EXCHANGES));
     if !exchanges.is_dir() {
         return Err(usage(format!(
             "{}: no exchanges/ directory; is this a run directory?",
@@ -1184,21 +1134,16 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
         )));
     }
     let r = match &shard {
-        Some((ex, ledger)) => crate::record::recover::recover_parts(dir, ex, ledger),
+        Some(ex) => {
+            crate::record::recover::recover_parts(dir, ex, &dir.join(crate::record::LEDGER))
+        }
         None => crate::record::recover::recover(dir),
     }
     .map_err(tool)?;
-    let report = serde_json::json!({
-        "quarantined": r.quarantined.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "rows_lost": r.rows_lost,
-        "rows_kept": r.rows_kept,
-        "definitions": {
-            "rows_lost": "rows the writer had handed to the unfinished parts, plus rows it held unencoded during a replay round (counted every 64), both from its ledger; rows still queued in memory at the moment of a crash are not on disk anywhere and cannot be counted here",
-            "rows_kept": "rows in closed parts, all readable",
-        },
-    });
+    let report =
+        crate::report::doc::recovery::Recovery::new(&r.quarantined, r.rows_lost, r.rows_kept);
     RunDir::existing(dir)
-        .write_json("recovery.json", &report)
+        .write_json(rundir::RECOVERY, &report)
         .map_err(|e| tool(e.to_string()))?;
     eprintln!(
         "matrix-proxy: {} unfinished part(s) moved to quarantine/; {} rows lost, {} rows kept in closed parts (recovery.json); run `matrix-proxy summarize {}` next",

@@ -13,6 +13,7 @@ use crate::clock;
 use crate::config::contract::Contract;
 use crate::config::flags;
 use crate::config::plan::Plan;
+use crate::config::shape::Shape;
 use crate::drivers::replay::{self, ReplayOptions};
 use crate::drivers::{RecordingEnd, RunContext};
 use crate::engine::Engine;
@@ -22,12 +23,23 @@ use crate::net::tls::TlsOptions;
 use crate::record::RecorderOptions;
 use crate::record::rundir::{self, RunDir};
 use crate::redact::{DEFAULT_REDACT_HEADERS, DEFAULT_REDACT_QUERY};
-use crate::report::{self, Ending, config_json};
+use crate::report::doc::Failures;
+use crate::report::doc::campaign::CampaignDoc;
+use crate::report::doc::config::{Auth, Config, Extra, MockRecord, ReplayRecording, ShardRecord};
+use crate::report::{self, Ending, Recording, config_json};
 
-/// What the checks produced: everything the run needs, before any output exists.
-struct Input {
+/// The run's resolved input: the plan and every flag, checked together once
+/// ([`ReplayRun::resolve`], which owns every rule between them: the endpoint override,
+/// the mock worker, `--sweep`, `--shard` and `--start-at`, the contract), before any
+/// output exists. Nothing after it re-checks or changes the plan.
+struct ReplayRun {
     plan_bytes: Vec<u8>,
+    /// As validated, sent where `--endpoint` or the mock worker says.
     plan: Plan,
+    /// What `--sweep` or `--shard` make of the plan.
+    shape: Shape,
+    /// The built-in mock worker, started, with its settings (`--mock-worker`).
+    mock: Option<(MockWorker, MockConfig)>,
     token_env: Option<String>,
     bearer_token: Option<String>,
     engine: Engine,
@@ -46,23 +58,18 @@ struct Input {
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
 pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
-    let mut input = check(&args).await?;
-    let mock_config = args.mock.config()?;
-    let mock = start_mock(&args, &mock_config, &mut input.plan).await?;
-    let (dir, rid, run_t0_ns, mut config) = create_run(&args, &input, mock.as_ref(), &mock_config)?;
-    let plan = input.plan;
-    // What the reports need of a campaign plan after the run (drift, the verdict).
-    let campaign = plan
-        .campaign
-        .is_some()
-        .then(|| (plan.clone(), input.contract.take()));
+    let mut input = ReplayRun::resolve(&args).await?;
+    let created = create_run(&args, &input)?;
+    let (dir, rid, run_t0_ns, mut config) =
+        (created.dir, created.run_id, created.t0_ns, created.config);
+    let shard_start_ns = created.shard_start_ns;
+    // The reports read the plan after the run (the summary, drift, the verdict).
+    let plan = input.plan.clone();
+    let contract = input.contract.take();
 
     // Step 4: the run, then the recorder closed.
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
     // A shard's ledger stays with its reports: exchanges/ holds partition folders only.
-    let shard_start_ns = config["shard"]["start_at_offset_us"]
-        .as_i64()
-        .map(|off| run_t0_ns.saturating_add_signed(off.saturating_mul(1000)));
     if shard_start_ns.is_some() {
         rec_opts.ledger = Some(dir.path.join(crate::record::LEDGER));
     }
@@ -79,7 +86,8 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     });
     let result = replay::run(
         ReplayOptions {
-            plan,
+            plan: input.plan,
+            shape: input.shape,
             bearer_token: input.bearer_token,
             max_record_body: args.max_record_body,
             quiet: args.quiet,
@@ -92,7 +100,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         interrupt,
         replay::ArmEnv {
             self_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("matrix-proxy")),
-            logs: dir.path.join("servers"),
+            logs: dir.path.join(rundir::SERVERS),
         },
     )
     .await;
@@ -100,149 +108,142 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         m.abort();
     }
     let recording = run.finish_recording().await;
-    if let Some(m) = mock {
+    if let Some((m, _)) = input.mock {
         m.shutdown().await;
     }
-    reports(&args, &dir, &mut config, result, recording, campaign)
-}
-
-/// `--sweep N`, checked against the plan.
-fn sweep_levels(plan: &crate::config::plan::Plan, n: usize) -> Result<usize, CliError> {
-    use crate::config::load::Mode;
-    if n == 0 {
-        return Err(usage(
-            "--sweep 0: give the number of open-loop rates to place between the synchronous rate and the throughput probe (1 or more; GuideLLM's default is 10)",
-        ));
-    }
-    if n > 100 {
-        return Err(usage(format!(
-            "--sweep {n}: at most 100 rates (each runs the plan's repetitions)"
-        )));
-    }
-    if plan.campaign.is_some() {
-        return Err(usage(
-            "--sweep does not go with a campaign plan: sweep each arm's endpoint with a plain plan",
-        ));
-    }
-    if plan.load.mode == Mode::Open {
-        return Err(usage(
-            "--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates",
-        ));
-    }
-    if plan.concurrency.iter().all(|&c| c < 2) {
-        return Err(usage(
-            "--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1",
-        ));
-    }
-    Ok(n)
-}
-
-/// Step 1: Everything that can be wrong with the input is checked before any output exists.
-async fn check(args: &ReplayArgs) -> Result<Input, CliError> {
-    let (plan_bytes, mut plan) = load_plan(&args.plan)?;
-    if plan.campaign.is_some() && args.mock_worker {
-        return Err(usage(
-            "--mock-worker does not go with a campaign plan: give each arm that should be the mock a start command, [\"{self}\", \"mock-worker\", \"--listen\", \"127.0.0.1:{port}\"]",
-        ));
-    }
-    if plan.campaign.is_some() && args.endpoint.is_some() {
-        return Err(usage(
-            "--endpoint does not go with a campaign plan: each arm has its own endpoint",
-        ));
-    }
-    if let Some(n) = args.sweep {
-        plan.sweep = Some(sweep_levels(&plan, n)?);
-    }
-    let shard = shard_spec(args, &plan)?;
-    plan.shard = shard.map(|(i, n, _)| (i, n));
-    // Hash the binary off the runtime's threads (config.json records it).
-    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-    let endpoint_override = match &args.endpoint {
-        Some(url) => Some(flags::endpoint("--endpoint", url).map_err(usage)?),
-        None => None,
-    };
-    let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
-        (Some(n), _) => (Some(n.clone()), "--bearer-token-env"),
-        (None, Some(n)) => (Some(n.clone()), "the plan's auth.bearer_token_env"),
-        (None, None) => (None, ""),
-    };
-    let bearer_token = match &token_env {
-        Some(n) => Some(read_token(n, token_source)?),
-        None => None,
-    };
-    if let Some(ep) = &endpoint_override {
-        plan.override_endpoint(ep);
-    }
-    // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
-    let arms_https = plan.campaign.as_ref().is_some_and(|c| {
-        c.arms.iter().any(|a| {
-            a.endpoints(1)
-                .is_ok_and(|(e, h)| e.scheme == Scheme::Https || h.scheme == Scheme::Https)
-        })
-    });
-    let need_tls = args.ca_cert.is_some()
-        || arms_https
-        || (!args.mock_worker
-            && (plan.endpoint.scheme == Scheme::Https
-                || plan.health_endpoint.scheme == Scheme::Https));
-    flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
-    flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
-    seconds("--part-seconds", args.part_seconds)?;
-    open_files_for(&plan, args.mock_worker)?;
-    let grace = flags::seconds_or_zero("--grace-seconds", args.grace_seconds).map_err(usage)?;
-    let engine = Engine::new(
-        need_tls,
-        &TlsOptions {
-            ca_file: args.ca_cert.clone(),
-        },
+    let shape = input.shape;
+    reports(
+        &args,
+        &dir,
+        &mut config,
+        result,
+        recording,
+        (&plan, shape, contract.as_ref()),
     )
-    .map_err(usage)?;
-    let started_at_us = clock::wall_now_us();
-    let contract = match &args.contract {
-        None => None,
-        Some(path) => {
-            let c = super::campaign::load_contract(path)?;
-            if plan.campaign.is_none() {
-                return Err(usage(format!(
-                    "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
-                    path.display()
-                )));
-            }
-            super::campaign::check_contract(&c, path, plan.name.as_deref(), started_at_us)?;
-            Some(c)
-        }
-    };
-    let out = match &args.out {
-        Some(p) => p.clone(),
-        None => {
-            let stem = args
-                .plan
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "plan".into());
-            PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
-        }
-    };
+}
 
-    Ok(Input {
-        plan_bytes,
-        plan,
-        token_env,
-        bearer_token,
-        engine,
-        out,
-        started_at_us,
-        grace,
-        contract,
-        record_hold: args
-            .record_hold
-            .unwrap_or_else(crate::record::default_hold_bytes),
-        shard,
-        metrics: match args.metrics_listen {
+impl ReplayRun {
+    /// Step 1: Everything that can be wrong with the input is checked before any output
+    /// exists; then the mock worker, when asked for, is started and the plan sent to it.
+    async fn resolve(args: &ReplayArgs) -> Result<ReplayRun, CliError> {
+        let (plan_bytes, plan) = load_plan(&args.plan)?;
+        if plan.campaign.is_some() && args.mock_worker {
+            return Err(usage(
+                "--mock-worker does not go with a campaign plan: give each arm that should be the mock a start command, [\"{self}\", \"mock-worker\", \"--listen\", \"127.0.0.1:{port}\"]",
+            ));
+        }
+        if plan.campaign.is_some() && args.endpoint.is_some() {
+            return Err(usage(
+                "--endpoint does not go with a campaign plan: each arm has its own endpoint",
+            ));
+        }
+        let shard = shard_spec(args, &plan)?;
+        let shape = match (args.sweep, shard) {
+            (Some(n), _) => Shape::sweep(&plan, n).map_err(usage)?,
+            (None, Some((i, n, _))) => Shape::shard(&plan, i, n).map_err(usage)?,
+            (None, None) => Shape::Plain,
+        };
+        // Hash the binary off the runtime's threads (config.json records it).
+        let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
+        let endpoint_override = match &args.endpoint {
+            Some(url) => Some(flags::endpoint("--endpoint", url).map_err(usage)?),
+            None => None,
+        };
+        let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
+            (Some(n), _) => (Some(n.clone()), "--bearer-token-env"),
+            (None, Some(n)) => (Some(n.clone()), "the plan's auth.bearer_token_env"),
+            (None, None) => (None, ""),
+        };
+        let bearer_token = match &token_env {
+            Some(n) => Some(read_token(n, token_source)?),
+            None => None,
+        };
+        let plan = match &endpoint_override {
+            Some(ep) => plan.with_endpoint(ep),
+            None => plan,
+        };
+        // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
+        let arms_https = plan.campaign.as_ref().is_some_and(|c| {
+            c.arms.iter().any(|a| {
+                a.endpoints(1)
+                    .is_ok_and(|(e, h)| e.scheme == Scheme::Https || h.scheme == Scheme::Https)
+            })
+        });
+        let need_tls = args.ca_cert.is_some()
+            || arms_https
+            || (!args.mock_worker
+                && (plan.endpoint.scheme == Scheme::Https
+                    || plan.health_endpoint.scheme == Scheme::Https));
+        flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
+        flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
+        seconds("--part-seconds", args.part_seconds)?;
+        open_files_for(&plan, shape, args.mock_worker)?;
+        let mock_config = args.mock.config()?;
+        let grace = flags::seconds_or_zero("--grace-seconds", args.grace_seconds).map_err(usage)?;
+        let engine = Engine::new(
+            need_tls,
+            &TlsOptions {
+                ca_file: args.ca_cert.clone(),
+            },
+        )
+        .map_err(usage)?;
+        let started_at_us = clock::wall_now_us();
+        let contract = match &args.contract {
+            None => None,
+            Some(path) => {
+                let c = super::campaign::load_contract(path)?;
+                if plan.campaign.is_none() {
+                    return Err(usage(format!(
+                        "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
+                        path.display()
+                    )));
+                }
+                super::campaign::check_contract(&c, path, plan.name.as_deref(), started_at_us)?;
+                Some(c)
+            }
+        };
+        let out = match &args.out {
+            Some(p) => p.clone(),
+            None => {
+                let stem = args
+                    .plan
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "plan".into());
+                PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
+            }
+        };
+
+        let metrics = match args.metrics_listen {
             Some(a) => Some(super::metrics_http::bind(a).await?),
             None => None,
-        },
-    })
+        };
+        let (plan, mock) = match args.mock_worker {
+            true => {
+                let (m, plan) = start_mock(&mock_config, plan).await?;
+                (plan, Some((m, mock_config)))
+            }
+            false => (plan, None),
+        };
+        Ok(ReplayRun {
+            plan_bytes,
+            plan,
+            shape,
+            mock,
+            token_env,
+            bearer_token,
+            engine,
+            out,
+            started_at_us,
+            grace,
+            contract,
+            record_hold: args
+                .record_hold
+                .unwrap_or_else(crate::record::default_hold_bytes),
+            shard,
+            metrics,
+        })
+    }
 }
 
 /// `--shard I/N --start-at UTC`, checked against the plan and the other flags.
@@ -251,11 +252,7 @@ fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i6
         return Ok(None);
     };
     let (i, n) = flags::shard(s).map_err(usage)?;
-    if plan.load.mode != crate::config::load::Mode::Open {
-        return Err(usage(
-            "--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round",
-        ));
-    }
+    Shape::shard(plan, i, n).map_err(usage)?;
     if args.out.is_none() {
         return Err(usage(
             "--shard needs --out: every shard writes into the same output folder (OUT/exchanges/shard=I/ and OUT/shards/I/), which `matrix-proxy summarize OUT` merges",
@@ -278,11 +275,11 @@ const RESERVED_FDS: u64 = 64;
 /// socket per worker, two with the in-process mock worker holding the other end), and
 /// refuse a concurrency the limit cannot hold, naming the largest it can: running into
 /// "Too many open files" halfway through a round would fail it for the tool's reasons.
-fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
+fn open_files_for(plan: &Plan, shape: Shape, mock: bool) -> Result<(), CliError> {
     // An open loop holds at most load.max_in_flight connections.
     let closed = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
     let open = plan.load.max_in_flight as u64;
-    let (what, max_c) = match (plan.load.mode, plan.sweep) {
+    let (what, max_c) = match (plan.load.mode, shape.sweep_rates()) {
         (crate::config::load::Mode::Open, _) => ("load.max_in_flight", open),
         // A sweep keeps its closed workers' connections while its open rates run.
         (_, Some(_)) => ("concurrency + load.max_in_flight", closed + open),
@@ -311,15 +308,8 @@ fn open_files_for(plan: &Plan, mock: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Step 2: The mock worker, when asked for, replaces the plan's origin.
-async fn start_mock(
-    args: &ReplayArgs,
-    mock_config: &MockConfig,
-    plan: &mut Plan,
-) -> Result<Option<MockWorker>, CliError> {
-    if !args.mock_worker {
-        return Ok(None);
-    }
+/// The mock worker on a free loopback port, and `plan` sent to it (its origin replaced).
+async fn start_mock(mock_config: &MockConfig, plan: Plan) -> Result<(MockWorker, Plan), CliError> {
     let m = MockWorker::start(
         "127.0.0.1:0"
             .parse()
@@ -329,20 +319,24 @@ async fn start_mock(
     .await
     .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
     let origin = Endpoint::parse(&m.url()).map_err(tool)?;
-    plan.override_origin(&origin);
-    Ok(Some(m))
+    Ok((m, plan.with_origin(&origin)))
+}
+
+/// What step 3 made: the run directory, its id and clock start, config.json as written,
+/// and a shard's shared start on the run clock.
+struct Created {
+    dir: RunDir,
+    run_id: String,
+    t0_ns: u64,
+    config: Config,
+    shard_start_ns: Option<u64>,
 }
 
 /// Step 3: The run directory, the plan's bytes and config.json. A default name that is
 /// taken gets a numeric suffix (so the demo command can be run again and again); an
 /// explicit `--out` is never reused.
-fn create_run(
-    args: &ReplayArgs,
-    input: &Input,
-    mock: Option<&MockWorker>,
-    mock_config: &MockConfig,
-) -> Result<(RunDir, String, u64, serde_json::Value), CliError> {
-    let Input {
+fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError> {
+    let ReplayRun {
         plan_bytes,
         plan,
         token_env,
@@ -362,91 +356,98 @@ fn create_run(
         })?,
         None => create_run_dir(out, args.out.is_none())?,
     };
-    dir.write_file("plan.json", plan_bytes)
+    dir.write_file(rundir::PLAN, plan_bytes)
         .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
-    let extra = serde_json::json!({
-        "endpoint_override": args.endpoint.as_deref().map(config_json::redacted),
-        "grace_seconds": args.grace_seconds,
-        "mock_worker": mock.map(|m| serde_json::json!({
-            "url": m.url(),
-            "prefill_ms": mock_config.prefill_ms,
-            "per_token_ms": mock_config.per_token_ms,
-            "max_batch": mock_config.max_batch,
-            "default_max_tokens": mock_config.default_max_tokens,
-        })),
-        "runtime_threads": super::runtime_threads(args.threads),
-        "metrics_listen": super::metrics_http::address(input.metrics.as_ref()),
-        "auth": {
-            "bearer_token_env": token_env,
-            "bearer_token_sent": bearer_token.is_some(),
+    let extra = Extra {
+        endpoint_override: args.endpoint.as_deref().map(config_json::redacted),
+        grace_seconds: args.grace_seconds,
+        mock_worker: input.mock.as_ref().map(|(m, mock_config)| MockRecord {
+            url: m.url(),
+            prefill_ms: mock_config.prefill_ms,
+            per_token_ms: mock_config.per_token_ms,
+            max_batch: mock_config.max_batch,
+            default_max_tokens: mock_config.default_max_tokens,
+        }),
+        runtime_threads: super::runtime_threads(args.threads),
+        metrics_listen: super::metrics_http::address(input.metrics.as_ref()),
+        auth: Auth {
+            bearer_token_env: token_env.clone(),
+            bearer_token_sent: bearer_token.is_some(),
         },
-        "recording": {
-            "exchanges": !args.no_record,
-            "max_record_body_bytes": args.max_record_body,
-            "record_hold_bytes": record_hold,
-            "redacted_headers": DEFAULT_REDACT_HEADERS,
-            "redacted_query_parameters": DEFAULT_REDACT_QUERY,
+        recording: ReplayRecording {
+            exchanges: !args.no_record,
+            max_record_body_bytes: args.max_record_body,
+            record_hold_bytes: *record_hold,
+            redacted_headers: DEFAULT_REDACT_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            redacted_query_parameters: DEFAULT_REDACT_QUERY.iter().map(|q| q.to_string()).collect(),
         },
-    });
+    };
     let run_t0_ns = clock::now_ns();
+    // The shared start on this process's run clock: `summarize OUT` puts every shard's
+    // offsets on one timeline from it.
+    let shard = input.shard.map(|(index, count, at_us)| ShardRecord {
+        index,
+        count,
+        start_at: clock::iso_utc(at_us),
+        start_at_offset_us: (at_us - clock::wall_now_us())
+            + clock::us_between(run_t0_ns, clock::now_ns()),
+    });
+    let shard_start_ns = shard
+        .as_ref()
+        .map(|s| run_t0_ns.saturating_add_signed(s.start_at_offset_us.saturating_mul(1000)));
     let fields = config_json::replay_fields(
         plan,
-        &args.plan.display().to_string(),
-        &rundir::sha256_hex(plan_bytes),
-        run_t0_ns,
-        extra,
+        config_json::ReplayKeys {
+            shape: input.shape,
+            plan_path: &args.plan.display().to_string(),
+            plan_sha256: &rundir::sha256_hex(plan_bytes),
+            run_t0_ns,
+            extra,
+            contract: match (&input.contract, &args.contract) {
+                (Some(c), Some(path)) => Some(super::campaign::contract_record(c, path)),
+                _ => None,
+            },
+            shard,
+        },
     );
-    let mut config = config_json::config_json(
-        "replay",
+    let config = config_json::config(
         &super::argv(&crate::redact::Redaction::default()),
         &rid,
         started_at_us,
         fields,
-        config_json::replay_timers(),
     );
-    config["contract"] = match (&input.contract, &args.contract) {
-        (Some(c), Some(path)) => super::campaign::contract_record(c, path),
-        _ => serde_json::Value::Null,
-    };
-    // The shared start on this process's run clock: `summarize OUT` puts every shard's
-    // offsets on one timeline from it.
-    config["shard"] = match input.shard {
-        Some((index, count, at_us)) => serde_json::json!({
-            "index": index,
-            "count": count,
-            "start_at": clock::iso_utc(at_us),
-            "start_at_offset_us": (at_us - clock::wall_now_us()) + clock::us_between(run_t0_ns, clock::now_ns()),
-        }),
-        None => serde_json::Value::Null,
-    };
-    dir.write_json("config.json", &config)
+    dir.write_json(rundir::CONFIG, &config)
         .map_err(|e| tool(e.to_string()))?;
     if !args.quiet {
         eprintln!(
             "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
             args.plan.display(),
             targets(plan),
-            plan.planned_requests(),
+            plan.planned_requests_as(input.shape),
             plan.connection.as_str(),
             dir.path.display()
         );
     }
-
-    Ok((dir, rid, run_t0_ns, config))
+    Ok(Created {
+        dir,
+        run_id: rid,
+        t0_ns: run_t0_ns,
+        config,
+        shard_start_ns,
+    })
 }
 
-/// `kind count, ...` from summary.json's `failures` object.
-fn failures_by_kind(failures: &serde_json::Value) -> String {
+/// `kind count, ...` from summary.json's `failures`.
+fn failures_by_kind(failures: &Failures) -> String {
     failures
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{} {v}", k.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Where the cases really go, for the banner: the URL when every case uses the same one,
@@ -497,25 +498,25 @@ fn targets(plan: &Plan) -> String {
 fn campaign_reports(
     args: &ReplayArgs,
     dir: &RunDir,
-    config: &serde_json::Value,
-    c: &mut serde_json::Value,
+    config: &Config,
+    mut c: CampaignDoc,
     (plan, contract): (&Plan, Option<&Contract>),
-    run_ending: Option<&str>,
+    run_ending: Ending,
     problems: &mut Vec<String>,
 ) -> String {
     let mut text = String::new();
     let mut drift_ok = false;
     if args.no_record {
-        c["drift"] = serde_json::Value::Null;
-        c["drift_unavailable_reason"] =
-            serde_json::json!("--no-record: no answers were recorded to compare");
-    } else if let Err(e) = super::campaign::add_drift(c, &dir.exchanges(), plan) {
+        c.drift = Some(None);
+        c.drift_unavailable_reason =
+            Some("--no-record: no answers were recorded to compare".into());
+    } else if let Err(e) = report::answers::add_drift(&mut c, &dir.exchanges(), plan) {
         problems.push(format!("drift: {e}"));
     } else {
         drift_ok = true;
-        text = super::campaign::drift_text(c["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+        text = report::answers::drift_text(c.drift_entries());
     }
-    if let Err(e) = dir.write_json("campaign.json", c) {
+    if let Err(e) = dir.write_json(rundir::CAMPAIGN, &c) {
         problems.push(e.to_string());
     }
     if let (Some(_), false) = (contract, drift_ok) {
@@ -525,87 +526,97 @@ fn campaign_reports(
         return text;
     }
     if let (Some(contract), Some(path)) = (contract, &args.contract) {
-        let v = report::verdict::verdict_json(
-            c,
+        let v = report::verdict::verdict_doc(
+            &c,
             &report::verdict::Provenance {
                 contract,
                 contract_path: &path.display().to_string(),
-                run_id: config["run_id"].as_str(),
-                run_started_at: config["started_at"].as_str(),
-                run_ending,
+                run_id: Some(&config.run_id),
+                run_started_at: Some(&config.started_at),
+                run_ending: Some(run_ending.as_str()),
                 post_hoc: None,
             },
         );
         text.push_str(&report::verdict::verdict_text(&v));
         // The verdict is said on stderr too (also under --quiet): it is the run's answer.
-        eprintln!(
-            "matrix-proxy: verdict: {} (verdict.json)",
-            v["verdict"].as_str().unwrap_or("?")
-        );
-        if let Err(e) = dir.write_json("verdict.json", &v) {
+        eprintln!("matrix-proxy: verdict: {} (verdict.json)", v.verdict());
+        if let Err(e) = dir.write_json(rundir::VERDICT, &v) {
             problems.push(e.to_string());
         }
     }
     text
 }
 
-/// Step 5: Reports. Each is written even if an earlier step failed, so nothing is lost.
+/// Step 5: Reports, built by `report` from what the run measured and recorded. Each is
+/// written even if an earlier step failed, so nothing is lost.
 fn reports(
     args: &ReplayArgs,
     dir: &RunDir,
-    config: &mut serde_json::Value,
+    config: &mut Config,
     result: replay::ReplayResult,
     recording: RecordingEnd,
-    campaign: Option<(Plan, Option<Contract>)>,
+    (plan, shape, contract): (&Plan, Shape, Option<&Contract>),
 ) -> Result<Exit, CliError> {
     let mut problems = Vec::new();
-    if let Err(e) = report::write_rounds_parquet(&dir.path.join("rounds.parquet"), &result.rounds) {
+    if let Err(e) = report::write_rounds_parquet(&dir.path.join(rundir::ROUNDS), &result.rounds) {
         problems.push(format!("rounds.parquet: {e}"));
     }
-    let mut summary_v = result.summary.clone();
-    summary_v["rows_written"] = serde_json::json!(recording.stats.rows);
-    if !args.no_record {
-        // Unknown (null) when the writer failed: its count did not come back.
-        summary_v["rows_encoded_during_rounds"] = match recording.problems.is_empty() {
-            true => serde_json::json!(recording.stats.encoded_while_held),
-            false => serde_json::Value::Null,
-        };
-    }
     let record_error = recording.problems.first();
-    if let Some(e) = record_error {
-        summary_v["record_error"] = serde_json::json!(e.to_string());
-    }
-    if let Err(e) = dir.write_json("summary.json", &summary_v) {
+    let aggregates = report::aggregates(plan, shape, &result.rounds);
+    let summary = report::summary(
+        plan,
+        &report::Measured {
+            shape,
+            rounds: &result.rounds,
+            aggregates: &aggregates,
+            excluded: &result.excluded,
+            ending: result.ending,
+            failures: result.failures,
+            notes: &result.notes,
+        },
+        Recording {
+            rows_written: recording.stats.rows,
+            // Absent under --no-record; unknown (null) when the writer failed: its count
+            // did not come back.
+            rows_encoded_during_rounds: (!args.no_record).then(|| {
+                recording
+                    .problems
+                    .is_empty()
+                    .then_some(recording.stats.encoded_while_held)
+            }),
+            record_error: record_error.map(|e| e.to_string()),
+            ..Recording::default()
+        },
+    );
+    if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
         problems.push(e.to_string());
     }
     let mut campaign_text = String::new();
-    if let (Some(mut c), Some((plan, contract))) = (result.campaign.clone(), campaign) {
+    if let Some(c) = &plan.campaign {
+        let doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
         campaign_text = campaign_reports(
             args,
             dir,
             config,
-            &mut c,
-            (&plan, contract.as_ref()),
-            summary_v["ending"].as_str(),
+            doc,
+            (plan, contract),
+            summary.ending,
             &mut problems,
         );
     }
     config_json::finished(config);
-    if let Err(e) = dir.write_json("config.json", config) {
+    if let Err(e) = dir.write_json(rundir::CONFIG, config) {
         problems.push(e.to_string());
     }
     if args.json
-        && let Err(e) = super::print_json(&summary_v, &dir.path)
+        && let Err(e) = super::print_json(&summary, &dir.path)
     {
         problems.push(e);
     }
     if !args.quiet {
+        let table = report::table(plan, &result.rounds, &aggregates, &result.excluded);
         if !args.json
-            && let Err(e) = super::print_stdout(
-                &(result.table.clone() + &campaign_text),
-                "the table",
-                &dir.path,
-            )
+            && let Err(e) = super::print_stdout(&(table + &campaign_text), "the table", &dir.path)
         {
             problems.push(e);
         }
@@ -629,7 +640,7 @@ fn reports(
         eprintln!("matrix-proxy: first failure: {first}");
         eprintln!(
             "matrix-proxy: failures by kind (all phases): {}",
-            failures_by_kind(&summary_v["failures"])
+            failures_by_kind(&summary.failures)
         );
     }
     if let Some(e) = record_error {

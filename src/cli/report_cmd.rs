@@ -3,18 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
-use super::{CliError, Exit, tool, usage};
+use super::{CliError, Exit, report_error, tool, usage};
 use crate::clock;
-use crate::record::rundir::write_bytes_at;
+use crate::record::rundir::{REPORT, SUMMARY, write_bytes_at};
 use crate::report::html::{self, RunInput};
+use crate::report::run::FinishedRun;
 
 /// The `report` command.
 pub fn report_cmd(dirs: &[PathBuf], out: Option<&Path>) -> Result<Exit, CliError> {
     let out = match (out, dirs) {
         (Some(o), _) => o.to_path_buf(),
-        (None, [one]) => one.join("report.html"),
+        (None, [one]) => one.join(REPORT),
         (None, _) => {
             return Err(usage(
                 "several runs need --out FILE (with one run the report goes to RUN/report.html)",
@@ -43,47 +42,32 @@ pub fn report_cmd(dirs: &[PathBuf], out: Option<&Path>) -> Result<Exit, CliError
     Ok(Exit::Ok)
 }
 
-fn optional_json(path: &Path) -> Result<Option<Value>, CliError> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    super::read_json(path).map(Some)
-}
-
-/// One run directory's files: config.json, summary.json (needed), plan.json,
-/// campaign.json and verdict.json (when there), and every recorded row.
+/// One run directory as the report reads it: its documents (summary.json needed) and
+/// every recorded row (a sharded output folder's merged onto one timeline).
 fn read_run(dir: &Path) -> Result<RunInput, CliError> {
     let label = dir
         .canonicalize()
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| dir.display().to_string());
-    let (config, facts, plan_dir) = if super::shards::is_sharded(dir) {
-        super::shards::merged_facts(dir)?
-    } else {
-        let config = super::shards::whole_run_config(dir, "report")?;
-        let facts = crate::record::read::read_row_facts(&dir.join("exchanges")).map_err(tool)?;
-        (config, facts, dir.to_path_buf())
-    };
-    let summary = super::read_json(&dir.join("summary.json")).map_err(|e| {
-        usage(format!(
-            "{}; run `matrix-proxy summarize {}` to rebuild it from exchanges/",
-            e.message,
+    let run = FinishedRun::open(dir).map_err(report_error)?;
+    run.refuse_single_shard("report").map_err(report_error)?;
+    let facts = run.facts().map_err(|e| tool(e.to_string()))?;
+    let Some(summary) = run.summary else {
+        return Err(usage(format!(
+            "{}: the run wrote no summary (it did not finish); run `matrix-proxy summarize {}` to rebuild it from exchanges/",
+            dir.join(SUMMARY).display(),
             dir.display()
-        ))
-    })?;
-    let verdict = match optional_json(&dir.join("verdict.json"))? {
-        Some(v) => Some(v),
-        None => optional_json(&dir.join("verdict.post-hoc.json"))?,
+        )));
     };
     Ok(RunInput {
         label,
         dir: dir.display().to_string(),
-        config,
+        config: run.config,
         summary,
-        plan: optional_json(&plan_dir.join("plan.json"))?,
-        campaign: optional_json(&dir.join("campaign.json"))?,
-        verdict,
+        plan_metadata: run.plan.map(|p| p.metadata).filter(|m| !m.is_empty()),
+        campaign: run.campaign,
+        verdict: run.verdict,
         facts,
     })
 }

@@ -12,8 +12,9 @@ use serde_json::{Map, Value};
 use super::plan::{Validator, join};
 use crate::model::Endpoint;
 
-/// An arm's lane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An arm's lane (written as [`Lane::as_str`] says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Lane {
     /// Must answer like the reference.
     Quality,

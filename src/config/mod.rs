@@ -1,6 +1,6 @@
 //! Input, raw to validated: frozen plans (`plan`; two-stage: raw JSON walked by a
 //! validator into a [`plan::Plan`] that cannot represent an invalid plan), their
-//! canonical `workload`, the `load` (closed or open loop) and `slo`, campaigns' arms (`campaign`) and pre-registered `contract`s, and the
+//! canonical `workload`, the `load` (closed or open loop) and `slo`, the run's `shape` (what `--sweep` and `--shard` make of a plan, beside it), campaigns' arms (`campaign`) and pre-registered `contract`s, and the
 //! commands' flag values (`flags`). `config` validates the bytes and values it is handed;
 //! the CLI reads files and environment variables and binds sockets. Nothing here opens a
 //! file or a socket, and nothing after validation re-checks.
@@ -10,4 +10,5 @@ pub(crate) mod contract;
 pub(crate) mod flags;
 pub(crate) mod load;
 pub(crate) mod plan;
+pub(crate) mod shape;
 pub(crate) mod workload;

@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 
 use super::campaign::Campaign;
 use super::load::{Load, Mode};
+use super::shape::Shape;
 use crate::model::{ConnectionPolicy, Endpoint, Level, Slo};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
@@ -210,16 +211,6 @@ pub(crate) struct Plan {
     pub(crate) load: Load,
     /// Per-request bounds goodput counts against.
     pub(crate) slo: Option<Slo>,
-    /// `replay --sweep N` (set by the command, never read from the file): per case a
-    /// closed round at c = 1, one at the highest concurrency, then N open-loop rates
-    /// between their throughputs.
-    pub(crate) sweep: Option<usize>,
-    /// `replay --shard I/N` (set by the command): this process's share of every open
-    /// round is the arrivals whose index is I modulo N.
-    pub(crate) shard: Option<(usize, usize)>,
-    /// Processes that each sent the prelude (health GET, readiness, warm-up): 1, or the
-    /// shard count of a sharded run merged by `summarize` (set by the command).
-    pub(crate) preludes: u64,
 }
 
 /// The most requests a round may plan: its samples are kept in memory for exact nearest
@@ -248,9 +239,10 @@ impl Plan {
         v.finish(plan)
     }
 
-    /// Replace the endpoint's origin and path by `url` (`--endpoint`); the health endpoint
-    /// keeps its path on the new origin, and cases with their own `path` keep it.
-    pub(crate) fn override_endpoint(&mut self, url: &Endpoint) {
+    /// This plan sent to `url` (`--endpoint`): its origin and path replace the
+    /// endpoint's; the health endpoint keeps its path on the new origin, and cases with
+    /// their own `path` keep it. The plan is otherwise the one validated.
+    pub(crate) fn with_endpoint(mut self, url: &Endpoint) -> Plan {
         self.endpoint = url.clone();
         self.health_endpoint = self.health_endpoint.on_origin_of(url);
         for case in &mut self.cases {
@@ -259,22 +251,24 @@ impl Plan {
                 None => url.clone(),
             };
         }
+        self
     }
 
-    /// Replace only the origin (scheme, host, port) of every endpoint (`--mock-worker`).
-    pub(crate) fn override_origin(&mut self, origin: &Endpoint) {
+    /// This plan with only the origin (scheme, host, port) of every endpoint replaced
+    /// (`--mock-worker`).
+    pub(crate) fn with_origin(mut self, origin: &Endpoint) -> Plan {
         self.endpoint = self.endpoint.on_origin_of(origin);
         self.health_endpoint = self.health_endpoint.on_origin_of(origin);
         for case in &mut self.cases {
             case.endpoint = case.endpoint.on_origin_of(origin);
         }
+        self
     }
 
     /// This plan as one arm runs it: every endpoint on the arm's (cases with their own
     /// `path` keep it on the arm's origin), and the arm's health endpoint.
     pub(crate) fn for_arm(&self, endpoint: &Endpoint, health: &Endpoint) -> Plan {
-        let mut p = self.clone();
-        p.override_endpoint(endpoint);
+        let mut p = self.clone().with_endpoint(endpoint);
         p.health_endpoint = health.clone();
         p
     }
@@ -305,29 +299,34 @@ impl Plan {
         }
     }
 
-    /// The health GET, readiness and warm-up, as every process of the run (every shard)
-    /// sent them first.
-    pub(crate) fn prelude_requests(&self) -> u64 {
+    /// The health GET, readiness and warm-up, as every process of the run (every shard of
+    /// a merged run) sent them first.
+    pub(crate) fn prelude_requests(&self, shape: Shape) -> u64 {
         let once = 1 + self
             .cases
             .iter()
             .map(|c| c.variants.len() as u64 * (1 + self.warmup_per_case as u64))
             .sum::<u64>();
-        once * self.preludes
+        once * shape.preludes()
     }
 
-    /// Requests the plan implies, health GET included. An open loop's rounds are counted
-    /// from their seeded schedules (a shard's: its share of them).
+    /// Requests the plan implies as written, health GET included.
     pub(crate) fn planned_requests(&self) -> u64 {
+        self.planned_requests_as(Shape::Plain)
+    }
+
+    /// Requests the plan implies as `shape` runs it, health GET included. An open loop's
+    /// rounds are counted from their seeded schedules (a shard's: its share of them).
+    pub(crate) fn planned_requests_as(&self, shape: Shape) -> u64 {
         let n = self.requests_per_case as u64;
-        if let Some(rates) = self.sweep {
+        if let Some(rates) = shape.sweep_rates() {
             // Before the run the sweep's rates are unknown: at most n a feasibility wave.
             let max_c = self.concurrency.iter().copied().max().unwrap_or(1) as u64;
             let per_case =
                 1 + n + max_c.min(n) + n + rates as u64 * (n + self.repetitions as u64 * n);
-            return self.prelude_requests() + self.cases.len() as u64 * per_case;
+            return self.prelude_requests(shape) + self.cases.len() as u64 * per_case;
         }
-        let mut total = self.prelude_requests();
+        let mut total = self.prelude_requests(shape);
         for ci in 0..self.cases.len() {
             for (li, level) in self.levels().into_iter().enumerate() {
                 total += match level {
@@ -340,7 +339,7 @@ impl Plan {
                         .map(|rep| {
                             super::load::shard_share(
                                 self.load.schedule(r, ci, li, rep).len(),
-                                self.shard,
+                                shape.shard_of(),
                             )
                         })
                         .sum(),
@@ -790,9 +789,6 @@ impl Validator {
                 l
             })?,
             slo: slo?,
-            sweep: None,
-            shard: None,
-            preludes: 1,
         })
         .filter(|_| top_ignore.is_some())
         .map(|mut p| {

@@ -128,7 +128,7 @@ pub(crate) mod tests_support {
     /// A temporary run directory with its `exchanges/` made: (the run, `exchanges/`).
     pub(crate) fn run_dir() -> (tempfile::TempDir, std::path::PathBuf) {
         let run = tempfile::tempdir().unwrap();
-        let ex = run.path().join("exchanges");
+        let ex = run.path().join(rundir::EXCHANGES);
         std::fs::create_dir(&ex).unwrap();
         (run, ex)
     }

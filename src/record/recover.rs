@@ -21,7 +21,7 @@ pub(crate) struct Recovery {
 /// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
 /// its footer cannot be read) and count, from the writer's ledger, the rows they held.
 pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
-    let ex = run.join("exchanges");
+    let ex = run.join(super::rundir::EXCHANGES);
     recover_parts(run, &ex, &ledger::path_of(&ex))
 }
 
@@ -47,7 +47,7 @@ pub(crate) fn recover_parts(run: &Path, ex: &Path, ledger_path: &Path) -> Result
             .and_then(|s| s.strip_suffix(".parquet.inprogress"))
             .and_then(|s| s.parse::<u32>().ok())
         {
-            let q = run.join("quarantine");
+            let q = run.join(super::rundir::QUARANTINE);
             fs::create_dir_all(&q).map_err(|e| format!("{}: {e}", q.display()))?;
             let dest = q.join(&name);
             fs::rename(&p, &dest).map_err(|e| format!("{}: {e}", p.display()))?;

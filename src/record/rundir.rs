@@ -10,8 +10,50 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
+
+// === The names inside a run folder (spelled here and nowhere else) ===
+
+/// The plan's exact bytes (replay).
+pub(crate) const PLAN: &str = "plan.json";
+pub(crate) const CONFIG: &str = "config.json";
+pub(crate) const SUMMARY: &str = "summary.json";
+/// The run's own summary, kept by `summarize` beside the rebuilt one.
+pub(crate) const SUMMARY_ORIG: &str = "summary.orig.json";
+pub(crate) const ROUNDS: &str = "rounds.parquet";
+pub(crate) const ROUNDS_ORIG: &str = "rounds.orig.parquet";
+pub(crate) const CAMPAIGN: &str = "campaign.json";
+/// The pre-registered verdict (the contract the run was started with).
+pub(crate) const VERDICT: &str = "verdict.json";
+/// A verdict of a contract the run was not started with.
+pub(crate) const VERDICT_POST_HOC: &str = "verdict.post-hoc.json";
+pub(crate) const REPORT: &str = "report.html";
+pub(crate) const RECOVERY: &str = "recovery.json";
+/// Recorded exchanges (Parquet parts); a sharded run's holds one `shard=I` per shard.
+pub(crate) const EXCHANGES: &str = "exchanges";
+/// Unfinished parts `recover` moved aside.
+pub(crate) const QUARANTINE: &str = "quarantine";
+/// Started servers' logs (a campaign's arms).
+pub(crate) const SERVERS: &str = "servers";
+/// A sharded run's per-shard report folders.
+pub(crate) const SHARDS: &str = "shards";
+
+/// Shard `index`'s report folder in a sharded output folder `out`.
+pub(crate) fn shard_dir(out: &Path, index: usize) -> PathBuf {
+    out.join(SHARDS).join(index.to_string())
+}
+
+/// Shard `index`'s parts folder in `out` (a Hive-style partition).
+pub(crate) fn shard_exchanges(out: &Path, index: usize) -> PathBuf {
+    out.join(EXCHANGES).join(format!("shard={index}"))
+}
+
+/// Whether `dir` is the output folder of a sharded run (it has `shards/`, and no
+/// `config.json` of its own).
+pub(crate) fn is_sharded(dir: &Path) -> bool {
+    dir.join(SHARDS).is_dir() && !dir.join(CONFIG).exists()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RunDirError {
@@ -51,7 +93,7 @@ impl RunDir {
             }
             Err(e) => return Err(io_err(path)(e)),
         }
-        let ex = path.join("exchanges");
+        let ex = path.join(EXCHANGES);
         fs::create_dir(&ex).map_err(io_err(&ex))?;
         Ok(RunDir {
             path: path.to_path_buf(),
@@ -63,15 +105,10 @@ impl RunDir {
     /// `out/shards/INDEX/`, its parts in `out/exchanges/shard=INDEX/` (Hive-style
     /// partitions); either folder existing already is refused.
     pub(crate) fn create_shard(out: &Path, index: usize) -> Result<RunDir, RunDirError> {
-        let shards = out.join("shards");
-        let exchanges = out.join("exchanges");
-        for dir in [&shards, &exchanges] {
+        for dir in [&out.join(SHARDS), &out.join(EXCHANGES)] {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
         }
-        let mine = [
-            shards.join(index.to_string()),
-            exchanges.join(format!("shard={index}")),
-        ];
+        let mine = [shard_dir(out, index), shard_exchanges(out, index)];
         for dir in &mine {
             match fs::create_dir(dir) {
                 Ok(()) => {}
@@ -89,7 +126,7 @@ impl RunDir {
     pub(crate) fn existing(path: &Path) -> RunDir {
         RunDir {
             path: path.to_path_buf(),
-            exchanges: path.join("exchanges"),
+            exchanges: path.join(EXCHANGES),
         }
     }
 
@@ -111,20 +148,20 @@ impl RunDir {
             .map_err(io_err(&self.path))
     }
 
-    pub(crate) fn write_json(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
+    pub(crate) fn write_json<T: Serialize>(&self, name: &str, v: &T) -> Result<(), RunDirError> {
         self.write_file(name, &json_bytes(v))
     }
 }
 
 /// Write `v` as JSON to any `path`, atomically as [`RunDir::write_json`] does in its
 /// directory (`compare --out`, `verdict --out`).
-pub(crate) fn write_json_at(path: &Path, v: &Value) -> Result<(), RunDirError> {
+pub(crate) fn write_json_at<T: Serialize>(path: &Path, v: &T) -> Result<(), RunDirError> {
     write_bytes_at(path, &json_bytes(v))
 }
 
 /// A JSON file's bytes as every JSON file of a run is written (pretty, one trailing
 /// newline); `--json` prints the same bytes.
-pub(crate) fn json_bytes(v: &Value) -> Vec<u8> {
+pub(crate) fn json_bytes<T: Serialize>(v: &T) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
     bytes.push(b'\n');
     bytes
@@ -176,16 +213,4 @@ fn hash_current_exe() -> Option<String> {
         h.update(&buf[..n]);
     }
     Some(hex(&h.finalize()))
-}
-
-/// Host identity for config.json.
-pub(crate) fn host_identity() -> Value {
-    let read = |p: &str| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
-    serde_json::json!({
-        "hostname": read("/proc/sys/kernel/hostname").or_else(|| std::env::var("HOSTNAME").ok()),
-        "os": std::env::consts::OS,
-        "os_release": read("/proc/sys/kernel/osrelease"),
-        "arch": std::env::consts::ARCH,
-        "cpu_count": std::thread::available_parallelism().map(|n| n.get()).ok(),
-    })
 }

@@ -5,14 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Map, Value, json};
-
+use super::doc::campaign::{
+    ArmDoc, ArmLoad, CAMPAIGN_SCHEMA_VERSION, CampaignDefinitions, CampaignDoc, Cell, RecipeDoc,
+};
 use crate::config::campaign::{Arm, Campaign};
 use crate::metrics::{self, Percentiles, Sample};
 use crate::model::Outcome;
-
-/// The schema version of campaign.json.
-pub(crate) const CAMPAIGN_SCHEMA_VERSION: u64 = 1;
 
 /// One concurrency level of one arm: its measured samples (every case), the summed wall
 /// time of its rounds, and the peak resident memory of its server while they ran.
@@ -31,24 +29,24 @@ pub(crate) struct Level {
 }
 
 /// What one arm measured.
-pub(crate) struct ArmMeasures<'a> {
-    pub(crate) arm: &'a Arm,
-    pub(crate) unavailable_reason: Option<&'a str>,
+pub(crate) struct ArmMeasures {
+    pub(crate) arm: Arm,
+    pub(crate) unavailable_reason: Option<String>,
     pub(crate) artifact_bytes: Option<u64>,
     pub(crate) load_ms: Option<f64>,
     /// What the arm's memory samples covered (`None`: not sampled).
     pub(crate) rss_scope: Option<&'static str>,
     /// The URL its requests went to (its `{port}` resolved); `None` if never brought up.
     pub(crate) endpoint: Option<String>,
-    pub(crate) levels: &'a BTreeMap<usize, Level>,
+    pub(crate) levels: BTreeMap<usize, Level>,
 }
 
-fn ms(us: Option<i64>) -> Value {
-    us.map_or(Value::Null, |v| json!(v as f64 / 1e3))
+fn ms(us: Option<i64>) -> Option<f64> {
+    us.map(|v| v as f64 / 1e3)
 }
 
 /// One cell: the arm's measured exchanges at one concurrency, every case pooled.
-pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
+pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Cell {
     let ok: Vec<&Sample> = level
         .samples
         .iter()
@@ -75,93 +73,111 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
         .filter(|s| s.outcome != Outcome::Ok)
         .collect();
     let reasons: BTreeSet<&str> = failed.iter().filter_map(|s| s.failure.as_deref()).collect();
-    json!({
-        "ttft_p50_ms": ms(ttft.p50),
-        "ttft_p95_ms": ms(ttft.p95),
-        "latency_p50_ms": ms(latency.p50),
-        "latency_p95_ms": ms(latency.p95),
-        "prefill_tokens_per_sec": prefill,
-        "decode_tokens_per_sec": decode,
-        "aggregate_decode_tokens_per_sec": (level.elapsed_seconds > 0.0).then(|| tokens as f64 / level.elapsed_seconds),
-        "output_tokens": tokens,
-        "peak_rss_bytes": level.peak_rss_bytes,
-        "peak_rss_scope": rss_scope.unwrap_or(
-            "not sampled: the tool did not start this arm's server (no start command) and the plan names no resources.pid, so it does not know its processes"
-        ),
-        "rss_sample_interval_ms": rss_scope.map(|_| 100),
-        "peak_vram_bytes": level.peak_vram_bytes,
-        "peak_vram_scope": level.vram_scope.as_deref().unwrap_or(
-            "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes"
-        ),
-        "planned_rounds": level.planned_rounds,
-        "attempted_rounds": level.attempted_rounds,
-        "complete": level.planned_rounds > 0 && level.attempted_rounds == level.planned_rounds,
-        "attempted_requests": level.samples.len(),
-        "failed_requests": failed.len(),
-        "failure_reasons": reasons.into_iter().collect::<Vec<_>>(),
-    })
+    Cell {
+        ttft_p50_ms: ms(ttft.p50),
+        ttft_p95_ms: ms(ttft.p95),
+        latency_p50_ms: ms(latency.p50),
+        latency_p95_ms: ms(latency.p95),
+        prefill_tokens_per_sec: prefill,
+        decode_tokens_per_sec: decode,
+        aggregate_decode_tokens_per_sec: (level.elapsed_seconds > 0.0)
+            .then(|| tokens as f64 / level.elapsed_seconds),
+        output_tokens: tokens,
+        peak_rss_bytes: level.peak_rss_bytes,
+        peak_rss_scope: rss_scope
+            .unwrap_or(
+                "not sampled: the tool did not start this arm's server (no start command) and the plan names no resources.pid, so it does not know its processes",
+            )
+            .into(),
+        rss_sample_interval_ms: rss_scope.map(|_| 100),
+        peak_vram_bytes: level.peak_vram_bytes,
+        peak_vram_scope: level
+            .vram_scope
+            .as_deref()
+            .unwrap_or(
+                "not sampled: the tool did not start this arm's server (no start command), so it does not know its processes",
+            )
+            .into(),
+        planned_rounds: level.planned_rounds,
+        attempted_rounds: level.attempted_rounds,
+        complete: Some(level.planned_rounds > 0 && level.attempted_rounds == level.planned_rounds),
+        attempted_requests: level.samples.len(),
+        failed_requests: Some(failed.len() as u64),
+        failure_reasons: reasons.into_iter().map(str::to_string).collect(),
+    }
 }
 
-/// campaign.json for `campaign` and what its arms measured.
-/// `plan_id` is the plan's `name` (a campaign plan has one).
-pub(crate) fn campaign_json(
+/// campaign.json for `campaign` and what its arms measured (drift is added once the
+/// answers have been read back). `plan_id` is the plan's `name` (a campaign plan has one).
+pub(crate) fn campaign_doc(
     plan_id: Option<&str>,
     campaign: &Campaign,
-    arms: &[ArmMeasures<'_>],
-) -> Value {
-    let arms_json: Vec<Value> = arms
+    arms: &[ArmMeasures],
+) -> CampaignDoc {
+    let arms = arms
         .iter()
         .map(|a| {
             let r = &a.arm.recipe;
-            let cells: Map<String, Value> = a
-                .levels
-                .iter()
-                .map(|(c, level)| (c.to_string(), cell(level, a.rss_scope)))
-                .collect();
-            json!({
-                "name": a.arm.name,
-                "recipe": {
-                    "runtime": r.runtime,
-                    "weight_format": r.weight_format,
-                    "weight_quantization": r.weight_quantization,
-                    "device": r.device,
-                },
-                "lane": a.arm.lane.as_str(),
-                "reference": a.arm.reference,
-                "available": a.unavailable_reason.is_none(),
-                "unavailable_reason": a.unavailable_reason,
-                "endpoint": a.endpoint,
-                "load": {"artifact_bytes": a.artifact_bytes, "load_ms": a.load_ms},
-                "metadata": a.arm.metadata,
-                "concurrency": cells,
-            })
+            ArmDoc {
+                name: a.arm.name.clone(),
+                recipe: Some(RecipeDoc {
+                    runtime: r.runtime.clone(),
+                    weight_format: r.weight_format.clone(),
+                    weight_quantization: r.weight_quantization.clone(),
+                    device: r.device.clone(),
+                }),
+                lane: a.arm.lane,
+                reference: a.arm.reference,
+                available: a.unavailable_reason.is_none(),
+                unavailable_reason: a.unavailable_reason.clone(),
+                endpoint: a.endpoint.clone(),
+                load: Some(ArmLoad {
+                    artifact_bytes: a.artifact_bytes,
+                    load_ms: a.load_ms,
+                }),
+                metadata: a.arm.metadata.clone(),
+                concurrency: a
+                    .levels
+                    .iter()
+                    .map(|(c, level)| (*c as u64, cell(level, a.rss_scope)))
+                    .collect(),
+            }
         })
         .collect();
-    json!({
-        "schema_version": CAMPAIGN_SCHEMA_VERSION,
-        "plan_id": plan_id,
-        "evidence_class": campaign.evidence_class.as_str(),
-        "schedule": campaign.schedule.as_str(),
-        "reference_arm": campaign.reference().name,
-        "arms": arms_json,
-        "definitions": {
-            "cell": "per arm and concurrency level, every case's measured exchanges pooled",
-            "latency_ms": "nearest rank of total latency over the cell's ok exchanges",
-            "ttft_ms": "nearest rank of time to first token over the cell's ok event streams",
-            "decode_tokens_per_sec": "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time)",
-            "prefill_tokens_per_sec": "mean over ok streams of prompt_tokens / ttft",
-            "aggregate_decode_tokens_per_sec": "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds",
-            "peak_vram_bytes": "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope",
-            "complete": "every measured round the plan has at this level (cases x repetitions) ran and attempted its whole budget; the contract's ratio gates compare only levels both arms completed",
-            "performance_fit": "a performance-fit arm's answers are never correctness failures: answering differently is what is measured",
-        },
-    })
+    CampaignDoc {
+        schema_version: CAMPAIGN_SCHEMA_VERSION,
+        plan_id: plan_id.map(str::to_string),
+        evidence_class: Some(campaign.evidence_class.as_str().into()),
+        schedule: campaign.schedule.as_str().into(),
+        reference_arm: Some(campaign.reference().name.clone()),
+        arms,
+        definitions: Some(CampaignDefinitions {
+            cell: "per arm and concurrency level, every case's measured exchanges pooled".into(),
+            latency_ms: "nearest rank of total latency over the cell's ok exchanges".into(),
+            ttft_ms: "nearest rank of time to first token over the cell's ok event streams".into(),
+            decode_tokens_per_sec: "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time)".into(),
+            prefill_tokens_per_sec: "mean over ok streams of prompt_tokens / ttft".into(),
+            aggregate_decode_tokens_per_sec: "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds".into(),
+            peak_vram_bytes: "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope".into(),
+            complete: "every measured round the plan has at this level (cases x repetitions) ran and attempted its whole budget; the contract's ratio gates compare only levels both arms completed".into(),
+            performance_fit: "a performance-fit arm's answers are never correctness failures: answering differently is what is measured".into(),
+            drift: None,
+        }),
+        drift: None,
+        drift_unavailable_reason: None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::StreamSample;
+    use serde_json::{Value, json};
+
+    /// [`super::cell`] as campaign.json holds it.
+    fn cell(level: &Level, rss_scope: Option<&str>) -> Value {
+        serde_json::to_value(super::cell(level, rss_scope)).expect("a cell serializes")
+    }
 
     fn ok(total_ms: i64) -> Sample {
         Sample {

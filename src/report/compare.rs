@@ -1,9 +1,28 @@
-//! `compare`'s metric deltas: for each pair of sides (a campaign arm, or a plain run) and
-//! each (case, concurrency) both runs measured, every metric of summary.json's
+//! `compare`: two finished runs of one workload. Their sides paired (a campaign arm by
+//! name, or a plain run), drift of B's answers against A's, and for each pair of sides
+//! and each (case, concurrency) both runs measured, every metric of summary.json's
 //! `round_aggregates` with both runs' spread across rounds (min, median, max) and the
-//! delta of the medians, B - A.
+//! delta of the medians, B - A; with a contract, its verdict on the two runs.
 
-use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+
+use super::answers::{drift_text, entry, options, read_answers};
+use super::config_json;
+use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
+use super::doc::compare::{
+    COMPARE_SCHEMA_VERSION, CompareDefinitions, CompareDoc, MetricDefinitions, MetricDelta,
+    MetricDeltas, Pair, PairDrift, RunRef, Side,
+};
+use super::doc::summary::{RoundAggregate, SpreadDoc, Summary};
+use super::doc::verdict::VerdictDoc;
+use super::run::{FinishedRun, ReportError};
+use super::verdict::{self, Provenance};
+use crate::config::campaign::Lane;
+use crate::config::contract::Contract;
+use crate::config::load::Mode;
+use crate::config::plan::Plan;
+use crate::config::workload;
+use crate::drift::Answers;
 
 /// The metrics the terminal table shows (compare.json has every one).
 const SHOWN: [(&str, &str, f64); 5] = [
@@ -14,12 +33,12 @@ const SHOWN: [(&str, &str, f64); 5] = [
     ("output_tokens_per_second_mean", "tok/s/req", 1.0),
 ];
 
-fn aggregates<'a>(summary: Option<&'a Value>, side: &Option<String>) -> Vec<&'a Value> {
+fn aggregates<'a>(summary: Option<&'a Summary>, side: &Side) -> Vec<&'a RoundAggregate> {
     summary
-        .and_then(|s| s["round_aggregates"].as_array())
-        .map(|a| {
-            a.iter()
-                .filter(|g| g["arm"].as_str().map(str::to_string) == *side)
+        .map(|s| {
+            s.round_aggregates
+                .iter()
+                .filter(|g| g.arm == *side)
                 .collect()
         })
         .unwrap_or_default()
@@ -27,16 +46,16 @@ fn aggregates<'a>(summary: Option<&'a Value>, side: &Option<String>) -> Vec<&'a 
 
 /// One entry per (pair, case, concurrency) in either run.
 pub(crate) fn metric_deltas(
-    a: Option<&Value>,
-    b: Option<&Value>,
-    pairs: &[(Option<String>, Option<String>)],
-) -> Vec<Value> {
+    a: Option<&Summary>,
+    b: Option<&Summary>,
+    pairs: &[Pair],
+) -> Vec<MetricDeltas> {
     let mut out = Vec::new();
-    for (sa, sb) in pairs {
+    for Pair { a: sa, b: sb } in pairs {
         let (ga, gb) = (aggregates(a, sa), aggregates(b, sb));
-        let key = |g: &Value| (g["case"].clone(), g["concurrency"].clone());
+        let key = |g: &RoundAggregate| (g.case.clone(), g.concurrency);
         // Every (case, concurrency) of either run, once, in A's order then B's.
-        let mut keys: Vec<(Value, Value)> = Vec::new();
+        let mut keys: Vec<(String, Option<usize>)> = Vec::new();
         for k in ga.iter().chain(&gb).map(|g| key(g)) {
             if !keys.contains(&k) {
                 keys.push(k);
@@ -45,93 +64,426 @@ pub(crate) fn metric_deltas(
         for k in keys {
             let x = ga.iter().find(|g| key(g) == k);
             let y = gb.iter().find(|g| key(g) == k);
-            let mut metrics = Map::new();
-            let names = x
+            let names: Vec<String> = x
                 .or(y)
-                .and_then(|g| g["metrics"].as_object())
-                .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                .map(|g| g.metrics.keys().cloned().collect())
                 .unwrap_or_default();
-            for name in names {
-                let (ma, mb) = (
-                    x.map(|g| &g["metrics"][&name]),
-                    y.map(|g| &g["metrics"][&name]),
-                );
-                let med = |m: Option<&Value>| m.and_then(|m| m["median"].as_f64());
-                let delta = med(ma).zip(med(mb)).map(|(p, q)| q - p);
-                let relative = med(ma)
-                    .zip(delta)
-                    .filter(|(p, _)| *p != 0.0)
-                    .map(|(p, d)| d / p);
-                metrics.insert(
-                    name,
-                    json!({"a": ma.cloned(), "b": mb.cloned(), "delta": delta, "relative_delta": relative}),
-                );
-            }
-            out.push(json!({
-                "side_a": sa, "side_b": sb, "case": k.0, "concurrency": k.1,
-                "in_a": x.is_some(), "in_b": y.is_some(),
-                "metrics": metrics,
-            }));
+            let metrics = names
+                .into_iter()
+                .map(|name| {
+                    let spread = |g: Option<&&RoundAggregate>| -> Option<SpreadDoc> {
+                        g.and_then(|g| g.metrics.get(&name).copied().flatten())
+                    };
+                    let (ma, mb) = (spread(x), spread(y));
+                    let med = |m: Option<SpreadDoc>| m.map(|m| m.median);
+                    let delta = med(ma).zip(med(mb)).map(|(p, q)| q - p);
+                    let relative = med(ma)
+                        .zip(delta)
+                        .filter(|(p, _)| *p != 0.0)
+                        .map(|(p, d)| d / p);
+                    let d = MetricDelta {
+                        a: ma,
+                        b: mb,
+                        delta,
+                        relative_delta: relative,
+                    };
+                    (name, d)
+                })
+                .collect();
+            out.push(MetricDeltas {
+                side_a: sa.clone(),
+                side_b: sb.clone(),
+                case: k.0,
+                concurrency: k.1,
+                in_a: x.is_some(),
+                in_b: y.is_some(),
+                metrics,
+            });
         }
     }
     out
 }
 
 /// What compare.json's metric entries mean.
-pub(crate) fn definitions() -> Value {
-    json!({
-        "a": "run A's aggregate across its rounds (rounds, min, median, max, relative_spread), from its summary.json",
-        "b": "run B's, likewise",
-        "delta": "median of B - median of A",
-        "relative_delta": "delta / median of A (null when A's median is 0 or either is missing)",
-    })
+pub(crate) fn definitions() -> MetricDefinitions {
+    MetricDefinitions {
+        a: "run A's aggregate across its rounds (rounds, min, median, max, relative_spread), from its summary.json".into(),
+        b: "run B's, likewise".into(),
+        delta: "median of B - median of A".into(),
+        relative_delta: "delta / median of A (null when A's median is 0 or either is missing)".into(),
+    }
 }
 
 /// The terminal table: per pair, case and concurrency, the shown metrics' medians with
 /// each run's [min-max] and the relative change.
-pub(crate) fn table(doc: &Value) -> String {
+pub(crate) fn table(doc: &CompareDoc) -> String {
+    let w = &doc.workload_sha256;
     let mut out = format!(
         "compare A={} B={} (workload {})\n",
-        doc["run_a"]["dir"].as_str().unwrap_or("?"),
-        doc["run_b"]["dir"].as_str().unwrap_or("?"),
-        &doc["workload_sha256"].as_str().unwrap_or("?")
-            [..12.min(doc["workload_sha256"].as_str().unwrap_or("?").len())],
+        doc.run_a.dir,
+        doc.run_b.dir,
+        &w[..12.min(w.len())],
     );
-    for e in doc["metrics"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-        let side = |k: &str| e[k].as_str().unwrap_or("run").to_string();
+    for e in &doc.metrics {
+        let side = |s: &Side| s.clone().unwrap_or_else(|| "run".into());
         out.push_str(&format!(
             "{} vs {} {} c={}{}\n",
-            side("side_a"),
-            side("side_b"),
-            e["case"].as_str().unwrap_or("?"),
-            e["concurrency"],
-            match (e["in_a"].as_bool(), e["in_b"].as_bool()) {
-                (Some(false), _) => " (only in B)",
-                (_, Some(false)) => " (only in A)",
+            side(&e.side_a),
+            side(&e.side_b),
+            e.case,
+            e.concurrency
+                .map_or_else(|| "null".to_string(), |c| c.to_string()),
+            match (e.in_a, e.in_b) {
+                (false, _) => " (only in B)",
+                (_, false) => " (only in A)",
                 _ => "",
             }
         ));
         for (name, label, scale) in SHOWN {
-            let m = &e["metrics"][name];
-            if m.is_null() || (m["a"].is_null() && m["b"].is_null()) {
+            let Some(m) = e.metrics.get(name) else {
+                continue;
+            };
+            if m.a.is_none() && m.b.is_none() {
                 continue;
             }
-            let cell =
-                |v: &Value| match (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64()) {
-                    (Some(md), Some(lo), Some(hi)) => {
-                        format!("{:.2} [{:.2}-{:.2}]", md * scale, lo * scale, hi * scale)
-                    }
-                    _ => "-".into(),
-                };
-            let rel = m["relative_delta"]
-                .as_f64()
+            let cell = |v: &Option<SpreadDoc>| match v {
+                Some(s) => format!(
+                    "{:.2} [{:.2}-{:.2}]",
+                    s.median * scale,
+                    s.min * scale,
+                    s.max * scale
+                ),
+                None => "-".into(),
+            };
+            let rel = m
+                .relative_delta
                 .map_or("-".into(), |r| format!("{:+.1} %", r * 100.0));
             out.push_str(&format!(
                 "  {label:<12} A {:<26} B {:<26} {rel}\n",
-                cell(&m["a"]),
-                cell(&m["b"])
+                cell(&m.a),
+                cell(&m.b)
             ));
         }
     }
     out
+}
+
+/// The sides of two runs to compare: both plain (or one side each) pair with each other;
+/// otherwise arms pair by name, and the rest are listed as unmatched.
+pub(crate) fn pair_sides(a: &[Side], b: &[Side]) -> (Vec<Pair>, Vec<String>) {
+    if a.len() == 1 && b.len() == 1 {
+        return (
+            vec![Pair {
+                a: a[0].clone(),
+                b: b[0].clone(),
+            }],
+            Vec::new(),
+        );
+    }
+    let pairs: Vec<Pair> = a
+        .iter()
+        .filter(|s| b.contains(s))
+        .map(|s| Pair {
+            a: s.clone(),
+            b: s.clone(),
+        })
+        .collect();
+    let unmatched = a
+        .iter()
+        .map(|s| ("A", s))
+        .chain(b.iter().map(|s| ("B", s)))
+        .filter(|(_, s)| !pairs.iter().any(|p| p.a == **s))
+        .map(|(r, s)| format!("{r}:{}", s.as_deref().unwrap_or("run")))
+        .collect();
+    (pairs, unmatched)
+}
+
+/// A run's sides: its available arms, or the plain run itself.
+pub(crate) fn sides_of(run: &FinishedRun) -> Vec<Side> {
+    match &run.campaign {
+        Some(c) => c
+            .arms
+            .iter()
+            .filter(|a| a.available)
+            .map(|a| Some(a.name.clone()))
+            .collect(),
+        None => vec![None],
+    }
+}
+
+/// Two runs to compare, checked by [`check_comparable`].
+pub(crate) struct Comparison<'a> {
+    pub(crate) a: &'a FinishedRun,
+    pub(crate) b: &'a FinishedRun,
+    /// The lane of B's side when B is not a campaign (a campaign arm keeps its own).
+    pub(crate) lane: Lane,
+    pub(crate) pairs: Vec<Pair>,
+    pub(crate) unmatched: Vec<String>,
+}
+
+/// Whether two finished runs can be compared: replay runs of one workload, closed loops,
+/// with a side in common and their answers recorded.
+pub(crate) fn check_comparable<'a>(
+    a: &'a FinishedRun,
+    b: &'a FinishedRun,
+    lane: Lane,
+) -> Result<Comparison<'a>, ReportError> {
+    let (pa, pb) = (a.replay_plan()?, b.replay_plan()?);
+    if let Some((at, x, y)) = workload::first_difference(&pa.workload, &pb.workload) {
+        return Err(ReportError::Refused(format!(
+            "{} and {} ran different workloads (workload SHA-256 {} vs {}): they first differ at {} ({x} in {}, {y} in {}); compare runs of one workload",
+            a.dir.display(),
+            b.dir.display(),
+            config_json::workload_sha256(pa),
+            config_json::workload_sha256(pb),
+            if at.is_empty() {
+                "the root"
+            } else {
+                at.as_str()
+            },
+            a.dir.display(),
+            b.dir.display(),
+        )));
+    }
+    for (run, plan) in [(a, pa), (b, pb)] {
+        let sweep = run.shape().sweep_rates().is_some();
+        if plan.load.mode == Mode::Open || sweep {
+            return Err(ReportError::Refused(format!(
+                "{}: an open-loop run{}: compare pairs levels, cells and drift by concurrency, which open-loop rounds do not have; compare the two runs' rounds.parquet by target_rate_per_second instead (latency_from_schedule_*, good_requests_per_second)",
+                run.dir.display(),
+                if sweep { " (--sweep)" } else { "" }
+            )));
+        }
+    }
+    let (pairs, unmatched) = pair_sides(&sides_of(a), &sides_of(b));
+    if pairs.is_empty() {
+        return Err(ReportError::Refused(format!(
+            "{} and {} have no side in common to compare (unmatched: {}); campaign arms pair by name",
+            a.dir.display(),
+            b.dir.display(),
+            unmatched.join(", ")
+        )));
+    }
+    let why = "drift, and the gates that read it, need them";
+    a.refuse_unrecorded(why)?;
+    b.refuse_unrecorded(why)?;
+    Ok(Comparison {
+        a,
+        b,
+        lane,
+        pairs,
+        unmatched,
+    })
+}
+
+/// A contract to evaluate on a comparison: run A's side is the reference (quality lane),
+/// each of B's sides a candidate in its lane. Pre-registered only when both runs were
+/// started with it.
+pub(crate) struct CompareContract<'a> {
+    pub(crate) contract: &'a Contract,
+    pub(crate) path: &'a str,
+}
+
+impl Comparison<'_> {
+    /// B's side's lane: a campaign arm's own, else the one given.
+    fn lane_of(&self, s: &Side) -> Lane {
+        match (&self.b.campaign, s) {
+            (Some(c), Some(n)) => c.arm(n).map_or(Lane::Quality, |x| x.lane),
+            _ => self.lane,
+        }
+    }
+
+    /// compare.json and the text for the terminal.
+    pub(crate) fn document(
+        &self,
+        contract: Option<CompareContract<'_>>,
+    ) -> Result<(CompareDoc, String), ReportError> {
+        let (a, b) = (self.a, self.b);
+        let (pa, pb) = (a.replay_plan()?, b.replay_plan()?);
+        let answers = [
+            read_answers(&a.exchanges(), pa).map_err(ReportError::Rows)?,
+            read_answers(&b.exchanges(), pb).map_err(ReportError::Rows)?,
+        ];
+        let none = Answers::default();
+        let of = |i: usize, s: &Side| answers[i].get(s).unwrap_or(&none);
+        let opts = options(pa);
+        let label = |s: &Side| s.clone().unwrap_or_else(|| "run".into());
+        // B's side `sb` against A's side `sa`.
+        let pair_drift = |sa: &Side, sb: &Side| {
+            entry(
+                &format!("B:{}", label(sb)),
+                self.lane_of(sb),
+                &format!("A:{}", label(sa)),
+                of(0, sa),
+                of(1, sb),
+                &opts,
+            )
+        };
+        let drift: Vec<PairDrift> = self
+            .pairs
+            .iter()
+            .map(|p| PairDrift {
+                entry: pair_drift(&p.a, &p.b),
+                side_a: p.a.clone(),
+                side_b: p.b.clone(),
+            })
+            .collect();
+        let metrics = metric_deltas(a.replay_summary(), b.replay_summary(), &self.pairs);
+        let run_ref = |r: &FinishedRun, plan: &Plan| RunRef {
+            dir: r.dir.display().to_string(),
+            run_id: r.config.run_id.clone(),
+            plan_id: plan.name.clone(),
+        };
+        let mut doc = CompareDoc {
+            schema_version: COMPARE_SCHEMA_VERSION,
+            run_a: run_ref(a, pa),
+            run_b: run_ref(b, pb),
+            workload_sha256: config_json::workload_sha256(pa),
+            pairs: self.pairs.clone(),
+            unmatched_sides: self.unmatched.clone(),
+            drift,
+            metrics,
+            definitions: CompareDefinitions {
+                drift: crate::drift::definitions(),
+                metrics: definitions(),
+            },
+            verdict: None,
+        };
+        let mut text = table(&doc);
+        text.push_str(&drift_text(doc.drift.iter().map(|d| &d.entry)));
+        if let Some(c) = contract {
+            let v = self.verdict(&c, &doc.drift, &|i, sa| pair_drift(sa, &self.pairs[i].b))?;
+            text.push_str(&verdict::verdict_text(&v));
+            doc.verdict = Some(v);
+        }
+        Ok((doc, text))
+    }
+
+    /// The contract on the two runs: each of B's sides with its drift against A's
+    /// reference side (the pair's own drift when its A side is the reference; else
+    /// `drift_of(i, reference)`); cells are the runs' campaign.json cells, or for a plain
+    /// run the cells its recorded rows give. Always post hoc unless both runs were started
+    /// with this contract.
+    fn verdict(
+        &self,
+        c: &CompareContract<'_>,
+        computed: &[PairDrift],
+        drift_of: &dyn Fn(usize, &Side) -> DriftEntry,
+    ) -> Result<VerdictDoc, ReportError> {
+        let (a, b) = (self.a, self.b);
+        let recorded = |r: &FinishedRun| {
+            r.config
+                .replay()
+                .and_then(|x| x.contract.as_ref())
+                .is_some_and(|x| x.sha256 == c.contract.sha256)
+        };
+        let post_hoc = (!(recorded(a) && recorded(b))).then(|| {
+            "compare evaluates a contract on two runs: it is pre-registered only when both runs were started with it".to_string()
+        });
+        // The reference: A's reference arm when A is a campaign, else A's one side.
+        let sa: Side = match &a.campaign {
+            Some(k) => k.reference_arm.clone(),
+            None => self.pairs[0].a.clone(),
+        };
+        let mut arms = vec![arm_view(a, &sa, "A", Lane::Quality, true)?];
+        let mut drift = Vec::new();
+        for (i, p) in self.pairs.iter().enumerate() {
+            arms.push(arm_view(b, &p.b, "B", self.lane_of(&p.b), false)?);
+            drift.push(match computed.get(i) {
+                Some(e) if p.a == sa => e.entry.clone(),
+                _ => drift_of(i, &sa),
+            });
+        }
+        let campaign = CampaignDoc {
+            plan_id: a.replay_plan()?.name.clone(),
+            evidence_class: a.campaign.as_ref().and_then(|k| k.evidence_class.clone()),
+            reference_arm: Some(arms[0].name.clone()),
+            arms,
+            drift: Some(Some(drift)),
+            ..CampaignDoc::default()
+        };
+        Ok(verdict::verdict_doc(
+            &campaign,
+            &Provenance {
+                contract: c.contract,
+                contract_path: c.path,
+                run_id: None,
+                run_started_at: None,
+                run_ending: None,
+                post_hoc,
+            },
+        ))
+    }
+}
+
+/// One side of a run as a campaign.json arm (name `A:<side>` / `B:<side>`).
+fn arm_view(
+    run: &FinishedRun,
+    side: &Side,
+    tag: &str,
+    lane: Lane,
+    reference: bool,
+) -> Result<ArmDoc, ReportError> {
+    let name = format!("{tag}:{}", side.as_deref().unwrap_or("run"));
+    let from_campaign = run
+        .campaign
+        .as_ref()
+        .and_then(|c| side.as_deref().and_then(|n| c.arm(n)))
+        .cloned();
+    let mut arm = match from_campaign {
+        Some(a) => a,
+        None => ArmDoc {
+            name: String::new(),
+            recipe: None,
+            lane,
+            reference,
+            available: true,
+            unavailable_reason: None,
+            endpoint: None,
+            load: None,
+            metadata: serde_json::Map::new(),
+            concurrency: plain_cells(run)?,
+        },
+    };
+    arm.name = name;
+    arm.lane = lane;
+    arm.reference = reference;
+    Ok(arm)
+}
+
+/// A plain run's cells (per concurrency, every case pooled), from its recorded rows and
+/// its rounds' wall time; memory is not sampled outside campaigns.
+fn plain_cells(run: &FinishedRun) -> Result<BTreeMap<u64, Cell>, ReportError> {
+    use super::campaign::{Level, cell};
+    let plan = run.replay_plan()?;
+    let mut levels: BTreeMap<usize, Level> = BTreeMap::new();
+    for f in run.facts()? {
+        if f.phase == "measured"
+            && let Some(c) = f.concurrency
+        {
+            levels
+                .entry(c.max(0) as usize)
+                .or_default()
+                .samples
+                .push(f.sample);
+        }
+    }
+    for r in run
+        .replay_summary()
+        .map_or(&[][..], |s| s.rounds.as_slice())
+    {
+        if let Some(c) = r.concurrency
+            && let Some(l) = levels.get_mut(&c)
+        {
+            // Completeness as a campaign's cells count it (drivers/replay/arms.rs): every
+            // planned round ran its whole budget.
+            l.planned_rounds = plan.cases.len() * plan.repetitions;
+            l.attempted_rounds += usize::from(r.attempted_requests == r.planned_requests);
+            l.elapsed_seconds += r.elapsed_seconds;
+        }
+    }
+    Ok(levels
+        .iter()
+        .map(|(c, l)| (*c as u64, cell(l, None)))
+        .collect())
 }

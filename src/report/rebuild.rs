@@ -4,13 +4,17 @@
 use std::collections::BTreeMap;
 
 use super::PhaseCounts;
+use super::doc::summary::{Ending, Recording, ServeEnding, ServeSummary, ShardsNote, Summary};
+use super::run::{FinishedRun, ReportError};
 use crate::config::plan::Plan;
-use crate::metrics::{self, GeneratorLoad, Percentiles, RoundMetrics, Sample};
+use crate::config::shape::Shape;
+use crate::metrics::{self, RoundMetrics, Sample};
 use crate::model::{Level, Outcome, Phase};
 use crate::record::read::RowFacts;
 
 pub(crate) fn rounds_from_rows(
     plan: &Plan,
+    shape: Shape,
     facts: &[RowFacts],
 ) -> (Vec<RoundMetrics>, BTreeMap<Phase, PhaseCounts>, u64) {
     let mut rounds = Vec::new();
@@ -31,7 +35,7 @@ pub(crate) fn rounds_from_rows(
     for group in &groups {
         for (ci, case) in plan.cases.iter().enumerate() {
             let mut rate_index = 0;
-            for (level, reps) in levels_of_rows(plan, facts, &case.name) {
+            for (level, reps) in levels_of_rows(plan, shape, facts, &case.name) {
                 // An open level's schedule is the seed's stream for its index among rates.
                 let li = rate_index;
                 rate_index += usize::from(matches!(level, Level::Rate(_)));
@@ -98,8 +102,13 @@ pub(crate) fn rounds_from_rows(
 
 /// The levels of one case in run order, each with its planned rounds: the plan's; under
 /// `--sweep` those its measured rows ran at, in the order they started.
-fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, usize)> {
-    if plan.sweep.is_none() {
+fn levels_of_rows(
+    plan: &Plan,
+    shape: Shape,
+    facts: &[RowFacts],
+    case: &str,
+) -> Vec<(Level, usize)> {
+    if shape.sweep_rates().is_none() {
         return super::plan_levels(plan);
     }
     let mut seen: Vec<(i64, Level)> = Vec::new();
@@ -120,42 +129,176 @@ fn levels_of_rows(plan: &Plan, facts: &[RowFacts], case: &str) -> Vec<(Level, us
 }
 
 /// Carry each original round's generator load (measured live, not in the rows) into the
-/// rebuilt round with the same case, concurrency and repetition.
-pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original_summary: &serde_json::Value) {
-    let Some(originals) = original_summary["rounds"].as_array() else {
-        return;
-    };
+/// rebuilt round with the same case, concurrency and repetition (lags are whole
+/// microseconds written as seconds, so the round trip is exact).
+pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original: &Summary) {
     for r in rounds.iter_mut() {
-        let same = originals.iter().find(|o| {
-            o["arm"].as_str() == r.arm.as_deref()
-                && o["case"].as_str() == Some(r.case_name.as_str())
+        let same = original.rounds.iter().find(|o| {
+            o.arm == r.arm
+                && o.case == r.case_name
                 && match r.level() {
-                    Level::Concurrency(c) => o["concurrency"].as_u64() == Some(c as u64),
-                    Level::Rate(x) => o["rate_per_second"].as_f64() == Some(x),
+                    Level::Concurrency(c) => o.concurrency == Some(c),
+                    Level::Rate(x) => o.rate_per_second == Some(x),
                 }
-                && o["repetition"].as_u64() == Some(r.repetition as u64)
+                && o.repetition == r.repetition
         });
-        if let Some(g) = same.map(|o| &o["generator"]).filter(|g| g.is_object()) {
-            r.generator = generator_of(g);
+        if let Some(g) = same.and_then(|o| o.generator.as_ref()) {
+            r.generator = Some(g.load());
         }
     }
 }
 
-/// A generator block of summary.json back into numbers (lags are whole microseconds
-/// written as seconds, so the round trip is exact).
-fn generator_of(g: &serde_json::Value) -> Option<GeneratorLoad> {
-    let us = |v: &serde_json::Value| v.as_f64().map(|s| (s * 1e6).round() as i64);
-    let lag = &g["dispatch_lag_seconds"];
-    Some(GeneratorLoad {
-        cpu_seconds: g["cpu_seconds"].as_f64()?,
-        cpu_share: g["cpu_share"].as_f64()?,
-        cores: g["cores"].as_u64()? as usize,
-        lag_us: Percentiles {
-            p50: us(&lag["p50"]),
-            p95: us(&lag["p95"]),
-            p99: us(&lag["p99"]),
+/// A replay's summary and rounds rebuilt from its rows.
+pub(crate) struct Rebuilt {
+    pub(crate) summary: Summary,
+    pub(crate) rounds: Vec<RoundMetrics>,
+    /// The table the run would have printed.
+    pub(crate) table: String,
+}
+
+/// The run's own ending when it wrote one; else interrupted (it never finished), failed
+/// or passed by its rows.
+fn replay_ending(original: Option<&Summary>, finished: bool, failures: u64) -> Ending {
+    match original.map(|s| s.ending) {
+        Some(e) => e,
+        None if !finished => Ending::Interrupted,
+        None if failures > 0 => Ending::Failed,
+        None => Ending::Passed,
+    }
+}
+
+/// What the run itself wrote, if it got that far (a crashed run has none): the kept
+/// original when an earlier `summarize` made one, else summary.json unless it is itself a
+/// rebuild. An unreadable file counts as none.
+pub(crate) fn original_summary<T: serde::de::DeserializeOwned>(
+    dir: &std::path::Path,
+    rebuilt: impl Fn(&T) -> bool,
+) -> Option<T> {
+    use crate::record::rundir::{SUMMARY, SUMMARY_ORIG};
+    let read = |name: &str| {
+        super::run::optional_doc::<T>(&dir.join(name))
+            .ok()
+            .flatten()
+    };
+    read(SUMMARY_ORIG).or_else(|| read(SUMMARY).filter(|s| !rebuilt(s)))
+}
+
+/// A plain or campaign replay rebuilt from its rows (a campaign's campaign.json needs
+/// what the rows do not hold, memory samples and load times: it is left as the run
+/// wrote it; rounds and the summary are rebuilt per arm). What the rows cannot hold is
+/// carried over from the run's own summary: each round's generator load, the sweep's
+/// notes, and the ending.
+pub(crate) fn rebuild_replay(
+    plan: &Plan,
+    shape: Shape,
+    facts: &[RowFacts],
+    original: Option<&Summary>,
+    finished: bool,
+) -> Rebuilt {
+    let (mut rounds, excluded, failures) = rounds_from_rows(plan, shape, facts);
+    if let Some(o) = original {
+        carry_generator(&mut rounds, o);
+    }
+    let ending = replay_ending(original, finished, failures);
+    let aggregates = super::aggregates(plan, shape, &rounds);
+    let notes: Vec<String> = original.map(|o| o.load.notes.clone()).unwrap_or_default();
+    let m = super::Measured {
+        shape,
+        rounds: &rounds,
+        aggregates: &aggregates,
+        excluded: &excluded,
+        ending,
+        failures,
+        notes: &notes,
+    };
+    let summary = super::summary(
+        plan,
+        &m,
+        Recording {
+            rows_written: facts.len() as u64,
+            rebuilt_from_exchanges: Some(true),
+            ..Recording::default()
         },
-        lag_max_us: us(&g["dispatch_lag_max_seconds"]),
-        warning: g["warning"].as_str().map(str::to_string),
+    );
+    let table = super::table(plan, &rounds, &aggregates, &excluded);
+    Rebuilt {
+        summary,
+        rounds,
+        table,
+    }
+}
+
+/// A sharded run's shards merged onto one timeline: `facts` are every shard's rows, moved
+/// to microseconds from `--start-at` ([`FinishedRun::facts`]).
+pub(crate) fn merge_shards(run: &FinishedRun, facts: &[RowFacts]) -> Result<Rebuilt, ReportError> {
+    let plan = run.replay_plan()?;
+    // Every round whole; every shard ran its own health check, readiness and warm-up.
+    let shape = run.shape();
+    let (rounds, excluded, failures) = rounds_from_rows(plan, shape, facts);
+    let aggregates = super::aggregates(plan, shape, &rounds);
+    let m = super::Measured {
+        shape,
+        rounds: &rounds,
+        aggregates: &aggregates,
+        excluded: &excluded,
+        ending: run.shards_ending(),
+        failures,
+        notes: &[],
+    };
+    let shards = ShardsNote {
+        count: run.shards.len(),
+        start_at: run
+            .config
+            .shard()
+            .map(|s| s.start_at.clone())
+            .unwrap_or_default(),
+        run_ids: run.shards.iter().map(|s| s.config.run_id.clone()).collect(),
+        timeline: "start_offset_us and scheduled_offset_us of every shard moved to microseconds from start_at; each shard's own summary (with its generator load) is in shards/I/summary.json".into(),
+    };
+    let summary = super::summary(
+        plan,
+        &m,
+        Recording {
+            rows_written: facts.len() as u64,
+            rebuilt_from_exchanges: Some(true),
+            shards: Some(shards),
+            ..Recording::default()
+        },
+    );
+    let table = super::table(plan, &rounds, &aggregates, &excluded);
+    Ok(Rebuilt {
+        summary,
+        rounds,
+        table,
     })
+}
+
+/// A serve run's summary rebuilt from its rows, with what only the live run knew (rows
+/// dropped, the recorder's longest slice, the ending) carried over from its own summary.
+pub(crate) fn rebuild_serve(
+    facts: &[RowFacts],
+    original: Option<&ServeSummary>,
+    finished: bool,
+) -> (ServeSummary, bool) {
+    let mut stats = super::ServeStats::default();
+    let mut table = super::routes::RouteTable::default();
+    for f in facts {
+        stats.requests += 1;
+        *stats.by_outcome.entry(f.sample.outcome).or_insert(0) += 1;
+        table.add(&f.method, &f.url, f.status, f.sample.clone());
+    }
+    (stats.routes, stats.ok_total) = table.finish();
+    stats.dropped_rows = original.map_or(0, |p| p.dropped_rows);
+    // Only the live run measured its recorder; a crashed run's is unknown (null).
+    let slice = original.and_then(|p| p.recorder_longest_slice_us);
+    let ending = match original {
+        Some(o) => o.ending,
+        None if finished => ServeEnding::Stopped,
+        None => ServeEnding::Crashed,
+    };
+    let all_ok = stats.requests == stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0);
+    (
+        super::serve_summary(&stats, facts.len() as u64, slice, Some(ending)),
+        all_ok,
+    )
 }

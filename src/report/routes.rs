@@ -7,9 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
-
-use super::pct_json;
+use super::doc::Pct;
+use super::doc::summary::{RouteDoc, RouteStreamDoc};
 use crate::metrics::{self, Percentiles, Sample};
 use crate::model::Outcome;
 
@@ -162,29 +161,25 @@ impl RouteTable {
 }
 
 /// summary.json's `routes`.
-pub(crate) fn routes_json(groups: &[RouteGroup]) -> Value {
-    Value::Array(
-        groups
-            .iter()
-            .map(|g| {
-                json!({
-                    "route": g.key.route,
-                    "status_class": g.key.status_class,
-                    "requests": g.requests,
-                    "successful_requests": g.successful,
-                    "failures": g.failures.iter().map(|(k, v)| (k.as_str().to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
-                    "successful_latency_seconds": pct_json(&g.latency_us),
-                    "stream": g.stream.as_ref().map(|st| json!({
-                        "requests": st.requests,
-                        "ttft_seconds": pct_json(&st.ttft_us),
-                        "itl_seconds": pct_json(&st.itl_us),
-                        "output_tokens": st.output_tokens,
-                        "output_tokens_per_second_mean": st.output_tokens_per_second_mean,
-                    })),
-                })
-            })
-            .collect(),
-    )
+pub(crate) fn route_docs(groups: &[RouteGroup]) -> Vec<RouteDoc> {
+    groups
+        .iter()
+        .map(|g| RouteDoc {
+            route: g.key.route.clone(),
+            status_class: g.key.status_class.clone(),
+            requests: g.requests,
+            successful_requests: g.successful,
+            failures: g.failures.clone(),
+            successful_latency_seconds: Pct::of(&g.latency_us),
+            stream: g.stream.as_ref().map(|st| RouteStreamDoc {
+                requests: st.requests,
+                ttft_seconds: Pct::of(&st.ttft_us),
+                itl_seconds: Pct::of(&st.itl_us),
+                output_tokens: st.output_tokens,
+                output_tokens_per_second_mean: st.output_tokens_per_second_mean,
+            }),
+        })
+        .collect()
 }
 
 fn ms(us: Option<i64>) -> String {

@@ -5,8 +5,12 @@
 //! inclusive, with a relative tolerance of 1e-9 so binary rounding (1.1 x 100 is
 //! 110.00000000000001) cannot fail a value written at the boundary.
 
-use serde_json::{Value, json};
-
+use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
+use super::doc::verdict::{
+    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, Threshold, ThresholdsDoc,
+    VERDICT_SCHEMA_VERSION, VerdictDoc,
+};
+use crate::config::campaign::Lane;
 use crate::config::contract::{Contract, Thresholds};
 
 /// Relative tolerance of the inclusive comparisons.
@@ -20,75 +24,49 @@ fn ge(a: f64, b: f64) -> bool {
     le(b, a)
 }
 
-/// One gate's result for one arm.
-struct ArmGate {
-    arm: String,
-    pass: bool,
-    levels: Vec<Value>,
-    note: Option<String>,
-}
-
-impl ArmGate {
-    fn json(&self) -> Value {
-        json!({"arm": self.arm, "pass": self.pass, "levels": self.levels, "note": self.note})
-    }
-}
-
 /// An arm of campaign.json, as the gates read it.
 struct ArmView<'a> {
     name: &'a str,
     quality: bool,
     reference: bool,
     unavailable: Option<String>,
-    cells: Vec<(u64, &'a Value)>,
+    cells: Vec<(u64, &'a Cell)>,
 }
 
-fn arms(campaign: &Value) -> Vec<ArmView<'_>> {
-    let list = campaign["arms"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    list.iter()
-        .map(|a| {
-            let mut cells: Vec<(u64, &Value)> = a["concurrency"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(c, v)| Some((c.parse().ok()?, v)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            cells.sort_by_key(|(c, _)| *c);
-            ArmView {
-                name: a["name"].as_str().unwrap_or("?"),
-                quality: a["lane"] == json!("quality"),
-                reference: a["reference"] == json!(true),
-                unavailable: (a["available"] != json!(true)).then(|| {
-                    format!(
-                        "unavailable: {}",
-                        a["unavailable_reason"]
-                            .as_str()
-                            .unwrap_or("no reason recorded")
-                    )
-                }),
-                cells,
-            }
+fn arms(campaign: &CampaignDoc) -> Vec<ArmView<'_>> {
+    campaign
+        .arms
+        .iter()
+        .map(|a: &ArmDoc| ArmView {
+            name: &a.name,
+            quality: a.lane == Lane::Quality,
+            reference: a.reference,
+            unavailable: (!a.available).then(|| {
+                format!(
+                    "unavailable: {}",
+                    a.unavailable_reason
+                        .as_deref()
+                        .unwrap_or("no reason recorded")
+                )
+            }),
+            // By concurrency, in numeric order (the map's).
+            cells: a.concurrency.iter().map(|(c, cell)| (*c, cell)).collect(),
         })
         .collect()
 }
 
 /// What a gate compared for one arm: the levels, whether it holds, a note.
 struct Compared {
-    levels: Vec<Value>,
+    levels: Vec<GateLevel>,
     pass: bool,
     note: Option<String>,
 }
 
 impl Compared {
     /// Levels that each carry their own `pass`: the gate holds when every one does.
-    fn per_level(levels: Vec<Value>) -> Compared {
+    fn per_level(levels: Vec<GateLevel>) -> Compared {
         Compared {
-            pass: levels.iter().all(|l| l["pass"] == json!(true)),
+            pass: levels.iter().all(|l| l.pass == Some(true)),
             levels,
             note: None,
         }
@@ -125,11 +103,15 @@ fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
         let mut total = 0u64;
         let mut levels = Vec::new();
         for (c, cell) in &arm.cells {
-            let failed = cell["failed_requests"]
-                .as_u64()
+            let failed = cell
+                .failed_requests
                 .ok_or_else(|| format!("the cell at concurrency {c} has no failed_requests"))?;
             total += failed;
-            levels.push(json!({"concurrency": c, "failed_requests": failed}));
+            levels.push(GateLevel {
+                concurrency: Some(*c),
+                failed_requests: Some(failed),
+                ..GateLevel::default()
+            });
         }
         Ok(Compared {
             levels,
@@ -141,29 +123,27 @@ fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
     })
 }
 
-/// A level the arm completed (cells written before completeness was recorded count as
-/// complete).
-fn completed(cell: &Value) -> bool {
-    cell.get("complete").is_none_or(|c| *c == json!(true))
-}
-
 /// `quality_min_exact_match` for one quality arm, from its drift entry.
-fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&Value>, min: f64) -> ArmGate {
+fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&DriftEntry>, min: f64) -> ArmGate {
     arm_gate(arm, || {
         let d =
             drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
-        let levels: Vec<Value> = d["concurrency"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(c, t)| {
-                        let rate = t["exact_match_rate"].as_f64()?;
-                        Some(json!({"concurrency": c.parse::<u64>().ok(), "measured": rate,
-                                    "compared_prompts": t["compared_prompts"], "limit": min, "pass": ge(rate, min)}))
-                    })
-                    .collect()
+        let levels: Vec<GateLevel> = d
+            .drift
+            .concurrency
+            .iter()
+            .filter_map(|(c, t)| {
+                let rate = t.exact_match_rate?;
+                Some(GateLevel {
+                    concurrency: c.parse::<u64>().ok(),
+                    measured: Some(rate),
+                    compared_prompts: Some(t.compared_prompts),
+                    limit: Some(min),
+                    pass: Some(ge(rate, min)),
+                    ..GateLevel::default()
+                })
             })
-            .unwrap_or_default();
+            .collect();
         if levels.is_empty() {
             return Err(
                 "no answer was paired with the reference's (both ok at the same dispatch)".into(),
@@ -175,26 +155,42 @@ fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&Value>, min: f64) -> ArmGa
 
 /// Which measured value a ratio gate reads from a cell pair, and its name; `None` when the
 /// pair does not have one on both sides.
-type Pick = fn(&Value, &Value) -> Option<(f64, f64, &'static str)>;
+type Pick = fn(&Cell, &Cell) -> Option<(f64, f64, &'static str)>;
 
-fn both(a: &Value, r: &Value, key: &'static str) -> Option<(f64, f64, &'static str)> {
-    Some((a[key].as_f64()?, r[key].as_f64()?, key))
+fn both(
+    a: &Cell,
+    r: &Cell,
+    key: &'static str,
+    value: impl Fn(&Cell) -> Option<f64>,
+) -> Option<(f64, f64, &'static str)> {
+    Some((value(a)?, value(r)?, key))
 }
 
 /// Peak memory: VRAM when both arms sampled it, else resident memory.
-fn memory(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "peak_vram_bytes").or_else(|| both(a, r, "peak_rss_bytes"))
+fn memory(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "peak_vram_bytes", |c| {
+        c.peak_vram_bytes.map(|b| b as f64)
+    })
+    .or_else(|| {
+        both(a, r, "peak_rss_bytes", |c| {
+            c.peak_rss_bytes.map(|b| b as f64)
+        })
+    })
 }
 
 /// Decode tok/s: per request (streams) when both have it, else the aggregate.
-fn decode(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "decode_tokens_per_sec")
-        .or_else(|| both(a, r, "aggregate_decode_tokens_per_sec"))
+fn decode(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "decode_tokens_per_sec", |c| c.decode_tokens_per_sec)
+        .or_else(|| {
+            both(a, r, "aggregate_decode_tokens_per_sec", |c| {
+                c.aggregate_decode_tokens_per_sec
+            })
+        })
         .filter(|(_, r, _)| *r > 0.0)
 }
 
-fn p95(a: &Value, r: &Value) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "latency_p95_ms").filter(|(_, r, _)| *r > 0.0)
+fn p95(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
+    both(a, r, "latency_p95_ms", |c| c.latency_p95_ms).filter(|(_, r, _)| *r > 0.0)
 }
 
 /// A fit arm's value against the reference's at every level both completed and measured;
@@ -215,7 +211,7 @@ fn ratio_gate(
             let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
                 continue;
             };
-            if !completed(cell) || !completed(rcell) {
+            if !cell.completed() || !rcell.completed() {
                 continue;
             }
             let Some((a, r, metric)) = pick(cell, rcell) else {
@@ -223,10 +219,16 @@ fn ratio_gate(
             };
             let limit = factor * r;
             let pass = if at_most { le(a, limit) } else { ge(a, limit) };
-            levels.push(
-                json!({"concurrency": c, "metric": metric, "measured": a, "reference": r,
-                               "ratio": a / r, "limit": limit, "pass": pass}),
-            );
+            levels.push(GateLevel {
+                concurrency: Some(*c),
+                metric: Some(metric.into()),
+                measured: Some(a),
+                reference: Some(r),
+                ratio: Some(a / r),
+                limit: Some(limit),
+                pass: Some(pass),
+                ..GateLevel::default()
+            });
         }
         if levels.is_empty() {
             return Err("no concurrency level that both this arm and the reference completed with this value measured (memory is sampled only for arms the tool starts or names by resources.pid)".into());
@@ -235,26 +237,24 @@ fn ratio_gate(
     })
 }
 
-fn gate(name: &str, threshold: Value, passes_when: &str, results: &[ArmGate]) -> Value {
-    json!({
-        "gate": name,
-        "threshold": threshold,
-        "passes_when": passes_when,
-        "pass": results.iter().all(|r| r.pass),
-        "arms": results.iter().map(ArmGate::json).collect::<Vec<_>>(),
-    })
+fn gate(name: &str, threshold: Threshold, passes_when: &str, results: Vec<ArmGate>) -> Gate {
+    Gate {
+        gate: name.into(),
+        threshold,
+        passes_when: passes_when.into(),
+        pass: results.iter().all(|r| r.pass),
+        arms: results,
+    }
 }
 
 /// Evaluate `t` on a campaign.json: the lanes' results, the verdict and every gate.
-pub(crate) fn evaluate(campaign: &Value, t: &Thresholds) -> Value {
+pub(crate) fn evaluate(campaign: &CampaignDoc, t: &Thresholds) -> Evaluation {
     let arms = arms(campaign);
-    let drift = |name: &str| {
-        campaign["drift"]
-            .as_array()
-            .and_then(|d| d.iter().find(|e| e["arm"] == json!(name)))
-    };
+    let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
     let Some(reference) = arms.iter().find(|a| a.reference) else {
-        return json!({"error": "campaign.json names no reference arm"});
+        return Evaluation::Error {
+            error: "campaign.json names no reference arm".into(),
+        };
     };
     let quality: Vec<&ArmView<'_>> = arms.iter().filter(|a| a.quality).collect();
     let fit: Vec<&ArmView<'_>> = arms.iter().filter(|a| !a.quality).collect();
@@ -288,21 +288,27 @@ pub(crate) fn evaluate(campaign: &Value, t: &Thresholds) -> Value {
         .map(|a| ratio_gate(a, reference, decode, t.min_decode_ratio, false))
         .collect();
     let quality_pass = exact.iter().chain(&failed_q).all(|g| g.pass);
-    let fit_arms: Vec<Value> = (0..fit.len())
+    let fit_arms: Vec<FitArm> = (0..fit.len())
         .map(|i| {
             let benefit = failed_f[i].pass && (mem[i].pass || speed[i].pass);
             let ready = lat[i].pass && ratio[i].pass;
-            json!({"arm": fit[i].name, "benefit": benefit, "ready": benefit && ready,
-                   "max_failed_requests": failed_f[i].pass, "fit_min_memory_reduction": mem[i].pass,
-                   "fit_min_decode_speedup": speed[i].pass, "max_p95_latency_ratio": lat[i].pass,
-                   "min_decode_ratio": ratio[i].pass})
+            FitArm {
+                arm: fit[i].name.into(),
+                benefit,
+                ready: benefit && ready,
+                max_failed_requests: failed_f[i].pass,
+                fit_min_memory_reduction: mem[i].pass,
+                fit_min_decode_speedup: speed[i].pass,
+                max_p95_latency_ratio: lat[i].pass,
+                min_decode_ratio: ratio[i].pass,
+            }
         })
         .collect();
-    let fit_benefit = fit_arms.iter().any(|f| f["benefit"] == json!(true));
-    let adopt: Vec<&Value> = fit_arms
+    let fit_benefit = fit_arms.iter().any(|f| f.benefit);
+    let adopt: Vec<String> = fit_arms
         .iter()
-        .filter(|f| f["ready"] == json!(true))
-        .map(|f| &f["arm"])
+        .filter(|f| f.ready)
+        .map(|f| f.arm.clone())
         .collect();
     let (verdict, reason) = if !quality_pass {
         ("reject", "the quality lane failed a gate")
@@ -323,35 +329,34 @@ pub(crate) fn evaluate(campaign: &Value, t: &Thresholds) -> Value {
         )
     };
     let failed_all: Vec<ArmGate> = failed_q.into_iter().chain(failed_f).collect();
-    json!({
-        "quality_lane_pass": quality_pass,
-        "quality_lane_note": (quality.len() == 1).then_some(
-            "the reference is the only quality-lane arm: no quality arm's answers were compared, so the quality lane rests on max_failed_requests alone"),
-        "fit_benefit": fit_benefit,
-        "verdict": verdict,
-        "verdict_reason": reason,
-        "adopt_arms": adopt,
-        "fit_arms": fit_arms,
-        "reference_arm": reference.name,
-        "gates": [
-            gate("quality_min_exact_match", json!(t.quality_min_exact_match),
-                 "every non-reference quality-lane arm's exact-match rate >= threshold", &exact),
-            gate("max_failed_requests", json!(t.max_failed_requests),
-                 "an arm's failed measured requests, every level summed, <= threshold (quality lane: all arms; performance-fit: each candidate)", &failed_all),
-            gate("fit_min_memory_reduction", json!(t.fit_min_memory_reduction),
-                 "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's", &mem),
-            gate("fit_min_decode_speedup", json!(t.fit_min_decode_speedup),
-                 "a fit arm's decode tok/s (per request when both stream, else aggregate) >= (1 + threshold) x the reference's", &speed),
-            gate("max_p95_latency_ratio", json!(t.max_p95_latency_ratio),
-                 "a fit arm's latency p95 <= threshold x the reference's", &lat),
-            gate("min_decode_ratio", json!(t.min_decode_ratio),
-                 "a fit arm's decode tok/s >= threshold x the reference's", &ratio),
+    let ratio_of = Threshold::Ratio;
+    Evaluation::Gates(Box::new(Gates {
+        quality_lane_pass: quality_pass,
+        quality_lane_note: (quality.len() == 1).then(|| {
+            "the reference is the only quality-lane arm: no quality arm's answers were compared, so the quality lane rests on max_failed_requests alone".into()
+        }),
+        fit_benefit,
+        verdict: verdict.into(),
+        verdict_reason: reason.into(),
+        adopt_arms: adopt,
+        fit_arms,
+        reference_arm: reference.name.into(),
+        gates: vec![
+            gate("quality_min_exact_match", ratio_of(t.quality_min_exact_match),
+                 "every non-reference quality-lane arm's exact-match rate >= threshold", exact),
+            gate("max_failed_requests", Threshold::Count(t.max_failed_requests),
+                 "an arm's failed measured requests, every level summed, <= threshold (quality lane: all arms; performance-fit: each candidate)", failed_all),
+            gate("fit_min_memory_reduction", ratio_of(t.fit_min_memory_reduction),
+                 "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's", mem),
+            gate("fit_min_decode_speedup", ratio_of(t.fit_min_decode_speedup),
+                 "a fit arm's decode tok/s (per request when both stream, else aggregate) >= (1 + threshold) x the reference's", speed),
+            gate("max_p95_latency_ratio", ratio_of(t.max_p95_latency_ratio),
+                 "a fit arm's latency p95 <= threshold x the reference's", lat),
+            gate("min_decode_ratio", ratio_of(t.min_decode_ratio),
+                 "a fit arm's decode tok/s >= threshold x the reference's", ratio),
         ],
-    })
+    }))
 }
-
-/// The schema version of verdict.json.
-pub(crate) const VERDICT_SCHEMA_VERSION: u64 = 1;
 
 /// Where a verdict comes from besides the campaign: the contract and whether it was the
 /// one recorded when the run started.
@@ -367,101 +372,90 @@ pub(crate) struct Provenance<'a> {
 }
 
 /// verdict.json: the contract, whether it was pre-registered, and [`evaluate`]'s result.
-pub(crate) fn verdict_json(campaign: &Value, p: &Provenance<'_>) -> Value {
+pub(crate) fn verdict_doc(campaign: &CampaignDoc, p: &Provenance<'_>) -> VerdictDoc {
     let c = p.contract;
     let t = &c.thresholds;
-    let mut v = json!({
-        "schema_version": VERDICT_SCHEMA_VERSION,
-        "plan_id": c.plan_id,
-        "run_id": p.run_id,
-        "run_started_at": p.run_started_at,
-        "run_ending": p.run_ending,
-        "run_note": (p.run_ending == Some("interrupted")).then_some(
-            "the run was interrupted: levels an arm did not complete are not compared by the ratio gates, and an arm's failure count covers what it ran"),
-        "evaluated_at": crate::clock::iso_utc(crate::clock::wall_now_us()),
-        "contract_sha256": c.sha256,
-        "post_hoc": p.post_hoc.is_some(),
-        "post_hoc_reason": p.post_hoc,
-        "contract": {
-            "path": p.contract_path,
-            "contract_version": c.version,
-            "locked_at": c.locked_at,
-            "locked_by": c.locked_by,
-            "plan_id": c.plan_id,
-            "baseline": c.baseline,
-            "stop_condition": c.stop_condition,
-            "thresholds": {
-                "quality_min_exact_match": t.quality_min_exact_match,
-                "max_failed_requests": t.max_failed_requests,
-                "fit_min_memory_reduction": t.fit_min_memory_reduction,
-                "fit_min_decode_speedup": t.fit_min_decode_speedup,
-                "max_p95_latency_ratio": t.max_p95_latency_ratio,
-                "min_decode_ratio": t.min_decode_ratio,
+    VerdictDoc {
+        schema_version: VERDICT_SCHEMA_VERSION,
+        plan_id: c.plan_id.clone(),
+        run_id: p.run_id.map(str::to_string),
+        run_started_at: p.run_started_at.map(str::to_string),
+        run_ending: p.run_ending.map(str::to_string),
+        run_note: (p.run_ending == Some("interrupted")).then(|| {
+            "the run was interrupted: levels an arm did not complete are not compared by the ratio gates, and an arm's failure count covers what it ran".into()
+        }),
+        evaluated_at: crate::clock::iso_utc(crate::clock::wall_now_us()),
+        contract_sha256: c.sha256.clone(),
+        post_hoc: p.post_hoc.is_some(),
+        post_hoc_reason: p.post_hoc.clone(),
+        contract: ContractDoc {
+            path: p.contract_path.into(),
+            contract_version: c.version,
+            locked_at: c.locked_at.clone(),
+            locked_by: c.locked_by.clone(),
+            plan_id: c.plan_id.clone(),
+            baseline: c.baseline.clone(),
+            stop_condition: c.stop_condition.clone(),
+            thresholds: ThresholdsDoc {
+                quality_min_exact_match: t.quality_min_exact_match,
+                max_failed_requests: t.max_failed_requests,
+                fit_min_memory_reduction: t.fit_min_memory_reduction,
+                fit_min_decode_speedup: t.fit_min_decode_speedup,
+                max_p95_latency_ratio: t.max_p95_latency_ratio,
+                min_decode_ratio: t.min_decode_ratio,
             },
         },
-        "evidence_class": campaign["evidence_class"],
-    });
-    if let (Value::Object(out), Value::Object(e)) = (&mut v, evaluate(campaign, t)) {
-        out.extend(e);
+        evidence_class: campaign.evidence_class.clone(),
+        evaluation: evaluate(campaign, t),
     }
-    v
 }
 
 /// The verdict for a terminal: one line per gate and arm, then the verdict.
-pub(crate) fn verdict_text(v: &Value) -> String {
+pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     let mut out = String::new();
-    let yes = |b: &Value| if *b == json!(true) { "pass" } else { "FAIL" };
-    for g in v["gates"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-        for a in g["arms"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let worst = a["levels"]
-                .as_array()
-                .map(|ls| {
-                    ls.iter()
-                        .map(|l| {
-                            match (
-                                l["concurrency"].as_u64(),
-                                l["measured"].as_f64(),
-                                l["limit"].as_f64(),
-                            ) {
-                                (Some(c), Some(m), Some(lim)) => {
-                                    format!("c={c}: {} (limit {})", short(m), short(lim))
-                                }
-                                _ => String::new(),
-                            }
-                        })
-                        .filter(|s| !s.is_empty())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+    let yes = |b: bool| if b { "pass" } else { "FAIL" };
+    let gates = v.gates();
+    for g in gates.map_or(&[][..], |g| g.gates.as_slice()) {
+        for a in &g.arms {
+            let worst = a
+                .levels
+                .iter()
+                .filter_map(|l| match (l.concurrency, l.measured, l.limit) {
+                    (Some(c), Some(m), Some(lim)) => {
+                        Some(format!("c={c}: {} (limit {})", short(m), short(lim)))
+                    }
+                    _ => None,
                 })
-                .unwrap_or_default();
-            let detail = match (worst.is_empty(), a["note"].as_str()) {
+                .collect::<Vec<_>>()
+                .join(", ");
+            let detail = match (worst.is_empty(), a.note.as_deref()) {
                 (_, None) => worst,
                 (true, Some(n)) => n.to_string(),
                 (false, Some(n)) => format!("{worst} ({n})"),
             };
             out.push_str(&format!(
                 "  {:<26} {:<14} {}  {detail}\n",
-                g["gate"].as_str().unwrap_or("?"),
-                a["arm"].as_str().unwrap_or("?"),
-                yes(&a["pass"]),
+                g.gate,
+                a.arm,
+                yes(a.pass),
             ));
         }
     }
     out.push_str(&format!(
         "verdict: {} (quality lane {}, fit benefit {}){}{}\n",
-        v["verdict"].as_str().unwrap_or("?"),
-        yes(&v["quality_lane_pass"]),
-        if v["fit_benefit"] == json!(true) {
+        v.verdict(),
+        yes(gates.is_some_and(|g| g.quality_lane_pass)),
+        if gates.is_some_and(|g| g.fit_benefit) {
             "yes"
         } else {
             "no"
         },
-        if v["run_ending"] == json!("interrupted") {
+        if v.run_ending.as_deref() == Some("interrupted") {
             " -- the run was interrupted"
         } else {
             ""
         },
-        if v["post_hoc"] == json!(true) {
+        if v.post_hoc {
             " -- POST HOC: the contract was not the one locked in at the run's start"
         } else {
             ""
@@ -481,10 +475,18 @@ fn short(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
-    /// One cell: peak memory (RSS), per-request decode tok/s, latency p95 (ms), failures.
+    /// [`super::evaluate`] on a campaign.json given as JSON, as verdict.json holds it.
+    fn evaluate(c: &Value, t: &Thresholds) -> Value {
+        let doc: CampaignDoc = serde_json::from_value(c.clone()).expect("a campaign.json");
+        serde_json::to_value(super::evaluate(&doc, t)).expect("a verdict serializes")
+    }
+
+    /// One cell: peak memory (RSS, whole bytes as campaign.json writes them), per-request
+    /// decode tok/s, latency p95 (ms), failures.
     fn cell(mem: f64, decode: f64, p95: f64, failed: u64) -> Value {
-        json!({"peak_rss_bytes": mem, "peak_vram_bytes": null, "decode_tokens_per_sec": decode,
+        json!({"peak_rss_bytes": mem as u64, "peak_vram_bytes": null, "decode_tokens_per_sec": decode,
                "aggregate_decode_tokens_per_sec": decode, "latency_p95_ms": p95,
                "failed_requests": failed, "attempted_requests": 10})
     }
@@ -575,7 +577,7 @@ mod tests {
             (
                 "fit_min_memory_reduction",
                 cell(3000.0, 1.0, 1.0, 0),
-                cell(3000.001, 1.0, 1.0, 0),
+                cell(3001.0, 1.0, 1.0, 0),
             ),
             // 1.1 x 100 = 110 tok/s (110.00000000000001 in binary).
             (

@@ -320,7 +320,7 @@ async fn measure(
     rounds: &mut Vec<RoundMetrics>,
 ) {
     for ci in 0..plan.cases.len() {
-        match plan.sweep {
+        match base.shape.sweep_rates() {
             Some(n) => sweep(base, plan, runs, rounds, ci, n).await,
             None => {
                 for (li, level) in plan.levels().into_iter().enumerate() {
@@ -483,27 +483,28 @@ async fn measure_level(
 }
 
 /// What campaign.json says of each arm.
-pub(super) fn reports(runs: &[ArmRun]) -> Vec<ArmMeasures<'_>> {
-    runs.iter()
+pub(super) fn measures(runs: Vec<ArmRun>) -> Vec<ArmMeasures> {
+    runs.into_iter()
         .filter_map(|a| {
-            let spec = a.spec.as_ref()?;
+            let spec = a.spec?;
+            let rss_scope = if spec.start.is_some() {
+                Some("resident memory of the arm's whole started process group (grandchildren included), from /proc every 100 ms and at the edges of each measured round at this level")
+            } else if spec.resources_pid.is_some() {
+                Some("resident memory of resources.pid and all its descendants, from /proc every 100 ms and at the edges of each measured round at this level")
+            } else {
+                None
+            };
             Some(ArmMeasures {
-                arm: spec,
-                unavailable_reason: a.unavailable.as_deref(),
+                unavailable_reason: a.unavailable,
                 artifact_bytes: a.artifact_bytes,
                 load_ms: a.load_ms,
-                rss_scope: if spec.start.is_some() {
-                    Some("resident memory of the arm's whole started process group (grandchildren included), from /proc every 100 ms and at the edges of each measured round at this level")
-                } else if spec.resources_pid.is_some() {
-                    Some("resident memory of resources.pid and all its descendants, from /proc every 100 ms and at the edges of each measured round at this level")
-                } else {
-                    None
-                },
+                rss_scope,
                 endpoint: a
                     .ctx
                     .as_ref()
                     .map(|c| crate::report::config_json::redacted(&c.plan.endpoint.url())),
-                levels: &a.levels,
+                levels: a.levels,
+                arm: spec,
             })
         })
         .collect()

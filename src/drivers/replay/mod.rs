@@ -24,16 +24,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use http::HeaderValue;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::Value;
 
 use super::RunContext;
 use crate::clock;
 use crate::config::plan::Plan;
+use crate::config::shape::Shape;
 use crate::engine::Engine;
 use crate::engine::lean::LeanConn;
 use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
 use crate::model::{Level, Phase};
-use crate::report::{self, Ending, PhaseCounts};
+use crate::report::campaign::ArmMeasures;
+use crate::report::{Ending, PhaseCounts};
 pub(crate) use arms::ArmEnv;
 use exchange::{Rows, exchange};
 pub(crate) use launch::kill_all as kill_started_servers;
@@ -46,6 +47,8 @@ type Slot = Option<LeanConn>;
 /// Everything a replay needs besides the plan and the run.
 pub(crate) struct ReplayOptions {
     pub(crate) plan: Plan,
+    /// What the command's flags made of the plan (`--sweep`, `--shard`).
+    pub(crate) shape: Shape,
     /// Value of `Authorization: Bearer ...`, already read and checked.
     pub(crate) bearer_token: Option<String>,
     pub(crate) max_record_body: usize,
@@ -57,7 +60,7 @@ pub(crate) struct ReplayOptions {
     /// are cut (`shutdown_cut`).
     pub(crate) grace: std::time::Duration,
     /// `--shard`'s `--start-at` on the monotonic clock: the first open wave's start (the
-    /// share of each wave this process sends is the plan's `shard`).
+    /// share of each wave this process sends is the shape's shard).
     pub(crate) shard_start_ns: Option<u64>,
 }
 
@@ -78,16 +81,22 @@ impl Timetable {
     }
 }
 
+/// What a replay measured: `report` turns it into summary.json, campaign.json and the
+/// table.
 pub(crate) struct ReplayResult {
     pub(crate) ending: Ending,
     pub(crate) rounds: Vec<RoundMetrics>,
-    pub(crate) summary: Value,
-    pub(crate) table: String,
+    /// Counts of the phases outside the measured rounds, every arm merged.
+    pub(crate) excluded: BTreeMap<Phase, PhaseCounts>,
+    /// Failures in every phase.
+    pub(crate) failures: u64,
+    /// What `--sweep` noted as it placed its rates.
+    pub(crate) notes: Vec<String>,
     /// The first failure, as one line: where (phase, case, variant), its outcome, and the
     /// error or the oracle's first difference with its pointer.
     pub(crate) first_failure: Option<String>,
-    /// `campaign.json`, for a campaign plan.
-    pub(crate) campaign: Option<Value>,
+    /// Each campaign arm's measurements (empty for a plain plan).
+    pub(crate) arms: Vec<ArmMeasures>,
 }
 
 /// One request to dispatch.
@@ -170,6 +179,8 @@ struct Base {
     progress: ProgressBar,
     /// Every arm stops (the recorder failed, or a worker panicked).
     halted: AtomicBool,
+    /// What the command's flags made of the plan (`--sweep`, `--shard`).
+    shape: Shape,
     /// `--shard`: the shared timetable of open waves.
     timetable: Option<Timetable>,
     /// What a `--sweep` placed per case, or why it placed nothing (summary.json's
@@ -303,7 +314,8 @@ pub(crate) async fn run(
         grace: opts.grace,
         failures: AtomicU64::new(0),
         first_failure: std::sync::OnceLock::new(),
-        progress: progress_bar(opts.quiet, plan.planned_requests() * arm_count),
+        progress: progress_bar(opts.quiet, plan.planned_requests_as(opts.shape) * arm_count),
+        shape: opts.shape,
         halted: AtomicBool::new(false),
         timetable: opts.shard_start_ns.map(|start_ns| Timetable {
             next_ns: AtomicU64::new(start_ns),
@@ -339,29 +351,15 @@ pub(crate) async fn run(
             excluded.entry(*p).or_default().merge(c);
         }
     }
-    let aggregates = report::aggregates(&plan, &rounds);
     let notes = base.notes.lock().map(|n| n.clone()).unwrap_or_default();
-    let summary = report::summary_json(
-        &plan,
-        &rounds,
-        &aggregates,
-        &excluded,
-        ending,
-        failures,
-        &notes,
-    );
-    let table = report::table(&plan, &rounds, &aggregates, &excluded);
-    let campaign = plan
-        .campaign
-        .as_ref()
-        .map(|c| report::campaign::campaign_json(plan.name.as_deref(), c, &arms::reports(&runs)));
     ReplayResult {
         ending,
         rounds,
-        summary,
-        table,
+        excluded,
+        failures,
+        notes,
         first_failure: base.first_failure.get().cloned(),
-        campaign,
+        arms: arms::measures(runs),
     }
 }
 
@@ -484,7 +482,7 @@ impl At {
             Some(t) => {
                 let start = t.next_start(schedule.last().copied().unwrap_or(0));
                 let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
-                if let (true, Some((i, n))) = (late_ms > 0.0, ctx.plan.shard) {
+                if let (true, Some((i, n))) = (late_ms > 0.0, ctx.base.shape.shard_of()) {
                     ctx.base.progress.println(format!(
                         "warning: shard {i}/{n}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded"
                     ));
@@ -502,7 +500,7 @@ impl At {
             rate,
             repetition: rep,
             schedule,
-            shard: ctx.plan.shard,
+            shard: ctx.base.shape.shard_of(),
             start_ns,
         }
     }

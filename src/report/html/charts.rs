@@ -10,48 +10,76 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 
 use super::{RunInput, esc};
+use crate::drift::LevelDrift;
 use crate::metrics::nearest_rank;
 use crate::model::{Level, Outcome};
 use crate::record::read::RowFacts;
+use crate::report::doc::summary::Round;
 
 /// One chart: its data, which is also what is drawn.
+#[derive(Serialize)]
 pub(crate) struct Chart {
-    pub(crate) data: Value,
+    id: String,
+    kind: &'static str,
+    title: String,
+    scope: &'static str,
+    x_label: &'static str,
+    y_label: &'static str,
+    /// Each series as report.js draws it (its shape is the chart kind's).
+    series: Vec<Value>,
+    /// The kind's own keys (`x_scale`, `case`, `y_scale`, `level`, a timeline's bins).
+    #[serde(flatten)]
+    extra: Map<String, Value>,
 }
 
 impl Chart {
-    fn new(id: String, kind: &str, title: String, scope: &str, axes: (&str, &str)) -> Chart {
+    fn new(
+        id: String,
+        kind: &'static str,
+        title: String,
+        scope: &'static str,
+        axes: (&'static str, &'static str),
+    ) -> Chart {
         Chart {
-            data: json!({"id": id, "kind": kind, "title": title, "scope": scope,
-                "x_label": axes.0, "y_label": axes.1, "series": []}),
+            id,
+            kind,
+            title,
+            scope,
+            x_label: axes.0,
+            y_label: axes.1,
+            series: Vec::new(),
+            extra: Map::new(),
         }
+    }
+
+    fn set(&mut self, key: &str, v: Value) {
+        self.extra.insert(key.into(), v);
     }
 
     fn push(&mut self, series: Value) {
-        if let Some(a) = self.data["series"].as_array_mut() {
-            a.push(series);
-        }
+        self.series.push(series);
     }
 
     fn is_empty(&self) -> bool {
-        self.data["series"].as_array().is_none_or(Vec::is_empty)
+        self.series.is_empty()
     }
 
     /// The chart's `<figure>`: title, scope, the empty drawing area and its JSON block.
     pub(crate) fn html(&self) -> String {
-        let id = self.data["id"].as_str().unwrap_or("chart");
+        let id = &self.id;
         // `<` never appears raw inside the script element, so no `</script>` can end it.
-        let json = serde_json::to_string(&self.data)
+        let json = serde_json::to_string(self)
             .unwrap_or_default()
             .replace('<', "\\u003c");
         format!(
             "<figure class=\"chart\" id=\"{id}\" data-kind=\"{}\">\n<figcaption><b>{}</b><br><span class=\"scope\">{}</span></figcaption>\n<div class=\"plot\"></div>\n<script type=\"application/json\" class=\"chart-data\" data-for=\"{id}\">{json}</script>\n</figure>\n",
-            esc(self.data["kind"].as_str().unwrap_or("")),
-            esc(self.data["title"].as_str().unwrap_or("")),
-            esc(self.data["scope"].as_str().unwrap_or("")),
+            esc(self.kind),
+            esc(&self.title),
+            esc(self.scope),
         )
     }
 }
@@ -155,8 +183,8 @@ fn latency_cdfs(runs: &[RunInput]) -> Vec<Chart> {
             CDF_SCOPE,
             ("latency (ms)", "share of requests (%)"),
         );
-        c.data["x_scale"] = json!(0.001);
-        c.data["case"] = json!(case);
+        c.set("x_scale", json!(0.001));
+        c.set("case", json!(case));
         for ((run, arm, level), rows) in groups {
             for ok in [true, false] {
                 let v: Vec<i64> = rows
@@ -202,14 +230,17 @@ fn series_name(run: &str, runs: usize, arm: Option<&str>, rest: &str, what: &str
     parts.join(" · ")
 }
 
+/// A round's value of one metric (`None`: the round has none).
+type Pick = fn(&Round) -> Option<f64>;
+
 /// What a per-round chart draws: (chart key, title, y label, y scale, metrics as
-/// (series label, pointer into a round of summary.json)).
+/// (series label, the value in a round of summary.json)).
 type RoundMetric = (
     &'static str,
     &'static str,
     &'static str,
     f64,
-    &'static [(&'static str, &'static str)],
+    &'static [(&'static str, Pick)],
 );
 
 const ROUND_METRICS: [RoundMetric; 3] = [
@@ -219,8 +250,10 @@ const ROUND_METRICS: [RoundMetric; 3] = [
         "requests/s",
         1.0,
         &[
-            ("throughput", "/successful_requests_per_second"),
-            ("goodput", "/goodput/good_requests_per_second"),
+            ("throughput", |r| r.successful_requests_per_second),
+            ("goodput", |r| {
+                r.goodput.as_ref().and_then(|g| g.good_requests_per_second)
+            }),
         ],
     ),
     (
@@ -229,8 +262,12 @@ const ROUND_METRICS: [RoundMetric; 3] = [
         "ms",
         1000.0,
         &[
-            ("TTFT p50", "/stream/ttft_seconds/p50"),
-            ("ITL p50", "/stream/itl_seconds/p50"),
+            ("TTFT p50", |r| {
+                r.stream.as_ref().and_then(|s| s.ttft_seconds.p50)
+            }),
+            ("ITL p50", |r| {
+                r.stream.as_ref().and_then(|s| s.itl_seconds.p50)
+            }),
         ],
     ),
     (
@@ -238,7 +275,11 @@ const ROUND_METRICS: [RoundMetric; 3] = [
         "Output tokens per second (streams)",
         "tokens/s",
         1.0,
-        &[("output tok/s", "/stream/output_tokens_per_second/aggregate")],
+        &[("output tok/s", |r| {
+            r.stream
+                .as_ref()
+                .and_then(|s| s.output_tokens_per_second.aggregate)
+        })],
     ),
 ];
 
@@ -267,27 +308,30 @@ fn round_charts(runs: &[RunInput], kind: &str) -> Vec<Chart> {
             ROUNDS_SCOPE,
             (x_label, y_label),
         );
-        c.data["y_scale"] = json!(y_scale);
-        c.data["level"] = json!(level_key);
-        for r in runs.iter().filter(|r| !r.is_serve()) {
-            let rounds = r.summary["rounds"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
+        c.set("y_scale", json!(y_scale));
+        c.set("level", json!(level_key));
+        for r in runs {
+            let Some(summary) = r.replay_summary() else {
+                continue;
+            };
             // Series per (arm, case, metric), in first-appearance order.
             let mut series: Vec<(SeriesKey<'_>, Vec<Value>)> = Vec::new();
-            for round in rounds {
-                let Some(x) = round[level_key].as_f64() else {
+            for round in &summary.rounds {
+                let x = match kind {
+                    "concurrency" => round.concurrency.map(|c| c as f64),
+                    _ => round.rate_per_second,
+                };
+                let Some(x) = x else {
                     continue;
                 };
-                let arm = round["arm"].as_str().map(str::to_string);
-                let case = round["case"].as_str().unwrap_or("").to_string();
-                for (label, pointer) in metrics {
-                    let Some(y) = round.pointer(pointer).and_then(Value::as_f64) else {
+                let arm = round.arm.clone();
+                let case = round.case.clone();
+                for (label, pick) in metrics {
+                    let Some(y) = pick(round) else {
                         continue;
                     };
                     let k = (arm.clone(), case.clone(), *label);
-                    let p = json!([x, round["repetition"], y]);
+                    let p = json!([x, round.repetition, y]);
                     match series.iter_mut().find(|(sk, _)| *sk == k) {
                         Some((_, pts)) => pts.push(p),
                         None => series.push((k, vec![p])),
@@ -307,6 +351,9 @@ fn round_charts(runs: &[RunInput], kind: &str) -> Vec<Chart> {
     charts
 }
 
+/// A drift level's value of one metric.
+type DriftPick = fn(&LevelDrift) -> Option<f64>;
+
 fn drift_charts(runs: &[RunInput]) -> Vec<Chart> {
     let mut charts = Vec::new();
     for (i, r) in runs.iter().enumerate() {
@@ -316,26 +363,26 @@ fn drift_charts(runs: &[RunInput]) -> Vec<Chart> {
             "rounds",
             format!(
                 "Drift against the reference arm {}",
-                k["reference_arm"].as_str().unwrap_or("?")
+                k.reference_arm.as_deref().unwrap_or("?")
             ),
             "campaign.json drift per arm and concurrency: exact match rate and mean similarity (Levenshtein, Unicode scalar values) of each arm's answers to the reference's for the same prompts",
             ("concurrency", "share (0..1)"),
         );
-        c.data["y_scale"] = json!(1.0);
-        c.data["level"] = json!("concurrency");
-        for d in k["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let arm = d["arm"].as_str().unwrap_or("?");
-            for metric in ["exact_match_rate", "mean_similarity"] {
-                let points: Vec<Value> = d["concurrency"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
+        c.set("y_scale", json!(1.0));
+        c.set("level", json!("concurrency"));
+        for d in k.drift_entries() {
+            let arm = d.arm.as_str();
+            let metrics: [(&str, DriftPick); 2] = [
+                ("exact_match_rate", |l| l.exact_match_rate),
+                ("mean_similarity", |l| l.mean_similarity),
+            ];
+            for (metric, pick) in metrics {
+                let points: Vec<Value> = d
+                    .drift
+                    .concurrency
+                    .iter()
                     .filter_map(|(lvl, cell)| {
-                        Some(json!([
-                            lvl.parse::<f64>().ok()?,
-                            Value::Null,
-                            cell[metric].as_f64()?
-                        ]))
+                        Some(json!([lvl.parse::<f64>().ok()?, Value::Null, pick(cell)?]))
                     })
                     .collect();
                 if !points.is_empty() {
@@ -359,7 +406,7 @@ fn serve_charts(runs: &[RunInput]) -> Vec<Chart> {
         "live exchanges that reached the client whole, per route (method and path, no query; the first 8 routes by count, the rest as other); latency = client request head parsed to the last upstream body byte (total_us)",
         ("latency (ms)", "share of requests (%)"),
     );
-    by_route.data["x_scale"] = json!(0.001);
+    by_route.set("x_scale", json!(0.001));
     let mut overhead = Chart::new(
         "serve-overhead".into(),
         "cdf",
@@ -367,7 +414,7 @@ fn serve_charts(runs: &[RunInput]) -> Vec<Chart> {
         "per live exchange with both stamps: downstream_done_us − total_us, from the last upstream body byte to the client's side of the response ending (writing to the client and recording hand-off)",
         ("overhead (ms)", "share of requests (%)"),
     );
-    overhead.data["x_scale"] = json!(0.001);
+    overhead.set("x_scale", json!(0.001));
     for r in runs.iter().filter(|r| r.is_serve()) {
         let live: Vec<&RowFacts> = r.facts.iter().filter(|f| f.phase == "live").collect();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
@@ -482,10 +529,10 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
         "every recorded exchange of every phase: sends by start_offset_us, completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
         ("time since the run's start (s)", "exchanges per bin"),
     );
-    c.data["run"] = json!(r.label);
-    c.data["bin_us"] = json!(bin);
-    c.data["first_bin"] = json!(first_bin);
-    c.data["rounds"] = json!(round_spans(r));
+    c.set("run", json!(r.label));
+    c.set("bin_us", json!(bin));
+    c.set("first_bin", json!(first_bin));
+    c.set("rounds", json!(round_spans(r)));
     for (name, counts) in series {
         c.push(json!({"name": name, "counts": counts}));
     }

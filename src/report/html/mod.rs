@@ -10,8 +10,13 @@
 //! rank at every whole percent (0 to 100) of every row of its group.
 
 mod charts;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::doc::Failures;
+use super::doc::campaign::CampaignDoc;
+use super::doc::config::{Command, Config};
+use super::doc::summary::{AnySummary, ServeSummary, Summary};
+use super::doc::verdict::VerdictDoc;
 use crate::record::read::RowFacts;
 
 /// One run as the report reads it.
@@ -19,18 +24,32 @@ pub(crate) struct RunInput {
     /// How the run is named in legends (its folder's name, made unique).
     pub(crate) label: String,
     pub(crate) dir: String,
-    pub(crate) config: Value,
-    pub(crate) summary: Value,
-    /// plan.json, when the run has one (replay).
-    pub(crate) plan: Option<Value>,
-    pub(crate) campaign: Option<Value>,
-    pub(crate) verdict: Option<Value>,
+    pub(crate) config: Config,
+    pub(crate) summary: AnySummary,
+    /// The plan's `metadata` (replay).
+    pub(crate) plan_metadata: Option<serde_json::Map<String, Value>>,
+    pub(crate) campaign: Option<CampaignDoc>,
+    pub(crate) verdict: Option<VerdictDoc>,
     pub(crate) facts: Vec<RowFacts>,
 }
 
 impl RunInput {
     fn is_serve(&self) -> bool {
-        self.config["command"] == json!("serve")
+        self.config.command == Command::Serve
+    }
+
+    fn replay_summary(&self) -> Option<&Summary> {
+        match &self.summary {
+            AnySummary::Replay(s) => Some(s),
+            AnySummary::Serve(_) => None,
+        }
+    }
+
+    fn serve_summary(&self) -> Option<&ServeSummary> {
+        match &self.summary {
+            AnySummary::Serve(s) => Some(s),
+            AnySummary::Replay(_) => None,
+        }
     }
 }
 
@@ -93,13 +112,9 @@ pub(crate) fn esc(s: &str) -> String {
     o
 }
 
-/// A JSON value as text, or `—` for null / absent.
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "—".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An optional value as text, or `—` when there is none.
+fn text<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "—".into(), |v| v.to_string())
 }
 
 /// A provenance table's rows: (what, value).
@@ -144,25 +159,29 @@ fn provenance_table(runs: &[RunInput]) -> String {
 /// One run's provenance: what ran, from which plan and binary, how it ended, and every
 /// denominator (planned / attempted / successful, excluded phases).
 fn provenance(r: &RunInput) -> Rows {
-    let (c, s) = (&r.config, &r.summary);
+    let c = &r.config;
     let mut h = Rows::new();
     row(&mut h, "run directory", &r.dir);
-    row(&mut h, "run id", &text(&c["run_id"]));
-    row(&mut h, "command", &text(&c["command"]));
+    row(&mut h, "run id", &c.run_id);
+    row(&mut h, "command", command_name(c.command));
     row(
         &mut h,
         "started / finished",
-        &format!("{} / {}", text(&c["started_at"]), text(&c["finished_at"])),
+        &format!("{} / {}", c.started_at, text(c.finished_at.as_deref())),
     );
-    row(&mut h, "ending", &text(&s["ending"]));
+    let ending = match &r.summary {
+        AnySummary::Replay(s) => s.ending.as_str(),
+        AnySummary::Serve(s) => s.ending.as_str(),
+    };
+    row(&mut h, "ending", ending);
     row(
         &mut h,
         "binary",
         &format!(
             "{} {} (sha256 {})",
-            text(&c["tool"]["name"]),
-            text(&c["tool"]["version"]),
-            text(&c["tool"]["binary_sha256"])
+            c.tool.name,
+            c.tool.version,
+            text(c.tool.binary_sha256.as_deref())
         ),
     );
     row(
@@ -170,91 +189,82 @@ fn provenance(r: &RunInput) -> Rows {
         "host",
         &format!(
             "{} ({} cores, {})",
-            text(&c["host"]["hostname"]),
-            text(&c["host"]["cpu_count"]),
-            text(&c["host"]["os_release"])
+            text(c.host.hostname.as_deref()),
+            text(c.host.cpu_count),
+            text(c.host.os_release.as_deref())
         ),
     );
-    if r.is_serve() {
-        serve_denominators(&mut h, r);
-    } else {
-        replay_denominators(&mut h, r);
+    match (c.replay(), r.replay_summary(), c.serve(), r.serve_summary()) {
+        (Some(_), Some(s), _, _) => replay_denominators(&mut h, r, s),
+        (_, _, Some(f), Some(s)) => serve_denominators(&mut h, &f.upstream, s),
+        _ => {}
     }
     h
 }
 
-fn replay_denominators(h: &mut Rows, r: &RunInput) {
-    let (c, s) = (&r.config, &r.summary);
+fn command_name(c: Command) -> &'static str {
+    match c {
+        Command::Replay => "replay",
+        Command::Serve => "serve",
+    }
+}
+
+fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
+    let Some(c) = r.config.replay() else {
+        return;
+    };
     row(
         h,
         "plan",
-        &format!(
-            "{} (sha256 {})",
-            text(&c["plan_path"]),
-            text(&c["plan_sha256"])
-        ),
+        &format!("{} (sha256 {})", c.plan_path, c.plan_sha256),
     );
-    row(h, "workload sha256", &text(&c["workload_sha256"]));
-    if let Some(m) = r
-        .plan
-        .as_ref()
-        .and_then(|p| p.get("metadata"))
-        .filter(|m| !m.is_null())
-    {
-        row(h, "plan metadata", &m.to_string());
+    row(h, "workload sha256", &c.workload_sha256);
+    if let Some(m) = &r.plan_metadata {
+        row(h, "plan metadata", &Value::Object(m.clone()).to_string());
     }
     let evidence = r
         .campaign
         .as_ref()
-        .map(|k| text(&k["evidence_class"]))
+        .map(|k| text(k.evidence_class.as_deref()))
         .unwrap_or_else(|| "— (not a campaign)".into());
     row(h, "evidence class", &evidence);
-    row(h, "endpoint", &text(&c["endpoint"]));
-    row(h, "load", &c["effective_budget"]["load"].to_string());
-    let rounds = s["rounds"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let sum = |k: &str| rounds.iter().filter_map(|x| x[k].as_u64()).sum::<u64>();
-    let complete = rounds
-        .iter()
-        .filter(|x| x["complete"] == json!(true))
-        .count();
+    row(h, "endpoint", &c.endpoint);
+    row(h, "load", &c.effective_budget.load.to_string());
+    let rounds = &s.rounds;
+    let sum = |f: fn(&super::doc::summary::Round) -> u64| rounds.iter().map(f).sum::<u64>();
+    let complete = rounds.iter().filter(|x| x.complete).count();
     row(
         h,
         "requests, every phase: planned / recorded",
-        &format!(
-            "{} / {}",
-            text(&s["planned_requests"]),
-            text(&s["rows_written"])
-        ),
+        &format!("{} / {}", s.planned_requests, s.rows_written),
     );
     row(
         h,
         "measured requests (rounds run): planned / attempted / successful",
         &format!(
             "{} / {} / {}",
-            sum("planned_requests"),
-            sum("attempted_requests"),
-            sum("successful_requests")
+            sum(|x| x.planned_requests),
+            sum(|x| x.attempted_requests),
+            sum(|x| x.successful_requests)
         ),
     );
     row(
         h,
         "measured rounds: planned / run / complete",
-        &format!(
-            "{} / {} / {complete}",
-            text(&s["planned_rounds"]),
-            rounds.len()
-        ),
+        &format!("{} / {} / {complete}", s.planned_rounds, rounds.len()),
     );
-    let mut excluded = Vec::new();
-    if let Some(m) = s["excluded_phases"].as_object() {
-        for (phase, v) in m {
-            excluded.push(format!(
-                "{phase} {}/{}",
-                text(&v["successful_requests"]),
-                text(&v["attempted_requests"])
-            ));
-        }
-    }
+    let excluded: Vec<String> = s
+        .excluded_phases
+        .iter()
+        .map(|(phase, v)| {
+            format!(
+                "{} {}/{}",
+                phase.as_str(),
+                v.successful_requests,
+                v.attempted_requests
+            )
+        })
+        .collect();
     row(
         h,
         "excluded phases (successful/attempted)",
@@ -263,36 +273,31 @@ fn replay_denominators(h: &mut Rows, r: &RunInput) {
     row(
         h,
         "failures by kind (all phases)",
-        &failures_text(&s["failures"]),
+        &failures_text(&s.failures),
     );
 }
 
-fn serve_denominators(h: &mut Rows, r: &RunInput) {
-    let (c, s) = (&r.config, &r.summary);
-    row(h, "upstream", &text(&c["upstream"]));
+fn serve_denominators(h: &mut Rows, upstream: &str, s: &ServeSummary) {
+    row(h, "upstream", upstream);
     row(
         h,
         "requests: received / successful / rows written / rows dropped",
         &format!(
             "{} / {} / {} / {}",
-            text(&s["requests"]),
-            text(&s["successful_requests"]),
-            text(&s["rows_written"]),
-            text(&s["dropped_rows"])
+            s.requests, s.successful_requests, s.rows_written, s.dropped_rows
         ),
     );
-    row(h, "failures by kind", &failures_text(&s["failures"]));
+    row(h, "failures by kind", &failures_text(&s.failures));
 }
 
-fn failures_text(v: &Value) -> String {
-    match v.as_object() {
-        Some(m) if !m.is_empty() => m
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        _ => "none".into(),
+fn failures_text(f: &Failures) -> String {
+    if f.is_empty() {
+        return "none".into();
     }
+    f.iter()
+        .map(|(k, n)| format!("{} {n}", k.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A campaign run's arms beside the reference, drift per arm, and the verdict with every
@@ -307,46 +312,42 @@ fn campaign_tables(r: &RunInput) -> String {
     );
     h.push_str(&format!(
         "<p>Reference arm <b>{}</b>; evidence class <b>{}</b>; schedule {}.</p>\n",
-        esc(&text(&k["reference_arm"])),
-        esc(&text(&k["evidence_class"])),
-        esc(&text(&k["schedule"]))
+        esc(&text(k.reference_arm.as_deref())),
+        esc(&text(k.evidence_class.as_deref())),
+        esc(&k.schedule)
     ));
     h.push_str("<table class=\"grid\" id=\"campaign-arms\">\n<tr><th>arm</th><th>lane</th><th>available</th><th>c</th><th>latency p50 ms</th><th>latency p95 ms</th><th>TTFT p50 ms</th><th>decode tok/s</th><th>aggregate tok/s</th><th>failed / attempted</th></tr>\n");
-    for arm in k["arms"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+    for arm in &k.arms {
         let name = format!(
             "{}{}",
-            text(&arm["name"]),
-            if arm["reference"] == json!(true) {
-                " (reference)"
-            } else {
-                ""
-            }
+            arm.name,
+            if arm.reference { " (reference)" } else { "" }
         );
-        let cells = arm["concurrency"].as_object().cloned().unwrap_or_default();
-        if cells.is_empty() {
+        let lane = arm.lane.as_str();
+        if arm.concurrency.is_empty() {
             h.push_str(&format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td colspan=\"7\">{}</td></tr>\n",
                 esc(&name),
-                esc(&text(&arm["lane"])),
-                esc(&text(&arm["available"])),
-                esc(&text(&arm["unavailable_reason"]))
+                esc(lane),
+                arm.available,
+                esc(&text(arm.unavailable_reason.as_deref()))
             ));
         }
-        for (c, cell) in cells {
-            let f = |key: &str| esc(&fmt_num(&cell[key]));
+        for (c, cell) in &arm.concurrency {
+            let f = |v: Option<f64>| esc(&fmt_num(v));
             h.push_str(&format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>\n",
                 esc(&name),
-                esc(&text(&arm["lane"])),
-                esc(&text(&arm["available"])),
-                esc(&c),
-                f("latency_p50_ms"),
-                f("latency_p95_ms"),
-                f("ttft_p50_ms"),
-                f("decode_tokens_per_sec"),
-                f("aggregate_decode_tokens_per_sec"),
-                f("failed_requests"),
-                f("attempted_requests")
+                esc(lane),
+                arm.available,
+                c,
+                f(cell.latency_p50_ms),
+                f(cell.latency_p95_ms),
+                f(cell.ttft_p50_ms),
+                f(cell.decode_tokens_per_sec),
+                f(cell.aggregate_decode_tokens_per_sec),
+                text(cell.failed_requests),
+                cell.attempted_requests
             ));
         }
     }
@@ -359,72 +360,66 @@ fn campaign_tables(r: &RunInput) -> String {
     h
 }
 
-fn drift_table(k: &Value) -> String {
+fn drift_table(k: &CampaignDoc) -> String {
     let mut h = String::from("<h3>Drift against the reference</h3>\n");
-    let drift = k["drift"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let drift = k.drift_entries();
     if drift.is_empty() {
-        let why = k["drift_unavailable_reason"]
-            .as_str()
+        let why = k
+            .drift_unavailable_reason
+            .as_deref()
             .unwrap_or("no arm besides the reference was available");
         h.push_str(&format!("<p>No drift: {}.</p>\n", esc(why)));
         return h;
     }
     h.push_str("<table class=\"grid\" id=\"campaign-drift\">\n<tr><th>arm</th><th>lane</th><th>compared prompts</th><th>exact match rate</th><th>mean similarity</th><th>decision flips / pairs</th><th>unpaired (reference / arm)</th></tr>\n");
     for d in drift {
+        let x = &d.drift;
         h.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td></tr>\n",
-            esc(&text(&d["arm"])),
-            esc(&text(&d["lane"])),
-            esc(&text(&d["compared_prompts"])),
-            esc(&fmt_num(&d["exact_match_rate"])),
-            esc(&fmt_num(&d["mean_similarity"])),
-            esc(&text(&d["decision_flips"])),
-            esc(&text(&d["decision_pairs"])),
-            esc(&text(&d["unpaired_reference_answers"])),
-            esc(&text(&d["unpaired_arm_answers"]))
+            esc(&d.arm),
+            esc(&text(d.lane.map(|l| l.as_str()))),
+            x.compared_prompts,
+            esc(&fmt_num(x.exact_match_rate)),
+            esc(&fmt_num(x.mean_similarity)),
+            text(x.decision_flips),
+            x.decision_pairs,
+            x.unpaired_reference_answers,
+            x.unpaired_arm_answers
         ));
     }
     h.push_str("</table>\n");
     h
 }
 
-fn verdict_table(v: &Value) -> String {
+fn verdict_table(v: &VerdictDoc) -> String {
+    let gates = v.gates();
     let mut h = format!(
         "<h3>Verdict: <span class=\"verdict\">{}</span>{}</h3>\n<p>{}</p>\n",
-        esc(&text(&v["verdict"])),
-        if v["post_hoc"] == json!(true) {
-            " (post hoc)"
-        } else {
-            ""
-        },
-        esc(&text(&v["verdict_reason"]))
+        esc(&text(gates.map(|g| &g.verdict))),
+        if v.post_hoc { " (post hoc)" } else { "" },
+        esc(&text(gates.map(|g| &g.verdict_reason)))
     );
     h.push_str("<table class=\"grid\" id=\"campaign-gates\">\n<tr><th>gate</th><th>threshold</th><th>passes when</th><th>pass</th><th>per arm</th></tr>\n");
-    for g in v["gates"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-        let arms: Vec<String> = g["arms"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
+    for g in gates.map_or(&[][..], |g| g.gates.as_slice()) {
+        let arms: Vec<String> = g
+            .arms
             .iter()
             .map(|a| {
-                let note = a["note"]
-                    .as_str()
+                let note = a
+                    .note
+                    .as_deref()
                     .map(|n| format!(" ({n})"))
                     .unwrap_or_default();
-                format!("{}: {}{note}", text(&a["arm"]), pass_text(&a["pass"]))
+                format!("{}: {}{note}", a.arm, pass_text(a.pass))
             })
             .collect();
         h.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>\n",
-            esc(&text(&g["gate"])),
-            esc(&text(&g["threshold"])),
-            esc(&text(&g["passes_when"])),
-            if g["pass"] == json!(true) {
-                "pass"
-            } else {
-                "fail"
-            },
-            pass_text(&g["pass"]),
+            esc(&g.gate),
+            esc(&g.threshold.to_string()),
+            esc(&g.passes_when),
+            if g.pass { "pass" } else { "fail" },
+            pass_text(g.pass),
             esc(&arms.join("; "))
         ));
     }
@@ -432,23 +427,18 @@ fn verdict_table(v: &Value) -> String {
     h
 }
 
-fn pass_text(v: &Value) -> &'static str {
-    match v.as_bool() {
-        Some(true) => "pass",
-        Some(false) => "fail",
-        None => "—",
-    }
+fn pass_text(v: bool) -> &'static str {
+    if v { "pass" } else { "fail" }
 }
 
 /// A number with at most 4 decimals, or `—`.
-fn fmt_num(v: &Value) -> String {
+fn fmt_num(v: Option<f64>) -> String {
     match v {
-        Value::Number(n) if n.is_f64() => {
-            let x = n.as_f64().unwrap_or(0.0);
+        Some(x) => {
             let s = format!("{x:.4}");
             s.trim_end_matches('0').trim_end_matches('.').to_string()
         }
-        other => text(other),
+        None => "—".into(),
     }
 }
 
@@ -466,9 +456,9 @@ mod tests {
 
     #[test]
     fn numbers_are_trimmed() {
-        assert_eq!(fmt_num(&json!(0.5)), "0.5");
-        assert_eq!(fmt_num(&json!(12.345678)), "12.3457");
-        assert_eq!(fmt_num(&json!(3)), "3");
-        assert_eq!(fmt_num(&Value::Null), "—");
+        assert_eq!(fmt_num(Some(0.5)), "0.5");
+        assert_eq!(fmt_num(Some(12.345678)), "12.3457");
+        assert_eq!(fmt_num(Some(3.0)), "3");
+        assert_eq!(fmt_num(None), "—");
     }
 }

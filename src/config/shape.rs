@@ -1,0 +1,81 @@
+//! [`Shape`]: what a command's flags make of a validated plan for one run, beside the plan
+//! (which stays as validated): `--sweep N` of a closed loop, one shard of an open loop
+//! (`--shard I/N`), or the shards merged again by `summarize`. A sweep and a shard
+//! together cannot be represented; each constructor checks the plan it shapes.
+
+use super::load::Mode;
+use super::plan::Plan;
+
+/// How one run shapes its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Shape {
+    /// The plan as written.
+    #[default]
+    Plain,
+    /// `replay --sweep N` of a closed-loop plan: per case a closed round at c = 1, one at
+    /// the highest concurrency, then N open-loop rates between their throughputs.
+    Sweep(usize),
+    /// `replay --shard I/N` of an open-loop plan: this process's share of every open
+    /// round is the arrivals whose index is I modulo N.
+    Shard { index: usize, count: usize },
+    /// A sharded run merged by `summarize`: every round whole, and each of `count`
+    /// shards sent its own prelude (health GET, readiness, warm-up).
+    Merged { count: usize },
+}
+
+impl Shape {
+    /// `--sweep N` for `plan`: refused (with the reason and the fix) unless `plan` is a
+    /// plain closed-loop plan whose highest concurrency is 2 or more, and N is 1 to 100.
+    pub(crate) fn sweep(plan: &Plan, n: usize) -> Result<Shape, String> {
+        if n == 0 {
+            return Err("--sweep 0: give the number of open-loop rates to place between the synchronous rate and the throughput probe (1 or more; GuideLLM's default is 10)".into());
+        }
+        if n > 100 {
+            return Err(format!(
+                "--sweep {n}: at most 100 rates (each runs the plan's repetitions)"
+            ));
+        }
+        if plan.campaign.is_some() {
+            return Err("--sweep does not go with a campaign plan: sweep each arm's endpoint with a plain plan".into());
+        }
+        if plan.load.mode == Mode::Open {
+            return Err("--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates".into());
+        }
+        if plan.concurrency.iter().all(|&c| c < 2) {
+            return Err("--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1".into());
+        }
+        Ok(Shape::Sweep(n))
+    }
+
+    /// Shard `index` of `count` for `plan`: refused unless `plan` is an open loop.
+    pub(crate) fn shard(plan: &Plan, index: usize, count: usize) -> Result<Shape, String> {
+        if plan.load.mode != Mode::Open {
+            return Err("--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round".into());
+        }
+        Ok(Shape::Shard { index, count })
+    }
+
+    /// The sweep's number of rates.
+    pub(crate) fn sweep_rates(self) -> Option<usize> {
+        match self {
+            Shape::Sweep(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// This process's shard: (index, count).
+    pub(crate) fn shard_of(self) -> Option<(usize, usize)> {
+        match self {
+            Shape::Shard { index, count } => Some((index, count)),
+            _ => None,
+        }
+    }
+
+    /// Processes that each sent the prelude.
+    pub(crate) fn preludes(self) -> u64 {
+        match self {
+            Shape::Merged { count } => count as u64,
+            _ => 1,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Drift read back from a run: each side's measured `ok` answers from the closed parts of
+//! `exchanges/`, paired with the reference's (`crate::drift`) into campaign.json's
+//! `drift` (after a campaign run, or by `verdict` for a run made before drift existed)
+//! and compare.json's.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::doc::campaign::{CampaignDoc, DriftEntry};
+use crate::config::campaign::Lane;
+use crate::config::plan::Plan;
+use crate::drift::{self, Answers, Options};
+use crate::oracle::Pointer;
+
+/// Every side's measured `ok` answers of a run: keyed by arm (`None` outside campaigns).
+pub(crate) fn read_answers(
+    exchanges: &Path,
+    plan: &Plan,
+) -> Result<BTreeMap<Option<String>, Answers>, String> {
+    let mut sides: BTreeMap<Option<String>, Answers> = BTreeMap::new();
+    let no_paths: Vec<Pointer> = Vec::new();
+    crate::record::read::for_each_measured_answer(exchanges, |row| {
+        let side = sides.entry(row.arm.clone()).or_default();
+        let key = drift::Key {
+            case: row.case_name,
+            variant: row.variant,
+            concurrency: row.concurrency,
+            repetition: row.repetition,
+            dispatch_index: row.dispatch_index,
+        };
+        if row.truncated {
+            side.truncated.insert(key);
+            return;
+        }
+        let ignore = plan
+            .cases
+            .iter()
+            .find(|c| c.name == key.case)
+            .and_then(|c| c.variants.iter().find(|v| v.name == key.variant))
+            .map_or(&no_paths, |v| &v.ignore_paths);
+        let a = drift::answer(&row.body, row.is_stream, ignore);
+        side.by_key.insert(key, a);
+    })?;
+    Ok(sides)
+}
+
+/// What drift reads from the plan besides the answers.
+pub(crate) fn options(plan: &Plan) -> Options<'_> {
+    Options {
+        numeric_pointers: &plan.drift_numeric_pointers,
+        decisions_pointer: &plan.decisions_pointer,
+    }
+}
+
+/// Add `drift` (one entry per available non-reference arm) to a campaign.json, from the
+/// recorded answers in `exchanges`.
+pub(crate) fn add_drift(
+    campaign: &mut CampaignDoc,
+    exchanges: &Path,
+    plan: &Plan,
+) -> Result<(), String> {
+    let mut sides = read_answers(exchanges, plan)?;
+    let reference_name = campaign.reference_arm.clone();
+    let reference = sides.remove(&reference_name).unwrap_or_default();
+    let opts = options(plan);
+    let mut entries = Vec::new();
+    for arm in &campaign.arms {
+        if !arm.available || Some(&arm.name) == reference_name.as_ref() {
+            continue;
+        }
+        let answers = sides.remove(&Some(arm.name.clone())).unwrap_or_default();
+        entries.push(entry(
+            &arm.name,
+            arm.lane,
+            reference_name.as_deref().unwrap_or("?"),
+            &reference,
+            &answers,
+            &opts,
+        ));
+    }
+    campaign.drift = Some(Some(entries));
+    if let Some(d) = campaign.definitions.as_mut() {
+        d.drift = Some(drift::definitions());
+    }
+    Ok(())
+}
+
+/// One arm's drift entry: `a`'s answers against the reference's `r`.
+pub(crate) fn entry(
+    name: &str,
+    lane: Lane,
+    reference: &str,
+    r: &Answers,
+    a: &Answers,
+    opts: &Options<'_>,
+) -> DriftEntry {
+    DriftEntry {
+        arm: name.into(),
+        lane: Some(lane),
+        advisory: lane == Lane::PerformanceFit,
+        reference_arm: reference.into(),
+        drift: drift::drift(r, a, opts),
+    }
+}
+
+/// One line per drift entry, for the terminal.
+pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) -> String {
+    let mut out = String::new();
+    for e in entries {
+        let d = &e.drift;
+        out.push_str(&format!(
+            "drift {} vs {} ({}{}): {} pairs, exact match {}, mean similarity {}\n",
+            e.arm,
+            e.reference_arm,
+            e.lane.map_or("?", Lane::as_str),
+            if e.advisory { ", advisory" } else { "" },
+            d.compared_prompts,
+            d.exact_match_rate
+                .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
+            d.mean_similarity
+                .map_or("n/a".into(), |x| format!("{x:.3}")),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drift::Key;
+    use serde_json::{Value, json};
+
+    /// [`super::entry`] as campaign.json holds it (`lane` as its name).
+    fn entry(
+        name: &str,
+        lane: &str,
+        reference: &str,
+        r: &Answers,
+        a: &Answers,
+        opts: &Options<'_>,
+    ) -> Value {
+        let lane = if lane == "quality" {
+            Lane::Quality
+        } else {
+            Lane::PerformanceFit
+        };
+        serde_json::to_value(super::entry(name, lane, reference, r, a, opts))
+            .expect("an entry serializes")
+    }
+
+    fn answers(texts: &[&str]) -> Answers {
+        Answers {
+            by_key: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let key = Key {
+                        case: "c".into(),
+                        variant: None,
+                        concurrency: 1,
+                        repetition: 0,
+                        dispatch_index: i as i64,
+                    };
+                    (key, drift::answer(t.as_bytes(), false, &[]))
+                })
+                .collect(),
+            truncated: Default::default(),
+        }
+    }
+
+    fn with_opts(f: impl FnOnce(&Options<'_>)) {
+        let decisions = Pointer::parse("/answers").expect("pointer");
+        f(&Options {
+            numeric_pointers: &[],
+            decisions_pointer: &decisions,
+        });
+    }
+
+    #[test]
+    fn the_recipe_benchmarks_drift_cases_with_their_lanes() {
+        with_opts(lanes);
+    }
+
+    fn lanes(opts: &Options<'_>) {
+        // An identical runtime in the quality lane.
+        let reference = answers(&["the capital is Paris", "4"]);
+        let e = entry(
+            "twin",
+            "quality",
+            "ref",
+            &reference,
+            &answers(&["the capital is Paris", "4"]),
+            opts,
+        );
+        assert_eq!(
+            (
+                &e["compared_prompts"],
+                &e["exact_match_rate"],
+                &e["mean_similarity"],
+                &e["advisory"]
+            ),
+            (&json!(2), &json!(1.0), &json!(1.0), &json!(false))
+        );
+        // Paris vs Lyon in the performance-fit lane.
+        let reference = answers(&["the capital is Paris"]);
+        let e = entry(
+            "q4",
+            "performance-fit",
+            "ref",
+            &reference,
+            &answers(&["the capital is Lyon"]),
+            opts,
+        );
+        assert_eq!(
+            (&e["exact_match_rate"], &e["advisory"]),
+            (&json!(0.0), &json!(true))
+        );
+        let sim = e["mean_similarity"].as_f64().expect("similarity");
+        assert!(sim > 0.0 && sim < 1.0, "{sim}");
+        assert_eq!(e["prompts"][0]["first_divergence_char"], json!(15));
+        assert_eq!(
+            (
+                &e["prompts"][0]["reference_chars"],
+                &e["prompts"][0]["arm_chars"]
+            ),
+            (&json!(20), &json!(19))
+        );
+    }
+
+    #[test]
+    fn truncated_answers_are_left_out_not_unpaired() {
+        with_opts(truncated);
+    }
+
+    fn truncated(opts: &Options<'_>) {
+        let reference = answers(&["a", "b"]);
+        let mut arm = answers(&["a", "b"]);
+        let (key, _) = arm.by_key.pop_last().expect("two answers");
+        arm.truncated.insert(key);
+        let e = entry("x", "quality", "ref", &reference, &arm, opts);
+        assert_eq!(
+            (
+                &e["compared_prompts"],
+                &e["truncated_answers_left_out"],
+                &e["unpaired_reference_answers"]
+            ),
+            (&json!(1), &json!(1), &json!(0))
+        );
+    }
+}

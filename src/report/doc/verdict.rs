@@ -1,0 +1,165 @@
+//! `verdict.json`: the contract, whether it was pre-registered, the lanes' results, the
+//! verdict and every gate per arm and level (see `report::verdict` for the evaluation).
+
+use serde::{Deserialize, Serialize};
+
+/// The schema version of verdict.json.
+pub(crate) const VERDICT_SCHEMA_VERSION: u64 = 1;
+
+/// A verdict (verdict.json, or compare.json's `verdict`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct VerdictDoc {
+    pub(crate) schema_version: u64,
+    pub(crate) plan_id: String,
+    pub(crate) run_id: Option<String>,
+    pub(crate) run_started_at: Option<String>,
+    pub(crate) run_ending: Option<String>,
+    pub(crate) run_note: Option<String>,
+    pub(crate) evaluated_at: String,
+    pub(crate) contract_sha256: String,
+    pub(crate) post_hoc: bool,
+    pub(crate) post_hoc_reason: Option<String>,
+    pub(crate) contract: ContractDoc,
+    pub(crate) evidence_class: Option<String>,
+    #[serde(flatten)]
+    pub(crate) evaluation: Evaluation,
+}
+
+/// The contract as the verdict records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ContractDoc {
+    pub(crate) path: String,
+    pub(crate) contract_version: u64,
+    pub(crate) locked_at: String,
+    pub(crate) locked_by: String,
+    pub(crate) plan_id: String,
+    /// The contract's own `baseline` and `stop_condition`, echoed.
+    pub(crate) baseline: serde_json::Value,
+    pub(crate) stop_condition: serde_json::Value,
+    pub(crate) thresholds: ThresholdsDoc,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ThresholdsDoc {
+    pub(crate) quality_min_exact_match: f64,
+    pub(crate) max_failed_requests: u64,
+    pub(crate) fit_min_memory_reduction: f64,
+    pub(crate) fit_min_decode_speedup: f64,
+    pub(crate) max_p95_latency_ratio: f64,
+    pub(crate) min_decode_ratio: f64,
+}
+
+/// What the gates concluded, or why they could not be evaluated.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Evaluation {
+    Gates(Box<Gates>),
+    Error { error: String },
+}
+
+/// The lanes' results, the verdict and every gate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Gates {
+    pub(crate) quality_lane_pass: bool,
+    pub(crate) quality_lane_note: Option<String>,
+    pub(crate) fit_benefit: bool,
+    pub(crate) verdict: String,
+    pub(crate) verdict_reason: String,
+    pub(crate) adopt_arms: Vec<String>,
+    pub(crate) fit_arms: Vec<FitArm>,
+    pub(crate) reference_arm: String,
+    pub(crate) gates: Vec<Gate>,
+}
+
+/// A performance-fit arm's gates at a glance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FitArm {
+    pub(crate) arm: String,
+    pub(crate) benefit: bool,
+    pub(crate) ready: bool,
+    pub(crate) max_failed_requests: bool,
+    pub(crate) fit_min_memory_reduction: bool,
+    pub(crate) fit_min_decode_speedup: bool,
+    pub(crate) max_p95_latency_ratio: bool,
+    pub(crate) min_decode_ratio: bool,
+}
+
+/// One gate over every arm it applies to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Gate {
+    pub(crate) gate: String,
+    pub(crate) threshold: Threshold,
+    pub(crate) passes_when: String,
+    pub(crate) pass: bool,
+    pub(crate) arms: Vec<ArmGate>,
+}
+
+/// A gate's threshold: a count (`max_failed_requests`) or a fraction / ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Threshold {
+    Count(u64),
+    Ratio(f64),
+}
+
+impl std::fmt::Display for Threshold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As JSON writes it (a ratio of 1 is `1.0`).
+        match self {
+            Threshold::Count(n) => write!(f, "{n}"),
+            Threshold::Ratio(x) => write!(
+                f,
+                "{}",
+                serde_json::Number::from_f64(*x).map_or_else(|| x.to_string(), |n| n.to_string())
+            ),
+        }
+    }
+}
+
+/// One gate's result for one arm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ArmGate {
+    pub(crate) arm: String,
+    pub(crate) pass: bool,
+    pub(crate) levels: Vec<GateLevel>,
+    pub(crate) note: Option<String>,
+}
+
+/// What a gate compared at one level. `max_failed_requests` lists `failed_requests`;
+/// `quality_min_exact_match` the exact-match rate (`measured`) and `compared_prompts`;
+/// a ratio gate the `metric`, `measured`, the `reference`'s value and their `ratio`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct GateLevel {
+    pub(crate) concurrency: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) failed_requests: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) measured: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) compared_prompts: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reference: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pass: Option<bool>,
+}
+
+impl VerdictDoc {
+    /// The gates, unless the evaluation could not run.
+    pub(crate) fn gates(&self) -> Option<&Gates> {
+        match &self.evaluation {
+            Evaluation::Gates(g) => Some(g),
+            Evaluation::Error { .. } => None,
+        }
+    }
+
+    /// The verdict's word (`reject`, `keep-reference`, `adopt`, `optimize`), or `?`.
+    pub(crate) fn verdict(&self) -> &str {
+        self.gates().map_or("?", |g| g.verdict.as_str())
+    }
+}
