@@ -277,20 +277,34 @@ impl Endpoint {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConnectionPolicy {
+/// How requests use connections: one enum for both drivers. A plan and replay's
+/// config.json name it `keep-alive` / `fresh`; serve's `--upstream-connection` and its
+/// config.json `pinned` / `fresh`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConnectionPolicy {
+    /// Each worker (replay) or client connection (serve) owns one upstream connection and
+    /// reopens it only when the peer closed it (serve: each client connection pinned to its
+    /// own upstream connection).
+    #[value(name = "pinned")]
+    KeepAlive,
     /// A new connection for every request (connect, and TLS without resumption, in every sample).
     Fresh,
-    /// Each worker (replay) or client connection (serve) owns one upstream connection and
-    /// reopens it only when the peer closed it.
-    KeepAlive,
 }
 
 impl ConnectionPolicy {
+    /// As a plan and replay name it.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             ConnectionPolicy::Fresh => "fresh",
             ConnectionPolicy::KeepAlive => "keep-alive",
+        }
+    }
+
+    /// As serve names it.
+    pub(crate) fn serve_name(self) -> &'static str {
+        match self {
+            ConnectionPolicy::Fresh => "fresh",
+            ConnectionPolicy::KeepAlive => "pinned",
         }
     }
 }

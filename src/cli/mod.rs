@@ -151,6 +151,61 @@ pub enum LaneArg {
     PerformanceFit,
 }
 
+/// The flags `serve` and `replay` share: where the run goes, what it records, how it
+/// stops, and what it prints.
+#[derive(Args, Debug, Clone)]
+pub struct RunFlags {
+    /// Run directory to create (refused if it exists). Default: runs/<plan stem>-<UTC
+    /// time> (replay), runs/live-<UTC time> (serve).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Bytes of each body kept in the record (serve: per direction, and forwarding is
+    /// never cut; replay: the response, judged as kept, so a larger one is truncated in
+    /// the record and fails its oracle).
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub max_record_body: usize,
+    /// Roll to a new Parquet part after this many rows (a crash loses at most one part).
+    #[arg(long, default_value_t = 100_000)]
+    pub part_rows: usize,
+    /// Roll to a new Parquet part after this many seconds.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
+    pub part_seconds: f64,
+    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
+    /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
+    /// Default: 5 (replay), 10 (serve).
+    #[arg(allow_negative_numbers = true, long, value_name = "SECONDS")]
+    pub grace_seconds: Option<f64>,
+    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
+    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// No progress output (replay: the bar and the table; serve: the live counters).
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the run's summary.json to stdout (one JSON document, the same bytes as the
+    /// file: replay instead of the table, serve when stopped); progress and messages stay
+    /// on stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
+    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
+    /// config.json as `metrics_listen`).
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl RunFlags {
+    /// `--grace-seconds`, or the command's default.
+    pub(crate) fn grace_or(&self, default: f64) -> f64 {
+        self.grace_seconds.unwrap_or(default)
+    }
+}
+
+/// `replay`'s default `--grace-seconds`.
+pub(crate) const REPLAY_GRACE_SECONDS: f64 = 5.0;
+/// `serve`'s default `--grace-seconds`.
+pub(crate) const SERVE_GRACE_SECONDS: f64 = 10.0;
+
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Address to accept clients on (loopback by default; another address is your choice).
@@ -159,13 +214,10 @@ pub struct ServeArgs {
     /// The worker to forward to, e.g. http://127.0.0.1:8000 (a path is a prefix).
     #[arg(long, value_name = "URL")]
     pub upstream: String,
-    /// Run directory to create (refused if it exists). Default: runs/live-<UTC time>.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
     /// `pinned`: each client connection gets its own upstream connection, kept alive;
     /// `fresh`: a new upstream connection per request.
-    #[arg(long, value_enum, default_value_t = UpstreamConnection::Pinned)]
-    pub upstream_connection: UpstreamConnection,
+    #[arg(long, value_enum, default_value_t = ConnectionPolicy::KeepAlive)]
+    pub upstream_connection: ConnectionPolicy,
     /// Seconds to wait for the upstream response head (connect included); then 504.
     #[arg(
         allow_negative_numbers = true,
@@ -182,9 +234,6 @@ pub struct ServeArgs {
         default_value_t = 300.0
     )]
     pub upstream_idle_timeout: f64,
-    /// Bytes of each body (per direction) kept in the record; forwarding is never cut.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
-    pub max_record_body: usize,
     /// Bytes of recorded bodies held in memory at once, across all exchanges.
     #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
     pub record_memory: usize,
@@ -209,28 +258,10 @@ pub struct ServeArgs {
     /// When the recorder's queue is full: wait (`block`) or drop the row and count it.
     #[arg(long, value_enum, default_value_t = OnRecordFull::Block)]
     pub on_record_full: OnRecordFull,
-    /// Roll to a new Parquet part after this many rows.
-    #[arg(long, default_value_t = 100_000)]
-    pub part_rows: usize,
-    /// Roll to a new Parquet part after this many seconds.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
-    pub part_seconds: f64,
     /// Finished exchanges queued between the proxy and the writer thread. When it is
     /// full, `block` holds each connection's next request until its row is queued.
     #[arg(long, value_name = "ROWS", default_value_t = 4096)]
     pub record_queue: usize,
-    /// Seconds in-flight exchanges may finish after Ctrl-C / SIGTERM before they are cut.
-    #[arg(
-        allow_negative_numbers = true,
-        long,
-        value_name = "SECONDS",
-        default_value_t = 10.0
-    )]
-    pub grace_seconds: f64,
-    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
-    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
     /// Largest request head (request line and headers) accepted from a client; larger: 431.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
     pub max_header_bytes: usize,
@@ -255,67 +286,20 @@ pub struct ServeArgs {
         default_value_t = 5.0
     )]
     pub stats_seconds: f64,
-    /// No live counters.
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// When stopped, print the run's summary.json to stdout (one JSON document).
-    #[arg(long)]
-    pub json: bool,
-    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
-    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
-    /// config.json as `metrics_listen`).
-    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
-    pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub run: RunFlags,
 }
 
-/// `--on-record-full`: what serve does when the recorder's queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnRecordFull {
-    /// Wait for the writer (back-pressure on the finished exchange, never on the response).
-    Block,
-    /// Drop the row and count it (the count is printed and kept in summary.json).
-    Drop,
-}
+pub use crate::drivers::serve::OnRecordFull;
 
-impl OnRecordFull {
-    fn policy(self) -> crate::drivers::serve::OnRecordFull {
-        match self {
-            OnRecordFull::Block => crate::drivers::serve::OnRecordFull::Block,
-            OnRecordFull::Drop => crate::drivers::serve::OnRecordFull::Drop,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            OnRecordFull::Block => "block",
-            OnRecordFull::Drop => "drop",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UpstreamConnection {
-    Pinned,
-    Fresh,
-}
-
-impl UpstreamConnection {
-    /// As config.json and the banner name it.
-    fn as_str(self) -> &'static str {
-        match self {
-            UpstreamConnection::Pinned => "pinned",
-            UpstreamConnection::Fresh => "fresh",
-        }
-    }
-}
+/// `--upstream-connection`: serve's connection policy, the one replay's plans name
+/// (`pinned` on the command line and in serve's config.json is `keep-alive`).
+pub type UpstreamConnection = ConnectionPolicy;
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// The plan (JSON, schema v1).
     pub plan: PathBuf,
-    /// Run directory to create (refused if it exists). Default: runs/<plan stem>-<UTC time>.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
     /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
     #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]
     pub endpoint: Option<String>,
@@ -328,16 +312,6 @@ pub struct ReplayArgs {
     /// PEM file of CA certificates for https workers (default: the platform's roots).
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
-    /// Largest response body kept per exchange (and judged); larger ones are truncated in
-    /// the record and fail their oracle.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
-    pub max_record_body: usize,
-    /// Roll to a new Parquet part after this many rows (a crash loses at most one part).
-    #[arg(long, default_value_t = 100_000)]
-    pub part_rows: usize,
-    /// Roll to a new Parquet part after this many seconds.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
-    pub part_seconds: f64,
     /// During a measured round, keep up to this many bytes of rows in memory and encode
     /// them to Parquet after the round, so no request waits behind the encoder (0: encode
     /// as rows arrive). Past it, rows are encoded during the round and counted
@@ -355,31 +329,6 @@ pub struct ReplayArgs {
     /// recorded at the start, and verdict.json is written after the run.
     #[arg(long, value_name = "FILE", conflicts_with = "no_record")]
     pub contract: Option<PathBuf>,
-    /// No progress bar and no table.
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// Print the run's summary.json to stdout (one JSON document, the same bytes as the
-    /// file) instead of the table; progress and messages stay on stderr.
-    #[arg(long)]
-    pub json: bool,
-    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
-    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
-    /// config.json as `metrics_listen`).
-    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
-    pub metrics_listen: Option<SocketAddr>,
-    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
-    /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
-    #[arg(
-        allow_negative_numbers = true,
-        long,
-        value_name = "SECONDS",
-        default_value_t = 5.0
-    )]
-    pub grace_seconds: f64,
-    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
-    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
     /// GuideLLM-style sweep of a closed-loop plan, per case: one round at c = 1 (the
     /// synchronous rate), one at the plan's highest concurrency (the throughput probe),
     /// then N open-loop rates spaced evenly between their throughputs (the plan's
@@ -398,6 +347,8 @@ pub struct ReplayArgs {
     /// computes alike (each wave's schedule, then `timeout_seconds` + 1 s to drain).
     #[arg(long, value_name = "UTC", requires = "shard")]
     pub start_at: Option<String>,
+    #[command(flatten)]
+    pub run: RunFlags,
     #[command(flatten)]
     pub mock: MockLatencyArgs,
 }
@@ -562,12 +513,16 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
     };
     let result = match cli.command {
         Command::Validate { plan } => validate(&plan),
-        Command::Replay(args) => with_runtime(RUN_STOPPING, args.threads, |interrupt| async move {
-            replay_cmd(args, interrupt).await
-        }),
-        Command::Serve(args) => with_runtime(RUN_STOPPING, args.threads, |interrupt| async move {
-            serve_cmd(args, interrupt).await
-        }),
+        Command::Replay(args) => {
+            with_runtime(RUN_STOPPING, args.run.threads, |interrupt| async move {
+                replay_cmd(args, interrupt).await
+            })
+        }
+        Command::Serve(args) => {
+            with_runtime(RUN_STOPPING, args.run.threads, |interrupt| async move {
+                serve_cmd(args, interrupt).await
+            })
+        }
         Command::MockWorker(args) => with_runtime(MOCK_STOPPING, None, |interrupt| async move {
             mock_cmd(args, interrupt).await
         }),
@@ -866,15 +821,15 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
     let upstream = flags::upstream(&args.upstream).map_err(usage)?;
     let upstream_timeout = seconds("--upstream-timeout", args.upstream_timeout)?;
     let upstream_idle_timeout = seconds("--upstream-idle-timeout", args.upstream_idle_timeout)?;
-    let grace = seconds("--grace-seconds", args.grace_seconds)?;
-    let part_seconds = seconds("--part-seconds", args.part_seconds)?;
-    flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
+    let grace = seconds("--grace-seconds", args.run.grace_or(SERVE_GRACE_SECONDS))?;
+    let part_seconds = seconds("--part-seconds", args.run.part_seconds)?;
+    flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
     let redaction = flags::redaction(&args.redact_header, &args.redact_query).map_err(usage)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
         _ => None,
     };
-    flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
+    flags::at_least_one("--max-record-body", args.run.max_record_body).map_err(usage)?;
     // Every flag is checked here, before a socket is bound or --out created, whether or
     // not --quiet makes it unused.
     let stats_interval = seconds("--stats-seconds", args.stats_seconds)?;
@@ -901,7 +856,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         None if nofile < fds(wanted) => (nofile.saturating_sub(256) / 2).max(1) as usize,
         None => wanted,
         Some(n) => {
-            if nofile < fds(n) && !args.quiet {
+            if nofile < fds(n) && !args.run.quiet {
                 eprintln!(
                     "matrix-proxy: warning: the open-file limit is {nofile}, below the {} that --max-connections {n} may need; raise the hard limit (ulimit -Hn) or lower --max-connections",
                     fds(n)
@@ -942,26 +897,23 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let listener = crate::net::listener::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
-    let metrics_listener = match args.metrics_listen {
+    let metrics_listener = match args.run.metrics_listen {
         Some(a) => Some(metrics_http::bind(a).await?),
         None => None,
     };
     let started_at_us = clock::wall_now_us();
-    let out = args.out.clone().unwrap_or_else(|| {
+    let out = args.run.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
     });
-    let dir = create_run_dir(&out, args.out.is_none())?;
+    let dir = create_run_dir(&out, args.run.out.is_none())?;
     let rid = run_id(started_at_us);
     let mut rec_opts = RecorderOptions::new(dir.exchanges());
-    rec_opts.part_rows = args.part_rows;
+    rec_opts.part_rows = args.run.part_rows;
     rec_opts.part_seconds = input.part_seconds.as_secs_f64();
     rec_opts.queue_rows = args.record_queue.max(1);
     rec_opts.redaction = input.redaction.clone();
     rec_opts.slice = Some(crate::record::SERVE_SLICE);
-    let policy = match args.upstream_connection {
-        UpstreamConnection::Pinned => ConnectionPolicy::KeepAlive,
-        UpstreamConnection::Fresh => ConnectionPolicy::Fresh,
-    };
+    let policy = args.upstream_connection;
     let fields = serve_config_fields(
         &args,
         &input,
@@ -974,13 +926,13 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let run = Arc::new(
         RunContext::start(&rid, clock::now_ns(), rec_opts).map_err(|e| tool(e.to_string()))?,
     );
-    if !args.quiet {
+    if !args.run.quiet {
         eprintln!(
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
             if input.tls.is_some() { "https" } else { "http" },
             listen_addr,
             input.redaction.url(&input.upstream.url()),
-            args.upstream_connection.as_str(),
+            args.upstream_connection.serve_name(),
             dir.path.display()
         );
     }
@@ -989,13 +941,13 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         policy,
         upstream_timeout: input.upstream_timeout,
         upstream_idle_timeout: input.upstream_idle_timeout,
-        max_record_body: args.max_record_body,
+        max_record_body: args.run.max_record_body,
         record_memory: args.record_memory,
         rewrite_host: args.rewrite_host,
         tls: input.tls,
-        on_record_full: args.on_record_full.policy(),
+        on_record_full: args.on_record_full,
         grace: input.grace,
-        stats_interval: (!args.quiet).then_some(input.stats_interval),
+        stats_interval: (!args.run.quiet).then_some(input.stats_interval),
         buffer_frames: 64,
         max_header_bytes: args.max_header_bytes,
         header_read_timeout: input.header_read_timeout,
@@ -1003,7 +955,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     };
     // Live metrics only when asked for: without them serve counts nothing more.
     let metrics_server = metrics_listener
-        .and_then(|l| metrics_http::start(Some(l), &Arc::default(), &run, args.quiet));
+        .and_then(|l| metrics_http::start(Some(l), &Arc::default(), &run, args.run.quiet));
     let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
     if let Some(m) = metrics_server {
         m.abort();
@@ -1045,12 +997,12 @@ fn serve_stopped(
     dir: &RunDir,
     mut problems: Vec<String>,
 ) -> Result<Exit, CliError> {
-    if args.json
+    if args.run.json
         && let Err(e) = print_json(summary, &dir.path)
     {
         problems.push(e);
     }
-    if !args.quiet || stats.dropped_rows > 0 {
+    if !args.run.quiet || stats.dropped_rows > 0 {
         eprintln!(
             "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",
             stats.requests,
@@ -1059,7 +1011,7 @@ fn serve_stopped(
             dir.path.display()
         );
     }
-    if !args.quiet && !stats.routes.is_empty() {
+    if !args.run.quiet && !stats.routes.is_empty() {
         eprintln!(
             "matrix-proxy: by route and worker status class (latency: ok exchanges, nearest rank):"
         );
@@ -1090,11 +1042,11 @@ fn serve_config_fields(
         listen: listen_addr.to_string(),
         tls: input.tls.is_some(),
         upstream: redaction.url(&upstream.url()).into_owned(),
-        connection_policy: args.upstream_connection.as_str().into(),
+        connection_policy: args.upstream_connection.serve_name().into(),
         upstream_timeout_seconds: args.upstream_timeout,
         upstream_idle_timeout_seconds: args.upstream_idle_timeout,
-        grace_seconds: args.grace_seconds,
-        runtime_threads: runtime_threads(args.threads),
+        grace_seconds: args.run.grace_or(SERVE_GRACE_SECONDS),
+        runtime_threads: runtime_threads(args.run.threads),
         limits: Limits {
             max_header_bytes: args.max_header_bytes,
             header_read_timeout_seconds: args.header_read_timeout,
@@ -1104,11 +1056,11 @@ fn serve_config_fields(
         },
         rewrite_host: args.rewrite_host,
         recording: ServeRecording {
-            max_record_body_bytes: args.max_record_body,
+            max_record_body_bytes: args.run.max_record_body,
             record_memory_bytes: args.record_memory,
             on_record_full: args.on_record_full.as_str().into(),
-            part_rows: args.part_rows,
-            part_seconds: args.part_seconds,
+            part_rows: args.run.part_rows,
+            part_seconds: args.run.part_seconds,
             redacted_headers: redaction
                 .headers
                 .iter()

@@ -73,24 +73,24 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     if shard_start_ns.is_some() {
         rec_opts.ledger = Some(dir.path.join(crate::record::LEDGER));
     }
-    rec_opts.part_rows = args.part_rows.max(1);
-    rec_opts.part_seconds = args.part_seconds;
+    rec_opts.part_rows = args.run.part_rows.max(1);
+    rec_opts.part_seconds = args.run.part_seconds;
     rec_opts.hold_bytes = input.record_hold;
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
     // Live metrics for the progress line and --metrics-listen; neither: none are counted.
     let metrics = input.metrics.take();
-    let metrics_server = (!args.quiet || metrics.is_some()).then(|| {
+    let metrics_server = (!args.run.quiet || metrics.is_some()).then(|| {
         let t = Arc::new(crate::telemetry::Telemetry::new());
-        super::metrics_http::start(metrics, &t, &run, args.quiet)
+        super::metrics_http::start(metrics, &t, &run, args.run.quiet)
     });
     let result = replay::run(
         ReplayOptions {
             plan: input.plan,
             shape: input.shape,
             bearer_token: input.bearer_token,
-            max_record_body: args.max_record_body,
-            quiet: args.quiet,
+            max_record_body: args.run.max_record_body,
+            quiet: args.run.quiet,
             record_exchanges: !args.no_record,
             grace: input.grace,
             shard_start_ns,
@@ -174,12 +174,16 @@ impl ReplayRun {
             || (!args.mock_worker
                 && (plan.endpoint.scheme == Scheme::Https
                     || plan.health_endpoint.scheme == Scheme::Https));
-        flags::at_least_one("--max-record-body", args.max_record_body).map_err(usage)?;
-        flags::at_least_one("--part-rows", args.part_rows).map_err(usage)?;
-        seconds("--part-seconds", args.part_seconds)?;
+        flags::at_least_one("--max-record-body", args.run.max_record_body).map_err(usage)?;
+        flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
+        seconds("--part-seconds", args.run.part_seconds)?;
         open_files_for(&plan, shape, args.mock_worker)?;
         let mock_config = args.mock.config()?;
-        let grace = flags::seconds_or_zero("--grace-seconds", args.grace_seconds).map_err(usage)?;
+        let grace = flags::seconds_or_zero(
+            "--grace-seconds",
+            args.run.grace_or(super::REPLAY_GRACE_SECONDS),
+        )
+        .map_err(usage)?;
         let engine = Engine::new(
             need_tls,
             &TlsOptions {
@@ -188,33 +192,9 @@ impl ReplayRun {
         )
         .map_err(usage)?;
         let started_at_us = clock::wall_now_us();
-        let contract = match &args.contract {
-            None => None,
-            Some(path) => {
-                let c = super::campaign::load_contract(path)?;
-                if plan.campaign.is_none() {
-                    return Err(usage(format!(
-                        "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
-                        path.display()
-                    )));
-                }
-                super::campaign::check_contract(&c, path, plan.name.as_deref(), started_at_us)?;
-                Some(c)
-            }
-        };
-        let out = match &args.out {
-            Some(p) => p.clone(),
-            None => {
-                let stem = args
-                    .plan
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "plan".into());
-                PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
-            }
-        };
-
-        let metrics = match args.metrics_listen {
+        let contract = contract_for(args, &plan, started_at_us)?;
+        let out = out_dir(args, started_at_us);
+        let metrics = match args.run.metrics_listen {
             Some(a) => Some(super::metrics_http::bind(a).await?),
             None => None,
         };
@@ -246,6 +226,41 @@ impl ReplayRun {
     }
 }
 
+/// `--contract`, read and checked against the plan and the run's start.
+fn contract_for(
+    args: &ReplayArgs,
+    plan: &Plan,
+    started_at_us: i64,
+) -> Result<Option<Contract>, CliError> {
+    let Some(path) = &args.contract else {
+        return Ok(None);
+    };
+    let c = super::campaign::load_contract(path)?;
+    if plan.campaign.is_none() {
+        return Err(usage(format!(
+            "--contract goes with a campaign plan (arms): its gates compare arms with the reference; for two runs benchmarked apart use `matrix-proxy compare RUN_A RUN_B --contract {}`",
+            path.display()
+        )));
+    }
+    super::campaign::check_contract(&c, path, plan.name.as_deref(), started_at_us)?;
+    Ok(Some(c))
+}
+
+/// `--out`, or `runs/<plan stem>-<UTC time>`.
+fn out_dir(args: &ReplayArgs, started_at_us: i64) -> PathBuf {
+    match &args.run.out {
+        Some(p) => p.clone(),
+        None => {
+            let stem = args
+                .plan
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "plan".into());
+            PathBuf::from("runs").join(format!("{stem}-{}", clock::compact_utc(started_at_us)))
+        }
+    }
+}
+
 /// `--shard I/N --start-at UTC`, checked against the plan and the other flags.
 fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i64)>, CliError> {
     let (Some(s), Some(at)) = (&args.shard, &args.start_at) else {
@@ -253,7 +268,7 @@ fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i6
     };
     let (i, n) = flags::shard(s).map_err(usage)?;
     Shape::shard(plan, i, n).map_err(usage)?;
-    if args.out.is_none() {
+    if args.run.out.is_none() {
         return Err(usage(
             "--shard needs --out: every shard writes into the same output folder (OUT/exchanges/shard=I/ and OUT/shards/I/), which `matrix-proxy summarize OUT` merges",
         ));
@@ -354,14 +369,14 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
                 out.display()
             ))
         })?,
-        None => create_run_dir(out, args.out.is_none())?,
+        None => create_run_dir(out, args.run.out.is_none())?,
     };
     dir.write_file(rundir::PLAN, plan_bytes)
         .map_err(|e| tool(e.to_string()))?;
     let rid = run_id(started_at_us);
     let extra = Extra {
         endpoint_override: args.endpoint.as_deref().map(config_json::redacted),
-        grace_seconds: args.grace_seconds,
+        grace_seconds: args.run.grace_or(super::REPLAY_GRACE_SECONDS),
         mock_worker: input.mock.as_ref().map(|(m, mock_config)| MockRecord {
             url: m.url(),
             prefill_ms: mock_config.prefill_ms,
@@ -369,7 +384,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
             max_batch: mock_config.max_batch,
             default_max_tokens: mock_config.default_max_tokens,
         }),
-        runtime_threads: super::runtime_threads(args.threads),
+        runtime_threads: super::runtime_threads(args.run.threads),
         metrics_listen: super::metrics_http::address(input.metrics.as_ref()),
         auth: Auth {
             bearer_token_env: token_env.clone(),
@@ -377,7 +392,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
         },
         recording: ReplayRecording {
             exchanges: !args.no_record,
-            max_record_body_bytes: args.max_record_body,
+            max_record_body_bytes: args.run.max_record_body,
             record_hold_bytes: *record_hold,
             redacted_headers: DEFAULT_REDACT_HEADERS
                 .iter()
@@ -422,7 +437,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
     );
     dir.write_json(rundir::CONFIG, &config)
         .map_err(|e| tool(e.to_string()))?;
-    if !args.quiet {
+    if !args.run.quiet {
         eprintln!(
             "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
             args.plan.display(),
@@ -608,14 +623,14 @@ fn reports(
     if let Err(e) = dir.write_json(rundir::CONFIG, config) {
         problems.push(e.to_string());
     }
-    if args.json
+    if args.run.json
         && let Err(e) = super::print_json(&summary, &dir.path)
     {
         problems.push(e);
     }
-    if !args.quiet {
+    if !args.run.quiet {
         let table = report::table(plan, &result.rounds, &aggregates, &result.excluded);
-        if !args.json
+        if !args.run.json
             && let Err(e) = super::print_stdout(&(table + &campaign_text), "the table", &dir.path)
         {
             problems.push(e);

@@ -24,7 +24,7 @@ async fn serve_accounts_for_every_request_under_a_fault_mix() {
     .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut args = serve_args(&mock.url(), &tmp.path().join("live"));
-    args.part_rows = 5_000;
+    args.run.part_rows = 5_000;
     let serve = Serve::start(args).await;
     let addr = serve.addr;
     let started = matrix_proxy::now_ns();

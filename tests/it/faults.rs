@@ -220,7 +220,7 @@ async fn oversized_response_is_truncated_in_the_record_and_not_judged_as_passing
     let path = write_plan(tmp.path(), "p.json", &plan);
     let out = tmp.path().join("run");
     let mut args = replay_args(&path, &out);
-    args.max_record_body = 1000;
+    args.run.max_record_body = 1000;
     assert_eq!(replay(args).await.unwrap(), Exit::Failure);
     let rows = Rows::read(&out);
     assert_eq!(rows.len(), 2);

@@ -346,7 +346,7 @@ async fn large_bodies_stream_both_ways_and_the_record_is_truncated_not_the_traff
     .await;
     let tmp = tempfile::tempdir().unwrap();
     let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
-    args.max_record_body = 1 << 20;
+    args.run.max_record_body = 1 << 20;
     let serve = Serve::start(args).await;
     let mut c = Client::connect(serve.addr).await;
     let ans = c
@@ -664,7 +664,7 @@ async fn a_slow_writer_slows_the_clients_instead_of_growing_memory() {
     let mut args = serve_args(&peer.url(""), &tmp.path().join("live"));
     // Every row closes and fsyncs a part of its own, behind a queue of four rows: the
     // writer is far slower than 16 clients that send as fast as they are answered.
-    args.part_rows = 1;
+    args.run.part_rows = 1;
     args.record_queue = 4;
     let serve = Serve::start(args).await;
     let addr = serve.addr;

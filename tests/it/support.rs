@@ -247,25 +247,27 @@ pub fn write_plan(dir: &Path, name: &str, plan: &Value) -> PathBuf {
 pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
     ReplayArgs {
         plan: plan.to_path_buf(),
-        out: Some(out.to_path_buf()),
         endpoint: None,
         mock_worker: false,
         bearer_token_env: None,
         ca_cert: None,
-        max_record_body: 16 << 20,
-        quiet: true,
-        json: false,
-        metrics_listen: None,
-        part_rows: 100_000,
-        part_seconds: 60.0,
         no_record: false,
         contract: None,
-        grace_seconds: 5.0,
         record_hold: None,
-        threads: None,
         sweep: None,
         shard: None,
         start_at: None,
+        run: cli::RunFlags {
+            out: Some(out.to_path_buf()),
+            max_record_body: 16 << 20,
+            quiet: true,
+            json: false,
+            metrics_listen: None,
+            part_rows: 100_000,
+            part_seconds: 60.0,
+            grace_seconds: Some(5.0),
+            threads: None,
+        },
         mock: Default::default(),
     }
 }
@@ -674,7 +676,7 @@ pub async fn start_mock(config: matrix_proxy::MockConfig) -> matrix_proxy::MockW
 
 impl Serve {
     pub async fn start(args: cli::ServeArgs) -> Serve {
-        let out = args.out.clone().unwrap();
+        let out = args.run.out.clone().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(cli::serve_cmd(args, stop.clone()));
         let addr = serve_address(&out).await;

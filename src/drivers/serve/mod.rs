@@ -48,13 +48,23 @@ use body::TeeBody;
 use client::ClientConn;
 use live::{LiveCounters, stats_loop};
 
-/// What to do when the recorder's queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnRecordFull {
+/// What to do when the recorder's queue is full (`serve --on-record-full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnRecordFull {
     /// Wait for the writer (back-pressure on the finished exchange, never on the response).
     Block,
     /// Drop the row and count it (the count is printed and kept in summary.json).
     Drop,
+}
+
+impl OnRecordFull {
+    /// As the command line and config.json name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            OnRecordFull::Block => "block",
+            OnRecordFull::Drop => "drop",
+        }
+    }
 }
 
 #[derive(Clone)]
