@@ -280,12 +280,10 @@ impl Endpoint {
 /// How requests use connections: one enum for both drivers. A plan and replay's
 /// config.json name it `keep-alive` / `fresh`; serve's `--upstream-connection` and its
 /// config.json `pinned` / `fresh`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectionPolicy {
     /// Each worker (replay) or client connection (serve) owns one upstream connection and
-    /// reopens it only when the peer closed it (serve: each client connection pinned to its
-    /// own upstream connection).
-    #[value(name = "pinned")]
+    /// reopens it only when the peer closed it.
     KeepAlive,
     /// A new connection for every request (connect, and TLS without resumption, in every sample).
     Fresh,

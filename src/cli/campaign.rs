@@ -82,7 +82,7 @@ pub(crate) fn verdict_cmd(
     let run = FinishedRun::open(dir).map_err(report_error)?;
     let plan = run.replay_plan().map_err(report_error)?;
     let contract = load_contract(contract_path)?;
-    let mut campaign = run.campaign.clone().ok_or_else(|| {
+    let mut campaign = run.campaign().map_err(report_error)?.cloned().ok_or_else(|| {
         usage(format!(
             "{}: no campaign.json; a verdict needs a campaign run (a plan with arms), or two runs with `compare --contract`",
             dir.display()
@@ -121,7 +121,10 @@ pub(crate) fn verdict_cmd(
             contract_path: &contract_path.display().to_string(),
             run_id: Some(&run.config.run_id),
             run_started_at: Some(&run.config.started_at),
-            run_ending: run.replay_summary().map(|s| s.ending.as_str()),
+            run_ending: run
+                .replay_summary()
+                .map_err(report_error)?
+                .map(|s| s.ending.as_str()),
             post_hoc: post_hoc.clone(),
         },
     );

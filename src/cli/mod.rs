@@ -296,6 +296,35 @@ pub use crate::drivers::serve::OnRecordFull;
 /// (`pinned` on the command line and in serve's config.json is `keep-alive`).
 pub type UpstreamConnection = ConnectionPolicy;
 
+// The command line's names of the drivers' enums (the drivers know no clap).
+impl clap::ValueEnum for ConnectionPolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[ConnectionPolicy::KeepAlive, ConnectionPolicy::Fresh]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.serve_name()))
+    }
+}
+
+impl clap::ValueEnum for OnRecordFull {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[OnRecordFull::Block, OnRecordFull::Drop]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            OnRecordFull::Block => {
+                "Wait for the writer (back-pressure on the finished exchange, never on the response)"
+            }
+            OnRecordFull::Drop => {
+                "Drop the row and count it (the count is printed and kept in summary.json)"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// The plan (JSON, schema v1).

@@ -50,8 +50,8 @@ struct ReplayRun {
     contract: Option<Contract>,
     /// `--record-hold`, or its default for this machine.
     record_hold: usize,
-    /// `--shard` and `--start-at`: (index, count, start instant in wall-clock µs).
-    shard: Option<(usize, usize, i64)>,
+    /// `--start-at` of a shard (its index and count are the shape's), in wall-clock µs.
+    start_at_us: Option<i64>,
     /// `--metrics-listen`, bound.
     metrics: Option<tokio::net::TcpListener>,
 }
@@ -137,11 +137,15 @@ impl ReplayRun {
                 "--endpoint does not go with a campaign plan: each arm has its own endpoint",
             ));
         }
+        let sweep = match args.sweep {
+            Some(n) => Some(Shape::sweep(&plan, n).map_err(usage)?),
+            None => None,
+        };
         let shard = shard_spec(args, &plan)?;
-        let shape = match (args.sweep, shard) {
-            (Some(n), _) => Shape::sweep(&plan, n).map_err(usage)?,
-            (None, Some((i, n, _))) => Shape::shard(&plan, i, n).map_err(usage)?,
-            (None, None) => Shape::Plain,
+        let (shape, start_at_us) = match (sweep, shard) {
+            (Some(s), _) => (s, None),
+            (None, Some((s, at))) => (s, Some(at)),
+            (None, None) => (Shape::Plain, None),
         };
         // Hash the binary off the runtime's threads (config.json records it).
         let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
@@ -178,7 +182,6 @@ impl ReplayRun {
         flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
         seconds("--part-seconds", args.run.part_seconds)?;
         open_files_for(&plan, shape, args.mock_worker)?;
-        let mock_config = args.mock.config()?;
         let grace = flags::seconds_or_zero(
             "--grace-seconds",
             args.run.grace_or(super::REPLAY_GRACE_SECONDS),
@@ -198,6 +201,8 @@ impl ReplayRun {
             Some(a) => Some(super::metrics_http::bind(a).await?),
             None => None,
         };
+        // Step 2: the mock worker, when asked for, takes the plan's origin.
+        let mock_config = args.mock.config()?;
         let (plan, mock) = match args.mock_worker {
             true => {
                 let (m, plan) = start_mock(&mock_config, plan).await?;
@@ -220,7 +225,7 @@ impl ReplayRun {
             record_hold: args
                 .record_hold
                 .unwrap_or_else(crate::record::default_hold_bytes),
-            shard,
+            start_at_us,
             metrics,
         })
     }
@@ -261,13 +266,14 @@ fn out_dir(args: &ReplayArgs, started_at_us: i64) -> PathBuf {
     }
 }
 
-/// `--shard I/N --start-at UTC`, checked against the plan and the other flags.
-fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i64)>, CliError> {
+/// `--shard I/N --start-at UTC`, checked against the plan and the other flags: the
+/// shard's shape and its start instant (wall-clock µs).
+fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(Shape, i64)>, CliError> {
     let (Some(s), Some(at)) = (&args.shard, &args.start_at) else {
         return Ok(None);
     };
     let (i, n) = flags::shard(s).map_err(usage)?;
-    Shape::shard(plan, i, n).map_err(usage)?;
+    let shape = Shape::shard(plan, i, n).map_err(usage)?;
     if args.run.out.is_none() {
         return Err(usage(
             "--shard needs --out: every shard writes into the same output folder (OUT/exchanges/shard=I/ and OUT/shards/I/), which `matrix-proxy summarize OUT` merges",
@@ -279,7 +285,7 @@ fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(usize, usize, i6
         ));
     }
     let at = flags::start_at(at, clock::wall_now_us()).map_err(usage)?;
-    Ok(Some((i, n, at)))
+    Ok(Some((shape, at)))
 }
 
 /// Open files a run needs besides its connections: standard streams, the runtime's
@@ -362,8 +368,8 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
         ..
     } = input;
     let started_at_us = *started_at_us;
-    let dir = match input.shard {
-        Some((i, _, _)) => RunDir::create_shard(out, i).map_err(|e| {
+    let dir = match input.shape.shard_of() {
+        Some((i, _)) => RunDir::create_shard(out, i).map_err(|e| {
             usage(format!(
                 "--out {} --shard: {e}; each shard's folders are new",
                 out.display()
@@ -404,13 +410,17 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
     let run_t0_ns = clock::now_ns();
     // The shared start on this process's run clock: `summarize OUT` puts every shard's
     // offsets on one timeline from it.
-    let shard = input.shard.map(|(index, count, at_us)| ShardRecord {
-        index,
-        count,
-        start_at: clock::iso_utc(at_us),
-        start_at_offset_us: (at_us - clock::wall_now_us())
-            + clock::us_between(run_t0_ns, clock::now_ns()),
-    });
+    let shard = input
+        .shape
+        .shard_of()
+        .zip(input.start_at_us)
+        .map(|((index, count), at_us)| ShardRecord {
+            index,
+            count,
+            start_at: clock::iso_utc(at_us),
+            start_at_offset_us: (at_us - clock::wall_now_us())
+                + clock::us_between(run_t0_ns, clock::now_ns()),
+        });
     let shard_start_ns = shard
         .as_ref()
         .map(|s| run_t0_ns.saturating_add_signed(s.start_at_offset_us.saturating_mul(1000)));

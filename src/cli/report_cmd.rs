@@ -53,21 +53,31 @@ fn read_run(dir: &Path) -> Result<RunInput, CliError> {
     let run = FinishedRun::open(dir).map_err(report_error)?;
     run.refuse_single_shard("report").map_err(report_error)?;
     let facts = run.facts().map_err(|e| tool(e.to_string()))?;
-    let Some(summary) = run.summary else {
-        return Err(usage(format!(
-            "{}: the run wrote no summary (it did not finish); run `matrix-proxy summarize {}` to rebuild it from exchanges/",
-            dir.join(SUMMARY).display(),
-            dir.display()
-        )));
+    let rebuild = format!(
+        "run `matrix-proxy summarize {}` to rebuild it from exchanges/",
+        dir.display()
+    );
+    let summary = match run.summary() {
+        Ok(Some(s)) => s.clone(),
+        Ok(None) => {
+            return Err(usage(format!(
+                "{}: none (a run that did not finish, or a sharded run whose shards are not merged yet); {rebuild}",
+                dir.join(SUMMARY).display()
+            )));
+        }
+        Err(e) => return Err(usage(format!("{e}; {rebuild}"))),
     };
     Ok(RunInput {
         label,
         dir: dir.display().to_string(),
-        config: run.config,
+        config: run.config.clone(),
         summary,
-        plan_metadata: run.plan.map(|p| p.metadata).filter(|m| !m.is_empty()),
-        campaign: run.campaign,
-        verdict: run.verdict,
+        plan_metadata: run
+            .plan_if_sound()
+            .map(|p| p.metadata.clone())
+            .filter(|m| !m.is_empty()),
+        campaign: run.campaign().map_err(report_error)?.cloned(),
+        verdict: run.verdict().map_err(report_error)?.cloned(),
         facts,
     })
 }

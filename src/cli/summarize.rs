@@ -22,7 +22,7 @@ const ORIGINALS: [(&str, &str); 2] = [(SUMMARY, SUMMARY_ORIG), (ROUNDS, ROUNDS_O
 /// The `summarize` command.
 pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliError> {
     // Its own summary is read apart (an unreadable one is no original, not an error).
-    let run = FinishedRun::open_for_rebuild(dir).map_err(report_error)?;
+    let run = FinishedRun::open(dir).map_err(report_error)?;
     run.refuse_single_shard("summarize").map_err(report_error)?;
     let facts = run.facts().map_err(|e| tool(e.to_string()))?;
     if run.is_sharded() {
@@ -54,8 +54,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
     let finished = run.config.finished_at.is_some();
     match run.config.command {
         Command::Replay => {
-            let original: Option<Summary> =
-                rebuild::original_summary(dir, |s: &Summary| s.rebuilt_from_exchanges.is_some());
+            let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
             let r = rebuild::rebuild_replay(plan, run.shape(), &facts, original.as_ref(), finished);
             keep_originals(dir)?;
@@ -78,10 +77,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
             Ok(exit_of(ending))
         }
         Command::Serve => {
-            let original: Option<ServeSummary> =
-                rebuild::original_summary(dir, |s: &ServeSummary| {
-                    s.rebuilt_from_exchanges.is_some()
-                });
+            let original: Option<ServeSummary> = rebuild::original_summary(dir);
             let (s, all_ok) = rebuild::rebuild_serve(&facts, original.as_ref(), finished);
             keep_originals(dir)?;
             // serve has no table: the JSON with --json, else nothing on stdout.
@@ -117,15 +113,7 @@ fn write_rounds(dir: &Path, r: &Rebuilt) -> Result<(), CliError> {
 /// second `summarize` keeps the run's files, never the first rebuild's (after a crash
 /// there is no original, and none is made up).
 fn keep_originals(dir: &Path) -> Result<(), CliError> {
-    #[derive(serde::Deserialize)]
-    struct Rebuilt {
-        rebuilt_from_exchanges: Option<bool>,
-    }
-    let summary_is_rebuilt = report::run::optional_doc::<Rebuilt>(&dir.join(SUMMARY))
-        .ok()
-        .flatten()
-        .is_some_and(|s| s.rebuilt_from_exchanges.is_some());
-    if summary_is_rebuilt {
+    if rebuild::is_rebuilt(&dir.join(SUMMARY)) {
         return Ok(());
     }
     for (name, orig) in ORIGINALS {

@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Name of the writer's ledger in the run directory, beside `exchanges/`.
-pub const LEDGER: &str = "exchanges.ledger";
+pub const LEDGER: &str = super::rundir::LEDGER;
 /// Where runs made before kept it, inside `exchanges/`.
 const OLD_LEDGER: &str = ".ledger";
 

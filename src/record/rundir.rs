@@ -32,6 +32,8 @@ pub(crate) const REPORT: &str = "report.html";
 pub(crate) const RECOVERY: &str = "recovery.json";
 /// Recorded exchanges (Parquet parts); a sharded run's holds one `shard=I` per shard.
 pub(crate) const EXCHANGES: &str = "exchanges";
+/// The writer's ledger of rows handed to each part, beside `exchanges/`.
+pub const LEDGER: &str = "exchanges.ledger";
 /// Unfinished parts `recover` moved aside.
 pub(crate) const QUARANTINE: &str = "quarantine";
 /// Started servers' logs (a campaign's arms).

@@ -199,8 +199,8 @@ pub(crate) fn pair_sides(a: &[Side], b: &[Side]) -> (Vec<Pair>, Vec<String>) {
 }
 
 /// A run's sides: its available arms, or the plain run itself.
-pub(crate) fn sides_of(run: &FinishedRun) -> Vec<Side> {
-    match &run.campaign {
+fn sides_of(run: &Opened<'_>) -> Vec<Side> {
+    match run.campaign {
         Some(c) => c
             .arms
             .iter()
@@ -211,10 +211,30 @@ pub(crate) fn sides_of(run: &FinishedRun) -> Vec<Side> {
     }
 }
 
+/// One run of a comparison with the documents compare reads.
+struct Opened<'a> {
+    run: &'a FinishedRun,
+    plan: &'a Plan,
+    summary: Option<&'a Summary>,
+    campaign: Option<&'a CampaignDoc>,
+}
+
+impl<'a> Opened<'a> {
+    /// A replay run's plan, summary and campaign.json (refused when one is unreadable).
+    fn of(run: &'a FinishedRun) -> Result<Opened<'a>, ReportError> {
+        Ok(Opened {
+            plan: run.replay_plan()?,
+            summary: run.replay_summary()?,
+            campaign: run.campaign()?,
+            run,
+        })
+    }
+}
+
 /// Two runs to compare, checked by [`check_comparable`].
 pub(crate) struct Comparison<'a> {
-    pub(crate) a: &'a FinishedRun,
-    pub(crate) b: &'a FinishedRun,
+    a: Opened<'a>,
+    b: Opened<'a>,
     /// The lane of B's side when B is not a campaign (a campaign arm keeps its own).
     pub(crate) lane: Lane,
     pub(crate) pairs: Vec<Pair>,
@@ -228,12 +248,13 @@ pub(crate) fn check_comparable<'a>(
     b: &'a FinishedRun,
     lane: Lane,
 ) -> Result<Comparison<'a>, ReportError> {
-    let (pa, pb) = (a.replay_plan()?, b.replay_plan()?);
+    let (a, b) = (Opened::of(a)?, Opened::of(b)?);
+    let (pa, pb) = (a.plan, b.plan);
     if let Some((at, x, y)) = workload::first_difference(&pa.workload, &pb.workload) {
         return Err(ReportError::Refused(format!(
             "{} and {} ran different workloads (workload SHA-256 {} vs {}): they first differ at {} ({x} in {}, {y} in {}); compare runs of one workload",
-            a.dir.display(),
-            b.dir.display(),
+            a.run.dir.display(),
+            b.run.dir.display(),
             config_json::workload_sha256(pa),
             config_json::workload_sha256(pb),
             if at.is_empty() {
@@ -241,11 +262,11 @@ pub(crate) fn check_comparable<'a>(
             } else {
                 at.as_str()
             },
-            a.dir.display(),
-            b.dir.display(),
+            a.run.dir.display(),
+            b.run.dir.display(),
         )));
     }
-    for (run, plan) in [(a, pa), (b, pb)] {
+    for (run, plan) in [(a.run, pa), (b.run, pb)] {
         let sweep = run.shape().sweep_rates().is_some();
         if plan.load.mode == Mode::Open || sweep {
             return Err(ReportError::Refused(format!(
@@ -255,18 +276,18 @@ pub(crate) fn check_comparable<'a>(
             )));
         }
     }
-    let (pairs, unmatched) = pair_sides(&sides_of(a), &sides_of(b));
+    let (pairs, unmatched) = pair_sides(&sides_of(&a), &sides_of(&b));
     if pairs.is_empty() {
         return Err(ReportError::Refused(format!(
             "{} and {} have no side in common to compare (unmatched: {}); campaign arms pair by name",
-            a.dir.display(),
-            b.dir.display(),
+            a.run.dir.display(),
+            b.run.dir.display(),
             unmatched.join(", ")
         )));
     }
     let why = "drift, and the gates that read it, need them";
-    a.refuse_unrecorded(why)?;
-    b.refuse_unrecorded(why)?;
+    a.run.refuse_unrecorded(why)?;
+    b.run.refuse_unrecorded(why)?;
     Ok(Comparison {
         a,
         b,
@@ -287,7 +308,7 @@ pub(crate) struct CompareContract<'a> {
 impl Comparison<'_> {
     /// B's side's lane: a campaign arm's own, else the one given.
     fn lane_of(&self, s: &Side) -> Lane {
-        match (&self.b.campaign, s) {
+        match (self.b.campaign, s) {
             (Some(c), Some(n)) => c.arm(n).map_or(Lane::Quality, |x| x.lane),
             _ => self.lane,
         }
@@ -298,11 +319,11 @@ impl Comparison<'_> {
         &self,
         contract: Option<CompareContract<'_>>,
     ) -> Result<(CompareDoc, String), ReportError> {
-        let (a, b) = (self.a, self.b);
-        let (pa, pb) = (a.replay_plan()?, b.replay_plan()?);
+        let (a, b) = (&self.a, &self.b);
+        let (pa, pb) = (a.plan, b.plan);
         let answers = [
-            read_answers(&a.exchanges(), pa).map_err(ReportError::Rows)?,
-            read_answers(&b.exchanges(), pb).map_err(ReportError::Rows)?,
+            read_answers(&a.run.exchanges(), pa).map_err(ReportError::Rows)?,
+            read_answers(&b.run.exchanges(), pb).map_err(ReportError::Rows)?,
         ];
         let none = Answers::default();
         let of = |i: usize, s: &Side| answers[i].get(s).unwrap_or(&none);
@@ -328,16 +349,16 @@ impl Comparison<'_> {
                 side_b: p.b.clone(),
             })
             .collect();
-        let metrics = metric_deltas(a.replay_summary(), b.replay_summary(), &self.pairs);
-        let run_ref = |r: &FinishedRun, plan: &Plan| RunRef {
-            dir: r.dir.display().to_string(),
-            run_id: r.config.run_id.clone(),
-            plan_id: plan.name.clone(),
+        let metrics = metric_deltas(a.summary, b.summary, &self.pairs);
+        let run_ref = |r: &Opened<'_>| RunRef {
+            dir: r.run.dir.display().to_string(),
+            run_id: r.run.config.run_id.clone(),
+            plan_id: r.plan.name.clone(),
         };
         let mut doc = CompareDoc {
             schema_version: COMPARE_SCHEMA_VERSION,
-            run_a: run_ref(a, pa),
-            run_b: run_ref(b, pb),
+            run_a: run_ref(a),
+            run_b: run_ref(b),
             workload_sha256: config_json::workload_sha256(pa),
             pairs: self.pairs.clone(),
             unmatched_sides: self.unmatched.clone(),
@@ -370,9 +391,10 @@ impl Comparison<'_> {
         computed: &[PairDrift],
         drift_of: &dyn Fn(usize, &Side) -> DriftEntry,
     ) -> Result<VerdictDoc, ReportError> {
-        let (a, b) = (self.a, self.b);
-        let recorded = |r: &FinishedRun| {
-            r.config
+        let (a, b) = (&self.a, &self.b);
+        let recorded = |r: &Opened<'_>| {
+            r.run
+                .config
                 .replay()
                 .and_then(|x| x.contract.as_ref())
                 .is_some_and(|x| x.sha256 == c.contract.sha256)
@@ -381,7 +403,7 @@ impl Comparison<'_> {
             "compare evaluates a contract on two runs: it is pre-registered only when both runs were started with it".to_string()
         });
         // The reference: A's reference arm when A is a campaign, else A's one side.
-        let sa: Side = match &a.campaign {
+        let sa: Side = match a.campaign {
             Some(k) => k.reference_arm.clone(),
             None => self.pairs[0].a.clone(),
         };
@@ -395,8 +417,8 @@ impl Comparison<'_> {
             });
         }
         let campaign = CampaignDoc {
-            plan_id: a.replay_plan()?.name.clone(),
-            evidence_class: a.campaign.as_ref().and_then(|k| k.evidence_class.clone()),
+            plan_id: a.plan.name.clone(),
+            evidence_class: a.campaign.and_then(|k| k.evidence_class.clone()),
             reference_arm: Some(arms[0].name.clone()),
             arms,
             drift: Some(Some(drift)),
@@ -418,7 +440,7 @@ impl Comparison<'_> {
 
 /// One side of a run as a campaign.json arm (name `A:<side>` / `B:<side>`).
 fn arm_view(
-    run: &FinishedRun,
+    run: &Opened<'_>,
     side: &Side,
     tag: &str,
     lane: Lane,
@@ -427,7 +449,6 @@ fn arm_view(
     let name = format!("{tag}:{}", side.as_deref().unwrap_or("run"));
     let from_campaign = run
         .campaign
-        .as_ref()
         .and_then(|c| side.as_deref().and_then(|n| c.arm(n)))
         .cloned();
     let mut arm = match from_campaign {
@@ -453,11 +474,11 @@ fn arm_view(
 
 /// A plain run's cells (per concurrency, every case pooled), from its recorded rows and
 /// its rounds' wall time; memory is not sampled outside campaigns.
-fn plain_cells(run: &FinishedRun) -> Result<BTreeMap<u64, Cell>, ReportError> {
+fn plain_cells(run: &Opened<'_>) -> Result<BTreeMap<u64, Cell>, ReportError> {
     use super::campaign::{Level, cell};
-    let plan = run.replay_plan()?;
+    let plan = run.plan;
     let mut levels: BTreeMap<usize, Level> = BTreeMap::new();
-    for f in run.facts()? {
+    for f in run.run.facts()? {
         if f.phase == "measured"
             && let Some(c) = f.concurrency
         {
@@ -468,10 +489,7 @@ fn plain_cells(run: &FinishedRun) -> Result<BTreeMap<u64, Cell>, ReportError> {
                 .push(f.sample);
         }
     }
-    for r in run
-        .replay_summary()
-        .map_or(&[][..], |s| s.rounds.as_slice())
-    {
+    for r in run.summary.map_or(&[][..], |s| s.rounds.as_slice()) {
         if let Some(c) = r.concurrency
             && let Some(l) = levels.get_mut(&c)
         {

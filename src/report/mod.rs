@@ -1,9 +1,13 @@
-//! The run's reports, from the measurements: `summary.json` (with the seed tool's keys at
-//! every level), `rounds.parquet` ([`rounds`]), the table on stdout ([`table`]), serve's
-//! summary, config.json ([`config_json`]) for both commands, and the rounds rebuilt from
-//! recorded rows ([`rebuild`], for `summarize`). Arithmetic lives in `metrics`; this
-//! module only arranges and writes it. Never imports a driver: what a serve run did
-//! arrives as [`ServeStats`].
+//! The run's reports, from the measurements: every document a run writes as a type
+//! ([`doc`]), built here once: `summary.json` ([`summary`], with the seed tool's keys at
+//! every level; [`serve_summary`]), `rounds.parquet` ([`rounds`]), the table on stdout
+//! ([`table`]), config.json ([`config_json`]) for both commands, campaign.json
+//! ([`campaign`]), verdict.json ([`verdict`]); and what is read back from a finished run
+//! ([`run::FinishedRun`]): rounds rebuilt from recorded rows ([`rebuild`], for
+//! `summarize`), drift ([`answers`]), comparisons ([`compare`]) and the HTML report
+//! ([`html`]). Arithmetic lives in `metrics`; this module arranges it, and the commands
+//! write what it builds. Never imports a driver: what a serve run did arrives as
+//! [`ServeStats`], what a replay measured as [`Measured`].
 
 pub(crate) mod answers;
 pub(crate) mod campaign;

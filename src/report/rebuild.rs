@@ -167,20 +167,35 @@ fn replay_ending(original: Option<&Summary>, finished: bool, failures: u64) -> E
     }
 }
 
+/// Whether a summary file is itself a rebuild (`rebuilt_from_exchanges: true`); an
+/// unreadable one is not.
+pub(crate) fn is_rebuilt(path: &std::path::Path) -> bool {
+    /// Only the mark a rebuild leaves.
+    #[derive(serde::Deserialize)]
+    struct Mark {
+        #[serde(default)]
+        rebuilt_from_exchanges: Option<bool>,
+    }
+    super::run::optional_doc::<Mark>(path)
+        .ok()
+        .flatten()
+        .is_some_and(|m| m.rebuilt_from_exchanges == Some(true))
+}
+
 /// What the run itself wrote, if it got that far (a crashed run has none): the kept
 /// original when an earlier `summarize` made one, else summary.json unless it is itself a
 /// rebuild. An unreadable file counts as none.
-pub(crate) fn original_summary<T: serde::de::DeserializeOwned>(
-    dir: &std::path::Path,
-    rebuilt: impl Fn(&T) -> bool,
-) -> Option<T> {
+pub(crate) fn original_summary<T: serde::de::DeserializeOwned>(dir: &std::path::Path) -> Option<T> {
     use crate::record::rundir::{SUMMARY, SUMMARY_ORIG};
     let read = |name: &str| {
         super::run::optional_doc::<T>(&dir.join(name))
             .ok()
             .flatten()
     };
-    read(SUMMARY_ORIG).or_else(|| read(SUMMARY).filter(|s| !rebuilt(s)))
+    read(SUMMARY_ORIG).or_else(|| {
+        let own = dir.join(SUMMARY);
+        (!is_rebuilt(&own)).then(|| read(SUMMARY)).flatten()
+    })
 }
 
 /// A plain or campaign replay rebuilt from its rows (a campaign's campaign.json needs

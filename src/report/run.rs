@@ -24,7 +24,7 @@ use crate::record::rundir::{self, CAMPAIGN, CONFIG, EXCHANGES, PLAN, SUMMARY};
 pub(crate) const MAX_PLAN_BYTES: u64 = 64 << 20;
 
 /// Why a finished run (or a file of one) cannot be read or used.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum ReportError {
     /// A file that cannot be read or is not what it should be.
     #[error("{}: {cause}", path.display())]
@@ -49,8 +49,12 @@ impl ReportError {
 /// A JSON document of a run, read with its type.
 pub(crate) fn read_doc<T: DeserializeOwned>(path: &Path) -> Result<T, ReportError> {
     let bytes = std::fs::read(path).map_err(|e| ReportError::file(path, e))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ReportError::file(path, format!("not a valid {}: {e}", file_name(path))))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ReportError::file(
+            path,
+            format!("not valid JSON for a {}: {e}", file_name(path)),
+        )
+    })
 }
 
 /// A document that may be absent (a crashed run has no summary; a plain run no
@@ -123,72 +127,74 @@ pub(crate) struct Shard {
     pub(crate) start_at_offset_us: i64,
 }
 
+/// A document of a run as opened: absent (`None`), read, or why it cannot be used. A
+/// command meets the error only when it reads that document, so `summarize` rebuilds a
+/// run whose summary.json is unreadable, and `verdict` never reads a verdict.
+type Doc<T> = Result<Option<T>, ReportError>;
+
 /// A finished run folder as every later command reads it.
 #[derive(Debug)]
 pub(crate) struct FinishedRun {
     pub(crate) dir: PathBuf,
     /// The run's config.json (a sharded run: shard 0's).
     pub(crate) config: Config,
-    /// replay's plan, the one the run was made with.
-    pub(crate) plan: Option<Plan>,
-    pub(crate) summary: Option<AnySummary>,
-    pub(crate) campaign: Option<CampaignDoc>,
+    /// replay's plan, the one the run was made with (serve: none).
+    plan: Doc<Plan>,
+    summary: Doc<AnySummary>,
+    campaign: Doc<CampaignDoc>,
     /// verdict.json, else verdict.post-hoc.json.
-    pub(crate) verdict: Option<VerdictDoc>,
+    verdict: Doc<VerdictDoc>,
     /// Every shard of a sharded output folder, by index (empty otherwise).
     pub(crate) shards: Vec<Shard>,
 }
 
+/// A document's value, or its error (cloned: the run keeps it for the next reader).
+fn doc<T>(d: &Doc<T>) -> Result<Option<&T>, ReportError> {
+    match d {
+        Ok(v) => Ok(v.as_ref()),
+        Err(e) => Err(e.clone()),
+    }
+}
+
 impl FinishedRun {
-    /// Open `dir`: a run folder, or a sharded run's output folder, with every document
-    /// it holds (present but unreadable is an error).
+    /// Open `dir`: a run folder, or a sharded run's output folder. Fails when it is
+    /// neither (no readable config.json, or shards that cannot be merged); the plan and
+    /// the documents are read now and their problems said when a command reads them.
     pub(crate) fn open(dir: &Path) -> Result<FinishedRun, ReportError> {
-        FinishedRun::open_with(dir, true)
-    }
-
-    /// Open `dir` for `summarize`, which rebuilds its summary: config.json and the plan
-    /// only.
-    pub(crate) fn open_for_rebuild(dir: &Path) -> Result<FinishedRun, ReportError> {
-        FinishedRun::open_with(dir, false)
-    }
-
-    fn open_with(dir: &Path, documents: bool) -> Result<FinishedRun, ReportError> {
         if rundir::is_sharded(dir) {
-            return FinishedRun::open_sharded(dir, documents);
-        }
-        let config = run_config(dir)?;
-        let plan = match config.command {
-            Command::Replay => Some(run_plan(dir, &config)?),
-            Command::Serve => None,
-        };
-        if !documents {
+            let shards = shard_runs(dir)?;
+            let first = &shards[0];
             return Ok(FinishedRun {
                 dir: dir.to_path_buf(),
-                config,
-                plan,
-                summary: None,
-                campaign: None,
-                verdict: None,
-                shards: Vec::new(),
+                config: first.config.clone(),
+                plan: run_plan(&first.dir, &first.config).map(Some),
+                summary: optional_doc::<Summary>(&dir.join(SUMMARY))
+                    .map(|s| s.map(|s| AnySummary::Replay(Box::new(s)))),
+                campaign: Ok(None),
+                verdict: Ok(None),
+                shards,
             });
         }
-        let plan = match config.command {
-            Command::Replay => Some(run_plan(dir, &config)?),
-            Command::Serve => None,
+        let config = run_config(dir)?;
+        let (plan, summary) = match config.command {
+            Command::Replay => (
+                run_plan(dir, &config).map(Some),
+                optional_doc::<Summary>(&dir.join(SUMMARY))
+                    .map(|s| s.map(|s| AnySummary::Replay(Box::new(s)))),
+            ),
+            Command::Serve => (
+                Ok(None),
+                optional_doc::<ServeSummary>(&dir.join(SUMMARY))
+                    .map(|s| s.map(|s| AnySummary::Serve(Box::new(s)))),
+            ),
         };
-        let summary = match config.command {
-            Command::Replay => optional_doc::<Summary>(&dir.join(SUMMARY))?
-                .map(|s| AnySummary::Replay(Box::new(s))),
-            Command::Serve => optional_doc::<ServeSummary>(&dir.join(SUMMARY))?
-                .map(|s| AnySummary::Serve(Box::new(s))),
-        };
-        let verdict = match optional_doc(&dir.join(rundir::VERDICT))? {
-            Some(v) => Some(v),
-            None => optional_doc(&dir.join(rundir::VERDICT_POST_HOC))?,
+        let verdict = match optional_doc(&dir.join(rundir::VERDICT)) {
+            Ok(None) => optional_doc(&dir.join(rundir::VERDICT_POST_HOC)),
+            other => other,
         };
         Ok(FinishedRun {
             dir: dir.to_path_buf(),
-            campaign: optional_doc(&dir.join(CAMPAIGN))?,
+            campaign: optional_doc(&dir.join(CAMPAIGN)),
             config,
             plan,
             summary,
@@ -197,23 +203,25 @@ impl FinishedRun {
         })
     }
 
-    fn open_sharded(dir: &Path, documents: bool) -> Result<FinishedRun, ReportError> {
-        let shards = shard_runs(dir)?;
-        let first = &shards[0];
-        let plan = run_plan(&first.dir, &first.config)?;
-        let summary = match documents {
-            true => optional_doc::<Summary>(&dir.join(SUMMARY))?,
-            false => None,
-        };
-        Ok(FinishedRun {
-            dir: dir.to_path_buf(),
-            config: first.config.clone(),
-            plan: Some(plan),
-            summary: summary.map(|s| AnySummary::Replay(Box::new(s))),
-            campaign: None,
-            verdict: None,
-            shards,
-        })
+    /// summary.json (`None`: the run wrote none, or a sharded run was not merged yet).
+    pub(crate) fn summary(&self) -> Result<Option<&AnySummary>, ReportError> {
+        doc(&self.summary)
+    }
+
+    /// campaign.json (`None`: not a campaign run).
+    pub(crate) fn campaign(&self) -> Result<Option<&CampaignDoc>, ReportError> {
+        doc(&self.campaign)
+    }
+
+    /// The verdict the run has (`None`: none).
+    pub(crate) fn verdict(&self) -> Result<Option<&VerdictDoc>, ReportError> {
+        doc(&self.verdict)
+    }
+
+    /// The plan, when the run has one and it is the one the run was made with (a report
+    /// shows its metadata; every other use goes through [`Self::replay_plan`]).
+    pub(crate) fn plan_if_sound(&self) -> Option<&Plan> {
+        self.plan.as_ref().ok().and_then(Option::as_ref)
     }
 
     /// What the run's flags made of its plan: `--sweep` (its levels), one shard's share,
@@ -241,16 +249,16 @@ impl FinishedRun {
     }
 
     /// The replay summary (`None` for serve, or when the run wrote none).
-    pub(crate) fn replay_summary(&self) -> Option<&Summary> {
-        match &self.summary {
+    pub(crate) fn replay_summary(&self) -> Result<Option<&Summary>, ReportError> {
+        Ok(match self.summary()? {
             Some(AnySummary::Replay(s)) => Some(s),
             _ => None,
-        }
+        })
     }
 
-    /// The plan of a replay run.
+    /// The plan of a replay run, refused unless it is the one the run was made with.
     pub(crate) fn replay_plan(&self) -> Result<&Plan, ReportError> {
-        self.plan.as_ref().ok_or_else(|| {
+        doc(&self.plan)?.ok_or_else(|| {
             ReportError::Refused(format!(
                 "{}: not a replay run (config.json says command \"serve\")",
                 self.dir.display()
@@ -311,11 +319,16 @@ impl FinishedRun {
     /// A sharded run's ending: interrupted if any shard was (or never finished), else
     /// failed if any failed, else passed.
     pub(crate) fn shards_ending(&self) -> Ending {
+        /// Only the ending of a shard's summary.json.
+        #[derive(serde::Deserialize)]
+        struct EndingOf {
+            ending: Ending,
+        }
         let endings: Vec<Option<Ending>> = self
             .shards
             .iter()
             .map(|s| {
-                optional_doc::<Summary>(&s.dir.join(SUMMARY))
+                optional_doc::<EndingOf>(&s.dir.join(SUMMARY))
                     .ok()
                     .flatten()
                     .map(|x| x.ending)

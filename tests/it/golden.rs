@@ -233,9 +233,31 @@ fn demo(tmp: &Path) -> Vec<String> {
         "--out",
         s(&cmp.join("compare.json")),
     ]);
+    // The demo's summary rebuilt from its rows (the original kept beside it).
+    let rebuilt = tmp.join("demo-summarized");
+    copy_dir(&run, &rebuilt);
+    run_bin(&["summarize", "--quiet", s(&rebuilt)]);
     let mut d = check("demo", &run, &["config.json", "summary.json"]);
     d.extend(check("compare", &cmp, &["compare.json"]));
+    d.extend(check(
+        "demo-summarized",
+        &rebuilt,
+        &["summary.json", "summary.orig.json"],
+    ));
     d
+}
+
+/// A copy of a run folder (files and folders, recursively).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
 }
 
 /// The campaign demo under its contract: config, summary, campaign and verdict.
@@ -250,7 +272,28 @@ fn campaign(tmp: &Path) -> Vec<String> {
         "--out",
         s(&run),
     ]);
-    check(
+    // The same contract through `compare` (the run against itself) and `verdict` again.
+    let again = tmp.join("campaign-again");
+    std::fs::create_dir_all(&again).unwrap();
+    let contract = "plans/campaign-demo.contract.json";
+    run_bin(&[
+        "compare",
+        s(&run),
+        s(&run),
+        "--contract",
+        contract,
+        "--out",
+        s(&again.join("compare.json")),
+    ]);
+    run_bin(&[
+        "verdict",
+        s(&run),
+        "--contract",
+        contract,
+        "--out",
+        s(&again.join("verdict.json")),
+    ]);
+    let mut d = check(
         "campaign-demo",
         &run,
         &[
@@ -259,7 +302,13 @@ fn campaign(tmp: &Path) -> Vec<String> {
             "campaign.json",
             "verdict.json",
         ],
-    )
+    );
+    d.extend(check(
+        "campaign-again",
+        &again,
+        &["compare.json", "verdict.json"],
+    ));
+    d
 }
 
 /// The open demo's first case as two shards started at one instant, merged by summarize.
@@ -356,6 +405,81 @@ async fn the_json_files_of_a_run_keep_their_keys_order_types_and_values() {
         "{} difference(s) from tests/golden:\n{}",
         d.len(),
         d.join("\n")
+    );
+}
+
+/// Remove the keys at `paths` (RFC 6901 pointers to object members) from `v`.
+fn remove(v: &mut serde_json::Value, paths: &[&str]) {
+    for p in paths {
+        let (parent, key) = p.rsplit_once('/').unwrap();
+        if let Some(serde_json::Value::Object(m)) = v.pointer_mut(parent) {
+            m.shift_remove(key);
+        }
+    }
+}
+
+#[tokio::test]
+async fn files_an_older_build_wrote_are_still_read_and_summarize_keeps_their_ending() {
+    let peer = Peer::start(echo_handler()).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, exit) = replay_plan(tmp.path(), &echo_plan(peer.url("/"), "keep-alive", 1, 4)).await;
+    assert_eq!(exit, matrix_proxy::cli::Exit::Ok);
+    // As a build before open loops and live metrics wrote them: no load, latency_from,
+    // service latency, open-loop or goodput keys, no runtime_threads, hold or shard; and
+    // the run was interrupted.
+    let mut summary = read_json(&run.join("summary.json"));
+    remove(
+        &mut summary,
+        &[
+            "/load",
+            "/definitions/open_loop",
+            "/definitions/goodput",
+            "/rows_encoded_during_rounds",
+        ],
+    );
+    for r in summary["rounds"].as_array_mut().unwrap() {
+        remove(
+            r,
+            &[
+                "/latency_from",
+                "/service_latency_seconds",
+                "/open_loop",
+                "/goodput",
+            ],
+        );
+    }
+    summary["ending"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), summary.to_string()).unwrap();
+    let mut config = read_json(&run.join("config.json"));
+    remove(
+        &mut config,
+        &[
+            "/extra/runtime_threads",
+            "/extra/metrics_listen",
+            "/extra/recording/record_hold_bytes",
+            "/shard",
+            "/contract",
+            "/effective_budget/sweep",
+        ],
+    );
+    std::fs::write(run.join("config.json"), config.to_string()).unwrap();
+    // The report reads it; summarize rebuilds it and keeps its ending (exit 1: not passed).
+    let out = bin().arg("report").arg(&run).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, stderr) = summarize(&run);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        read_json(&run.join("summary.json"))["ending"],
+        serde_json::json!("interrupted"),
+        "{stderr}"
+    );
+    assert_eq!(
+        read_json(&run.join("summary.orig.json"))["ending"],
+        serde_json::json!("interrupted")
     );
 }
 

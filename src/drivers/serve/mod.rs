@@ -49,7 +49,7 @@ use client::ClientConn;
 use live::{LiveCounters, stats_loop};
 
 /// What to do when the recorder's queue is full (`serve --on-record-full`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnRecordFull {
     /// Wait for the writer (back-pressure on the finished exchange, never on the response).
     Block,

@@ -69,7 +69,8 @@ pub(crate) struct ArmDoc {
     pub(crate) concurrency: BTreeMap<u64, Cell>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct RecipeDoc {
     pub(crate) runtime: String,
     pub(crate) weight_format: String,
@@ -77,7 +78,8 @@ pub(crate) struct RecipeDoc {
     pub(crate) device: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ArmLoad {
     pub(crate) artifact_bytes: Option<u64>,
     pub(crate) load_ms: Option<f64>,
@@ -133,7 +135,8 @@ pub(crate) struct DriftEntry {
 }
 
 /// What campaign.json's keys mean.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct CampaignDefinitions {
     pub(crate) cell: String,
     pub(crate) latency_ms: String,
@@ -161,5 +164,51 @@ impl CampaignDoc {
             .as_ref()
             .and_then(Option::as_ref)
             .map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_campaign_json_from_before_completeness_and_drift_reads_with_every_level_complete() {
+        // The golden campaign.json as written before cells recorded completeness and
+        // before drift existed.
+        let mut v: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../tests/golden/campaign-demo/campaign.json"
+        ))
+        .expect("the golden campaign.json");
+        let m = v.as_object_mut().expect("an object");
+        m.shift_remove("drift");
+        if let Some(serde_json::Value::Object(d)) = m.get_mut("definitions") {
+            d.shift_remove("complete");
+            d.shift_remove("drift");
+        }
+        for arm in m
+            .get_mut("arms")
+            .and_then(serde_json::Value::as_array_mut)
+            .expect("arms")
+        {
+            for cell in arm
+                .pointer_mut("/concurrency")
+                .and_then(serde_json::Value::as_object_mut)
+                .expect("cells")
+                .values_mut()
+            {
+                cell.as_object_mut()
+                    .expect("a cell")
+                    .shift_remove("complete");
+            }
+        }
+        let doc: CampaignDoc = serde_json::from_value(v).expect("an older campaign.json reads");
+        assert_eq!(doc.arms.len(), 3);
+        assert!(doc.drift.is_none());
+        assert!(
+            doc.arms
+                .iter()
+                .flat_map(|a| a.concurrency.values())
+                .all(|c| c.complete.is_none() && c.completed()),
+        );
     }
 }

@@ -4,8 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A run's config.json.
+/// A run's config.json. Read by its `command`: the rest of the keys are that command's
+/// (read leniently: a key a file was written without reads as its default).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "RawConfig")]
 pub(crate) struct Config {
     pub(crate) run_id: String,
     pub(crate) command: Command,
@@ -30,21 +32,73 @@ pub(crate) enum Command {
 }
 
 /// The command's own keys.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub(crate) enum Fields {
     Replay(Box<ReplayFields>),
     Serve(Box<ServeFields>),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// config.json as read: the common keys, and the command's as they come.
+#[derive(Deserialize)]
+struct RawConfig {
+    run_id: String,
+    command: Command,
+    #[serde(default)]
+    argv: Vec<String>,
+    #[serde(default)]
+    tool: Tool,
+    started_at: String,
+    #[serde(default)]
+    finished_at: Option<String>,
+    #[serde(default)]
+    host: Host,
+    #[serde(default)]
+    schema_version: String,
+    #[serde(default)]
+    clock: String,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
+
+    fn try_from(r: RawConfig) -> Result<Config, String> {
+        let rest = serde_json::Value::Object(r.rest);
+        let fields = match r.command {
+            Command::Replay => Fields::Replay(Box::new(
+                serde_json::from_value(rest).map_err(|e| format!("replay's keys: {e}"))?,
+            )),
+            Command::Serve => Fields::Serve(Box::new(
+                serde_json::from_value(rest).map_err(|e| format!("serve's keys: {e}"))?,
+            )),
+        };
+        Ok(Config {
+            run_id: r.run_id,
+            command: r.command,
+            argv: r.argv,
+            tool: r.tool,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            host: r.host,
+            schema_version: r.schema_version,
+            clock: r.clock,
+            fields,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Tool {
     pub(crate) name: String,
     pub(crate) version: String,
     pub(crate) binary_sha256: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Host {
     pub(crate) hostname: Option<String>,
     pub(crate) os: String,
@@ -55,7 +109,8 @@ pub(crate) struct Host {
 
 /// replay's keys: the plan, its effective budget and policies, what the flags set, and
 /// the contract and shard it was started with.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ReplayFields {
     pub(crate) plan_path: String,
     pub(crate) plan_sha256: String,
@@ -72,7 +127,8 @@ pub(crate) struct ReplayFields {
     pub(crate) shard: Option<ShardRecord>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Budget {
     pub(crate) requests_per_case: usize,
     pub(crate) concurrency: Vec<usize>,
@@ -88,7 +144,8 @@ pub(crate) struct Budget {
 }
 
 /// What replay's flags set beside the plan.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Extra {
     pub(crate) endpoint_override: Option<String>,
     pub(crate) grace_seconds: f64,
@@ -108,13 +165,15 @@ pub(crate) struct MockRecord {
     pub(crate) default_max_tokens: u32,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Auth {
     pub(crate) bearer_token_env: Option<String>,
     pub(crate) bearer_token_sent: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ReplayRecording {
     /// false under `--no-record`.
     pub(crate) exchanges: bool,
@@ -146,7 +205,8 @@ pub(crate) struct ShardRecord {
 }
 
 /// serve's keys.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ServeFields {
     pub(crate) listen: String,
     pub(crate) tls: bool,
@@ -163,7 +223,8 @@ pub(crate) struct ServeFields {
     pub(crate) timers: Timers,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Limits {
     pub(crate) max_header_bytes: usize,
     pub(crate) header_read_timeout_seconds: f64,
@@ -172,7 +233,8 @@ pub(crate) struct Limits {
     pub(crate) open_file_limit: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ServeRecording {
     pub(crate) max_record_body_bytes: usize,
     pub(crate) record_memory_bytes: usize,
@@ -184,7 +246,8 @@ pub(crate) struct ServeRecording {
 }
 
 /// What each timing column measures (serve has `downstream_done_us` too).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Timers {
     pub(crate) t0: String,
     pub(crate) connect_us: String,
@@ -195,6 +258,15 @@ pub(crate) struct Timers {
     pub(crate) total_us: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) downstream_done_us: Option<String>,
+}
+
+impl Command {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Command::Replay => "replay",
+            Command::Serve => "serve",
+        }
+    }
 }
 
 impl Config {

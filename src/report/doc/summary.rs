@@ -1,5 +1,9 @@
 //! `summary.json`: a replay's ([`Summary`]: every round, the aggregates per level, the
 //! excluded phases and the denominators) and a serve run's ([`ServeSummary`]).
+//!
+//! Read leniently: every key but `ending` may be absent (a file written before it
+//! existed reads as its default), so `summarize` keeps an older run's ending, and `report`
+//! and `compare` read older runs.
 
 use std::collections::BTreeMap;
 
@@ -34,17 +38,27 @@ impl Ending {
 /// A replay's summary.json.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Summary {
+    #[serde(default)]
     pub(crate) complete: bool,
+    #[serde(default)]
     pub(crate) failures: Failures,
+    #[serde(default)]
     pub(crate) rounds: Vec<Round>,
+    #[serde(default)]
     pub(crate) round_aggregates: Vec<RoundAggregate>,
+    #[serde(default)]
     pub(crate) excluded_phases: BTreeMap<Phase, ExcludedPhase>,
     pub(crate) ending: Ending,
+    #[serde(default)]
     pub(crate) planned_rounds: usize,
+    #[serde(default)]
     pub(crate) planned_requests: u64,
+    #[serde(default)]
     pub(crate) load: LoadNote,
+    #[serde(default)]
     pub(crate) definitions: Definitions,
     /// Rows the recorder wrote (or, rebuilt, the rows read back).
+    #[serde(default)]
     pub(crate) rows_written: u64,
     /// Absent under `--no-record`; null when the writer failed.
     #[serde(
@@ -75,7 +89,8 @@ pub(crate) struct Recording {
 }
 
 /// summary.json's `load`: the mode, `--sweep`, and what the sweep noted (only when it did).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct LoadNote {
     pub(crate) mode: String,
     pub(crate) sweep: Option<usize>,
@@ -93,7 +108,8 @@ pub(crate) struct ShardsNote {
 }
 
 /// An excluded phase's counts.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ExcludedPhase {
     pub(crate) attempted_requests: u64,
     pub(crate) successful_requests: u64,
@@ -101,7 +117,8 @@ pub(crate) struct ExcludedPhase {
 }
 
 /// One measured round.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Round {
     pub(crate) case: String,
     /// `null` for an open-loop round.
@@ -138,7 +155,8 @@ pub(crate) struct Round {
     pub(crate) arm: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct SteadyStateDoc {
     pub(crate) available: bool,
     pub(crate) reason: Option<String>,
@@ -151,7 +169,8 @@ pub(crate) struct SteadyStateDoc {
 }
 
 /// The generator's own load during the round.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Generator {
     pub(crate) cpu_seconds: f64,
     pub(crate) cpu_share: f64,
@@ -176,7 +195,8 @@ impl Generator {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct StreamDoc {
     pub(crate) requests: u64,
     pub(crate) ttft_seconds: Pct,
@@ -188,14 +208,16 @@ pub(crate) struct StreamDoc {
     pub(crate) prefill_tokens_per_second_mean: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct TokensPerSecond {
     pub(crate) per_request_mean: Option<f64>,
     pub(crate) aggregate: Option<f64>,
 }
 
 /// An open round's own numbers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct OpenLoop {
     pub(crate) target_rate_per_second: f64,
     pub(crate) achieved_rate_per_second: Option<f64>,
@@ -210,7 +232,8 @@ pub(crate) struct OpenLoop {
 }
 
 /// A round's goodput against the plan's `slo`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct GoodputDoc {
     pub(crate) good_requests: u64,
     pub(crate) good_requests_per_second: Option<f64>,
@@ -220,6 +243,7 @@ pub(crate) struct GoodputDoc {
 
 /// Per bound of the `slo`: `None` (null) when the plan has no such bound.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Missed<T> {
     pub(crate) ttft: Option<T>,
     pub(crate) tpot: Option<T>,
@@ -227,7 +251,8 @@ pub(crate) struct Missed<T> {
 }
 
 /// Per (arm, case, level): each metric's spread over the level's rounds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct RoundAggregate {
     pub(crate) case: String,
     pub(crate) concurrency: Option<usize>,
@@ -251,6 +276,16 @@ pub(crate) struct SpreadDoc {
     pub(crate) relative_spread: Option<f64>,
 }
 
+impl<T> Default for Missed<T> {
+    fn default() -> Missed<T> {
+        Missed {
+            ttft: None,
+            tpot: None,
+            e2e: None,
+        }
+    }
+}
+
 impl From<&Spread> for SpreadDoc {
     fn from(s: &Spread) -> SpreadDoc {
         SpreadDoc {
@@ -264,7 +299,8 @@ impl From<&Spread> for SpreadDoc {
 }
 
 /// What summary.json's keys mean.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Definitions {
     pub(crate) latency: String,
     pub(crate) open_loop: String,
@@ -396,17 +432,27 @@ impl Round {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct ServeSummary {
     pub(crate) ending: ServeEnding,
+    #[serde(default)]
     pub(crate) requests: u64,
+    #[serde(default)]
     pub(crate) successful_requests: u64,
+    #[serde(default)]
     pub(crate) failures: Failures,
+    #[serde(default)]
     pub(crate) rows_written: u64,
+    #[serde(default)]
     pub(crate) dropped_rows: u64,
+    #[serde(default)]
     pub(crate) recorder_backlog_peak_rows: u64,
     #[serde(default)]
     pub(crate) recorder_longest_slice_us: Option<u64>,
+    #[serde(default)]
     pub(crate) successful_latency_seconds: Pct,
+    #[serde(default)]
     pub(crate) routes: Vec<RouteDoc>,
+    #[serde(default)]
     pub(crate) record_error: Option<String>,
+    #[serde(default)]
     pub(crate) definitions: ServeDefinitions,
     /// Only in a summary `summarize` rebuilt from exchanges/.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -433,7 +479,8 @@ impl ServeEnding {
 }
 
 /// One route and status class of a serve run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct RouteDoc {
     pub(crate) route: String,
     pub(crate) status_class: String,
@@ -444,7 +491,8 @@ pub(crate) struct RouteDoc {
     pub(crate) stream: Option<RouteStreamDoc>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct RouteStreamDoc {
     pub(crate) requests: u64,
     pub(crate) ttft_seconds: Pct,
@@ -453,7 +501,8 @@ pub(crate) struct RouteStreamDoc {
     pub(crate) output_tokens_per_second_mean: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ServeDefinitions {
     pub(crate) latency: String,
     pub(crate) routes: String,

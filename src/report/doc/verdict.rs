@@ -9,24 +9,37 @@ pub(crate) const VERDICT_SCHEMA_VERSION: u64 = 1;
 /// A verdict (verdict.json, or compare.json's `verdict`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct VerdictDoc {
+    #[serde(default)]
     pub(crate) schema_version: u64,
+    #[serde(default)]
     pub(crate) plan_id: String,
+    #[serde(default)]
     pub(crate) run_id: Option<String>,
+    #[serde(default)]
     pub(crate) run_started_at: Option<String>,
+    #[serde(default)]
     pub(crate) run_ending: Option<String>,
+    #[serde(default)]
     pub(crate) run_note: Option<String>,
+    #[serde(default)]
     pub(crate) evaluated_at: String,
+    #[serde(default)]
     pub(crate) contract_sha256: String,
+    #[serde(default)]
     pub(crate) post_hoc: bool,
+    #[serde(default)]
     pub(crate) post_hoc_reason: Option<String>,
+    #[serde(default)]
     pub(crate) contract: ContractDoc,
+    #[serde(default)]
     pub(crate) evidence_class: Option<String>,
     #[serde(flatten)]
     pub(crate) evaluation: Evaluation,
 }
 
 /// The contract as the verdict records it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ContractDoc {
     pub(crate) path: String,
     pub(crate) contract_version: u64,
@@ -39,7 +52,8 @@ pub(crate) struct ContractDoc {
     pub(crate) thresholds: ThresholdsDoc,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ThresholdsDoc {
     pub(crate) quality_min_exact_match: f64,
     pub(crate) max_failed_requests: u64,
@@ -58,7 +72,8 @@ pub(crate) enum Evaluation {
 }
 
 /// The lanes' results, the verdict and every gate.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Gates {
     pub(crate) quality_lane_pass: bool,
     pub(crate) quality_lane_note: Option<String>,
@@ -72,7 +87,8 @@ pub(crate) struct Gates {
 }
 
 /// A performance-fit arm's gates at a glance.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct FitArm {
     pub(crate) arm: String,
     pub(crate) benefit: bool,
@@ -85,7 +101,8 @@ pub(crate) struct FitArm {
 }
 
 /// One gate over every arm it applies to.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct Gate {
     pub(crate) gate: String,
     pub(crate) threshold: Threshold,
@@ -100,6 +117,12 @@ pub(crate) struct Gate {
 pub(crate) enum Threshold {
     Count(u64),
     Ratio(f64),
+}
+
+impl Default for Threshold {
+    fn default() -> Threshold {
+        Threshold::Count(0)
+    }
 }
 
 impl std::fmt::Display for Threshold {
@@ -117,7 +140,8 @@ impl std::fmt::Display for Threshold {
 }
 
 /// One gate's result for one arm.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct ArmGate {
     pub(crate) arm: String,
     pub(crate) pass: bool,

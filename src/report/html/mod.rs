@@ -163,7 +163,7 @@ fn provenance(r: &RunInput) -> Rows {
     let mut h = Rows::new();
     row(&mut h, "run directory", &r.dir);
     row(&mut h, "run id", &c.run_id);
-    row(&mut h, "command", command_name(c.command));
+    row(&mut h, "command", c.command.as_str());
     row(
         &mut h,
         "started / finished",
@@ -200,13 +200,6 @@ fn provenance(r: &RunInput) -> Rows {
         _ => {}
     }
     h
-}
-
-fn command_name(c: Command) -> &'static str {
-    match c {
-        Command::Replay => "replay",
-        Command::Serve => "serve",
-    }
 }
 
 fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
