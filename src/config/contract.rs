@@ -9,8 +9,10 @@ use super::plan::{PlanError, Validator, join, read_document};
 /// The contract versions this build reads.
 pub(crate) const CONTRACT_VERSION: u64 = 1;
 
-/// The gates' thresholds (each optional in the file, with these defaults).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The gates' thresholds (each optional in the file, with these defaults); verdict.json
+/// records them with these keys.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub(crate) struct Thresholds {
     /// Every non-reference quality-lane arm's exact-match rate must be at least this.
     pub(crate) quality_min_exact_match: f64,

@@ -214,33 +214,17 @@ pub(crate) fn rebuild_replay(
     if let Some(o) = original {
         carry_generator(&mut rounds, o);
     }
-    let ending = replay_ending(original, finished, failures);
-    let aggregates = super::aggregates(plan, shape, &rounds);
     let notes: Vec<String> = original.map(|o| o.load.notes.clone()).unwrap_or_default();
-    let m = super::Measured {
-        shape,
-        rounds: &rounds,
-        aggregates: &aggregates,
-        excluded: &excluded,
-        ending,
-        failures,
-        notes: &notes,
-    };
-    let summary = super::summary(
+    let ending = replay_ending(original, finished, failures);
+    rebuilt(
         plan,
-        &m,
-        Recording {
-            rows_written: facts.len() as u64,
-            rebuilt_from_exchanges: Some(true),
-            ..Recording::default()
-        },
-    );
-    let table = super::table(plan, &rounds, &aggregates, &excluded);
-    Rebuilt {
-        summary,
-        rounds,
-        table,
-    }
+        shape,
+        (rounds, excluded, failures),
+        ending,
+        &notes,
+        None,
+        facts.len(),
+    )
 }
 
 /// A sharded run's shards merged onto one timeline: `facts` are every shard's rows, moved
@@ -249,17 +233,6 @@ pub(crate) fn merge_shards(run: &FinishedRun, facts: &[RowFacts]) -> Result<Rebu
     let plan = run.replay_plan()?;
     // Every round whole; every shard ran its own health check, readiness and warm-up.
     let shape = run.shape();
-    let (rounds, excluded, failures) = rounds_from_rows(plan, shape, facts);
-    let aggregates = super::aggregates(plan, shape, &rounds);
-    let m = super::Measured {
-        shape,
-        rounds: &rounds,
-        aggregates: &aggregates,
-        excluded: &excluded,
-        ending: run.shards_ending(),
-        failures,
-        notes: &[],
-    };
     let shards = ShardsNote {
         count: run.shards.len(),
         start_at: run
@@ -270,24 +243,56 @@ pub(crate) fn merge_shards(run: &FinishedRun, facts: &[RowFacts]) -> Result<Rebu
         run_ids: run.shards.iter().map(|s| s.config.run_id.clone()).collect(),
         timeline: "start_offset_us and scheduled_offset_us of every shard moved to microseconds from start_at; each shard's own summary (with its generator load) is in shards/I/summary.json".into(),
     };
+    let measured = rounds_from_rows(plan, shape, facts);
+    let ending = run.shards_ending();
+    Ok(rebuilt(
+        plan,
+        shape,
+        measured,
+        ending,
+        &[],
+        Some(shards),
+        facts.len(),
+    ))
+}
+
+/// The summary and table of rounds rebuilt from `rows` rows.
+fn rebuilt(
+    plan: &Plan,
+    shape: Shape,
+    (rounds, excluded, failures): (Vec<RoundMetrics>, BTreeMap<Phase, PhaseCounts>, u64),
+    ending: Ending,
+    notes: &[String],
+    shards: Option<ShardsNote>,
+    rows: usize,
+) -> Rebuilt {
+    let aggregates = super::aggregates(plan, shape, &rounds);
+    let m = super::Measured {
+        shape,
+        rounds: &rounds,
+        aggregates: &aggregates,
+        excluded: &excluded,
+        ending,
+        failures,
+        notes,
+    };
     let summary = super::summary(
         plan,
         &m,
         Recording {
-            rows_written: facts.len() as u64,
+            rows_written: rows as u64,
             rebuilt_from_exchanges: Some(true),
-            shards: Some(shards),
+            shards,
             ..Recording::default()
         },
     );
     let table = super::table(plan, &rounds, &aggregates, &excluded);
-    Ok(Rebuilt {
+    Rebuilt {
         summary,
         rounds,
         table,
-    })
+    }
 }
-
 /// A serve run's summary rebuilt from its rows, with what only the live run knew (rows
 /// dropped, the recorder's longest slice, the ending) carried over from its own summary.
 pub(crate) fn rebuild_serve(

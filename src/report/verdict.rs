@@ -7,7 +7,7 @@
 
 use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
 use super::doc::verdict::{
-    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, Threshold, ThresholdsDoc,
+    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, Threshold,
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
 use crate::config::campaign::Lane;
@@ -396,14 +396,7 @@ pub(crate) fn verdict_doc(campaign: &CampaignDoc, p: &Provenance<'_>) -> Verdict
             plan_id: c.plan_id.clone(),
             baseline: c.baseline.clone(),
             stop_condition: c.stop_condition.clone(),
-            thresholds: ThresholdsDoc {
-                quality_min_exact_match: t.quality_min_exact_match,
-                max_failed_requests: t.max_failed_requests,
-                fit_min_memory_reduction: t.fit_min_memory_reduction,
-                fit_min_decode_speedup: t.fit_min_decode_speedup,
-                max_p95_latency_ratio: t.max_p95_latency_ratio,
-                min_decode_ratio: t.min_decode_ratio,
-            },
+            thresholds: *t,
         },
         evidence_class: campaign.evidence_class.clone(),
         evaluation: evaluate(campaign, t),

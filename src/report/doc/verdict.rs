@@ -49,18 +49,7 @@ pub(crate) struct ContractDoc {
     /// The contract's own `baseline` and `stop_condition`, echoed.
     pub(crate) baseline: serde_json::Value,
     pub(crate) stop_condition: serde_json::Value,
-    pub(crate) thresholds: ThresholdsDoc,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub(crate) struct ThresholdsDoc {
-    pub(crate) quality_min_exact_match: f64,
-    pub(crate) max_failed_requests: u64,
-    pub(crate) fit_min_memory_reduction: f64,
-    pub(crate) fit_min_decode_speedup: f64,
-    pub(crate) max_p95_latency_ratio: f64,
-    pub(crate) min_decode_ratio: f64,
+    pub(crate) thresholds: crate::config::contract::Thresholds,
 }
 
 /// What the gates concluded, or why they could not be evaluated.
