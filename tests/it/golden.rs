@@ -308,6 +308,21 @@ fn campaign(tmp: &Path) -> Vec<String> {
         &again,
         &["compare.json", "verdict.json"],
     ));
+    // Without recording: no drift, and campaign.json says why.
+    let bare = tmp.join("campaign-no-record");
+    run_bin(&[
+        "replay",
+        "plans/campaign-demo.json",
+        "--no-record",
+        "--quiet",
+        "--out",
+        s(&bare),
+    ]);
+    d.extend(check(
+        "campaign-no-record",
+        &bare,
+        &["config.json", "summary.json", "campaign.json"],
+    ));
     d
 }
 
