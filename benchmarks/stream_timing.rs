@@ -11,6 +11,24 @@ use std::sync::atomic::AtomicBool;
 
 use arrow_array::{Array, BinaryArray, Int64Array, ListArray};
 use matrix_proxy::cli::{self, ReplayArgs};
+
+/// `matrix-proxy replay --quiet --out OUT PLAN` as clap parses it.
+fn replay_args(plan: &std::path::Path, out: &std::path::Path) -> ReplayArgs {
+    use clap::Parser;
+    let parsed = cli::Cli::try_parse_from([
+        "matrix-proxy",
+        "replay",
+        "--quiet",
+        "--out",
+        out.to_str().expect("a UTF-8 temporary path"),
+        plan.to_str().expect("a UTF-8 temporary path"),
+    ])
+    .expect("replay's flags");
+    match parsed.command {
+        cli::Command::Replay(a) => a,
+        _ => unreachable!("a replay command line"),
+    }
+}
 use matrix_proxy::{MockConfig, MockWorker, generate_text};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
@@ -69,31 +87,7 @@ async fn run(requests: u64) {
     std::fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
     let out = tmp.path().join("run");
     let exit = cli::replay_cmd(
-        ReplayArgs {
-            plan: plan_path,
-            endpoint: None,
-            mock_worker: false,
-            bearer_token_env: None,
-            ca_cert: None,
-            no_record: false,
-            contract: None,
-            record_hold: None,
-            sweep: None,
-            shard: None,
-            start_at: None,
-            run: cli::RunFlags {
-                out: Some(out.clone()),
-                max_record_body: 16 << 20,
-                quiet: true,
-                json: false,
-                metrics_listen: None,
-                part_rows: 100_000,
-                part_seconds: 60.0,
-                grace_seconds: Some(5.0),
-                threads: None,
-            },
-            mock: Default::default(),
-        },
+        replay_args(&plan_path, &out),
         Arc::new(AtomicBool::new(false)),
     )
     .await;

@@ -128,25 +128,6 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
 mod tests {
     use super::*;
     use crate::drift::Key;
-    use serde_json::{Value, json};
-
-    /// [`super::entry`] as campaign.json holds it (`lane` as its name).
-    fn entry(
-        name: &str,
-        lane: &str,
-        reference: &str,
-        r: &Answers,
-        a: &Answers,
-        opts: &Options<'_>,
-    ) -> Value {
-        let lane = if lane == "quality" {
-            Lane::Quality
-        } else {
-            Lane::PerformanceFit
-        };
-        serde_json::to_value(super::entry(name, lane, reference, r, a, opts))
-            .expect("an entry serializes")
-    }
 
     fn answers(texts: &[&str]) -> Answers {
         Answers {
@@ -186,7 +167,7 @@ mod tests {
         let reference = answers(&["the capital is Paris", "4"]);
         let e = entry(
             "twin",
-            "quality",
+            Lane::Quality,
             "ref",
             &reference,
             &answers(&["the capital is Paris", "4"]),
@@ -194,37 +175,29 @@ mod tests {
         );
         assert_eq!(
             (
-                &e["compared_prompts"],
-                &e["exact_match_rate"],
-                &e["mean_similarity"],
-                &e["advisory"]
+                e.drift.compared_prompts,
+                e.drift.exact_match_rate,
+                e.drift.mean_similarity,
+                e.advisory
             ),
-            (&json!(2), &json!(1.0), &json!(1.0), &json!(false))
+            (2, Some(1.0), Some(1.0), false)
         );
         // Paris vs Lyon in the performance-fit lane.
         let reference = answers(&["the capital is Paris"]);
         let e = entry(
             "q4",
-            "performance-fit",
+            Lane::PerformanceFit,
             "ref",
             &reference,
             &answers(&["the capital is Lyon"]),
             opts,
         );
-        assert_eq!(
-            (&e["exact_match_rate"], &e["advisory"]),
-            (&json!(0.0), &json!(true))
-        );
-        let sim = e["mean_similarity"].as_f64().expect("similarity");
+        assert_eq!((e.drift.exact_match_rate, e.advisory), (Some(0.0), true));
+        let sim = e.drift.mean_similarity.expect("similarity");
         assert!(sim > 0.0 && sim < 1.0, "{sim}");
-        assert_eq!(e["prompts"][0]["first_divergence_char"], json!(15));
-        assert_eq!(
-            (
-                &e["prompts"][0]["reference_chars"],
-                &e["prompts"][0]["arm_chars"]
-            ),
-            (&json!(20), &json!(19))
-        );
+        let p = &e.drift.prompts[0];
+        assert_eq!(p.first_divergence_char, Some(15));
+        assert_eq!((p.reference_chars, p.arm_chars), (20, 19));
     }
 
     #[test]
@@ -237,14 +210,14 @@ mod tests {
         let mut arm = answers(&["a", "b"]);
         let (key, _) = arm.by_key.pop_last().expect("two answers");
         arm.truncated.insert(key);
-        let e = entry("x", "quality", "ref", &reference, &arm, opts);
+        let e = entry("x", Lane::Quality, "ref", &reference, &arm, opts);
         assert_eq!(
             (
-                &e["compared_prompts"],
-                &e["truncated_answers_left_out"],
-                &e["unpaired_reference_answers"]
+                e.drift.compared_prompts,
+                e.drift.truncated_answers_left_out,
+                e.drift.unpaired_reference_answers
             ),
-            (&json!(1), &json!(1), &json!(0))
+            (1, 1, 0)
         );
     }
 }

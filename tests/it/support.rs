@@ -244,31 +244,22 @@ pub fn write_plan(dir: &Path, name: &str, plan: &Value) -> PathBuf {
     p
 }
 
+/// `matrix-proxy replay --quiet --out OUT PLAN` as clap parses it (every other flag at
+/// its default).
 pub fn replay_args(plan: &Path, out: &Path) -> ReplayArgs {
-    ReplayArgs {
-        plan: plan.to_path_buf(),
-        endpoint: None,
-        mock_worker: false,
-        bearer_token_env: None,
-        ca_cert: None,
-        no_record: false,
-        contract: None,
-        record_hold: None,
-        sweep: None,
-        shard: None,
-        start_at: None,
-        run: cli::RunFlags {
-            out: Some(out.to_path_buf()),
-            max_record_body: 16 << 20,
-            quiet: true,
-            json: false,
-            metrics_listen: None,
-            part_rows: 100_000,
-            part_seconds: 60.0,
-            grace_seconds: Some(5.0),
-            threads: None,
-        },
-        mock: Default::default(),
+    use clap::Parser;
+    let cli = cli::Cli::try_parse_from([
+        "matrix-proxy",
+        "replay",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+        plan.to_str().unwrap(),
+    ])
+    .unwrap();
+    match cli.command {
+        cli::Command::Replay(a) => a,
+        _ => unreachable!(),
     }
 }
 
