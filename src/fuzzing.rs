@@ -4,6 +4,7 @@
 //! (`tests/it/fuzz_corpus.rs`), so a finding stays fixed.
 
 use crate::config::plan::Plan;
+use crate::config::shape::Shape;
 use crate::oracle::{Oracle, Pointer};
 use crate::sse::{Event, SseParser};
 
@@ -11,7 +12,7 @@ use crate::sse::{Event, SseParser};
 pub fn plan(data: &[u8]) {
     if let Ok(p) = Plan::from_json_bytes(data) {
         // A plan that validates can be described and counted.
-        let _ = p.planned_requests();
+        let _ = Shape::Plain.planned_requests(&p);
         for c in &p.cases {
             let _ = c.endpoint.url();
         }

@@ -913,6 +913,130 @@ fn table_cycle(table: &[Row]) -> Option<Vec<&'static str>> {
         .find_map(|(m, _)| visit(table, m, &mut done, &mut Vec::new()))
 }
 
+// ------------------------------------------------------------------------------ file level
+
+/// Files that import nothing else from their own folder (a folder's shared vocabulary or
+/// state, so the files beside them can all use it without a circle).
+const LEAF_FILES: &[&str] = &[
+    "src/config/json.rs",
+    "src/config/types.rs",
+    "src/cli/args.rs",
+    "src/drivers/replay/ctx.rs",
+    "src/drivers/serve/state.rs",
+];
+
+const FILE_CYCLE_HINT: &str = "Files must import each other one way only: move what both \
+    need into a file that imports neither (a folder's leaf, as listed in LEAF_FILES), or pass \
+    it in from the caller.";
+
+/// Which file a module lives in: its own, or (an inline module) the file around it.
+fn file_of<'a>(files: &'a BTreeMap<Vec<String>, String>, module: &[String]) -> Option<&'a str> {
+    (0..=module.len())
+        .rev()
+        .find_map(|n| files.get(&module[..n]).map(String::as_str))
+}
+
+/// The file-level import graph of non-test code: `file -> {(file it imports, first line)}`.
+/// An import counts toward the file where the item lives (after re-exports), not the
+/// modules its path merely passes through.
+fn file_graph(model: &Model) -> BTreeMap<String, BTreeMap<String, (usize, String)>> {
+    let files: BTreeMap<Vec<String>, String> = model
+        .files
+        .iter()
+        .filter(|f| !f.test)
+        .map(|f| (f.module.clone(), f.path.clone()))
+        .collect();
+    let mut graph: BTreeMap<String, BTreeMap<String, (usize, String)>> = BTreeMap::new();
+    for (file, mention, target) in model.mentions() {
+        let Some(written) = target.internal() else {
+            continue;
+        };
+        let touched = model.touched(&written, 0);
+        let deepest = touched.iter().filter(|t| {
+            !touched
+                .iter()
+                .any(|u| u.len() > t.len() && u.starts_with(t))
+        });
+        for to in deepest.filter_map(|t| file_of(&files, t)) {
+            if to != file.path {
+                let edges = graph.entry(file.path.clone()).or_default();
+                let how = (mention.line, mention.shown.clone());
+                edges.entry(to.to_string()).or_insert(how);
+            }
+        }
+    }
+    graph
+}
+
+/// Every group of files that import each other in a circle, each as `a -> b -> a` with
+/// the line that makes each step.
+fn file_cycles(model: &Model) -> Vec<String> {
+    let graph = file_graph(model);
+    let reach = |from: &str| {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![from.to_string()]);
+        while let Some(f) = todo.pop() {
+            for to in graph.get(&f).into_iter().flat_map(|e| e.keys()) {
+                if seen.insert(to.clone()) {
+                    todo.push(to.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|f| (f, reach(f))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for (f, r) in &reaches {
+        if done.contains(*f) || !r.contains(*f) {
+            continue;
+        }
+        let group: BTreeSet<&String> = reaches
+            .iter()
+            .filter(|(g, gr)| gr.contains(*f) && r.contains(**g))
+            .map(|(g, _)| *g)
+            .collect();
+        let mut steps = Vec::new();
+        for a in &group {
+            for (b, (line, shown)) in graph.get(*a).into_iter().flatten() {
+                if group.contains(b) {
+                    steps.push(format!("{a}:{line} -> {b} ({shown})"));
+                }
+            }
+        }
+        done.extend(group.iter().map(|g| (*g).clone()));
+        let names: Vec<&str> = group.iter().map(|g| g.as_str()).collect();
+        out.push(format!(
+            "{}\n    {}",
+            names.join(" <-> "),
+            steps.join("\n    ")
+        ));
+    }
+    out
+}
+
+/// The folder of a file (`src/a/b.rs` and `src/a/mod.rs` are both in `src/a`).
+fn folder(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
+/// Each of `leaves` exists and imports no other file of its folder.
+fn leaf_violations(model: &Model, leaves: &[&str]) -> Vec<String> {
+    let graph = file_graph(model);
+    let mut out = Vec::new();
+    for leaf in leaves {
+        if !model.files.iter().any(|f| f.path == *leaf) {
+            out.push(format!("{leaf}: named in LEAF_FILES but not in src/"));
+        }
+        for (to, (line, shown)) in graph.get(*leaf).into_iter().flatten() {
+            if folder(to) == folder(leaf) {
+                out.push(format!("{leaf}:{line}: imports {to} ({shown})"));
+            }
+        }
+    }
+    out
+}
+
 // ------------------------------------------------------------------------------- real tree
 
 /// Every `.rs` file under `root/src`, as (path relative to `root` with `/`, text).
@@ -1003,6 +1127,21 @@ fn config_opens_no_files_or_sockets() {
 fn no_function_is_longer_than_120_lines() {
     let found = long_functions(&real_tree(), MAX_FN_LINES);
     assert_clean("function length", FN_HINT, &found);
+}
+
+#[test]
+fn files_import_each_other_one_way_only() {
+    assert_clean(
+        "file-level circles",
+        FILE_CYCLE_HINT,
+        &file_cycles(&real_tree()),
+    );
+}
+
+#[test]
+fn leaf_files_import_nothing_from_their_folder() {
+    let found = leaf_violations(&real_tree(), LEAF_FILES);
+    assert_clean("leaf files", FILE_CYCLE_HINT, &found);
 }
 
 // -------------------------------------------------------------------------- synthetic trees

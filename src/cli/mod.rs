@@ -26,6 +26,7 @@ pub use summarize::summarize_cmd;
 use crate::clock;
 use crate::config::flags;
 use crate::config::plan::Plan;
+use crate::config::shape::Shape;
 use crate::drivers::RunContext;
 use crate::engine::Engine;
 use crate::mock::{MockConfig, MockWorker};
@@ -685,7 +686,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
             plan.load.rates_per_second,
             plan.load.to_json(),
             plan.repetitions,
-            plan.planned_requests(),
+            Shape::Plain.planned_requests(&plan),
             plan.connection.as_str()
         );
         return Ok(Exit::Ok);
@@ -698,7 +699,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.concurrency,
         plan.requests_per_case,
         plan.repetitions,
-        plan.planned_requests(),
+        Shape::Plain.planned_requests(&plan),
         plan.connection.as_str()
     );
     if let Some(c) = &plan.campaign {

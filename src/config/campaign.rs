@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::plan::{Validator, join};
+use super::json::{Validator, join};
 use crate::model::Endpoint;
 
 /// An arm's lane (written as [`Lane::as_str`] says).

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::plan::{PlanError, Validator, join, read_document};
+use super::json::{PlanError, Validator, join, read_document};
 
 /// The contract versions this build reads.
 pub(crate) const CONTRACT_VERSION: u64 = 1;

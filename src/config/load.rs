@@ -5,10 +5,15 @@
 
 use serde_json::{Map, Value};
 
-use super::plan::{MAX_REQUESTS_PER_CASE, Validator};
+use super::json::Validator;
 use crate::arrival::{self, Arrival, Extent};
 use crate::model::Slo;
 use crate::oracle::json_kind;
+
+/// The most requests a round may plan: its samples are kept in memory for exact nearest
+/// rank (about 100 bytes each, plus 8 per streamed token), so 10 million is about 1 GB.
+/// The same bound as an open round's arrivals.
+pub(crate) const MAX_REQUESTS_PER_CASE: usize = crate::arrival::MAX_ARRIVALS;
 
 /// Closed loop (c workers, each sends its next request when the last ends) or open loop
 /// (requests sent at scheduled instants, whatever the worker does).

@@ -6,9 +6,13 @@
 //! file or a socket, and nothing after validation re-checks.
 
 pub(crate) mod campaign;
+mod cases;
 pub(crate) mod contract;
 pub(crate) mod flags;
+pub(crate) mod json;
 pub(crate) mod load;
+mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
+mod walk;
 pub(crate) mod workload;

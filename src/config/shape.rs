@@ -3,8 +3,9 @@
 //! (`--shard I/N`), or the shards merged again by `summarize`. A sweep and a shard
 //! together cannot be represented; each constructor checks the plan it shapes.
 
-use super::load::Mode;
+use super::load::{Mode, shard_share};
 use super::plan::Plan;
+use crate::model::Level;
 
 /// How one run shapes its plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,5 +78,47 @@ impl Shape {
             Shape::Merged { count } => count as u64,
             _ => 1,
         }
+    }
+
+    /// The health GET, readiness and warm-up of `plan`, as every process of the run (every shard of
+    /// a merged run) sent them first.
+    pub(crate) fn prelude_requests(self, plan: &Plan) -> u64 {
+        let once = 1 + plan
+            .cases
+            .iter()
+            .map(|c| c.variants.len() as u64 * (1 + plan.warmup_per_case as u64))
+            .sum::<u64>();
+        once * self.preludes()
+    }
+
+    /// Requests `plan` implies as this shape runs it, health GET included. An open loop's
+    /// rounds are counted from their seeded schedules (a shard's: its share of them).
+    pub(crate) fn planned_requests(self, plan: &Plan) -> u64 {
+        let n = plan.requests_per_case as u64;
+        if let Some(rates) = self.sweep_rates() {
+            // Before the run the sweep's rates are unknown: at most n a feasibility wave.
+            let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
+            let per_case =
+                1 + n + max_c.min(n) + n + rates as u64 * (n + plan.repetitions as u64 * n);
+            return self.prelude_requests(plan) + plan.cases.len() as u64 * per_case;
+        }
+        let mut total = self.prelude_requests(plan);
+        for ci in 0..plan.cases.len() {
+            for (li, level) in plan.levels().into_iter().enumerate() {
+                total += match level {
+                    Level::Concurrency(c) => {
+                        (c.min(plan.requests_per_case)) as u64 + plan.repetitions as u64 * n
+                    }
+                    Level::Rate(r) => (0..plan.repetitions)
+                        .map(Some)
+                        .chain([None])
+                        .map(|rep| {
+                            shard_share(plan.load.schedule(r, ci, li, rep).len(), self.shard_of())
+                        })
+                        .sum(),
+                };
+            }
+        }
+        total
     }
 }

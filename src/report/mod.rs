@@ -126,11 +126,11 @@ pub(crate) fn sweep_rounds(plan: &Plan, l: Level) -> usize {
 /// a rate never placed counts its feasibility wave at its bound, `requests_per_case`).
 pub(crate) fn planned_requests(plan: &Plan, shape: Shape, rounds: &[RoundMetrics]) -> u64 {
     let Some(sweep) = shape.sweep_rates() else {
-        return plan.planned_requests_as(shape);
+        return shape.planned_requests(&plan);
     };
     let n = plan.requests_per_case as u64;
     let reps = plan.repetitions as u64;
-    let mut total = plan.prelude_requests(shape);
+    let mut total = shape.prelude_requests(plan);
     for (ci, case) in plan.cases.iter().enumerate() {
         let max_c = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
         total += 1 + n + max_c.min(n) + n;

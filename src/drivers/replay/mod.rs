@@ -314,7 +314,7 @@ pub(crate) async fn run(
         grace: opts.grace,
         failures: AtomicU64::new(0),
         first_failure: std::sync::OnceLock::new(),
-        progress: progress_bar(opts.quiet, plan.planned_requests_as(opts.shape) * arm_count),
+        progress: progress_bar(opts.quiet, opts.shape.planned_requests(&plan) * arm_count),
         shape: opts.shape,
         halted: AtomicBool::new(false),
         timetable: opts.shard_start_ns.map(|start_ns| Timetable {
