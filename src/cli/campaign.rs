@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::{CliError, Exit, report_error, tool, usage};
+use super::io::{CliError, Exit, print_stdout, report_error, tool, usage};
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
 use crate::record::rundir::{self, VERDICT, VERDICT_POST_HOC};
@@ -135,7 +135,7 @@ pub(crate) fn verdict_cmd(
     };
     let path = out.map_or_else(|| dir.join(default), Path::to_path_buf);
     write_json(&path, &v)?;
-    super::print_stdout(&verdict::verdict_text(&v), "the verdict", dir).map_err(tool)?;
+    print_stdout(&verdict::verdict_text(&v), "the verdict", dir).map_err(tool)?;
     eprintln!("matrix-proxy: verdict written to {}", path.display());
     Ok(Exit::Ok)
 }
@@ -190,7 +190,7 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
     }
     let out = args.out;
     write_json(out, &doc)?;
-    super::print_stdout(&text, "the comparison", out).map_err(tool)?;
+    print_stdout(&text, "the comparison", out).map_err(tool)?;
     eprintln!("matrix-proxy: comparison written to {}", out.display());
     Ok(Exit::Ok)
 }

@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use super::{CliError, usage};
+use super::io::{CliError, usage};
 use crate::drivers::RunContext;
 use crate::record::Recorder;
 use crate::telemetry::{Kind, Telemetry};

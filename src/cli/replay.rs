@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use super::{
-    CliError, Exit, ReplayArgs, create_run_dir, load_plan, read_token, run_id, seconds, tool, usage,
+use super::args::{REPLAY_GRACE_SECONDS, ReplayArgs};
+use super::io::{
+    CliError, Exit, argv, create_run_dir, load_plan, print_json, print_stdout, read_token, run_id,
+    runtime_threads, seconds, tool, usage,
 };
 use crate::clock;
 use crate::config::contract::Contract;
@@ -182,11 +184,9 @@ impl ReplayRun {
         flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
         seconds("--part-seconds", args.run.part_seconds)?;
         open_files_for(&plan, shape, args.mock_worker)?;
-        let grace = flags::seconds_or_zero(
-            "--grace-seconds",
-            args.run.grace_or(super::REPLAY_GRACE_SECONDS),
-        )
-        .map_err(usage)?;
+        let grace =
+            flags::seconds_or_zero("--grace-seconds", args.run.grace_or(REPLAY_GRACE_SECONDS))
+                .map_err(usage)?;
         let engine = Engine::new(
             need_tls,
             &TlsOptions {
@@ -382,7 +382,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
     let rid = run_id(started_at_us);
     let extra = Extra {
         endpoint_override: args.endpoint.as_deref().map(config_json::redacted),
-        grace_seconds: args.run.grace_or(super::REPLAY_GRACE_SECONDS),
+        grace_seconds: args.run.grace_or(REPLAY_GRACE_SECONDS),
         mock_worker: input.mock.as_ref().map(|(m, mock_config)| MockRecord {
             url: m.url(),
             prefill_ms: mock_config.prefill_ms,
@@ -390,7 +390,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
             max_batch: mock_config.max_batch,
             default_max_tokens: mock_config.default_max_tokens,
         }),
-        runtime_threads: super::runtime_threads(args.run.threads),
+        runtime_threads: runtime_threads(args.run.threads),
         metrics_listen: super::metrics_http::address(input.metrics.as_ref()),
         auth: Auth {
             bearer_token_env: token_env.clone(),
@@ -440,7 +440,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
         },
     );
     let config = config_json::config(
-        &super::argv(&crate::redact::Redaction::default()),
+        &argv(&crate::redact::Redaction::default()),
         &rid,
         started_at_us,
         fields,
@@ -634,14 +634,14 @@ fn reports(
         problems.push(e.to_string());
     }
     if args.run.json
-        && let Err(e) = super::print_json(&summary, &dir.path)
+        && let Err(e) = print_json(&summary, &dir.path)
     {
         problems.push(e);
     }
     if !args.run.quiet {
         let table = report::table(plan, &result.rounds, &aggregates, &result.excluded);
         if !args.run.json
-            && let Err(e) = super::print_stdout(&(table + &campaign_text), "the table", &dir.path)
+            && let Err(e) = print_stdout(&(table + &campaign_text), "the table", &dir.path)
         {
             problems.push(e);
         }

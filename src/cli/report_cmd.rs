@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{CliError, Exit, report_error, tool, usage};
+use super::io::{CliError, Exit, report_error, tool, usage};
 use crate::clock;
 use crate::record::rundir::{REPORT, SUMMARY, write_bytes_at};
 use crate::report::html::{self, RunInput};

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use super::{CliError, Exit, report_error, tool, usage};
+use super::io::{CliError, Exit, print_json, print_stdout, report_error, tool, usage};
 use crate::record::rundir::{ROUNDS, ROUNDS_ORIG, RunDir, SUMMARY, SUMMARY_ORIG};
 use crate::report::doc::config::Command;
 use crate::report::doc::summary::{ServeEnding, ServeSummary, Summary};
@@ -143,9 +143,9 @@ fn write_and_show<T: serde::Serialize>(
         .write_json(SUMMARY, s)
         .map_err(|e| tool(e.to_string()))?;
     if json {
-        super::print_json(s, dir).map_err(tool)?;
+        print_json(s, dir).map_err(tool)?;
     } else if !quiet {
-        super::print_stdout(&table(), "the table", dir).map_err(tool)?;
+        print_stdout(&table(), "the table", dir).map_err(tool)?;
     }
     Ok(())
 }

@@ -1,0 +1,438 @@
+//! The command line's shapes (clap): every command, its flags and their defaults, and the
+//! exit codes a command ends with. Nothing here reads a file or binds a socket; the
+//! commands (`mod.rs`, `replay.rs`, `serve.rs`, ...) act on what was parsed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::io::{CliError, usage};
+use crate::config::flags;
+use crate::mock::MockConfig;
+use crate::model::ConnectionPolicy;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "matrix-proxy",
+    version,
+    about = "Record and benchmark HTTP traffic to model servers",
+    long_about = "Record and benchmark HTTP traffic to model servers.\n\nExit codes: 0 success, 1 a failure was recorded, 2 unusable input, 3 tool error, 130 interrupted."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Validate a plan completely (no network, no output files).
+    Validate {
+        /// The plan (JSON, schema v1).
+        plan: PathBuf,
+    },
+    /// Replay a frozen plan against a worker and record every exchange.
+    Replay(ReplayArgs),
+    /// Run the recording reverse proxy in front of a live worker.
+    Serve(ServeArgs),
+    /// Run the built-in OpenAI-compatible mock worker.
+    MockWorker(MockArgs),
+    /// Rebuild rounds.parquet and summary.json of a run from its exchanges/ (also after a crash).
+    Summarize {
+        /// The run directory.
+        dir: PathBuf,
+        /// No table.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print the rebuilt summary.json to stdout (one JSON document) instead of the
+        /// table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one self-contained HTML report (charts with the numbers they draw) of one or
+    /// more runs.
+    Report {
+        /// Run directories (replay, campaign or serve); several are overlaid, labelled by
+        /// their folder names.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
+        /// Where to write it. Default: RUN/report.html for one run; needed for several.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Print a shell completion script (e.g. `matrix-proxy completions bash >
+    /// /etc/bash_completion.d/matrix-proxy`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Quarantine a crashed run's unfinished Parquet part and count the rows it held.
+    Recover {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// Evaluate a contract's gates on a finished campaign run (post hoc unless the run was
+    /// started with this contract).
+    Verdict {
+        /// The campaign run directory.
+        dir: PathBuf,
+        /// The contract (contract.json).
+        #[arg(long, value_name = "FILE")]
+        contract: PathBuf,
+        /// Where to write it. Default: RUN/verdict.json, or RUN/verdict.post-hoc.json when
+        /// the contract is not the one the run was started with.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Compare two runs of one workload: drift of B's answers against A's and every
+    /// metric's delta with both runs' spreads.
+    Compare {
+        /// The baseline run (its answers are the reference).
+        run_a: PathBuf,
+        /// The run compared with it.
+        run_b: PathBuf,
+        /// Also evaluate this contract (A's side as the reference, B's as the candidate).
+        #[arg(long, value_name = "FILE")]
+        contract: Option<PathBuf>,
+        /// The lane of run B when it is not a campaign (a campaign arm keeps its own).
+        #[arg(long, value_enum, default_value_t = LaneArg::PerformanceFit)]
+        lane: LaneArg,
+        /// Where to write compare.json.
+        #[arg(long, value_name = "FILE", default_value = "compare.json")]
+        out: PathBuf,
+    },
+}
+
+/// A lane on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum LaneArg {
+    Quality,
+    PerformanceFit,
+}
+
+/// The flags `serve` and `replay` share: where the run goes, what it records, how it
+/// stops, and what it prints.
+#[derive(Args, Debug, Clone)]
+pub struct RunFlags {
+    /// Run directory to create (refused if it exists). Default: runs/<plan stem>-<UTC
+    /// time> (replay), runs/live-<UTC time> (serve).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Bytes of each body kept in the record (serve: per direction, and forwarding is
+    /// never cut; replay: the response, judged as kept, so a larger one is truncated in
+    /// the record and fails its oracle).
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub max_record_body: usize,
+    /// Roll to a new Parquet part after this many rows (a crash loses at most one part).
+    #[arg(long, default_value_t = 100_000)]
+    pub part_rows: usize,
+    /// Roll to a new Parquet part after this many seconds.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 60.0)]
+    pub part_seconds: f64,
+    /// After Ctrl-C / SIGTERM, seconds in-flight exchanges may still finish (0: none);
+    /// then they are cut and recorded `shutdown_cut`. A second Ctrl-C exits at once.
+    /// Default: 5 (replay), 10 (serve).
+    #[arg(allow_negative_numbers = true, long, value_name = "SECONDS")]
+    pub grace_seconds: Option<f64>,
+    /// Threads of the async runtime (default: the cores this process may run on, i.e. its
+    /// CPU affinity, as under `taskset`). The Parquet writer has a thread of its own.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// No progress output (replay: the bar and the table; serve: the live counters).
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the run's summary.json to stdout (one JSON document, the same bytes as the
+    /// file: replay instead of the table, serve when stopped); progress and messages stay
+    /// on stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Serve live Prometheus metrics at http://ADDR/metrics while the run lasts
+    /// (exposition format 0.0.4; e.g. 127.0.0.1:9464; port 0 picks one, written to
+    /// config.json as `metrics_listen`).
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl RunFlags {
+    /// `--grace-seconds`, or the command's default.
+    pub(crate) fn grace_or(&self, default: f64) -> f64 {
+        self.grace_seconds.unwrap_or(default)
+    }
+}
+
+/// `replay`'s default `--grace-seconds`.
+pub(crate) const REPLAY_GRACE_SECONDS: f64 = 5.0;
+/// `serve`'s default `--grace-seconds`.
+pub(crate) const SERVE_GRACE_SECONDS: f64 = 10.0;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to accept clients on (loopback by default; another address is your choice).
+    #[arg(long, default_value = "127.0.0.1:9000", value_parser = listen_address)]
+    pub listen: SocketAddr,
+    /// The worker to forward to, e.g. http://127.0.0.1:8000 (a path is a prefix).
+    #[arg(long, value_name = "URL")]
+    pub upstream: String,
+    /// `pinned`: each client connection gets its own upstream connection, kept alive;
+    /// `fresh`: a new upstream connection per request.
+    #[arg(long, value_enum, default_value_t = ConnectionPolicy::KeepAlive)]
+    pub upstream_connection: ConnectionPolicy,
+    /// Seconds to wait for the upstream response head (connect included); then 504.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 300.0
+    )]
+    pub upstream_timeout: f64,
+    /// Longest gap between upstream body bytes, in seconds, before the exchange is cut.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 300.0
+    )]
+    pub upstream_idle_timeout: f64,
+    /// Bytes of recorded bodies held in memory at once, across all exchanges.
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    pub record_memory: usize,
+    /// Also redact this header's value (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub redact_header: Vec<String>,
+    /// Also redact this query parameter's value in recorded URLs (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub redact_query: Vec<String>,
+    /// Send the upstream's authority as Host instead of the client's.
+    #[arg(long)]
+    pub rewrite_host: bool,
+    /// PEM certificate chain: serve clients over TLS (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates for an https upstream (default: the platform's roots).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+    /// When the recorder's queue is full: wait (`block`) or drop the row and count it.
+    #[arg(long, value_enum, default_value_t = OnRecordFull::Block)]
+    pub on_record_full: OnRecordFull,
+    /// Finished exchanges queued between the proxy and the writer thread. When it is
+    /// full, `block` holds each connection's next request until its row is queued.
+    #[arg(long, value_name = "ROWS", default_value_t = 4096)]
+    pub record_queue: usize,
+    /// Largest request head (request line and headers) accepted from a client; larger: 431.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
+    pub max_header_bytes: usize,
+    /// Seconds a client has to send a complete request head before it is disconnected.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30.0
+    )]
+    pub header_read_timeout: f64,
+    /// Client connections served at once; more wait in the listen backlog, which is as
+    /// deep (capped by net.core.somaxconn). The open-file limit is raised to fit, as far as
+    /// the hard limit allows. Default: 16384, or what the open-file limit holds if less.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds between live counter lines on stderr.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5.0
+    )]
+    pub stats_seconds: f64,
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+pub use crate::drivers::serve::OnRecordFull;
+
+/// `--upstream-connection`: serve's connection policy, the one replay's plans name
+/// (`pinned` on the command line and in serve's config.json is `keep-alive`).
+pub type UpstreamConnection = ConnectionPolicy;
+
+// The command line's names of the drivers' enums (the drivers know no clap).
+impl clap::ValueEnum for ConnectionPolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[ConnectionPolicy::KeepAlive, ConnectionPolicy::Fresh]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.serve_name()))
+    }
+}
+
+impl clap::ValueEnum for OnRecordFull {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[OnRecordFull::Block, OnRecordFull::Drop]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            OnRecordFull::Block => {
+                "Wait for the writer (back-pressure on the finished exchange, never on the response)"
+            }
+            OnRecordFull::Drop => {
+                "Drop the row and count it (the count is printed and kept in summary.json)"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// The plan (JSON, schema v1).
+    pub plan: PathBuf,
+    /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
+    #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]
+    pub endpoint: Option<String>,
+    /// Start the built-in mock worker on 127.0.0.1 and send the plan there.
+    #[arg(long)]
+    pub mock_worker: bool,
+    /// Environment variable holding a bearer token to send (never written anywhere).
+    #[arg(long, value_name = "NAME")]
+    pub bearer_token_env: Option<String>,
+    /// PEM file of CA certificates for https workers (default: the platform's roots).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// During a measured round, keep up to this many bytes of rows in memory and encode
+    /// them to Parquet after the round, so no request waits behind the encoder (0: encode
+    /// as rows arrive). Past it, rows are encoded during the round and counted
+    /// (`rows_encoded_during_rounds`). A SIGKILL mid-round loses the held rows. Default:
+    /// an eighth of the memory the process may use (the machine's, or the cgroup's
+    /// memory.max when lower), at most 1 GiB; 256 MiB when neither can be read.
+    #[arg(long, value_name = "BYTES")]
+    pub record_hold: Option<usize>,
+    /// Do not write exchanges/ (rounds.parquet and summary.json are still written, from
+    /// the measurements in memory). For measuring what recording costs; such a run cannot
+    /// be rebuilt by `summarize`.
+    #[arg(long)]
+    pub no_record: bool,
+    /// A pre-registered contract (contract.json) for a campaign plan: its SHA-256 is
+    /// recorded at the start, and verdict.json is written after the run.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_record")]
+    pub contract: Option<PathBuf>,
+    /// GuideLLM-style sweep of a closed-loop plan, per case: one round at c = 1 (the
+    /// synchronous rate), one at the plan's highest concurrency (the throughput probe),
+    /// then N open-loop rates spaced evenly between their throughputs (the plan's
+    /// `load.arrival` and `load.seed`, `requests_per_case` arrivals a round), in one run.
+    #[arg(long, value_name = "N")]
+    pub sweep: Option<usize>,
+    /// Open-loop plans only: be shard I of N generator machines. This process sends the
+    /// arrivals whose index is I modulo N of every round's seeded schedule (the shards'
+    /// union is the unsharded schedule), writes its rows under `OUT/exchanges/shard=I/`
+    /// and its reports under `OUT/shards/I/`; `matrix-proxy summarize OUT` merges the
+    /// shards. Needs --start-at and --out.
+    #[arg(long, value_name = "I/N", requires = "start_at")]
+    pub shard: Option<String>,
+    /// With --shard: the shared instant (RFC 3339, `2026-12-01T12:00:00Z`) at which every
+    /// shard's first open-loop wave starts; later waves follow on a timetable every shard
+    /// computes alike (each wave's schedule, then `timeout_seconds` + 1 s to drain).
+    #[arg(long, value_name = "UTC", requires = "shard")]
+    pub start_at: Option<String>,
+    #[command(flatten)]
+    pub run: RunFlags,
+    #[command(flatten)]
+    pub mock: MockLatencyArgs,
+}
+
+/// The built-in mock's model latency for `replay --mock-worker` (defaults: the mock's).
+#[derive(Args, Debug, Clone, Default)]
+pub struct MockLatencyArgs {
+    /// With --mock-worker: the mock's time before the first token, per request (ms).
+    #[arg(
+        allow_negative_numbers = true,
+        long = "mock-prefill-ms",
+        value_name = "MS",
+        requires = "mock_worker"
+    )]
+    pub prefill_ms: Option<f64>,
+    /// With --mock-worker: the mock's time per generated token (ms).
+    #[arg(
+        long = "mock-per-token-ms",
+        value_name = "MS",
+        requires = "mock_worker"
+    )]
+    pub per_token_ms: Option<f64>,
+    /// With --mock-worker: requests the mock serves at once; more queue.
+    #[arg(long = "mock-max-batch", value_name = "N", requires = "mock_worker")]
+    pub max_batch: Option<usize>,
+}
+
+impl MockLatencyArgs {
+    /// The mock's configuration: its defaults, with what these flags set, checked.
+    pub(crate) fn config(&self) -> Result<MockConfig, CliError> {
+        let mut c = MockConfig::default();
+        if let Some(v) = self.prefill_ms {
+            c.prefill_ms = flags::milliseconds("--mock-prefill-ms", v).map_err(usage)?;
+        }
+        if let Some(v) = self.per_token_ms {
+            c.per_token_ms = flags::milliseconds("--mock-per-token-ms", v).map_err(usage)?;
+        }
+        if let Some(v) = self.max_batch {
+            c.max_batch = flags::at_least_one("--mock-max-batch", v).map_err(usage)?;
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MockArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000", value_parser = listen_address)]
+    pub listen: SocketAddr,
+    /// Time before the first token, per request (ms).
+    #[arg(allow_negative_numbers = true, long, default_value_t = MockConfig::default().prefill_ms)]
+    pub prefill_ms: f64,
+    /// Time per generated token (ms).
+    #[arg(allow_negative_numbers = true, long, default_value_t = MockConfig::default().per_token_ms)]
+    pub per_token_ms: f64,
+    /// Requests served at once; more queue.
+    #[arg(long, default_value_t = MockConfig::default().max_batch)]
+    pub max_batch: usize,
+    /// Tokens generated when a request gives no max_tokens.
+    #[arg(long, default_value_t = MockConfig::default().default_max_tokens)]
+    pub max_tokens: u32,
+    /// How long the `stall` fault withholds its answer (ms).
+    #[arg(long, default_value_t = MockConfig::default().stall_ms)]
+    pub stall_ms: u64,
+    /// Answer with another deterministic text for the same prompts (0: the default), so a
+    /// campaign arm can drift from the reference.
+    #[arg(long, default_value_t = 0)]
+    pub text_seed: u64,
+}
+
+impl MockArgs {
+    /// The mock's configuration, checked (exit 2 on a negative or non-finite time, or a
+    /// batch of 0).
+    pub fn config(&self) -> Result<MockConfig, CliError> {
+        Ok(MockConfig {
+            prefill_ms: flags::milliseconds("--prefill-ms", self.prefill_ms).map_err(usage)?,
+            per_token_ms: flags::milliseconds("--per-token-ms", self.per_token_ms)
+                .map_err(usage)?,
+            max_batch: flags::at_least_one("--max-batch", self.max_batch).map_err(usage)?,
+            default_max_tokens: self.max_tokens,
+            stall_ms: self.stall_ms,
+            text_seed: self.text_seed,
+        })
+    }
+}
+
+/// `--listen HOST:PORT`: an address, or a name resolved now (`localhost:9101`); the
+/// first address it resolves to is used.
+pub(super) fn listen_address(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    s.to_socket_addrs()
+        .map_err(|e| format!("'{s}' is not HOST:PORT that resolves ({e})"))?
+        .next()
+        .ok_or_else(|| format!("'{s}' resolves to no address"))
+}

@@ -1,0 +1,154 @@
+//! What every command shares with the outside world: the error a command ends with and its
+//! exit code, the command line as typed (redacted), files read with a size bound (the plan,
+//! the bearer token), the run directory created, stdout written (the table, `--json`), and
+//! the runtime's size. Imports nothing else from `cli/`.
+
+use std::path::{Path, PathBuf};
+
+use crate::clock;
+use crate::config::flags;
+use crate::config::plan::Plan;
+use crate::record::rundir::{self, RunDir, RunDirError};
+use crate::redact::Redaction;
+use crate::report;
+
+/// Exit codes, the same for every command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Success: every request passed.
+    Ok = 0,
+    /// A failure was recorded.
+    Failure = 1,
+    /// Unusable input: bad plan, bad flags, existing output directory.
+    Usage = 2,
+    /// The tool itself failed (I/O, disk full) after keeping what it had written.
+    Tool = 3,
+    /// Interrupted (Ctrl-C / SIGTERM); files closed and readable.
+    Interrupted = 130,
+}
+
+/// An error and the exit code it maps to.
+#[derive(Debug)]
+pub struct CliError {
+    pub exit: Exit,
+    pub message: String,
+}
+
+pub(super) fn usage(message: impl Into<String>) -> CliError {
+    CliError {
+        exit: Exit::Usage,
+        message: message.into(),
+    }
+}
+
+pub(super) fn tool(message: impl Into<String>) -> CliError {
+    CliError {
+        exit: Exit::Tool,
+        message: message.into(),
+    }
+}
+
+/// The command line as given (set by [`main_with_args`]; empty when a command is called
+/// as a library function). Only [`argv`] hands it out, redacted.
+pub(super) static ARGV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The command line as config.json records it: the values of the query parameters `r`
+/// redacts (the defaults, and serve's `--redact-query` names) are `<redacted>` in every
+/// URL (`--endpoint URL`, `--upstream=URL`). Credentials in URLs and bearer tokens never
+/// appear on a valid command line (refused, or named by variable).
+pub(super) fn argv(r: &Redaction) -> Vec<String> {
+    ARGV.get()
+        .map(|args| {
+            args.iter()
+                .map(|arg| match arg.split_once('=') {
+                    Some((flag, value)) if flag.starts_with("--") => {
+                        format!("{flag}={}", r.url(value))
+                    }
+                    _ => r.url(arg).into_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Threads of the async runtime: `--threads`, else the cores in the process's affinity.
+pub(crate) fn runtime_threads(flag: Option<usize>) -> usize {
+    flag.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// A report's error as the command line says it: a run or a file that cannot be used is
+/// unusable input (exit 2); rows that cannot be read back are the tool's (exit 3).
+pub(super) fn report_error(e: report::run::ReportError) -> CliError {
+    match e {
+        report::run::ReportError::Rows(m) => tool(m),
+        other => usage(other.to_string()),
+    }
+}
+
+pub(super) fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
+    report::run::load_plan(path).map_err(report_error)
+}
+
+/// Read a bearer token from the named environment variable and check it.
+pub(super) fn read_token(name: &str, source: &str) -> Result<String, CliError> {
+    flags::bearer_token(name, source, std::env::var_os(name).as_deref()).map_err(usage)
+}
+
+/// Create the run directory; `default_name`: the user did not choose it, so a taken name
+/// gets a numeric suffix instead of being refused.
+pub(super) fn create_run_dir(out: &Path, default_name: bool) -> Result<RunDir, CliError> {
+    let mut candidate = out.to_path_buf();
+    for n in 2..1000 {
+        match RunDir::create(&candidate) {
+            Ok(d) => return Ok(d),
+            Err(RunDirError::Exists(_)) if default_name => {
+                candidate = PathBuf::from(format!("{}-{n}", out.display()));
+            }
+            Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
+            Err(e) => {
+                return Err(usage(format!(
+                    "--out {}: cannot create the run directory ({e})",
+                    candidate.display()
+                )));
+            }
+        }
+    }
+    Err(usage(format!(
+        "{}: too many runs with this name",
+        out.display()
+    )))
+}
+
+/// Write `text` to stdout. A closed or full stdout (`> /dev/full`, a pipe whose reader
+/// left) is an error naming where the files are (exit 3), never a panic.
+pub(super) fn print_stdout(text: &str, what: &str, dir: &Path) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| {
+            format!(
+                "cannot write {what} to stdout: {e}; the files written are complete ({})",
+                dir.display()
+            )
+        })
+}
+
+/// `--json`: `v` on stdout exactly as `RunDir::write_json` writes it to summary.json.
+pub(super) fn print_json<T: serde::Serialize>(v: &T, dir: &Path) -> Result<(), String> {
+    let text = String::from_utf8_lossy(&rundir::json_bytes(v)).into_owned();
+    print_stdout(&text, "the summary", dir)
+}
+
+pub(super) fn run_id(now_us: i64) -> String {
+    let seed = format!("{}-{}-{}", now_us, std::process::id(), clock::now_ns());
+    format!(
+        "{}-{}",
+        clock::compact_utc(now_us),
+        &rundir::sha256_hex(seed.as_bytes())[..8]
+    )
+}
+
+pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
+    flags::seconds(flag, v).map_err(usage)
+}

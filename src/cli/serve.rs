@@ -1,0 +1,299 @@
+//! The `serve` command: flags checked against each other (`check_serve`), the listener
+//! bound and the run directory created, the driver run until Ctrl-C / SIGTERM, then drained,
+//! its parts closed and config.json and summary.json written.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::args::{SERVE_GRACE_SECONDS, ServeArgs};
+use super::io::{
+    CliError, Exit, argv, create_run_dir, print_json, run_id, runtime_threads, seconds, tool, usage,
+};
+use super::metrics_http;
+use crate::clock;
+use crate::config::flags;
+use crate::drivers::RunContext;
+use crate::engine::Engine;
+use crate::model::{Endpoint, Scheme};
+use crate::net::tls::TlsOptions;
+use crate::record::RecorderOptions;
+use crate::record::rundir::{self, RunDir};
+use crate::redact::Redaction;
+use crate::report::doc::config::Fields;
+use crate::report::{self, ServeStats, config_json};
+
+/// Every flag of `serve` checked, and the TLS and engine set-ups built, before anything
+/// is bound or created.
+struct ServeInput {
+    upstream: Endpoint,
+    upstream_timeout: std::time::Duration,
+    upstream_idle_timeout: std::time::Duration,
+    grace: std::time::Duration,
+    part_seconds: std::time::Duration,
+    redaction: Redaction,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    engine: Engine,
+    nofile: u64,
+    /// Effective: the flag's value, or the default fitted to the open-file limit.
+    max_connections: usize,
+    stats_interval: std::time::Duration,
+    header_read_timeout: std::time::Duration,
+}
+
+fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
+    let upstream = flags::upstream(&args.upstream).map_err(usage)?;
+    let upstream_timeout = seconds("--upstream-timeout", args.upstream_timeout)?;
+    let upstream_idle_timeout = seconds("--upstream-idle-timeout", args.upstream_idle_timeout)?;
+    let grace = seconds("--grace-seconds", args.run.grace_or(SERVE_GRACE_SECONDS))?;
+    let part_seconds = seconds("--part-seconds", args.run.part_seconds)?;
+    flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
+    let redaction = flags::redaction(&args.redact_header, &args.redact_query).map_err(usage)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
+        _ => None,
+    };
+    flags::at_least_one("--max-record-body", args.run.max_record_body).map_err(usage)?;
+    // Every flag is checked here, before a socket is bound or --out created, whether or
+    // not --quiet makes it unused.
+    let stats_interval = seconds("--stats-seconds", args.stats_seconds)?;
+    let header_read_timeout = seconds("--header-read-timeout", args.header_read_timeout)?;
+    // A CA file is checked even when the upstream is plain http: a wrong path is a
+    // mistake now, not when the upstream changes.
+    let engine = Engine::new(
+        upstream.scheme == Scheme::Https || args.upstream_ca.is_some(),
+        &TlsOptions {
+            ca_file: args.upstream_ca.clone(),
+        },
+    )
+    .map_err(usage)?;
+    if let Some(n) = args.max_connections {
+        flags::at_least_one("--max-connections", n).map_err(usage)?;
+    }
+    // Each client connection may hold an upstream connection too.
+    let fds = |conns: usize| (conns as u64) * 2 + 256;
+    let wanted = args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    // Where the limit cannot be read or raised, the cap is what was asked for.
+    let nofile = rlimit::increase_nofile_limit(fds(wanted)).unwrap_or(u64::MAX);
+    let max_connections = match args.max_connections {
+        // The default fits itself to the limit, silently.
+        None if nofile < fds(wanted) => (nofile.saturating_sub(256) / 2).max(1) as usize,
+        None => wanted,
+        Some(n) => {
+            if nofile < fds(n) && !args.run.quiet {
+                eprintln!(
+                    "matrix-proxy: warning: the open-file limit is {nofile}, below the {} that --max-connections {n} may need; raise the hard limit (ulimit -Hn) or lower --max-connections",
+                    fds(n)
+                );
+            }
+            n
+        }
+    };
+    Ok(ServeInput {
+        upstream,
+        upstream_timeout,
+        upstream_idle_timeout,
+        grace,
+        part_seconds,
+        redaction,
+        tls,
+        engine,
+        nofile,
+        max_connections,
+        stats_interval,
+        header_read_timeout,
+    })
+}
+
+/// serve's connection cap when --max-connections is not given (and the open-file limit
+/// holds it).
+const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
+pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+    use crate::drivers::serve::{self, ServeOptions};
+    let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
+    let input = check_serve(&args)?;
+    // The accept queue is as deep as the connections served at once (the kernel caps it
+    // at net.core.somaxconn): a burst of new clients waits there instead of having its
+    // SYNs dropped.
+    let backlog = u32::try_from(input.max_connections).unwrap_or(u32::MAX);
+    let listener = crate::net::listener::bind_listener(args.listen, backlog)
+        .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
+    let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
+    let metrics_listener = match args.run.metrics_listen {
+        Some(a) => Some(metrics_http::bind(a).await?),
+        None => None,
+    };
+    let started_at_us = clock::wall_now_us();
+    let out = args.run.out.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
+    });
+    let dir = create_run_dir(&out, args.run.out.is_none())?;
+    let rid = run_id(started_at_us);
+    let mut rec_opts = RecorderOptions::new(dir.exchanges());
+    rec_opts.part_rows = args.run.part_rows;
+    rec_opts.part_seconds = input.part_seconds.as_secs_f64();
+    rec_opts.queue_rows = args.record_queue.max(1);
+    rec_opts.redaction = input.redaction.clone();
+    rec_opts.slice = Some(crate::record::SERVE_SLICE);
+    let policy = args.upstream_connection;
+    let fields = serve_config_fields(
+        &args,
+        &input,
+        (listen_addr, backlog),
+        metrics_http::address(metrics_listener.as_ref()),
+    );
+    let mut config = config_json::config(&argv(&input.redaction), &rid, started_at_us, fields);
+    dir.write_json(rundir::CONFIG, &config)
+        .map_err(|e| tool(e.to_string()))?;
+    let run = Arc::new(
+        RunContext::start(&rid, clock::now_ns(), rec_opts).map_err(|e| tool(e.to_string()))?,
+    );
+    if !args.run.quiet {
+        eprintln!(
+            "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
+            if input.tls.is_some() { "https" } else { "http" },
+            listen_addr,
+            input.redaction.url(&input.upstream.url()),
+            args.upstream_connection.serve_name(),
+            dir.path.display()
+        );
+    }
+    let opts = ServeOptions {
+        upstream: input.upstream,
+        policy,
+        upstream_timeout: input.upstream_timeout,
+        upstream_idle_timeout: input.upstream_idle_timeout,
+        max_record_body: args.run.max_record_body,
+        record_memory: args.record_memory,
+        rewrite_host: args.rewrite_host,
+        tls: input.tls,
+        on_record_full: args.on_record_full,
+        grace: input.grace,
+        stats_interval: (!args.run.quiet).then_some(input.stats_interval),
+        buffer_frames: 64,
+        max_header_bytes: args.max_header_bytes,
+        header_read_timeout: input.header_read_timeout,
+        max_connections: input.max_connections,
+    };
+    // Live metrics only when asked for: without them serve counts nothing more.
+    let metrics_server = metrics_listener
+        .and_then(|l| metrics_http::start(Some(l), &Arc::default(), &run, args.run.quiet));
+    let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
+    let recording = run.finish_recording().await;
+    let rows = recording.stats.rows;
+    let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
+    stats.record_error = run.record_error();
+    let mut table = report::routes::RouteTable::default();
+    let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
+        table.add(&r.method, &r.url, r.status, r.sample)
+    });
+    if let Err(e) = read {
+        problems.push(format!("reading the recorded rows back: {e}"));
+    }
+    (stats.routes, stats.ok_total) = table.finish();
+    // Unknown (null) when the writer failed: its measurement did not come back.
+    let slice = recording
+        .problems
+        .is_empty()
+        .then_some(recording.stats.longest_slice_us);
+    let summary = report::serve_summary(&stats, rows, slice, None);
+    if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
+        problems.push(e.to_string());
+    }
+    config_json::finished(&mut config);
+    if let Err(e) = dir.write_json(rundir::CONFIG, &config) {
+        problems.push(e.to_string());
+    }
+    serve_stopped(&args, (&stats, &summary), rows, &dir, problems)
+}
+
+/// What a stopped serve prints, and its exit: 130 (stopped by a signal) unless writing
+/// failed.
+fn serve_stopped(
+    args: &ServeArgs,
+    (stats, summary): (&ServeStats, &report::doc::summary::ServeSummary),
+    rows: u64,
+    dir: &RunDir,
+    mut problems: Vec<String>,
+) -> Result<Exit, CliError> {
+    if args.run.json
+        && let Err(e) = print_json(summary, &dir.path)
+    {
+        problems.push(e);
+    }
+    if !args.run.quiet || stats.dropped_rows > 0 {
+        eprintln!(
+            "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",
+            stats.requests,
+            rows,
+            stats.dropped_rows,
+            dir.path.display()
+        );
+    }
+    if !args.run.quiet && !stats.routes.is_empty() {
+        eprintln!(
+            "matrix-proxy: by route and worker status class (latency: ok exchanges, nearest rank):"
+        );
+        for line in report::routes::route_lines(&stats.routes) {
+            eprintln!("{line}");
+        }
+    }
+    if !problems.is_empty() {
+        return Err(tool(format!(
+            "{} (what was written is kept in {})",
+            problems.join("; "),
+            dir.path.display()
+        )));
+    }
+    Ok(Exit::Interrupted)
+}
+
+/// serve's own keys of config.json.
+fn serve_config_fields(
+    args: &ServeArgs,
+    input: &ServeInput,
+    (listen_addr, backlog): (SocketAddr, u32),
+    metrics_listen: Option<String>,
+) -> Fields {
+    use report::doc::config::{Limits, ServeFields, ServeRecording};
+    let (upstream, redaction) = (&input.upstream, &input.redaction);
+    Fields::Serve(Box::new(ServeFields {
+        listen: listen_addr.to_string(),
+        tls: input.tls.is_some(),
+        upstream: redaction.url(&upstream.url()).into_owned(),
+        connection_policy: args.upstream_connection.serve_name().into(),
+        upstream_timeout_seconds: args.upstream_timeout,
+        upstream_idle_timeout_seconds: args.upstream_idle_timeout,
+        grace_seconds: args.run.grace_or(SERVE_GRACE_SECONDS),
+        runtime_threads: runtime_threads(args.run.threads),
+        limits: Limits {
+            max_header_bytes: args.max_header_bytes,
+            header_read_timeout_seconds: args.header_read_timeout,
+            max_connections: input.max_connections,
+            listen_backlog: crate::net::listener::effective_backlog(backlog),
+            open_file_limit: input.nofile,
+        },
+        rewrite_host: args.rewrite_host,
+        recording: ServeRecording {
+            max_record_body_bytes: args.run.max_record_body,
+            record_memory_bytes: args.record_memory,
+            on_record_full: args.on_record_full.as_str().into(),
+            part_rows: args.run.part_rows,
+            part_seconds: args.run.part_seconds,
+            redacted_headers: redaction
+                .headers
+                .iter()
+                .map(|h| h.as_str().to_string())
+                .collect(),
+            redacted_query_parameters: redaction.query.clone(),
+        },
+        metrics_listen,
+        timers: config_json::serve_timers(),
+    }))
+}
