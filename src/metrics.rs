@@ -501,6 +501,33 @@ impl GeneratorLoad {
 }
 
 /// A closed-loop round's metrics.
+/// Per-phase counts of the excluded (non-measured) phases.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PhaseCounts {
+    pub(crate) attempted: u64,
+    pub(crate) successful: u64,
+    pub(crate) failures: BTreeMap<Outcome, u64>,
+}
+
+impl PhaseCounts {
+    pub(crate) fn merge(&mut self, other: &PhaseCounts) {
+        self.attempted += other.attempted;
+        self.successful += other.successful;
+        for (k, v) in &other.failures {
+            *self.failures.entry(*k).or_insert(0) += v;
+        }
+    }
+
+    pub(crate) fn add(&mut self, s: &Sample) {
+        self.attempted += 1;
+        if s.outcome == Outcome::Ok {
+            self.successful += 1;
+        } else {
+            *self.failures.entry(s.outcome).or_insert(0) += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn round_metrics(
     case_name: &str,

@@ -19,7 +19,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use http::HeaderMap;
 
-use super::ExchangeRecord;
+use super::row::ExchangeRecord;
 use crate::redact::Redaction;
 
 /// What one header weighs in an encoding step besides its bytes ([`Column::step_end`]).

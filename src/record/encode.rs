@@ -22,8 +22,8 @@ use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 
-use super::ExchangeRecord;
 use super::columns::COLUMNS;
+use super::row::ExchangeRecord;
 use crate::clock;
 use crate::redact::Redaction;
 

@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 use super::columns::exchange_schema;
 use super::encode::{PACED_GROUP_BYTES, Pacer, PartEncoder, STEP_BYTES};
 use super::ledger::Ledger;
-use super::{ExchangeRecord, SCHEMA_VERSION};
+use super::row::{ExchangeRecord, SCHEMA_VERSION};
 use crate::clock;
 use crate::redact::Redaction;
 

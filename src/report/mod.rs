@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
-use crate::metrics::{self, Aggregate, Percentiles, RoundMetrics, Sample};
+use crate::metrics::{self, Aggregate, Percentiles, PhaseCounts, RoundMetrics};
 use crate::model::{Level, Outcome, Phase};
 use crate::record::RecordError;
 use doc::Pct;
@@ -52,33 +52,6 @@ pub(crate) struct ServeStats {
     /// Most finished exchanges that waited at once for room in the recorder's queue.
     pub(crate) backlog_peak: u64,
     pub(crate) record_error: Option<RecordError>,
-}
-
-/// Per-phase counts of the excluded (non-measured) phases.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct PhaseCounts {
-    pub(crate) attempted: u64,
-    pub(crate) successful: u64,
-    pub(crate) failures: BTreeMap<Outcome, u64>,
-}
-
-impl PhaseCounts {
-    pub(crate) fn merge(&mut self, other: &PhaseCounts) {
-        self.attempted += other.attempted;
-        self.successful += other.successful;
-        for (k, v) in &other.failures {
-            *self.failures.entry(*k).or_insert(0) += v;
-        }
-    }
-
-    pub(crate) fn add(&mut self, s: &Sample) {
-        self.attempted += 1;
-        if s.outcome == Outcome::Ok {
-            self.successful += 1;
-        } else {
-            *self.failures.entry(s.outcome).or_insert(0) += 1;
-        }
-    }
 }
 
 /// The levels of one case in run order, each with the rounds planned at it: the plan's

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::PhaseCounts;
 use super::doc::summary::{Ending, Recording, ServeEnding, ServeSummary, ShardsNote, Summary};
 use super::run::{FinishedRun, ReportError};
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
+use crate::metrics::PhaseCounts;
 use crate::metrics::{self, RoundMetrics, Sample};
 use crate::model::{Level, Outcome, Phase};
 use crate::record::read::RowFacts;

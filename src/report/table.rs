@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::PhaseCounts;
 use crate::config::plan::Plan;
+use crate::metrics::PhaseCounts;
 use crate::metrics::{Aggregate, RoundMetrics};
 use crate::model::{Level, Outcome, Phase};
 

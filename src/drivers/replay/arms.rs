@@ -16,9 +16,9 @@ use super::{At, Base, Ctx, Senders, Slot, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;
+use crate::metrics::PhaseCounts;
 use crate::metrics::RoundMetrics;
 use crate::model::{Level, Phase};
-use crate::report::PhaseCounts;
 use crate::report::campaign::{ArmMeasures, Level as CampaignLevel};
 
 /// Where started servers run from: the running binary (`{self}`) and the directory for

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::{RunInput, esc};
+use super::input::{RunInput, esc};
 use crate::drift::LevelDrift;
 use crate::metrics::nearest_rank;
 use crate::model::{Level, Outcome};

@@ -10,48 +10,16 @@
 //! rank at every whole percent (0 to 100) of every row of its group.
 
 mod charts;
+mod input;
+
+pub(crate) use input::RunInput;
+use input::esc;
 use serde_json::Value;
 
 use super::doc::Failures;
 use super::doc::campaign::CampaignDoc;
-use super::doc::config::{Command, Config};
 use super::doc::summary::{AnySummary, ServeSummary, Summary};
 use super::doc::verdict::VerdictDoc;
-use crate::record::read::RowFacts;
-
-/// One run as the report reads it.
-pub(crate) struct RunInput {
-    /// How the run is named in legends (its folder's name, made unique).
-    pub(crate) label: String,
-    pub(crate) dir: String,
-    pub(crate) config: Config,
-    pub(crate) summary: AnySummary,
-    /// The plan's `metadata` (replay).
-    pub(crate) plan_metadata: Option<serde_json::Map<String, Value>>,
-    pub(crate) campaign: Option<CampaignDoc>,
-    pub(crate) verdict: Option<VerdictDoc>,
-    pub(crate) facts: Vec<RowFacts>,
-}
-
-impl RunInput {
-    fn is_serve(&self) -> bool {
-        self.config.command == Command::Serve
-    }
-
-    fn replay_summary(&self) -> Option<&Summary> {
-        match &self.summary {
-            AnySummary::Replay(s) => Some(s),
-            AnySummary::Serve(_) => None,
-        }
-    }
-
-    fn serve_summary(&self) -> Option<&ServeSummary> {
-        match &self.summary {
-            AnySummary::Serve(s) => Some(s),
-            AnySummary::Replay(_) => None,
-        }
-    }
-}
 
 const SCRIPT: &str = include_str!("report.js");
 const STYLE: &str = include_str!("report.css");
@@ -94,22 +62,6 @@ pub(crate) fn render(runs: &[RunInput], generated_at: &str) -> String {
     h.push_str("</section>\n");
     h.push_str(&format!("<script>\n{SCRIPT}</script>\n</body>\n</html>\n"));
     h
-}
-
-/// HTML text escaping (element content and double-quoted attributes).
-pub(crate) fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            _ => o.push(c),
-        }
-    }
-    o
 }
 
 /// An optional value as text, or `—` when there is none.
