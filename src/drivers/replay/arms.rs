@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::ctx::{Base, Ctx, Slot};
 use super::launch::{self, Sampler, Server, Who};
 use super::open::OpenPool;
-use super::{At, Base, Ctx, Senders, Slot, feasibility, measured_round, prelude};
+use super::phases::{At, Senders, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;

@@ -1,89 +1,15 @@
 //! One exchange of a replay: the request built from the validated plan, sent through the
 //! engine under the plan's deadline, judged (status, stream, oracle), and recorded.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, header};
-
-use super::{Ctx, Dispatch, Slot};
+use super::ctx::{Ctx, Dispatch, Slot};
 use crate::clock;
-use crate::config::plan::{OnFailure, Plan};
+use crate::config::plan::OnFailure;
 use crate::drivers::{RowIds, SentRequest, Verdict};
-use crate::engine::lean::LeanRequest;
-use crate::engine::{BodyCopy, Capture, Captured, http1};
+use crate::engine::{BodyCopy, Capture, Captured};
 use crate::metrics::{Sample, StreamSample};
-use crate::model::{ConnectionPolicy, Endpoint, Outcome};
+use crate::model::Outcome;
 use crate::oracle::{self, Oracle};
 use crate::record::ExchangeRecord;
-
-/// One request of the plan, made once per arm: its bytes for the lean client, and the
-/// method, headers and body its rows record.
-pub(super) struct Frozen {
-    pub(super) lean: LeanRequest,
-    /// Shared by every row of this request (no per-row copy).
-    pub(super) headers: Arc<HeaderMap>,
-    pub(super) body: Bytes,
-}
-
-/// The request for `case` (`None`: the health GET) and `variant`, built from the
-/// validated plan: `Host`, `Content-Type`, `Content-Length`, the case's headers, the
-/// bearer token, and `Connection: close` under `fresh`.
-pub(super) fn freeze(
-    plan: &Plan,
-    token: Option<&HeaderValue>,
-    case: Option<usize>,
-    variant: usize,
-) -> Frozen {
-    let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
-        match case {
-            None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
-            Some(ci) => {
-                let case = &plan.cases[ci];
-                let v = &case.variants[variant];
-                (
-                    case.method.clone(),
-                    &case.endpoint,
-                    v.body.clone(),
-                    v.content_type.as_ref(),
-                    &case.headers[..],
-                )
-            }
-        };
-    let mut headers = HeaderMap::with_capacity(4 + extra.len());
-    if let Ok(h) = HeaderValue::from_str(&ep.authority) {
-        headers.insert(header::HOST, h);
-    }
-    if let Some(ct) = ctype {
-        headers.insert(header::CONTENT_TYPE, ct.clone());
-    }
-    if !body.is_empty()
-        || method == Method::POST
-        || method == Method::PUT
-        || method == Method::PATCH
-    {
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    }
-    for (k, v) in extra {
-        headers.append(k.clone(), v.clone());
-    }
-    if let Some(t) = token {
-        headers.insert(header::AUTHORIZATION, t.clone());
-    }
-    if plan.connection == ConnectionPolicy::Fresh {
-        http1::close_after(&mut headers);
-    }
-    let target = if ep.path_and_query.starts_with('/') {
-        ep.path_and_query.as_str()
-    } else {
-        "/"
-    };
-    Frozen {
-        lean: LeanRequest::new(method, target, &headers, &body),
-        headers: Arc::new(headers),
-        body,
-    }
-}
 
 /// Finished rows on their way to the recorder, handed over `batch` at a time: a measured
 /// wave's worker gathers [`WAVE_ROW_BATCH`], so the queue is crossed once per batch, not

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, exchange};
-use super::{Ctx, Dispatch, Slot};
 use crate::clock;
 use crate::metrics::Sample;
 use crate::model::Phase;

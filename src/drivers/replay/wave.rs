@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, WAVE_ROW_BATCH, exchange};
-use super::{Ctx, Dispatch, Slot};
 use crate::clock;
 use crate::metrics::Sample;
 use crate::model::Phase;

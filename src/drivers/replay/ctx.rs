@@ -1,0 +1,253 @@
+//! What every exchange of a replay reads: the arm's context ([`Ctx`]: its plan, its
+//! requests made once ([`Frozen`], by [`freeze`]), names, routes and stop flag), what every
+//! arm shares ([`Base`]: the engine, the run, the progress bar, the failure count, the
+//! shard's timetable), a worker's connection slot and one request to dispatch. Imports
+//! nothing else from `replay/`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, header};
+use indicatif::ProgressBar;
+
+use crate::config::plan::Plan;
+use crate::config::shape::Shape;
+use crate::drivers::RunContext;
+use crate::engine::lean::{LeanConn, LeanRequest};
+use crate::engine::{Engine, http1};
+use crate::model::{ConnectionPolicy, Endpoint, Phase};
+
+/// A worker's connection between its exchanges.
+pub(super) type Slot = Option<LeanConn>;
+
+/// One request to dispatch.
+#[derive(Clone, Copy)]
+pub(super) struct Dispatch {
+    pub(super) phase: Phase,
+    pub(super) case: Option<usize>,
+    pub(super) variant: usize,
+    pub(super) concurrency: Option<i32>,
+    pub(super) repetition: Option<i32>,
+    pub(super) dispatch_index: i64,
+    pub(super) worker: i32,
+    /// Open loop: the round's rate and this arrival's intended send time (run clock).
+    pub(super) rate: Option<f64>,
+    pub(super) scheduled_offset_us: Option<i64>,
+}
+
+/// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,
+/// requests, names and stop flag.
+pub(super) struct Ctx {
+    pub(super) base: Arc<Base>,
+    pub(super) plan: Plan,
+    /// The health endpoint's URL, then each case's (index `case + 1`).
+    pub(super) urls: Vec<Arc<str>>,
+    /// Their routes in the live metrics (empty without them).
+    pub(super) routes: Vec<usize>,
+    /// The requests, made once: the health GET (`[0][0]`), then each case's variants
+    /// (`[case + 1][variant]`).
+    pub(super) frozen: Vec<Vec<Frozen>>,
+    /// This arm's dispatch stops (its failure under `on_failure: stop`, or a recorder
+    /// error); the other arms go on.
+    pub(super) stop: AtomicBool,
+    pub(super) case_names: Vec<Arc<str>>,
+    pub(super) variant_names: Vec<Vec<Option<Arc<str>>>>,
+    /// The campaign arm (`None` for a plain plan).
+    pub(super) arm: Option<Arc<str>>,
+    /// A performance-fit arm: its answers are never `correctness` failures.
+    pub(super) performance_fit: bool,
+}
+
+impl Ctx {
+    /// The live metrics' route of `case`'s requests (`None`: the health GET).
+    pub(super) fn route(&self, case: Option<usize>) -> usize {
+        let i = case.map_or(0, |c| c + 1);
+        self.routes.get(i).copied().unwrap_or(0)
+    }
+
+    pub(super) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+            || self.base.interrupted.load(Ordering::Relaxed)
+            || self.base.halted.load(Ordering::Relaxed)
+    }
+
+    /// Stop every arm: nothing more can be recorded.
+    pub(super) fn halt(&self) {
+        self.base.halted.store(true, Ordering::Relaxed);
+    }
+
+    /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What every arm's context shares.
+pub(super) struct Base {
+    pub(super) engine: Engine,
+    pub(super) run: Arc<RunContext>,
+    pub(super) token: Option<HeaderValue>,
+    pub(super) max_record_body: usize,
+    pub(super) record_exchanges: bool,
+    /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
+    pub(super) interrupted: Arc<AtomicBool>,
+    /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
+    pub(super) cut: tokio::sync::watch::Receiver<bool>,
+    pub(super) grace: std::time::Duration,
+    /// Failures of every arm, and the first one's line.
+    pub(super) failures: AtomicU64,
+    pub(super) first_failure: std::sync::OnceLock<String>,
+    pub(super) progress: ProgressBar,
+    /// Every arm stops (the recorder failed, or a worker panicked).
+    pub(super) halted: AtomicBool,
+    /// What the command's flags made of the plan (`--sweep`, `--shard`).
+    pub(super) shape: Shape,
+    /// `--shard`: the shared timetable of open waves.
+    pub(super) timetable: Option<Timetable>,
+    /// What a `--sweep` placed per case, or why it placed nothing (summary.json's
+    /// `load.notes`).
+    pub(super) notes: std::sync::Mutex<Vec<String>>,
+}
+
+impl Base {
+    /// The context of one arm (or of a plain plan: `arm` `None`) running `plan`.
+    pub(super) fn ctx(self: &Arc<Self>, plan: Plan, arm: Option<(&str, bool)>) -> Arc<Ctx> {
+        let case_names = plan
+            .cases
+            .iter()
+            .map(|c| Arc::from(c.name.as_str()))
+            .collect();
+        let variant_names = plan
+            .cases
+            .iter()
+            .map(|c| {
+                c.variants
+                    .iter()
+                    .map(|v| v.name.as_deref().map(Arc::from))
+                    .collect()
+            })
+            .collect();
+        let token = self.token.as_ref();
+        let frozen: Vec<Vec<Frozen>> = std::iter::once(vec![freeze(&plan, token, None, 0)])
+            .chain(plan.cases.iter().enumerate().map(|(ci, c)| {
+                (0..c.variants.len())
+                    .map(|v| freeze(&plan, token, Some(ci), v))
+                    .collect()
+            }))
+            .collect();
+        let urls: Vec<Arc<str>> = std::iter::once(&plan.health_endpoint)
+            .chain(plan.cases.iter().map(|c| &c.endpoint))
+            .map(|e| Arc::from(e.url()))
+            .collect();
+        // Each request's route in the live metrics, looked up once here, not per exchange.
+        let routes = match self.run.telemetry() {
+            Some(t) => urls
+                .iter()
+                .zip(&frozen)
+                .map(|(url, f)| {
+                    f.first()
+                        .map_or(0, |f| t.route_id(f.lean.method.as_str(), url))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Arc::new(Ctx {
+            base: self.clone(),
+            plan,
+            urls,
+            routes,
+            frozen,
+            stop: AtomicBool::new(false),
+            case_names,
+            variant_names,
+            arm: arm.map(|(name, _)| Arc::from(name)),
+            performance_fit: arm.is_some_and(|(_, fit)| fit),
+        })
+    }
+}
+
+/// Where a shard's open waves start: every shard runs the same waves in the same order,
+/// so each computes the same starts: the first at `--start-at`, each next one after the
+/// previous wave's schedule and then `timeout_seconds` + 1 s for its last exchanges to
+/// end and its rows to be handed over.
+pub(super) struct Timetable {
+    pub(super) next_ns: AtomicU64,
+    pub(super) settle_ns: u64,
+}
+
+impl Timetable {
+    /// The start of the next wave, whose schedule spans `span_us`.
+    pub(super) fn next_start(&self, span_us: u64) -> u64 {
+        let step = span_us.saturating_mul(1000).saturating_add(self.settle_ns);
+        self.next_ns.fetch_add(step, Ordering::Relaxed)
+    }
+}
+
+/// One request of the plan, made once per arm: its bytes for the lean client, and the
+/// method, headers and body its rows record.
+pub(super) struct Frozen {
+    pub(super) lean: LeanRequest,
+    /// Shared by every row of this request (no per-row copy).
+    pub(super) headers: Arc<HeaderMap>,
+    pub(super) body: Bytes,
+}
+
+/// The request for `case` (`None`: the health GET) and `variant`, built from the
+/// validated plan: `Host`, `Content-Type`, `Content-Length`, the case's headers, the
+/// bearer token, and `Connection: close` under `fresh`.
+pub(super) fn freeze(
+    plan: &Plan,
+    token: Option<&HeaderValue>,
+    case: Option<usize>,
+    variant: usize,
+) -> Frozen {
+    let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
+        match case {
+            None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
+            Some(ci) => {
+                let case = &plan.cases[ci];
+                let v = &case.variants[variant];
+                (
+                    case.method.clone(),
+                    &case.endpoint,
+                    v.body.clone(),
+                    v.content_type.as_ref(),
+                    &case.headers[..],
+                )
+            }
+        };
+    let mut headers = HeaderMap::with_capacity(4 + extra.len());
+    if let Ok(h) = HeaderValue::from_str(&ep.authority) {
+        headers.insert(header::HOST, h);
+    }
+    if let Some(ct) = ctype {
+        headers.insert(header::CONTENT_TYPE, ct.clone());
+    }
+    if !body.is_empty()
+        || method == Method::POST
+        || method == Method::PUT
+        || method == Method::PATCH
+    {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    for (k, v) in extra {
+        headers.append(k.clone(), v.clone());
+    }
+    if let Some(t) = token {
+        headers.insert(header::AUTHORIZATION, t.clone());
+    }
+    if plan.connection == ConnectionPolicy::Fresh {
+        http1::close_after(&mut headers);
+    }
+    let target = if ep.path_and_query.starts_with('/') {
+        ep.path_and_query.as_str()
+    } else {
+        "/"
+    };
+    Frozen {
+        lean: LeanRequest::new(method, target, &headers, &body),
+        headers: Arc::new(headers),
+        body,
+    }
+}

@@ -1,0 +1,291 @@
+//! The phases of one arm at one level, in the order the driver runs them: the prelude
+//! (health, readiness, warm-up, sequential), a level's feasibility wave, and its measured
+//! rounds (closed-loop waves or open-loop schedules), each turned into a round's metrics.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::ctx::{Ctx, Dispatch, Slot};
+use super::exchange::{Rows, exchange};
+use super::open::{OpenPool, OpenWave, open_wave};
+use super::wave::{LagProbe, cores, wave};
+use crate::clock;
+use crate::metrics::PhaseCounts;
+use crate::metrics::{self, GeneratorLoad, RoundMetrics, Sample};
+use crate::model::{Level, Phase};
+
+/// Health, readiness and warm-up of one arm (sequential, on worker 0's connection).
+/// `false` when the arm stopped (its failure under `on_failure: stop`, or Ctrl-C).
+pub(super) async fn prelude(
+    ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) -> bool {
+    let plan = &ctx.plan;
+    // health: one GET on its own connection.
+    ctx.base.progress.set_message(label(ctx, "health"));
+    let mut health_slot: Slot = None;
+    let s = exchange(
+        ctx,
+        &mut health_slot,
+        Dispatch {
+            phase: Phase::Health,
+            case: None,
+            variant: 0,
+            concurrency: Some(1),
+            repetition: None,
+            dispatch_index: 0,
+            worker: 0,
+            rate: None,
+            scheduled_offset_us: None,
+        },
+        &mut Rows::new(1),
+    )
+    .await;
+    excluded.entry(Phase::Health).or_default().add(&s);
+    drop(health_slot);
+
+    for phase in [Phase::Readiness, Phase::Warmup] {
+        let per_variant = if phase == Phase::Readiness {
+            1
+        } else {
+            plan.warmup_per_case
+        };
+        for (ci, case) in plan.cases.iter().enumerate() {
+            ctx.base
+                .progress
+                .set_message(label(ctx, &format!("{} {}", phase.as_str(), case.name)));
+            for vi in 0..case.variants.len() {
+                for i in 0..per_variant {
+                    if ctx.stopped() {
+                        return false;
+                    }
+                    let s = exchange(
+                        ctx,
+                        &mut slots[0],
+                        Dispatch {
+                            phase,
+                            case: Some(ci),
+                            variant: vi,
+                            concurrency: Some(1),
+                            repetition: None,
+                            dispatch_index: i as i64,
+                            worker: 0,
+                            rate: None,
+                            scheduled_offset_us: None,
+                        },
+                        &mut Rows::new(1),
+                    )
+                    .await;
+                    excluded.entry(phase).or_default().add(&s);
+                }
+            }
+        }
+    }
+    !ctx.stopped()
+}
+
+/// A progress message, with the arm's name in a campaign.
+pub(super) fn label(ctx: &Ctx, what: &str) -> String {
+    match &ctx.arm {
+        Some(a) => format!("[{a}] {what}"),
+        None => what.to_string(),
+    }
+}
+
+/// Where a level's waves send from: the closed loop's workers' connections, or the open
+/// loop's senders' pool.
+pub(super) struct Senders<'a> {
+    pub(super) slots: &'a mut [Slot],
+    pub(super) pool: &'a Arc<OpenPool>,
+}
+
+/// A level of case `ci` as the driver runs it: `level` is the `li`-th of its kind
+/// (the seeded schedule's stream of an open level depends on it).
+#[derive(Clone, Copy)]
+pub(super) struct At {
+    pub(super) ci: usize,
+    pub(super) level: Level,
+    pub(super) li: usize,
+}
+
+impl At {
+    /// The open wave of repetition `rep` (`None`: the feasibility wave) at this level;
+    /// a shard's share of it, at its place in the shared timetable.
+    pub(super) fn open_wave(self, ctx: &Ctx, rate: f64, rep: Option<usize>) -> OpenWave {
+        let schedule = ctx.plan.load.schedule(rate, self.ci, self.li, rep);
+        let start_ns = match &ctx.base.timetable {
+            None => None,
+            Some(t) => {
+                let start = t.next_start(schedule.last().copied().unwrap_or(0));
+                let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
+                if let (true, Some((i, n))) = (late_ms > 0.0, ctx.base.shape.shard_of()) {
+                    ctx.base.progress.println(format!(
+                        "warning: shard {i}/{n}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded"
+                    ));
+                }
+                Some(start)
+            }
+        };
+        OpenWave {
+            case: self.ci,
+            phase: if rep.is_some() {
+                Phase::Measured
+            } else {
+                Phase::Feasibility
+            },
+            rate,
+            repetition: rep,
+            schedule,
+            shard: ctx.base.shape.shard_of(),
+            start_ns,
+        }
+    }
+}
+
+/// The excluded feasibility wave of a level: one closed wave of min(c, n), or an open
+/// level's own arrivals for its first second.
+pub(super) async fn feasibility(
+    ctx: &Arc<Ctx>,
+    senders: Senders<'_>,
+    at: At,
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) {
+    let case = &ctx.plan.cases[at.ci];
+    ctx.base.progress.set_message(label(
+        ctx,
+        &format!(
+            "feasibility {} {}",
+            case.name,
+            crate::model::Level::named(at.level)
+        ),
+    ));
+    let samples = match at.level {
+        Level::Concurrency(c) => {
+            let n = ctx.plan.requests_per_case;
+            wave(
+                ctx,
+                senders.slots,
+                at.ci,
+                Phase::Feasibility,
+                c,
+                None,
+                c.min(n),
+            )
+            .await
+        }
+        Level::Rate(r) => open_wave(ctx, senders.pool, at.open_wave(ctx, r, None)).await,
+    };
+    let counts = excluded.entry(Phase::Feasibility).or_default();
+    samples.iter().for_each(|s| counts.add(s));
+}
+
+/// Wait (on the runtime's timer, in slices that see a stop) until `ns` on the monotonic
+/// clock.
+pub(super) async fn wait_until(ctx: &Ctx, ns: u64) {
+    while !ctx.stopped() {
+        let now = clock::now_ns();
+        if now >= ns {
+            return;
+        }
+        let left = (ns - now).min(50_000_000);
+        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
+    }
+}
+
+/// One measured round of a level, with the tool's own CPU time and the runtime's
+/// dispatch lag over the round, and goodput against the plan's `slo`.
+pub(super) async fn measured_round(
+    ctx: &Arc<Ctx>,
+    senders: Senders<'_>,
+    at: At,
+    rep: usize,
+) -> Measured {
+    let case = &ctx.plan.cases[at.ci];
+    let recorder = &ctx.base.run.recorder;
+    // An open round's wave (closed: its concurrency).
+    let work = match at.level {
+        Level::Rate(r) => Ok(at.open_wave(ctx, r, Some(rep))),
+        Level::Concurrency(c) => Err(c),
+    };
+    // A shard's wave has its place in the timetable: the round's measurements (the
+    // generator's CPU and lag, the held rows) start just before it, not at the wait.
+    if let Ok(OpenWave {
+        start_ns: Some(start),
+        ..
+    }) = &work
+    {
+        wait_until(ctx, start.saturating_sub(5_000_000)).await;
+    }
+    // The round's rows are encoded after it, not while requests are in flight.
+    if ctx.base.record_exchanges {
+        recorder.hold();
+    }
+    let probe = LagProbe::start();
+    let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
+    let (samples, planned) = match work {
+        Ok(w) => {
+            let planned = w.planned();
+            (open_wave(ctx, senders.pool, w).await, planned)
+        }
+        Err(c) => {
+            let n = ctx.plan.requests_per_case;
+            let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
+            (s, n as u64)
+        }
+    };
+    let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
+    let lags = probe.stop().await;
+    if ctx.base.record_exchanges
+        && let Err(e) = recorder.release().await
+    {
+        ctx.base.run.record_failed(e);
+        ctx.halt();
+    }
+    let mut round = metrics::level_round_metrics(&case.name, at.level, rep, planned, &samples);
+    round.goodput = ctx
+        .plan
+        .slo
+        .as_ref()
+        .map(|slo| metrics::goodput(&samples, slo, round.elapsed_seconds));
+    round.arm = ctx.arm.as_deref().map(str::to_string);
+    let load = GeneratorLoad::new(
+        cpu1.saturating_sub(cpu0),
+        wall1.saturating_sub(wall0),
+        cores(),
+        lags,
+    );
+    if let Some(w) = &load.warning {
+        ctx.base.progress.println(format!(
+            "warning: {} {} round {}: {w}",
+            case.name,
+            crate::model::Level::named(at.level),
+            rep + 1
+        ));
+    }
+    if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
+        ctx.base.progress.println(format!(
+            "warning: {} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
+            case.name,
+            crate::model::Level::named(at.level),
+            rep + 1,
+            o.late_sends,
+            round.attempted_requests,
+            metrics::SATURATION_LAG_US / 1000,
+            o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
+        ));
+    }
+    round.generator = Some(load);
+    Measured {
+        round,
+        samples,
+        window_ns: (wall0, wall1),
+    }
+}
+
+/// A measured round: its metrics, its samples (for a campaign's cells) and when it ran.
+pub(super) struct Measured {
+    pub(super) round: RoundMetrics,
+    pub(super) samples: Vec<Sample>,
+    pub(super) window_ns: (u64, u64),
+}
