@@ -1,20 +1,17 @@
 //! The bodies serve streams: [`TeeBody`] (the request on its way up, copied on the side)
 //! and [`ProxyBody`] (the response on its way down, from the upstream reader's bounded
 //! channel, or whole when the upstream body was complete before the head went out). A
-//! `ProxyBody` reports when and how the client's side ended ([`OnEnd`]).
+//! `ProxyBody` reports when and how the client's side ended ([`OnEnd`]) to a listener it
+//! does not know, as linkerd2-proxy's tap body does. Imports nothing else from serve.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::sync::{mpsc, oneshot};
 
-use super::finish;
-use super::forward::InFlight;
-use super::{PendingGuard, Shared};
 use crate::clock;
 use crate::engine::{BodyCopy, CopiedBody};
 
@@ -111,28 +108,10 @@ pub(super) enum OnEnd {
     /// Tell the task that records the exchange (the upstream reader, or the task of a
     /// generated error response).
     Notify(oneshot::Sender<DownstreamEnd>),
-    /// The upstream body was complete before the head went out: record from here, with
-    /// no task of its own (the common case of a small response).
-    Record(Box<FastEnd>),
-}
-
-/// An exchange whose upstream side is over, waiting only for the client's side.
-pub(super) struct FastEnd {
-    pub(super) sh: Arc<Shared>,
-    pub(super) p: InFlight,
-    pub(super) guard: PendingGuard,
-}
-
-impl FastEnd {
-    fn finish(self, complete: bool) {
-        let FastEnd { sh, p, guard } = self;
-        let end = DownstreamEnd {
-            at_ns: clock::now_ns(),
-            complete,
-        };
-        let verdict = finish::verdict(None, Some(&end), || *sh.cut.borrow());
-        finish::record_now(&sh, p, verdict, Some(end), guard);
-    }
+    /// Call the listener with the end, from the body itself (the upstream body was complete
+    /// before the head went out: the exchange ends here, with no task of its own, the
+    /// common case of a small response). The body does not know what the listener does.
+    Call(Box<dyn FnOnce(DownstreamEnd) + Send>),
 }
 
 /// A frame from the upstream reader, and whether it is the body's last.
@@ -147,7 +126,10 @@ impl ProxyBody {
                     complete,
                 });
             }
-            Some(OnEnd::Record(f)) => f.finish(complete),
+            Some(OnEnd::Call(listener)) => listener(DownstreamEnd {
+                at_ns: clock::now_ns(),
+                complete,
+            }),
             None => {}
         }
     }

@@ -14,27 +14,14 @@ use http::{HeaderMap, Request, Response, Uri};
 use hyper::body::{Body, Incoming};
 use tokio::sync::{mpsc, oneshot};
 
-use super::body::{FastEnd, OnEnd, ProxyBody, TeeBody};
+use super::body::{OnEnd, ProxyBody, TeeBody};
 use super::client::ClientConn;
-use super::finish::{self, Pumped};
-use super::{PendingGuard, Shared, Slot};
+use super::end;
+use super::pump::{self, Pumped};
+use super::state::{InFlight, PendingGuard, Shared, Slot};
 use crate::clock;
-use crate::engine::{BodyCopy, Capture, Conn, CopiedBody, Engine, ExchangeError, http1};
+use crate::engine::{BodyCopy, Capture, Conn, Engine, ExchangeError, http1};
 use crate::model::ConnectionPolicy;
-
-/// Everything known about an exchange except its ending.
-pub(super) struct InFlight {
-    pub(super) cap: Capture,
-    pub(super) started_at_us: i64,
-    pub(super) start_offset_us: i64,
-    pub(super) method: http::Method,
-    pub(super) url: String,
-    pub(super) request_headers: HeaderMap,
-    pub(super) tee: oneshot::Receiver<CopiedBody>,
-    pub(super) conn_no: i64,
-    pub(super) index: i64,
-    pub(super) client: Arc<ClientConn>,
-}
 
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
 /// `100 Continue` when the body is first read), forwarding headers added, `Host` kept
@@ -115,7 +102,7 @@ pub(super) async fn handle(
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
-    // Ends in `finish::build_record`, which every started exchange reaches (through
+    // Ends in `end::end`, which every started exchange reaches (through
     // `Unanswered` when its client leaves before the head).
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
@@ -186,10 +173,8 @@ pub(super) async fn handle(
     let (done_tx, done_rx) = oneshot::channel();
     resp.body_mut().done = Some(OnEnd::Notify(done_tx));
     tokio::spawn(async move {
-        let end = finish::wait_downstream(&sh, done_rx).await;
-        let v = finish::verdict(Some(failure), end.as_ref(), || *sh.cut.borrow());
-        finish::record(&sh, p, v, end).await;
-        drop(guard);
+        let downstream = pump::wait_downstream(&sh, done_rx).await;
+        end::end(&sh, p, Some(failure), downstream, guard);
     });
     Ok(resp)
 }
@@ -214,8 +199,7 @@ impl Drop for Unanswered<'_> {
         } else {
             ExchangeError::client_gone_before_head()
         };
-        let v = finish::verdict(Some(failure), None, || false);
-        finish::record_now(self.sh, p, v, None, guard);
+        end::end(self.sh, p, Some(failure), None, guard);
     }
 }
 
@@ -278,14 +262,14 @@ async fn respond(
             *s = Some(c);
         }
         let finished = no_body || data.is_none();
-        let end = FastEnd { sh, p, guard };
+        let listener = move |downstream| end::end(&sh, p, None, Some(downstream), guard);
         return Response::from_parts(
             parts,
             ProxyBody {
                 rx: None,
                 full: data,
                 finished,
-                done: Some(OnEnd::Record(Box::new(end))),
+                done: Some(OnEnd::Call(Box::new(listener))),
             },
         );
     }
@@ -311,6 +295,6 @@ async fn respond(
         slot,
         initial_failure,
     };
-    tokio::spawn(finish::pump_and_record(sh, guard, p, up));
+    tokio::spawn(pump::pump_and_record(sh, guard, p, up));
     resp
 }

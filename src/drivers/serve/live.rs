@@ -3,11 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use super::Shared;
-use crate::metrics::Percentiles;
 use crate::model::Outcome;
 
 /// Counters updated as each row is built: a short, uncontended lock per request (no task,
@@ -25,7 +21,7 @@ struct Live {
 
 /// Requests so far, requests this interval, the interval's successful latencies, and the
 /// failures so far as `outcome=n`.
-type Interval = (u64, u64, Vec<i64>, Vec<String>);
+pub(super) type Interval = (u64, u64, Vec<i64>, Vec<String>);
 
 impl LiveCounters {
     /// Count a finished exchange; `window`: keep its latency for the live line.
@@ -52,7 +48,7 @@ impl LiveCounters {
             .unwrap_or_default()
     }
 
-    fn take_interval(&self) -> Option<Interval> {
+    pub(super) fn take_interval(&self) -> Option<Interval> {
         let mut live = self.0.lock().ok()?;
         let errors: Vec<String> = live
             .by_outcome
@@ -62,33 +58,5 @@ impl LiveCounters {
             .collect();
         let n = std::mem::take(&mut live.window_n);
         Some((live.requests, n, std::mem::take(&mut live.window), errors))
-    }
-}
-
-/// Live counters on stderr every `every`.
-pub(super) async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let Some(sh) = shared.upgrade() else { return };
-        let in_flight = sh.in_flight.load(Ordering::Relaxed);
-        let Some((requests, window_n, window, errors)) = sh.live.take_interval() else {
-            return;
-        };
-        drop(sh);
-        let p = Percentiles::of(window);
-        let ms =
-            |v: Option<i64>| v.map_or("-".to_string(), |us| format!("{:.1}", us as f64 / 1000.0));
-        eprintln!(
-            "live: {requests} requests (+{window_n}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
-            if errors.is_empty() {
-                "none".into()
-            } else {
-                errors.join(" ")
-            },
-            ms(p.p50),
-            ms(p.p99),
-        );
     }
 }

@@ -20,12 +20,14 @@
 
 mod body;
 mod client;
-mod finish;
+mod end;
 mod forward;
 mod live;
+mod pump;
+mod state;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,112 +38,19 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::RunContext;
 use crate::budget::MemoryBudget;
-use crate::engine::{Conn, Engine};
-use crate::model::{ConnectionPolicy, Endpoint};
+use crate::engine::Engine;
+use crate::metrics::Percentiles;
 use crate::report::ServeStats;
-use body::TeeBody;
 use client::ClientConn;
-use live::{LiveCounters, stats_loop};
-
-/// What to do when the recorder's queue is full (`serve --on-record-full`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnRecordFull {
-    /// Wait for the writer (back-pressure on the finished exchange, never on the response).
-    Block,
-    /// Drop the row and count it (the count is printed and kept in summary.json).
-    Drop,
-}
-
-impl OnRecordFull {
-    /// As the command line and config.json name it.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            OnRecordFull::Block => "block",
-            OnRecordFull::Drop => "drop",
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct ServeOptions {
-    pub(crate) upstream: Endpoint,
-    /// `KeepAlive`: each downstream connection pinned to its own upstream connection.
-    pub(crate) policy: ConnectionPolicy,
-    /// Deadline for the upstream response head (connect and send included) -> 504.
-    pub(crate) upstream_timeout: Duration,
-    /// Longest gap between upstream body frames before the exchange is cut.
-    pub(crate) upstream_idle_timeout: Duration,
-    pub(crate) max_record_body: usize,
-    pub(crate) record_memory: usize,
-    pub(crate) rewrite_host: bool,
-    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
-    pub(crate) on_record_full: OnRecordFull,
-    /// How long in-flight exchanges may finish after a stop before they are cut.
-    pub(crate) grace: Duration,
-    /// Live counters on stderr every this often; `None` is quiet.
-    pub(crate) stats_interval: Option<Duration>,
-    /// Frames buffered between the upstream reader and the client.
-    pub(crate) buffer_frames: usize,
-    /// Largest request head accepted from a client (larger: 431).
-    pub(crate) max_header_bytes: usize,
-    /// Time a client has to send a complete request head (then the connection is closed).
-    pub(crate) header_read_timeout: Duration,
-    /// Client connections served at once; more wait in the listen backlog.
-    pub(crate) max_connections: usize,
-}
-
-struct Shared {
-    engine: Engine,
-    opts: ServeOptions,
-    run: Arc<RunContext>,
-    budget: Arc<MemoryBudget>,
-    next_conn: AtomicI64,
-    in_flight: AtomicI64,
-    cut: watch::Receiver<bool>,
-    live: LiveCounters,
-    /// Finished exchanges waiting for room in the recorder's queue (at most one per
-    /// client connection, by the connection's backlog gate); its peak is reported.
-    waiting_rows: AtomicI64,
-    waiting_rows_peak: AtomicI64,
-    proto: &'static str,
-    /// `scheme://authority` of the upstream, then its path prefix (no trailing `/`).
-    origin_prefix: String,
-    /// Length of `scheme://authority` in `origin_prefix`.
-    origin_len: usize,
-    /// `Host` for the upstream (its authority), when a request needs one.
-    upstream_host: Option<HeaderValue>,
-}
-
-/// Counts exchanges whose row is not yet submitted; the stop waits for zero.
-#[derive(Default)]
-pub(super) struct Pending {
-    n: AtomicUsize,
-    zero: Notify,
-}
-
-pub(super) struct PendingGuard(Arc<Pending>);
-
-impl PendingGuard {
-    pub(super) fn new(p: &Arc<Pending>) -> PendingGuard {
-        p.n.fetch_add(1, Ordering::SeqCst);
-        PendingGuard(p.clone())
-    }
-}
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.zero.notify_waiters();
-        }
-    }
-}
-
-type Slot = Arc<Mutex<Option<Conn<TeeBody>>>>;
+use live::LiveCounters;
+pub use state::OnRecordFull;
+pub(crate) use state::ServeOptions;
+use state::{Pending, PendingGuard, Shared, Slot};
 
 /// Serve until `stop` turns true, then drain (bounded by the grace period) and cut what is
 /// left. The caller finishes the recording ([`RunContext::finish_recording`]).
@@ -321,4 +230,32 @@ async fn serve_conn<I>(
         .header_read_timeout(sh_limits.1)
         .serve_connection(TokioIo::new(io), svc);
     let _ = watcher.watch(conn).await;
+}
+
+/// Live counters on stderr every `every`.
+async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(sh) = shared.upgrade() else { return };
+        let in_flight = sh.in_flight.load(Ordering::Relaxed);
+        let Some((requests, window_n, window, errors)) = sh.live.take_interval() else {
+            return;
+        };
+        drop(sh);
+        let p = Percentiles::of(window);
+        let ms =
+            |v: Option<i64>| v.map_or("-".to_string(), |us| format!("{:.1}", us as f64 / 1000.0));
+        eprintln!(
+            "live: {requests} requests (+{window_n}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
+            if errors.is_empty() {
+                "none".into()
+            } else {
+                errors.join(" ")
+            },
+            ms(p.p50),
+            ms(p.p99),
+        );
+    }
 }

@@ -1,0 +1,195 @@
+//! The one end of a served exchange ([`end`]), as Pingora's `logging()` is the one place a
+//! finished request is seen: every path that finishes an exchange (the response body's
+//! end, the upstream reader, a generated error response, a request dropped before its
+//! head) reports here what it saw, and only here is the outcome decided ([`verdict`]), the
+//! exchange counted in the live counters and the telemetry, and its row built and handed
+//! to the recorder under the loss policy.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::body::DownstreamEnd;
+use super::client::ClientConn;
+use super::state::{InFlight, OnRecordFull, PendingGuard, Shared};
+use crate::clock;
+use crate::drivers::{RowIds, SentRequest, Verdict};
+use crate::engine::{CopiedBody, ExchangeError};
+use crate::model::Phase;
+use crate::record::ExchangeRecord;
+
+/// The end of a served exchange, whichever side saw it end: the response body as the
+/// client's side ended, the upstream reader after the client's side, the task of a
+/// generated error response, or a request dropped before its head. `failure`: how the
+/// upstream side failed (or the proxy's deadline or cut); `downstream`: when and how the
+/// client's side ended (`None`: it never did). Decides the outcome ([`verdict`]), counts the
+/// exchange and records it without waiting when nothing needs waiting for (the request
+/// body's copy is delivered and the recorder's queue has room); otherwise hands the rest
+/// to a task. The row is submitted, dropped and counted, or its loss noted, before
+/// `guard` is released, so a stop that waits for no pending exchange loses no row.
+pub(super) fn end(
+    sh: &Arc<Shared>,
+    mut p: InFlight,
+    failure: Option<ExchangeError>,
+    downstream: Option<DownstreamEnd>,
+    guard: PendingGuard,
+) {
+    let end = downstream;
+    let verdict = verdict(failure, end.as_ref(), || *sh.cut.borrow());
+    let spawn = |fut: Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(fut);
+        }
+    };
+    let Ok(tee) = p.tee.try_recv() else {
+        let sh = sh.clone();
+        spawn(Box::pin(async move {
+            record_later(&sh, p, verdict, end).await;
+            drop(guard);
+        }));
+        return;
+    };
+    let client = p.client.clone();
+    let rec = build_record(sh, p, tee, verdict, end);
+    match queue_row(sh, &client, rec) {
+        Some(wait) => spawn(Box::pin(async move {
+            wait.await;
+            drop(guard);
+        })),
+        None => drop(guard),
+    }
+}
+
+/// The one place serve decides an exchange's outcome: a failure on the upstream side (or
+/// the proxy's own deadline or cut) wins; else the client's side: complete is `ok`, ended
+/// early is `client_aborted` (or `shutdown_cut` when the stop was cutting connections),
+/// never ended is `shutdown_cut`. `cut` is asked only for a response that ended early
+/// (reading it takes the watch channel's lock).
+fn verdict(
+    failure: Option<ExchangeError>,
+    end: Option<&DownstreamEnd>,
+    cut: impl FnOnce() -> bool,
+) -> Verdict {
+    let failure = match (failure, end) {
+        (Some(f), _) => f,
+        (None, Some(e)) if e.complete => return Verdict::default(),
+        (None, Some(_)) if !cut() => ExchangeError::client_gone(),
+        (None, _) => ExchangeError::shutdown_cut(),
+    };
+    Verdict {
+        outcome: failure.outcome(),
+        error_message: Some(failure.message),
+        ..Verdict::default()
+    }
+}
+
+/// Record once the request body's copy has arrived (it may still be in flight when the
+/// response has already ended), waiting for room in the recorder's queue if need be.
+async fn record_later(
+    sh: &Arc<Shared>,
+    mut p: InFlight,
+    verdict: Verdict,
+    end: Option<DownstreamEnd>,
+) {
+    let tee = match tokio::time::timeout(Duration::from_secs(1), &mut p.tee).await {
+        Ok(Ok(t)) => t,
+        _ => CopiedBody {
+            truncated: true,
+            ..CopiedBody::default()
+        },
+    };
+    let client = p.client.clone();
+    let rec = build_record(sh, p, tee, verdict, end);
+    if let Some(wait) = queue_row(sh, &client, rec) {
+        wait.await;
+    }
+}
+
+/// Hand a row to the recorder under the loss policy, without waiting. When the queue is
+/// full under `block`, returns the wait still to do: the row's client connection is
+/// gated (its next request waits) until that wait has queued the row. `None`: the row is
+/// queued, dropped and counted (`drop`), or refused by a stopped writer (noted).
+fn queue_row(
+    sh: &Arc<Shared>,
+    client: &ClientConn,
+    rec: ExchangeRecord,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    let recorder = &sh.run.recorder;
+    let r = match sh.opts.on_record_full {
+        OnRecordFull::Drop => recorder.try_submit(rec).map(|_| ()),
+        OnRecordFull::Block => match recorder.submit_now(rec) {
+            Ok(None) => Ok(()),
+            Ok(Some(rec)) => {
+                let gate = client.hold();
+                let n = sh.waiting_rows.fetch_add(1, Ordering::Relaxed) + 1;
+                sh.waiting_rows_peak.fetch_max(n, Ordering::Relaxed);
+                let sh = sh.clone();
+                return Some(async move {
+                    if let Err(e) = sh.run.recorder.submit(rec).await {
+                        sh.run.record_failed(e);
+                    }
+                    sh.waiting_rows.fetch_sub(1, Ordering::Relaxed);
+                    drop(gate);
+                });
+            }
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(e) = r {
+        sh.run.record_failed(e);
+    }
+    None
+}
+
+/// The row of a finished exchange; also counts it in the live counters.
+fn build_record(
+    sh: &Shared,
+    p: InFlight,
+    tee: CopiedBody,
+    verdict: Verdict,
+    end: Option<DownstreamEnd>,
+) -> ExchangeRecord {
+    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let t0_ns = p.cap.t0_ns();
+    let mut got = p.cap.into_captured();
+    // Only a response whose last byte was handed to the client has a downstream end; one
+    // the client left early (or never got) has none, so `downstream_done_us - total_us` is
+    // the proxy's own hand-over time wherever it is defined.
+    got.timings.downstream_done_us = end
+        .as_ref()
+        .filter(|e| e.complete)
+        .map(|e| clock::us_between(t0_ns, e.at_ns));
+    sh.live.count(
+        verdict.outcome,
+        got.timings.total_us,
+        sh.opts.stats_interval.is_some(),
+    );
+    sh.run.observe(
+        |t| t.route_id(p.method.as_str(), &p.url),
+        &got,
+        verdict.outcome,
+    );
+    let ids = RowIds {
+        target_rate_per_second: None,
+        exchange_id: sh.run.next_exchange_id(),
+        phase: Phase::Live,
+        arm: None,
+        case_name: None,
+        variant: None,
+        concurrency: None,
+        repetition: None,
+        dispatch_index: p.index,
+        worker: (p.conn_no % i64::from(i32::MAX)) as i32,
+    };
+    let request = SentRequest {
+        scheduled_offset_us: None,
+        started_at_us: p.started_at_us,
+        start_offset_us: p.start_offset_us,
+        method: p.method,
+        url: Arc::from(p.url),
+        headers: Arc::new(p.request_headers),
+        body: tee,
+    };
+    sh.run.row(ids, request, got, verdict)
+}

@@ -1,0 +1,132 @@
+//! serve's state, in one place every other file of serve may import: the run's options
+//! ([`ServeOptions`], [`OnRecordFull`]), what every connection shares ([`Shared`]), the
+//! count of exchanges whose row is not yet submitted ([`Pending`]), a client connection's
+//! upstream slot, and an exchange in flight ([`InFlight`]: everything known about it but
+//! its ending). Imports only serve's leaves (`body`, `client`, `live`).
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::HeaderMap;
+use http::header::HeaderValue;
+use tokio::sync::{Notify, oneshot, watch};
+
+use super::body::TeeBody;
+use super::client::ClientConn;
+use super::live::LiveCounters;
+use crate::budget::MemoryBudget;
+use crate::drivers::RunContext;
+use crate::engine::{Capture, Conn, CopiedBody, Engine};
+use crate::model::{ConnectionPolicy, Endpoint};
+
+/// What to do when the recorder's queue is full (`serve --on-record-full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRecordFull {
+    /// Wait for the writer (back-pressure on the finished exchange, never on the response).
+    Block,
+    /// Drop the row and count it (the count is printed and kept in summary.json).
+    Drop,
+}
+
+impl OnRecordFull {
+    /// As the command line and config.json name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            OnRecordFull::Block => "block",
+            OnRecordFull::Drop => "drop",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct ServeOptions {
+    pub(crate) upstream: Endpoint,
+    /// `KeepAlive`: each downstream connection pinned to its own upstream connection.
+    pub(crate) policy: ConnectionPolicy,
+    /// Deadline for the upstream response head (connect and send included) -> 504.
+    pub(crate) upstream_timeout: Duration,
+    /// Longest gap between upstream body frames before the exchange is cut.
+    pub(crate) upstream_idle_timeout: Duration,
+    pub(crate) max_record_body: usize,
+    pub(crate) record_memory: usize,
+    pub(crate) rewrite_host: bool,
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    pub(crate) on_record_full: OnRecordFull,
+    /// How long in-flight exchanges may finish after a stop before they are cut.
+    pub(crate) grace: Duration,
+    /// Live counters on stderr every this often; `None` is quiet.
+    pub(crate) stats_interval: Option<Duration>,
+    /// Frames buffered between the upstream reader and the client.
+    pub(crate) buffer_frames: usize,
+    /// Largest request head accepted from a client (larger: 431).
+    pub(crate) max_header_bytes: usize,
+    /// Time a client has to send a complete request head (then the connection is closed).
+    pub(crate) header_read_timeout: Duration,
+    /// Client connections served at once; more wait in the listen backlog.
+    pub(crate) max_connections: usize,
+}
+
+/// What every connection and exchange of one serve run shares.
+pub(super) struct Shared {
+    pub(super) engine: Engine,
+    pub(super) opts: ServeOptions,
+    pub(super) run: Arc<RunContext>,
+    pub(super) budget: Arc<MemoryBudget>,
+    pub(super) next_conn: AtomicI64,
+    pub(super) in_flight: AtomicI64,
+    pub(super) cut: watch::Receiver<bool>,
+    pub(super) live: LiveCounters,
+    /// Finished exchanges waiting for room in the recorder's queue (at most one per
+    /// client connection, by the connection's backlog gate); its peak is reported.
+    pub(super) waiting_rows: AtomicI64,
+    pub(super) waiting_rows_peak: AtomicI64,
+    pub(super) proto: &'static str,
+    /// `scheme://authority` of the upstream, then its path prefix (no trailing `/`).
+    pub(super) origin_prefix: String,
+    /// Length of `scheme://authority` in `origin_prefix`.
+    pub(super) origin_len: usize,
+    /// `Host` for the upstream (its authority), when a request needs one.
+    pub(super) upstream_host: Option<HeaderValue>,
+}
+
+/// Counts exchanges whose row is not yet submitted; the stop waits for zero.
+#[derive(Default)]
+pub(super) struct Pending {
+    pub(super) n: AtomicUsize,
+    pub(super) zero: Notify,
+}
+
+pub(super) struct PendingGuard(Arc<Pending>);
+
+impl PendingGuard {
+    pub(super) fn new(p: &Arc<Pending>) -> PendingGuard {
+        p.n.fetch_add(1, Ordering::SeqCst);
+        PendingGuard(p.clone())
+    }
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.zero.notify_waiters();
+        }
+    }
+}
+
+/// A client connection's upstream connection between its requests (pinned policy).
+pub(super) type Slot = Arc<Mutex<Option<Conn<TeeBody>>>>;
+
+/// Everything known about an exchange except its ending.
+pub(super) struct InFlight {
+    pub(super) cap: Capture,
+    pub(super) started_at_us: i64,
+    pub(super) start_offset_us: i64,
+    pub(super) method: http::Method,
+    pub(super) url: String,
+    pub(super) request_headers: HeaderMap,
+    pub(super) tee: oneshot::Receiver<CopiedBody>,
+    pub(super) conn_no: i64,
+    pub(super) index: i64,
+    pub(super) client: Arc<ClientConn>,
+}
