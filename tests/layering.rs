@@ -89,6 +89,8 @@ const CONFIG_FORBIDDEN: &[[&str; 2]] = &[
     ["tokio", "net"],
 ];
 const MAX_FN_LINES: usize = 120;
+/// Code lines of one source file, its tests excluded.
+const MAX_FILE_CODE_LINES: usize = 700;
 
 const LAYER_HINT: &str = "Move the shared item into a lower layer both modules may import, or \
     pass it in from the caller. If the layering itself must change, edit ALLOWED in \
@@ -101,6 +103,8 @@ const COLUMNAR_HINT: &str = "Arrow and Parquet belong to record/ (writing rows) 
 const CONFIG_HINT: &str = "config validates bytes and values it is handed: let the caller \
     (cli, drivers) read the file or bind the socket and pass config the bytes or values.";
 const FN_HINT: &str = "Split each function into named steps of at most 120 lines.";
+const FILE_HINT: &str = "Split the file by concern (docs/architecture.md's code map names \
+    each file's concern); tests, comments and blank lines do not count.";
 
 // ---------------------------------------------------------------------------------- lexing
 
@@ -846,6 +850,26 @@ fn long_functions(model: &Model, max: usize) -> Vec<String> {
     out
 }
 
+/// Code lines of a file: lines before its first top-level `#[cfg(test)]`, less blank
+/// lines and lines that hold only a comment.
+fn code_lines(text: &str) -> usize {
+    let code = text.lines().take_while(|l| !l.starts_with("#[cfg(test)]"));
+    code.filter(|l| {
+        let l = l.trim();
+        !l.is_empty() && !l.starts_with("//")
+    })
+    .count()
+}
+
+/// Files over `max` code lines.
+fn long_files(sources: &[(String, String)], max: usize) -> Vec<String> {
+    let counted = sources.iter().map(|(path, text)| (path, code_lines(text)));
+    counted
+        .filter(|(_, n)| *n > max)
+        .map(|(path, n)| format!("{path}: {n} code lines"))
+        .collect()
+}
+
 /// Every top-level module in `src/` has a row, and every row a module.
 fn coverage_problems(model: &Model, table: &[Row]) -> Vec<String> {
     let mut found: BTreeMap<&str, &str> = BTreeMap::new();
@@ -1040,6 +1064,63 @@ fn leaf_violations(model: &Model, leaves: &[&str]) -> Vec<String> {
     out
 }
 
+// ---------------------------------------------------------------------- the documented map
+
+/// The marker in docs/architecture.md above the code map's layer table.
+const MAP_MARKER: &str = "<!-- layers:";
+
+/// The code map's layer table in `doc`: each row's module (`` `engine/` `` is `engine`) and
+/// the modules its "may import" cell names (`—` none, `everything` all).
+fn documented_layers(doc: &str) -> Result<Vec<(String, Vec<String>)>, String> {
+    let start = doc
+        .find(MAP_MARKER)
+        .ok_or("docs/architecture.md has no `<!-- layers: ... -->` marker above its layer table")?;
+    let mut rows = Vec::new();
+    let table = doc[start..].lines().skip(1).take_while(|l| l.starts_with('|'));
+    for line in table.skip(2) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [module, deps, ..] = cells[..] else {
+            return Err(format!("layer table row without a \"may import\" cell: {line}"));
+        };
+        let name = module.trim_matches('`').trim_end_matches('/').to_string();
+        let deps = if deps == "everything" {
+            vec![EVERYTHING.to_string()]
+        } else {
+            let named = deps.split('`').skip(1).step_by(2);
+            named.map(|d| d.trim_end_matches('/').to_string()).collect()
+        };
+        rows.push((name, deps));
+    }
+    Ok(rows)
+}
+
+/// Where the documented table and `table` disagree.
+fn map_disagreements(doc: &str, table: &[Row]) -> Vec<String> {
+    let documented = match documented_layers(doc) {
+        Ok(rows) => rows,
+        Err(e) => return vec![e],
+    };
+    let mut out = Vec::new();
+    for (m, deps) in table {
+        let want: BTreeSet<&str> = deps.iter().copied().collect();
+        match documented.iter().find(|(d, _)| d == m) {
+            None => out.push(format!("`{m}` has a row in ALLOWED but none in the code map")),
+            Some((_, got)) => {
+                let got: BTreeSet<&str> = got.iter().map(String::as_str).collect();
+                if got != want {
+                    out.push(format!(
+                        "`{m}`: the code map says it may import {got:?}, ALLOWED says {want:?}"
+                    ));
+                }
+            }
+        }
+    }
+    for (d, _) in documented.iter().filter(|(d, _)| !table.iter().any(|(m, _)| m == d)) {
+        out.push(format!("`{d}` has a row in the code map but none in ALLOWED"));
+    }
+    out
+}
+
 // ------------------------------------------------------------------------------- real tree
 
 /// Every `.rs` file under `root/src`, as (path relative to `root` with `/`, text).
@@ -1145,6 +1226,42 @@ fn files_import_each_other_one_way_only() {
 fn leaf_files_import_nothing_from_their_folder() {
     let found = leaf_violations(&real_tree(), LEAF_FILES);
     assert_clean("leaf files", FILE_CYCLE_HINT, &found);
+}
+
+#[test]
+fn no_source_file_is_longer_than_700_code_lines() {
+    let root = option_env!("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let sources = load_src(&root).unwrap_or_else(|e| panic!("cannot read src/: {e}"));
+    let found = long_files(&sources, MAX_FILE_CODE_LINES);
+    assert_clean("file length", FILE_HINT, &found);
+}
+
+#[test]
+fn the_code_map_in_architecture_md_matches_allowed() {
+    let root = option_env!("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let path = root.join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let hint = "The layer table under `<!-- layers: -->` in docs/architecture.md and ALLOWED in \
+        tests/layering.rs are one table written twice: change both together.";
+    assert_clean("code map vs ALLOWED", hint, &map_disagreements(&doc, ALLOWED));
+}
+
+/// The file-level import graph inside each folder, for a reader (and the note of a change
+/// that moves files): `cargo test --test layering file_graph -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints the graph; checks nothing"]
+fn print_file_graph() {
+    for (from, edges) in file_graph(&real_tree()) {
+        let inside: Vec<&str> = edges
+            .keys()
+            .filter(|to| folder(to) == folder(&from))
+            .map(|to| to.rsplit('/').next().unwrap_or(to))
+            .collect();
+        if !inside.is_empty() {
+            println!("{from} -> {}", inside.join(", "));
+        }
+    }
 }
 
 // -------------------------------------------------------------------------- synthetic trees
@@ -1670,4 +1787,98 @@ fn synthetic_tree_loads_from_disk() {
     let found = layer_violations(&Model::build(&sources), ALLOWED);
     let expected = ["src/engine/wave.rs:1: engine imports record (use super::super::record::Row)"];
     assert_eq!(found, expected);
+}
+
+#[test]
+fn synthetic_file_circles_fire_and_one_way_imports_pass() {
+    let circle = tree(
+        r#"
+        == src/engine/mod.rs
+        mod a;
+        mod b;
+        pub struct Shared;
+        pub fn run() { a::go(); }
+        == src/engine/a.rs
+        use super::Shared;
+        pub fn go() {}
+        == src/engine/b.rs
+        pub fn other() { super::a::go(); }
+        "#,
+    );
+    let found = file_cycles(&circle);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("src/engine/a.rs <-> src/engine/mod.rs"),
+        "{found:?}"
+    );
+    assert!(
+        found[0].contains("src/engine/a.rs:1 -> src/engine/mod.rs (use super::Shared)"),
+        "{found:?}"
+    );
+    // The shared item in a leaf file: the circle is gone, and the leaf rule holds.
+    let fixed = tree(
+        r#"
+        == src/engine/mod.rs
+        mod a;
+        mod state;
+        pub use state::Shared;
+        pub fn run() { a::go(); }
+        == src/engine/a.rs
+        use super::Shared;
+        pub fn go() {}
+        == src/engine/state.rs
+        pub struct Shared;
+        "#,
+    );
+    assert_eq!(file_cycles(&fixed), Vec::<String>::new());
+    assert_eq!(
+        leaf_violations(&fixed, &["src/engine/state.rs"]),
+        Vec::<String>::new()
+    );
+    let leaf = leaf_violations(&fixed, &["src/engine/a.rs", "src/engine/gone.rs"]);
+    assert_eq!(
+        leaf,
+        [
+            "src/engine/a.rs:1: imports src/engine/state.rs (use super::Shared)",
+            "src/engine/gone.rs: named in LEAF_FILES but not in src/",
+        ]
+    );
+}
+
+#[test]
+fn synthetic_code_map_disagreements_fire() {
+    let table: &[Row] = &[("clock", &[]), ("engine", &["clock"]), ("cli", &[EVERYTHING])];
+    let doc = |rows: &str| format!("# Map\n\n<!-- layers: checked -->\n| module | may import | owns |\n|---|---|---|\n{rows}\nAfter.\n");
+    let good = doc("| `clock` | — | time |\n| `engine/` | `clock` | one exchange |\n| `cli/` | everything | commands |");
+    assert_eq!(map_disagreements(&good, table), Vec::<String>::new());
+    let bad = doc("| `clock` | `model` | time |\n| `cli/` | everything | commands |\n| `mock/` | — | a worker |");
+    assert_eq!(
+        map_disagreements(&bad, table),
+        [
+            "`clock`: the code map says it may import {\"model\"}, ALLOWED says {}",
+            "`engine` has a row in ALLOWED but none in the code map",
+            "`mock` has a row in the code map but none in ALLOWED",
+        ]
+    );
+    assert_eq!(map_disagreements("no table", table).len(), 1);
+}
+
+#[test]
+fn synthetic_file_over_700_code_lines_fires_and_tests_do_not_count() {
+    let code = "let x = 1;\n".repeat(700);
+    let comments = "// a comment\n/// a doc line\n\n".repeat(50);
+    let tests = format!("#[cfg(test)]\nmod tests {{\n{}}}\n", "let y = 2;\n".repeat(300));
+    let at_limit = format!("//! doc\n{comments}{code}{tests}");
+    let over = format!("{at_limit}\nfn one_more() {{}}\n");
+    assert_eq!(code_lines(&at_limit), 700);
+    let sources = [
+        ("src/a.rs".to_string(), at_limit),
+        ("src/b.rs".to_string(), format!("{code}fn one_more() {{}}\n")),
+        ("src/c.rs".to_string(), over),
+    ];
+    assert_eq!(
+        long_files(&sources, 700),
+        ["src/b.rs: 701 code lines"],
+        "lines after the tests module start are tests"
+    );
 }

@@ -152,3 +152,20 @@ pub(super) fn run_id(now_us: i64) -> String {
 pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
     flags::seconds(flag, v).map_err(usage)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_default_run_name_gets_a_suffix_but_an_explicit_one_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("demo-20261129T000000Z");
+        assert_eq!(create_run_dir(&out, true).unwrap().path, out);
+        let second = create_run_dir(&out, true).unwrap();
+        assert_eq!(second.path, tmp.path().join("demo-20261129T000000Z-2"));
+        let err = create_run_dir(&out, false).err().unwrap();
+        assert_eq!(err.exit, Exit::Usage);
+        assert!(err.message.contains("already exists"), "{}", err.message);
+    }
+}

@@ -8,6 +8,24 @@
 //! ([`html`]). Arithmetic lives in `metrics`; this module arranges it, and the commands
 //! write what it builds. Never imports a driver: what a serve run did arrives as
 //! [`ServeStats`], what a replay measured as [`Measured`].
+//!
+//! # After a run
+//!
+//! The replay driver returns what it measured (`drivers::replay::ReplayResult`: rounds,
+//! excluded phases, failures, notes, each arm's measures); `cli::replay::reports` has
+//! `report` build summary.json (`report::summary`), rounds.parquet and the table from it,
+//! written once; for a campaign `report::campaign::campaign_doc` builds campaign.json, then
+//! `report::answers::add_drift` reads the measured `ok` answers back from the closed parts
+//! (`record::read::for_each_measured_answer`), pairs each arm's with the reference's and
+//! computes `drift` (`src/drift.rs`) into it; with `--contract`,
+//! `report::verdict::evaluate` reads only that `CampaignDoc` and the thresholds, so
+//! `matrix-proxy verdict RUN` later computes the same gates from the same file, read back
+//! by `FinishedRun::open`. `compare` opens two run directories the same way,
+//! `report::compare::check_comparable` refuses two workloads
+//! (`config::workload::first_difference`), open loops and unrecorded runs, and
+//! `Comparison::document` reuses the same drift and, with a contract, the same evaluation
+//! on a `CampaignDoc` built from the two runs' sides. Nothing patches a written document:
+//! config.json is written at the start with `finished_at` null and once more at the end.
 
 pub(crate) mod answers;
 pub(crate) mod campaign;

@@ -7,6 +7,27 @@
 //! microseconds, not the runtime's 1 ms timer) and spawns its exchange on the runtime. At
 //! `max_in_flight` requests in flight the pacer waits for one to end: nothing is dropped,
 //! and the lateness is recorded as each exchange's `send_lag_us`.
+//!
+//! # The life of an open-loop round
+//!
+//! 1. `arms::measure_level` takes the plan's levels in order (`Plan::levels`: concurrencies,
+//!    or an open loop's rates; under `--sweep`, a round at c = 1, one at the highest
+//!    concurrency, then the rates placed between their throughputs).
+//! 2. For a rate, `At::open_wave` (in `phases.rs`) computes the round's schedule
+//!    before it starts (`config::load::Load::schedule`: the seed's stream for (case, level,
+//!    repetition), offsets in µs from the round's start) and, under `--shard`, takes the
+//!    wave's start from the shared `Timetable` and keeps the shard's indices.
+//! 3. [`open_wave`] fixes the wave's start in whole microseconds on the run's clock and
+//!    starts a pacer on a blocking thread: for each arrival it sleeps to the absolute instant
+//!    (`std::thread::sleep`, microseconds; never the runtime's 1 ms timer, never a gap per
+//!    request), takes a permit of the `max_in_flight` semaphore (waiting, blocking that
+//!    thread, when none is free: the send is late, never dropped), and spawns the exchange on
+//!    the runtime. A sender takes a connection from the `OpenPool` (its number is the row's
+//!    `worker`), runs the same `exchange` as a closed-loop worker with the arrival's
+//!    `scheduled_offset_us` in its `Dispatch`, and puts the connection back.
+//! 4. The samples carry `scheduled_offset_us`; `metrics::level_round_metrics` adds the send
+//!    lag, the latency from intended times, the achieved rate, the arrivals' CV and
+//!    saturation, and `metrics::goodput` counts against the plan's `slo` (closed rounds too).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, Ordering};

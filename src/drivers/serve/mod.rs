@@ -14,9 +14,50 @@
 //! is in flight. This module never imports the replay driver; what both need lives in the
 //! engine, the recorder and `drivers` itself (the run context and the one row constructor).
 //!
-//! Files: this one accepts connections and stops; `forward` turns a client request into an
-//! upstream one and answers; `body` holds the two bodies; `finish` decides the outcome and
-//! records; `client` is a client connection's state; `live` the counters.
+//! Files, each importing only those below it: this one accepts connections and stops;
+//! `forward` turns a client request into an upstream one and answers; `pump` reads a
+//! streamed upstream body; `end` is the one end of every exchange (the outcome decided,
+//! the row built and recorded); `state` holds the options and what every connection
+//! shares; `body` the two bodies, `client` a client connection's state and `live` the
+//! counters, which import nothing else from serve.
+//!
+//! # The life of a served exchange
+//!
+//! 1. `forward::handle` (in `drivers/serve/`) first waits on its client connection's
+//!    back-pressure gate (`ClientConn::wait_backlog`: set only while the connection's previous
+//!    row waits for room in the recorder's queue under `block`). `Capture::start` stamps t0
+//!    (drawing recorded bytes from the `--record-memory` budget), the wall clock is read once,
+//!    and the upstream request is made: hop-by-hop headers removed (`engine::http1`),
+//!    forwarding headers added (`upstream_headers`, built once per client connection in
+//!    `ClientConn`), the URL and target made once (`upstream_url`). The request body streams
+//!    up through a `TeeBody`, whose `BodyCopy` is delivered on a oneshot when it ends.
+//! 2. `Engine::send` runs on the connection taken from the client connection's slot, under
+//!    `--upstream-timeout` and the stop's cut. With no head, `error_response` answers 502,
+//!    503 or 504 (`ExchangeError::status`), and a task waits for the client's side
+//!    (`pump::wait_downstream`) and hands what it saw to `end::end`.
+//! 3. With a head, `respond` polls for the first body frame without waiting. If the body is
+//!    already whole (and, for an event stream, complete), the connection goes back to the
+//!    slot and the `ProxyBody` carries the body with `OnEnd::Call`: a listener the body does
+//!    not know, which calls `end::end` when the client's side ends. Otherwise
+//!    `pump::pump_and_record` reads the upstream body frame by frame (`pump::pump`, under
+//!    `--upstream-idle-timeout`) into the 64-frame channel the `ProxyBody` drains,
+//!    independently of the client, then puts the connection back, waits for the client's
+//!    side, and calls `end::end`. A request whose client leaves before the head (hyper drops
+//!    its future) is ended by `forward::Unanswered`'s drop, through `end::end` too.
+//! 4. `end::end` is the one place an exchange ends, and its `verdict` the one place an
+//!    outcome is decided: a failure on the upstream side
+//!    (or the proxy's deadline or cut) wins; else the client's side: complete is `ok`, ended
+//!    early is `client_aborted` (`shutdown_cut` when the stop was cutting connections), never
+//!    ended is `shutdown_cut`.
+//! 5. `end::build_record` counts the exchange in the live counters, sets `downstream_done_us` (only
+//!    when the client's response completed), takes the exchange id, and builds the row with
+//!    `RunContext::row`; the two bodies' holds on the memory budget become
+//!    the row's (released when the writer has encoded it). `end::queue_row` applies the loss
+//!    policy: `submit_now`; if the queue is full, `try_submit` drops and counts it under
+//!    `drop`, or, under `block`, the client connection's gate closes until a task has
+//!    `submit`ted the row.
+//! 6. When serve stops, the closed parts are read back (`record::read::for_each_row`) into
+//!    `report::routes::RouteTable`: summary.json's `routes` and the end-of-run lines.
 
 mod body;
 mod client;
