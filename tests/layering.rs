@@ -1076,11 +1076,16 @@ fn documented_layers(doc: &str) -> Result<Vec<(String, Vec<String>)>, String> {
         .find(MAP_MARKER)
         .ok_or("docs/architecture.md has no `<!-- layers: ... -->` marker above its layer table")?;
     let mut rows = Vec::new();
-    let table = doc[start..].lines().skip(1).take_while(|l| l.starts_with('|'));
+    let table = doc[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with('|'));
     for line in table.skip(2) {
         let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
         let [module, deps, ..] = cells[..] else {
-            return Err(format!("layer table row without a \"may import\" cell: {line}"));
+            return Err(format!(
+                "layer table row without a \"may import\" cell: {line}"
+            ));
         };
         let name = module.trim_matches('`').trim_end_matches('/').to_string();
         let deps = if deps == "everything" {
@@ -1104,7 +1109,9 @@ fn map_disagreements(doc: &str, table: &[Row]) -> Vec<String> {
     for (m, deps) in table {
         let want: BTreeSet<&str> = deps.iter().copied().collect();
         match documented.iter().find(|(d, _)| d == m) {
-            None => out.push(format!("`{m}` has a row in ALLOWED but none in the code map")),
+            None => out.push(format!(
+                "`{m}` has a row in ALLOWED but none in the code map"
+            )),
             Some((_, got)) => {
                 let got: BTreeSet<&str> = got.iter().map(String::as_str).collect();
                 if got != want {
@@ -1115,8 +1122,13 @@ fn map_disagreements(doc: &str, table: &[Row]) -> Vec<String> {
             }
         }
     }
-    for (d, _) in documented.iter().filter(|(d, _)| !table.iter().any(|(m, _)| m == d)) {
-        out.push(format!("`{d}` has a row in the code map but none in ALLOWED"));
+    for (d, _) in documented
+        .iter()
+        .filter(|(d, _)| !table.iter().any(|(m, _)| m == d))
+    {
+        out.push(format!(
+            "`{d}` has a row in the code map but none in ALLOWED"
+        ));
     }
     out
 }
@@ -1244,7 +1256,11 @@ fn the_code_map_in_architecture_md_matches_allowed() {
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let hint = "The layer table under `<!-- layers: -->` in docs/architecture.md and ALLOWED in \
         tests/layering.rs are one table written twice: change both together.";
-    assert_clean("code map vs ALLOWED", hint, &map_disagreements(&doc, ALLOWED));
+    assert_clean(
+        "code map vs ALLOWED",
+        hint,
+        &map_disagreements(&doc, ALLOWED),
+    );
 }
 
 /// The file-level import graph inside each folder, for a reader (and the note of a change
@@ -1847,11 +1863,23 @@ fn synthetic_file_circles_fire_and_one_way_imports_pass() {
 
 #[test]
 fn synthetic_code_map_disagreements_fire() {
-    let table: &[Row] = &[("clock", &[]), ("engine", &["clock"]), ("cli", &[EVERYTHING])];
-    let doc = |rows: &str| format!("# Map\n\n<!-- layers: checked -->\n| module | may import | owns |\n|---|---|---|\n{rows}\nAfter.\n");
-    let good = doc("| `clock` | — | time |\n| `engine/` | `clock` | one exchange |\n| `cli/` | everything | commands |");
+    let table: &[Row] = &[
+        ("clock", &[]),
+        ("engine", &["clock"]),
+        ("cli", &[EVERYTHING]),
+    ];
+    let doc = |rows: &str| {
+        format!(
+            "# Map\n\n<!-- layers: checked -->\n| module | may import | owns |\n|---|---|---|\n{rows}\nAfter.\n"
+        )
+    };
+    let good = doc(
+        "| `clock` | — | time |\n| `engine/` | `clock` | one exchange |\n| `cli/` | everything | commands |",
+    );
     assert_eq!(map_disagreements(&good, table), Vec::<String>::new());
-    let bad = doc("| `clock` | `model` | time |\n| `cli/` | everything | commands |\n| `mock/` | — | a worker |");
+    let bad = doc(
+        "| `clock` | `model` | time |\n| `cli/` | everything | commands |\n| `mock/` | — | a worker |",
+    );
     assert_eq!(
         map_disagreements(&bad, table),
         [
@@ -1867,13 +1895,19 @@ fn synthetic_code_map_disagreements_fire() {
 fn synthetic_file_over_700_code_lines_fires_and_tests_do_not_count() {
     let code = "let x = 1;\n".repeat(700);
     let comments = "// a comment\n/// a doc line\n\n".repeat(50);
-    let tests = format!("#[cfg(test)]\nmod tests {{\n{}}}\n", "let y = 2;\n".repeat(300));
+    let tests = format!(
+        "#[cfg(test)]\nmod tests {{\n{}}}\n",
+        "let y = 2;\n".repeat(300)
+    );
     let at_limit = format!("//! doc\n{comments}{code}{tests}");
     let over = format!("{at_limit}\nfn one_more() {{}}\n");
     assert_eq!(code_lines(&at_limit), 700);
     let sources = [
         ("src/a.rs".to_string(), at_limit),
-        ("src/b.rs".to_string(), format!("{code}fn one_more() {{}}\n")),
+        (
+            "src/b.rs".to_string(),
+            format!("{code}fn one_more() {{}}\n"),
+        ),
         ("src/c.rs".to_string(), over),
     ];
     assert_eq!(

@@ -48,7 +48,7 @@ pub(super) fn tool(message: impl Into<String>) -> CliError {
     }
 }
 
-/// The command line as given (set by [`main_with_args`]; empty when a command is called
+/// The command line as given (set by [`super::main_with_args`]; empty when a command is called
 /// as a library function). Only [`argv`] hands it out, redacted.
 pub(super) static ARGV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 

@@ -452,7 +452,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
             "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
             args.plan.display(),
             targets(plan),
-            input.shape.planned_requests(&plan),
+            input.shape.planned_requests(plan),
             plan.connection.as_str(),
             dir.path.display()
         );

@@ -94,7 +94,7 @@ pub(crate) fn replay_fields(plan: &Plan, k: ReplayKeys<'_>) -> Fields {
             repetitions: plan.repetitions,
             warmup_per_case: plan.warmup_per_case,
             timeout_seconds: plan.timeout_seconds,
-            planned_requests: k.shape.planned_requests(&plan),
+            planned_requests: k.shape.planned_requests(plan),
             load: plan.load.to_json(),
             slo: plan.slo.as_ref().map(crate::config::load::slo_json),
             sweep: k.shape.sweep_rates(),

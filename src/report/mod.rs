@@ -117,7 +117,7 @@ pub(crate) fn sweep_rounds(plan: &Plan, l: Level) -> usize {
 /// a rate never placed counts its feasibility wave at its bound, `requests_per_case`).
 pub(crate) fn planned_requests(plan: &Plan, shape: Shape, rounds: &[RoundMetrics]) -> u64 {
     let Some(sweep) = shape.sweep_rates() else {
-        return shape.planned_requests(&plan);
+        return shape.planned_requests(plan);
     };
     let n = plan.requests_per_case as u64;
     let reps = plan.repetitions as u64;
