@@ -7,8 +7,12 @@
 //! an import crosses that layering: a `use`, an inline `crate::`/`super::`/`self::` path,
 //! or a name reached through a `pub use` re-export. It also keeps `drivers::replay` and
 //! `drivers::serve` apart, Arrow and Parquet inside `record` and `report`, files and
-//! sockets out of `config`, and every function at most 120 lines. The table [`ALLOWED`]
-//! is the one source of the allowed edges; docs/architecture.md copies it, so change both.
+//! sockets out of `config`, every function at most 120 lines and every file at most 700
+//! code lines. Between files it holds one more rule: no file imports a file that imports
+//! it back (directly or around a circle), and the files named in [`LEAF_FILES`] import
+//! nothing else from their folder. The table [`ALLOWED`] is the one source of the allowed
+//! edges; docs/architecture.md copies it as its code map's layer table, and a test fails
+//! when the two disagree.
 //!
 //! Every rule is a plain function over an in-memory tree; the `synthetic_*` tests feed
 //! small made-up trees to prove that each rule fires, and that a clean tree passes.
@@ -103,8 +107,8 @@ const COLUMNAR_HINT: &str = "Arrow and Parquet belong to record/ (writing rows) 
 const CONFIG_HINT: &str = "config validates bytes and values it is handed: let the caller \
     (cli, drivers) read the file or bind the socket and pass config the bytes or values.";
 const FN_HINT: &str = "Split each function into named steps of at most 120 lines.";
-const FILE_HINT: &str = "Split the file by concern (docs/architecture.md's code map names \
-    each file's concern); tests, comments and blank lines do not count.";
+const FILE_HINT: &str = "Split the file by concern, into files that import each other one \
+    way only; tests, comments and blank lines do not count.";
 
 // ---------------------------------------------------------------------------------- lexing
 
@@ -1264,7 +1268,7 @@ fn the_code_map_in_architecture_md_matches_allowed() {
 }
 
 /// The file-level import graph inside each folder, for a reader (and the note of a change
-/// that moves files): `cargo test --test layering file_graph -- --ignored --nocapture`.
+/// that moves files): `cargo test --test layering print_file_graph -- --ignored --nocapture`.
 #[test]
 #[ignore = "prints the graph; checks nothing"]
 fn print_file_graph() {

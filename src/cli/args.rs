@@ -1,6 +1,6 @@
 //! The command line's shapes (clap): every command, its flags and their defaults, and the
-//! exit codes a command ends with. Nothing here reads a file or binds a socket; the
-//! commands (`mod.rs`, `replay.rs`, `serve.rs`, ...) act on what was parsed.
+//! mock worker's flags turned into its config. Nothing here reads a file or binds a
+//! socket; the commands (`mod.rs`, `replay.rs`, `serve.rs`, ...) act on what was parsed.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

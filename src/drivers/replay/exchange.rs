@@ -8,18 +8,11 @@
 //!    `Content-Length`, case headers, bearer token, `Connection: close` under `fresh`,
 //!    serialised to bytes (`engine::lean::LeanRequest`) beside the header map its rows record.
 //!    Per exchange the driver reads the wall clock once (`started_at`).
-//! 2. `Capture::start` stamps t0. `Engine::exchange_lean` (the **lean client**,
-//!    `engine/lean.rs`) takes the worker's connection from the worker's slot after one poll
-//!    shows the worker has not closed it (or connects: `connect_us`, `tls_us`), resets the
-//!    connection's `IoStamps`, writes the frozen bytes with one call, and reads into the
-//!    connection's one reused buffer: the head is parsed by httparse and framed by
-//!    `http1::codec` (no body; Content-Length; chunked, with hyper's rules; until the close),
-//!    and the connection goes back into the slot when the body ended cleanly, nothing
-//!    followed it, and the head allows another request. Writing into a reused connection that
-//!    the worker had closed opens a new one and sends once more (`connection_retried`). Every
-//!    replay request (health, readiness, warm-up, rounds, a campaign's health probes; http
-//!    and https) takes this path; serve's take hyper's (`Engine::send`,
-//!    `Engine::next_frame`).
+//! 2. `Capture::start` stamps t0. `Engine::exchange_lean` (the lean client: its connection
+//!    slot, keep-alive rule and one retry are `engine/lean.rs`'s `//!`) writes the frozen
+//!    bytes with one call and reads the response into the connection's one reused buffer
+//!    (`http1::codec` frames it). Every replay request takes this path; serve's take hyper's
+//!    (`Engine::send`, `Engine::next_frame`).
 //! 3. `TimedIo`, wrapped around the stream above TLS, stores the time of each write and of the
 //!    first read into atomics; after the head arrives they become `request_sent_us` and
 //!    `first_byte_us`. Each read's bytes go to the capture as they arrive, stamped when the
@@ -41,29 +34,10 @@
 //!    ([`Rows`]) and hands them to the recorder 64 at a time
 //!    (`Recorder::submit_many`: one wait for queue slots and one message per batch, not per
 //!    row); the sequential phases and serve hand each row over at once.
-//! 6. The recorder's thread redacts secrets and encodes batches of rows into the open part
-//!    a column at a time (`record::encode::PartEncoder`, parquet's `ArrowColumnWriter`s
-//!    behind an `ArrowWriter`'s file writer): each step converts one entry of
-//!    `record::columns::COLUMNS` for the batch (for variable-size values: bodies, header
-//!    lists, URLs, text, event times, the rows whose values first reach 64 KiB) to Arrow and encodes it into zstd (level 1) pages,
-//!    dictionary encoding only on low-cardinality columns; a row group closes at 65,536 rows
-//!    or before its estimated encoded size would pass its limit (`ArrowWriter`'s rule). It
-//!    appends to the part ledger and rolls part files. In serve a `Pacer` sleeps ~20 µs
-//!    (plus the kernel's timer slack) whenever the work since the thread last rested has run
-//!    40 µs (`RecorderOptions::slice`), and frees a batch's rows in steps too, so a request
-//!    sharing the core waits behind one slice and one step, not behind a whole batch; a
-//!    paced writer's batches are at most ~1 MiB, and its parts keep pages near 64 KiB and row
-//!    groups near 1 MiB (copying a row group into the file, and a part's footer, are single
-//!    steps). The longest slice is measured in the thread's CPU time
-//!    (`recorder_longest_slice_us` in serve's summary.json). It polls its queue on a 2 ms tick rather than blocking in
-//!    it, so a submit never has to wake a sleeping thread (a futex wake and a context switch
-//!    per row, measured as serve's largest cost). Replay's measured rounds are bracketed by
-//!    `Recorder::hold` / `Recorder::release`: during a round the writer only takes rows off
-//!    the queue (up to `--record-hold` bytes) and encodes them once the round's last
-//!    exchange has ended (and closes a part due for its age) before the next round starts,
-//!    so the round's requests do not share a core with the encoding of their own rows
-//!    (rows past the bound, and earlier phases' rows still being encoded as a round starts,
-//!    are the exceptions; `rows_encoded_during_rounds` counts the former).
+//! 6. The recorder's thread redacts secrets and encodes the rows a column at a time
+//!    (`record/encode.rs`); during a measured round it only takes them off the queue and
+//!    encodes them after the round (`Recorder::hold`, `record/writer.rs`), so the round's
+//!    requests do not share a core with the encoding of their own rows.
 
 use super::ctx::{Ctx, Dispatch, Slot};
 use crate::clock;

@@ -6,7 +6,7 @@
 //! of `measured` (n requests, c workers, closed loop); or, in an open loop, for each rate:
 //! `feasibility` (the rate's own arrivals for a second) and `repetitions` rounds of its
 //! seeded schedule (`open`). Requests are made once per arm
-//! (`exchange::freeze`) and sent by the engine's lean client. Each worker owns its connection; the
+//! (`ctx::freeze`) and sent by the engine's lean client. Each worker owns its connection; the
 //! scheduler hands connections from round to round without locks. With
 //! `on_failure: stop`, the first failure stops new dispatch, admitted requests drain and
 //! are recorded, and later phases are skipped. The driver decides *what* to send and

@@ -2,12 +2,6 @@
 //! the worker does, so a stalled worker shows as latency from the intended time instead
 //! of as fewer, later sends (coordinated omission).
 //!
-//! The schedule is computed before the wave starts, as offsets from its start. A pacer on
-//! a blocking thread sleeps to each arrival's absolute instant (`std::thread::sleep`,
-//! microseconds, not the runtime's 1 ms timer) and spawns its exchange on the runtime. At
-//! `max_in_flight` requests in flight the pacer waits for one to end: nothing is dropped,
-//! and the lateness is recorded as each exchange's `send_lag_us`.
-//!
 //! # The life of an open-loop round
 //!
 //! 1. `arms::measure_level` takes the plan's levels in order (`Plan::levels`: concurrencies,
@@ -21,7 +15,8 @@
 //!    starts a pacer on a blocking thread: for each arrival it sleeps to the absolute instant
 //!    (`std::thread::sleep`, microseconds; never the runtime's 1 ms timer, never a gap per
 //!    request), takes a permit of the `max_in_flight` semaphore (waiting, blocking that
-//!    thread, when none is free: the send is late, never dropped), and spawns the exchange on
+//!    thread, when none is free: the send is late, never dropped, and its lateness is the
+//!    exchange's `send_lag_us`), and spawns the exchange on
 //!    the runtime. A sender takes a connection from the `OpenPool` (its number is the row's
 //!    `worker`), runs the same `exchange` as a closed-loop worker with the arrival's
 //!    `scheduled_offset_us` in its `Dispatch`, and puts the connection back.

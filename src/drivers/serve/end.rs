@@ -35,8 +35,7 @@ pub(super) fn end(
     downstream: Option<DownstreamEnd>,
     guard: PendingGuard,
 ) {
-    let end = downstream;
-    let verdict = verdict(failure, end.as_ref(), || *sh.cut.borrow());
+    let verdict = verdict(failure, downstream.as_ref(), || *sh.cut.borrow());
     let spawn = |fut: Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(fut);
@@ -45,13 +44,13 @@ pub(super) fn end(
     let Ok(tee) = p.tee.try_recv() else {
         let sh = sh.clone();
         spawn(Box::pin(async move {
-            record_later(&sh, p, verdict, end).await;
+            record_later(&sh, p, verdict, downstream).await;
             drop(guard);
         }));
         return;
     };
     let client = p.client.clone();
-    let rec = build_record(sh, p, tee, verdict, end);
+    let rec = build_record(sh, p, tee, verdict, downstream);
     match queue_row(sh, &client, rec) {
         Some(wait) => spawn(Box::pin(async move {
             wait.await;

@@ -102,8 +102,8 @@ pub(super) async fn handle(
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
-    // Ends in `end::end`, which every started exchange reaches (through
-    // `Unanswered` when its client leaves before the head).
+    // Counted down in `end::build_record`: every started exchange reaches `end::end`
+    // (through `Unanswered` when its client leaves before the head).
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(parts.headers, &client, &sh);

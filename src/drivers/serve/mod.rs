@@ -45,17 +45,14 @@
 //!    side, and calls `end::end`. A request whose client leaves before the head (hyper drops
 //!    its future) is ended by `forward::Unanswered`'s drop, through `end::end` too.
 //! 4. `end::end` is the one place an exchange ends, and its `verdict` the one place an
-//!    outcome is decided: a failure on the upstream side
-//!    (or the proxy's deadline or cut) wins; else the client's side: complete is `ok`, ended
-//!    early is `client_aborted` (`shutdown_cut` when the stop was cutting connections), never
-//!    ended is `shutdown_cut`.
+//!    outcome is decided (the rule is in `end.rs`).
 //! 5. `end::build_record` counts the exchange in the live counters, sets `downstream_done_us` (only
 //!    when the client's response completed), takes the exchange id, and builds the row with
 //!    `RunContext::row`; the two bodies' holds on the memory budget become
 //!    the row's (released when the writer has encoded it). `end::queue_row` applies the loss
-//!    policy: `submit_now`; if the queue is full, `try_submit` drops and counts it under
-//!    `drop`, or, under `block`, the client connection's gate closes until a task has
-//!    `submit`ted the row.
+//!    policy: under `drop`, `try_submit` (dropped and counted when the queue is full); under
+//!    `block`, `submit_now`, and when the queue is full the client connection's gate closes
+//!    until a task has `submit`ted the row.
 //! 6. When serve stops, the closed parts are read back (`record::read::for_each_row`) into
 //!    `report::routes::RouteTable`: summary.json's `routes` and the end-of-run lines.
 

@@ -1,8 +1,7 @@
 //! The upstream reader of a streamed response: its own task reads the upstream body frame
 //! by frame into the bounded channel the client's [`ProxyBody`](super::body::ProxyBody)
-//! drains, so a slow client neither inflates the worker's timings nor makes the proxy hold
-//! unbounded data; then it waits for the client's side and hands the exchange to
-//! [`end`](super::end::end).
+//! drains, independently of the client; then it waits for the client's side and hands the
+//! exchange to [`end`](super::end::end).
 
 use std::io;
 use std::sync::Arc;
