@@ -101,6 +101,13 @@ pub enum Command {
         /// Where to write compare.json.
         #[arg(long, value_name = "FILE", default_value = "compare.json")]
         out: PathBuf,
+        /// Compare only this arm of run A (a campaign run); with a contract it is the
+        /// reference. Default: every available arm, paired with B's by name.
+        #[arg(long = "arm-a", value_name = "NAME")]
+        arm_a: Option<String>,
+        /// Compare only this arm of run B (a campaign run). A plain run is its own side.
+        #[arg(long = "arm-b", value_name = "NAME")]
+        arm_b: Option<String>,
     },
 }
 

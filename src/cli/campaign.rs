@@ -79,6 +79,14 @@ pub(crate) fn verdict_cmd(
     contract_path: &Path,
     out: Option<&Path>,
 ) -> Result<Exit, CliError> {
+    if let Some(out) = out.filter(|o| same_file(o, &dir.join(VERDICT))) {
+        return Err(usage(format!(
+            "--out {}: that is the run's pre-registered verdict ({}), written with the contract the run was started with; it is never overwritten. Leave --out out (a post-hoc verdict goes to {}) or name another file",
+            out.display(),
+            dir.join(VERDICT).display(),
+            dir.join(VERDICT_POST_HOC).display()
+        )));
+    }
     let run = FinishedRun::open(dir).map_err(report_error)?;
     let plan = run.replay_plan().map_err(report_error)?;
     let contract = load_contract(contract_path)?;
@@ -140,6 +148,25 @@ pub(crate) fn verdict_cmd(
     Ok(Exit::Ok)
 }
 
+/// Whether `a` and `b` name the same file (which may not exist yet): the same name in the
+/// same directory, each directory resolved (`./RUN`, `RUN/../RUN`, links).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        (
+            dir.canonicalize().ok(),
+            p.file_name().map(ToOwned::to_owned),
+        )
+    };
+    match (resolved(a), resolved(b)) {
+        ((Some(da), Some(na)), (Some(db), Some(nb))) => da == db && na == nb,
+        _ => false,
+    }
+}
+
 fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), CliError> {
     rundir::write_json_at(path, v).map_err(|e| tool(e.to_string()))
 }
@@ -152,13 +179,16 @@ pub(crate) struct CompareArgs<'a> {
     /// The lane of B's side when B is not a campaign (a campaign arm keeps its own).
     pub(crate) lane: Lane,
     pub(crate) out: &'a Path,
+    /// `--arm-a` / `--arm-b`: the side of each run to compare.
+    pub(crate) arms: (Option<&'a str>, Option<&'a str>),
 }
 
 /// The `compare` command.
 pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
     let a = FinishedRun::open(args.a).map_err(report_error)?;
     let b = FinishedRun::open(args.b).map_err(report_error)?;
-    let comparison = compare::check_comparable(&a, &b, args.lane).map_err(report_error)?;
+    let comparison =
+        compare::check_comparable(&a, &b, args.lane, args.arms).map_err(report_error)?;
     let contract = match args.contract {
         None => None,
         Some(path) => {

@@ -80,7 +80,7 @@ pub(crate) fn runtime_threads(flag: Option<usize>) -> usize {
 /// unusable input (exit 2); rows that cannot be read back are the tool's (exit 3).
 pub(super) fn report_error(e: report::run::ReportError) -> CliError {
     match e {
-        report::run::ReportError::Rows(m) => tool(m),
+        report::run::ReportError::Rows(m) | report::run::ReportError::Unfinished(m) => tool(m),
         other => usage(other.to_string()),
     }
 }

@@ -83,6 +83,8 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
             contract,
             lane,
             out,
+            arm_a,
+            arm_b,
         } => compare_cmd(&CompareArgs {
             a: &run_a,
             b: &run_b,
@@ -92,6 +94,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
                 LaneArg::PerformanceFit => crate::config::campaign::Lane::PerformanceFit,
             },
             out: &out,
+            arms: (arm_a.as_deref(), arm_b.as_deref()),
         }),
     };
     match result {

@@ -8,6 +8,8 @@ use crate::record::rundir::{self, RunDir};
 
 /// The `recover` command: quarantine unfinished parts and count the rows they held.
 pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
+    // A live run's open part is not a crashed one's: moving it away would destroy it.
+    rundir::refuse_locked(dir).map_err(usage)?;
     // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
     // OUT/exchanges/shard=I.
     let shard = crate::report::run::shard_parts(dir);
@@ -31,7 +33,7 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
         .write_json(rundir::RECOVERY, &report)
         .map_err(|e| tool(e.to_string()))?;
     eprintln!(
-        "matrix-proxy: {} unfinished part(s) moved to quarantine/; {} rows lost, {} rows kept in closed parts (recovery.json); run `matrix-proxy summarize {}` next",
+        "matrix-proxy: {} unfinished part(s) moved to quarantine/; {} rows lost of those the ledger had seen, {} rows kept in closed parts (recovery.json); exchanges that finished after the last ledger entry are not counted; run `matrix-proxy summarize {}` next",
         r.quarantined.len(),
         r.rows_lost,
         r.rows_kept,

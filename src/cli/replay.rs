@@ -540,6 +540,9 @@ fn campaign_reports(
     } else {
         drift_ok = true;
         text = report::answers::drift_text(c.drift_entries());
+        if let Some(why) = &c.drift_unavailable_reason {
+            text.push_str(&format!("drift: n/a: {why}\n"));
+        }
     }
     if let Err(e) = dir.write_json(rundir::CAMPAIGN, &c) {
         problems.push(e.to_string());
@@ -587,6 +590,11 @@ fn reports(
         problems.push(format!("rounds.parquet: {e}"));
     }
     let record_error = recording.problems.first();
+    // A run whose rows could not all be written did not pass, whatever its exchanges did.
+    let ending = match result.ending {
+        Ending::Passed if record_error.is_some() => Ending::Failed,
+        other => other,
+    };
     let aggregates = report::aggregates(plan, shape, &result.rounds);
     let summary = report::summary(
         plan,
@@ -595,7 +603,7 @@ fn reports(
             rounds: &result.rounds,
             aggregates: &aggregates,
             excluded: &result.excluded,
-            ending: result.ending,
+            ending,
             failures: result.failures,
             notes: &result.notes,
         },
@@ -678,7 +686,7 @@ fn reports(
             dir.path.display()
         )));
     }
-    Ok(match result.ending {
+    Ok(match ending {
         Ending::Passed => Exit::Ok,
         Ending::Failed => Exit::Failure,
         Ending::Interrupted => Exit::Interrupted,

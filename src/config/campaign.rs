@@ -93,6 +93,10 @@ pub(crate) struct Start {
     pub(crate) health_timeout: Duration,
     /// SIGTERM, then SIGKILL after this.
     pub(crate) stop_grace: Duration,
+    /// Set for the server over the environment it inherits (`{port}` substituted).
+    pub(crate) env: Vec<(String, String)>,
+    /// The server's working directory (default: matrix-proxy's).
+    pub(crate) cwd: Option<String>,
 }
 
 /// One arm of a campaign.
@@ -168,7 +172,26 @@ const ARM_FIELDS: &[&str] = &[
     "resources",
 ];
 const RECIPE_KEYS: [&str; 4] = ["runtime", "weight_format", "weight_quantization", "device"];
-const START_FIELDS: &[&str] = &["command", "health_timeout_seconds", "stop_grace_seconds"];
+const START_FIELDS: &[&str] = &[
+    "command",
+    "env",
+    "cwd",
+    "health_timeout_seconds",
+    "stop_grace_seconds",
+];
+
+/// Parts of an environment variable's name that say it holds a secret: the plan is copied
+/// into every run directory, so such a value must come from matrix-proxy's own
+/// environment (which the server inherits), never from the plan.
+const SECRET_ENV_PARTS: &[&str] = &[
+    "TOKEN",
+    "KEY",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "AUTH",
+];
 
 impl Validator {
     /// The campaign part of a plan whose top level has `arms`. `plan_metadata` is the
@@ -226,6 +249,9 @@ impl Validator {
         };
         let arms = self.arms(top.get("arms"), plan_metadata);
         let arms = arms?;
+        if schedule == Some(Schedule::Interleaved) {
+            self.shared_ports(&arms);
+        }
         let evidence_class = if arms.iter().all(Arm::is_builtin_mock) {
             Some(EvidenceClass::Synthetic)
         } else {
@@ -237,6 +263,31 @@ impl Validator {
             schedule: schedule?,
             arms,
         })
+    }
+
+    /// Under the interleaved schedule every started server is up at once: two that listen
+    /// on one literal host:port cannot both run, and the second arm's health check would
+    /// be answered by the first's server.
+    fn shared_ports(&mut self, arms: &[Arm]) {
+        let mut seen: Vec<(String, usize)> = Vec::new();
+        for (i, a) in arms.iter().enumerate() {
+            if a.start.is_none() || a.endpoint.contains("{port}") {
+                continue;
+            }
+            let Ok(ep) = Endpoint::parse(&a.endpoint) else {
+                continue;
+            };
+            match seen.iter().find(|(at, _)| *at == ep.authority) {
+                Some((at, j)) => self.err(
+                    format!("arms[{i}].endpoint"),
+                    format!(
+                        "arms[{j}] ('{}') and arms[{i}] ('{}') both start a server on {at}: under the interleaved schedule both run at once, so the second cannot listen there and the first would answer for it; give each arm its own port, or write {{port}} in the endpoint and the start command (a free port per arm), or use \"schedule\": \"sequential\"",
+                        arms[*j].name, a.name
+                    ),
+                ),
+                None => seen.push((ep.authority.clone(), i)),
+            }
+        }
     }
 
     fn arms(
@@ -517,11 +568,47 @@ impl Validator {
         };
         let health_timeout = secs(self, "health_timeout_seconds", 600.0);
         let stop_grace = secs(self, "stop_grace_seconds", 10.0);
+        let env = self.start_env(m.get("env"), &join(path, "env"));
+        let cwd = match m.get("cwd") {
+            None => Some(None),
+            Some(v) => self
+                .nonblank(v, &join(path, "cwd"))
+                .map(|s| Some(s.to_string())),
+        };
         Some(Start {
             command: command?,
             health_timeout: health_timeout?,
             stop_grace: stop_grace?,
+            env: env?,
+            cwd: cwd?,
         })
+    }
+
+    /// `start.env`: variable name → string value, names without `=` or NUL, and none that
+    /// names a secret ([`SECRET_ENV_PARTS`]).
+    fn start_env(&mut self, v: Option<&Value>, path: &str) -> Option<Vec<(String, String)>> {
+        let Some(v) = v else {
+            return Some(Vec::new());
+        };
+        let m = self.object(v, path)?;
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (name, value) in m {
+            let p = join(path, name);
+            let upper = name.to_ascii_uppercase();
+            if name.is_empty() || name.contains(['=', '\0']) {
+                self.err(&p, "is not an environment variable name");
+                ok = false;
+            } else if SECRET_ENV_PARTS.iter().any(|s| upper.contains(s)) {
+                self.err(&p, "names a secret, and the plan is copied into every run directory: set it in matrix-proxy's own environment instead (the server inherits it)");
+                ok = false;
+            } else if let Some(s) = self.string(value, &p) {
+                out.push((name.clone(), s.to_string()));
+            } else {
+                ok = false;
+            }
+        }
+        ok.then_some(out)
     }
 }
 
@@ -716,5 +803,78 @@ mod tests {
                 .any(|e| e.starts_with("cases[0].expected_response: is required")),
             "{errs:?}"
         );
+    }
+
+    #[test]
+    fn a_start_command_takes_env_and_cwd_but_no_secret_from_the_plan() {
+        let arm = |name: &str, reference: bool, port: &str, extra: &str| {
+            format!(
+                r#"{{"name": "{name}", "lane": "quality", "reference": {reference},
+                   "endpoint": "http://127.0.0.1:{port}/v1", "recipe": {},
+                   "start": {{"command": ["srv", "--port", "{port}"]{extra}}}}}"#,
+                recipe("bf16")
+            )
+        };
+        let top = format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm(
+                "a",
+                true,
+                "{port}",
+                r#", "env": {"CUDA_VISIBLE_DEVICES": "0", "SRV_PORT": "{port}"}, "cwd": "/srv""#
+            )
+        );
+        let text = format!("{{ {top}, {BODY}, {META} }}");
+        let p = Plan::from_json_bytes(text.as_bytes()).expect("valid");
+        let start = p.campaign.unwrap().arms[0].start.clone().unwrap();
+        assert_eq!(
+            start.env,
+            [
+                ("CUDA_VISIBLE_DEVICES".to_string(), "0".to_string()),
+                ("SRV_PORT".to_string(), "{port}".to_string())
+            ]
+        );
+        assert_eq!(start.cwd.as_deref(), Some("/srv"));
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm(
+                "a",
+                true,
+                "{port}",
+                r#", "env": {"HF_TOKEN": "hf_x", "N": 1}, "cwd": " ""#
+            )
+        ));
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert!(errs[0].starts_with("arms[0].start.env.HF_TOKEN: names a secret, and the plan is copied into every run directory"), "{errs:?}");
+        assert!(errs[1].starts_with("arms[0].start.env.N: "), "{errs:?}");
+        assert_eq!(errs[2], "arms[0].start.cwd: must not be blank");
+    }
+
+    #[test]
+    fn two_started_arms_on_one_literal_port_are_refused_when_interleaved() {
+        let arm = |name: &str, reference: bool, port: &str| {
+            format!(
+                r#"{{"name": "{name}", "lane": "quality", "reference": {reference},
+                   "endpoint": "http://127.0.0.1:{port}/v1", "recipe": {},
+                   "start": {{"command": ["srv"]}}}}"#,
+                recipe("bf16")
+            )
+        };
+        let arms = [
+            arm("a", true, "18556"),
+            arm("b", false, "18556"),
+            arm("c", false, "{port}"),
+        ];
+        let errs = problems(&format!(r#""name": "n", "arms": [{}]"#, arms.join(", ")));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("arms[1].endpoint: arms[0] ('a') and arms[1] ('b') both start a server on 127.0.0.1:18556"),
+            "{errs:?}"
+        );
+        let sequential = format!(
+            r#""name": "n", "schedule": "sequential", "arms": [{}]"#,
+            arms.join(", ")
+        );
+        assert_eq!(problems(&sequential), Vec::<String>::new());
     }
 }

@@ -67,6 +67,41 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
 /// The first place two canonical workloads differ: a JSON pointer into the workload and
 /// each side's value there (shortened), or `None` when they are equal.
 pub(crate) fn first_difference(a: &Value, b: &Value) -> Option<(String, String, String)> {
+    telling_difference(a, b).or_else(|| any_difference(a, b))
+}
+
+/// The differences a reader recognises first, in this order: a case's name (the cases are
+/// other cases, not other requests), then the load's mode (closed or open loop).
+fn telling_difference(a: &Value, b: &Value) -> Option<(String, String, String)> {
+    let names = |w: &Value| -> Vec<Option<Value>> {
+        let cases = w.get("cases").and_then(Value::as_array);
+        cases.map_or_else(Vec::new, |c| {
+            c.iter().map(|c| c.get("name").cloned()).collect()
+        })
+    };
+    let (na, nb) = (names(a), names(b));
+    for i in 0..na.len().max(nb.len()) {
+        let (x, y) = (na.get(i).cloned().flatten(), nb.get(i).cloned().flatten());
+        if x != y {
+            return Some((
+                format!("/cases/{i}/name"),
+                shown(x.as_ref()),
+                shown(y.as_ref()),
+            ));
+        }
+    }
+    let closed = json!("closed");
+    let mode = |w: &Value| {
+        w.pointer("/load/mode")
+            .cloned()
+            .unwrap_or_else(|| closed.clone())
+    };
+    let (ma, mb) = (mode(a), mode(b));
+    (ma != mb).then(|| ("/load/mode".into(), shown(Some(&ma)), shown(Some(&mb))))
+}
+
+/// The first difference in key order, anywhere.
+fn any_difference(a: &Value, b: &Value) -> Option<(String, String, String)> {
     fn walk(
         a: Option<&Value>,
         b: Option<&Value>,
@@ -173,6 +208,30 @@ mod tests {
         assert_eq!(
             first_difference(&w, &w5),
             Some(("/cases/0/request/a/2".into(), "absent".into(), "3".into()))
+        );
+    }
+
+    #[test]
+    fn case_names_and_the_load_mode_are_named_before_any_other_difference() {
+        let (w, _) = hash_of(PLAN);
+        // Another case name (and other expectations, earlier in key order).
+        let renamed = PLAN
+            .replace("\"name\": \"c\"", "\"name\": \"d\"")
+            .replace("{\"ok\": true}", "{\"ok\": false}");
+        let (w2, _) = hash_of(&renamed);
+        assert_eq!(
+            first_difference(&w, &w2),
+            Some(("/cases/0/name".into(), "\"c\"".into(), "\"d\"".into()))
+        );
+        // An open loop of the same cases: its mode, not /concurrency/0.
+        let open = PLAN.replace(
+            "\"concurrency\": [1], \"requests_per_case\": 4",
+            "\"load\": {\"mode\": \"open\", \"rates_per_second\": [5], \"duration_seconds\": 1}",
+        );
+        let (w3, _) = hash_of(&open);
+        assert_eq!(
+            first_difference(&w, &w3),
+            Some(("/load/mode".into(), "\"closed\"".into(), "\"open\"".into()))
         );
     }
 }

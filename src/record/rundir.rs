@@ -71,6 +71,75 @@ pub(crate) struct RunDir {
     pub(crate) path: PathBuf,
     /// `path/exchanges`; a shard's is `OUT/exchanges/shard=i`.
     exchanges: PathBuf,
+    /// `path/.lock`, locked while this process writes the run (`None`: a run opened to
+    /// be read). The kernel releases the lock when the process dies, however it dies.
+    lock: Option<File>,
+}
+
+/// The lock file of a run being written: a writer holds an exclusive `flock` on it (its
+/// pid inside) for as long as it writes; a reader refuses a run whose lock is held.
+pub(crate) const LOCK: &str = ".lock";
+
+/// Take the lock of the run in `dir` for this process (its pid written in the file).
+fn lock_run(dir: &Path) -> Result<File, RunDirError> {
+    let path = dir.join(LOCK);
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            let err = io::Error::other("another process holds the new run directory's lock");
+            return Err(RunDirError::Io { path, err });
+        }
+        // A file system without locks (some network mounts): the run is written unlocked,
+        // as runs were before locks existed.
+        Err(fs::TryLockError::Error(_)) => {}
+    }
+    f.set_len(0)
+        .and_then(|()| writeln!(f, "{}", std::process::id()))
+        .map_err(io_err(&path))?;
+    Ok(f)
+}
+
+/// `Err` with the reason when a process is still writing the run in `dir` (its `.lock`
+/// is locked), or any shard of a sharded output folder. A run without a lock file (made
+/// before locks existed) or whose lock is free is not being written.
+pub(crate) fn refuse_locked(dir: &Path) -> Result<(), String> {
+    let mut locks = vec![dir.join(LOCK)];
+    if let Ok(shards) = fs::read_dir(dir.join(SHARDS)) {
+        locks.extend(shards.flatten().map(|s| s.path().join(LOCK)));
+    }
+    for path in locks {
+        let Ok(f) = File::open(&path) else {
+            continue;
+        };
+        if let Err(fs::TryLockError::WouldBlock) = f.try_lock() {
+            let pid = fs::read_to_string(&path).unwrap_or_default();
+            let run = path.parent().unwrap_or(dir);
+            return Err(format!(
+                "{}: run is still being written (pid {}); wait for it to end (or stop it), then run this again",
+                run.display(),
+                match pid.trim() {
+                    "" => "unknown",
+                    p => p,
+                }
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        // Done writing: the lock file goes, then the lock itself with the file.
+        if self.lock.is_some() {
+            let _ = fs::remove_file(self.path.join(LOCK));
+        }
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
@@ -95,11 +164,13 @@ impl RunDir {
             }
             Err(e) => return Err(io_err(path)(e)),
         }
+        let lock = lock_run(path)?;
         let ex = path.join(EXCHANGES);
         fs::create_dir(&ex).map_err(io_err(&ex))?;
         Ok(RunDir {
             path: path.to_path_buf(),
             exchanges: ex,
+            lock: Some(lock),
         })
     }
 
@@ -121,7 +192,12 @@ impl RunDir {
             }
         }
         let [path, exchanges] = mine;
-        Ok(RunDir { path, exchanges })
+        let lock = Some(lock_run(&path)?);
+        Ok(RunDir {
+            path,
+            exchanges,
+            lock,
+        })
     }
 
     /// A run directory that already exists (summarize, recover, verdict).
@@ -129,6 +205,7 @@ impl RunDir {
         RunDir {
             path: path.to_path_buf(),
             exchanges: path.join(EXCHANGES),
+            lock: None,
         }
     }
 

@@ -59,8 +59,25 @@ pub(crate) fn add_drift(
     exchanges: &Path,
     plan: &Plan,
 ) -> Result<(), String> {
-    let mut sides = read_answers(exchanges, plan)?;
     let reference_name = campaign.reference_arm.clone();
+    let reference_arm = campaign
+        .arms
+        .iter()
+        .find(|a| Some(&a.name) == reference_name.as_ref());
+    if let Some(r) = reference_arm.filter(|r| !r.available) {
+        // Nothing to pair any arm's answers with: no entry (a gate that needs one has
+        // nothing to read), and the reason.
+        campaign.drift_unavailable_reason = Some(format!(
+            "the reference arm '{}' was unavailable ({}): there are no reference answers to compare with",
+            r.name,
+            r.unavailable_reason
+                .as_deref()
+                .unwrap_or("no reason recorded")
+        ));
+        campaign.drift = Some(Some(Vec::new()));
+        return Ok(());
+    }
+    let mut sides = read_answers(exchanges, plan)?;
     let reference = sides.remove(&reference_name).unwrap_or_default();
     let opts = options(plan);
     let mut entries = Vec::new();
@@ -109,7 +126,7 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
     for e in entries {
         let d = &e.drift;
         out.push_str(&format!(
-            "drift {} vs {} ({}{}): {} pairs, exact match {}, mean similarity {}\n",
+            "drift {} vs {} ({}{}): {} pairs, exact match {}, mean similarity {}{}\n",
             e.arm,
             e.reference_arm,
             e.lane.map_or("?", Lane::as_str),
@@ -119,6 +136,11 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
                 .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
             d.mean_similarity
                 .map_or("n/a".into(), |x| format!("{x:.3}")),
+            if d.compared_prompts == 0 {
+                " (no answer of this arm was paired with one of the reference's: a pair is both ok at the same case, variant, level, repetition and dispatch)"
+            } else {
+                ""
+            },
         ));
     }
     out

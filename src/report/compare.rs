@@ -220,11 +220,21 @@ struct Opened<'a> {
 }
 
 impl<'a> Opened<'a> {
-    /// A replay run's plan, summary and campaign.json (refused when one is unreadable).
+    /// A replay run's plan, summary and campaign.json (refused when one is unreadable,
+    /// and when the run has no summary: it did not finish, so its sides cannot be known).
     fn of(run: &'a FinishedRun) -> Result<Opened<'a>, ReportError> {
+        let summary = run.replay_summary()?;
+        if summary.is_none() {
+            return Err(ReportError::Unfinished(format!(
+                "{}: no summary.json: the run did not finish (killed or crashed?), so what it measured is unknown; run `matrix-proxy recover {}`, then `matrix-proxy summarize {}` to rebuild its summary from the rows it recorded",
+                run.dir.display(),
+                run.dir.display(),
+                run.dir.display()
+            )));
+        }
         Ok(Opened {
             plan: run.replay_plan()?,
-            summary: run.replay_summary()?,
+            summary,
             campaign: run.campaign()?,
             run,
         })
@@ -239,6 +249,40 @@ pub(crate) struct Comparison<'a> {
     pub(crate) lane: Lane,
     pub(crate) pairs: Vec<Pair>,
     pub(crate) unmatched: Vec<String>,
+    /// `--arm-a`: A's side chosen by name (then the reference of a contract's evaluation).
+    arm_a: Option<Side>,
+}
+
+/// The sides of `run` (`which`: "a" or "b") to compare: every available arm (a plain run's
+/// one side), or the one `arm` names (`--arm-a` / `--arm-b`), refused when it has none.
+fn chosen_sides(
+    run: &Opened<'_>,
+    arm: Option<&str>,
+    which: &str,
+) -> Result<Vec<Side>, ReportError> {
+    let sides = sides_of(run);
+    let Some(name) = arm else {
+        return Ok(sides);
+    };
+    let dir = run.run.dir.display();
+    if run.campaign.is_none() {
+        return Err(ReportError::Refused(format!(
+            "--arm-{which} {name}: {dir} is a plain run, its own single side; leave --arm-{which} out"
+        )));
+    }
+    let side = Some(name.to_string());
+    if sides.contains(&side) {
+        return Ok(vec![side]);
+    }
+    let names: Vec<&str> = sides.iter().filter_map(|s| s.as_deref()).collect();
+    Err(ReportError::Refused(format!(
+        "--arm-{which} {name}: {dir} has no available arm of that name (its available arms: {})",
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    )))
 }
 
 /// Whether two finished runs can be compared: replay runs of one workload, closed loops,
@@ -247,6 +291,7 @@ pub(crate) fn check_comparable<'a>(
     a: &'a FinishedRun,
     b: &'a FinishedRun,
     lane: Lane,
+    (arm_a, arm_b): (Option<&str>, Option<&str>),
 ) -> Result<Comparison<'a>, ReportError> {
     let (a, b) = (Opened::of(a)?, Opened::of(b)?);
     let (pa, pb) = (a.plan, b.plan);
@@ -276,7 +321,8 @@ pub(crate) fn check_comparable<'a>(
             )));
         }
     }
-    let (pairs, unmatched) = pair_sides(&sides_of(&a), &sides_of(&b));
+    let (side_a, side_b) = (chosen_sides(&a, arm_a, "a")?, chosen_sides(&b, arm_b, "b")?);
+    let (pairs, unmatched) = pair_sides(&side_a, &side_b);
     if pairs.is_empty() {
         return Err(ReportError::Refused(format!(
             "{} and {} have no side in common to compare (unmatched: {}); campaign arms pair by name",
@@ -294,6 +340,7 @@ pub(crate) fn check_comparable<'a>(
         lane,
         pairs,
         unmatched,
+        arm_a: arm_a.map(|n| Some(n.to_string())),
     })
 }
 
@@ -402,10 +449,12 @@ impl Comparison<'_> {
         let post_hoc = (!(recorded(a) && recorded(b))).then(|| {
             "compare evaluates a contract on two runs: it is pre-registered only when both runs were started with it".to_string()
         });
-        // The reference: A's reference arm when A is a campaign, else A's one side.
-        let sa: Side = match a.campaign {
-            Some(k) => k.reference_arm.clone(),
-            None => self.pairs[0].a.clone(),
+        // The reference: the side --arm-a chose, else A's reference arm when A is a
+        // campaign, else A's one side.
+        let sa: Side = match (&self.arm_a, a.campaign) {
+            (Some(chosen), _) => chosen.clone(),
+            (None, Some(k)) => k.reference_arm.clone(),
+            (None, None) => self.pairs[0].a.clone(),
         };
         let mut arms = vec![arm_view(a, &sa, "A", Lane::Quality, true)?];
         let mut drift = Vec::new();

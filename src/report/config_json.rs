@@ -79,6 +79,9 @@ pub(crate) struct ReplayKeys<'a> {
     pub(crate) shard: Option<ShardRecord>,
 }
 
+/// config.json's `endpoint` and `health_endpoint` of a campaign run.
+pub(crate) const PER_ARM: &str = "per arm (see campaign.json's arms)";
+
 /// replay's own keys: the plan, its effective budget and policies, the flags' `extra`,
 /// the contract and the shard.
 pub(crate) fn replay_fields(plan: &Plan, k: ReplayKeys<'_>) -> Fields {
@@ -86,8 +89,16 @@ pub(crate) fn replay_fields(plan: &Plan, k: ReplayKeys<'_>) -> Fields {
         plan_path: k.plan_path.into(),
         plan_sha256: k.plan_sha256.into(),
         workload_sha256: workload_sha256(plan),
-        endpoint: redacted(&plan.endpoint.url()),
-        health_endpoint: redacted(&plan.health_endpoint.url()),
+        // A campaign's endpoints are its arms' (campaign.json lists each with its port),
+        // not the stand-in the plan carries until an arm starts.
+        endpoint: match &plan.campaign {
+            Some(_) => PER_ARM.into(),
+            None => redacted(&plan.endpoint.url()),
+        },
+        health_endpoint: match &plan.campaign {
+            Some(_) => PER_ARM.into(),
+            None => redacted(&plan.health_endpoint.url()),
+        },
         effective_budget: Budget {
             requests_per_case: plan.requests_per_case,
             concurrency: plan.concurrency.clone(),

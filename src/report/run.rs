@@ -35,6 +35,9 @@ pub(crate) enum ReportError {
     /// The recorded rows cannot be read back.
     #[error("{0}")]
     Rows(String),
+    /// The run did not finish (no summary.json): its files cannot be read as a result.
+    #[error("{0}")]
+    Unfinished(String),
 }
 
 impl ReportError {
@@ -161,6 +164,7 @@ impl FinishedRun {
     /// neither (no readable config.json, or shards that cannot be merged); the plan and
     /// the documents are read now and their problems said when a command reads them.
     pub(crate) fn open(dir: &Path) -> Result<FinishedRun, ReportError> {
+        rundir::refuse_locked(dir).map_err(ReportError::Refused)?;
         if rundir::is_sharded(dir) {
             let shards = shard_runs(dir)?;
             let first = &shards[0];

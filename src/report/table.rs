@@ -100,23 +100,27 @@ pub(crate) fn table(
         out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
     }
     if streams {
-        out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases\n");
+        out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases of each round's own value (a campaign.json cell's ttft_p50_ms pools every request of the level instead; on noisy rounds the two differ)\n");
     }
     for r in rounds {
         let at = match r.level() {
             Level::Concurrency(c) => format!("c={c}"),
             l => l.label(),
         };
+        let arm = r
+            .arm
+            .as_deref()
+            .map_or(String::new(), |a| format!("[{a}] "));
         if let Some(w) = r.generator.as_ref().and_then(|g| g.warning.as_ref()) {
             out.push_str(&format!(
-                "warning: {} {at} round {}: {w}\n",
+                "warning: {arm}{} {at} round {}: {w}\n",
                 r.case_name,
                 r.repetition + 1
             ));
         }
         if let Some(o) = r.open.as_ref().filter(|o| o.saturated) {
             out.push_str(&format!(
-                "warning: {} {at} round {}: saturated: {} send(s) fell more than {} ms behind their schedule (worst {:.1} ms)\n",
+                "warning: {arm}{} {at} round {}: saturated: {} send(s) fell more than {} ms behind their schedule (worst {:.1} ms)\n",
                 r.case_name,
                 r.repetition + 1,
                 o.late_sends,

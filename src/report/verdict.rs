@@ -7,7 +7,7 @@
 
 use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
 use super::doc::verdict::{
-    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, Threshold,
+    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, MissingEvidence, Threshold,
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
 use crate::config::campaign::Lane;
@@ -73,24 +73,39 @@ impl Compared {
     }
 }
 
-/// Run one gate for `arm`: an unavailable arm fails it with its reason; otherwise `body`
-/// gives what it compared, or why nothing could be.
+/// Run one gate for `arm`: `body` gives what it compared, or why there was nothing to
+/// compare (then, as for an unavailable arm, the gate has nothing to read: `pass` null,
+/// the reason in the note; never a pass or a fail).
 fn arm_gate(arm: &ArmView<'_>, body: impl FnOnce() -> Result<Compared, String>) -> ArmGate {
-    let c = match &arm.unavailable {
-        Some(why) => Err(why.clone()),
-        None => body(),
-    }
-    .unwrap_or_else(|note| Compared {
-        levels: Vec::new(),
-        pass: false,
-        note: Some(note),
-    });
+    let (pass, levels, note) = match arm.unavailable.clone().map_or_else(body, Err) {
+        Ok(c) => (Some(c.pass), c.levels, c.note),
+        Err(why) => (None, Vec::new(), Some(why)),
+    };
     ArmGate {
         arm: arm.name.into(),
-        pass: c.pass,
-        levels: c.levels,
-        note: c.note,
+        pass,
+        levels,
+        note,
     }
+}
+
+/// Kleene's "and" over three-valued results (`None`: nothing to read): false when any is
+/// false, else unknown when any is unknown, else true.
+fn all3(xs: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
+    let mut out = Some(true);
+    for x in xs {
+        match x {
+            Some(false) => return Some(false),
+            None => out = None,
+            Some(true) => {}
+        }
+    }
+    out
+}
+
+/// Kleene's "or": true when any is true, else unknown when any is unknown, else false.
+fn any3(xs: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
+    all3(xs.into_iter().map(|x| x.map(|b| !b))).map(|b| !b)
 }
 
 /// `max_failed_requests` for one arm: its failed measured requests, every level summed
@@ -198,10 +213,16 @@ fn p95(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
 fn ratio_gate(
     arm: &ArmView<'_>,
     reference: &ArmView<'_>,
-    pick: Pick,
+    (pick_name, pick): (&str, Pick),
     factor: f64,
     at_most: bool,
 ) -> ArmGate {
+    // Memory is the one value a run may not have sampled at all.
+    let caveat = if pick_name == "memory" {
+        " (memory is sampled only for arms the tool starts or names by resources.pid, while their server runs)"
+    } else {
+        ""
+    };
     arm_gate(arm, || {
         if let Some(why) = &reference.unavailable {
             return Err(format!("the reference is {why}"));
@@ -231,7 +252,9 @@ fn ratio_gate(
             });
         }
         if levels.is_empty() {
-            return Err("no concurrency level that both this arm and the reference completed with this value measured (memory is sampled only for arms the tool starts or names by resources.pid)".into());
+            return Err(format!(
+                "no concurrency level that both this arm and the reference completed with this value measured{caveat}"
+            ));
         }
         Ok(Compared::per_level(levels))
     })
@@ -242,13 +265,86 @@ fn gate(name: &str, threshold: Threshold, passes_when: &str, results: Vec<ArmGat
         gate: name.into(),
         threshold,
         passes_when: passes_when.into(),
-        pass: results.iter().all(|r| r.pass),
+        pass: all3(results.iter().map(|r| r.pass)),
         arms: results,
     }
 }
 
+/// Every gate and arm with nothing to read, and why.
+fn missing_evidence(gates: &[(&str, &Vec<ArmGate>)]) -> Vec<MissingEvidence> {
+    let mut out = Vec::new();
+    for (gate, arms) in gates {
+        for a in arms.iter().filter(|a| a.pass.is_none()) {
+            out.push(MissingEvidence {
+                gate: (*gate).into(),
+                arm: a.arm.clone(),
+                reason: a.note.clone().unwrap_or_default(),
+            });
+        }
+    }
+    out
+}
+
+/// The verdict from the lanes' three-valued results: a quality gate that fails on measured
+/// evidence rejects; otherwise missing evidence the decision depends on, or a run that
+/// ended before its plan, makes it `inconclusive` (never a decision on what was not
+/// measured); otherwise keep-reference, adopt or optimize.
+fn decide(
+    (quality_pass, fit_benefit): (Option<bool>, Option<bool>),
+    (adopt, any_unknown_ready): (&[String], bool),
+    ended_early: Option<&str>,
+    missing: &[MissingEvidence],
+) -> (&'static str, String) {
+    let nothing_to_read = || {
+        let each: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{} for {}: {}", m.gate, m.arm, m.reason))
+            .collect();
+        each.join("; ")
+    };
+    let inconclusive = |what: &str| ("inconclusive", format!("{what}: {}", nothing_to_read()));
+    match (quality_pass, fit_benefit) {
+        (Some(false), _) => (
+            "reject",
+            "the quality lane failed a gate on measured evidence".into(),
+        ),
+        _ if ended_early.is_some() => (
+            "inconclusive",
+            format!(
+                "the run ended before its plan ({}): its arms were not all measured as planned, so only a quality gate failed on measured evidence could decide",
+                ended_early.unwrap_or_default()
+            ),
+        ),
+        (None, _) => inconclusive("a quality-lane gate had nothing to read and none failed"),
+        (Some(true), Some(false)) => (
+            "keep-reference",
+            "the quality lane passed and no performance-fit arm has a benefit (max_failed_requests and either fit_min_memory_reduction or fit_min_decode_speedup)".into(),
+        ),
+        (Some(true), None) => inconclusive(
+            "the quality lane passed, and whether a performance-fit arm has a benefit depends on a gate with nothing to read",
+        ),
+        (Some(true), Some(true)) if !adopt.is_empty() => (
+            "adopt",
+            "a performance-fit arm with a benefit also passes max_p95_latency_ratio and min_decode_ratio".into(),
+        ),
+        (Some(true), Some(true)) if any_unknown_ready => inconclusive(
+            "a performance-fit arm has a benefit, and whether one is ready (adopt) or not (optimize) depends on a gate with nothing to read",
+        ),
+        (Some(true), Some(true)) => (
+            "optimize",
+            "a performance-fit arm has a benefit but fails max_p95_latency_ratio or min_decode_ratio: worth pursuing, not ready".into(),
+        ),
+    }
+}
+
 /// Evaluate `t` on a campaign.json: the lanes' results, the verdict and every gate.
-pub(crate) fn evaluate(campaign: &CampaignDoc, t: &Thresholds) -> Evaluation {
+/// `ended_early`: why the run ended before its plan (an interrupt), when it did: then no
+/// decision but `reject` on measured evidence is made.
+pub(crate) fn evaluate(
+    campaign: &CampaignDoc,
+    t: &Thresholds,
+    ended_early: Option<&str>,
+) -> Evaluation {
     let arms = arms(campaign);
     let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
     let Some(reference) = arms.iter().find(|a| a.reference) else {
@@ -271,31 +367,24 @@ pub(crate) fn evaluate(campaign: &CampaignDoc, t: &Thresholds) -> Evaluation {
         .iter()
         .map(|a| failed_gate(a, t.max_failed_requests))
         .collect();
-    let mem: Vec<ArmGate> = fit
-        .iter()
-        .map(|a| ratio_gate(a, reference, memory, 1.0 - t.fit_min_memory_reduction, true))
-        .collect();
-    let speed: Vec<ArmGate> = fit
-        .iter()
-        .map(|a| ratio_gate(a, reference, decode, 1.0 + t.fit_min_decode_speedup, false))
-        .collect();
-    let lat: Vec<ArmGate> = fit
-        .iter()
-        .map(|a| ratio_gate(a, reference, p95, t.max_p95_latency_ratio, true))
-        .collect();
-    let ratio: Vec<ArmGate> = fit
-        .iter()
-        .map(|a| ratio_gate(a, reference, decode, t.min_decode_ratio, false))
-        .collect();
-    let quality_pass = exact.iter().chain(&failed_q).all(|g| g.pass);
+    let ratio_gates = |pick: (&str, Pick), factor: f64, at_most: bool| -> Vec<ArmGate> {
+        let each = fit
+            .iter()
+            .map(|a| ratio_gate(a, reference, pick, factor, at_most));
+        each.collect()
+    };
+    let mem = ratio_gates(("memory", memory), 1.0 - t.fit_min_memory_reduction, true);
+    let speed = ratio_gates(("decode", decode), 1.0 + t.fit_min_decode_speedup, false);
+    let lat = ratio_gates(("p95", p95), t.max_p95_latency_ratio, true);
+    let ratio = ratio_gates(("decode", decode), t.min_decode_ratio, false);
+    let quality_pass = all3(exact.iter().chain(&failed_q).map(|g| g.pass));
     let fit_arms: Vec<FitArm> = (0..fit.len())
         .map(|i| {
-            let benefit = failed_f[i].pass && (mem[i].pass || speed[i].pass);
-            let ready = lat[i].pass && ratio[i].pass;
+            let benefit = all3([failed_f[i].pass, any3([mem[i].pass, speed[i].pass])]);
             FitArm {
                 arm: fit[i].name.into(),
                 benefit,
-                ready: benefit && ready,
+                ready: all3([benefit, lat[i].pass, ratio[i].pass]),
                 max_failed_requests: failed_f[i].pass,
                 fit_min_memory_reduction: mem[i].pass,
                 fit_min_decode_speedup: speed[i].pass,
@@ -304,30 +393,28 @@ pub(crate) fn evaluate(campaign: &CampaignDoc, t: &Thresholds) -> Evaluation {
             }
         })
         .collect();
-    let fit_benefit = fit_arms.iter().any(|f| f.benefit);
+    let fit_benefit = any3(fit_arms.iter().map(|f| f.benefit));
     let adopt: Vec<String> = fit_arms
         .iter()
-        .filter(|f| f.ready)
+        .filter(|f| f.ready == Some(true))
         .map(|f| f.arm.clone())
         .collect();
-    let (verdict, reason) = if !quality_pass {
-        ("reject", "the quality lane failed a gate")
-    } else if !fit_benefit {
-        (
-            "keep-reference",
-            "the quality lane passed and no performance-fit arm has a benefit (max_failed_requests and either fit_min_memory_reduction or fit_min_decode_speedup)",
-        )
-    } else if !adopt.is_empty() {
-        (
-            "adopt",
-            "a performance-fit arm with a benefit also passes max_p95_latency_ratio and min_decode_ratio",
-        )
-    } else {
-        (
-            "optimize",
-            "a performance-fit arm has a benefit but fails max_p95_latency_ratio or min_decode_ratio: worth pursuing, not ready",
-        )
-    };
+    let missing = missing_evidence(&[
+        ("quality_min_exact_match", &exact),
+        ("max_failed_requests", &failed_q),
+        ("max_failed_requests", &failed_f),
+        ("fit_min_memory_reduction", &mem),
+        ("fit_min_decode_speedup", &speed),
+        ("max_p95_latency_ratio", &lat),
+        ("min_decode_ratio", &ratio),
+    ]);
+    let any_unknown_ready = fit_arms.iter().any(|f| f.ready.is_none());
+    let (verdict, reason) = decide(
+        (quality_pass, fit_benefit),
+        (&adopt, any_unknown_ready),
+        ended_early,
+        &missing,
+    );
     let failed_all: Vec<ArmGate> = failed_q.into_iter().chain(failed_f).collect();
     let ratio_of = Threshold::Ratio;
     Evaluation::Gates(Box::new(Gates {
@@ -337,10 +424,11 @@ pub(crate) fn evaluate(campaign: &CampaignDoc, t: &Thresholds) -> Evaluation {
         }),
         fit_benefit,
         verdict: verdict.into(),
-        verdict_reason: reason.into(),
+        verdict_reason: reason,
         adopt_arms: adopt,
         fit_arms,
         reference_arm: reference.name.into(),
+        missing_evidence: missing,
         gates: vec![
             gate("quality_min_exact_match", ratio_of(t.quality_min_exact_match),
                  "every non-reference quality-lane arm's exact-match rate >= threshold", exact),
@@ -399,14 +487,22 @@ pub(crate) fn verdict_doc(campaign: &CampaignDoc, p: &Provenance<'_>) -> Verdict
             thresholds: *t,
         },
         evidence_class: campaign.evidence_class.clone(),
-        evaluation: evaluate(campaign, t),
+        evaluation: evaluate(
+            campaign,
+            t,
+            (p.run_ending == Some("interrupted")).then_some("it was interrupted"),
+        ),
     }
 }
 
 /// The verdict for a terminal: one line per gate and arm, then the verdict.
 pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     let mut out = String::new();
-    let yes = |b: bool| if b { "pass" } else { "FAIL" };
+    let yes = |b: Option<bool>| match b {
+        Some(true) => "pass",
+        Some(false) => "FAIL",
+        None => "n/a",
+    };
     let gates = v.gates();
     for g in gates.map_or(&[][..], |g| g.gates.as_slice()) {
         for a in &g.arms {
@@ -437,11 +533,11 @@ pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     out.push_str(&format!(
         "verdict: {} (quality lane {}, fit benefit {}){}{}\n",
         v.verdict(),
-        yes(gates.is_some_and(|g| g.quality_lane_pass)),
-        if gates.is_some_and(|g| g.fit_benefit) {
-            "yes"
-        } else {
-            "no"
+        yes(gates.and_then(|g| g.quality_lane_pass)),
+        match gates.and_then(|g| g.fit_benefit) {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "unknown",
         },
         if v.run_ending.as_deref() == Some("interrupted") {
             " -- the run was interrupted"
@@ -472,8 +568,13 @@ mod tests {
 
     /// [`super::evaluate`] on a campaign.json given as JSON, as verdict.json holds it.
     fn evaluate(c: &Value, t: &Thresholds) -> Value {
+        evaluate_ended(c, t, None)
+    }
+
+    fn evaluate_ended(c: &Value, t: &Thresholds, ended_early: Option<&str>) -> Value {
         let doc: CampaignDoc = serde_json::from_value(c.clone()).expect("a campaign.json");
-        serde_json::to_value(super::evaluate(&doc, t)).expect("a verdict serializes")
+        let v = super::evaluate(&doc, t, ended_early);
+        serde_json::to_value(v).expect("a verdict serializes")
     }
 
     /// One cell: peak memory (RSS, whole bytes as campaign.json writes them), per-request
@@ -669,7 +770,8 @@ mod tests {
         c["arms"][2]["concurrency"]["8"] = cell(1000.0, 200.0, 90.0, 0);
         assert!(gate_pass(&c, &t, "max_failed_requests"));
         // A level the fit arm did not complete is not compared: its slow latency there
-        // does not count, and with no complete level left the gate fails with a note.
+        // does not count, and with no complete level left the gate has nothing to read
+        // (null, with a note): neither a pass nor a fail.
         c["arms"][2]["concurrency"]["8"] = cell(1000.0, 200.0, 900.0, 0);
         assert!(!gate_pass(&c, &t, "max_p95_latency_ratio"));
         c["arms"][2]["concurrency"]["8"]["complete"] = json!(false);
@@ -677,7 +779,7 @@ mod tests {
         c["arms"][2]["concurrency"]["1"]["complete"] = json!(false);
         let v = evaluate(&c, &t);
         let lat = &v["gates"][4]["arms"][0];
-        assert_eq!(lat["pass"], json!(false));
+        assert_eq!(lat["pass"], json!(null));
         assert!(
             lat["note"]
                 .as_str()
@@ -689,16 +791,46 @@ mod tests {
     #[test]
     fn unavailable_arms_and_a_lone_reference() {
         let t = Thresholds::default();
-        // The twin never came up: nothing shows the quality lane holds.
+        // The twin never came up: nothing shows the quality lane holds, and nothing shows
+        // it fails either.
         let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
         c["arms"][1]["available"] = json!(false);
         c["arms"][1]["unavailable_reason"] = json!("exited before healthy");
         c["drift"] = json!([drift("q4", 0.0)]);
+        let v = evaluate(&c, &t);
+        assert_eq!(
+            (v["verdict"].clone(), v["quality_lane_pass"].clone()),
+            (json!("inconclusive"), json!(null))
+        );
+        assert_eq!(
+            v["missing_evidence"][0],
+            json!({"gate": "quality_min_exact_match", "arm": "twin",
+                   "reason": "unavailable: exited before healthy"})
+        );
+        assert_eq!(v["gates"][0]["arms"][0]["pass"], json!(null));
+        let reason = v["verdict_reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("quality_min_exact_match for twin: unavailable: exited before healthy"),
+            "{reason}"
+        );
+        // A twin that was measured and answers otherwise rejects, whatever else is missing.
+        c["arms"][1]["available"] = json!(true);
+        c["drift"] = json!([drift("twin", 0.5)]);
+        c["arms"][2]["available"] = json!(false);
         assert_eq!(verdict(&c, &t).2, "reject");
-        // An unavailable fit arm has no benefit.
+        // An unavailable fit arm: whether the campaign has a benefit is not known.
         let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
         c["arms"][2]["available"] = json!(false);
-        assert_eq!(verdict(&c, &t).2, "keep-reference");
+        assert_eq!(verdict(&c, &t), (true, false, "inconclusive".into()));
+        // ... unless another fit arm shows one on measured evidence.
+        if let Some(a) = c["arms"].as_array_mut() {
+            a.push(arm(
+                "q8",
+                "performance-fit",
+                &[(1, cell(1000.0, 200.0, 90.0, 0))],
+            ));
+        }
+        assert_eq!(verdict(&c, &t).2, "adopt");
         // The reference alone in the quality lane: passes, with a note.
         let c = json!({"arms": [arm("ref", "quality", &[(1, cell(4000.0, 100.0, 100.0, 0))]),
                                 arm("q4", "performance-fit", &[(1, cell(1000.0, 200.0, 90.0, 0))])]});
@@ -708,5 +840,72 @@ mod tests {
             (json!(true), json!("adopt"))
         );
         assert!(v["quality_lane_note"].is_string());
+    }
+
+    #[test]
+    fn a_run_that_ended_before_its_plan_is_inconclusive_unless_quality_failed() {
+        let t = Thresholds::default();
+        let adopt = campaign(1.0, cell(1000.0, 120.0, 105.0, 0));
+        assert_eq!(verdict(&adopt, &t).2, "adopt");
+        let v = evaluate_ended(&adopt, &t, Some("it was interrupted"));
+        assert_eq!(v["verdict"], json!("inconclusive"));
+        assert!(
+            v["verdict_reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("ended before its plan (it was interrupted)")),
+            "{v}"
+        );
+        let reject = campaign(0.5, cell(1000.0, 120.0, 105.0, 0));
+        let v = evaluate_ended(&reject, &t, Some("it was interrupted"));
+        assert_eq!(v["verdict"], json!("reject"));
+    }
+
+    #[test]
+    fn a_missing_value_decides_only_when_the_decision_depends_on_it() {
+        let t = Thresholds::default();
+        // Memory not sampled (null, never 0): the memory gate has nothing to read, and
+        // only its note carries the sampling caveat.
+        let mut fit = cell(1.0, 200.0, 90.0, 0);
+        fit["peak_rss_bytes"] = Value::Null;
+        let c = campaign(1.0, fit.clone());
+        let v = evaluate(&c, &t);
+        let mem = &v["gates"][2]["arms"][0];
+        assert_eq!(mem["pass"], json!(null));
+        assert!(
+            mem["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("memory is sampled only"))
+        );
+        let speed = &v["gates"][3]["arms"][0];
+        assert_eq!(speed["pass"], json!(true));
+        assert!(v["gates"].as_array().is_some_and(|g| {
+            g.iter()
+                .flat_map(|g| g["arms"].as_array().cloned().unwrap_or_default())
+                .filter(|a| {
+                    a["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("memory is sampled"))
+                })
+                .count()
+                == 1
+        }));
+        // Twice the reference's decode speed is a benefit whatever the memory: adopt.
+        assert_eq!(v["verdict"], json!("adopt"));
+        assert_eq!(v["fit_arms"][0]["fit_min_memory_reduction"], json!(null));
+        // At the reference's speed the benefit rests on the memory nobody sampled.
+        fit["decode_tokens_per_sec"] = json!(100.0);
+        fit["aggregate_decode_tokens_per_sec"] = json!(100.0);
+        let v = evaluate(&campaign(1.0, fit), &t);
+        assert_eq!(
+            (v["verdict"].clone(), v["fit_benefit"].clone()),
+            (json!("inconclusive"), json!(null))
+        );
+        assert_eq!(
+            (
+                v["missing_evidence"][0]["gate"].clone(),
+                v["missing_evidence"][0]["arm"].clone()
+            ),
+            (json!("fit_min_memory_reduction"), json!("q4"))
+        );
     }
 }

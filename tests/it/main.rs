@@ -13,6 +13,7 @@ mod hostile;
 mod open_loop;
 mod replay;
 mod report;
+mod second_hour;
 mod secrets;
 mod serve;
 mod serve_lifecycle;

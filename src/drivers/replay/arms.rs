@@ -90,8 +90,10 @@ impl ArmRun {
             return;
         };
         if let Err(why) = self.start(base, plan, env, &arm).await {
-            base.progress
-                .println(format!("arm '{}' is unavailable: {why}", arm.name));
+            // On stderr even under --quiet (a hidden bar prints nothing): an arm that was
+            // not measured is never silent.
+            let line = format!("matrix-proxy: arm {} unavailable: {why}", arm.name);
+            base.progress.suspend(|| eprintln!("{line}"));
             self.unavailable = Some(why);
         }
     }
@@ -116,8 +118,7 @@ impl ArmRun {
         let (endpoint, health) = arm.endpoints(port.max(1))?;
         if let Some(start) = &arm.start {
             let started_ns = clock::now_ns();
-            let mut server =
-                launch::spawn(&start.command, port, &env.self_exe, &env.logs, &arm.name)?;
+            let mut server = launch::spawn(start, port, &env.self_exe, &env.logs, &arm.name)?;
             base.progress.set_message(format!(
                 "[{}] starting: {}",
                 arm.name,
@@ -143,11 +144,15 @@ impl ArmRun {
                 }
             }
         }
-        if arm.start.is_none() && launch::probe(&base.engine, &health).await != Some(200) {
-            return Err(format!(
-                "its health endpoint {} did not answer 200",
-                health.url()
-            ));
+        if arm.start.is_none() {
+            let answer = launch::probe(&base.engine, &health).await;
+            if answer != Some(200) {
+                return Err(format!(
+                    "its health endpoint {} did not answer 200 (it answered {}); a server whose health check is elsewhere needs the arm's health_endpoint",
+                    health.url(),
+                    answer.map_or("nothing".to_string(), |s| format!("HTTP {s}"))
+                ));
+            }
         }
         if let Some(pid) = arm.resources_pid {
             self.watcher = Some(Sampler::start(Who::Tree(pid), &arm.name)?);
@@ -155,6 +160,27 @@ impl ArmRun {
         let fit = arm.lane == Lane::PerformanceFit;
         self.ctx = Some(base.ctx(plan.for_arm(&endpoint, &health), Some((&arm.name, fit))));
         Ok(())
+    }
+
+    /// A server the tool started must be the one answering: once it has exited (its port
+    /// free for another listener, or held by one before it ever bound it), its arm is
+    /// unavailable from then on and nothing it measured is kept, said on stderr.
+    fn check_server(&mut self) {
+        let Some(exit) = self.server.as_mut().and_then(Server::exited) else {
+            return;
+        };
+        let name = self.spec.as_ref().map_or("", |s| s.name.as_str());
+        let why = format!(
+            "its server exited ({exit}) before its measurement ended, so what answered on its port may have been another process; nothing it measured is kept (the server's output: logs/{name}.stderr.log)"
+        );
+        if let Some(ctx) = &self.ctx {
+            let line = format!("matrix-proxy: arm {name} unavailable: {why}");
+            ctx.base.progress.suspend(|| eprintln!("{line}"));
+            ctx.stop();
+        }
+        self.unavailable = Some(why);
+        self.levels.clear();
+        self.windows.clear();
     }
 
     /// The run was interrupted before this arm was brought up.
@@ -169,11 +195,13 @@ impl ArmRun {
         if let Some(ctx) = self.ctx.clone() {
             prelude(&ctx, &mut self.slots, &mut self.excluded).await;
         }
+        self.check_server();
     }
 
     /// Stop the arm's server (if the tool started one) and close its connections; then
     /// each level's peak memory from the samples taken while its rounds ran.
     async fn shut_down(&mut self, sequential: bool) {
+        self.check_server();
         self.slots.clear();
         self.pool.clear();
         let grace = self
@@ -449,6 +477,7 @@ async fn measure_level(
                 pool: &a.pool,
             };
             feasibility(&ctx, senders, at, &mut a.excluded).await;
+            a.check_server();
         }
     }
     for rep in 0..reps {
@@ -467,6 +496,11 @@ async fn measure_level(
             let m = measured_round(&ctx, senders, at, rep).await;
             if let Some(s) = a.sampler() {
                 s.sample_now();
+            }
+            a.check_server();
+            if a.unavailable.is_some() {
+                rounds.push(m.round);
+                continue;
             }
             // Only a campaign keeps its samples (campaign.json pools them per level); a
             // plain plan's are dropped with the round, as ever. Campaigns run closed loops.

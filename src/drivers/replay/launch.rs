@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock;
+use crate::config::campaign::Start;
 use crate::engine::lean::LeanRequest;
 use crate::engine::{Capture, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
@@ -80,7 +81,11 @@ impl Sampler {
                 while run.load(Ordering::Relaxed) {
                     let pids = members(who);
                     let rss = rss_bytes(&pids);
-                    if let Ok(mut v) = out.lock() {
+                    // No member left (or none resident): nothing was sampled, which is
+                    // not 0 bytes (a level with no sample has null memory).
+                    if rss > 0
+                        && let Ok(mut v) = out.lock()
+                    {
                         v.push((clock::now_ns(), rss));
                     }
                     // nvidia-smi takes tens of milliseconds: once a second.
@@ -109,7 +114,9 @@ impl Sampler {
     /// than the sampling interval has its memory measured; never during a round).
     pub(crate) fn sample_now(&self) {
         let rss = rss_bytes(&members(self.who));
-        if let Ok(mut v) = self.samples.lock() {
+        if rss > 0
+            && let Ok(mut v) = self.samples.lock()
+        {
             v.push((clock::now_ns(), rss));
         }
     }
@@ -226,34 +233,45 @@ pub(crate) fn free_port() -> Result<u16, String> {
 /// Start `command` (`{port}` and `{self}` substituted) in its own process group, with
 /// stdout and stderr in `logs/<arm>.stdout.log` / `.stderr.log`.
 pub(crate) fn spawn(
-    command: &[String],
+    start: &Start,
     port: u16,
     self_exe: &Path,
     logs: &Path,
     arm: &str,
 ) -> Result<Server, String> {
-    let argv: Vec<String> = command
-        .iter()
-        .map(|a| {
-            a.replace("{port}", &port.to_string())
-                .replace("{self}", &self_exe.to_string_lossy())
-        })
-        .collect();
+    let sub = |a: &str| {
+        a.replace("{port}", &port.to_string())
+            .replace("{self}", &self_exe.to_string_lossy())
+    };
+    let argv: Vec<String> = start.command.iter().map(|a| sub(a)).collect();
     std::fs::create_dir_all(logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let log = |ext: &str| -> Result<File, String> {
         let p: PathBuf = logs.join(format!("{arm}.{ext}.log"));
         File::create(&p).map_err(|e| format!("{}: {e}", p.display()))
     };
     let (out, err) = (log("stdout")?, log("stderr")?);
-    let child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .envs(start.env.iter().map(|(k, v)| (k, sub(v))));
+    if let Some(dir) = &start.cwd {
+        cmd.current_dir(dir);
+    }
+    let child = cmd
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", argv[0]))?;
+        .map_err(|e| match &start.cwd {
+            Some(dir) if !Path::new(dir).is_dir() => {
+                format!(
+                    "cannot start {:?}: its cwd {dir:?} is not a directory",
+                    argv[0]
+                )
+            }
+            _ => format!("cannot start {:?}: {e}", argv[0]),
+        })?;
     let pid = child.id().ok_or("the server exited at once")?;
     let pgid = i32::try_from(pid).map_err(|_| "pid out of range".to_string())?;
     if let Ok(mut g) = LIVE_GROUPS.lock() {
@@ -279,6 +297,7 @@ impl Server {
         interrupted: &AtomicBool,
     ) -> Result<f64, String> {
         let deadline = started_ns + timeout.as_nanos() as u64;
+        let mut last: Option<u16>;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
@@ -290,7 +309,8 @@ impl Server {
                     "not measured: the run was interrupted while the server started".into(),
                 );
             }
-            if probe(engine, health).await == Some(200) {
+            last = probe(engine, health).await;
+            if last == Some(200) {
                 // Our server must still be the one running: a 200 from another listener
                 // that took the port would measure the wrong server.
                 if let Ok(Some(status)) = self.child.try_wait() {
@@ -302,12 +322,24 @@ impl Server {
             }
             if clock::now_ns() >= deadline {
                 return Err(format!(
-                    "{} did not answer 200 within health_timeout_seconds ({} s)",
+                    "{} did not answer 200 within health_timeout_seconds ({} s): its last answer was {}; a server whose health check is elsewhere (llama.cpp's is not /health) needs the arm's health_endpoint",
                     health.url(),
-                    timeout.as_secs_f64()
+                    timeout.as_secs_f64(),
+                    last.map_or(
+                        "none (no connection, or no response head)".to_string(),
+                        |s| format!("HTTP {s}")
+                    )
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// How the server exited, if it has (`None`: still running).
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => None,
         }
     }
 

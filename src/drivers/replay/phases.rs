@@ -250,14 +250,21 @@ pub(super) async fn measured_round(
         .map(|slo| metrics::goodput(&samples, slo, round.elapsed_seconds));
     round.arm = ctx.arm.as_deref().map(str::to_string);
     let load = GeneratorLoad::new(
-        cpu1.saturating_sub(cpu0),
-        wall1.saturating_sub(wall0),
-        cores(),
+        (
+            cpu1.saturating_sub(cpu0),
+            wall1.saturating_sub(wall0),
+            cores(),
+        ),
         lags,
+        round.total_us.p50,
     );
+    let arm = ctx
+        .arm
+        .as_deref()
+        .map_or(String::new(), |a| format!("[{a}] "));
     if let Some(w) = &load.warning {
         ctx.base.progress.println(format!(
-            "warning: {} {} round {}: {w}",
+            "warning: {arm}{} {} round {}: {w}",
             case.name,
             crate::model::Level::named(at.level),
             rep + 1
@@ -265,7 +272,7 @@ pub(super) async fn measured_round(
     }
     if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
         ctx.base.progress.println(format!(
-            "warning: {} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
+            "warning: {arm}{} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
             case.name,
             crate::model::Level::named(at.level),
             rep + 1,

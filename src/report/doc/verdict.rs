@@ -64,15 +64,31 @@ pub(crate) enum Evaluation {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub(crate) struct Gates {
-    pub(crate) quality_lane_pass: bool,
+    /// `null`: a quality gate had nothing to read and none failed (three-valued, as every
+    /// pass below: `true`, `false` on measured evidence, `null` with nothing to read).
+    pub(crate) quality_lane_pass: Option<bool>,
     pub(crate) quality_lane_note: Option<String>,
-    pub(crate) fit_benefit: bool,
+    pub(crate) fit_benefit: Option<bool>,
+    /// `reject`, `keep-reference`, `adopt`, `optimize`, or `inconclusive` (the evidence
+    /// the decision needs is missing, or the run ended before its plan).
     pub(crate) verdict: String,
     pub(crate) verdict_reason: String,
     pub(crate) adopt_arms: Vec<String>,
     pub(crate) fit_arms: Vec<FitArm>,
     pub(crate) reference_arm: String,
     pub(crate) gates: Vec<Gate>,
+    /// Every gate and arm with nothing to read, and why (absent when there is none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) missing_evidence: Vec<MissingEvidence>,
+}
+
+/// A gate that had nothing to read for an arm.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct MissingEvidence {
+    pub(crate) gate: String,
+    pub(crate) arm: String,
+    pub(crate) reason: String,
 }
 
 /// A performance-fit arm's gates at a glance.
@@ -80,13 +96,13 @@ pub(crate) struct Gates {
 #[serde(default)]
 pub(crate) struct FitArm {
     pub(crate) arm: String,
-    pub(crate) benefit: bool,
-    pub(crate) ready: bool,
-    pub(crate) max_failed_requests: bool,
-    pub(crate) fit_min_memory_reduction: bool,
-    pub(crate) fit_min_decode_speedup: bool,
-    pub(crate) max_p95_latency_ratio: bool,
-    pub(crate) min_decode_ratio: bool,
+    pub(crate) benefit: Option<bool>,
+    pub(crate) ready: Option<bool>,
+    pub(crate) max_failed_requests: Option<bool>,
+    pub(crate) fit_min_memory_reduction: Option<bool>,
+    pub(crate) fit_min_decode_speedup: Option<bool>,
+    pub(crate) max_p95_latency_ratio: Option<bool>,
+    pub(crate) min_decode_ratio: Option<bool>,
 }
 
 /// One gate over every arm it applies to.
@@ -96,7 +112,7 @@ pub(crate) struct Gate {
     pub(crate) gate: String,
     pub(crate) threshold: Threshold,
     pub(crate) passes_when: String,
-    pub(crate) pass: bool,
+    pub(crate) pass: Option<bool>,
     pub(crate) arms: Vec<ArmGate>,
 }
 
@@ -133,7 +149,9 @@ impl std::fmt::Display for Threshold {
 #[serde(default)]
 pub(crate) struct ArmGate {
     pub(crate) arm: String,
-    pub(crate) pass: bool,
+    /// `null`: nothing to read (the arm unavailable, no measured level, no pair), with the
+    /// reason in `note`.
+    pub(crate) pass: Option<bool>,
     pub(crate) levels: Vec<GateLevel>,
     pub(crate) note: Option<String>,
 }

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::doc::Failures;
 use super::doc::campaign::CampaignDoc;
-use super::doc::summary::{AnySummary, ServeSummary, Summary};
+use super::doc::summary::{AnySummary, Round, ServeSummary, Summary};
 use super::doc::verdict::VerdictDoc;
 
 const SCRIPT: &str = include_str!("report.js");
@@ -108,6 +108,35 @@ fn provenance_table(runs: &[RunInput]) -> String {
     h
 }
 
+/// An open-loop run's rounds on the first screen: how many were saturated (sends fell
+/// behind their schedule), the achieved against the target rate, and the worst send lag.
+fn open_rounds(rounds: &[Round]) -> Option<String> {
+    let open: Vec<_> = rounds.iter().filter_map(|r| r.open_loop.as_ref()).collect();
+    if open.is_empty() {
+        return None;
+    }
+    let saturated = open.iter().filter(|o| o.saturated).count();
+    let rates: Vec<String> = open
+        .iter()
+        .map(|o| {
+            let achieved = o
+                .achieved_rate_per_second
+                .map_or("—".to_string(), |a| format!("{a:.1}"));
+            format!("{achieved}/{}", o.target_rate_per_second)
+        })
+        .collect();
+    let worst_lag = open
+        .iter()
+        .filter_map(|o| o.send_lag_max_seconds)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    Some(format!(
+        "{saturated} of {} saturated; achieved/target req/s per round: {}; worst send lag {}",
+        open.len(),
+        rates.join(", "),
+        worst_lag.map_or("—".to_string(), |l| format!("{:.1} ms", l * 1000.0))
+    ))
+}
+
 /// One run's provenance: what ran, from which plan and binary, how it ended, and every
 /// denominator (planned / attempted / successful, excluded phases).
 fn provenance(r: &RunInput) -> Rows {
@@ -126,6 +155,13 @@ fn provenance(r: &RunInput) -> Rows {
         AnySummary::Serve(s) => s.ending.as_str(),
     };
     row(&mut h, "ending", ending);
+    if let AnySummary::Replay(s) = &r.summary
+        && let Some(open) = open_rounds(&s.rounds)
+    {
+        // "passed" says every request was answered as expected, not that the load was
+        // what the plan asked for: an open loop's own verdict on that sits beside it.
+        row(&mut h, "open-loop rounds", &open);
+    }
     row(
         &mut h,
         "binary",
@@ -173,8 +209,26 @@ fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
         .map(|k| text(k.evidence_class.as_deref()))
         .unwrap_or_else(|| "— (not a campaign)".into());
     row(h, "evidence class", &evidence);
-    row(h, "endpoint", &c.endpoint);
-    row(h, "load", &c.effective_budget.load.to_string());
+    let endpoint = match &r.campaign {
+        Some(k) => {
+            let each: Vec<String> = k
+                .arms
+                .iter()
+                .map(|a| format!("{} {}", a.name, a.endpoint.as_deref().unwrap_or("—")))
+                .collect();
+            format!("per arm: {}", each.join(", "))
+        }
+        None => c.endpoint.clone(),
+    };
+    row(h, "endpoint", &endpoint);
+    // Only the settings the mode uses: a closed loop has no arrival process, seed or
+    // in-flight bound (config.json keeps every key).
+    let load = &c.effective_budget.load;
+    let shown = match load.get("mode").and_then(Value::as_str) {
+        Some("closed") => serde_json::json!({"mode": "closed"}).to_string(),
+        _ => load.to_string(),
+    };
+    row(h, "load", &shown);
     let rounds = &s.rounds;
     let sum = |f: fn(&super::doc::summary::Round) -> u64| rounds.iter().map(f).sum::<u64>();
     let complete = rounds.iter().filter(|x| x.complete).count();
@@ -363,7 +417,7 @@ fn verdict_table(v: &VerdictDoc) -> String {
             esc(&g.gate),
             esc(&g.threshold.to_string()),
             esc(&g.passes_when),
-            if g.pass { "pass" } else { "fail" },
+            pass_text(g.pass).replace('/', ""),
             pass_text(g.pass),
             esc(&arms.join("; "))
         ));
@@ -372,8 +426,13 @@ fn verdict_table(v: &VerdictDoc) -> String {
     h
 }
 
-fn pass_text(v: bool) -> &'static str {
-    if v { "pass" } else { "fail" }
+/// A three-valued pass: `n/a` when the gate had nothing to read.
+fn pass_text(v: Option<bool>) -> &'static str {
+    match v {
+        Some(true) => "pass",
+        Some(false) => "fail",
+        None => "n/a",
+    }
 }
 
 /// A number with at most 4 decimals, or `—`.
@@ -389,6 +448,34 @@ fn fmt_num(v: Option<f64>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::open_rounds;
+    use crate::report::doc::summary::{OpenLoop, Round};
+
+    #[test]
+    fn an_open_loops_saturation_sits_beside_its_ending() {
+        let round = |saturated, achieved, lag| Round {
+            open_loop: Some(OpenLoop {
+                target_rate_per_second: 50.0,
+                achieved_rate_per_second: Some(achieved),
+                send_lag_max_seconds: Some(lag),
+                saturated,
+                ..OpenLoop::default()
+            }),
+            ..Round::default()
+        };
+        assert_eq!(
+            open_rounds(&[round(true, 31.5, 0.25), round(false, 49.9, 0.002)]).as_deref(),
+            Some(
+                "1 of 2 saturated; achieved/target req/s per round: 31.5/50, 49.9/50; worst send lag 250.0 ms"
+            )
+        );
+        assert_eq!(
+            open_rounds(&[Round::default()]),
+            None,
+            "a closed loop has none"
+        );
+    }
+
     use super::*;
 
     #[test]
