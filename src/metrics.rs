@@ -400,6 +400,10 @@ pub(crate) struct RoundMetrics {
     pub(crate) steady_state: SteadyState,
     /// `None` when no successful exchange of the round was an event stream.
     pub(crate) stream: Option<StreamMetrics>,
+    /// Output tokens the successful JSON answers' `usage` reported, per second of the
+    /// round's wall time (`None` when none reported any): the non-streaming answer's
+    /// throughput, for the table.
+    pub(crate) usage_output_tokens_per_second: Option<f64>,
     /// The load generator's own load during the round (`None` when rebuilt from rows).
     pub(crate) generator: Option<GeneratorLoad>,
     /// The campaign arm (`None` for a plain plan).
@@ -547,6 +551,19 @@ impl PhaseCounts {
     }
 }
 
+/// Output tokens of the `usage` the successful JSON answers reported, per second of
+/// `elapsed_seconds`; `None` when none reported one (or no time elapsed).
+fn usage_tokens_per_second(ok: &[&Sample], elapsed_seconds: f64) -> Option<f64> {
+    let reported: Vec<i64> = ok
+        .iter()
+        .filter_map(|s| s.usage_tokens.map(|(_, out)| out))
+        .collect();
+    if reported.is_empty() || elapsed_seconds <= 0.0 {
+        return None;
+    }
+    Some(reported.iter().sum::<i64>() as f64 / elapsed_seconds)
+}
+
 #[cfg(test)]
 pub(crate) fn round_metrics(
     case_name: &str,
@@ -646,6 +663,7 @@ pub(crate) fn level_round_metrics(
             steady_state(&completions, concurrency, complete)
         },
         stream: stream_metrics(&ok, elapsed_seconds),
+        usage_output_tokens_per_second: usage_tokens_per_second(&ok, elapsed_seconds),
         generator: None,
         arm: None,
         open,

@@ -97,6 +97,9 @@ pub(crate) struct Start {
     pub(crate) env: Vec<(String, String)>,
     /// The server's working directory (default: matrix-proxy's).
     pub(crate) cwd: Option<String>,
+    /// Start, stop, then start again before measuring: `load_ms` then compares with a warm
+    /// page cache whatever the arm's place in the schedule.
+    pub(crate) warm_start: bool,
 }
 
 /// One arm of a campaign.
@@ -176,6 +179,7 @@ const START_FIELDS: &[&str] = &[
     "command",
     "env",
     "cwd",
+    "warm_start",
     "health_timeout_seconds",
     "stop_grace_seconds",
 ];
@@ -575,12 +579,21 @@ impl Validator {
                 .nonblank(v, &join(path, "cwd"))
                 .map(|s| Some(s.to_string())),
         };
+        let warm_start = match m.get("warm_start") {
+            None => Some(false),
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => {
+                self.err(join(path, "warm_start"), "must be true or false");
+                None
+            }
+        };
         Some(Start {
             command: command?,
             health_timeout: health_timeout?,
             stop_grace: stop_grace?,
             env: env?,
             cwd: cwd?,
+            warm_start: warm_start?,
         })
     }
 

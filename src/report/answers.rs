@@ -184,6 +184,36 @@ mod tests {
         with_opts(lanes);
     }
 
+    #[test]
+    fn a_drift_line_without_a_pair_says_what_a_pair_is() {
+        with_opts(|opts| {
+            let none = entry(
+                "q4",
+                Lane::PerformanceFit,
+                "ref",
+                &answers(&[]),
+                &answers(&["x"]),
+                opts,
+            );
+            let one = entry(
+                "twin",
+                Lane::Quality,
+                "ref",
+                &answers(&["4"]),
+                &answers(&["4"]),
+                opts,
+            );
+            let text = drift_text([&none, &one]);
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(
+                lines[0].starts_with("drift q4 vs ref (performance-fit, advisory): 0 pairs, exact match n/a")
+                    && lines[0].contains("(no answer of this arm was paired with one of the reference's: a pair is both ok at the same case, variant, level, repetition and dispatch)"),
+                "{text}"
+            );
+            assert!(!lines[1].contains("no answer"), "{text}");
+        });
+    }
+
     fn lanes(opts: &Options<'_>) {
         // An identical runtime in the quality lane.
         let reference = answers(&["the capital is Paris", "4"]);

@@ -20,6 +20,9 @@ pub(crate) fn table(
     excluded: &BTreeMap<Phase, PhaseCounts>,
 ) -> String {
     let streams = rounds.iter().any(|r| r.stream.is_some());
+    let usage = rounds
+        .iter()
+        .any(|r| r.stream.is_none() && r.usage_output_tokens_per_second.is_some());
     let open = aggs.iter().any(|a| a.rate.is_some());
     let closed = aggs.iter().any(|a| a.rate.is_none());
     let goodput = plan.slo.is_some();
@@ -45,12 +48,15 @@ pub(crate) fn table(
     }
     if streams {
         rows[0].extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
+    } else if usage {
+        rows[0].push("tok/s".into());
     }
     rows[0].extend(["ok/attempted".into(), "failures".into()]);
     let cols = Cols {
         open,
         goodput,
         streams,
+        usage,
     };
     for a in aggs {
         rows.push(aggregate_row(a, rounds, cols));
@@ -99,9 +105,20 @@ pub(crate) fn table(
     if goodput {
         out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
     }
+    if usage {
+        out.push_str("tok/s (usage): output tokens the JSON answers' usage reported / round wall time, median over complete rounds (a non-streaming case has no TTFT or ITL)\n");
+    }
     if streams {
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases of each round's own value (a campaign.json cell's ttft_p50_ms pools every request of the level instead; on noisy rounds the two differ)\n");
     }
+    out.push_str(&round_warnings(rounds));
+    out
+}
+
+/// The rounds' warnings under the table: a generator that may have been the bottleneck,
+/// an open round that fell behind its schedule; named by arm in a campaign.
+fn round_warnings(rounds: &[RoundMetrics]) -> String {
+    let mut out = String::new();
     for r in rounds {
         let at = match r.level() {
             Level::Concurrency(c) => format!("c={c}"),
@@ -138,6 +155,8 @@ struct Cols {
     open: bool,
     goodput: bool,
     streams: bool,
+    /// Some non-streaming round's answers reported `usage`.
+    usage: bool,
 }
 
 /// One (case, level) line of the table.
@@ -197,13 +216,27 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
             get("goodput_requests_per_second").map_or("-".into(), |s| format!("{:.1}", s.median)),
         );
     }
+    // Non-streaming rounds: the tokens their answers' usage reported, per second.
+    let usage_tps = || {
+        let mut v: Vec<f64> = rs
+            .iter()
+            .filter(|r| r.complete && r.stream.is_none())
+            .filter_map(|r| r.usage_output_tokens_per_second)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        // Nearest rank at 50 %.
+        let median = v.get(v.len().div_ceil(2).saturating_sub(1)).copied();
+        median.map_or("-".into(), |m| format!("{m:.0} (usage)"))
+    };
     if cols.streams {
         row.push(fmt_ms(get("ttft_p50_seconds").map(|s| s.median)));
         row.push(fmt_ms(get("itl_p50_seconds").map(|s| s.median)));
         row.push(
             get("output_tokens_per_second_aggregate")
-                .map_or("-".into(), |s| format!("{:.0}", s.median)),
+                .map_or_else(usage_tps, |s| format!("{:.0}", s.median)),
         );
+    } else if cols.usage {
+        row.push(usage_tps());
     }
     row.extend([
         format!("{ok}/{att}"),

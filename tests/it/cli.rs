@@ -194,8 +194,9 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
         lines[0].starts_with("case") && lines[0].contains("req/s") && lines[0].contains("p95 ms"),
         "{stdout}"
     );
-    // 3 cases x 2 concurrency levels, then three footnote lines (one for streams).
-    assert_eq!(lines.len(), 1 + 6 + 3, "{stdout}");
+    // 3 cases x 2 concurrency levels, then four footnote lines (one for streams, one for
+    // the non-streaming answers' usage).
+    assert_eq!(lines.len(), 1 + 6 + 4, "{stdout}");
     assert!(
         lines[0].contains("TTFT ms") && lines[0].contains("tok/s"),
         "{stdout}"
@@ -203,6 +204,12 @@ fn demo_command_runs_end_to_end_on_the_mock_and_prints_only_the_table() {
     assert!(lines[5].starts_with("chat-stream"), "{stdout}");
     assert!(
         lines[1].starts_with("chat") && lines[1].contains("2/2") && lines[1].contains("48/48"),
+        "{stdout}"
+    );
+    // A non-streaming case's tok/s comes from its answers' usage, and says so.
+    assert!(lines[1].contains(" (usage)"), "{stdout}");
+    assert!(
+        stdout.contains("tok/s (usage): output tokens the JSON answers' usage reported"),
         "{stdout}"
     );
     for f in ["plan.json", "config.json", "summary.json", "rounds.parquet"] {

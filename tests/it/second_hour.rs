@@ -354,3 +354,43 @@ fn a_campaign_missing_an_arms_evidence_is_inconclusive_never_rejected() {
         json!("inconclusive")
     );
 }
+
+#[test]
+fn a_start_command_gets_its_env_cwd_and_a_warm_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    // The twin's server writes what it was given into its working directory, then serves.
+    let script = "echo \"$GREETING on $SRV_PORT\" >> started; exec \"$0\" mock-worker --listen 127.0.0.1:$1 --prefill-ms 20 --per-token-ms 4";
+    let mut plan = read_json(Path::new("plans/campaign-demo.json"));
+    plan["arms"][1]["start"] = json!({
+        "command": ["sh", "-c", script, "{self}", "{port}"],
+        "env": {"GREETING": "hello", "SRV_PORT": "{port}"},
+        "cwd": s(&work),
+        "warm_start": true,
+    });
+    let path = write_plan(tmp.path(), "campaign.json", &plan);
+    let out = tmp.path().join("run");
+    let (code, _, stderr) = run(&["replay", "-q", s(&path), "--out", s(&out)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let started = std::fs::read_to_string(work.join("started")).unwrap();
+    let lines: Vec<&str> = started.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "started twice (warm, then measured): {started}"
+    );
+    assert!(
+        lines.iter().all(|l| l.starts_with("hello on ")),
+        "{started}"
+    );
+    assert_ne!(
+        lines[0], "hello on {port}",
+        "{{port}} is substituted in env"
+    );
+    assert!(out.join("servers").join("twin.warm.stderr.log").is_file());
+    assert!(out.join("servers").join("twin.stderr.log").is_file());
+    let c = read_json(&out.join("campaign.json"));
+    assert_eq!(c["arms"][1]["available"], json!(true));
+    assert!(c["arms"][1]["load"]["load_ms"].as_f64().is_some());
+}
