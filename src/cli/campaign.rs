@@ -81,7 +81,7 @@ pub(crate) fn verdict_cmd(
 ) -> Result<Exit, CliError> {
     if let Some(out) = out.filter(|o| same_file(o, &dir.join(VERDICT))) {
         return Err(usage(format!(
-            "--out {}: that is the run's pre-registered verdict ({}), written with the contract the run was started with; it is never overwritten. Leave --out out (a post-hoc verdict goes to {}) or name another file",
+            "--out {}: that is the run's pre-registered verdict ({}): only the contract the run was started with writes it (without --out), so --out never does. Leave --out out (another contract's verdict goes to {}) or name another file",
             out.display(),
             dir.join(VERDICT).display(),
             dir.join(VERDICT_POST_HOC).display()

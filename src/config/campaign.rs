@@ -184,7 +184,8 @@ const START_FIELDS: &[&str] = &[
     "stop_grace_seconds",
 ];
 
-/// Parts of an environment variable's name that say it holds a secret: the plan is copied
+/// Parts of an environment variable's name (split at `_`) that say it holds a secret
+/// (`HF_TOKEN`, `OPENAI_API_KEY`; not `TOKENIZERS_PARALLELISM`): the plan is copied
 /// into every run directory, so such a value must come from matrix-proxy's own
 /// environment (which the server inherits), never from the plan.
 const SECRET_ENV_PARTS: &[&str] = &[
@@ -194,6 +195,7 @@ const SECRET_ENV_PARTS: &[&str] = &[
     "PASSWORD",
     "PASSWD",
     "CREDENTIAL",
+    "CREDENTIALS",
     "AUTH",
 ];
 
@@ -609,10 +611,11 @@ impl Validator {
         for (name, value) in m {
             let p = join(path, name);
             let upper = name.to_ascii_uppercase();
+            let mut parts = upper.split(['_', '-', '.']);
             if name.is_empty() || name.contains(['=', '\0']) {
                 self.err(&p, "is not an environment variable name");
                 ok = false;
-            } else if SECRET_ENV_PARTS.iter().any(|s| upper.contains(s)) {
+            } else if parts.any(|p| SECRET_ENV_PARTS.contains(&p)) {
                 self.err(&p, "names a secret, and the plan is copied into every run directory: set it in matrix-proxy's own environment instead (the server inherits it)");
                 ok = false;
             } else if let Some(s) = self.string(value, &p) {
@@ -848,6 +851,17 @@ mod tests {
             ]
         );
         assert_eq!(start.cwd.as_deref(), Some("/srv"));
+        // Names whose parts only look like a secret's pass.
+        let harmless = format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm(
+                "a",
+                true,
+                "{port}",
+                r#", "env": {"TOKENIZERS_PARALLELISM": "false", "MAX_TOTAL_TOKENS": "4096", "KEYBOARD": "x"}"#
+            )
+        );
+        assert_eq!(problems(&harmless), Vec::<String>::new());
         let errs = problems(&format!(
             r#""name": "n", "arms": [{}]"#,
             arm(

@@ -117,7 +117,8 @@ pub(crate) fn refuse_locked(dir: &Path) -> Result<(), String> {
         let Ok(f) = File::open(&path) else {
             continue;
         };
-        if let Err(fs::TryLockError::WouldBlock) = f.try_lock() {
+        // A shared lock: readers never refuse each other, only a writer's exclusive lock.
+        if let Err(fs::TryLockError::WouldBlock) = f.try_lock_shared() {
             let pid = fs::read_to_string(&path).unwrap_or_default();
             let run = path.parent().unwrap_or(dir);
             return Err(format!(

@@ -13,7 +13,7 @@ use super::doc::compare::{
     COMPARE_SCHEMA_VERSION, CompareDefinitions, CompareDoc, MetricDefinitions, MetricDelta,
     MetricDeltas, Pair, PairDrift, RunRef, Side,
 };
-use super::doc::summary::{RoundAggregate, SpreadDoc, Summary};
+use super::doc::summary::{Ending, RoundAggregate, SpreadDoc, Summary};
 use super::doc::verdict::VerdictDoc;
 use super::run::{FinishedRun, ReportError};
 use super::verdict::{self, Provenance};
@@ -480,7 +480,12 @@ impl Comparison<'_> {
                 contract_path: c.path,
                 run_id: None,
                 run_started_at: None,
-                run_ending: None,
+                // An interrupted side ended before its plan: no decision but a measured
+                // reject (report::verdict). Otherwise unset, as before.
+                run_ending: [a, b]
+                    .iter()
+                    .any(|r| r.summary.is_some_and(|s| s.ending == Ending::Interrupted))
+                    .then_some("interrupted"),
                 post_hoc,
             },
         ))

@@ -817,6 +817,21 @@ pub async fn raw_peer(answer: fn(&str) -> Vec<u8>) -> SocketAddr {
     addr
 }
 
+/// `matrix-proxy ARGS`: exit code, stdout, stderr.
+pub fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = bin().args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
 /// The matrix-proxy binary under test.
 pub fn bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_matrix-proxy"))

@@ -8,20 +8,6 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// `matrix-proxy ARGS`: exit code, stdout, stderr.
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = bin().args(args).output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn sha256_file(p: &Path) -> String {
     matrix_proxy::sha256_hex(&std::fs::read(p).unwrap())
 }

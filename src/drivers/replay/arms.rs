@@ -148,14 +148,16 @@ impl ArmRun {
 
     /// A server the tool started must be the one answering: once it has exited (its port
     /// free for another listener, or held by one before it ever bound it), its arm is
-    /// unavailable from then on and nothing it measured is kept, said on stderr.
-    fn check_server(&mut self) {
+    /// unavailable from then on and nothing it measured is kept, said on stderr. Checked
+    /// after its prelude, each feasibility wave and each round (so a server that exits
+    /// after its last round loses nothing). `true` when it has just become unavailable.
+    fn check_server(&mut self) -> bool {
         let Some(exit) = self.server.as_mut().and_then(Server::exited) else {
-            return;
+            return false;
         };
         let name = self.spec.as_ref().map_or("", |s| s.name.as_str());
         let why = format!(
-            "its server exited ({exit}) before its measurement ended, so what answered on its port may have been another process; nothing it measured is kept (the server's output: logs/{name}.stderr.log)"
+            "its server exited ({exit}) before its measurement ended, so what answered on its port may have been another process; nothing it measured is kept (the server's output: servers/{name}.stderr.log)"
         );
         if let Some(ctx) = &self.ctx {
             let line = format!("matrix-proxy: arm {name} unavailable: {why}");
@@ -165,6 +167,7 @@ impl ArmRun {
         self.unavailable = Some(why);
         self.levels.clear();
         self.windows.clear();
+        true
     }
 
     /// The run was interrupted before this arm was brought up.
@@ -179,13 +182,12 @@ impl ArmRun {
         if let Some(ctx) = self.ctx.clone() {
             prelude(&ctx, &mut self.slots, &mut self.excluded).await;
         }
-        self.check_server();
+        let _ = self.check_server();
     }
 
     /// Stop the arm's server (if the tool started one) and close its connections; then
     /// each level's peak memory from the samples taken while its rounds ran.
     async fn shut_down(&mut self, sequential: bool) {
-        self.check_server();
         self.slots.clear();
         self.pool.clear();
         let grace = self
@@ -493,7 +495,9 @@ async fn measure_level(
                 pool: &a.pool,
             };
             feasibility(&ctx, senders, at, &mut a.excluded).await;
-            a.check_server();
+            if a.check_server() {
+                drop_rounds_of(a, rounds);
+            }
         }
     }
     for rep in 0..reps {
@@ -513,9 +517,8 @@ async fn measure_level(
             if let Some(s) = a.sampler() {
                 s.sample_now();
             }
-            a.check_server();
-            if a.unavailable.is_some() {
-                rounds.push(m.round);
+            if a.check_server() {
+                drop_rounds_of(a, rounds);
                 continue;
             }
             // Only a campaign keeps its samples (campaign.json pools them per level); a
@@ -531,6 +534,13 @@ async fn measure_level(
             rounds.push(m.round);
         }
     }
+}
+
+/// An arm that became unavailable keeps no measured round: its rounds leave summary.json,
+/// rounds.parquet and the table as its cells leave campaign.json.
+fn drop_rounds_of(a: &ArmRun, rounds: &mut Vec<RoundMetrics>) {
+    let name = a.spec.as_ref().map(|s| s.name.as_str());
+    rounds.retain(|r| r.arm.as_deref() != name);
 }
 
 /// What campaign.json says of each arm.
