@@ -223,10 +223,9 @@ fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
     row(h, "endpoint", &endpoint);
     // Only the settings the mode uses: a closed loop has no arrival process, seed or
     // in-flight bound (config.json keeps every key).
-    let load = &c.effective_budget.load;
-    let shown = match load.get("mode").and_then(Value::as_str) {
-        Some("closed") => serde_json::json!({"mode": "closed"}).to_string(),
-        _ => load.to_string(),
+    let shown = match s.load.mode.as_str() {
+        "closed" => serde_json::json!({"mode": "closed"}).to_string(),
+        _ => c.effective_budget.load.to_string(),
     };
     row(h, "load", &shown);
     let rounds = &s.rounds;
