@@ -192,15 +192,15 @@ mod tests {
                 Lane::PerformanceFit,
                 "ref",
                 &answers(&[]),
-                &answers(&["x"]),
+                &answers(&["x", "y"]),
                 opts,
             );
             let one = entry(
                 "twin",
                 Lane::Quality,
                 "ref",
-                &answers(&["4"]),
-                &answers(&["4"]),
+                &answers(&["4", "5"]),
+                &answers(&["4", "5"]),
                 opts,
             );
             let text = drift_text([&none, &one]);

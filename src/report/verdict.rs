@@ -572,9 +572,24 @@ mod tests {
     }
 
     fn evaluate_ended(c: &Value, t: &Thresholds, ended_early: Option<&str>) -> Value {
-        let doc: CampaignDoc = serde_json::from_value(c.clone()).expect("a campaign.json");
-        let v = super::evaluate(&doc, t, ended_early);
-        serde_json::to_value(v).expect("a verdict serializes")
+        serde_json::to_value(super::evaluate(&doc(c), t, ended_early)).expect("serializes")
+    }
+
+    /// A campaign.json given as JSON, read with its type (the fixtures above build JSON).
+    fn doc(c: &Value) -> CampaignDoc {
+        serde_json::from_value(c.clone()).expect("a campaign.json")
+    }
+
+    /// [`super::evaluate`]'s gates, typed.
+    fn gates(d: &CampaignDoc, t: &Thresholds, ended_early: Option<&str>) -> Gates {
+        match super::evaluate(d, t, ended_early) {
+            Evaluation::Gates(g) => *g,
+            Evaluation::Error { error } => panic!("not evaluated: {error}"),
+        }
+    }
+
+    fn drift_entry(name: &str, rate: f64) -> DriftEntry {
+        serde_json::from_value(drift(name, rate)).expect("a drift entry")
     }
 
     /// One cell: peak memory (RSS, whole bytes as campaign.json writes them), per-request
@@ -776,16 +791,15 @@ mod tests {
         assert!(!gate_pass(&c, &t, "max_p95_latency_ratio"));
         c["arms"][2]["concurrency"]["8"]["complete"] = json!(false);
         assert!(gate_pass(&c, &t, "max_p95_latency_ratio"));
-        c["arms"][2]["concurrency"]["1"]["complete"] = json!(false);
-        let v = evaluate(&c, &t);
-        let lat = &v["gates"][4]["arms"][0];
-        assert_eq!(lat["pass"], json!(null));
-        assert!(
-            lat["note"]
-                .as_str()
-                .is_some_and(|n| n.contains("completed")),
-            "{lat}"
-        );
+        let mut d = doc(&c);
+        if let Some(cell) = d.arms[2].concurrency.get_mut(&1) {
+            cell.complete = Some(false);
+        }
+        let g = gates(&d, &t, None);
+        let lat = &g.gates[4].arms[0];
+        assert_eq!(lat.pass, None);
+        let note = lat.note.as_deref().unwrap_or_default();
+        assert!(note.contains("completed"), "{note}");
     }
 
     #[test]
@@ -793,71 +807,82 @@ mod tests {
         let t = Thresholds::default();
         // The twin never came up: nothing shows the quality lane holds, and nothing shows
         // it fails either.
-        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
-        c["arms"][1]["available"] = json!(false);
-        c["arms"][1]["unavailable_reason"] = json!("exited before healthy");
-        c["drift"] = json!([drift("q4", 0.0)]);
-        let v = evaluate(&c, &t);
+        let mut d = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
+        d.arms[1].available = false;
+        d.arms[1].unavailable_reason = Some("exited before healthy".into());
+        d.drift = Some(Some(vec![drift_entry("q4", 0.0)]));
+        let g = gates(&d, &t, None);
         assert_eq!(
-            (v["verdict"].clone(), v["quality_lane_pass"].clone()),
-            (json!("inconclusive"), json!(null))
+            (g.verdict.as_str(), g.quality_lane_pass),
+            ("inconclusive", None)
         );
+        let m = &g.missing_evidence[0];
         assert_eq!(
-            v["missing_evidence"][0],
-            json!({"gate": "quality_min_exact_match", "arm": "twin",
-                   "reason": "unavailable: exited before healthy"})
+            (m.gate.as_str(), m.arm.as_str(), m.reason.as_str()),
+            (
+                "quality_min_exact_match",
+                "twin",
+                "unavailable: exited before healthy"
+            )
         );
-        assert_eq!(v["gates"][0]["arms"][0]["pass"], json!(null));
-        let reason = v["verdict_reason"].as_str().unwrap_or_default();
+        assert_eq!(g.gates[0].arms[0].pass, None);
         assert!(
-            reason.contains("quality_min_exact_match for twin: unavailable: exited before healthy"),
-            "{reason}"
+            g.verdict_reason
+                .contains("quality_min_exact_match for twin: unavailable: exited before healthy"),
+            "{}",
+            g.verdict_reason
         );
         // A twin that was measured and answers otherwise rejects, whatever else is missing.
-        c["arms"][1]["available"] = json!(true);
-        c["drift"] = json!([drift("twin", 0.5)]);
-        c["arms"][2]["available"] = json!(false);
-        assert_eq!(verdict(&c, &t).2, "reject");
+        d.arms[1].available = true;
+        d.drift = Some(Some(vec![drift_entry("twin", 0.5)]));
+        d.arms[2].available = false;
+        assert_eq!(gates(&d, &t, None).verdict, "reject");
         // An unavailable fit arm: whether the campaign has a benefit is not known.
-        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
-        c["arms"][2]["available"] = json!(false);
-        assert_eq!(verdict(&c, &t), (true, false, "inconclusive".into()));
+        let mut d = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
+        d.arms[2].available = false;
+        let g = gates(&d, &t, None);
+        assert_eq!(
+            (g.quality_lane_pass, g.fit_benefit, g.verdict.as_str()),
+            (Some(true), None, "inconclusive")
+        );
         // ... unless another fit arm shows one on measured evidence.
-        if let Some(a) = c["arms"].as_array_mut() {
-            a.push(arm(
-                "q8",
-                "performance-fit",
-                &[(1, cell(1000.0, 200.0, 90.0, 0))],
-            ));
-        }
-        assert_eq!(verdict(&c, &t).2, "adopt");
+        let q8 = arm(
+            "q8",
+            "performance-fit",
+            &[(1, cell(1000.0, 200.0, 90.0, 0))],
+        );
+        d.arms
+            .push(serde_json::from_value(q8).expect("an arm of campaign.json"));
+        assert_eq!(gates(&d, &t, None).verdict, "adopt");
         // The reference alone in the quality lane: passes, with a note.
         let c = json!({"arms": [arm("ref", "quality", &[(1, cell(4000.0, 100.0, 100.0, 0))]),
                                 arm("q4", "performance-fit", &[(1, cell(1000.0, 200.0, 90.0, 0))])]});
-        let v = evaluate(&c, &t);
+        let g = gates(&doc(&c), &t, None);
         assert_eq!(
-            (v["quality_lane_pass"].clone(), v["verdict"].clone()),
-            (json!(true), json!("adopt"))
+            (g.quality_lane_pass, g.verdict.as_str()),
+            (Some(true), "adopt")
         );
-        assert!(v["quality_lane_note"].is_string());
+        assert!(g.quality_lane_note.is_some());
     }
 
     #[test]
     fn a_run_that_ended_before_its_plan_is_inconclusive_unless_quality_failed() {
         let t = Thresholds::default();
-        let adopt = campaign(1.0, cell(1000.0, 120.0, 105.0, 0));
-        assert_eq!(verdict(&adopt, &t).2, "adopt");
-        let v = evaluate_ended(&adopt, &t, Some("it was interrupted"));
-        assert_eq!(v["verdict"], json!("inconclusive"));
+        let adopt = doc(&campaign(1.0, cell(1000.0, 120.0, 105.0, 0)));
+        assert_eq!(gates(&adopt, &t, None).verdict, "adopt");
+        let g = gates(&adopt, &t, Some("it was interrupted"));
+        assert_eq!(g.verdict, "inconclusive");
         assert!(
-            v["verdict_reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("ended before its plan (it was interrupted)")),
-            "{v}"
+            g.verdict_reason
+                .contains("ended before its plan (it was interrupted)"),
+            "{}",
+            g.verdict_reason
         );
-        let reject = campaign(0.5, cell(1000.0, 120.0, 105.0, 0));
-        let v = evaluate_ended(&reject, &t, Some("it was interrupted"));
-        assert_eq!(v["verdict"], json!("reject"));
+        let reject = doc(&campaign(0.5, cell(1000.0, 120.0, 105.0, 0)));
+        assert_eq!(
+            gates(&reject, &t, Some("it was interrupted")).verdict,
+            "reject"
+        );
     }
 
     #[test]
@@ -865,47 +890,39 @@ mod tests {
         let t = Thresholds::default();
         // Memory not sampled (null, never 0): the memory gate has nothing to read, and
         // only its note carries the sampling caveat.
-        let mut fit = cell(1.0, 200.0, 90.0, 0);
-        fit["peak_rss_bytes"] = Value::Null;
-        let c = campaign(1.0, fit.clone());
-        let v = evaluate(&c, &t);
-        let mem = &v["gates"][2]["arms"][0];
-        assert_eq!(mem["pass"], json!(null));
-        assert!(
-            mem["note"]
-                .as_str()
+        let mut d = doc(&campaign(1.0, cell(1.0, 200.0, 90.0, 0)));
+        if let Some(c) = d.arms[2].concurrency.get_mut(&1) {
+            c.peak_rss_bytes = None;
+        }
+        let g = gates(&d, &t, None);
+        let mem = &g.gates[2].arms[0];
+        assert_eq!(mem.pass, None);
+        let caveat = |n: &Option<String>| {
+            n.as_deref()
                 .is_some_and(|n| n.contains("memory is sampled only"))
-        );
-        let speed = &v["gates"][3]["arms"][0];
-        assert_eq!(speed["pass"], json!(true));
-        assert!(v["gates"].as_array().is_some_and(|g| {
-            g.iter()
-                .flat_map(|g| g["arms"].as_array().cloned().unwrap_or_default())
-                .filter(|a| {
-                    a["note"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("memory is sampled"))
-                })
-                .count()
-                == 1
-        }));
+        };
+        assert!(caveat(&mem.note), "{:?}", mem.note);
+        assert_eq!(g.gates[3].arms[0].pass, Some(true));
+        let with_caveat = g
+            .gates
+            .iter()
+            .flat_map(|g| &g.arms)
+            .filter(|a| caveat(&a.note));
+        assert_eq!(with_caveat.count(), 1, "only the memory gate's note");
         // Twice the reference's decode speed is a benefit whatever the memory: adopt.
-        assert_eq!(v["verdict"], json!("adopt"));
-        assert_eq!(v["fit_arms"][0]["fit_min_memory_reduction"], json!(null));
+        assert_eq!(g.verdict, "adopt");
+        assert_eq!(g.fit_arms[0].fit_min_memory_reduction, None);
         // At the reference's speed the benefit rests on the memory nobody sampled.
-        fit["decode_tokens_per_sec"] = json!(100.0);
-        fit["aggregate_decode_tokens_per_sec"] = json!(100.0);
-        let v = evaluate(&campaign(1.0, fit), &t);
+        if let Some(c) = d.arms[2].concurrency.get_mut(&1) {
+            c.decode_tokens_per_sec = Some(100.0);
+            c.aggregate_decode_tokens_per_sec = Some(100.0);
+        }
+        let g = gates(&d, &t, None);
+        assert_eq!((g.verdict.as_str(), g.fit_benefit), ("inconclusive", None));
+        let m = &g.missing_evidence[0];
         assert_eq!(
-            (v["verdict"].clone(), v["fit_benefit"].clone()),
-            (json!("inconclusive"), json!(null))
-        );
-        assert_eq!(
-            (
-                v["missing_evidence"][0]["gate"].clone(),
-                v["missing_evidence"][0]["arm"].clone()
-            ),
-            (json!("fit_min_memory_reduction"), json!("q4"))
+            (m.gate.as_str(), m.arm.as_str()),
+            ("fit_min_memory_reduction", "q4")
         );
     }
 }
