@@ -15,6 +15,7 @@ mod config;
 mod drift;
 mod drivers;
 mod engine;
+mod freeze;
 mod metrics;
 mod mock;
 mod model;

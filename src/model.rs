@@ -115,6 +115,57 @@ pub struct StreamColumns {
     pub(crate) done_seen: bool,
 }
 
+/// How a case's answers are judged (summary.json's `judged`): by their oracle, by drift
+/// from the campaign's reference (a campaign case without an oracle), or not at all (a
+/// capture plan: answers are recorded, `ok` means the exchange completed with the
+/// expected status). Written `"oracle"`, `"drift"` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Judged {
+    Oracle,
+    Drift,
+    No,
+}
+
+impl Judged {
+    /// As the table and the report say it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Judged::Oracle => "oracle",
+            Judged::Drift => "drift",
+            Judged::No => "not judged",
+        }
+    }
+}
+
+impl serde::Serialize for Judged {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Judged::Oracle => s.serialize_str("oracle"),
+            Judged::Drift => s.serialize_str("drift"),
+            Judged::No => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Judged {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            Flag(bool),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Name(n) if n == "oracle" => Ok(Judged::Oracle),
+            Raw::Name(n) if n == "drift" => Ok(Judged::Drift),
+            Raw::Flag(false) => Ok(Judged::No),
+            _ => Err(serde::de::Error::custom(
+                "judged is \"oracle\", \"drift\" or false",
+            )),
+        }
+    }
+}
+
 /// The load of a measured round: `c` closed-loop workers, or an open-loop arrival rate
 /// (requests per second). Ordered closed levels first, then open ones, each ascending.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]

@@ -50,6 +50,12 @@ const ALLOWED: &[Row] = &[
         ],
     ),
     (
+        "freeze",
+        &[
+            "model", "redact", "sse", "oracle", "config", "record", "report",
+        ],
+    ),
+    (
         "drivers",
         &[
             "clock",

@@ -109,6 +109,60 @@ pub enum Command {
         #[arg(long = "arm-b", value_name = "NAME")]
         arm_b: Option<String>,
     },
+    /// Turn recorded exchanges (a serve run of live traffic, a replay run of a capture
+    /// plan, a campaign arm) into a frozen plan whose oracles are the recorded answers.
+    Freeze(FreezeArgs),
+}
+
+/// `freeze`'s flags: the runs, what to take from them, and the plan's starting budget.
+#[derive(Args, Debug, Clone)]
+pub struct FreezeArgs {
+    /// Run directories (serve, replay or campaign runs); repeated answers across them are
+    /// the evidence for ignore paths.
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Where to write the plan (refused if it exists). Default: stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// A campaign run's arm whose answers are frozen. Default: the reference.
+    #[arg(long, value_name = "NAME")]
+    pub arm: Option<String>,
+    /// The plan's endpoint. Default: serve's --upstream, or the replay run's endpoint.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Environment variable replay reads a bearer token from; required when the captured
+    /// requests carried an Authorization header (the plan records only the name).
+    #[arg(long, value_name = "NAME")]
+    pub bearer_token_env: Option<String>,
+    /// A JSON object of provenance (the plan's `metadata`); required keys it lacks are
+    /// written as "unknown: not recorded by the capture".
+    #[arg(long, value_name = "FILE")]
+    pub metadata: Option<PathBuf>,
+    /// Concurrency levels of the plan.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub concurrency: Vec<usize>,
+    /// Requests per case and level.
+    #[arg(long, default_value_t = 16)]
+    pub requests_per_case: usize,
+    /// Measured rounds per (case, level); at least 2.
+    #[arg(long, default_value_t = 2)]
+    pub repetitions: usize,
+    /// Warm-up requests per variant; at least 2.
+    #[arg(long, default_value_t = 2)]
+    pub warmup_per_case: usize,
+    /// Bound on each whole exchange, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout_seconds: f64,
+    /// The plan's connection policy.
+    #[arg(long, value_enum, default_value_t = PlanConnection::KeepAlive)]
+    pub connection: PlanConnection,
+}
+
+/// A plan's `connection` on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum PlanConnection {
+    KeepAlive,
+    Fresh,
 }
 
 /// A lane on the command line.

@@ -12,6 +12,7 @@ use clap::Parser;
 
 mod args;
 mod campaign;
+mod freeze;
 mod io;
 mod metrics_http;
 mod recover;
@@ -21,11 +22,12 @@ mod serve;
 mod summarize;
 
 pub use args::{
-    Cli, Command, LaneArg, MockArgs, MockLatencyArgs, OnRecordFull, ReplayArgs, RunFlags,
-    ServeArgs, UpstreamConnection,
+    Cli, Command, FreezeArgs, LaneArg, MockArgs, MockLatencyArgs, OnRecordFull, PlanConnection,
+    ReplayArgs, RunFlags, ServeArgs, UpstreamConnection,
 };
 use campaign::verdict_cmd;
 use campaign::{CompareArgs, compare_cmd};
+pub use freeze::freeze_cmd;
 use io::{ARGV, load_plan, print_stdout, runtime_threads, tool, usage};
 pub use io::{CliError, Exit};
 pub use recover::recover_cmd;
@@ -76,6 +78,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         Command::Report { runs, out } => report_cmd(&runs, out.as_deref()),
         Command::Completions { shell } => completions(shell),
         Command::Recover { dir } => recover_cmd(&dir),
+        Command::Freeze(args) => freeze_cmd(&args),
         Command::Verdict { dir, contract, out } => verdict_cmd(&dir, &contract, out.as_deref()),
         Command::Compare {
             run_a,
@@ -172,6 +175,15 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
     });
 }
 
+/// `validate`'s line for a capture plan, so no one mistakes its run for a correctness run.
+fn capture_line(plan: &crate::config::plan::Plan) {
+    if plan.is_capture() {
+        eprintln!(
+            "  capture plan: answers are recorded, not judged (no case has an oracle); `matrix-proxy freeze RUN --out plan.json` turns a run of it into a plan with oracles"
+        );
+    }
+}
+
 pub fn validate(path: &Path) -> Result<Exit, CliError> {
     let (_, plan) = load_plan(path)?;
     let variants: usize = plan.cases.iter().map(|c| c.variants.len()).sum();
@@ -187,6 +199,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
             Shape::Plain.planned_requests(&plan),
             plan.connection.as_str()
         );
+        capture_line(&plan);
         return Ok(Exit::Ok);
     }
     eprintln!(
@@ -200,6 +213,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         Shape::Plain.planned_requests(&plan),
         plan.connection.as_str()
     );
+    capture_line(&plan);
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",

@@ -240,6 +240,12 @@ fn contract_for(
     let Some(path) = &args.contract else {
         return Ok(None);
     };
+    if plan.is_capture() {
+        return Err(usage(format!(
+            "--contract {}: this is a capture plan (no case has an oracle), so its answers are recorded, not judged, and there is nothing for a contract to gate; freeze the run into a plan with oracles (`matrix-proxy freeze RUN --out plan.json`) and replay that",
+            path.display()
+        )));
+    }
     let c = super::campaign::load_contract(path)?;
     if plan.campaign.is_none() {
         return Err(usage(format!(

@@ -684,11 +684,18 @@ mod tests {
         let start = c.arms[1].start.as_ref().unwrap();
         assert_eq!(start.health_timeout.as_secs(), 600);
         assert_eq!(start.stop_grace.as_secs(), 10);
-        // A case may have no oracle in a campaign.
+        // A case may have no oracle in a campaign: drift from the reference judges it.
         assert!(matches!(
             p.cases[0].variants[0].oracle,
             crate::oracle::Oracle::Unjudged
         ));
+        assert_eq!(
+            p.judged_cases()[0].1,
+            crate::model::Judged::Drift,
+            "{:?}",
+            p.judged_cases()
+        );
+        assert!(!p.is_capture());
     }
 
     #[test]
@@ -807,17 +814,19 @@ mod tests {
         );
         let p = Plan::from_json_bytes(text.as_bytes()).unwrap();
         assert_eq!(p.campaign.unwrap().evidence_class.as_str(), "synthetic");
-        // Without arms, the campaign keys are refused and an oracle is required.
+        // Without arms, the campaign keys are refused; a plain plan whose requests have
+        // no oracle is a capture plan, not a mistake.
         let errs = problems(r#""endpoint": "http://h/x", "schedule": "sequential""#);
-        assert!(
-            errs.iter()
-                .any(|e| e == "schedule: goes with arms: it describes a campaign plan"),
+        assert_eq!(
+            errs,
+            ["schedule: goes with arms: it describes a campaign plan"],
             "{errs:?}"
         );
+        let capture = format!(r#"{{ "endpoint": "http://h/x", {BODY}, {META} }}"#);
         assert!(
-            errs.iter()
-                .any(|e| e.starts_with("cases[0].expected_response: is required")),
-            "{errs:?}"
+            Plan::from_json_bytes(capture.as_bytes())
+                .unwrap()
+                .is_capture()
         );
     }
 

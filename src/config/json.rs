@@ -210,9 +210,12 @@ fn short_number(n: &serde_json::Number) -> String {
 #[derive(Default)]
 pub(super) struct Validator {
     pub(super) problems: Vec<Problem>,
-    /// A campaign plan: a request may have no oracle (the reference's answers are the
-    /// baseline; status and transport are still judged).
-    pub(super) oracle_optional: bool,
+    /// Where a request declared no oracle (a capture plan's requests, or a campaign's
+    /// judged by drift), as paths for the message that refuses a plain plan mixing them
+    /// with judged requests.
+    pub(super) unjudged: Vec<String>,
+    /// Requests that declared an oracle.
+    pub(super) judged: usize,
 }
 
 pub(super) fn join(path: &str, key: &str) -> String {

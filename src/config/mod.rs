@@ -15,4 +15,5 @@ mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
 mod walk;
+pub(crate) use walk::REQUIRED_METADATA;
 pub(crate) mod workload;

@@ -64,16 +64,16 @@ impl Validator {
             );
             ok = false;
         }
+        if !primaries.is_empty() {
+            self.judged += 1;
+        }
         let oracle = match primaries.as_slice() {
-            // In a campaign a request may have no oracle: the reference's answers are the
-            // baseline, status and transport are still judged.
-            [] if self.oracle_optional => Some(Oracle::Unjudged),
+            // No oracle: a capture plan's request (its answers are recorded, not judged),
+            // or a campaign's (the reference's answers are the baseline). Status and
+            // transport are still judged. A plain plan may not mix the two (`walk.rs`).
             [] => {
-                self.err(
-                    join(path, "expected_response"),
-                    "is required: the oracle (expected_response for type-strict JSON, expected_response_text for exact bytes, expected_stream_text or expected_events for an event stream)",
-                );
-                None
+                self.unjudged.push(path.to_string());
+                Some(Oracle::Unjudged)
             }
             [_, second, ..] => {
                 self.err(

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::campaign::Campaign;
 use super::load::{Load, Mode};
-use crate::model::{ConnectionPolicy, Endpoint, Level, Slo};
+use crate::model::{ConnectionPolicy, Endpoint, Judged, Level, Slo};
 use crate::oracle::{Oracle, Pointer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,24 @@ pub(crate) struct Case {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) expected_status: u16,
     pub(crate) variants: Vec<Variant>,
+}
+
+impl Case {
+    /// How this case's answers are judged: by their oracles when every variant has one;
+    /// otherwise by drift in a campaign, not at all in a capture plan.
+    pub(crate) fn judged(&self, campaign: bool) -> Judged {
+        if self
+            .variants
+            .iter()
+            .all(|v| !matches!(v.oracle, Oracle::Unjudged))
+        {
+            Judged::Oracle
+        } else if campaign {
+            Judged::Drift
+        } else {
+            Judged::No
+        }
+    }
 }
 
 /// A plan that passed validation. Constructed only by [`Plan::from_json_bytes`].
@@ -131,6 +149,21 @@ impl Plan {
         let mut p = self.clone().with_endpoint(endpoint);
         p.health_endpoint = health.clone();
         p
+    }
+
+    /// A capture plan: a plain plan whose requests have no oracle, so its answers are
+    /// recorded and not judged (validation refuses a plain plan that mixes the two).
+    pub(crate) fn is_capture(&self) -> bool {
+        self.campaign.is_none() && self.cases.iter().all(|c| c.judged(false) == Judged::No)
+    }
+
+    /// Each case's name and how its answers are judged, in plan order.
+    pub(crate) fn judged_cases(&self) -> Vec<(&str, Judged)> {
+        let campaign = self.campaign.is_some();
+        self.cases
+            .iter()
+            .map(|c| (c.name.as_str(), c.judged(campaign)))
+            .collect()
     }
 
     /// The arms' names in plan order; one unnamed arm (`None`) for a plain plan.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::json::{PlanError, Validator, read_document};
+use super::json::{PlanError, Validator, join, read_document};
 use super::load::{MAX_REQUESTS_PER_CASE, Mode};
 use super::plan::{DEFAULT_DECISIONS_POINTER, OnFailure, Plan};
 use crate::model::{ConnectionPolicy, Endpoint};
@@ -71,7 +71,6 @@ impl Validator {
         let top = self.object(root, "")?;
         self.unknown_fields(top, "", &[TOP_FIELDS]);
         let is_campaign = top.contains_key("arms");
-        self.oracle_optional = is_campaign;
         if !is_campaign {
             for key in ["evidence_class", "schedule"] {
                 if top.contains_key(key) {
@@ -147,6 +146,9 @@ impl Validator {
             endpoint.as_ref(),
             top_ignore.as_deref().unwrap_or(&[]),
         );
+        if !is_campaign {
+            self.judged_or_capture();
+        }
 
         Some(Plan {
             endpoint: endpoint?,
@@ -181,6 +183,20 @@ impl Validator {
             p.workload = super::workload::workload(root, &p);
             p
         })
+    }
+
+    /// A plain plan judges every request by its oracle, or none (a capture plan): a
+    /// request without an oracle beside judged ones is a forgotten oracle, not a capture.
+    fn judged_or_capture(&mut self) {
+        if self.judged == 0 {
+            return;
+        }
+        for path in std::mem::take(&mut self.unjudged) {
+            self.err(
+                join(&path, "expected_response"),
+                "is required: the oracle (expected_response for type-strict JSON, expected_response_text for exact bytes, expected_stream_text or expected_events for an event stream); other requests of this plan have one, and a plain plan judges every request or none (a capture plan records answers without judging them)",
+            );
+        }
     }
 
     /// `drift`: `{"numeric_pointers": [...]}`, pointers into JSON answers whose largest

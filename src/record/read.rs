@@ -308,3 +308,111 @@ pub(crate) fn for_each_measured_answer(
     }
     Ok(())
 }
+
+/// One recorded exchange as `freeze` reads it: what was sent and what came back, with
+/// the flags that say whether the recording holds all of it.
+#[derive(Debug, Clone)]
+pub(crate) struct ExchangeRow {
+    pub(crate) phase: String,
+    pub(crate) arm: Option<String>,
+    pub(crate) outcome: String,
+    pub(crate) method: String,
+    /// As recorded: secret query values are `<redacted>`.
+    pub(crate) url: String,
+    /// As recorded: secret values are `<redacted>`; names lower-case, duplicates kept.
+    pub(crate) request_headers: Vec<(String, Vec<u8>)>,
+    pub(crate) request_body: Vec<u8>,
+    pub(crate) request_body_truncated: bool,
+    pub(crate) status: Option<i32>,
+    pub(crate) response_headers: Vec<(String, Vec<u8>)>,
+    pub(crate) response_body: Vec<u8>,
+    pub(crate) response_body_truncated: bool,
+    pub(crate) is_stream: bool,
+}
+
+/// Hand every row of the closed parts to `visit` with its request and response, in file
+/// order (each part's rows in exchange order), without holding more than one batch.
+pub(crate) fn for_each_exchange(
+    exchanges: &Path,
+    mut visit: impl FnMut(ExchangeRow),
+) -> Result<(), String> {
+    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array};
+    const WANT: [&str; 13] = [
+        "phase",
+        "arm",
+        "outcome",
+        "method",
+        "url",
+        "request_headers",
+        "request_body",
+        "request_body_truncated",
+        "status",
+        "response_headers",
+        "response_body",
+        "response_body_truncated",
+        "is_stream",
+    ];
+    for part in closed_parts(exchanges)? {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        for batch in read_columns(&part, &WANT)? {
+            let b = batch.map_err(|e| ctx(&e))?;
+            let phase = column::<StringArray>(&b, "phase", &part)?;
+            let arm = optional_column::<StringArray>(&b, "arm");
+            let outcome = column::<StringArray>(&b, "outcome", &part)?;
+            let method = column::<StringArray>(&b, "method", &part)?;
+            let url = column::<StringArray>(&b, "url", &part)?;
+            let req_h = column::<ListArray>(&b, "request_headers", &part)?;
+            let req_b = column::<BinaryArray>(&b, "request_body", &part)?;
+            let req_t = column::<BooleanArray>(&b, "request_body_truncated", &part)?;
+            let status = column::<Int32Array>(&b, "status", &part)?;
+            let resp_h = column::<ListArray>(&b, "response_headers", &part)?;
+            let resp_b = column::<BinaryArray>(&b, "response_body", &part)?;
+            let resp_t = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
+            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
+            for i in 0..b.num_rows() {
+                visit(ExchangeRow {
+                    phase: phase.value(i).to_string(),
+                    arm: arm
+                        .filter(|a| a.is_valid(i))
+                        .map(|a| a.value(i).to_string()),
+                    outcome: outcome.value(i).to_string(),
+                    method: method.value(i).to_string(),
+                    url: url.value(i).to_string(),
+                    request_headers: headers(req_h, i).map_err(|e| ctx(&e))?,
+                    request_body: req_b.value(i).to_vec(),
+                    request_body_truncated: req_t.value(i),
+                    status: status.is_valid(i).then(|| status.value(i)),
+                    response_headers: headers(resp_h, i).map_err(|e| ctx(&e))?,
+                    response_body: resp_b.value(i).to_vec(),
+                    response_body_truncated: resp_t.value(i),
+                    is_stream: is_stream.value(i),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Row `i` of a headers column (`list<struct<name: utf8, value: binary>>`).
+fn headers(list: &ListArray, i: usize) -> Result<Vec<(String, Vec<u8>)>, String> {
+    use arrow_array::{Array, BinaryArray, StructArray};
+    if !list.is_valid(i) {
+        return Ok(Vec::new());
+    }
+    let entries = list.value(i);
+    let s = entries
+        .as_any()
+        .downcast_ref::<StructArray>()
+        .ok_or("a headers column is not a list of structs")?;
+    let names = s
+        .column_by_name("name")
+        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+        .ok_or("a headers column has no utf8 `name`")?;
+    let values = s
+        .column_by_name("value")
+        .and_then(|c| c.as_any().downcast_ref::<BinaryArray>())
+        .ok_or("a headers column has no binary `value`")?;
+    Ok((0..s.len())
+        .map(|k| (names.value(k).to_string(), values.value(k).to_vec()))
+        .collect())
+}

@@ -49,8 +49,8 @@ use crate::model::{Level, Outcome, Phase};
 use crate::record::RecordError;
 use doc::Pct;
 use doc::summary::{
-    Definitions, ExcludedPhase, LoadNote, Round, RoundAggregate, ServeDefinitions, ServeSummary,
-    SpreadDoc, Summary,
+    CaseDoc, Definitions, ExcludedPhase, LoadNote, Round, RoundAggregate, ServeDefinitions,
+    ServeSummary, SpreadDoc, Summary,
 };
 pub(crate) use doc::summary::{Ending, Recording, ServeEnding};
 
@@ -242,6 +242,14 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
             sweep: m.shape.sweep_rates(),
             notes: m.notes.to_vec(),
         },
+        cases: plan
+            .judged_cases()
+            .into_iter()
+            .map(|(name, judged)| CaseDoc {
+                name: name.to_string(),
+                judged,
+            })
+            .collect(),
         definitions: definitions(plan),
         rows_written: recording.rows_written,
         rows_encoded_during_rounds: recording.rows_encoded_during_rounds,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::config::plan::Plan;
 use crate::metrics::PhaseCounts;
 use crate::metrics::{Aggregate, RoundMetrics};
-use crate::model::{Level, Outcome, Phase};
+use crate::model::{Judged, Level, Outcome, Phase};
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
@@ -51,7 +51,14 @@ pub(crate) fn table(
     } else if usage {
         rows[0].push("tok/s".into());
     }
-    rows[0].extend(["ok/attempted".into(), "failures".into()]);
+    rows[0].push("ok/attempted".into());
+    // Which answers were judged, when not every case was judged by its oracle.
+    let judged = plan.judged_cases();
+    let show_judged = judged.iter().any(|(_, j)| *j != Judged::Oracle);
+    if show_judged {
+        rows[0].push("judged".into());
+    }
+    rows[0].push("failures".into());
     let cols = Cols {
         open,
         goodput,
@@ -59,7 +66,15 @@ pub(crate) fn table(
         usage,
     };
     for a in aggs {
-        rows.push(aggregate_row(a, rounds, cols));
+        let mut row = aggregate_row(a, rounds, cols);
+        if show_judged {
+            let j = judged
+                .iter()
+                .find(|(name, _)| *name == a.case_name)
+                .map_or(Judged::Oracle, |(_, j)| *j);
+            row.insert(row.len() - 1, j.label().into());
+        }
+        rows.push(row);
     }
     let mut widths = vec![0usize; rows[0].len()];
     for r in &rows {
@@ -99,6 +114,7 @@ pub(crate) fn table(
         "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",
         plan.connection.as_str()
     ));
+    out.push_str(&judged_notes(&judged));
     if open {
         out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
     }
@@ -112,6 +128,18 @@ pub(crate) fn table(
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases of each round's own value (a campaign.json cell's ttft_p50_ms pools every request of the level instead; on noisy rounds the two differ)\n");
     }
     out.push_str(&round_warnings(rounds));
+    out
+}
+
+/// What "not judged" and "drift" in the table's `judged` column mean, when they appear.
+fn judged_notes(judged: &[(&str, Judged)]) -> String {
+    let mut out = String::new();
+    if judged.iter().any(|(_, j)| *j == Judged::No) {
+        out.push_str("not judged: a capture plan's answers are recorded, not checked; ok = the exchange completed with the expected status (a stream complete by its framing); `matrix-proxy freeze RUN` turns them into oracles\n");
+    }
+    if judged.iter().any(|(_, j)| *j == Judged::Drift) {
+        out.push_str("drift: a campaign case without an oracle; its answers are compared with the reference's (campaign.json's drift), ok = completed with the expected status\n");
+    }
     out
 }
 

@@ -27,7 +27,8 @@ fn validate_accepts_good_plans_and_names_the_path_of_bad_ones() {
     let bad = write_plan(
         tmp.path(),
         "bad.json",
-        &json!({"endpoint": "http://h/x", "cases": [{"name": "a", "variants": [{"name": "v", "request": {}}]}],
+        &json!({"endpoint": "http://h/x", "cases": [{"name": "a", "variants": [{"name": "v", "request": {}}]},
+                                                    {"name": "b", "request": {}, "expected_response": {}}],
                 "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1, "metadata": metadata()}),
     );
     let out = bin().arg("validate").arg(&bad).output().unwrap();

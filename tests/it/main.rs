@@ -7,6 +7,7 @@ mod cli;
 mod crash;
 mod fault_matrix;
 mod faults;
+mod freeze;
 mod fuzz_corpus;
 mod golden;
 mod hostile;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Failures, Pct, present, secs};
 use crate::metrics::{GeneratorLoad, RoundMetrics, Spread};
-use crate::model::Phase;
+use crate::model::{Judged, Phase};
 
 /// How a replay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +55,9 @@ pub(crate) struct Summary {
     pub(crate) planned_requests: u64,
     #[serde(default)]
     pub(crate) load: LoadNote,
+    /// Each case of the plan and how its answers are judged (absent before capture plans).
+    #[serde(default)]
+    pub(crate) cases: Vec<CaseDoc>,
     #[serde(default)]
     pub(crate) definitions: Definitions,
     /// Rows the recorder wrote (or, rebuilt, the rows read back).
@@ -96,6 +99,15 @@ pub(crate) struct LoadNote {
     pub(crate) sweep: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) notes: Vec<String>,
+}
+
+/// One case of summary.json's `cases`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CaseDoc {
+    pub(crate) name: String,
+    /// `"oracle"`, `"drift"` (a campaign case without an oracle) or `false` (a capture
+    /// plan's: answers recorded, not judged).
+    pub(crate) judged: Judged,
 }
 
 /// A merged sharded run's `shards`.

@@ -1,0 +1,121 @@
+//! `matrix-proxy freeze RUN [RUN ...] [--out plan.json]`: the flags checked, the freeze
+//! made (`crate::freeze`), its lines on stderr and the plan written (refusing to replace
+//! a file: a plan is edited by hand after it is frozen).
+
+use std::io::Write;
+
+use serde_json::{Map, Value};
+
+use super::args::{FreezeArgs, PlanConnection};
+use super::io::{CliError, Exit, report_error, tool, usage};
+use crate::config::flags;
+use crate::freeze::{self, Budget, FreezeError, Options};
+use crate::model::ConnectionPolicy;
+use crate::report::run::read_bounded;
+
+/// Largest `--metadata` file read.
+const MAX_METADATA_BYTES: u64 = 1 << 20;
+
+pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
+    if let Some(out) = &args.out
+        && out.exists()
+    {
+        return Err(usage(format!(
+            "--out {}: exists; a frozen plan is edited by hand, so freeze never replaces one: remove it or choose another file",
+            out.display()
+        )));
+    }
+    let opts = options(args)?;
+    let frozen = freeze::freeze(&opts).map_err(|e| match e {
+        FreezeError::Refused(m) => usage(m),
+        FreezeError::Run(e) => report_error(e),
+    })?;
+    for line in &frozen.lines {
+        eprintln!("matrix-proxy: {line}");
+    }
+    match &args.out {
+        Some(out) => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(out)
+                .map_err(|e| usage(format!("--out {}: {e}", out.display())))?;
+            f.write_all(&frozen.plan)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| tool(format!("{}: {e}", out.display())))?;
+            eprintln!(
+                "matrix-proxy: wrote {}; check it with `matrix-proxy validate {0}`, replay it with `matrix-proxy replay {0}`",
+                out.display()
+            );
+        }
+        None => std::io::stdout()
+            .write_all(&frozen.plan)
+            .map_err(|e| tool(format!("stdout: {e}")))?,
+    }
+    Ok(Exit::Ok)
+}
+
+/// The flags as the freeze takes them; a bad value is exit 2 before any run is read.
+fn options(args: &FreezeArgs) -> Result<Options, CliError> {
+    let endpoint = args
+        .endpoint
+        .as_deref()
+        .map(|u| flags::endpoint("--endpoint", u))
+        .transpose()
+        .map_err(usage)?;
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        return Err(usage("--concurrency: give levels of at least 1, e.g. 1,4"));
+    }
+    if let Some(c) = args
+        .concurrency
+        .iter()
+        .find(|c| **c > args.requests_per_case)
+    {
+        return Err(usage(format!(
+            "--concurrency {c} is above --requests-per-case {}: a round could never fill it",
+            args.requests_per_case
+        )));
+    }
+    if args.repetitions < 2 || args.warmup_per_case < 2 {
+        return Err(usage(
+            "--repetitions and --warmup-per-case are at least 2 (a plan's rule)",
+        ));
+    }
+    flags::seconds("--timeout-seconds", args.timeout_seconds).map_err(usage)?;
+    let metadata = args.metadata.as_deref().map(read_metadata).transpose()?;
+    Ok(Options {
+        runs: args.runs.clone(),
+        arm: args.arm.clone(),
+        endpoint,
+        bearer_token_env: args.bearer_token_env.clone(),
+        metadata,
+        budget: Budget {
+            concurrency: args.concurrency.clone(),
+            requests_per_case: args.requests_per_case,
+            repetitions: args.repetitions,
+            warmup_per_case: args.warmup_per_case,
+            timeout_seconds: args.timeout_seconds,
+            connection: match args.connection {
+                PlanConnection::KeepAlive => ConnectionPolicy::KeepAlive,
+                PlanConnection::Fresh => ConnectionPolicy::Fresh,
+            },
+        },
+    })
+}
+
+/// `--metadata FILE`: a JSON object.
+fn read_metadata(path: &std::path::Path) -> Result<Map<String, Value>, CliError> {
+    let bytes = read_bounded(path, MAX_METADATA_BYTES, "metadata file", "provenance")
+        .map_err(report_error)?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(usage(format!(
+            "--metadata {}: must be a JSON object of provenance (\"gpu\": ..., \"driver\": ...)",
+            path.display()
+        ))),
+        Err(e) => Err(usage(format!(
+            "--metadata {}: not valid JSON: {e}",
+            path.display()
+        ))),
+    }
+}

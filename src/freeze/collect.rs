@@ -1,0 +1,519 @@
+//! Recorded exchanges to distinct requests: each row is kept (the first answer to its
+//! request becomes the oracle, later ones are evidence) or counted under the reason it
+//! cannot be frozen. Requests are grouped into cases by what a plan's case holds (method,
+//! path, content type, headers, expected status) and into variants by the exact bytes a
+//! replay would send. Holds one body per distinct request, never the repeats.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::Value;
+
+use super::evidence::{self, Difference};
+use crate::record::read::ExchangeRow;
+use crate::redact::{DEFAULT_REDACT_HEADERS, REDACTED};
+
+/// Request headers a frozen case does not carry: framing and hop-by-hop headers (the
+/// engine's; a plan may not set them), the content type (the variant's own field), what
+/// serve adds on the way (`X-Forwarded-*`, `Forwarded`, `Via`), what an HTTP client
+/// says of itself on every call (user agent, accepted encodings, trace context), and
+/// identifiers unique to each request (kept, they would make every request its own case).
+pub(crate) const DROPPED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-type",
+    "expect",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "forwarded",
+    "via",
+    "user-agent",
+    "accept",
+    "accept-encoding",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+    "x-correlation-id",
+    "idempotency-key",
+];
+
+/// Header name prefixes dropped likewise: the `openai` SDK's per-call telemetry
+/// (`x-stainless-retry-count`, `x-stainless-read-timeout`, ...).
+pub(crate) const DROPPED_HEADER_PREFIXES: &[&str] = &["x-stainless-"];
+
+/// What a frozen request sends.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Body {
+    /// No body (GET, HEAD, or an empty POST).
+    Empty,
+    /// A JSON body, sent as `serde_json` writes it (which is its identity).
+    Json(Value),
+    /// A text body.
+    Text(String),
+}
+
+/// The oracle a recorded answer becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Answer {
+    /// A JSON answer: `expected_response`.
+    Json(Value),
+    /// An OpenAI-style event stream: `expected_stream_text`, the assembled content.
+    StreamText(String),
+    /// Another event stream: `expected_events`, every event's data as text.
+    Events(Vec<String>),
+    /// Anything else: `expected_response_text`, exact bytes.
+    Text(String),
+}
+
+/// What a plan's case holds besides its variants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CaseKey {
+    pub(crate) method: String,
+    /// Origin-form target: path and query as the worker received them.
+    pub(crate) path: String,
+    pub(crate) content_type: Option<String>,
+    /// Kept request headers, sorted by name; repeated ones joined with `, `.
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) status: u16,
+}
+
+/// One distinct request, its first answer and what its repeats said.
+#[derive(Debug, Clone)]
+pub(crate) struct Variant {
+    pub(crate) body: Body,
+    pub(crate) first: Answer,
+    /// Answers seen, the first included.
+    pub(crate) answers: u64,
+    /// Leaves outside the content that differed between answers.
+    pub(crate) volatile: BTreeSet<String>,
+    /// Repeats whose content differed from the first answer.
+    pub(crate) differed: u64,
+    /// Where the first such repeat differed.
+    pub(crate) first_difference: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Case {
+    pub(crate) key: CaseKey,
+    pub(crate) variants: Vec<Variant>,
+}
+
+/// Every kept request, and what was left out and why.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    pub(crate) cases: Vec<Case>,
+    /// (case, the variant's exact request bytes) -> variant index.
+    index: HashMap<(usize, Vec<u8>), usize>,
+    case_index: HashMap<CaseKey, usize>,
+    /// Rows read, every one.
+    pub(crate) rows: u64,
+    /// Rows frozen (the first answers and their repeats).
+    pub(crate) kept: u64,
+    /// Rows left out, by reason.
+    pub(crate) skipped: BTreeMap<String, u64>,
+    /// Some kept request carried an `Authorization` header.
+    pub(crate) bearer: bool,
+    /// Secret headers other than `Authorization` that kept requests carried (a plan
+    /// cannot hold them), with how many requests did.
+    pub(crate) secret_headers: BTreeMap<String, u64>,
+    /// Headers dropped because their value is not printable ASCII (a plan's rule).
+    pub(crate) unprintable_headers: BTreeSet<String>,
+    /// Pointers whose subtrees are content besides `/choices` (the decisions container).
+    pub(crate) content: Vec<String>,
+}
+
+impl Collected {
+    pub(crate) fn new(content: Vec<String>) -> Collected {
+        Collected {
+            content,
+            ..Collected::default()
+        }
+    }
+
+    fn skip(&mut self, reason: impl Into<String>) {
+        *self.skipped.entry(reason.into()).or_insert(0) += 1;
+    }
+
+    /// Keep `row` (as a new request or as a repeat of one) or count why not.
+    pub(crate) fn take(&mut self, row: ExchangeRow) {
+        self.rows += 1;
+        match self.key_and_answer(&row) {
+            Ok((key, body, answer)) => {
+                self.kept += 1;
+                self.add(key, body, answer);
+            }
+            Err(reason) => self.skip(reason),
+        }
+    }
+
+    fn key_and_answer(&mut self, row: &ExchangeRow) -> Result<(CaseKey, Body, Answer), String> {
+        if !matches!(row.outcome.as_str(), "ok" | "correctness") {
+            return Err(format!("did not complete (outcome {})", row.outcome));
+        }
+        let status = match row.status {
+            Some(s @ 200..=299) => s as u16,
+            Some(s) => return Err(format!("status {s} (only 2xx answers are frozen)")),
+            None => return Err("no response".into()),
+        };
+        if row.request_body_truncated {
+            return Err("request body truncated by --max-record-body".into());
+        }
+        if row.response_body_truncated {
+            return Err("response body truncated by --max-record-body".into());
+        }
+        let redacted = std::str::from_utf8(REDACTED).unwrap_or("<redacted>");
+        if row.url.contains(redacted) {
+            return Err(
+                "a secret query value in the URL (recorded as <redacted>; a plan never holds one)"
+                    .into(),
+            );
+        }
+        if let Some(enc) = header(&row.response_headers, "content-encoding")
+            .filter(|e| !e.eq_ignore_ascii_case("identity"))
+        {
+            return Err(format!(
+                "content-encoded response ({enc}): the recorded bytes are not the answer"
+            ));
+        }
+        if let Some(enc) = header(&row.request_headers, "content-encoding")
+            .filter(|e| !e.eq_ignore_ascii_case("identity"))
+        {
+            return Err(format!("content-encoded request body ({enc})"));
+        }
+        let path = origin_form(&row.url).ok_or_else(|| format!("unreadable URL {:?}", row.url))?;
+        let content_type = header(&row.request_headers, "content-type");
+        let body = body_of(&row.method, &row.request_body, content_type.as_deref())?;
+        let answer = answer_of(row)?;
+        let headers = self.kept_headers(&row.request_headers);
+        let content_type = match (&body, content_type) {
+            (Body::Empty, _) if matches!(row.method.as_str(), "GET" | "HEAD") => None,
+            (Body::Json(_), Some(ct)) if ct == "application/json" => None,
+            (_, ct) => ct,
+        };
+        Ok((
+            CaseKey {
+                method: row.method.clone(),
+                path,
+                content_type,
+                headers,
+                status,
+            },
+            body,
+            answer,
+        ))
+    }
+
+    /// The request headers a frozen case sends: secrets noted (never kept), the engine's
+    /// and the client's own dropped.
+    fn kept_headers(&mut self, headers: &[(String, Vec<u8>)]) -> Vec<(String, String)> {
+        let mut kept: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut secrets = BTreeSet::new();
+        for (name, value) in headers {
+            let name = name.to_ascii_lowercase();
+            if name == "authorization" {
+                self.bearer = true;
+                continue;
+            }
+            if DEFAULT_REDACT_HEADERS.contains(&name.as_str()) {
+                secrets.insert(name);
+                continue;
+            }
+            if DROPPED_HEADERS.contains(&name.as_str())
+                || DROPPED_HEADER_PREFIXES.iter().any(|p| name.starts_with(p))
+            {
+                continue;
+            }
+            match std::str::from_utf8(value) {
+                Ok(v) if v.bytes().all(|b| (0x20..0x7f).contains(&b)) => {
+                    kept.entry(name).or_default().push(v.to_string());
+                }
+                _ => {
+                    self.unprintable_headers.insert(name);
+                }
+            }
+        }
+        for s in secrets {
+            *self.secret_headers.entry(s).or_insert(0) += 1;
+        }
+        kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
+    }
+
+    fn add(&mut self, key: CaseKey, body: Body, answer: Answer) {
+        let case = match self.case_index.get(&key) {
+            Some(&c) => c,
+            None => {
+                self.cases.push(Case {
+                    key: key.clone(),
+                    variants: Vec::new(),
+                });
+                self.case_index.insert(key, self.cases.len() - 1);
+                self.cases.len() - 1
+            }
+        };
+        let identity = match &body {
+            Body::Empty => Vec::new(),
+            Body::Json(v) => serde_json::to_vec(v).unwrap_or_default(),
+            Body::Text(t) => t.as_bytes().to_vec(),
+        };
+        let variants = &mut self.cases[case].variants;
+        match self.index.get(&(case, identity.clone())) {
+            None => {
+                variants.push(Variant {
+                    body,
+                    first: answer,
+                    answers: 1,
+                    volatile: BTreeSet::new(),
+                    differed: 0,
+                    first_difference: None,
+                });
+                self.index.insert((case, identity), variants.len() - 1);
+            }
+            Some(&v) => {
+                let var = &mut variants[v];
+                var.answers += 1;
+                let d = difference(&var.first, &answer, &self.content);
+                var.volatile.extend(d.volatile);
+                if let Some(at) = d.content {
+                    var.differed += 1;
+                    var.first_difference.get_or_insert(at);
+                }
+            }
+        }
+    }
+}
+
+/// How a repeated answer differs from the first.
+fn difference(first: &Answer, again: &Answer, content: &[String]) -> Difference {
+    let content_at = |at: &str| Difference {
+        content: Some(at.into()),
+        ..Difference::default()
+    };
+    match (first, again) {
+        (Answer::Json(a), Answer::Json(b)) => evidence::json_difference(a, b, content),
+        (Answer::StreamText(a), Answer::StreamText(b)) if a != b => content_at("/text"),
+        (Answer::Events(a), Answer::Events(b)) if a != b => content_at("/events"),
+        (Answer::Text(a), Answer::Text(b)) if a != b => content_at("the response bytes"),
+        (Answer::StreamText(_), Answer::StreamText(_))
+        | (Answer::Events(_), Answer::Events(_))
+        | (Answer::Text(_), Answer::Text(_)) => Difference::default(),
+        _ => content_at("the kind of answer (JSON, event stream or text)"),
+    }
+}
+
+/// The first value of header `name` (lower case), as text.
+fn header(headers: &[(String, Vec<u8>)], name: &str) -> Option<String> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| String::from_utf8_lossy(v).trim().to_string())
+}
+
+/// The origin-form target (`/v1/chat/completions?x=1`) of an absolute URL.
+pub(crate) fn origin_form(url: &str) -> Option<String> {
+    if url.is_empty() {
+        return None;
+    }
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let Some(at) = rest.find(['/', '?']) else {
+        return Some("/".into());
+    };
+    let target = &rest[at..];
+    Some(if target.starts_with('?') {
+        format!("/{target}")
+    } else {
+        target.to_string()
+    })
+}
+
+/// What the request sent, as a plan holds it.
+fn body_of(method: &str, body: &[u8], content_type: Option<&str>) -> Result<Body, String> {
+    if body.is_empty() {
+        return Ok(Body::Empty);
+    }
+    if matches!(method, "GET" | "HEAD") {
+        return Err(format!(
+            "a {method} request with a body (a plan's {method} case sends none)"
+        ));
+    }
+    let json_type = content_type.is_some_and(is_json_type);
+    if json_type && let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return Ok(Body::Json(v));
+    }
+    match std::str::from_utf8(body) {
+        Ok(t) => Ok(Body::Text(t.to_string())),
+        Err(_) => Err("request body is not UTF-8 text (a plan holds JSON or text)".into()),
+    }
+}
+
+fn is_json_type(ct: &str) -> bool {
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+/// The oracle the recorded answer becomes.
+fn answer_of(row: &ExchangeRow) -> Result<Answer, String> {
+    let body = &row.response_body;
+    if row.is_stream {
+        let events = crate::sse::parse_all(body)
+            .map_err(|e| format!("response is not a readable event stream ({e})"))?;
+        let mut t = crate::sse::StreamTracker::default();
+        for e in &events {
+            t.on_event(e);
+        }
+        if t.openai {
+            return Ok(Answer::StreamText(t.text));
+        }
+        if !events.is_empty() {
+            return Ok(Answer::Events(events.into_iter().map(|e| e.data).collect()));
+        }
+        // No event at all: only its bytes say what it was.
+    }
+    let asks_stream = serde_json::from_slice::<Value>(&row.request_body)
+        .ok()
+        .and_then(|r| r.pointer("/stream").and_then(Value::as_bool))
+        == Some(true);
+    let json_type = header(&row.response_headers, "content-type").is_some_and(|c| is_json_type(&c));
+    // A request asking for a stream cannot take a JSON oracle (validation says so).
+    if json_type
+        && !asks_stream
+        && let Ok(v) = serde_json::from_slice::<Value>(body)
+    {
+        return Ok(Answer::Json(v));
+    }
+    match std::str::from_utf8(body) {
+        Ok(t) => Ok(Answer::Text(t.to_string())),
+        Err(_) => {
+            Err("response body is not UTF-8 text (a plan's oracle holds JSON or text)".into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(body: &str, answer: &str) -> ExchangeRow {
+        ExchangeRow {
+            phase: "live".into(),
+            arm: None,
+            outcome: "ok".into(),
+            method: "POST".into(),
+            url: "http://127.0.0.1:8000/v1/chat/completions".into(),
+            request_headers: vec![
+                ("host".into(), b"127.0.0.1:9000".to_vec()),
+                ("content-type".into(), b"application/json".to_vec()),
+                ("authorization".into(), REDACTED.to_vec()),
+                ("x-api-key".into(), REDACTED.to_vec()),
+                ("x-stainless-retry-count".into(), b"0".to_vec()),
+                ("x-tenant".into(), b"blue".to_vec()),
+            ],
+            request_body: body.as_bytes().to_vec(),
+            request_body_truncated: false,
+            status: Some(200),
+            response_headers: vec![("content-type".into(), b"application/json".to_vec())],
+            response_body: answer.as_bytes().to_vec(),
+            response_body_truncated: false,
+            is_stream: false,
+        }
+    }
+
+    #[test]
+    fn requests_group_into_cases_and_variants_and_repeats_are_evidence() {
+        let mut c = Collected::new(vec!["/answers".into()]);
+        let a = |id: u32, text: &str| {
+            json!({"id": format!("c{id}"), "choices": [{"message": {"content": text}}]}).to_string()
+        };
+        c.take(row(r#"{"p": 1}"#, &a(1, "x")));
+        // The same JSON written with other spacing is the same request.
+        c.take(row(r#"{ "p" : 1 }"#, &a(2, "x")));
+        c.take(row(r#"{"p": 2}"#, &a(3, "y")));
+        c.take(row(r#"{"p": 2}"#, &a(4, "z")));
+        let mut failed = row(r#"{"p": 3}"#, "{}");
+        failed.status = Some(500);
+        c.take(failed);
+        let mut cut = row(r#"{"p": 3}"#, "{}");
+        cut.response_body_truncated = true;
+        c.take(cut);
+        let mut secret = row(r#"{"p": 3}"#, "{}");
+        secret.url.push_str("?api_key=<redacted>");
+        c.take(secret);
+        assert_eq!((c.rows, c.kept), (7, 4));
+        assert_eq!(c.cases.len(), 1);
+        let case = &c.cases[0];
+        assert_eq!(case.key.path, "/v1/chat/completions");
+        assert_eq!(case.key.content_type, None);
+        assert_eq!(
+            case.key.headers,
+            [("x-tenant".to_string(), "blue".to_string())]
+        );
+        assert!(c.bearer);
+        assert_eq!(c.secret_headers.get("x-api-key"), Some(&4));
+        let [one, two] = &case.variants[..] else {
+            panic!("{:?}", case.variants)
+        };
+        assert_eq!((one.answers, one.differed), (2, 0));
+        assert_eq!(one.volatile.iter().collect::<Vec<_>>(), ["/id"]);
+        assert_eq!((two.answers, two.differed), (2, 1));
+        assert_eq!(
+            two.first_difference.as_deref(),
+            Some("/choices/0/message/content")
+        );
+        assert_eq!(c.skipped.len(), 3, "{:?}", c.skipped);
+        assert!(
+            c.skipped
+                .contains_key("status 500 (only 2xx answers are frozen)")
+        );
+    }
+
+    #[test]
+    fn answers_become_the_oracle_their_kind_takes() {
+        let mut r = row(r#"{"stream": true}"#, "");
+        r.is_stream = true;
+        r.response_body =
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n".to_vec();
+        assert_eq!(answer_of(&r), Ok(Answer::StreamText("ab".into())));
+        r.response_body = b"data: one\n\ndata: two\n\n".to_vec();
+        assert_eq!(
+            answer_of(&r),
+            Ok(Answer::Events(vec!["one".into(), "two".into()]))
+        );
+        let mut t = row("hello", "plain answer");
+        t.response_headers = vec![("content-type".into(), b"text/plain".to_vec())];
+        t.request_headers = vec![("content-type".into(), b"text/plain".to_vec())];
+        assert_eq!(answer_of(&t), Ok(Answer::Text("plain answer".into())));
+        assert_eq!(
+            body_of("POST", b"hello", Some("text/plain")),
+            Ok(Body::Text("hello".into()))
+        );
+        assert_eq!(
+            body_of(
+                "POST",
+                br#"{"a":1}"#,
+                Some("application/vnd.x+json; charset=utf-8")
+            ),
+            Ok(Body::Json(json!({"a": 1})))
+        );
+        assert!(body_of("POST", &[0xff, 0xfe], None).is_err());
+        assert_eq!(body_of("GET", b"", None), Ok(Body::Empty));
+        assert_eq!(
+            origin_form("http://h:1/a/b?x=1").as_deref(),
+            Some("/a/b?x=1")
+        );
+        assert_eq!(origin_form("http://h:1?x=1").as_deref(), Some("/?x=1"));
+        assert_eq!(origin_form("http://h:1").as_deref(), Some("/"));
+    }
+}

@@ -1,0 +1,436 @@
+//! `freeze`: recorded exchanges (a serve run of live traffic, a replay run of a capture
+//! plan, a campaign's arm) into a frozen plan that validates and replays as is.
+//!
+//! The life of a freeze: each run is opened with the one reader of a finished run
+//! ([`FinishedRun`]) and its rows read back with their bodies (`collect.rs` keeps the
+//! first answer to each distinct request and compares every repeat with it;
+//! `evidence.rs` says which leaves were volatile and whether the content differed);
+//! `write.rs` lays the plan out, and the plan is validated here before anyone sees it.
+//! Nothing is sent and no run is changed.
+
+mod collect;
+mod evidence;
+mod write;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use evidence::VOLATILE_POINTERS;
+pub(crate) use write::Budget;
+
+use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
+use crate::model::Endpoint;
+use crate::record::{read, rundir};
+use crate::report::doc::config::Command;
+use crate::report::run::{FinishedRun, ReportError};
+
+/// The provenance keys a plan requires; a freeze fills the ones it was not given.
+pub(crate) const UNKNOWN_METADATA: &str = "unknown: not recorded by the capture";
+
+/// What `freeze` was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) runs: Vec<PathBuf>,
+    /// A campaign run's arm (default: its reference).
+    pub(crate) arm: Option<String>,
+    /// Replaces the recorded endpoint.
+    pub(crate) endpoint: Option<Endpoint>,
+    pub(crate) bearer_token_env: Option<String>,
+    /// `--metadata FILE`, read.
+    pub(crate) metadata: Option<Map<String, Value>>,
+    pub(crate) budget: Budget,
+}
+
+/// A frozen plan and what the freeze has to say about it.
+#[derive(Debug)]
+pub(crate) struct Frozen {
+    /// The plan file's bytes (pretty JSON, a final newline).
+    pub(crate) plan: Vec<u8>,
+    /// Lines for stderr: what was frozen, left out, guessed or found nondeterministic.
+    pub(crate) lines: Vec<String>,
+}
+
+/// Why a freeze cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FreezeError {
+    /// The runs or the flags cannot make a plan (exit 2), with the fix.
+    #[error("{0}")]
+    Refused(String),
+    /// A run cannot be read.
+    #[error(transparent)]
+    Run(#[from] ReportError),
+}
+
+/// One source run as the freeze reads it.
+struct Source {
+    run: FinishedRun,
+    /// The arm whose exchanges are frozen (a campaign run).
+    arm: Option<String>,
+    /// Where its requests went, as recorded (secret query values `<redacted>`).
+    endpoint: String,
+    /// A replay's own health check path, when it was not `/health`.
+    health_path: Option<String>,
+    /// A replay's plan metadata (with the arm's over it).
+    metadata: Option<Map<String, Value>>,
+    /// Content besides `/choices`: the plan's decisions container.
+    decisions: String,
+}
+
+/// Freeze `opts.runs` into a plan.
+pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
+    let sources: Vec<Source> = opts
+        .runs
+        .iter()
+        .map(|d| source(d, opts.arm.as_deref()))
+        .collect::<Result<_, _>>()?;
+    let endpoint = endpoint(&sources, opts.endpoint.as_ref())?;
+    let mut content: Vec<String> = sources.iter().map(|s| s.decisions.clone()).collect();
+    content.dedup();
+    let mut collected = collect::Collected::new(content);
+    let mut other_arms = 0u64;
+    let mut health = 0u64;
+    // The health endpoint is replay's own check, not workload: probes of it in live
+    // traffic (a load balancer's, `wait_http`'s) are not frozen either.
+    let health_path = sources
+        .iter()
+        .find_map(|s| s.health_path.clone())
+        .unwrap_or_else(|| "/health".into());
+    for s in &sources {
+        for dir in exchange_dirs(&s.run) {
+            read::for_each_exchange(&dir, |row| {
+                if s.arm.is_some() && row.arm != s.arm {
+                    other_arms += 1;
+                } else if row.phase == "health"
+                    || (row.method == "GET"
+                        && collect::origin_form(&row.url).as_deref() == Some(&health_path))
+                {
+                    health += 1;
+                } else {
+                    collected.take(row);
+                }
+            })
+            .map_err(ReportError::Rows)?;
+        }
+    }
+    if collected.cases.is_empty() {
+        return Err(FreezeError::Refused(format!(
+            "no exchange of {} can be frozen ({} read; {}): a plan needs at least one request answered 2xx with its whole body recorded",
+            runs_named(&sources),
+            collected.rows,
+            skipped_text(&collected)
+        )));
+    }
+    let bearer_token_env = match (&opts.bearer_token_env, collected.bearer) {
+        (None, true) => {
+            return Err(FreezeError::Refused(
+                "the captured requests carried an Authorization header (recorded as <redacted>, so the token is not in the run): name the environment variable replay reads the token from with --bearer-token-env NAME; the plan records only that name".into(),
+            ));
+        }
+        (env, _) => env.clone(),
+    };
+    let mut lines = Vec::new();
+    let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
+    let head = write::Head {
+        description: description(&sources),
+        endpoint: endpoint.url(),
+        health_endpoint: sources
+            .iter()
+            .find_map(|s| s.health_path.as_deref())
+            .map(|p| endpoint.with_path(p).url()),
+        bearer_token_env,
+        metadata,
+    };
+    let value = write::plan_json(&head, &opts.budget, &collected.cases);
+    let mut plan = serde_json::to_vec_pretty(&value)
+        .map_err(|e| FreezeError::Refused(format!("cannot write the plan: {e}")))?;
+    plan.push(b'\n');
+    if let Err(e) = Plan::from_json_bytes(&plan) {
+        return Err(FreezeError::Refused(format!(
+            "the frozen plan does not validate ({e}); check the budget flags (--concurrency must be within --requests-per-case, --repetitions and --warmup-per-case at least 2)"
+        )));
+    }
+    report(&collected, &mut lines, other_arms, health);
+    Ok(Frozen { plan, lines })
+}
+
+/// Open one run and say what of it is frozen.
+fn source(dir: &Path, arm: Option<&str>) -> Result<Source, FreezeError> {
+    let run = FinishedRun::open(dir)?;
+    run.refuse_single_shard("freeze")?;
+    run.refuse_unrecorded("freeze reads the recorded requests and answers")?;
+    let name = dir.display();
+    match run.config.command {
+        Command::Serve => {
+            if arm.is_some() {
+                return Err(FreezeError::Refused(format!(
+                    "--arm: {name} is a serve run, not a campaign run; leave --arm out"
+                )));
+            }
+            let upstream = run.config.serve().map(|s| s.upstream.clone());
+            Ok(Source {
+                endpoint: upstream.unwrap_or_default(),
+                arm: None,
+                health_path: None,
+                metadata: None,
+                decisions: DEFAULT_DECISIONS_POINTER.into(),
+                run,
+            })
+        }
+        Command::Replay => {
+            let plan = run.replay_plan()?;
+            let replay = run.config.replay();
+            let decisions = plan.decisions_pointer.as_str().to_string();
+            let mut metadata = plan.metadata.clone();
+            let health_path = replay
+                .and_then(|r| Endpoint::parse(&r.health_endpoint).ok())
+                .map(|h| h.path_and_query)
+                .filter(|p| p != "/health");
+            let (arm, endpoint) = match (run.campaign()?, arm) {
+                (None, Some(_)) => {
+                    return Err(FreezeError::Refused(format!(
+                        "--arm: {name} is not a campaign run; leave --arm out"
+                    )));
+                }
+                (None, None) => (None, replay.map(|r| r.endpoint.clone()).unwrap_or_default()),
+                (Some(k), wanted) => {
+                    let chosen = match wanted {
+                        Some(w) => k.arms.iter().find(|a| a.name == w),
+                        None => k.arms.iter().find(|a| a.reference),
+                    };
+                    let Some(a) = chosen else {
+                        let names: Vec<&str> = k.arms.iter().map(|a| a.name.as_str()).collect();
+                        return Err(FreezeError::Refused(format!(
+                            "--arm {}: {name} has arms {} (default: the reference)",
+                            wanted.unwrap_or("(reference)"),
+                            names.join(", ")
+                        )));
+                    };
+                    metadata.extend(a.metadata.clone());
+                    (Some(a.name.clone()), a.endpoint.clone().unwrap_or_default())
+                }
+            };
+            Ok(Source {
+                arm,
+                endpoint,
+                health_path,
+                metadata: Some(metadata),
+                decisions,
+                run,
+            })
+        }
+    }
+}
+
+/// A run's exchanges folders: its own, or every shard's.
+fn exchange_dirs(run: &FinishedRun) -> Vec<PathBuf> {
+    if run.is_sharded() {
+        run.shards
+            .iter()
+            .map(|s| rundir::shard_exchanges(&run.dir, s.index))
+            .collect()
+    } else {
+        vec![run.exchanges()]
+    }
+}
+
+/// The plan's endpoint: `--endpoint`, else the one every source sent to.
+fn endpoint(sources: &[Source], flag: Option<&Endpoint>) -> Result<Endpoint, FreezeError> {
+    if let Some(e) = flag {
+        return Ok(e.clone());
+    }
+    let mut found: Option<Endpoint> = None;
+    for s in sources {
+        let dir = s.run.dir.display();
+        if s.endpoint.contains("<redacted>") {
+            return Err(FreezeError::Refused(format!(
+                "{dir}: its endpoint {} held a secret query value (recorded as <redacted>); give the plan's endpoint with --endpoint URL",
+                s.endpoint
+            )));
+        }
+        let e = Endpoint::parse(&s.endpoint).map_err(|e| {
+            FreezeError::Refused(format!(
+                "{dir}: recorded endpoint {:?}: {e}; give the plan's endpoint with --endpoint URL",
+                s.endpoint
+            ))
+        })?;
+        match &found {
+            Some(f) if (&f.scheme, &f.host, f.port) != (&e.scheme, &e.host, e.port) => {
+                return Err(FreezeError::Refused(format!(
+                    "the runs sent to different origins ({} and {}); give the plan's endpoint with --endpoint URL",
+                    f.url(),
+                    e.url()
+                )));
+            }
+            Some(_) => {}
+            None => found = Some(e),
+        }
+    }
+    found.ok_or_else(|| FreezeError::Refused("no run given".into()))
+}
+
+/// `--metadata`, else the replayed plans' own when they agree; every required key not
+/// given is "unknown: ..." and named in a line.
+fn metadata(
+    given: Option<&Map<String, Value>>,
+    sources: &[Source],
+    lines: &mut Vec<String>,
+) -> Map<String, Value> {
+    let mut m = match given {
+        Some(m) => m.clone(),
+        None => {
+            let first = sources.first().and_then(|s| s.metadata.clone());
+            match first {
+                Some(f) if sources.iter().all(|s| s.metadata.as_ref() == Some(&f)) => {
+                    lines.push(format!(
+                        "metadata: taken from the replayed plan of {}; give --metadata FILE to state this setup's",
+                        runs_named(sources)
+                    ));
+                    f
+                }
+                _ => Map::new(),
+            }
+        }
+    };
+    let mut unknown = Vec::new();
+    for key in crate::config::REQUIRED_METADATA {
+        let blank = m
+            .get(key)
+            .and_then(Value::as_str)
+            .is_none_or(|s| s.trim().is_empty() || s == UNKNOWN_METADATA);
+        if blank {
+            m.insert(key.to_string(), Value::from(UNKNOWN_METADATA));
+            unknown.push(key);
+        }
+    }
+    if !unknown.is_empty() {
+        lines.push(format!(
+            "warning: metadata {} written as \"{UNKNOWN_METADATA}\": state them in the plan (or with --metadata FILE) before its numbers are cited",
+            unknown.join(", ")
+        ));
+    }
+    m
+}
+
+fn runs_named(sources: &[Source]) -> String {
+    let ids: Vec<&str> = sources
+        .iter()
+        .map(|s| s.run.config.run_id.as_str())
+        .collect();
+    format!("run {}", ids.join(", "))
+}
+
+/// The plan's description: where it came from, with the runs' plan and binary hashes.
+fn description(sources: &[Source]) -> String {
+    let each: Vec<String> = sources
+        .iter()
+        .map(|s| {
+            let c = &s.run.config;
+            let binary = c.tool.binary_sha256.as_deref().unwrap_or("unknown");
+            match (c.replay(), &s.arm) {
+                (Some(r), Some(arm)) => format!(
+                    "replay run {} (arm {arm}; plan sha256 {}, binary sha256 {binary})",
+                    c.run_id, r.plan_sha256
+                ),
+                (Some(r), None) => format!(
+                    "replay run {} (plan sha256 {}, binary sha256 {binary})",
+                    c.run_id, r.plan_sha256
+                ),
+                (None, _) => format!("serve run {} (binary sha256 {binary})", c.run_id),
+            }
+        })
+        .collect();
+    format!(
+        "Frozen by matrix-proxy freeze from {}. Each oracle is the first recorded answer; ignore_paths are the leaves that differed between answers and the documented volatile fields.",
+        each.join(" and ")
+    )
+}
+
+fn skipped_text(c: &collect::Collected) -> String {
+    if c.skipped.is_empty() {
+        return "none left out".into();
+    }
+    let each: Vec<String> = c.skipped.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    format!("left out: {}", each.join("; "))
+}
+
+/// The lines that say what was frozen, left out and found nondeterministic.
+fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, health: u64) {
+    let variants: usize = c.cases.iter().map(|k| k.variants.len()).sum();
+    lines.insert(
+        0,
+        format!(
+            "froze {variants} distinct request(s) in {} case(s) from {} of {} recorded exchange(s)",
+            c.cases.len(),
+            c.kept,
+            c.rows + other_arms + health
+        ),
+    );
+    if other_arms > 0 {
+        lines.push(format!("{other_arms} exchange(s) of other arms not read"));
+    }
+    if health > 0 {
+        lines.push(format!(
+            "{health} health check(s) not frozen (GET of the health endpoint: replay checks it itself)"
+        ));
+    }
+    for (reason, n) in &c.skipped {
+        lines.push(format!("left out: {n} exchange(s): {reason}"));
+    }
+    if !c.secret_headers.is_empty() {
+        let names: Vec<&str> = c.secret_headers.keys().map(String::as_str).collect();
+        lines.push(format!(
+            "warning: requests carried {} (secret; recorded as <redacted>): a plan cannot hold them, so a replay sends none (only auth.bearer_token_env's Authorization)",
+            names.join(", ")
+        ));
+    }
+    if !c.unprintable_headers.is_empty() {
+        let names: Vec<&str> = c.unprintable_headers.iter().map(String::as_str).collect();
+        lines.push(format!(
+            "warning: headers {} left out: their values are not printable ASCII (a plan's rule)",
+            names.join(", ")
+        ));
+    }
+    let names = write::case_names(&c.cases);
+    let mut repeated = 0;
+    let mut differed = Vec::new();
+    let mut single_defaults = false;
+    for (case, name) in c.cases.iter().zip(&names) {
+        for (i, v) in case.variants.iter().enumerate() {
+            if v.answers > 1 {
+                repeated += 1;
+            } else if !write::variant_ignore(v).is_empty() {
+                single_defaults = true;
+            }
+            if v.differed > 0 {
+                let variant = if case.variants.len() > 1 {
+                    format!(" variant 'v{}'", i + 1)
+                } else {
+                    String::new()
+                };
+                differed.push(format!(
+                    "  case '{name}'{variant}: {} of {} answers differed from the first, first at {}",
+                    v.differed,
+                    v.answers,
+                    v.first_difference.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    if single_defaults {
+        lines.push(format!(
+            "requests answered once: the documented volatile fields ({}) are ignored where present; repeat the traffic (or freeze several runs) to learn the others from evidence",
+            VOLATILE_POINTERS.join(", ")
+        ));
+    }
+    lines.push(format!(
+        "{} of {repeated} requests answered differently on repeat{}",
+        differed.len(),
+        if differed.is_empty() {
+            ""
+        } else {
+            " (nondeterministic: frozen from the first answer, so a replay of them may fail; give the server greedy, seeded settings or drop them from the plan):"
+        }
+    ));
+    lines.extend(differed);
+}

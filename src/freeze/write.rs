@@ -1,0 +1,383 @@
+//! The frozen plan as JSON: a normal plan, pretty-printed with a fixed key order so two
+//! freezes of the same runs are byte-identical. Ignore paths are lifted as far as they
+//! are shared: to the top level when every JSON oracle of the plan has them (and no
+//! exact-bytes oracle exists), to the case when every variant of the case has them.
+
+use std::collections::{BTreeSet, HashSet};
+
+use serde_json::{Map, Value, json};
+
+use super::collect::{Answer, Body, Case, Variant};
+use super::evidence::volatile_present;
+use crate::model::ConnectionPolicy;
+
+/// The budget a frozen plan starts with (`freeze`'s flags).
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) requests_per_case: usize,
+    pub(crate) repetitions: usize,
+    pub(crate) warmup_per_case: usize,
+    pub(crate) timeout_seconds: f64,
+    pub(crate) connection: ConnectionPolicy,
+}
+
+/// The plan's own fields besides the budget and the cases.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub(crate) description: String,
+    pub(crate) endpoint: String,
+    pub(crate) health_endpoint: Option<String>,
+    pub(crate) bearer_token_env: Option<String>,
+    pub(crate) metadata: Map<String, Value>,
+}
+
+/// The ignore paths of one variant: what its repeats showed to be volatile, and the
+/// documented volatile leaves its answer has. Only a JSON oracle takes any.
+pub(crate) fn variant_ignore(v: &Variant) -> BTreeSet<String> {
+    match &v.first {
+        Answer::Json(answer) => {
+            let mut set = volatile_present(answer);
+            set.extend(v.volatile.iter().cloned());
+            set
+        }
+        _ => BTreeSet::new(),
+    }
+}
+
+/// Case names after their paths (`v1/chat/completions`), unique (`-2`, `-3` after the
+/// first).
+pub(crate) fn case_names(cases: &[Case]) -> Vec<String> {
+    let mut used = HashSet::new();
+    cases
+        .iter()
+        .map(|c| {
+            let path = c.key.path.split('?').next().unwrap_or("");
+            let base = match path.trim_matches('/') {
+                "" => "root".to_string(),
+                p => p.to_string(),
+            };
+            let mut name = base.clone();
+            let mut n = 1;
+            while !used.insert(name.clone()) {
+                n += 1;
+                name = format!("{base}-{n}");
+            }
+            name
+        })
+        .collect()
+}
+
+/// The plan.
+pub(crate) fn plan_json(head: &Head, budget: &Budget, cases: &[Case]) -> Value {
+    let mut ignore: Vec<Vec<BTreeSet<String>>> = cases
+        .iter()
+        .map(|c| c.variants.iter().map(variant_ignore).collect())
+        .collect();
+    let is_json = |v: &Variant| matches!(v.first, Answer::Json(_));
+    let any_bytes = cases
+        .iter()
+        .flat_map(|c| &c.variants)
+        .any(|v| matches!(v.first, Answer::Text(_)));
+    // Top level: what every JSON oracle shares (a top-level list may not meet an
+    // exact-bytes oracle; a streaming one takes it where it resolves).
+    let mut json_sets = cases
+        .iter()
+        .zip(&ignore)
+        .flat_map(|(c, sets)| c.variants.iter().zip(sets))
+        .filter(|(v, _)| is_json(v))
+        .map(|(_, s)| s.clone());
+    let top: BTreeSet<String> = match json_sets.next() {
+        Some(first) if !any_bytes => json_sets.fold(first, |acc, s| &acc & &s),
+        _ => BTreeSet::new(),
+    };
+    for set in ignore.iter_mut().flatten() {
+        set.retain(|p| !top.contains(p));
+    }
+    // Case level: what every variant of a case shares, when all of them are JSON.
+    let case_ignore: Vec<BTreeSet<String>> = cases
+        .iter()
+        .zip(ignore.iter_mut())
+        .map(|(c, sets)| {
+            if c.variants.len() < 2 || !c.variants.iter().all(is_json) {
+                return BTreeSet::new();
+            }
+            let shared = sets.iter().skip(1).fold(sets[0].clone(), |acc, s| &acc & s);
+            for s in sets.iter_mut() {
+                s.retain(|p| !shared.contains(p));
+            }
+            shared
+        })
+        .collect();
+
+    let mut plan = Map::new();
+    plan.insert("description".into(), json!(head.description));
+    plan.insert("endpoint".into(), json!(head.endpoint));
+    if let Some(h) = &head.health_endpoint {
+        plan.insert("health_endpoint".into(), json!(h));
+    }
+    if let Some(env) = &head.bearer_token_env {
+        plan.insert("auth".into(), json!({"bearer_token_env": env}));
+    }
+    plan.insert("connection".into(), json!(budget.connection.as_str()));
+    plan.insert("concurrency".into(), json!(budget.concurrency));
+    plan.insert("requests_per_case".into(), json!(budget.requests_per_case));
+    plan.insert("repetitions".into(), json!(budget.repetitions));
+    plan.insert("warmup_per_case".into(), json!(budget.warmup_per_case));
+    plan.insert("timeout_seconds".into(), json!(budget.timeout_seconds));
+    if !top.is_empty() {
+        plan.insert("ignore_paths".into(), json!(top));
+    }
+    plan.insert("metadata".into(), Value::Object(head.metadata.clone()));
+    let names = case_names(cases);
+    let frozen: Vec<Value> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| case_json(c, &names[i], &case_ignore[i], &ignore[i]))
+        .collect();
+    plan.insert("cases".into(), Value::Array(frozen));
+    Value::Object(plan)
+}
+
+fn case_json(
+    c: &Case,
+    name: &str,
+    case_ignore: &BTreeSet<String>,
+    variant_ignore: &[BTreeSet<String>],
+) -> Value {
+    let mut m = Map::new();
+    m.insert("name".into(), json!(name));
+    if c.key.method != "POST" {
+        m.insert("method".into(), json!(c.key.method));
+    }
+    m.insert("path".into(), json!(c.key.path));
+    if !c.key.headers.is_empty() {
+        let h: Map<String, Value> = c
+            .key
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        m.insert("headers".into(), Value::Object(h));
+    }
+    if c.key.status != 200 {
+        m.insert("expected_status".into(), json!(c.key.status));
+    }
+    let has_body = !matches!(c.key.method.as_str(), "GET" | "HEAD");
+    if let [only] = &c.variants[..] {
+        request_and_oracle(&mut m, only, has_body, c.key.content_type.as_deref());
+        if !variant_ignore[0].is_empty() {
+            m.insert("ignore_paths".into(), json!(variant_ignore[0]));
+        }
+        return Value::Object(m);
+    }
+    if !case_ignore.is_empty() {
+        m.insert("ignore_paths".into(), json!(case_ignore));
+    }
+    let variants: Vec<Value> = c
+        .variants
+        .iter()
+        .zip(variant_ignore)
+        .enumerate()
+        .map(|(i, (v, ignore))| {
+            let mut vm = Map::new();
+            vm.insert("name".into(), json!(format!("v{}", i + 1)));
+            request_and_oracle(&mut vm, v, has_body, c.key.content_type.as_deref());
+            if !ignore.is_empty() {
+                vm.insert("ignore_paths".into(), json!(ignore));
+            }
+            Value::Object(vm)
+        })
+        .collect();
+    m.insert("variants".into(), Value::Array(variants));
+    Value::Object(m)
+}
+
+/// A variant's request and oracle fields; `has_body`: the method sends one (a POST
+/// recorded with an empty body sends an empty text body).
+fn request_and_oracle(
+    m: &mut Map<String, Value>,
+    v: &Variant,
+    has_body: bool,
+    content_type: Option<&str>,
+) {
+    match &v.body {
+        Body::Empty if has_body => {
+            m.insert("request_text".into(), json!(""));
+        }
+        Body::Empty => {}
+        Body::Json(r) => {
+            m.insert("request".into(), r.clone());
+        }
+        Body::Text(t) => {
+            m.insert("request_text".into(), json!(t));
+        }
+    }
+    if let (Some(ct), true) = (content_type, has_body) {
+        m.insert("content_type".into(), json!(ct));
+    }
+    match &v.first {
+        Answer::Json(a) => m.insert("expected_response".into(), a.clone()),
+        Answer::StreamText(t) => m.insert("expected_stream_text".into(), json!(t)),
+        Answer::Events(e) => m.insert("expected_events".into(), json!(e)),
+        Answer::Text(t) => m.insert("expected_response_text".into(), json!(t)),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::freeze::collect::CaseKey;
+
+    fn variant(first: Answer, volatile: &[&str]) -> Variant {
+        Variant {
+            body: Body::Json(json!({"p": volatile.len()})),
+            first,
+            answers: 2,
+            volatile: volatile.iter().map(|s| s.to_string()).collect(),
+            differed: 0,
+            first_difference: None,
+        }
+    }
+
+    fn case(path: &str, variants: Vec<Variant>) -> Case {
+        Case {
+            key: CaseKey {
+                method: "POST".into(),
+                path: path.into(),
+                content_type: None,
+                headers: Vec::new(),
+                status: 200,
+            },
+            variants,
+        }
+    }
+
+    fn plan(cases: &[Case]) -> Value {
+        let head = Head {
+            description: "d".into(),
+            endpoint: "http://127.0.0.1:1/".into(),
+            health_endpoint: None,
+            bearer_token_env: None,
+            metadata: crate::config::REQUIRED_METADATA
+                .iter()
+                .map(|k| (k.to_string(), json!("N/A")))
+                .collect(),
+        };
+        let budget = Budget {
+            concurrency: vec![1],
+            requests_per_case: 2,
+            repetitions: 2,
+            warmup_per_case: 2,
+            timeout_seconds: 5.0,
+            connection: ConnectionPolicy::KeepAlive,
+        };
+        let v = plan_json(&head, &budget, cases);
+        let bytes = serde_json::to_vec(&v).unwrap();
+        if let Err(e) = crate::config::plan::Plan::from_json_bytes(&bytes) {
+            panic!("{e}\n{v:#}");
+        }
+        v
+    }
+
+    fn list(v: Option<&Value>) -> Vec<&str> {
+        v.and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn ignore_paths_are_lifted_as_far_as_they_are_shared() {
+        let answer = json!({"id": "x", "created": 1, "x": 2, "choices": []});
+        let cases = [
+            case(
+                "/v1/chat/completions",
+                vec![
+                    variant(Answer::Json(answer.clone()), &["/x"]),
+                    variant(Answer::Json(answer.clone()), &["/x"]),
+                    variant(Answer::Json(answer.clone()), &[]),
+                ],
+            ),
+            case(
+                "/v1/completions",
+                vec![variant(Answer::Json(answer.clone()), &[])],
+            ),
+            case(
+                "/v1/chat/completions",
+                vec![variant(Answer::StreamText("hi".into()), &[])],
+            ),
+        ];
+        let v = plan(&cases);
+        // Every JSON oracle has the documented stamps: they go to the top.
+        assert_eq!(list(v.pointer("/ignore_paths")), ["/created", "/id"]);
+        // Only two variants of the first case learnt /x: it stays with them.
+        assert_eq!(list(v.pointer("/cases/0/ignore_paths")), Vec::<&str>::new());
+        assert_eq!(list(v.pointer("/cases/0/variants/0/ignore_paths")), ["/x"]);
+        assert_eq!(
+            list(v.pointer("/cases/0/variants/2/ignore_paths")),
+            Vec::<&str>::new()
+        );
+        // Names follow the paths and stay unique; a lone request needs no variants list.
+        assert_eq!(
+            v.pointer("/cases/2/name"),
+            Some(&json!("v1/chat/completions-2"))
+        );
+        assert_eq!(v.pointer("/cases/1/variants"), None);
+        assert_eq!(
+            v.pointer("/cases/2/expected_stream_text"),
+            Some(&json!("hi"))
+        );
+
+        // A case whose variants all learnt /x takes it; an exact-bytes oracle anywhere
+        // keeps everything below the top.
+        let cases = [
+            case(
+                "/a",
+                vec![
+                    variant(Answer::Json(answer.clone()), &["/x"]),
+                    variant(Answer::Json(answer.clone()), &["/x"]),
+                ],
+            ),
+            case("/b", vec![variant(Answer::Text("raw".into()), &[])]),
+        ];
+        let v = plan(&cases);
+        assert_eq!(v.pointer("/ignore_paths"), None);
+        assert_eq!(
+            list(v.pointer("/cases/0/ignore_paths")),
+            ["/created", "/id", "/x"]
+        );
+        assert_eq!(v.pointer("/cases/0/variants/0/ignore_paths"), None);
+        assert_eq!(v.pointer("/cases/1/ignore_paths"), None);
+        assert_eq!(
+            variant_ignore(&cases[1].variants[0]),
+            BTreeSet::<String>::new()
+        );
+    }
+
+    #[test]
+    fn requests_without_a_body_stay_valid() {
+        let mut empty = variant(Answer::Text(String::new()), &[]);
+        empty.body = Body::Empty;
+        let mut post = case("/v1/ping", vec![empty.clone()]);
+        post.key.content_type = Some("application/json".into());
+        let mut get = case("/v1/models", vec![empty]);
+        get.key.method = "GET".into();
+        let v = plan(&[post, get]);
+        // A POST recorded with no body sends an empty one, with its content type.
+        assert_eq!(v.pointer("/cases/0/request_text"), Some(&json!("")));
+        assert_eq!(
+            v.pointer("/cases/0/content_type"),
+            Some(&json!("application/json"))
+        );
+        // A GET sends none.
+        assert_eq!(v.pointer("/cases/1/method"), Some(&json!("GET")));
+        assert_eq!(v.pointer("/cases/1/request_text"), None);
+        assert_eq!(v.pointer("/cases/1/content_type"), None);
+        assert_eq!(
+            v.pointer("/cases/1/expected_response_text"),
+            Some(&json!(""))
+        );
+    }
+}
