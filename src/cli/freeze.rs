@@ -25,6 +25,15 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
             out.display()
         )));
     }
+    if let Some(dir) = args.out.as_deref().and_then(std::path::Path::parent)
+        && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
+    {
+        return Err(usage(format!(
+            "--out: {} is not a directory; create it first",
+            dir.display()
+        )));
+    }
     let opts = options(args)?;
     let frozen = freeze::freeze(&opts).map_err(|e| match e {
         FreezeError::Refused(m) => usage(m),
@@ -35,14 +44,7 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     }
     match &args.out {
         Some(out) => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(out)
-                .map_err(|e| usage(format!("--out {}: {e}", out.display())))?;
-            f.write_all(&frozen.plan)
-                .and_then(|()| f.sync_all())
-                .map_err(|e| tool(format!("{}: {e}", out.display())))?;
+            write_new(out, &frozen.plan)?;
             eprintln!(
                 "matrix-proxy: wrote {}; check it with `matrix-proxy validate {0}`, replay it with `matrix-proxy replay {0}`",
                 out.display()
@@ -53,6 +55,33 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
             .map_err(|e| tool(format!("stdout: {e}")))?,
     }
     Ok(Exit::Ok)
+}
+
+/// Write `bytes` to `out`, which must not exist: whole or not at all (a temporary file
+/// beside it, linked to its name only once written and synced, so a full disk or a
+/// Ctrl-C never leaves half a plan, and a file made meanwhile is never replaced).
+fn write_new(out: &std::path::Path, bytes: &[u8]) -> Result<(), CliError> {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plan.json".into());
+    let tmp = out.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, out));
+    let _ = std::fs::remove_file(&tmp);
+    linked.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => usage(format!(
+            "--out {}: exists; a frozen plan is edited by hand, so freeze never replaces one",
+            out.display()
+        )),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+            usage(format!("--out {}: {e}", out.display()))
+        }
+        _ => tool(format!("--out {}: {e}", out.display())),
+    })
 }
 
 /// The flags as the freeze takes them; a bad value is exit 2 before any run is read.

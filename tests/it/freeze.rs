@@ -439,3 +439,73 @@ fn a_plain_plan_judges_every_request_or_none() {
         "{err}"
     );
 }
+
+#[test]
+fn a_campaign_run_freezes_its_reference_or_the_arm_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = |q: &str| {
+        json!({"runtime": "matrix-proxy mock", "weight_format": "none",
+               "weight_quantization": q, "device": "cpu"})
+    };
+    let arm = |name: &str, reference: bool, seed: &str| {
+        json!({"name": name, "lane": if reference { "quality" } else { "performance-fit" },
+               "reference": reference, "recipe": recipe(name),
+               "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+               "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}",
+                                     "--text-seed", seed]}})
+    };
+    // No oracle: the reference's answers are the baseline (judged by drift).
+    let campaign = json!({
+        "name": "freeze-arms",
+        "arms": [arm("ref", true, "0"), arm("other", false, "5")],
+        "cases": [{"name": "chat", "request": {"messages": [{"role": "user", "content": "hi"}],
+                                               "max_tokens": 4}}],
+        "concurrency": [1], "requests_per_case": 2, "timeout_seconds": 10,
+        "metadata": metadata(),
+    });
+    let plan = write_plan(tmp.path(), "campaign.json", &campaign);
+    let out = tmp.path().join("run");
+    let (code, _, err) = run(&["replay", "-q", s(&plan), "--out", s(&out)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        read_json(&out.join("summary.json"))["cases"],
+        json!([{"name": "chat", "judged": "drift"}])
+    );
+    let endpoint_of = |name: &str| {
+        let c = read_json(&out.join("campaign.json"));
+        let arms = c["arms"].as_array().unwrap().clone();
+        let a = arms.into_iter().find(|a| a["name"] == json!(name)).unwrap();
+        a["endpoint"].as_str().unwrap().to_string()
+    };
+    let content = |p: &Value| p["expected_response"]["choices"][0]["message"]["content"].clone();
+
+    let (code, stdout, err) = run(&["freeze", s(&out)]);
+    assert_eq!(code, Some(0), "{err}");
+    let reference: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(reference["endpoint"], json!(endpoint_of("ref")));
+    assert_eq!(
+        content(&reference["cases"][0]),
+        json!(matrix_proxy::generate_text("hi", 4))
+    );
+    assert!(err.contains("exchange(s) of other arms not read"), "{err}");
+    assert!(
+        reference["description"]
+            .as_str()
+            .unwrap()
+            .contains("(arm ref; plan sha256 "),
+        "{reference}"
+    );
+
+    let (code, stdout, err) = run(&["freeze", s(&out), "--arm", "other"]);
+    assert_eq!(code, Some(0), "{err}");
+    let other: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(other["endpoint"], json!(endpoint_of("other")));
+    assert_ne!(content(&other["cases"][0]), content(&reference["cases"][0]));
+
+    let (code, _, err) = run(&["freeze", s(&out), "--arm", "nope"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("has arms ref, other (default: the reference)"),
+        "{err}"
+    );
+}
