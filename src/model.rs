@@ -120,34 +120,34 @@ pub struct StreamColumns {
 /// capture plan: answers are recorded, `ok` means the exchange completed with the
 /// expected status). Written `"oracle"`, `"drift"` or `false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Judged {
+pub(crate) enum JudgedBy {
     Oracle,
     Drift,
     No,
 }
 
-impl Judged {
+impl JudgedBy {
     /// As the table and the report say it.
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Judged::Oracle => "oracle",
-            Judged::Drift => "drift",
-            Judged::No => "not judged",
+            JudgedBy::Oracle => "oracle",
+            JudgedBy::Drift => "drift",
+            JudgedBy::No => "not judged",
         }
     }
 }
 
-impl serde::Serialize for Judged {
+impl serde::Serialize for JudgedBy {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Judged::Oracle => s.serialize_str("oracle"),
-            Judged::Drift => s.serialize_str("drift"),
-            Judged::No => s.serialize_bool(false),
+            JudgedBy::Oracle => s.serialize_str("oracle"),
+            JudgedBy::Drift => s.serialize_str("drift"),
+            JudgedBy::No => s.serialize_bool(false),
         }
     }
 }
 
-impl<'de> serde::Deserialize<'de> for Judged {
+impl<'de> serde::Deserialize<'de> for JudgedBy {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(serde::Deserialize)]
         #[serde(untagged)]
@@ -156,9 +156,9 @@ impl<'de> serde::Deserialize<'de> for Judged {
             Flag(bool),
         }
         match Raw::deserialize(d)? {
-            Raw::Name(n) if n == "oracle" => Ok(Judged::Oracle),
-            Raw::Name(n) if n == "drift" => Ok(Judged::Drift),
-            Raw::Flag(false) => Ok(Judged::No),
+            Raw::Name(n) if n == "oracle" => Ok(JudgedBy::Oracle),
+            Raw::Name(n) if n == "drift" => Ok(JudgedBy::Drift),
+            Raw::Flag(false) => Ok(JudgedBy::No),
             _ => Err(serde::de::Error::custom(
                 "judged is \"oracle\", \"drift\" or false",
             )),

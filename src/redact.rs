@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use http::HeaderName;
 
 /// What a secret value is replaced by.
-pub(crate) const REDACTED: &[u8] = b"<redacted>";
+pub(crate) const REDACTED_TEXT: &str = "<redacted>";
+/// [`REDACTED_TEXT`] as bytes, as header values hold it.
+pub(crate) const REDACTED: &[u8] = REDACTED_TEXT.as_bytes();
 
 /// Headers whose values never reach disk (and that a plan may not carry, since the plan
 /// is copied into every run directory).

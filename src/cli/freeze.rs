@@ -111,6 +111,18 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         ));
     }
     flags::seconds("--timeout-seconds", args.timeout_seconds).map_err(usage)?;
+    if let Some(name) = &args.bearer_token_env {
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .enumerate()
+                .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+        if !valid {
+            return Err(usage(format!(
+                "--bearer-token-env {name:?}: not an environment variable name (letters, digits, '_'; the plan records the name, never the token)"
+            )));
+        }
+    }
     let metadata = args.metadata.as_deref().map(read_metadata).transpose()?;
     Ok(Options {
         runs: args.runs.clone(),
@@ -137,7 +149,20 @@ fn read_metadata(path: &std::path::Path) -> Result<Map<String, Value>, CliError>
     let bytes = read_bounded(path, MAX_METADATA_BYTES, "metadata file", "provenance")
         .map_err(report_error)?;
     match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
+        Ok(Value::Object(m)) => {
+            let not_text: Vec<&str> = crate::config::REQUIRED_METADATA
+                .into_iter()
+                .filter(|k| m.get(*k).is_some_and(|v| !v.is_string()))
+                .collect();
+            if !not_text.is_empty() {
+                return Err(usage(format!(
+                    "--metadata {}: {} must be strings (a plan's rule; write \"0,1\" for a list of GPU ids)",
+                    path.display(),
+                    not_text.join(", ")
+                )));
+            }
+            Ok(m)
+        }
         Ok(_) => Err(usage(format!(
             "--metadata {}: must be a JSON object of provenance (\"gpu\": ..., \"driver\": ...)",
             path.display()

@@ -691,7 +691,7 @@ mod tests {
         ));
         assert_eq!(
             p.judged_cases()[0].1,
-            crate::model::Judged::Drift,
+            crate::model::JudgedBy::Drift,
             "{:?}",
             p.judged_cases()
         );

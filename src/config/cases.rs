@@ -32,7 +32,7 @@ const NAMED_FIELDS: &[&str] = &["name", "ignore_paths"];
 const CASE_FIELDS: &[&str] = &["variants", "method", "path", "headers", "expected_status"];
 
 /// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
-const ENGINE_HEADERS: &[&str] = &[
+pub(crate) const ENGINE_HEADERS: &[&str] = &[
     "host",
     "content-length",
     "transfer-encoding",

@@ -7,6 +7,7 @@
 
 pub(crate) mod campaign;
 mod cases;
+pub(crate) use cases::ENGINE_HEADERS;
 pub(crate) mod contract;
 pub(crate) mod flags;
 pub(crate) mod json;

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::campaign::Campaign;
 use super::load::{Load, Mode};
-use crate::model::{ConnectionPolicy, Endpoint, Judged, Level, Slo};
+use crate::model::{ConnectionPolicy, Endpoint, JudgedBy, Level, Slo};
 use crate::oracle::{Oracle, Pointer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,17 +62,17 @@ pub(crate) struct Case {
 impl Case {
     /// How this case's answers are judged: by their oracles when every variant has one;
     /// otherwise by drift in a campaign, not at all in a capture plan.
-    pub(crate) fn judged(&self, campaign: bool) -> Judged {
+    pub(crate) fn judged(&self, campaign: bool) -> JudgedBy {
         if self
             .variants
             .iter()
             .all(|v| !matches!(v.oracle, Oracle::Unjudged))
         {
-            Judged::Oracle
+            JudgedBy::Oracle
         } else if campaign {
-            Judged::Drift
+            JudgedBy::Drift
         } else {
-            Judged::No
+            JudgedBy::No
         }
     }
 }
@@ -154,11 +154,11 @@ impl Plan {
     /// A capture plan: a plain plan whose requests have no oracle, so its answers are
     /// recorded and not judged (validation refuses a plain plan that mixes the two).
     pub(crate) fn is_capture(&self) -> bool {
-        self.campaign.is_none() && self.cases.iter().all(|c| c.judged(false) == Judged::No)
+        self.campaign.is_none() && self.cases.iter().all(|c| c.judged(false) == JudgedBy::No)
     }
 
     /// Each case's name and how its answers are judged, in plan order.
-    pub(crate) fn judged_cases(&self) -> Vec<(&str, Judged)> {
+    pub(crate) fn judged_cases(&self) -> Vec<(&str, JudgedBy)> {
         let campaign = self.campaign.is_some();
         self.cases
             .iter()

@@ -9,25 +9,18 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::Value;
 
 use super::evidence::{self, Difference};
+use crate::config::ENGINE_HEADERS;
+use crate::model::Outcome;
 use crate::record::read::ExchangeRow;
-use crate::redact::{DEFAULT_REDACT_HEADERS, REDACTED};
+use crate::redact::{DEFAULT_REDACT_HEADERS, REDACTED, REDACTED_TEXT};
 
-/// Request headers a frozen case does not carry: framing and hop-by-hop headers (the
-/// engine's; a plan may not set them), the content type (the variant's own field), what
-/// serve adds on the way (`X-Forwarded-*`, `Forwarded`, `Via`), what an HTTP client
-/// says of itself on every call (user agent, accepted encodings, trace context), and
-/// identifiers unique to each request (kept, they would make every request its own case).
+/// Request headers a frozen case does not carry besides the engine's own (framing and
+/// hop-by-hop headers and the content type: `config::ENGINE_HEADERS`, which a plan may
+/// not set): what serve adds on the way (`X-Forwarded-*`, `Forwarded`, `Via`), what an
+/// HTTP client says of itself on every call (user agent, accepted encodings, trace
+/// context), and identifiers unique to each request (kept, they would make every
+/// request its own case).
 pub(crate) const DROPPED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-type",
     "expect",
     "x-forwarded-for",
     "x-forwarded-proto",
@@ -66,8 +59,9 @@ pub(crate) enum Answer {
     Json(Value),
     /// An OpenAI-style event stream: `expected_stream_text`, the assembled content.
     StreamText(String),
-    /// Another event stream: `expected_events`, every event's data as text.
-    Events(Vec<String>),
+    /// Another event stream: `expected_events`, each event's data as JSON when it is an
+    /// object or an array, else as text.
+    Events(Vec<Value>),
     /// Anything else: `expected_response_text`, exact bytes.
     Text(String),
 }
@@ -154,22 +148,27 @@ impl Collected {
     }
 
     fn key_and_answer(&mut self, row: &ExchangeRow) -> Result<(CaseKey, Body, Answer), String> {
-        if !matches!(row.outcome.as_str(), "ok" | "correctness") {
-            return Err(format!("did not complete (outcome {})", row.outcome));
-        }
         let status = match row.status {
             Some(s @ 200..=299) => s as u16,
             Some(s) => return Err(format!("status {s} (only 2xx answers are frozen)")),
-            None => return Err("no response".into()),
+            None => return Err(format!("no response (outcome {})", row.outcome)),
         };
+        if row.outcome == Outcome::Correctness.as_str() {
+            return Err(
+                "answered, but failed the source plan's oracle (outcome correctness): freeze the answers you trust, e.g. a capture plan's run"
+                    .into(),
+            );
+        }
+        if row.outcome != Outcome::Ok.as_str() {
+            return Err(format!("did not complete (outcome {})", row.outcome));
+        }
         if row.request_body_truncated {
             return Err("request body truncated by --max-record-body".into());
         }
         if row.response_body_truncated {
             return Err("response body truncated by --max-record-body".into());
         }
-        let redacted = std::str::from_utf8(REDACTED).unwrap_or("<redacted>");
-        if row.url.contains(redacted) {
+        if row.url.contains(REDACTED_TEXT) {
             return Err(
                 "a secret query value in the URL (recorded as <redacted>; a plan never holds one)"
                     .into(),
@@ -221,11 +220,14 @@ impl Collected {
                 self.bearer = true;
                 continue;
             }
-            if DEFAULT_REDACT_HEADERS.contains(&name.as_str()) {
+            // A header the run redacted (a default secret, or one named with
+            // --redact-header) never reaches a plan, not even as `<redacted>`.
+            if DEFAULT_REDACT_HEADERS.contains(&name.as_str()) || value == REDACTED {
                 secrets.insert(name);
                 continue;
             }
-            if DROPPED_HEADERS.contains(&name.as_str())
+            if ENGINE_HEADERS.contains(&name.as_str())
+                || DROPPED_HEADERS.contains(&name.as_str())
                 || DROPPED_HEADER_PREFIXES.iter().any(|p| name.starts_with(p))
             {
                 continue;
@@ -298,11 +300,26 @@ fn difference(first: &Answer, again: &Answer, content: &[String]) -> Difference 
     match (first, again) {
         (Answer::Json(a), Answer::Json(b)) => evidence::json_difference(a, b, content),
         (Answer::StreamText(a), Answer::StreamText(b)) if a != b => content_at("/text"),
-        (Answer::Events(a), Answer::Events(b)) if a != b => content_at("/events"),
+        (Answer::Events(a), Answer::Events(b)) if a.len() != b.len() => content_at("/events"),
+        // Each event's payload as a JSON answer of its own (an ignore path of a streaming
+        // oracle applies to every event where it resolves).
+        (Answer::Events(a), Answer::Events(b)) => {
+            let mut d = Difference::default();
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                let e = evidence::json_difference(x, y, content);
+                d.volatile.extend(e.volatile);
+                if d.content.is_none()
+                    && let Some(at) = e.content
+                {
+                    d.content = Some(format!("/events/{i}{}", at.trim_end_matches('/')));
+                }
+            }
+            d
+        }
         (Answer::Text(a), Answer::Text(b)) if a != b => content_at("the response bytes"),
-        (Answer::StreamText(_), Answer::StreamText(_))
-        | (Answer::Events(_), Answer::Events(_))
-        | (Answer::Text(_), Answer::Text(_)) => Difference::default(),
+        (Answer::StreamText(_), Answer::StreamText(_)) | (Answer::Text(_), Answer::Text(_)) => {
+            Difference::default()
+        }
         _ => content_at("the kind of answer (JSON, event stream or text)"),
     }
 }
@@ -376,7 +393,13 @@ fn answer_of(row: &ExchangeRow) -> Result<Answer, String> {
             return Ok(Answer::StreamText(t.text));
         }
         if !events.is_empty() {
-            return Ok(Answer::Events(events.into_iter().map(|e| e.data).collect()));
+            let data = events
+                .into_iter()
+                .map(|e| match serde_json::from_str(&e.data) {
+                    Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+                    _ => Value::String(e.data),
+                });
+            return Ok(Answer::Events(data.collect()));
         }
         // No event at all: only its bytes say what it was.
     }
@@ -486,10 +509,10 @@ mod tests {
         r.response_body =
             b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n".to_vec();
         assert_eq!(answer_of(&r), Ok(Answer::StreamText("ab".into())));
-        r.response_body = b"data: one\n\ndata: two\n\n".to_vec();
+        r.response_body = b"data: one\n\ndata: {\"id\": 1}\n\n".to_vec();
         assert_eq!(
             answer_of(&r),
-            Ok(Answer::Events(vec!["one".into(), "two".into()]))
+            Ok(Answer::Events(vec![json!("one"), json!({"id": 1})]))
         );
         let mut t = row("hello", "plain answer");
         t.response_headers = vec![("content-type".into(), b"text/plain".to_vec())];

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::oracle::escape_token;
+use crate::oracle::{escape_token, json_kind};
 
 /// Where an OpenAI-compatible answer keeps what was generated: message content, text,
 /// finish reason, tool calls, logprobs.
@@ -95,14 +95,10 @@ fn walk(a: &Value, b: &Value, path: &mut String, content: &[String], d: &mut Dif
     }
 }
 
-/// The same JSON type as an ignore path requires it: integer and fractional numbers are
-/// different types; containers never reach here.
+/// The same JSON type as an ignore path requires it (integer and fractional numbers are
+/// different types); containers never reach here.
 fn same_kind(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.is_f64() == y.is_f64(),
-        (Value::String(_), Value::String(_)) | (Value::Bool(_), Value::Bool(_)) => true,
-        _ => false,
-    }
+    json_kind(a) == json_kind(b)
 }
 
 /// The documented volatile leaves that are primitive leaves of `answer`.

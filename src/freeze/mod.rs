@@ -25,9 +25,6 @@ use crate::record::{read, rundir};
 use crate::report::doc::config::Command;
 use crate::report::run::{FinishedRun, ReportError};
 
-/// The provenance keys a plan requires; a freeze fills the ones it was not given.
-pub(crate) const UNKNOWN_METADATA: &str = "unknown: not recorded by the capture";
-
 /// What `freeze` was asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -69,8 +66,11 @@ struct Source {
     arm: Option<String>,
     /// Where its requests went, as recorded (secret query values `<redacted>`).
     endpoint: String,
-    /// A replay's own health check path, when it was not `/health`.
+    /// The health check's path, when it is not `/health`: a replay's own, or serve's
+    /// under its upstream's path prefix.
     health_path: Option<String>,
+    /// The variable a replayed plan read its bearer token from.
+    bearer_env: Option<String>,
     /// A replay's plan metadata (with the arm's over it).
     metadata: Option<Map<String, Value>>,
     /// Content besides `/choices`: the plan's decisions container.
@@ -90,20 +90,17 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     let mut collected = collect::Collected::new(content);
     let mut other_arms = 0u64;
     let mut health = 0u64;
-    // The health endpoint is replay's own check, not workload: probes of it in live
-    // traffic (a load balancer's, `wait_http`'s) are not frozen either.
-    let health_path = sources
-        .iter()
-        .find_map(|s| s.health_path.clone())
-        .unwrap_or_else(|| "/health".into());
     for s in &sources {
+        // The health endpoint is replay's own check, not workload: probes of it in live
+        // traffic (a load balancer's, `wait_http`'s) are not frozen either.
+        let health_path = s.health_path.as_deref().unwrap_or("/health");
         for dir in exchange_dirs(&s.run) {
             read::for_each_exchange(&dir, |row| {
                 if s.arm.is_some() && row.arm != s.arm {
                     other_arms += 1;
                 } else if row.phase == "health"
                     || (row.method == "GET"
-                        && collect::origin_form(&row.url).as_deref() == Some(&health_path))
+                        && collect::origin_form(&row.url).as_deref() == Some(health_path))
                 {
                     health += 1;
                 } else {
@@ -121,13 +118,25 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
             skipped_text(&collected)
         )));
     }
-    let bearer_token_env = match (&opts.bearer_token_env, collected.bearer) {
+    // The flag, else the variable the replayed plans named (when they agree).
+    let from_plans = sources
+        .first()
+        .and_then(|f| f.bearer_env.clone())
+        .filter(|e| {
+            sources
+                .iter()
+                .all(|s| s.bearer_env.as_deref() == Some(e.as_str()))
+        });
+    let bearer_token_env = match (
+        opts.bearer_token_env.clone().or(from_plans),
+        collected.bearer,
+    ) {
         (None, true) => {
             return Err(FreezeError::Refused(
                 "the captured requests carried an Authorization header (recorded as <redacted>, so the token is not in the run): name the environment variable replay reads the token from with --bearer-token-env NAME; the plan records only that name".into(),
             ));
         }
-        (env, _) => env.clone(),
+        (env, _) => env,
     };
     let mut lines = Vec::new();
     let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
@@ -147,7 +156,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     plan.push(b'\n');
     if let Err(e) = Plan::from_json_bytes(&plan) {
         return Err(FreezeError::Refused(format!(
-            "the frozen plan does not validate ({e}); check the budget flags (--concurrency must be within --requests-per-case, --repetitions and --warmup-per-case at least 2)"
+            "the frozen plan does not validate, so it is not written: {e}"
         )));
     }
     report(&collected, &mut lines, other_arms, health);
@@ -168,10 +177,18 @@ fn source(dir: &Path, arm: Option<&str>) -> Result<Source, FreezeError> {
                 )));
             }
             let upstream = run.config.serve().map(|s| s.upstream.clone());
+            // Behind a path prefix (`--upstream http://h/v2`), the worker's health check
+            // is under it too.
+            let prefix = upstream
+                .as_deref()
+                .and_then(|u| Endpoint::parse(u).ok())
+                .map(|e| e.path_and_query.trim_end_matches('/').to_string())
+                .filter(|p| !p.is_empty());
             Ok(Source {
                 endpoint: upstream.unwrap_or_default(),
                 arm: None,
-                health_path: None,
+                health_path: prefix.map(|p| format!("{p}/health")),
+                bearer_env: None,
                 metadata: None,
                 decisions: DEFAULT_DECISIONS_POINTER.into(),
                 run,
@@ -198,6 +215,15 @@ fn source(dir: &Path, arm: Option<&str>) -> Result<Source, FreezeError> {
                         Some(w) => k.arms.iter().find(|a| a.name == w),
                         None => k.arms.iter().find(|a| a.reference),
                     };
+                    if let Some(a) = chosen.filter(|a| !a.available) {
+                        return Err(FreezeError::Refused(format!(
+                            "--arm {}: the arm was unavailable in {name} ({}): none of its answers can be frozen",
+                            a.name,
+                            a.unavailable_reason
+                                .as_deref()
+                                .unwrap_or("no reason recorded")
+                        )));
+                    }
                     let Some(a) = chosen else {
                         let names: Vec<&str> = k.arms.iter().map(|a| a.name.as_str()).collect();
                         return Err(FreezeError::Refused(format!(
@@ -211,6 +237,7 @@ fn source(dir: &Path, arm: Option<&str>) -> Result<Source, FreezeError> {
                 }
             };
             Ok(Source {
+                bearer_env: plan.bearer_token_env.clone(),
                 arm,
                 endpoint,
                 health_path,
@@ -292,23 +319,7 @@ fn metadata(
             }
         }
     };
-    let mut unknown = Vec::new();
-    for key in crate::config::REQUIRED_METADATA {
-        let blank = m
-            .get(key)
-            .and_then(Value::as_str)
-            .is_none_or(|s| s.trim().is_empty() || s == UNKNOWN_METADATA);
-        if blank {
-            m.insert(key.to_string(), Value::from(UNKNOWN_METADATA));
-            unknown.push(key);
-        }
-    }
-    if !unknown.is_empty() {
-        lines.push(format!(
-            "warning: metadata {} written as \"{UNKNOWN_METADATA}\": state them in the plan (or with --metadata FILE) before its numbers are cited",
-            unknown.join(", ")
-        ));
-    }
+    write::fill_metadata(&mut m, lines);
     m
 }
 
@@ -416,6 +427,20 @@ fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, heal
                 ));
             }
         }
+    }
+    let learnt: std::collections::BTreeSet<&str> = c
+        .cases
+        .iter()
+        .flat_map(|k| &k.variants)
+        .flat_map(|v| &v.volatile)
+        .map(String::as_str)
+        .filter(|p| !VOLATILE_POINTERS.contains(p))
+        .collect();
+    if !learnt.is_empty() {
+        lines.push(format!(
+            "ignore paths learnt from repeated answers: {}; check that none of them is the answer itself (any leaf outside /choices and the decisions container that changed while the rest agreed counts as a stamp)",
+            learnt.into_iter().collect::<Vec<_>>().join(", ")
+        ));
     }
     if single_defaults {
         lines.push(format!(

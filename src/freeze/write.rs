@@ -32,17 +32,64 @@ pub(crate) struct Head {
     pub(crate) metadata: Map<String, Value>,
 }
 
+/// What a written plan says before its cases, in this order: description, endpoint,
+/// health endpoint and auth (when given), the budget, metadata. `freeze` and `plan`
+/// (datasets) both lay a plan out this way.
+pub(crate) fn head_map(head: &Head, budget: &Budget) -> Map<String, Value> {
+    let mut plan = Map::new();
+    plan.insert("description".into(), json!(head.description));
+    plan.insert("endpoint".into(), json!(head.endpoint));
+    if let Some(h) = &head.health_endpoint {
+        plan.insert("health_endpoint".into(), json!(h));
+    }
+    if let Some(env) = &head.bearer_token_env {
+        plan.insert("auth".into(), json!({"bearer_token_env": env}));
+    }
+    plan.insert("connection".into(), json!(budget.connection.as_str()));
+    plan.insert("concurrency".into(), json!(budget.concurrency));
+    plan.insert("requests_per_case".into(), json!(budget.requests_per_case));
+    plan.insert("repetitions".into(), json!(budget.repetitions));
+    plan.insert("warmup_per_case".into(), json!(budget.warmup_per_case));
+    plan.insert("timeout_seconds".into(), json!(budget.timeout_seconds));
+    plan.insert("metadata".into(), Value::Object(head.metadata.clone()));
+    plan
+}
+
+/// What a written plan's metadata says of a required key nobody stated.
+pub(crate) const UNKNOWN_METADATA: &str = "unknown: not recorded by the capture";
+
+/// Fill every required provenance key that `m` lacks (or leaves blank or unknown) with
+/// [`UNKNOWN_METADATA`], and say which in a warning line.
+pub(crate) fn fill_metadata(m: &mut Map<String, Value>, lines: &mut Vec<String>) {
+    let mut unknown = Vec::new();
+    for key in crate::config::REQUIRED_METADATA {
+        let blank = m
+            .get(key)
+            .and_then(Value::as_str)
+            .is_none_or(|s| s.trim().is_empty() || s == UNKNOWN_METADATA);
+        if blank {
+            m.insert(key.to_string(), Value::from(UNKNOWN_METADATA));
+            unknown.push(key);
+        }
+    }
+    if !unknown.is_empty() {
+        lines.push(format!(
+            "warning: metadata {} written as \"{UNKNOWN_METADATA}\": state them in the plan (or with --metadata FILE) before its numbers are cited",
+            unknown.join(", ")
+        ));
+    }
+}
+
 /// The ignore paths of one variant: what its repeats showed to be volatile, and the
 /// documented volatile leaves its answer has. Only a JSON oracle takes any.
 pub(crate) fn variant_ignore(v: &Variant) -> BTreeSet<String> {
-    match &v.first {
-        Answer::Json(answer) => {
-            let mut set = volatile_present(answer);
-            set.extend(v.volatile.iter().cloned());
-            set
-        }
-        _ => BTreeSet::new(),
-    }
+    let mut set = match &v.first {
+        Answer::Json(answer) => volatile_present(answer),
+        Answer::Events(events) => events.iter().flat_map(volatile_present).collect(),
+        Answer::StreamText(_) | Answer::Text(_) => return BTreeSet::new(),
+    };
+    set.extend(v.volatile.iter().cloned());
+    set
 }
 
 /// Case names after their paths (`v1/chat/completions`), unique (`-2`, `-3` after the
@@ -110,25 +157,15 @@ pub(crate) fn plan_json(head: &Head, budget: &Budget, cases: &[Case]) -> Value {
         })
         .collect();
 
-    let mut plan = Map::new();
-    plan.insert("description".into(), json!(head.description));
-    plan.insert("endpoint".into(), json!(head.endpoint));
-    if let Some(h) = &head.health_endpoint {
-        plan.insert("health_endpoint".into(), json!(h));
-    }
-    if let Some(env) = &head.bearer_token_env {
-        plan.insert("auth".into(), json!({"bearer_token_env": env}));
-    }
-    plan.insert("connection".into(), json!(budget.connection.as_str()));
-    plan.insert("concurrency".into(), json!(budget.concurrency));
-    plan.insert("requests_per_case".into(), json!(budget.requests_per_case));
-    plan.insert("repetitions".into(), json!(budget.repetitions));
-    plan.insert("warmup_per_case".into(), json!(budget.warmup_per_case));
-    plan.insert("timeout_seconds".into(), json!(budget.timeout_seconds));
+    let mut plan = head_map(head, budget);
     if !top.is_empty() {
+        // Before the metadata, where a hand-written plan keeps it.
+        let metadata = plan.shift_remove("metadata");
         plan.insert("ignore_paths".into(), json!(top));
+        if let Some(m) = metadata {
+            plan.insert("metadata".into(), m);
+        }
     }
-    plan.insert("metadata".into(), Value::Object(head.metadata.clone()));
     let names = case_names(cases);
     let frozen: Vec<Value> = cases
         .iter()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::config::plan::Plan;
 use crate::metrics::PhaseCounts;
 use crate::metrics::{Aggregate, RoundMetrics};
-use crate::model::{Judged, Level, Outcome, Phase};
+use crate::model::{JudgedBy, Level, Outcome, Phase};
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
@@ -54,7 +54,7 @@ pub(crate) fn table(
     rows[0].push("ok/attempted".into());
     // Which answers were judged, when not every case was judged by its oracle.
     let judged = plan.judged_cases();
-    let show_judged = judged.iter().any(|(_, j)| *j != Judged::Oracle);
+    let show_judged = judged.iter().any(|(_, j)| *j != JudgedBy::Oracle);
     if show_judged {
         rows[0].push("judged".into());
     }
@@ -71,7 +71,7 @@ pub(crate) fn table(
             let j = judged
                 .iter()
                 .find(|(name, _)| *name == a.case_name)
-                .map_or(Judged::Oracle, |(_, j)| *j);
+                .map_or(JudgedBy::Oracle, |(_, j)| *j);
             row.insert(row.len() - 1, j.label().into());
         }
         rows.push(row);
@@ -132,12 +132,12 @@ pub(crate) fn table(
 }
 
 /// What "not judged" and "drift" in the table's `judged` column mean, when they appear.
-fn judged_notes(judged: &[(&str, Judged)]) -> String {
+fn judged_notes(judged: &[(&str, JudgedBy)]) -> String {
     let mut out = String::new();
-    if judged.iter().any(|(_, j)| *j == Judged::No) {
+    if judged.iter().any(|(_, j)| *j == JudgedBy::No) {
         out.push_str("not judged: a capture plan's answers are recorded, not checked; ok = the exchange completed with the expected status (a stream complete by its framing); `matrix-proxy freeze RUN` turns them into oracles\n");
     }
-    if judged.iter().any(|(_, j)| *j == Judged::Drift) {
+    if judged.iter().any(|(_, j)| *j == JudgedBy::Drift) {
         out.push_str("drift: a campaign case without an oracle; its answers are compared with the reference's (campaign.json's drift), ok = completed with the expected status\n");
     }
     out

@@ -33,6 +33,14 @@ fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
 
+/// A freeze command line without its `--out FILE`.
+fn to_stdout_args(freeze: &[String]) -> Vec<String> {
+    let at = freeze.iter().position(|a| a == "--out").unwrap();
+    let mut v = freeze.to_vec();
+    v.drain(at..at + 2);
+    v
+}
+
 fn chat(prompt: &str, stream: bool) -> Bytes {
     let mut body = json!({"model": "m", "max_tokens": 6,
                           "messages": [{"role": "user", "content": prompt}]});
@@ -133,13 +141,15 @@ async fn live_traffic_through_serve_freezes_into_a_plan_that_replays_green() {
         err.contains("written as \"unknown: not recorded by the capture\""),
         "{err}"
     );
-    // An existing plan is never replaced; stdout gets the same bytes.
+    // An existing plan is never replaced (it may hold the user's edits); stdout gets
+    // the same bytes.
+    let frozen_bytes = std::fs::read(&plan).unwrap();
+    std::fs::write(&plan, b"{\"edited\": true}").unwrap();
     let (code, _, err) = run_env(with_env.clone(), &[]).await;
     assert_eq!(code, Some(2), "{err}");
-    let mut to_stdout = with_env.clone();
-    to_stdout.truncate(to_stdout.len() - 4);
-    to_stdout.extend(args(&["--bearer-token-env", "FREEZE_TOKEN"]));
-    let (code, stdout, _) = run_env(to_stdout, &[]).await;
+    assert_eq!(std::fs::read(&plan).unwrap(), b"{\"edited\": true}");
+    std::fs::write(&plan, &frozen_bytes).unwrap();
+    let (code, stdout, _) = run_env(to_stdout_args(&with_env), &[]).await;
     assert_eq!(code, Some(0));
     let bytes = std::fs::read(&plan).unwrap();
     assert_eq!(
@@ -152,6 +162,30 @@ async fn live_traffic_through_serve_freezes_into_a_plan_that_replays_green() {
         !text.contains("SECRET") && !text.contains("<redacted>"),
         "{text}"
     );
+
+    // --metadata states the setup; --endpoint re-aims the plan (cases keep their paths).
+    let meta = tmp.path().join("setup.json");
+    std::fs::write(&meta, metadata().to_string()).unwrap();
+    let mut restated = to_stdout_args(&with_env);
+    restated.extend(args(&[
+        "--metadata",
+        s(&meta),
+        "--endpoint",
+        "http://localhost:9/v9",
+    ]));
+    let (code, stdout, err) = run_env(restated, &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("unknown: not recorded"), "{err}");
+    let restated: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(restated["metadata"], metadata());
+    assert_eq!(restated["endpoint"], json!("http://localhost:9/v9"));
+    assert_eq!(restated["cases"][0]["path"], json!("/v1/chat/completions"));
+    std::fs::write(&meta, json!({"gpu_ids": [0, 1]}).to_string()).unwrap();
+    let mut bad_meta = to_stdout_args(&with_env);
+    bad_meta.extend(args(&["--metadata", s(&meta)]));
+    let (code, _, err) = run_env(bad_meta, &[]).await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("gpu_ids must be strings"), "{err}");
 
     let p: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(p["endpoint"], json!(mock.url() + "/"));
@@ -212,6 +246,31 @@ async fn live_traffic_through_serve_freezes_into_a_plan_that_replays_green() {
     mock.shutdown().await;
 }
 
+/// serve's arguments in front of `upstream` with `extra` flags.
+fn serve_with(
+    upstream: &str,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> matrix_proxy::cli::ServeArgs {
+    use clap::Parser;
+    let mut argv = vec![
+        "matrix-proxy",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--quiet",
+    ];
+    argv.extend(["--upstream", upstream, "--out", s(out)]);
+    argv.extend(extra);
+    match matrix_proxy::cli::Cli::try_parse_from(argv)
+        .unwrap()
+        .command
+    {
+        matrix_proxy::cli::Command::Serve(a) => a,
+        _ => unreachable!(),
+    }
+}
+
 /// A worker that stamps `id`, `created` and its own queue time on every answer, and
 /// answers the prompt "dice" with other text each time.
 async fn stamping_worker() -> std::net::SocketAddr {
@@ -256,7 +315,12 @@ async fn repeats_teach_the_volatile_leaves_and_show_nondeterminism() {
     let mut runs = Vec::new();
     for name in ["one", "two"] {
         let out = tmp.path().join(name);
-        let serve = Serve::start(serve_args(&upstream, &out)).await;
+        let serve = Serve::start(serve_with(
+            &upstream,
+            &out,
+            &["--redact-header", "x-tenant-key"],
+        ))
+        .await;
         let mut client = Client::connect(serve.addr).await;
         for prompt in ["hello", "dice"] {
             let mut req = request(
@@ -269,6 +333,8 @@ async fn repeats_teach_the_volatile_leaves_and_show_nondeterminism() {
                 .insert("content-type", "application/json".parse().unwrap());
             req.headers_mut()
                 .insert("x-tenant", "blue".parse().unwrap());
+            req.headers_mut()
+                .insert("x-tenant-key", "tk-SECRET-77".parse().unwrap());
             assert_eq!(client.send(req).await.unwrap().0, 200);
         }
         drop(client);
@@ -290,8 +356,17 @@ async fn repeats_teach_the_volatile_leaves_and_show_nondeterminism() {
         err.contains("0 of 0 requests answered differently on repeat"),
         "{err}"
     );
-    // A non-secret header the client sent stays with its case.
+    // A non-secret header the client sent stays with its case; one the run redacted
+    // (--redact-header) never reaches the plan, not even as `<redacted>`.
     assert_eq!(once["cases"][0]["headers"], json!({"x-tenant": "blue"}));
+    assert!(
+        !stdout.contains("<redacted>") && !stdout.contains("x-tenant-key"),
+        "{stdout}"
+    );
+    assert!(
+        err.contains("warning: requests carried x-tenant-key (secret; recorded as <redacted>)"),
+        "{err}"
+    );
 
     // Two runs: the stamps that differed are learnt, exactly those; the prompt answered
     // differently is named as nondeterministic and frozen from its first answer.
@@ -308,6 +383,10 @@ async fn repeats_teach_the_volatile_leaves_and_show_nondeterminism() {
     );
     assert!(
         err.contains("1 of 2 requests answered differently on repeat"),
+        "{err}"
+    );
+    assert!(
+        err.contains("ignore paths learnt from repeated answers: /timing/queue_s;"),
         "{err}"
     );
     assert!(

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Failures, Pct, present, secs};
 use crate::metrics::{GeneratorLoad, RoundMetrics, Spread};
-use crate::model::{Judged, Phase};
+use crate::model::{JudgedBy, Phase};
 
 /// How a replay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +107,7 @@ pub(crate) struct CaseDoc {
     pub(crate) name: String,
     /// `"oracle"`, `"drift"` (a campaign case without an oracle) or `false` (a capture
     /// plan's: answers recorded, not judged).
-    pub(crate) judged: Judged,
+    pub(crate) judged: JudgedBy,
 }
 
 /// A merged sharded run's `shards`.

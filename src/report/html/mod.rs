@@ -20,7 +20,7 @@ use super::doc::Failures;
 use super::doc::campaign::CampaignDoc;
 use super::doc::summary::{AnySummary, Round, ServeSummary, Summary};
 use super::doc::verdict::VerdictDoc;
-use crate::model::Judged;
+use crate::model::JudgedBy;
 
 const SCRIPT: &str = include_str!("report.js");
 const STYLE: &str = include_str!("report.css");
@@ -274,13 +274,13 @@ fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
         "failures by kind (all phases)",
         &failures_text(&s.failures),
     );
-    if s.cases.iter().any(|c| c.judged != Judged::Oracle) {
+    if s.cases.iter().any(|c| c.judged != JudgedBy::Oracle) {
         let each: Vec<String> = s
             .cases
             .iter()
             .map(|c| format!("{} {}", c.name, c.judged.label()))
             .collect();
-        let note = if s.cases.iter().any(|c| c.judged == Judged::No) {
+        let note = if s.cases.iter().any(|c| c.judged == JudgedBy::No) {
             " (not judged: a capture plan's answers are recorded, not checked; ok means the exchange completed with the expected status)"
         } else {
             " (drift: compared with the reference's answers in campaign.json)"
