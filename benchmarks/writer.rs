@@ -95,6 +95,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         error_message: None,
         oracle_mismatch_pointer: None,
         decisions: None,
+        prompt_tokens_planned: None,
         memory: None,
     }
 }

@@ -12,6 +12,7 @@
 mod budget;
 mod clock;
 mod config;
+mod dataset;
 mod drift;
 mod drivers;
 mod engine;

@@ -55,6 +55,7 @@ const ALLOWED: &[Row] = &[
             "model", "redact", "sse", "oracle", "config", "record", "report",
         ],
     ),
+    ("dataset", &["model", "config", "freeze"]),
     (
         "drivers",
         &[

@@ -112,6 +112,161 @@ pub enum Command {
     /// Turn recorded exchanges (a serve run of live traffic, a replay run of a capture
     /// plan, a campaign arm) into a frozen plan whose oracles are the recorded answers.
     Freeze(FreezeArgs),
+    /// Write a capture plan (no oracles) from a prompt dataset or synthetic prompts of
+    /// exact token counts; replay it, then `freeze` the run. Sends nothing.
+    #[command(subcommand)]
+    Plan(PlanCommand),
+}
+
+/// `plan`'s sources of prompts.
+#[derive(Subcommand, Debug, Clone)]
+pub enum PlanCommand {
+    /// One prompt per line of a JSONL file: OpenAI chat (`messages`), completion
+    /// (`prompt`), ShareGPT (`conversations`: the first human turn) or raw request bodies
+    /// (`request`).
+    FromJsonl(FromJsonlArgs),
+    /// Prompts of an exact token count under a model's tokenizer.json, cut from a corpus
+    /// embedded in the binary.
+    Synthetic(SyntheticArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FromJsonlArgs {
+    /// The dataset: one JSON object per line.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The lines' format. Default: detected from the first good line.
+    #[arg(long, value_enum)]
+    pub format: Option<DatasetFormat>,
+    /// Take this many prompts: the first ones, or a seeded sample with --seed.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Seed of the sample (ChaCha8: the same prompts on every platform).
+    #[arg(long, value_name = "S", requires = "limit")]
+    pub seed: Option<u64>,
+    /// A top-level integer field of each line that becomes its max_tokens.
+    #[arg(long, value_name = "FIELD")]
+    pub output_len_from: Option<String>,
+    /// Count and skip bad lines instead of refusing the file.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// A tokenizer.json to count each completion prompt's tokens with (recorded in the
+    /// plan as the variant's prompt_tokens).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: PlanOutArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SyntheticArgs {
+    /// The model's tokenizer.json (a local file; nothing is downloaded).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: PathBuf,
+    /// Input tokens of each prompt, special tokens included (exact).
+    #[arg(long, value_name = "N")]
+    pub input_tokens: u64,
+    /// Spread of the input lengths (normal, seeded); 0: every prompt is exactly
+    /// --input-tokens.
+    #[arg(long, value_name = "TOKENS", default_value_t = 0.0)]
+    pub input_stddev: f64,
+    /// Output tokens asked for (max_tokens).
+    #[arg(long, value_name = "N")]
+    pub output_tokens: u64,
+    /// How many prompts.
+    #[arg(long, value_name = "N")]
+    pub count: u64,
+    /// Seed of the offsets, lengths and tags (ChaCha8).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Every prompt of a group starts with the same this many tokens (prefix-cache
+    /// studies).
+    #[arg(long, value_name = "P", default_value_t = 0)]
+    pub shared_prefix_tokens: u64,
+    /// Groups of prompts sharing a prefix (prompt i is in group i mod G).
+    #[arg(
+        long,
+        value_name = "G",
+        default_value_t = 1,
+        requires = "shared_prefix_tokens"
+    )]
+    pub prefix_groups: u64,
+    /// Start every prompt with its own seeded tag, so no two share a cached prefix.
+    #[arg(long, conflicts_with = "shared_prefix_tokens")]
+    pub cache_bust: bool,
+    /// Add `"ignore_eos": true` (vLLM, SGLang: generate all --output-tokens).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Add `"min_tokens"` = --output-tokens (vLLM, SGLang).
+    #[arg(long)]
+    pub min_tokens: bool,
+    /// The API the prompts are written for.
+    #[arg(long, value_enum, default_value_t = PromptApi::Completions)]
+    pub api: PromptApi,
+    #[command(flatten)]
+    pub out: PlanOutArgs,
+}
+
+/// What both `plan` sources share: where the requests go, what they ask, the budget and
+/// the file written.
+#[derive(Args, Debug, Clone)]
+pub struct PlanOutArgs {
+    /// The worker: an origin (the API's path is added) or a full URL.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: String,
+    /// The model every request names.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// max_tokens of every request (a line's --output-len-from wins).
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<u64>,
+    /// Ask for event streams (with stream_options.include_usage).
+    #[arg(long)]
+    pub stream: bool,
+    /// Sampling temperature of every request (0: greedy, so answers can be frozen).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Where to write the plan (refused if it exists). Default: stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// A JSON object of provenance (the plan's metadata).
+    #[arg(long, value_name = "FILE")]
+    pub metadata: Option<PathBuf>,
+    /// Concurrency levels.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub concurrency: Vec<usize>,
+    /// Requests per case and level. Default: the number of prompts (each round sends
+    /// every prompt once).
+    #[arg(long)]
+    pub requests_per_case: Option<usize>,
+    /// Measured rounds per level; at least 2.
+    #[arg(long, default_value_t = 2)]
+    pub repetitions: usize,
+    /// Warm-up requests per prompt; at least 2.
+    #[arg(long, default_value_t = 2)]
+    pub warmup_per_case: usize,
+    /// Bound on each whole exchange, in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout_seconds: f64,
+    /// The plan's connection policy.
+    #[arg(long, value_enum, default_value_t = PlanConnection::KeepAlive)]
+    pub connection: PlanConnection,
+}
+
+/// A dataset's line format on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum DatasetFormat {
+    Chat,
+    Completion,
+    Sharegpt,
+    Request,
+}
+
+/// The API synthetic prompts are written for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum PromptApi {
+    Completions,
+    Chat,
 }
 
 /// `freeze`'s flags: the runs, what to take from them, and the plan's starting budget.

@@ -3,6 +3,7 @@
 //! a file: a plan is edited by hand after it is frozen).
 
 use std::io::Write;
+use std::path::Path;
 
 use serde_json::{Map, Value};
 
@@ -17,23 +18,7 @@ use crate::report::run::read_bounded;
 const MAX_METADATA_BYTES: u64 = 1 << 20;
 
 pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
-    if let Some(out) = &args.out
-        && out.exists()
-    {
-        return Err(usage(format!(
-            "--out {}: exists; a frozen plan is edited by hand, so freeze never replaces one: remove it or choose another file",
-            out.display()
-        )));
-    }
-    if let Some(dir) = args.out.as_deref().and_then(std::path::Path::parent)
-        && !dir.as_os_str().is_empty()
-        && !dir.is_dir()
-    {
-        return Err(usage(format!(
-            "--out: {} is not a directory; create it first",
-            dir.display()
-        )));
-    }
+    check_out(args.out.as_deref())?;
     let opts = options(args)?;
     let frozen = freeze::freeze(&opts).map_err(|e| match e {
         FreezeError::Refused(m) => usage(m),
@@ -42,25 +27,52 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     for line in &frozen.lines {
         eprintln!("matrix-proxy: {line}");
     }
-    match &args.out {
+    emit(args.out.as_deref(), &frozen.plan)?;
+    Ok(Exit::Ok)
+}
+
+/// Refuse an `--out` that exists or whose folder does not, before anything is read.
+pub(super) fn check_out(out: Option<&Path>) -> Result<(), CliError> {
+    let Some(out) = out else { return Ok(()) };
+    if out.exists() {
+        return Err(usage(format!(
+            "--out {}: exists; a written plan is edited by hand, so it is never replaced: remove it or choose another file",
+            out.display()
+        )));
+    }
+    if let Some(dir) = out.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
+    {
+        return Err(usage(format!(
+            "--out: {} is not a directory; create it first",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The plan to `--out` (whole or not at all), else to stdout.
+pub(super) fn emit(out: Option<&Path>, plan: &[u8]) -> Result<(), CliError> {
+    match out {
         Some(out) => {
-            write_new(out, &frozen.plan)?;
+            write_new(out, plan)?;
             eprintln!(
                 "matrix-proxy: wrote {}; check it with `matrix-proxy validate {0}`, replay it with `matrix-proxy replay {0}`",
                 out.display()
             );
+            Ok(())
         }
         None => std::io::stdout()
-            .write_all(&frozen.plan)
-            .map_err(|e| tool(format!("stdout: {e}")))?,
+            .write_all(plan)
+            .map_err(|e| tool(format!("stdout: {e}"))),
     }
-    Ok(Exit::Ok)
 }
 
 /// Write `bytes` to `out`, which must not exist: whole or not at all (a temporary file
 /// beside it, linked to its name only once written and synced, so a full disk or a
 /// Ctrl-C never leaves half a plan, and a file made meanwhile is never replaced).
-fn write_new(out: &std::path::Path, bytes: &[u8]) -> Result<(), CliError> {
+fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -74,13 +86,49 @@ fn write_new(out: &std::path::Path, bytes: &[u8]) -> Result<(), CliError> {
     let _ = std::fs::remove_file(&tmp);
     linked.map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => usage(format!(
-            "--out {}: exists; a frozen plan is edited by hand, so freeze never replaces one",
+            "--out {}: exists; a written plan is edited by hand, so it is never replaced",
             out.display()
         )),
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             usage(format!("--out {}: {e}", out.display()))
         }
         _ => tool(format!("--out {}: {e}", out.display())),
+    })
+}
+
+/// A written plan's budget from flags (`freeze`, `plan`), checked as a plan would be: a
+/// bad value is exit 2 before anything is read.
+pub(super) fn budget(
+    concurrency: &[usize],
+    requests_per_case: usize,
+    (repetitions, warmup_per_case): (usize, usize),
+    timeout_seconds: f64,
+    connection: PlanConnection,
+) -> Result<Budget, CliError> {
+    if concurrency.is_empty() || concurrency.contains(&0) {
+        return Err(usage("--concurrency: give levels of at least 1, e.g. 1,4"));
+    }
+    if let Some(c) = concurrency.iter().find(|c| **c > requests_per_case) {
+        return Err(usage(format!(
+            "--concurrency {c} is above --requests-per-case {requests_per_case}: a round could never fill it"
+        )));
+    }
+    if repetitions < 2 || warmup_per_case < 2 {
+        return Err(usage(
+            "--repetitions and --warmup-per-case are at least 2 (a plan's rule)",
+        ));
+    }
+    flags::seconds("--timeout-seconds", timeout_seconds).map_err(usage)?;
+    Ok(Budget {
+        concurrency: concurrency.to_vec(),
+        requests_per_case,
+        repetitions,
+        warmup_per_case,
+        timeout_seconds,
+        connection: match connection {
+            PlanConnection::KeepAlive => ConnectionPolicy::KeepAlive,
+            PlanConnection::Fresh => ConnectionPolicy::Fresh,
+        },
     })
 }
 
@@ -92,25 +140,13 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         .map(|u| flags::endpoint("--endpoint", u))
         .transpose()
         .map_err(usage)?;
-    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
-        return Err(usage("--concurrency: give levels of at least 1, e.g. 1,4"));
-    }
-    if let Some(c) = args
-        .concurrency
-        .iter()
-        .find(|c| **c > args.requests_per_case)
-    {
-        return Err(usage(format!(
-            "--concurrency {c} is above --requests-per-case {}: a round could never fill it",
-            args.requests_per_case
-        )));
-    }
-    if args.repetitions < 2 || args.warmup_per_case < 2 {
-        return Err(usage(
-            "--repetitions and --warmup-per-case are at least 2 (a plan's rule)",
-        ));
-    }
-    flags::seconds("--timeout-seconds", args.timeout_seconds).map_err(usage)?;
+    let budget = budget(
+        &args.concurrency,
+        args.requests_per_case,
+        (args.repetitions, args.warmup_per_case),
+        args.timeout_seconds,
+        args.connection,
+    )?;
     if let Some(name) = &args.bearer_token_env {
         let valid = !name.is_empty()
             && name
@@ -130,22 +166,12 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         endpoint,
         bearer_token_env: args.bearer_token_env.clone(),
         metadata,
-        budget: Budget {
-            concurrency: args.concurrency.clone(),
-            requests_per_case: args.requests_per_case,
-            repetitions: args.repetitions,
-            warmup_per_case: args.warmup_per_case,
-            timeout_seconds: args.timeout_seconds,
-            connection: match args.connection {
-                PlanConnection::KeepAlive => ConnectionPolicy::KeepAlive,
-                PlanConnection::Fresh => ConnectionPolicy::Fresh,
-            },
-        },
+        budget,
     })
 }
 
 /// `--metadata FILE`: a JSON object.
-fn read_metadata(path: &std::path::Path) -> Result<Map<String, Value>, CliError> {
+pub(super) fn read_metadata(path: &Path) -> Result<Map<String, Value>, CliError> {
     let bytes = read_bounded(path, MAX_METADATA_BYTES, "metadata file", "provenance")
         .map_err(report_error)?;
     match serde_json::from_slice::<Value>(&bytes) {

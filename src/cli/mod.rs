@@ -15,6 +15,7 @@ mod campaign;
 mod freeze;
 mod io;
 mod metrics_http;
+mod plan_cmd;
 mod recover;
 mod replay;
 mod report_cmd;
@@ -30,6 +31,7 @@ use campaign::{CompareArgs, compare_cmd};
 pub use freeze::freeze_cmd;
 use io::{ARGV, load_plan, print_stdout, runtime_threads, tool, usage};
 pub use io::{CliError, Exit};
+pub use plan_cmd::plan_cmd;
 pub use recover::recover_cmd;
 pub use replay::replay_cmd;
 pub use report_cmd::report_cmd;
@@ -79,6 +81,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
         Command::Completions { shell } => completions(shell),
         Command::Recover { dir } => recover_cmd(&dir),
         Command::Freeze(args) => freeze_cmd(&args),
+        Command::Plan(cmd) => plan_cmd(&cmd),
         Command::Verdict { dir, contract, out } => verdict_cmd(&dir, &contract, out.as_deref()),
         Command::Compare {
             run_a,

@@ -257,6 +257,19 @@ fn contract_for(
     Ok(Some(c))
 }
 
+/// The plan's input token counts against the server's, read back from the rows (so
+/// `summarize` counts the same way); a read error is a problem of the run's reports.
+fn prompt_tokens(
+    plan: &Plan,
+    dir: &RunDir,
+    problems: &mut Vec<String>,
+) -> Option<report::doc::summary::PromptTokensMismatch> {
+    report::prompt_tokens_mismatch(plan, &[dir.path.join(rundir::EXCHANGES)]).unwrap_or_else(|e| {
+        problems.push(format!("prompt_tokens_mismatch: {e}"));
+        None
+    })
+}
+
 /// `--out`, or `runs/<plan stem>-<UTC time>`.
 fn out_dir(args: &ReplayArgs, started_at_us: i64) -> PathBuf {
     match &args.run.out {
@@ -601,6 +614,10 @@ fn reports(
         Ending::Passed if record_error.is_some() => Ending::Failed,
         other => other,
     };
+    let recorded = !args.no_record && record_error.is_none();
+    let prompt_tokens_mismatch = recorded
+        .then(|| prompt_tokens(plan, dir, &mut problems))
+        .flatten();
     let aggregates = report::aggregates(plan, shape, &result.rounds);
     let summary = report::summary(
         plan,
@@ -624,6 +641,7 @@ fn reports(
                     .then_some(recording.stats.encoded_while_held)
             }),
             record_error: record_error.map(|e| e.to_string()),
+            prompt_tokens_mismatch,
             ..Recording::default()
         },
     );

@@ -56,7 +56,14 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
         Command::Replay => {
             let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
-            let r = rebuild::rebuild_replay(plan, run.shape(), &facts, original.as_ref(), finished);
+            let tokens = report::prompt_tokens_mismatch(plan, &[run.exchanges()]).map_err(tool)?;
+            let r = rebuild::rebuild_replay(
+                plan,
+                run.shape(),
+                &facts,
+                original.as_ref(),
+                (finished, tokens),
+            );
             keep_originals(dir)?;
             write_rounds(dir, &r)?;
             let ending = r.summary.ending;

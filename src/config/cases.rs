@@ -25,6 +25,7 @@ const REQUEST_FIELDS: &[&str] = &[
     "expected_events",
     "expected_usage",
     "require_done",
+    "prompt_tokens",
 ];
 /// What both a case and a variant have besides their request.
 const NAMED_FIELDS: &[&str] = &["name", "ignore_paths"];
@@ -335,6 +336,12 @@ impl Validator {
         };
         let (oracle, oracle_ok) = self.oracle(m, path, inherited);
         ok &= oracle_ok;
+        let prompt_tokens = match m.get("prompt_tokens") {
+            None => Some(None),
+            Some(v) => self
+                .integer(v, &join(path, "prompt_tokens"), 1)
+                .map(|n| Some(n as u64)),
+        };
         if !ok {
             return None;
         }
@@ -343,6 +350,7 @@ impl Validator {
             body: body?,
             content_type: content_type?,
             oracle: oracle?,
+            prompt_tokens: prompt_tokens?,
             ignore_paths: inherited
                 .top
                 .iter()

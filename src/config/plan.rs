@@ -40,6 +40,9 @@ pub(crate) struct Variant {
     pub(crate) body: Bytes,
     pub(crate) content_type: Option<HeaderValue>,
     pub(crate) oracle: Oracle,
+    /// The input tokens the plan expects this request to count (`prompt_tokens`: from
+    /// the tokenizer that made it); rows record it as `prompt_tokens_planned`.
+    pub(crate) prompt_tokens: Option<u64>,
     /// Every ignore path this request inherits and has (top level, case, variant): drift
     /// removes them before comparing answers as canonical JSON.
     pub(crate) ignore_paths: Vec<Pointer>,

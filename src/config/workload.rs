@@ -3,7 +3,7 @@
 //! case, concurrency, repetitions, warm-up, timeout) and the load policies (connection,
 //! on_failure; an open loop's `load`; the `slo`) and the decisions pointer — without what only describes or addresses it
 //! (`name`, `description`, `metadata`, `endpoint`, `health_endpoint`, `auth`, `arms`,
-//! `evidence_class`, `schedule`, `drift`). Two runs of one workload against two recipes
+//! `evidence_class`, `schedule`, `drift`, a request's `prompt_tokens`). Two runs of one workload against two recipes
 //! benchmarked apart share the hash, so `compare` can put them side by side.
 //!
 //! Canonical form: top-level values as the plan resolved them (defaults written out, so
@@ -30,9 +30,11 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
                     c.insert("method".into(), json!(case.method.as_str()));
                     c.insert("expected_status".into(), json!(case.expected_status));
                     c.entry("ignore_paths").or_insert(json!([]));
+                    c.shift_remove("prompt_tokens");
                     if let Some(Value::Array(vs)) = c.get_mut("variants") {
                         for v in vs.iter_mut().filter_map(Value::as_object_mut) {
                             v.entry("ignore_paths").or_insert(json!([]));
+                            v.shift_remove("prompt_tokens");
                         }
                     }
                     Value::Object(c)

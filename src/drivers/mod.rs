@@ -47,6 +47,8 @@ pub(crate) struct RowIds {
     pub(crate) repetition: Option<i32>,
     pub(crate) dispatch_index: i64,
     pub(crate) worker: i32,
+    /// The plan's `prompt_tokens` for this request (replay).
+    pub(crate) prompt_tokens_planned: Option<i64>,
 }
 
 /// The request as it was sent, and when.
@@ -196,6 +198,7 @@ impl RunContext {
             error_message: verdict.error_message,
             oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
             decisions: verdict.decisions.map(|d| d as i64),
+            prompt_tokens_planned: ids.prompt_tokens_planned,
             memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }
     }

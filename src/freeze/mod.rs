@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
-pub(crate) use write::Budget;
+pub(crate) use write::{Budget, Head, fill_metadata, head_map};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;

@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 51] = [
+pub(crate) static COLUMNS: [Column; 52] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -285,6 +285,8 @@ pub(crate) static COLUMNS: [Column; 51] = [
         "first differing JSON pointer of a JSON oracle mismatch (`\"\"` = the whole document)"),
     column!("decisions", Int64, NULLABLE, "", |r: &R| r.decisions,
         "entries of the answer's decisions container (`decisions_pointer`, default `/answers`): array elements or object members, 0 when absent or not a container; null unless the exchange was `ok` under a JSON oracle (replay)"),
+    column!("prompt_tokens_planned", Int64, NULLABLE, "", |r: &R| r.prompt_tokens_planned,
+        "the input tokens the plan expected (the variant's `prompt_tokens`, from the tokenizer that made or counted the prompt); null without one and in serve; compare with the server's `usage.prompt_tokens`"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -450,6 +452,7 @@ mod tests {
         r.error_message = Some("message".into());
         r.oracle_mismatch_pointer = Some("/pointer".into());
         r.decisions = Some(39);
+        r.prompt_tokens_planned = Some(40);
         r
     }
 
@@ -463,7 +466,7 @@ mod tests {
             let c = b.column_by_name(n).unwrap();
             c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
         };
-        let expected: [(&str, i64); 21] = [
+        let expected: [(&str, i64); 22] = [
             ("exchange_id", 7),
             ("scheduled_offset_us", 10),
             ("send_lag_us", 4),
@@ -485,6 +488,7 @@ mod tests {
             ("output_tokens", 37),
             ("prompt_tokens", 38),
             ("decisions", 39),
+            ("prompt_tokens_planned", 40),
         ];
         let got: Vec<(&str, i64)> = expected.iter().map(|(n, _)| (*n, int(n))).collect();
         assert_eq!(got, expected);

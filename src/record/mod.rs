@@ -85,6 +85,7 @@ pub(crate) mod tests_support {
             error_message: None,
             oracle_mismatch_pointer: None,
             decisions: None,
+            prompt_tokens_planned: None,
             memory: None,
         }
     }

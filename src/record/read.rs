@@ -416,3 +416,52 @@ fn headers(list: &ListArray, i: usize) -> Result<Vec<(String, Vec<u8>)>, String>
         .map(|k| (names.value(k).to_string(), values.value(k).to_vec()))
         .collect())
 }
+
+/// Hand `visit` the (planned, served) input tokens of every `ok` row that has both: the
+/// plan's `prompt_tokens_planned`, and the server's `usage.prompt_tokens` (a stream's
+/// `prompt_tokens` column, else the JSON answer's own `usage`).
+pub(crate) fn for_each_prompt_count(
+    exchanges: &Path,
+    mut visit: impl FnMut(i64, i64),
+) -> Result<(), String> {
+    use arrow_array::{Array, BinaryArray, BooleanArray, Int64Array};
+    const WANT: [&str; 5] = [
+        "outcome",
+        "prompt_tokens_planned",
+        "prompt_tokens",
+        "is_stream",
+        "response_body",
+    ];
+    for part in closed_parts(exchanges)? {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        for batch in read_columns(&part, &WANT)? {
+            let b = batch.map_err(|e| ctx(&e))?;
+            // Parts written before the column have no planned counts.
+            let Some(planned) = optional_column::<Int64Array>(&b, "prompt_tokens_planned") else {
+                continue;
+            };
+            let outcome = column::<StringArray>(&b, "outcome", &part)?;
+            let streamed = column::<Int64Array>(&b, "prompt_tokens", &part)?;
+            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
+            let body = column::<BinaryArray>(&b, "response_body", &part)?;
+            for i in 0..b.num_rows() {
+                if !planned.is_valid(i) || outcome.value(i) != Outcome::Ok.as_str() {
+                    continue;
+                }
+                let served = if streamed.is_valid(i) {
+                    Some(streamed.value(i))
+                } else if !is_stream.value(i) {
+                    serde_json::from_slice::<serde_json::Value>(body.value(i))
+                        .ok()
+                        .and_then(|v| v.pointer("/usage/prompt_tokens").and_then(|n| n.as_i64()))
+                } else {
+                    None
+                };
+                if let Some(served) = served {
+                    visit(planned.value(i), served);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -58,6 +58,8 @@ pub struct ExchangeRecord {
     pub oracle_mismatch_pointer: Option<String>,
     /// Entries of the answer's decisions container (replay, `ok`, JSON oracle only).
     pub decisions: Option<i64>,
+    /// The input tokens the plan expected (its variant's `prompt_tokens`); `None` in serve.
+    pub prompt_tokens_planned: Option<i64>,
     /// Recorded bytes held in serve's memory budget, released once the row is encoded.
     pub memory: Option<BudgetHold>,
 }

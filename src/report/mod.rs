@@ -49,8 +49,8 @@ use crate::model::{Level, Outcome, Phase};
 use crate::record::RecordError;
 use doc::Pct;
 use doc::summary::{
-    CaseDoc, Definitions, ExcludedPhase, LoadNote, Round, RoundAggregate, ServeDefinitions,
-    ServeSummary, SpreadDoc, Summary,
+    CaseDoc, Definitions, ExcludedPhase, LoadNote, PromptTokensMismatch, Round, RoundAggregate,
+    ServeDefinitions, ServeSummary, SpreadDoc, Summary,
 };
 pub(crate) use doc::summary::{Ending, Recording, ServeEnding};
 
@@ -196,6 +196,27 @@ pub(crate) struct Measured<'a> {
     pub(crate) notes: &'a [String],
 }
 
+/// The plan's input token counts against the server's, read back from the rows of
+/// `exchanges` folders; `None` when no request of the plan has `prompt_tokens`.
+pub(crate) fn prompt_tokens_mismatch(
+    plan: &Plan,
+    exchanges: &[std::path::PathBuf],
+) -> Result<Option<PromptTokensMismatch>, String> {
+    let planned = plan
+        .cases
+        .iter()
+        .flat_map(|c| &c.variants)
+        .any(|v| v.prompt_tokens.is_some());
+    if !planned {
+        return Ok(None);
+    }
+    let mut m = PromptTokensMismatch::default();
+    for dir in exchanges {
+        crate::record::read::for_each_prompt_count(dir, |p, s| m.add(p, s))?;
+    }
+    Ok(Some(m))
+}
+
 /// A replay's summary.json from what it measured and what it recorded.
 pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Summary {
     let mut failures: BTreeMap<Outcome, u64> = BTreeMap::new();
@@ -250,6 +271,7 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
                 judged,
             })
             .collect(),
+        prompt_tokens_mismatch: recording.prompt_tokens_mismatch,
         definitions: definitions(plan),
         rows_written: recording.rows_written,
         rows_encoded_during_rounds: recording.rows_encoded_during_rounds,

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::doc::summary::{Ending, Recording, ServeEnding, ServeSummary, ShardsNote, Summary};
+use super::doc::summary::{
+    Ending, PromptTokensMismatch, Recording, ServeEnding, ServeSummary, ShardsNote, Summary,
+};
 use super::run::{FinishedRun, ReportError};
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
@@ -208,7 +210,7 @@ pub(crate) fn rebuild_replay(
     shape: Shape,
     facts: &[RowFacts],
     original: Option<&Summary>,
-    finished: bool,
+    (finished, prompt_tokens): (bool, Option<PromptTokensMismatch>),
 ) -> Rebuilt {
     let (mut rounds, excluded, failures) = rounds_from_rows(plan, shape, facts);
     if let Some(o) = original {
@@ -222,7 +224,7 @@ pub(crate) fn rebuild_replay(
         (rounds, excluded, failures),
         ending,
         &notes,
-        None,
+        (None, prompt_tokens),
         facts.len(),
     )
 }
@@ -245,13 +247,19 @@ pub(crate) fn merge_shards(run: &FinishedRun, facts: &[RowFacts]) -> Result<Rebu
     };
     let measured = rounds_from_rows(plan, shape, facts);
     let ending = run.shards_ending();
+    let dirs: Vec<std::path::PathBuf> = run
+        .shards
+        .iter()
+        .map(|s| crate::record::rundir::shard_exchanges(&run.dir, s.index))
+        .collect();
+    let prompt_tokens = super::prompt_tokens_mismatch(plan, &dirs).map_err(ReportError::Rows)?;
     Ok(rebuilt(
         plan,
         shape,
         measured,
         ending,
         &[],
-        Some(shards),
+        (Some(shards), prompt_tokens),
         facts.len(),
     ))
 }
@@ -263,7 +271,7 @@ fn rebuilt(
     (rounds, excluded, failures): (Vec<RoundMetrics>, BTreeMap<Phase, PhaseCounts>, u64),
     ending: Ending,
     notes: &[String],
-    shards: Option<ShardsNote>,
+    (shards, prompt_tokens_mismatch): (Option<ShardsNote>, Option<PromptTokensMismatch>),
     rows: usize,
 ) -> Rebuilt {
     let aggregates = super::aggregates(plan, shape, &rounds);
@@ -283,6 +291,7 @@ fn rebuilt(
             rows_written: rows as u64,
             rebuilt_from_exchanges: Some(true),
             shards,
+            prompt_tokens_mismatch,
             ..Recording::default()
         },
     );

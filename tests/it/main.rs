@@ -5,6 +5,7 @@ mod accounting;
 mod campaign;
 mod cli;
 mod crash;
+mod dataset;
 mod fault_matrix;
 mod faults;
 mod freeze;

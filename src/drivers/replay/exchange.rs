@@ -184,25 +184,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         ctx.stop();
     }
     if ctx.base.record_exchanges {
-        let (case_name, variant) = match d.case {
-            None => (None, None),
-            Some(ci) => (
-                Some(ctx.case_names[ci].clone()),
-                ctx.variant_names[ci][d.variant].clone(),
-            ),
-        };
-        let ids = RowIds {
-            exchange_id,
-            phase: d.phase,
-            arm: ctx.arm.clone(),
-            case_name,
-            variant,
-            concurrency: d.concurrency,
-            target_rate_per_second: d.rate,
-            repetition: d.repetition,
-            dispatch_index: d.dispatch_index,
-            worker: d.worker,
-        };
+        let ids = row_ids(ctx, &d, exchange_id);
         let request = SentRequest {
             started_at_us: started_at_us.unwrap_or_default(),
             start_offset_us,
@@ -220,6 +202,33 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
     sample
+}
+
+/// Where a replayed exchange sits in the plan, as its row says.
+fn row_ids(ctx: &Ctx, d: &Dispatch, exchange_id: i64) -> RowIds {
+    let (case_name, variant) = match d.case {
+        None => (None, None),
+        Some(ci) => (
+            Some(ctx.case_names[ci].clone()),
+            ctx.variant_names[ci][d.variant].clone(),
+        ),
+    };
+    RowIds {
+        exchange_id,
+        phase: d.phase,
+        arm: ctx.arm.clone(),
+        case_name,
+        variant,
+        concurrency: d.concurrency,
+        target_rate_per_second: d.rate,
+        repetition: d.repetition,
+        dispatch_index: d.dispatch_index,
+        worker: d.worker,
+        prompt_tokens_planned: d
+            .case
+            .and_then(|ci| ctx.plan.cases[ci].variants[d.variant].prompt_tokens)
+            .map(|n| n as i64),
+    }
 }
 
 /// Count a failure, show it on the progress bar, and keep the first one's line (where,

@@ -180,6 +180,7 @@ fn build_record(
         repetition: None,
         dispatch_index: p.index,
         worker: (p.conn_no % i64::from(i32::MAX)) as i32,
+        prompt_tokens_planned: None,
     };
     let request = SentRequest {
         scheduled_offset_us: None,

@@ -58,6 +58,9 @@ pub(crate) struct Summary {
     /// Each case of the plan and how its answers are judged (absent before capture plans).
     #[serde(default)]
     pub(crate) cases: Vec<CaseDoc>,
+    /// Only when the plan gives requests `prompt_tokens` and the rows were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_tokens_mismatch: Option<PromptTokensMismatch>,
     #[serde(default)]
     pub(crate) definitions: Definitions,
     /// Rows the recorder wrote (or, rebuilt, the rows read back).
@@ -85,6 +88,7 @@ pub(crate) struct Summary {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Recording {
     pub(crate) rows_written: u64,
+    pub(crate) prompt_tokens_mismatch: Option<PromptTokensMismatch>,
     pub(crate) rows_encoded_during_rounds: Option<Option<u64>>,
     pub(crate) record_error: Option<String>,
     pub(crate) rebuilt_from_exchanges: Option<bool>,
@@ -99,6 +103,27 @@ pub(crate) struct LoadNote {
     pub(crate) sweep: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) notes: Vec<String>,
+}
+
+/// The plan's input token counts against the server's `usage.prompt_tokens`, over every
+/// `ok` exchange (all phases) that has both.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PromptTokensMismatch {
+    pub(crate) compared: u64,
+    pub(crate) differing: u64,
+    /// The largest |planned - served|; 0 when none differ or none were compared.
+    pub(crate) max_abs_diff: u64,
+}
+
+impl PromptTokensMismatch {
+    pub(crate) fn add(&mut self, planned: i64, served: i64) {
+        self.compared += 1;
+        let d = planned.abs_diff(served);
+        if d > 0 {
+            self.differing += 1;
+            self.max_abs_diff = self.max_abs_diff.max(d);
+        }
+    }
 }
 
 /// One case of summary.json's `cases`.

@@ -1,0 +1,233 @@
+//! `matrix-proxy plan from-jsonl FILE ...` and `matrix-proxy plan synthetic ...`: the
+//! flags checked, the prompts made (`crate::dataset`), the capture plan written or
+//! printed, and what it will send said on stderr. Sends nothing.
+
+use serde_json::Map;
+
+use super::args::{
+    DatasetFormat, FromJsonlArgs, PlanCommand, PlanOutArgs, PromptApi, SyntheticArgs,
+};
+use super::freeze::{budget, check_out, emit, read_metadata};
+use super::io::{CliError, Exit, usage};
+use crate::config::flags;
+use crate::config::plan::Plan;
+use crate::config::shape::Shape;
+use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic};
+use crate::freeze::{Head, fill_metadata};
+
+pub fn plan_cmd(cmd: &PlanCommand) -> Result<Exit, CliError> {
+    match cmd {
+        PlanCommand::FromJsonl(a) => from_jsonl(a),
+        PlanCommand::Synthetic(a) => synthetic_cmd(a),
+    }
+}
+
+fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
+    check_out(a.out.out.as_deref())?;
+    if a.limit == Some(0) {
+        return Err(usage("--limit must be at least 1"));
+    }
+    let format = a.format.map(|f| match f {
+        DatasetFormat::Chat => jsonl::Format::Chat,
+        DatasetFormat::Completion => jsonl::Format::Completion,
+        DatasetFormat::Sharegpt => jsonl::Format::ShareGpt,
+        DatasetFormat::Request => jsonl::Format::Request,
+    });
+    let counter = a
+        .tokenizer
+        .as_deref()
+        .map(synthetic::Counter::open)
+        .transpose()
+        .map_err(usage)?;
+    let opts = jsonl::Options {
+        format,
+        limit: a.limit,
+        seed: a.seed,
+        skip_bad: a.skip_bad,
+        output_len_from: a.output_len_from.clone(),
+    };
+    let ask = ask(&a.out, false, false);
+    let mut read = jsonl::read(&a.file, &opts, &ask).map_err(usage)?;
+    let mut lines = vec![format!(
+        "{} prompts ({} format{}) of {} good lines in {}",
+        read.prompts.len(),
+        read.format.as_str(),
+        if a.format.is_none() { ", detected" } else { "" },
+        read.good,
+        a.file.display()
+    )];
+    if read.skipped > 0 {
+        lines.push(format!(
+            "skipped {} bad line(s) (--skip-bad): {}",
+            read.skipped,
+            read.first_skipped.join("; ")
+        ));
+    }
+    if read.format == jsonl::Format::Request {
+        lines.push("raw request bodies are sent as they are: --model, --max-tokens, --stream and --temperature do not apply".into());
+    }
+    if let Some(c) = &counter {
+        if read.format.api() == Api::Completions {
+            for p in &mut read.prompts {
+                let text = p.body.pointer("/prompt").and_then(|v| v.as_str());
+                p.prompt_tokens = match text {
+                    Some(t) => Some(c.count(t).map_err(usage)? as u64),
+                    None => None,
+                };
+            }
+        } else {
+            lines.push("--tokenizer counts completion prompts only: a chat template adds tokens the tokenizer alone cannot count, so chat prompts get no prompt_tokens".into());
+        }
+    }
+    let description = format!(
+        "Capture plan written by matrix-proxy plan from-jsonl from {} ({} format{}); answers are recorded, not judged: replay it, then freeze the run.",
+        a.file.display(),
+        read.format.as_str(),
+        match (a.limit, a.seed) {
+            (Some(k), Some(s)) => format!(", a sample of {k} with seed {s}"),
+            (Some(k), None) => format!(", the first {k}"),
+            _ => String::new(),
+        }
+    );
+    write(&a.out, read.format.api(), &read.prompts, description, lines)
+}
+
+fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
+    check_out(a.out.out.as_deref())?;
+    if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
+        return Err(usage(
+            "--count, --input-tokens and --output-tokens must be at least 1",
+        ));
+    }
+    if !a.input_stddev.is_finite() || a.input_stddev < 0.0 {
+        return Err(usage("--input-stddev must be a number >= 0"));
+    }
+    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= a.input_tokens {
+        return Err(usage(format!(
+            "--shared-prefix-tokens {} must be below --input-tokens {}",
+            a.shared_prefix_tokens, a.input_tokens
+        )));
+    }
+    if a.prefix_groups == 0 {
+        return Err(usage("--prefix-groups must be at least 1"));
+    }
+    let counter = synthetic::Counter::open(&a.tokenizer).map_err(usage)?;
+    let api = match a.api {
+        PromptApi::Completions => Api::Completions,
+        PromptApi::Chat => Api::Chat,
+    };
+    let opts = synthetic::Options {
+        input_tokens: a.input_tokens,
+        input_stddev: a.input_stddev,
+        output_tokens: a.output_tokens,
+        count: a.count,
+        seed: a.seed,
+        shared_prefix_tokens: a.shared_prefix_tokens,
+        prefix_groups: a.prefix_groups,
+        cache_bust: a.cache_bust,
+        api,
+    };
+    let ask = ask(&a.out, a.ignore_eos, a.min_tokens);
+    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(usage)?;
+    let mut lines = vec![format!(
+        "{} prompts of {} input tokens{} under {} (exact, special tokens included), {} output tokens",
+        prompts.len(),
+        a.input_tokens,
+        if a.input_stddev > 0.0 {
+            format!(" (stddev {})", a.input_stddev)
+        } else {
+            String::new()
+        },
+        a.tokenizer.display(),
+        a.output_tokens
+    )];
+    if api == Api::Chat {
+        lines.push("--api chat: the server's chat template adds tokens to each prompt, so its usage.prompt_tokens exceeds the plan's prompt_tokens by the template's length".into());
+    }
+    let description = format!(
+        "Capture plan written by matrix-proxy plan synthetic: {} prompts of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
+        a.count,
+        a.input_tokens,
+        a.input_stddev,
+        a.tokenizer.display(),
+        a.output_tokens,
+        a.seed,
+        if a.shared_prefix_tokens > 0 {
+            format!(
+                ", {} groups sharing a {}-token prefix",
+                a.prefix_groups, a.shared_prefix_tokens
+            )
+        } else {
+            String::new()
+        },
+        if a.cache_bust {
+            ", cache-busting tags"
+        } else {
+            ""
+        }
+    );
+    write(&a.out, api, &prompts, description, lines)
+}
+
+/// What every request asks besides its prompt.
+fn ask(o: &PlanOutArgs, ignore_eos: bool, min_tokens: bool) -> Ask {
+    Ask {
+        model: o.model.clone(),
+        max_tokens: o.max_tokens,
+        stream: o.stream,
+        temperature: Some(o.temperature),
+        ignore_eos,
+        min_tokens,
+    }
+}
+
+/// The capture plan, checked, written or printed, with what it will send.
+fn write(
+    o: &PlanOutArgs,
+    api: Api,
+    prompts: &[Prompt],
+    description: String,
+    mut lines: Vec<String>,
+) -> Result<Exit, CliError> {
+    if prompts.is_empty() {
+        return Err(usage("no prompt to write a plan of"));
+    }
+    if !o.temperature.is_finite() || o.temperature < 0.0 {
+        return Err(usage("--temperature must be a number >= 0"));
+    }
+    let endpoint = flags::endpoint("--endpoint", &o.endpoint).map_err(usage)?;
+    let budget = budget(
+        &o.concurrency,
+        o.requests_per_case.unwrap_or(prompts.len()),
+        (o.repetitions, o.warmup_per_case),
+        o.timeout_seconds,
+        o.connection,
+    )?;
+    let mut metadata = match &o.metadata {
+        Some(p) => read_metadata(p)?,
+        None => Map::new(),
+    };
+    fill_metadata(&mut metadata, &mut lines);
+    let head = Head {
+        description,
+        endpoint: String::new(),
+        health_endpoint: None,
+        bearer_token_env: None,
+        metadata,
+    };
+    let bytes = dataset::capture_plan(head, &budget, &endpoint, api, prompts).map_err(usage)?;
+    let plan = Plan::from_json_bytes(&bytes).map_err(|e| usage(e.to_string()))?;
+    let n = prompts.len();
+    lines.push(format!(
+        "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",
+        Shape::Plain.planned_requests(&plan),
+        n * budget.warmup_per_case,
+        budget.repetitions,
+        budget.requests_per_case,
+    ));
+    for line in &lines {
+        eprintln!("matrix-proxy: {line}");
+    }
+    emit(o.out.as_deref(), &bytes)?;
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,254 @@
+//! Prompts from a JSONL dataset, one JSON object a line, in one of four formats
+//! (detected from the first good line, or given): OpenAI chat (`messages`), completion
+//! prompts (`prompt`), ShareGPT (`conversations` of `from`/`value`: the first human turn,
+//! as vLLM's benchmark takes it) and raw request bodies (`request`). A bad line is refused
+//! with its number and reason, or counted and skipped. With `--limit` and `--seed` the
+//! prompts are a seeded sample, the same on every platform; the file is read twice (the
+//! offsets of good lines, then the sampled lines), so memory holds the sample only.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::{Api, Ask, Prompt, Seeded};
+
+/// A dataset's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Chat,
+    Completion,
+    ShareGpt,
+    Request,
+}
+
+impl Format {
+    pub(crate) const ALL: [Format; 4] = [
+        Format::Chat,
+        Format::Completion,
+        Format::ShareGpt,
+        Format::Request,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Format::Chat => "chat",
+            Format::Completion => "completion",
+            Format::ShareGpt => "sharegpt",
+            Format::Request => "request",
+        }
+    }
+
+    /// The key that marks it.
+    fn key(self) -> &'static str {
+        match self {
+            Format::Chat => "messages",
+            Format::Completion => "prompt",
+            Format::ShareGpt => "conversations",
+            Format::Request => "request",
+        }
+    }
+
+    pub(crate) fn api(self) -> Api {
+        match self {
+            Format::Chat | Format::ShareGpt => Api::Chat,
+            Format::Completion => Api::Completions,
+            Format::Request => Api::Raw,
+        }
+    }
+
+    fn detect(line: &serde_json::Map<String, Value>) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| line.contains_key(f.key()))
+    }
+}
+
+/// What `plan from-jsonl` was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) format: Option<Format>,
+    pub(crate) limit: Option<u64>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) skip_bad: bool,
+    /// A top-level integer field of each line that becomes its `max_tokens`.
+    pub(crate) output_len_from: Option<String>,
+}
+
+/// The prompts read, and what was said about them.
+#[derive(Debug)]
+pub(crate) struct Dataset {
+    pub(crate) format: Format,
+    pub(crate) prompts: Vec<Prompt>,
+    /// Good lines in the file (before any sample).
+    pub(crate) good: u64,
+    /// Bad lines skipped (`--skip-bad`), with the first few reasons.
+    pub(crate) skipped: u64,
+    pub(crate) first_skipped: Vec<String>,
+}
+
+/// One line's prompt and its own output length.
+struct Line {
+    prompt: Value,
+    max_tokens: Option<u64>,
+}
+
+/// Read `path` into prompts.
+pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, String> {
+    let name = path.display();
+    let open = || File::open(path).map_err(|e| format!("{name}: cannot read the dataset: {e}"));
+    let mut format = opts.format;
+    // Pass 1: every line checked; the good ones' (number, offset, length) kept.
+    let mut good: Vec<(u64, u64, usize)> = Vec::new();
+    let (mut skipped, mut first_skipped) = (0u64, Vec::new());
+    let mut reader = BufReader::new(open()?);
+    let (mut offset, mut number, mut buf) = (0u64, 0u64, Vec::new());
+    loop {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| format!("{name}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        let at = offset;
+        offset += n as u64;
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match parse(&buf, &mut format, opts) {
+            Ok(_) => good.push((number, at, n)),
+            Err(why) if opts.skip_bad => {
+                skipped += 1;
+                if first_skipped.len() < 5 {
+                    first_skipped.push(format!("line {number}: {why}"));
+                }
+            }
+            Err(why) => {
+                return Err(format!(
+                    "{name}:{number}: {why} (--skip-bad counts and skips bad lines instead)"
+                ));
+            }
+        }
+    }
+    let Some(format) = format else {
+        return Err(format!(
+            "{name}: no prompt in the file (one JSON object a line with messages, prompt, conversations or request)"
+        ));
+    };
+    let count = good.len() as u64;
+    let chosen: Vec<usize> = match (opts.limit, opts.seed) {
+        (Some(k), Some(seed)) => Seeded::new(seed)
+            .sample(count, k)
+            .into_iter()
+            .map(|i| i as usize)
+            .collect(),
+        (Some(k), None) => (0..count.min(k) as usize).collect(),
+        (None, _) => (0..good.len()).collect(),
+    };
+    // Pass 2: the chosen lines, read again.
+    let mut file = open()?;
+    let mut prompts = Vec::with_capacity(chosen.len());
+    let mut line = Vec::new();
+    for i in chosen {
+        let (number, at, len) = good[i];
+        line.resize(len, 0);
+        file.seek(SeekFrom::Start(at))
+            .and_then(|_| file.read_exact(&mut line))
+            .map_err(|e| {
+                format!("{name}:{number}: {e} (did the file change while it was read?)")
+            })?;
+        let mut f = Some(format);
+        let l = parse(&line, &mut f, opts).map_err(|why| format!("{name}:{number}: {why}"))?;
+        prompts.push(Prompt {
+            name: format!("line-{number}"),
+            body: match format {
+                Format::Request => l.prompt,
+                _ => ask.body(format.api(), l.prompt, l.max_tokens),
+            },
+            prompt_tokens: None,
+        });
+    }
+    Ok(Dataset {
+        format,
+        prompts,
+        good: count,
+        skipped,
+        first_skipped,
+    })
+}
+
+/// One line: its prompt in the file's format (detected from the first good line when not
+/// given).
+fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Line, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON ({e})"))?;
+    let Value::Object(m) = v else {
+        return Err("not a JSON object".into());
+    };
+    let f = match *format {
+        Some(f) => f,
+        None => {
+            let f = Format::detect(&m).ok_or(
+                "no messages, prompt, conversations or request: not a chat, completion, ShareGPT or raw request line",
+            )?;
+            *format = Some(f);
+            f
+        }
+    };
+    let field = m.get(f.key()).ok_or_else(|| {
+        let other = Format::detect(&m).map_or(String::new(), |o| {
+            format!(" (it looks like a {} line)", o.as_str())
+        });
+        format!(
+            "has no {}: the file is read as {}{other}; give --format if the first line misled detection",
+            f.key(),
+            f.as_str()
+        )
+    })?;
+    let prompt = match f {
+        Format::Chat => match field {
+            Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_object) => field.clone(),
+            _ => return Err("messages must be a non-empty list of message objects".into()),
+        },
+        Format::Completion => match field {
+            Value::String(s) if !s.is_empty() => field.clone(),
+            _ => return Err("prompt must be a non-empty string".into()),
+        },
+        Format::ShareGpt => json!([{"role": "user", "content": first_human_turn(field)?}]),
+        Format::Request => match field {
+            Value::Object(_) => field.clone(),
+            _ => return Err("request must be a JSON object (the body to send)".into()),
+        },
+    };
+    let max_tokens = match &opts.output_len_from {
+        None => None,
+        Some(key) => match m.get(key) {
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => n.as_u64(),
+            Some(other) => {
+                return Err(format!(
+                    "{key} (--output-len-from) must be a positive integer, found {other}"
+                ));
+            }
+            None => return Err(format!("has no {key} (--output-len-from)")),
+        },
+    };
+    Ok(Line { prompt, max_tokens })
+}
+
+/// ShareGPT: the first turn `from` a human (`human` or `user`).
+fn first_human_turn(conversations: &Value) -> Result<String, String> {
+    let turns = conversations
+        .as_array()
+        .ok_or("conversations must be a list of {from, value} turns")?;
+    turns
+        .iter()
+        .find(|t| {
+            t.pointer("/from")
+                .and_then(Value::as_str)
+                .is_some_and(|f| f == "human" || f == "user")
+        })
+        .and_then(|t| t.pointer("/value").and_then(Value::as_str))
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| "conversations has no human turn with a non-empty value".into())
+}

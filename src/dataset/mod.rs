@@ -1,0 +1,223 @@
+//! `matrix-proxy plan ...`: prompts at scale into a capture plan (no oracle: replay it to
+//! record the server's answers, then `freeze` the run). Prompts come from a JSONL dataset
+//! (`jsonl.rs`: OpenAI chat, completion prompts, ShareGPT, raw request bodies; a seeded
+//! sample) or are made to an exact token count under a model's own tokenizer
+//! (`synthetic.rs`, from the corpus embedded in the binary). Nothing is sent: the plan is
+//! laid out as `freeze` lays one out and validated before it is written.
+
+pub(crate) mod jsonl;
+pub(crate) mod synthetic;
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use serde_json::{Map, Value, json};
+
+use crate::config::plan::Plan;
+use crate::freeze::{Budget, Head, head_map};
+use crate::model::Endpoint;
+
+/// The API a prompt is sent to, and the path it takes when `--endpoint` names only an
+/// origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    Chat,
+    Completions,
+    /// Raw request bodies: the endpoint says where.
+    Raw,
+}
+
+impl Api {
+    fn default_path(self) -> Option<&'static str> {
+        match self {
+            Api::Chat => Some("/v1/chat/completions"),
+            Api::Completions => Some("/v1/completions"),
+            Api::Raw => None,
+        }
+    }
+
+    fn case_name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Raw => "requests",
+        }
+    }
+}
+
+/// What every request of a generated plan asks for besides its prompt.
+#[derive(Debug, Clone)]
+pub(crate) struct Ask {
+    pub(crate) model: Option<String>,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) stream: bool,
+    pub(crate) temperature: Option<f64>,
+    /// `ignore_eos: true` (vLLM, SGLang).
+    pub(crate) ignore_eos: bool,
+    /// `min_tokens` = the output tokens asked for (vLLM, SGLang).
+    pub(crate) min_tokens: bool,
+}
+
+impl Ask {
+    /// The request body for one prompt (`messages` for chat, `prompt` for completions).
+    /// `max_tokens` is the prompt's own when it has one.
+    pub(crate) fn body(&self, api: Api, prompt: Value, max_tokens: Option<u64>) -> Value {
+        let mut m = Map::new();
+        if let Some(model) = &self.model {
+            m.insert("model".into(), json!(model));
+        }
+        match api {
+            Api::Chat => m.insert("messages".into(), prompt),
+            Api::Completions | Api::Raw => m.insert("prompt".into(), prompt),
+        };
+        let max = max_tokens.or(self.max_tokens);
+        if let Some(n) = max {
+            m.insert("max_tokens".into(), json!(n));
+            if self.min_tokens {
+                m.insert("min_tokens".into(), json!(n));
+            }
+        }
+        if self.ignore_eos {
+            m.insert("ignore_eos".into(), json!(true));
+        }
+        if let Some(t) = self.temperature {
+            m.insert("temperature".into(), json!(t));
+        }
+        if self.stream {
+            m.insert("stream".into(), json!(true));
+            // The stream's last event carries usage: prompt tokens to compare with the
+            // plan's, output tokens from the server's own count.
+            m.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        Value::Object(m)
+    }
+}
+
+/// One request of the plan.
+#[derive(Debug, Clone)]
+pub(crate) struct Prompt {
+    /// The variant's name (`line-17`, `prompt-3`).
+    pub(crate) name: String,
+    pub(crate) body: Value,
+    /// Its input tokens under the tokenizer that made or counted it.
+    pub(crate) prompt_tokens: Option<u64>,
+}
+
+/// A capture plan of one case holding every prompt as a variant. The endpoint's path
+/// is the API's default when `--endpoint` names only an origin.
+pub(crate) fn capture_plan(
+    mut head: Head,
+    budget: &Budget,
+    endpoint: &Endpoint,
+    api: Api,
+    prompts: &[Prompt],
+) -> Result<Vec<u8>, String> {
+    let origin_only = endpoint.path_and_query == "/";
+    let url = match (origin_only, api.default_path()) {
+        (true, Some(p)) => endpoint.with_path(p).url(),
+        (true, None) => {
+            return Err(
+                "raw request bodies go where --endpoint says: give it with its path (http://host:8000/v1/chat/completions)"
+                    .into(),
+            );
+        }
+        (false, _) => endpoint.url(),
+    };
+    head.endpoint = url;
+    let mut plan = head_map(&head, budget);
+    let variants: Vec<Value> = prompts
+        .iter()
+        .map(|p| {
+            let mut v = Map::new();
+            v.insert("name".into(), json!(p.name));
+            v.insert("request".into(), p.body.clone());
+            if let Some(n) = p.prompt_tokens {
+                v.insert("prompt_tokens".into(), json!(n));
+            }
+            Value::Object(v)
+        })
+        .collect();
+    plan.insert(
+        "cases".into(),
+        json!([{"name": api.case_name(), "variants": variants}]),
+    );
+    let mut bytes = serde_json::to_vec_pretty(&Value::Object(plan))
+        .map_err(|e| format!("cannot write the plan: {e}"))?;
+    bytes.push(b'\n');
+    Plan::from_json_bytes(&bytes)
+        .map_err(|e| format!("the plan does not validate, so it is not written: {e}"))?;
+    Ok(bytes)
+}
+
+/// A seeded random stream, the same on every platform (ChaCha8, as arrivals use).
+pub(crate) struct Seeded(ChaCha8Rng);
+
+impl Seeded {
+    pub(crate) fn new(seed: u64) -> Seeded {
+        Seeded(ChaCha8Rng::seed_from_u64(seed))
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Uniform in `0..n` (`n > 0`), without modulo bias.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        let zone = u64::MAX - u64::MAX % n;
+        loop {
+            let x = self.0.next_u64();
+            if x < zone {
+                return x % n;
+            }
+        }
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.0.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Normal with `mean` and `stddev` (Box-Muller).
+    pub(crate) fn normal(&mut self, mean: f64, stddev: f64) -> f64 {
+        let u1 = 1.0 - self.unit();
+        let u2 = self.unit();
+        mean + stddev * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    /// `k` distinct indices of `0..n`, in ascending order (a partial Fisher-Yates over a
+    /// sparse map, so memory is O(k)).
+    pub(crate) fn sample(&mut self, n: u64, k: u64) -> Vec<u64> {
+        let k = k.min(n);
+        let mut swapped: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        let mut out = Vec::with_capacity(k as usize);
+        for i in 0..k {
+            let j = i + self.below(n - i);
+            let at_j = *swapped.get(&j).unwrap_or(&j);
+            let at_i = *swapped.get(&i).unwrap_or(&i);
+            swapped.insert(j, at_i);
+            out.push(at_j);
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seeded_sample_is_fixed_distinct_and_in_range() {
+        let a = Seeded::new(7).sample(1000, 10);
+        assert_eq!(a, Seeded::new(7).sample(1000, 10));
+        assert_ne!(a, Seeded::new(8).sample(1000, 10));
+        assert_eq!(a.len(), 10);
+        assert!(a.windows(2).all(|w| w[0] < w[1]) && a[9] < 1000);
+        // The stream is ChaCha8's: pinned, so a platform or version change shows.
+        assert_eq!(a, [109, 168, 402, 427, 527, 537, 539, 635, 725, 860]);
+        assert_eq!(Seeded::new(1).sample(5, 9), [0, 1, 2, 3, 4]);
+        let mut r = Seeded::new(3);
+        let xs: Vec<f64> = (0..4000).map(|_| r.normal(100.0, 10.0)).collect();
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        assert!((mean - 100.0).abs() < 1.0, "{mean}");
+    }
+}

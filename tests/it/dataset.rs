@@ -1,0 +1,586 @@
+//! Workloads at scale: `plan from-jsonl` (four formats, bad lines, a seeded sample) and
+//! `plan synthetic` (exact token counts under a tokenizer.json built here, no download;
+//! shared prefixes; cache busting), each a capture plan that validates, and a dataset
+//! carried through capture -> freeze -> replay against the mock.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// A byte-level BPE tokenizer.json (GPT-2's byte alphabet, a few merges, a `<s>` BOS
+/// added by its post-processor), written to `dir`.
+fn test_tokenizer(dir: &Path) -> PathBuf {
+    // GPT-2's bytes-to-unicode: printable bytes stand for themselves, the others are
+    // shifted past 255.
+    let mut vocab = serde_json::Map::new();
+    let mut shifted = 0u32;
+    let mut char_of = Vec::new();
+    for b in 0u32..256 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap()
+        };
+        char_of.push(c);
+    }
+    for (id, c) in char_of.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(id));
+    }
+    let space = char_of[b' ' as usize];
+    let merges: Vec<(String, String)> = [
+        (format!("{space}"), "t"),
+        ("h".into(), "e"),
+        (format!("{space}t"), "he"),
+        ("i".into(), "n"),
+        (format!("{space}"), "a"),
+        ("e".into(), "r"),
+        ("o".into(), "n"),
+        (format!("{space}"), "s"),
+        ("r".into(), "e"),
+        ("a".into(), "n"),
+        ("in".into(), "g"),
+        (format!("{space}"), "w"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a, b.to_string()))
+    .collect();
+    for (a, b) in &merges {
+        let id = vocab.len();
+        vocab.insert(format!("{a}{b}"), json!(id));
+    }
+    let bos = vocab.len();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": bos, "content": "<s>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [bos], "tokens": ["<s>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab,
+                  "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    path
+}
+
+/// Token ids of `text` under the tokenizer at `path`, special tokens included (as the
+/// plan counts them).
+fn ids(tk: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
+    tk.encode(text, true).unwrap().get_ids().to_vec()
+}
+
+/// `matrix-proxy plan ARGS` to stdout: the plan, parsed; stderr.
+fn plan(args: &[&str]) -> (Value, String) {
+    let mut all = vec!["plan"];
+    all.extend(args);
+    let (code, stdout, err) = run(&all);
+    assert_eq!(code, Some(0), "{err}");
+    (serde_json::from_str(&stdout).unwrap(), err)
+}
+
+fn variants(p: &Value) -> Vec<Value> {
+    p["cases"][0]["variants"].as_array().unwrap().clone()
+}
+
+#[test]
+fn synthetic_prompts_count_exactly_under_the_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = test_tokenizer(tmp.path());
+    let tk = tokenizers::Tokenizer::from_file(&path).unwrap();
+    let base = [
+        "synthetic",
+        "--tokenizer",
+        s(&path),
+        "--output-tokens",
+        "8",
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        plan(&a)
+    };
+
+    let (p, err) = with(&[
+        "--input-tokens",
+        "64",
+        "--count",
+        "20",
+        "--ignore-eos",
+        "--min-tokens",
+    ]);
+    assert!(err.contains("20 prompts of 64 input tokens"), "{err}");
+    assert_eq!(p["endpoint"], json!("http://127.0.0.1:9/v1/completions"));
+    let vs = variants(&p);
+    assert_eq!(vs.len(), 20);
+    let mut texts = HashSet::new();
+    for v in &vs {
+        let text = v["request"]["prompt"].as_str().unwrap();
+        assert_eq!(ids(&tk, text).len(), 64, "{text:?}");
+        assert_eq!(v["prompt_tokens"], json!(64));
+        assert_eq!(v["request"]["max_tokens"], json!(8));
+        assert_eq!(v["request"]["min_tokens"], json!(8));
+        assert_eq!(v["request"]["ignore_eos"], json!(true));
+        assert_eq!(v["request"]["temperature"], json!(0.0));
+        texts.insert(text.to_string());
+    }
+    assert!(texts.len() > 15, "seeded offsets give different prompts");
+    // The same seed gives the same plan; another seed another.
+    assert_eq!(
+        with(&[
+            "--input-tokens",
+            "64",
+            "--count",
+            "20",
+            "--ignore-eos",
+            "--min-tokens"
+        ])
+        .0,
+        p
+    );
+    let other = with(&["--input-tokens", "64", "--count", "20", "--seed", "9"]).0;
+    assert_ne!(
+        variants(&other)[0]["request"]["prompt"],
+        vs[0]["request"]["prompt"]
+    );
+
+    // A spread of lengths: each prompt's recorded count is its exact count.
+    let (p, _) = with(&[
+        "--input-tokens",
+        "80",
+        "--input-stddev",
+        "20",
+        "--count",
+        "30",
+    ]);
+    let lens: HashSet<u64> = variants(&p)
+        .iter()
+        .map(|v| {
+            let n = ids(&tk, v["request"]["prompt"].as_str().unwrap()).len() as u64;
+            assert_eq!(v["prompt_tokens"], json!(n));
+            n
+        })
+        .collect();
+    assert!(lens.len() > 5, "{lens:?}");
+
+    // Cache busting: every prompt starts with its own tag.
+    let (p, _) = with(&["--input-tokens", "48", "--count", "50", "--cache-bust"]);
+    let tags: HashSet<String> = variants(&p)
+        .iter()
+        .map(|v| {
+            let text = v["request"]["prompt"].as_str().unwrap();
+            assert_eq!(ids(&tk, text).len(), 48);
+            text.split(']').next().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(tags.len(), 50, "{tags:?}");
+
+    // Shared prefixes: the prompts of a group share exactly their first P tokens.
+    let (p, _) = with(&[
+        "--input-tokens",
+        "96",
+        "--count",
+        "9",
+        "--shared-prefix-tokens",
+        "32",
+        "--prefix-groups",
+        "3",
+        "--api",
+        "chat",
+        "--stream",
+    ]);
+    assert_eq!(
+        p["endpoint"],
+        json!("http://127.0.0.1:9/v1/chat/completions")
+    );
+    let all: Vec<Vec<u32>> = variants(&p)
+        .iter()
+        .map(|v| {
+            assert_eq!(v["request"]["stream"], json!(true));
+            let text = v["request"]["messages"][0]["content"].as_str().unwrap();
+            let t = ids(&tk, text);
+            assert_eq!(t.len(), 96);
+            t
+        })
+        .collect();
+    for (i, a) in all.iter().enumerate() {
+        for (j, b) in all.iter().enumerate().skip(i + 1) {
+            if i % 3 == j % 3 {
+                assert_eq!(a[..32], b[..32], "prompts {i} and {j} share a prefix");
+            } else {
+                assert_ne!(
+                    a[..32],
+                    b[..32],
+                    "prompts {i} and {j} are in different groups"
+                );
+            }
+        }
+    }
+
+    // Refusals say why.
+    let (code, _, err) = run(&[
+        "plan",
+        "synthetic",
+        "--tokenizer",
+        "no/such/tokenizer.json",
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "1",
+        "--count",
+        "1",
+        "--endpoint",
+        "http://h:1",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("no/such/tokenizer.json: cannot read the tokenizer"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "plan",
+        "synthetic",
+        "--tokenizer",
+        s(&path),
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "1",
+        "--count",
+        "1",
+        "--endpoint",
+        "http://h:1",
+        "--shared-prefix-tokens",
+        "8",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--shared-prefix-tokens 8 must be below --input-tokens 8"),
+        "{err}"
+    );
+}
+
+fn write_lines(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let chat = write_lines(d, "chat.jsonl", &[
+        json!({"messages": [{"role": "user", "content": "hi"}], "out": 3}).to_string(),
+        json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why"}], "out": 5}).to_string(),
+    ]);
+    let (p, err) = plan(&[
+        "from-jsonl",
+        s(&chat),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--output-len-from",
+        "out",
+        "--stream",
+    ]);
+    assert!(
+        err.contains("2 prompts (chat format, detected) of 2 good lines"),
+        "{err}"
+    );
+    assert_eq!(
+        p["endpoint"],
+        json!("http://127.0.0.1:9/v1/chat/completions")
+    );
+    let vs = variants(&p);
+    assert_eq!(vs[1]["name"], json!("line-2"));
+    assert_eq!(
+        vs[1]["request"],
+        json!({"model": "m", "messages": [{"role": "system", "content": "be brief"},
+        {"role": "user", "content": "why"}], "max_tokens": 5, "temperature": 0.0, "stream": true,
+        "stream_options": {"include_usage": true}})
+    );
+    assert_eq!(
+        p["requests_per_case"],
+        json!(2),
+        "one pass over the prompts per round"
+    );
+    let mut written = vec![p.clone()];
+
+    let completion = write_lines(
+        d,
+        "prompts.jsonl",
+        &[json!({"prompt": "once upon"}).to_string()],
+    );
+    let (p, _) = plan(&[
+        "from-jsonl",
+        s(&completion),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--max-tokens",
+        "4",
+    ]);
+    assert_eq!(p["endpoint"], json!("http://127.0.0.1:9/v1/completions"));
+    assert_eq!(
+        variants(&p)[0]["request"],
+        json!({"model": "m", "prompt": "once upon", "max_tokens": 4, "temperature": 0.0})
+    );
+    written.push(p.clone());
+
+    let sharegpt = write_lines(
+        d,
+        "sharegpt.jsonl",
+        &[json!({"id": "x", "conversations": [
+        {"from": "system", "value": "sys"}, {"from": "human", "value": "first question"},
+        {"from": "gpt", "value": "an answer"}, {"from": "human", "value": "second"}]})
+        .to_string()],
+    );
+    let (p, err) = plan(&[
+        "from-jsonl",
+        s(&sharegpt),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+    ]);
+    assert!(err.contains("(sharegpt format, detected)"), "{err}");
+    assert_eq!(
+        variants(&p)[0]["request"]["messages"],
+        json!([{"role": "user", "content": "first question"}])
+    );
+    written.push(p.clone());
+
+    let raw = write_lines(
+        d,
+        "raw.jsonl",
+        &[json!({"request": {"model": "r", "input": "embed me"}}).to_string()],
+    );
+    let (code, _, err) = run(&[
+        "plan",
+        "from-jsonl",
+        s(&raw),
+        "--endpoint",
+        "http://127.0.0.1:9",
+    ]);
+    assert_eq!(code, Some(2), "raw bodies need the endpoint's path");
+    assert!(err.contains("give it with its path"), "{err}");
+    let (p, _) = plan(&[
+        "from-jsonl",
+        s(&raw),
+        "--endpoint",
+        "http://127.0.0.1:9/v1/embeddings",
+    ]);
+    assert_eq!(
+        variants(&p)[0]["request"],
+        json!({"model": "r", "input": "embed me"})
+    );
+    assert_eq!(p["endpoint"], json!("http://127.0.0.1:9/v1/embeddings"));
+
+    // Every plan above validates as written.
+    for (i, plan) in written.iter().chain([&p]).enumerate() {
+        let path = write_plan(d, &format!("p{i}.json"), plan);
+        let (code, _, err) = run(&["validate", s(&path)]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(err.contains("capture plan"), "{err}");
+    }
+
+    // A bad line is refused with its number and reason; --skip-bad counts it.
+    let bad = write_lines(
+        d,
+        "bad.jsonl",
+        &[
+            json!({"prompt": "a"}).to_string(),
+            "{not json".into(),
+            json!({"messages": [{"role": "user", "content": "x"}]}).to_string(),
+            json!({"prompt": ""}).to_string(),
+            json!({"prompt": "b"}).to_string(),
+        ],
+    );
+    let (code, _, err) = run(&[
+        "plan",
+        "from-jsonl",
+        s(&bad),
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("bad.jsonl:2: not valid JSON"), "{err}");
+    let (p, err) = plan(&[
+        "from-jsonl",
+        s(&bad),
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+        "--skip-bad",
+    ]);
+    assert!(err.contains("skipped 3 bad line(s)"), "{err}");
+    assert!(
+        err.contains(
+            "line 3: has no prompt: the file is read as completion (it looks like a chat line)"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 4: prompt must be a non-empty string"),
+        "{err}"
+    );
+    let names: Vec<Value> = variants(&p).iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, [json!("line-1"), json!("line-5")]);
+}
+
+#[test]
+fn a_seeded_sample_is_the_same_every_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = (0..500)
+        .map(|i| json!({"prompt": format!("p{i}")}).to_string())
+        .collect();
+    let file = write_lines(tmp.path(), "many.jsonl", &lines);
+    let sample = |seed: &str| {
+        let (p, _) = plan(&[
+            "from-jsonl",
+            s(&file),
+            "--endpoint",
+            "http://h:1",
+            "--model",
+            "m",
+            "--limit",
+            "10",
+            "--seed",
+            seed,
+        ]);
+        variants(&p)
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let a = sample("7");
+    assert_eq!(a.len(), 10);
+    assert_eq!(a, sample("7"));
+    assert_ne!(a, sample("8"));
+    // Pinned: ChaCha8 gives these lines on every platform.
+    assert_eq!(
+        a,
+        [
+            "line-51", "line-136", "line-218", "line-228", "line-254", "line-429", "line-435",
+            "line-449", "line-464", "line-481"
+        ]
+    );
+    let (p, _) = plan(&[
+        "from-jsonl",
+        s(&file),
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+        "--limit",
+        "3",
+    ]);
+    let first: Vec<Value> = variants(&p).iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(first, [json!("line-1"), json!("line-2"), json!("line-3")]);
+}
+
+#[test]
+fn a_dataset_is_captured_frozen_and_replayed_green() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = test_tokenizer(tmp.path());
+    let lines: Vec<String> = ["the river", "a small workshop", "weather on the mountain"]
+        .iter()
+        .map(|p| json!({"prompt": p}).to_string())
+        .collect();
+    let file = write_lines(tmp.path(), "d.jsonl", &lines);
+    let capture = tmp.path().join("capture.json");
+    let (code, _, err) = run(&[
+        "plan",
+        "from-jsonl",
+        s(&file),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "mock",
+        "--max-tokens",
+        "5",
+        "--tokenizer",
+        s(&path),
+        "--out",
+        s(&capture),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("the plan sends"), "{err}");
+    let counted = read_json(&capture);
+    let tk = tokenizers::Tokenizer::from_file(&path).unwrap();
+    assert_eq!(
+        variants(&counted)[0]["prompt_tokens"],
+        json!(ids(&tk, "the river").len())
+    );
+    let run_dir = tmp.path().join("run");
+    let (code, _, err) = run(&[
+        "replay",
+        "-q",
+        s(&capture),
+        "--mock-worker",
+        "--out",
+        s(&run_dir),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    // The plan's counts (this tokenizer's) against the mock's usage (its own count):
+    // every answered request compared, the same again when summarize rebuilds.
+    let summary = read_json(&run_dir.join("summary.json"));
+    let m = summary["prompt_tokens_mismatch"].clone();
+    let rows = summary["rows_written"].as_u64().unwrap();
+    assert_eq!(
+        m["compared"],
+        json!(rows - 1),
+        "every row but the health check: {m}"
+    );
+    assert_eq!(m["differing"], m["compared"], "{m}");
+    assert!(m["max_abs_diff"].as_u64().unwrap() > 0, "{m}");
+    let (code, _) = summarize(&run_dir);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        read_json(&run_dir.join("summary.json"))["prompt_tokens_mismatch"],
+        m
+    );
+    let planned = Rows::read(&run_dir).i64s("prompt_tokens_planned");
+    assert_eq!(
+        planned.iter().filter(|p| p.is_some()).count() as u64,
+        rows - 1
+    );
+    let frozen = tmp.path().join("frozen.json");
+    let (code, _, err) = run(&["freeze", s(&run_dir), "--out", s(&frozen)]);
+    assert_eq!(code, Some(0), "{err}");
+    let again = tmp.path().join("again");
+    let (code, _, err) = run(&[
+        "replay",
+        "-q",
+        s(&frozen),
+        "--mock-worker",
+        "--out",
+        s(&again),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let summary = read_json(&again.join("summary.json"));
+    assert_eq!(summary["cases"][0]["judged"], json!("oracle"));
+}
