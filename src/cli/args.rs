@@ -584,7 +584,10 @@ pub struct MockLatencyArgs {
 impl MockLatencyArgs {
     /// The mock's configuration: its defaults, with what these flags set, checked.
     pub(crate) fn config(&self) -> Result<MockConfig, CliError> {
-        let mut c = MockConfig::default();
+        let mut c = MockConfig {
+            log_requests: false,
+            ..MockConfig::default()
+        };
         if let Some(v) = self.prefill_ms {
             c.prefill_ms = flags::milliseconds("--mock-prefill-ms", v).map_err(usage)?;
         }
@@ -636,6 +639,7 @@ impl MockArgs {
             default_max_tokens: self.max_tokens,
             stall_ms: self.stall_ms,
             text_seed: self.text_seed,
+            log_requests: false,
         })
     }
 }

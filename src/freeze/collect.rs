@@ -91,6 +91,8 @@ pub(crate) struct Variant {
     pub(crate) differed: u64,
     /// Where the first such repeat differed.
     pub(crate) first_difference: Option<String>,
+    /// The source plan's `prompt_tokens` for this request, carried into the frozen plan.
+    pub(crate) prompt_tokens: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -141,7 +143,7 @@ impl Collected {
         match self.key_and_answer(&row) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
-                self.add(key, body, answer);
+                self.add(key, body, answer, row.prompt_tokens_planned);
             }
             Err(reason) => self.skip(reason),
         }
@@ -247,7 +249,7 @@ impl Collected {
         kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
     }
 
-    fn add(&mut self, key: CaseKey, body: Body, answer: Answer) {
+    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, prompt_tokens: Option<i64>) {
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
             None => {
@@ -274,6 +276,7 @@ impl Collected {
                     volatile: BTreeSet::new(),
                     differed: 0,
                     first_difference: None,
+                    prompt_tokens,
                 });
                 self.index.insert((case, identity), variants.len() - 1);
             }
@@ -451,6 +454,7 @@ mod tests {
             response_body: answer.as_bytes().to_vec(),
             response_body_truncated: false,
             is_stream: false,
+            prompt_tokens_planned: None,
         }
     }
 

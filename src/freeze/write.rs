@@ -259,6 +259,9 @@ fn request_and_oracle(
         Answer::Events(e) => m.insert("expected_events".into(), json!(e)),
         Answer::Text(t) => m.insert("expected_response_text".into(), json!(t)),
     };
+    if let Some(n) = v.prompt_tokens {
+        m.insert("prompt_tokens".into(), json!(n));
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +279,7 @@ mod tests {
             volatile: volatile.iter().map(|s| s.to_string()).collect(),
             differed: 0,
             first_difference: None,
+            prompt_tokens: None,
         }
     }
 

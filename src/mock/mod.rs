@@ -52,6 +52,11 @@ pub struct MockConfig {
     pub stall_ms: u64,
     /// Another deterministic text for the same prompts (0: the default text).
     pub text_seed: u64,
+    /// Keep every request seen and every stream's event stamps, for tests to read
+    /// ([`MockWorker::seen`], [`MockWorker::event_log`]). Off in the `mock-worker` command
+    /// and under `replay --mock-worker`, where nobody reads them and a long run would
+    /// only grow.
+    pub log_requests: bool,
 }
 
 impl Default for MockConfig {
@@ -63,6 +68,7 @@ impl Default for MockConfig {
             default_max_tokens: 16,
             stall_ms: 60_000,
             text_seed: 0,
+            log_requests: true,
         }
     }
 }
@@ -238,7 +244,9 @@ impl MockStream {
             }
             match self.steps.pop_front() {
                 Some(Step::Now(b)) | Some(Step::After(_, b)) => {
-                    if let Ok(mut log) = self.state.event_log.lock() {
+                    if self.state.config.log_requests
+                        && let Ok(mut log) = self.state.event_log.lock()
+                    {
                         log.entry(self.id.clone())
                             .or_default()
                             .push(clock::now_ns());
@@ -413,7 +421,9 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
         }
     };
     let path = parts.uri.path().to_string();
-    if let Ok(mut seen) = st.seen.lock() {
+    if st.config.log_requests
+        && let Ok(mut seen) = st.seen.lock()
+    {
         seen.push(SeenRequest {
             method: parts.method.to_string(),
             path: parts

@@ -328,6 +328,9 @@ pub(crate) struct ExchangeRow {
     pub(crate) response_body: Vec<u8>,
     pub(crate) response_body_truncated: bool,
     pub(crate) is_stream: bool,
+    /// The replayed plan's `prompt_tokens` for this request (`None` in serve, and in
+    /// runs recorded before the column).
+    pub(crate) prompt_tokens_planned: Option<i64>,
 }
 
 /// Hand every row of the closed parts to `visit` with its request and response, in file
@@ -337,7 +340,8 @@ pub(crate) fn for_each_exchange(
     mut visit: impl FnMut(ExchangeRow),
 ) -> Result<(), String> {
     use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array};
-    const WANT: [&str; 13] = [
+    const WANT: [&str; 14] = [
+        "prompt_tokens_planned",
         "phase",
         "arm",
         "outcome",
@@ -369,8 +373,10 @@ pub(crate) fn for_each_exchange(
             let resp_b = column::<BinaryArray>(&b, "response_body", &part)?;
             let resp_t = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
             let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
+            let planned = optional_column::<arrow_array::Int64Array>(&b, "prompt_tokens_planned");
             for i in 0..b.num_rows() {
                 visit(ExchangeRow {
+                    prompt_tokens_planned: planned.filter(|p| p.is_valid(i)).map(|p| p.value(i)),
                     phase: phase.value(i).to_string(),
                     arm: arm
                         .filter(|a| a.is_valid(i))

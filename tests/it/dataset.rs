@@ -583,4 +583,20 @@ fn a_dataset_is_captured_frozen_and_replayed_green() {
     assert_eq!(code, Some(0), "{err}");
     let summary = read_json(&again.join("summary.json"));
     assert_eq!(summary["cases"][0]["judged"], json!("oracle"));
+    // The counts carried through freeze: the frozen plan compares them too.
+    let p = read_json(&frozen);
+    let carried: Vec<Value> = p["cases"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["prompt_tokens"].clone())
+        .collect();
+    let counted: Vec<Value> = variants(&counted)
+        .iter()
+        .map(|v| v["prompt_tokens"].clone())
+        .collect();
+    assert_eq!(carried, counted);
+    let again_m = &summary["prompt_tokens_mismatch"];
+    assert_eq!(again_m["differing"], again_m["compared"], "{again_m}");
+    assert_eq!(again_m["max_abs_diff"], m["max_abs_diff"], "{again_m}");
 }
