@@ -10,7 +10,6 @@ use super::args::{
 use super::freeze::{budget, check_out, emit, read_metadata};
 use super::io::{CliError, Exit, usage};
 use crate::config::flags;
-use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic};
 use crate::freeze::{Head, fill_metadata};
@@ -23,7 +22,7 @@ pub fn plan_cmd(cmd: &PlanCommand) -> Result<Exit, CliError> {
 }
 
 fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
-    check_out(a.out.out.as_deref())?;
+    let endpoint = check_flags(&a.out)?;
     if a.limit == Some(0) {
         return Err(usage("--limit must be at least 1"));
     }
@@ -67,7 +66,9 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         lines.push("raw request bodies are sent as they are: --model, --max-tokens, --stream and --temperature do not apply".into());
     }
     if let Some(c) = &counter {
-        if read.format.api() == Api::Completions {
+        if read.format == jsonl::Format::Request {
+            lines.push("--tokenizer: raw request bodies are sent as they are, so their prompts are not counted".into());
+        } else if read.format.api() == Api::Completions {
             for p in &mut read.prompts {
                 let text = p.body.pointer("/prompt").and_then(|v| v.as_str());
                 p.prompt_tokens = match text {
@@ -89,14 +90,40 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
             _ => String::new(),
         }
     );
-    write(&a.out, read.format.api(), &read.prompts, description, lines)
+    write(
+        &a.out,
+        &endpoint,
+        read.format.api(),
+        &read.prompts,
+        (description, lines),
+    )
 }
 
 fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
-    check_out(a.out.out.as_deref())?;
+    let endpoint = check_flags(&a.out)?;
     if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
         return Err(usage(
             "--count, --input-tokens and --output-tokens must be at least 1",
+        ));
+    }
+    if a.count > synthetic::MAX_COUNT
+        || a.input_tokens > synthetic::MAX_TOKENS
+        || a.output_tokens > synthetic::MAX_TOKENS
+    {
+        return Err(usage(format!(
+            "--count is at most {} and --input-tokens and --output-tokens at most {} (a plan holds every prompt)",
+            synthetic::MAX_COUNT,
+            synthetic::MAX_TOKENS
+        )));
+    }
+    if a.out.max_tokens.is_some() {
+        return Err(usage(
+            "--max-tokens: plan synthetic asks every request for --output-tokens",
+        ));
+    }
+    if a.prefix_groups != 1 && a.shared_prefix_tokens == 0 {
+        return Err(usage(
+            "--prefix-groups goes with --shared-prefix-tokens P (the tokens each group shares)",
         ));
     }
     if !a.input_stddev.is_finite() || a.input_stddev < 0.0 {
@@ -112,6 +139,12 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         return Err(usage("--prefix-groups must be at least 1"));
     }
     let counter = synthetic::Counter::open(&a.tokenizer).map_err(usage)?;
+    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
+        return Err(usage(format!(
+            "--shared-prefix-tokens {}: this tokenizer starts every prompt with {} special token(s), so a shared prefix must be longer",
+            a.shared_prefix_tokens, counter.lead
+        )));
+    }
     let api = match a.api {
         PromptApi::Completions => Api::Completions,
         PromptApi::Chat => Api::Chat,
@@ -142,7 +175,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         a.output_tokens
     )];
     if api == Api::Chat {
-        lines.push("--api chat: the server's chat template adds tokens to each prompt, so its usage.prompt_tokens exceeds the plan's prompt_tokens by the template's length".into());
+        lines.push("--api chat: each message's text has the exact count; the server's chat template adds its own tokens, so the plan records no prompt_tokens".into());
     }
     let description = format!(
         "Capture plan written by matrix-proxy plan synthetic: {} prompts of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
@@ -166,7 +199,17 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
             ""
         }
     );
-    write(&a.out, api, &prompts, description, lines)
+    write(&a.out, &endpoint, api, &prompts, (description, lines))
+}
+
+/// What both commands check before reading or making anything: `--out`, `--endpoint`,
+/// `--temperature`.
+fn check_flags(o: &PlanOutArgs) -> Result<crate::model::Endpoint, CliError> {
+    check_out(o.out.as_deref())?;
+    if !o.temperature.is_finite() || o.temperature < 0.0 {
+        return Err(usage("--temperature must be a number >= 0"));
+    }
+    flags::endpoint("--endpoint", &o.endpoint).map_err(usage)
 }
 
 /// What every request asks besides its prompt.
@@ -184,18 +227,14 @@ fn ask(o: &PlanOutArgs, ignore_eos: bool, min_tokens: bool) -> Ask {
 /// The capture plan, checked, written or printed, with what it will send.
 fn write(
     o: &PlanOutArgs,
+    endpoint: &crate::model::Endpoint,
     api: Api,
     prompts: &[Prompt],
-    description: String,
-    mut lines: Vec<String>,
+    (description, mut lines): (String, Vec<String>),
 ) -> Result<Exit, CliError> {
     if prompts.is_empty() {
         return Err(usage("no prompt to write a plan of"));
     }
-    if !o.temperature.is_finite() || o.temperature < 0.0 {
-        return Err(usage("--temperature must be a number >= 0"));
-    }
-    let endpoint = flags::endpoint("--endpoint", &o.endpoint).map_err(usage)?;
     let budget = budget(
         &o.concurrency,
         o.requests_per_case.unwrap_or(prompts.len()),
@@ -215,8 +254,8 @@ fn write(
         bearer_token_env: None,
         metadata,
     };
-    let bytes = dataset::capture_plan(head, &budget, &endpoint, api, prompts).map_err(usage)?;
-    let plan = Plan::from_json_bytes(&bytes).map_err(|e| usage(e.to_string()))?;
+    let (bytes, plan) =
+        dataset::capture_plan(head, &budget, endpoint, api, prompts).map_err(usage)?;
     let n = prompts.len();
     lines.push(format!(
         "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",

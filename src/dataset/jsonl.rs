@@ -4,7 +4,8 @@
 //! as vLLM's benchmark takes it) and raw request bodies (`request`). A bad line is refused
 //! with its number and reason, or counted and skipped. With `--limit` and `--seed` the
 //! prompts are a seeded sample, the same on every platform; the file is read twice (the
-//! offsets of good lines, then the sampled lines), so memory holds the sample only.
+//! offsets of good lines, then the chosen lines), so memory holds the chosen prompts and
+//! 24 bytes per good line.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -185,15 +186,12 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
     let Value::Object(m) = v else {
         return Err("not a JSON object".into());
     };
+    // The file's format: given, or detected from the first line that turns out good.
     let f = match *format {
         Some(f) => f,
-        None => {
-            let f = Format::detect(&m).ok_or(
-                "no messages, prompt, conversations or request: not a chat, completion, ShareGPT or raw request line",
-            )?;
-            *format = Some(f);
-            f
-        }
+        None => Format::detect(&m).ok_or(
+            "no messages, prompt, conversations or request: not a chat, completion, ShareGPT or raw request line",
+        )?,
     };
     let field = m.get(f.key()).ok_or_else(|| {
         let other = Format::detect(&m).map_or(String::new(), |o| {
@@ -222,6 +220,12 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
     };
     let max_tokens = match &opts.output_len_from {
         None => None,
+        Some(_) if f == Format::Request => {
+            return Err(
+                "--output-len-from does not apply to raw request lines (they are sent as they are: put max_tokens in the request)"
+                    .into(),
+            );
+        }
         Some(key) => match m.get(key) {
             Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => n.as_u64(),
             Some(other) => {
@@ -232,6 +236,7 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
             None => return Err(format!("has no {key} (--output-len-from)")),
         },
     };
+    *format = Some(f);
     Ok(Line { prompt, max_tokens })
 }
 

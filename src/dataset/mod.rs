@@ -110,7 +110,7 @@ pub(crate) fn capture_plan(
     endpoint: &Endpoint,
     api: Api,
     prompts: &[Prompt],
-) -> Result<Vec<u8>, String> {
+) -> Result<(Vec<u8>, Plan), String> {
     let origin_only = endpoint.path_and_query == "/";
     let url = match (origin_only, api.default_path()) {
         (true, Some(p)) => endpoint.with_path(p).url(),
@@ -143,9 +143,9 @@ pub(crate) fn capture_plan(
     let mut bytes = serde_json::to_vec_pretty(&Value::Object(plan))
         .map_err(|e| format!("cannot write the plan: {e}"))?;
     bytes.push(b'\n');
-    Plan::from_json_bytes(&bytes)
+    let plan = Plan::from_json_bytes(&bytes)
         .map_err(|e| format!("the plan does not validate, so it is not written: {e}"))?;
-    Ok(bytes)
+    Ok((bytes, plan))
 }
 
 /// A seeded random stream, the same on every platform (ChaCha8, as arrivals use).

@@ -1,5 +1,6 @@
 //! Prompts of an exact token count under a model's own tokenizer (a local
-//! `tokenizer.json`), cut from the corpus embedded in the binary at seeded offsets. Each
+//! `tokenizer.json`), made of the embedded corpus's sentences in a seeded order (no two
+//! prompts alike). Each
 //! prompt is built, encoded, adjusted and checked (as AIPerf does), and refused after a
 //! bounded number of tries: a count is never approximate. Counts include the special
 //! tokens the tokenizer's post-processor adds (a BOS), as a server counts a completion
@@ -18,10 +19,13 @@ use super::{Api, Ask, Prompt, Seeded};
 /// The text prompts are cut from: plain ASCII prose written for this purpose.
 const CORPUS: &str = include_str!("corpus.txt");
 
-/// Start offsets tried for one prompt before giving up.
+/// Source texts tried for one prompt before giving up.
 const OFFSETS: usize = 32;
-/// Adjustments of one prompt's length at one offset.
+/// Adjustments of one prompt's length on one source text.
 const ADJUSTMENTS: usize = 8;
+/// The most prompts, and the most tokens in one prompt, a plan may ask for.
+pub(crate) const MAX_COUNT: u64 = 1_000_000;
+pub(crate) const MAX_TOKENS: u64 = 1 << 20;
 
 /// What `plan synthetic` was asked for.
 #[derive(Debug, Clone)]
@@ -37,14 +41,16 @@ pub(crate) struct Options {
     pub(crate) api: Api,
 }
 
-/// A tokenizer and the corpus under it.
+/// A tokenizer and the corpus's sentences.
 pub(crate) struct Counter {
     tk: Tokenizer,
-    corpus: Vec<u32>,
+    sentences: Vec<&'static str>,
+    /// Corpus tokens per sentence, on average (how many sentences a length needs).
+    per_sentence: f64,
     /// Special tokens the post-processor puts before the content (a BOS).
-    lead: usize,
+    pub(crate) lead: usize,
     /// Special tokens in an encoding of any text.
-    specials: usize,
+    pub(crate) specials: usize,
 }
 
 impl Counter {
@@ -57,13 +63,18 @@ impl Counter {
             .encode(CORPUS, false)
             .map_err(|e| format!("{name}: cannot encode the corpus: {e}"))?
             .get_ids()
-            .to_vec();
-        if corpus.len() < 64 {
+            .len();
+        if corpus < 64 {
             return Err(format!(
-                "{name}: the corpus encodes to {} tokens under this tokenizer; it is not a text tokenizer",
-                corpus.len()
+                "{name}: the corpus encodes to {corpus} tokens under this tokenizer; it is not a text tokenizer"
             ));
         }
+        let sentences: Vec<&'static str> = CORPUS
+            .split_inclusive(". ")
+            .flat_map(|s| s.split_inclusive('\n'))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
         let probe = tk
             .encode("probe", true)
             .map_err(|e| format!("{name}: {e}"))?;
@@ -71,8 +82,9 @@ impl Counter {
         Ok(Counter {
             lead: mask.iter().take_while(|m| **m == 1).count(),
             specials: mask.iter().filter(|m| **m == 1).count(),
+            per_sentence: corpus as f64 / sentences.len() as f64,
+            sentences,
             tk,
-            corpus,
         })
     }
 
@@ -90,34 +102,78 @@ impl Counter {
             .to_vec())
     }
 
-    /// `k` corpus tokens from `start` (wrapping), decoded.
-    fn slice(&self, start: usize, k: usize) -> Result<String, String> {
-        let ids: Vec<u32> = (0..k)
-            .map(|i| self.corpus[(start + i) % self.corpus.len()])
-            .collect();
-        self.tk.decode(&ids, true).map_err(|e| e.to_string())
+    /// At least `need` tokens of corpus text: seeded sentences in a seeded order, started
+    /// a seeded few tokens into the first, so prompts differ from their first token (the
+    /// corpus is small; the order of its sentences is not).
+    fn source(&self, need: usize, rng: &mut Seeded) -> Result<Vec<u32>, String> {
+        let skip = rng.below(8) as usize;
+        let want = need + skip + 16;
+        let mut text = String::new();
+        let mut have = 0.0;
+        loop {
+            while have < want as f64 {
+                let pick = self.sentences[rng.below(self.sentences.len() as u64) as usize];
+                text.push_str(pick);
+                text.push(' ');
+                have += self.per_sentence;
+            }
+            let ids = self
+                .tk
+                .encode(text.as_str(), false)
+                .map_err(|e| e.to_string())?
+                .get_ids()
+                .to_vec();
+            if ids.len() >= want {
+                return Ok(ids[skip..].to_vec());
+            }
+            have = ids.len() as f64;
+        }
     }
 
     /// `head` followed by corpus text such that the whole counts exactly `n` tokens;
-    /// `None` when no offset tried reaches it.
+    /// `None` when no source tried reaches it.
     fn exact(&self, head: &str, n: usize, rng: &mut Seeded) -> Result<Option<String>, String> {
         let base = self.count(head)?.max(self.specials);
         if n <= base {
-            return Ok((n == self.count(head)? && !head.is_empty()).then(|| head.to_string()));
+            return Ok(None);
         }
         for _ in 0..OFFSETS {
-            let start = rng.below(self.corpus.len() as u64) as usize;
+            let src = self.source(n - base + 16, rng)?;
             let mut k = n - base;
             for _ in 0..ADJUSTMENTS {
-                let text = format!("{head}{}", self.slice(start, k)?);
+                let piece = self
+                    .tk
+                    .decode(&src[..k.min(src.len())], true)
+                    .map_err(|e| e.to_string())?;
+                let text = format!("{head}{piece}");
                 let got = self.count(&text)?;
                 if got == n {
                     return Ok(Some(text));
                 }
                 k = (k + n).saturating_sub(got).max(1);
+                if k > src.len() {
+                    break;
+                }
             }
         }
         Ok(None)
+    }
+
+    /// A group's shared prefix: text whose encoding starts with exactly `p` tokens that
+    /// stay the same whatever follows it after a space (checked: a merge across the join
+    /// would change the group's last prefix token), and those tokens.
+    fn prefix(&self, p: usize, rng: &mut Seeded) -> Result<(String, Vec<u32>), String> {
+        for _ in 0..OFFSETS {
+            let Some(text) = self.exact("", p + self.specials - self.lead, rng)? else {
+                continue;
+            };
+            let own = self.ids(&text)?;
+            let followed = self.ids(&format!("{text} and then the rest"))?;
+            if own.len() >= p && followed.len() >= p && own[..p] == followed[..p] {
+                return Ok((format!("{text} "), own[..p].to_vec()));
+            }
+        }
+        Err(too_hard(p as u64, "a shared prefix"))
     }
 }
 
@@ -128,24 +184,19 @@ pub(crate) fn generate(
     ask: &Ask,
 ) -> Result<Vec<Prompt>, String> {
     let mut rng = Seeded::new(opts.seed);
-    let least = counter.specials as u64 + 1;
-    let p = opts.shared_prefix_tokens;
+    let p = opts.shared_prefix_tokens as usize;
     // Each group's prefix: exactly P tokens as the prompt starts (its leading special
-    // tokens included), cut where no merge with what follows can reach back into it.
+    // tokens included).
     let groups = if p > 0 { opts.prefix_groups.max(1) } else { 0 };
     let prefixes: Vec<(String, Vec<u32>)> = (0..groups)
-        .map(|_| {
-            let text = counter
-                .exact("", p as usize + counter.specials - counter.lead, &mut rng)?
-                .ok_or_else(|| too_hard(p, "a shared prefix"))?;
-            let ids = counter.ids(&text)?;
-            Ok((format!("{text}\n\n"), ids[..p as usize].to_vec()))
-        })
+        .map(|_| counter.prefix(p, &mut rng))
         .collect::<Result<_, String>>()?;
     let mut tags = HashSet::new();
-    let mut out = Vec::with_capacity(opts.count as usize);
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(opts.count.min(1 << 16) as usize);
     for i in 0..opts.count {
-        let head = if let Some((text, _)) = prefixes.get((i % groups.max(1)) as usize) {
+        let group = prefixes.get((i % groups.max(1)) as usize);
+        let head = if let Some((text, _)) = group {
             text.clone()
         } else if opts.cache_bust {
             loop {
@@ -157,28 +208,31 @@ pub(crate) fn generate(
         } else {
             String::new()
         };
-        // Above the head (a shared prefix, a tag), whatever the draw.
-        let above = counter.count(&head)? as u64 + 1;
+        // Above the head (a shared prefix, a tag, the special tokens), whatever the draw.
+        let above = counter.count(&head)?.max(counter.specials) as u64 + 1;
         let n = if opts.input_stddev > 0.0 {
             let x = rng
                 .normal(opts.input_tokens as f64, opts.input_stddev)
                 .round();
-            (x.max(1.0) as u64).max(above).max(least)
+            (x.max(1.0) as u64).clamp(above, MAX_TOKENS.max(above))
         } else if opts.input_tokens < above {
             return Err(format!(
-                "--input-tokens {} leaves no room after the prompt's head ({} tokens: {}); ask for more",
+                "--input-tokens {} leaves no room for text after {} tokens ({}); ask for more",
                 opts.input_tokens,
                 above - 1,
                 if p > 0 {
                     "the shared prefix"
+                } else if opts.cache_bust {
+                    "the cache-bust tag and the special tokens"
                 } else {
-                    "the cache-bust tag"
+                    "the tokenizer's special tokens"
                 }
             ));
         } else {
             opts.input_tokens
         };
-        let text = prompt_text(counter, &head, n as usize, &prefixes, i, groups, &mut rng)?;
+        let shared = group.map(|(_, ids)| &ids[..]);
+        let text = prompt_text(counter, (&head, shared), n as usize, i, &mut seen, &mut rng)?;
         let tokens = counter.count(&text)? as u64;
         out.push(Prompt {
             name: format!("prompt-{}", i + 1),
@@ -187,31 +241,33 @@ pub(crate) fn generate(
                 prompt_value(opts.api, text),
                 Some(opts.output_tokens),
             ),
-            prompt_tokens: Some(tokens),
+            // A chat template adds tokens the tokenizer alone cannot count.
+            prompt_tokens: (opts.api != Api::Chat).then_some(tokens),
         });
     }
     Ok(out)
 }
 
-/// One prompt of exactly `n` tokens starting with `head`; with shared prefixes its first
-/// P tokens are checked against its group's.
+/// One prompt of exactly `n` tokens starting with `head`, unlike every prompt `seen`
+/// before it; with a shared prefix its first P tokens are checked against its group's.
 fn prompt_text(
     counter: &Counter,
-    head: &str,
+    (head, shared): (&str, Option<&[u32]>),
     n: usize,
-    prefixes: &[(String, Vec<u32>)],
     i: u64,
-    groups: u64,
+    seen: &mut HashSet<String>,
     rng: &mut Seeded,
 ) -> Result<String, String> {
     for _ in 0..OFFSETS {
         let Some(text) = counter.exact(head, n, rng)? else {
             break;
         };
-        let Some((_, shared)) = prefixes.get((i % groups.max(1)) as usize) else {
-            return Ok(text);
-        };
-        if counter.ids(&text)?.starts_with(shared) {
+        if let Some(shared) = shared
+            && !counter.ids(&text)?.starts_with(shared)
+        {
+            continue;
+        }
+        if seen.insert(text.clone()) {
             return Ok(text);
         }
     }
@@ -220,7 +276,7 @@ fn prompt_text(
 
 fn too_hard(n: u64, what: &str) -> String {
     format!(
-        "cannot make {what} of exactly {n} tokens under this tokenizer after {OFFSETS} offsets of {ADJUSTMENTS} adjustments each (its merges keep changing the count); try another --seed or a nearby length"
+        "cannot make {what} of exactly {n} tokens under this tokenizer after {OFFSETS} source texts of {ADJUSTMENTS} adjustments each (its merges keep changing the count); try another --seed or a nearby length"
     )
 }
 

@@ -141,7 +141,7 @@ fn synthetic_prompts_count_exactly_under_the_tokenizer() {
         assert_eq!(v["request"]["temperature"], json!(0.0));
         texts.insert(text.to_string());
     }
-    assert!(texts.len() > 15, "seeded offsets give different prompts");
+    assert_eq!(texts.len(), 20, "no two prompts alike");
     // The same seed gives the same plan; another seed another.
     assert_eq!(
         with(&[
@@ -449,6 +449,42 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
     );
     let names: Vec<Value> = variants(&p).iter().map(|v| v["name"].clone()).collect();
     assert_eq!(names, [json!("line-1"), json!("line-5")]);
+
+    // The format is detected from the first good line, not from a bad one skipped.
+    let late = write_lines(
+        d,
+        "late.jsonl",
+        &[
+            json!({"messages": []}).to_string(),
+            json!({"prompt": "a"}).to_string(),
+        ],
+    );
+    let (p, err) = plan(&[
+        "from-jsonl",
+        s(&late),
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+        "--skip-bad",
+    ]);
+    assert!(err.contains("(completion format, detected)"), "{err}");
+    assert_eq!(variants(&p).len(), 1);
+    // Raw request lines are sent as they are: no length from a field.
+    let (code, _, err) = run(&[
+        "plan",
+        "from-jsonl",
+        s(&raw),
+        "--endpoint",
+        "http://h:1/v1/x",
+        "--output-len-from",
+        "n",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--output-len-from does not apply to raw request lines"),
+        "{err}"
+    );
 }
 
 #[test]

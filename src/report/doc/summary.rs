@@ -554,3 +554,24 @@ pub(crate) enum AnySummary {
     Replay(Box<Summary>),
     Serve(Box<ServeSummary>),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PromptTokensMismatch;
+
+    #[test]
+    fn token_counts_that_agree_are_compared_not_differing() {
+        let mut m = PromptTokensMismatch::default();
+        for (planned, served) in [(10, 10), (512, 513), (7, 4), (3, 3)] {
+            m.add(planned, served);
+        }
+        assert_eq!(
+            m,
+            PromptTokensMismatch {
+                compared: 4,
+                differing: 2,
+                max_abs_diff: 3
+            }
+        );
+    }
+}
