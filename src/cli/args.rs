@@ -625,6 +625,10 @@ pub struct MockArgs {
     /// campaign arm can drift from the reference.
     #[arg(long, default_value_t = 0)]
     pub text_seed: u64,
+    /// Answer this share of prompts (0 to 1; which ones follows --text-seed) with other
+    /// text on every request, as a batched server's greedy answers differ run to run.
+    #[arg(long, default_value_t = 0.0)]
+    pub nondeterministic_share: f64,
 }
 
 impl MockArgs {
@@ -639,8 +643,20 @@ impl MockArgs {
             default_max_tokens: self.max_tokens,
             stall_ms: self.stall_ms,
             text_seed: self.text_seed,
+            nondeterministic_share: share(self.nondeterministic_share)?,
             log_requests: false,
         })
+    }
+}
+
+/// `--nondeterministic-share`: a share from 0 to 1.
+fn share(v: f64) -> Result<f64, CliError> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(usage(format!(
+            "--nondeterministic-share must be from 0 to 1, got {v}"
+        )))
     }
 }
 

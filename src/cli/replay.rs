@@ -558,7 +558,12 @@ fn campaign_reports(
         problems.push(format!("drift: {e}"));
     } else {
         drift_ok = true;
-        text = report::answers::drift_text(c.drift_entries());
+        text = c
+            .drift_floor
+            .as_ref()
+            .map(report::answers::floor_text)
+            .unwrap_or_default();
+        text.push_str(&report::answers::drift_text(c.drift_entries()));
         if let Some(why) = &c.drift_unavailable_reason {
             text.push_str(&format!("drift: n/a: {why}\n"));
         }

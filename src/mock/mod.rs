@@ -52,6 +52,11 @@ pub struct MockConfig {
     pub stall_ms: u64,
     /// Another deterministic text for the same prompts (0: the default text).
     pub text_seed: u64,
+    /// This share of prompts (chosen by a hash of the prompt and `text_seed`, so the
+    /// same prompts every run) is answered with other text on every request, as a
+    /// batched server's arithmetic makes some greedy answers differ run to run; the
+    /// others keep their one text. 0: every answer is deterministic.
+    pub nondeterministic_share: f64,
     /// Keep every request seen and every stream's event stamps, for tests to read
     /// ([`MockWorker::seen`], [`MockWorker::event_log`]). Off in the `mock-worker` command
     /// and under `replay --mock-worker`, where nobody reads them and a long run would
@@ -68,6 +73,7 @@ impl Default for MockConfig {
             default_max_tokens: 16,
             stall_ms: 60_000,
             text_seed: 0,
+            nondeterministic_share: 0.0,
             log_requests: true,
         }
     }
@@ -86,6 +92,9 @@ struct State {
     config: MockConfig,
     batch: Arc<Semaphore>,
     next_id: AtomicU64,
+    /// Draws of the nondeterministic prompts' texts, from a start unique to this worker
+    /// (two workers never draw in step, as two servers' batches never line up).
+    draws: AtomicU64,
     seen: Mutex<Vec<SeenRequest>>,
     /// Response id -> monotonic stamps (`clock::now_ns`) at which each SSE event was
     /// handed to the connection.
@@ -111,6 +120,9 @@ impl MockWorker {
             batch: Arc::new(Semaphore::new(config.max_batch.max(1))),
             config,
             next_id: AtomicU64::new(1),
+            draws: AtomicU64::new(
+                (clock::wall_now_us() as u64) ^ (u64::from(std::process::id()) << 40),
+            ),
             seen: Mutex::new(Vec::new()),
             event_log: Mutex::new(HashMap::new()),
         });
@@ -389,6 +401,28 @@ pub fn generate_text_seeded(prompt: &str, tokens: u32, text_seed: u64) -> String
     words.join(" ")
 }
 
+impl State {
+    /// The text seed of one answer to `prompt`: the configured one, or, for a prompt in
+    /// the nondeterministic share, one drawn for this request.
+    fn text_seed_for(&self, prompt: &str) -> u64 {
+        let share = self.config.nondeterministic_share;
+        if share <= 0.0 {
+            return self.config.text_seed;
+        }
+        let mut h = Sha256::new();
+        h.update(prompt.as_bytes());
+        h.update(self.config.text_seed.to_le_bytes());
+        let digest = h.finalize();
+        let x = u64::from_le_bytes(digest[..8].try_into().unwrap_or([0; 8]));
+        if (x as f64) / (u64::MAX as f64) < share {
+            let d = self.draws.fetch_add(1, Ordering::Relaxed);
+            self.config.text_seed ^ d.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        } else {
+            self.config.text_seed
+        }
+    }
+}
+
 fn prompt_of(chat: bool, req: &Value) -> Option<String> {
     if chat {
         let msgs = req.get("messages")?.as_array()?;
@@ -528,7 +562,7 @@ async fn complete(
             &json!({"error": {"message": "mock fault: internal error", "type": "server_error"}}),
         );
     }
-    let mut text = generate_text_seeded(&prompt, tokens, st.config.text_seed);
+    let mut text = generate_text_seeded(&prompt, tokens, st.text_seed_for(&prompt));
     if fault == Some("wrong-body") {
         text = text.chars().rev().collect();
     }
@@ -641,7 +675,7 @@ async fn stream_response(
     };
     let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
     let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
-    let words = stream_tokens(prompt, tokens, st.config.text_seed);
+    let words = stream_tokens(prompt, tokens, st.text_seed_for(prompt));
     let mut steps = std::collections::VecDeque::new();
     if chat {
         steps.push_back(Step::Now(sse(&chunk(

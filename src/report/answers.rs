@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::doc::campaign::{CampaignDoc, DriftEntry};
+use super::doc::campaign::{CampaignDoc, DriftEntry, DriftFloor};
 use crate::config::campaign::Lane;
 use crate::config::plan::Plan;
 use crate::drift::{self, Answers, Options};
@@ -75,31 +75,100 @@ pub(crate) fn add_drift(
                 .unwrap_or("no reason recorded")
         ));
         campaign.drift = Some(Some(Vec::new()));
+        campaign.drift_floor = Some(DriftFloor {
+            reference_arm: r.name.clone(),
+            reason: Some("the reference arm was unavailable".into()),
+            drift: drift::Drift::default(),
+        });
         return Ok(());
     }
     let mut sides = read_answers(exchanges, plan)?;
     let reference = sides.remove(&reference_name).unwrap_or_default();
     let opts = options(plan);
+    let reference_label = reference_name.as_deref().unwrap_or("?");
+    let floor = floor(&reference, reference_label, &opts);
+    let floor_rate = floor.drift.exact_match_rate;
     let mut entries = Vec::new();
     for arm in &campaign.arms {
         if !arm.available || Some(&arm.name) == reference_name.as_ref() {
             continue;
         }
         let answers = sides.remove(&Some(arm.name.clone())).unwrap_or_default();
-        entries.push(entry(
+        let mut e = entry(
             &arm.name,
             arm.lane,
-            reference_name.as_deref().unwrap_or("?"),
+            reference_label,
             &reference,
             &answers,
             &opts,
-        ));
+        );
+        e.floor_exact_match_rate = floor_rate;
+        e.exact_match_rate_minus_floor =
+            e.drift.exact_match_rate.zip(floor_rate).map(|(a, f)| a - f);
+        entries.push(e);
     }
     campaign.drift = Some(Some(entries));
+    campaign.drift_floor = Some(floor);
     if let Some(d) = campaign.definitions.as_mut() {
         d.drift = Some(drift::definitions());
     }
     Ok(())
+}
+
+/// The reference's agreement with itself: for every answer slot (case, variant, level,
+/// dispatch index), every pair of its repetitions, compared as an arm's answers are. The
+/// pairs' own list is left out (campaign.json would hold every pair twice over).
+pub(crate) fn floor(reference: &Answers, name: &str, opts: &Options<'_>) -> DriftFloor {
+    type Slot = (String, Option<String>, i32, i64);
+    let mut slots: BTreeMap<Slot, BTreeMap<i32, &drift::Answer>> = BTreeMap::new();
+    for (k, a) in &reference.by_key {
+        let slot = (
+            k.case.clone(),
+            k.variant.clone(),
+            k.concurrency,
+            k.dispatch_index,
+        );
+        slots.entry(slot).or_default().insert(k.repetition, a);
+    }
+    // Each pair of repetitions (r1 < r2) is one "repetition" of the pairing, so the two
+    // sides line up key by key.
+    let mut pair_no: BTreeMap<(i32, i32), i32> = BTreeMap::new();
+    let (mut first, mut second) = (Answers::default(), Answers::default());
+    for ((case, variant, concurrency, dispatch_index), reps) in slots {
+        let reps: Vec<(i32, &drift::Answer)> = reps.into_iter().collect();
+        for (i, (r1, a)) in reps.iter().enumerate() {
+            for (r2, b) in &reps[i + 1..] {
+                let n = pair_no.len() as i32;
+                let repetition = *pair_no.entry((*r1, *r2)).or_insert(n);
+                let key = drift::Key {
+                    case: case.clone(),
+                    variant: variant.clone(),
+                    concurrency,
+                    repetition,
+                    dispatch_index,
+                };
+                first.by_key.insert(key.clone(), (*a).clone());
+                second.by_key.insert(key, (*b).clone());
+            }
+        }
+    }
+    if first.by_key.is_empty() {
+        return DriftFloor {
+            reference_arm: name.into(),
+            reason: Some(
+                "no answer of the reference was repeated at one level (a floor pairs its answers across repetitions)"
+                    .into(),
+            ),
+            drift: drift::Drift::default(),
+        };
+    }
+    let mut d = drift::drift(&first, &second, opts);
+    d.prompts.clear();
+    DriftFloor {
+        reference_arm: name.into(),
+        reason: None,
+        drift: d,
+    }
 }
 
 /// One arm's drift entry: `a`'s answers against the reference's `r`.
@@ -116,7 +185,26 @@ pub(crate) fn entry(
         lane: Some(lane),
         advisory: lane == Lane::PerformanceFit,
         reference_arm: reference.into(),
+        floor_exact_match_rate: None,
+        exact_match_rate_minus_floor: None,
         drift: drift::drift(r, a, opts),
+    }
+}
+
+/// The floor's line for the terminal.
+pub(crate) fn floor_text(f: &DriftFloor) -> String {
+    let d = &f.drift;
+    match &f.reason {
+        Some(why) => format!("drift floor ({} vs itself): none, {why}\n", f.reference_arm),
+        None => format!(
+            "drift floor ({} vs itself, pairs of repetitions): {} pairs, exact match {}, mean similarity {}\n",
+            f.reference_arm,
+            d.compared_prompts,
+            d.exact_match_rate
+                .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
+            d.mean_similarity
+                .map_or("n/a".into(), |x| format!("{x:.3}")),
+        ),
     }
 }
 
@@ -126,7 +214,7 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
     for e in entries {
         let d = &e.drift;
         out.push_str(&format!(
-            "drift {} vs {} ({}{}): {} pairs, exact match {}, mean similarity {}{}\n",
+            "drift {} vs {} ({}{}): {} pairs, exact match {}{}, mean similarity {}{}\n",
             e.arm,
             e.reference_arm,
             e.lane.map_or("?", Lane::as_str),
@@ -134,6 +222,11 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
             d.compared_prompts,
             d.exact_match_rate
                 .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
+            e.exact_match_rate_minus_floor
+                .map_or(String::new(), |x| format!(
+                    " ({:+.1} points from the reference's own floor)",
+                    x * 100.0
+                )),
             d.mean_similarity
                 .map_or("n/a".into(), |x| format!("{x:.3}")),
             if d.compared_prompts == 0 {

@@ -164,6 +164,7 @@ pub(crate) fn campaign_doc(
             drift: None,
         }),
         drift: None,
+        drift_floor: None,
         drift_unavailable_reason: None,
     }
 }

@@ -147,6 +147,30 @@ def check_drift(con, glob: str, campaign: dict) -> int:
             assert by_key[k]["first_divergence_char"] == (None if a == b else div), (k, by_key[k])
             assert (by_key[k]["reference_chars"], by_key[k]["arm_chars"]) == (len(a), len(b)), k
         checks += 4 + 2 * len(keys)
+    # The floor: the reference against itself, every pair of its repetitions per answer
+    # slot (case, variant, level, dispatch index).
+    slots: dict = {}
+    for (case, variant, c, rep, idx), text in ref.items():
+        slots.setdefault((case, variant, c, idx), {})[rep] = text
+    pairs, equal, sims = 0, 0, []
+    for reps in slots.values():
+        order = sorted(reps)
+        for i, r1 in enumerate(order):
+            for r2 in order[i + 1:]:
+                a, b = reps[r1], reps[r2]
+                pairs += 1
+                equal += a == b
+                longest = max(len(a), len(b))
+                sims.append(1.0 if longest == 0 else 1 - levenshtein(a, b) / longest)
+    floor = campaign["drift_floor"]
+    assert floor["compared_prompts"] == pairs, (floor["compared_prompts"], pairs)
+    assert close(floor["exact_match_rate"], equal / pairs if pairs else None), floor
+    assert close(floor["mean_similarity"], sum(sims) / pairs if pairs else None), floor
+    for e in campaign["drift"]:
+        want = None if e["exact_match_rate"] is None or floor["exact_match_rate"] is None \
+            else e["exact_match_rate"] - floor["exact_match_rate"]
+        assert close(e["exact_match_rate_minus_floor"], want), e["arm"]
+    checks += 3 + len(campaign["drift"])
     return checks
 
 

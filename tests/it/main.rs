@@ -8,6 +8,7 @@ mod crash;
 mod dataset;
 mod fault_matrix;
 mod faults;
+mod floor;
 mod freeze;
 mod fuzz_corpus;
 mod golden;

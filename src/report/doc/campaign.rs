@@ -40,6 +40,10 @@ pub(crate) struct CampaignDoc {
         deserialize_with = "present"
     )]
     pub(crate) drift: Option<Option<Vec<DriftEntry>>>,
+    /// The reference's agreement with itself (absent until drift is computed, and in runs
+    /// made before the floor existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) drift_floor: Option<DriftFloor>,
     /// Why there is no drift (only under `--no-record`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) drift_unavailable_reason: Option<String>,
@@ -130,6 +134,25 @@ pub(crate) struct DriftEntry {
     pub(crate) advisory: bool,
     #[serde(default)]
     pub(crate) reference_arm: String,
+    /// The reference's exact-match rate against itself (`drift_floor`), and this arm's
+    /// rate minus it (0: at the floor); absent without a floor (and in compare.json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) floor_exact_match_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) exact_match_rate_minus_floor: Option<f64>,
+    #[serde(flatten)]
+    pub(crate) drift: crate::drift::Drift,
+}
+
+/// campaign.json's `drift_floor`: the reference's answers against its own repeats (every
+/// pair of repetitions at one level, answer by answer), with the statistics of an arm's
+/// drift. What a quality arm that answers exactly like the reference still shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DriftFloor {
+    pub(crate) reference_arm: String,
+    /// Why there is no floor (`null` when there is one).
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
     #[serde(flatten)]
     pub(crate) drift: crate::drift::Drift,
 }

@@ -404,6 +404,27 @@ fn drift_table(k: &CampaignDoc) -> String {
         ));
     }
     h.push_str("</table>\n");
+    if let Some(f) = &k.drift_floor {
+        let said = match &f.reason {
+            Some(why) => format!("none ({why})"),
+            None => format!(
+                "{} pairs, exact match rate {}, mean similarity {}; each arm's exact match rate minus it: {}",
+                f.drift.compared_prompts,
+                fmt_num(f.drift.exact_match_rate),
+                fmt_num(f.drift.mean_similarity),
+                drift
+                    .iter()
+                    .map(|d| format!("{} {}", d.arm, fmt_num(d.exact_match_rate_minus_floor)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        h.push_str(&format!(
+            "<p id=\"campaign-drift-floor\">Floor: the reference ({}) against its own answers in other repetitions: {}.</p>\n",
+            esc(&f.reference_arm),
+            esc(&said)
+        ));
+    }
     h
 }
 
