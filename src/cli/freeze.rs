@@ -147,17 +147,12 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         args.timeout_seconds,
         args.connection,
     )?;
-    if let Some(name) = &args.bearer_token_env {
-        let valid = !name.is_empty()
-            && name
-                .chars()
-                .enumerate()
-                .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
-        if !valid {
-            return Err(usage(format!(
-                "--bearer-token-env {name:?}: not an environment variable name (letters, digits, '_'; the plan records the name, never the token)"
-            )));
-        }
+    if let Some(name) = &args.bearer_token_env
+        && !flags::is_env_name(name)
+    {
+        return Err(usage(format!(
+            "--bearer-token-env {name:?}: not an environment variable name (letters, digits, '_'; the plan records the name, never the token)"
+        )));
     }
     let metadata = args.metadata.as_deref().map(read_metadata).transpose()?;
     Ok(Options {

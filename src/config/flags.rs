@@ -130,6 +130,16 @@ pub(crate) fn bearer_token(
     Ok(s.to_string())
 }
 
+/// An environment variable name as a plan's `auth.bearer_token_env` and
+/// `--bearer-token-env` take it: letters, digits and `_`, not starting with a digit.
+pub(crate) fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

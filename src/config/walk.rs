@@ -437,11 +437,7 @@ impl Validator {
             return Some(None);
         };
         let name = self.nonblank(env, "auth.bearer_token_env")?;
-        let valid = name
-            .chars()
-            .enumerate()
-            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
-        if !valid {
+        if !super::flags::is_env_name(name) {
             self.err(
                 "auth.bearer_token_env",
                 format!("'{name}' is not an environment variable name (letters, digits, '_')"),

@@ -356,6 +356,10 @@ async fn repeats_teach_the_volatile_leaves_and_show_nondeterminism() {
         err.contains("0 of 0 requests answered differently on repeat"),
         "{err}"
     );
+    // A bearer variable that is no environment variable name is refused up front.
+    let (code, _, bad) = run(&["freeze", s(&runs[0]), "--bearer-token-env", "1BAD"]);
+    assert_eq!(code, Some(2));
+    assert!(bad.contains("not an environment variable name"), "{bad}");
     // A non-secret header the client sent stays with its case; one the run redacted
     // (--redact-header) never reaches the plan, not even as `<redacted>`.
     assert_eq!(once["cases"][0]["headers"], json!({"x-tenant": "blue"}));
