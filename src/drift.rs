@@ -42,6 +42,8 @@ pub(crate) struct Answers {
     pub(crate) by_key: BTreeMap<Key, Answer>,
     /// Answers left out because the recording holds only part of the body.
     pub(crate) truncated: std::collections::BTreeSet<Key>,
+    /// Answers judged by an oracle: passed (`ok`) or failed (`correctness`).
+    pub(crate) judged: BTreeMap<Key, bool>,
 }
 
 /// What drift reads from the plan besides the answers.
@@ -388,6 +390,7 @@ mod tests {
                 .map(|(i, a)| (key(i as i64), text(a)))
                 .collect(),
             truncated: Default::default(),
+            judged: Default::default(),
         }
     }
 
@@ -462,6 +465,7 @@ mod tests {
         let wrap = |x: Answer| Answers {
             by_key: [(key(0), x)].into_iter().collect(),
             truncated: Default::default(),
+            judged: Default::default(),
         };
         let d = drift(&wrap(a), &wrap(b), &opts);
         assert_eq!(

@@ -26,6 +26,7 @@ mod record;
 mod redact;
 mod report;
 mod sse;
+mod stats;
 mod telemetry;
 
 /// Seeded open-loop arrival schedules (the offsets a plan's `load` sends at; docs/load.md

@@ -49,6 +49,8 @@ pub(crate) struct StreamSample {
     pub(crate) prompt_tokens: Option<i64>,
     /// Gaps between consecutive content events (inter-token latency samples).
     pub(crate) gaps_us: Vec<i64>,
+    /// Its tokens after the first arrived bundled in one read ([`crate::model::bundled`]).
+    pub(crate) bundled: bool,
 }
 
 impl StreamSample {
@@ -63,6 +65,7 @@ impl StreamSample {
                 .windows(2)
                 .map(|w| w[1] - w[0])
                 .collect(),
+            bundled: c.bundled(),
         }
     }
 }
@@ -80,6 +83,10 @@ pub(crate) struct StreamMetrics {
     pub(crate) output_tokens_per_second_mean: Option<f64>,
     /// All output tokens / the round's elapsed time (overlap is credited).
     pub(crate) output_tokens_per_second_aggregate: Option<f64>,
+    /// Output tokens / decode time summed over the unbundled streams ([`decode`]).
+    pub(crate) output_tokens_per_second_pooled: Option<f64>,
+    /// Streams whose tokens after the first arrived bundled in one read.
+    pub(crate) bundled_streams: u64,
     /// Mean over exchanges of `prompt_tokens / ttft`.
     pub(crate) prefill_tokens_per_second_mean: Option<f64>,
 }
@@ -104,6 +111,55 @@ pub(crate) fn decode_rate(
     (decode_us > 0 && n > 0).then(|| n as f64 / (decode_us as f64 / 1e6))
 }
 
+/// Decode speed over a set of ok streams, and every stream each estimator leaves out.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Decode {
+    /// Output tokens / decode time (total - ttft), both summed over the streams with a
+    /// first token, a token count, a decode time and no bundling.
+    pub(crate) pooled_tokens_per_second: Option<f64>,
+    /// Streams the pooled estimator summed.
+    pub(crate) pooled_streams: u64,
+    /// Left out of both estimators: no first-token time, no token count, no decode time
+    /// (every token arrived with the first: total == ttft).
+    pub(crate) no_first_token: u64,
+    pub(crate) no_tokens: u64,
+    pub(crate) no_decode_time: u64,
+    /// Left out of the pooled estimator only: tokens after the first bundled in one read.
+    pub(crate) bundled: u64,
+}
+
+/// [`Decode`] over the streams among `ok`.
+pub(crate) fn decode(ok: &[&Sample]) -> Decode {
+    let mut d = Decode::default();
+    let (mut tokens, mut decode_us) = (0i64, 0i64);
+    for (s, st) in ok
+        .iter()
+        .filter_map(|s| s.stream.as_ref().map(|st| (*s, st)))
+    {
+        let Some(ttft) = st.ttft_us else {
+            d.no_first_token += 1;
+            continue;
+        };
+        let Some(n) = st.output_tokens.filter(|n| *n > 0) else {
+            d.no_tokens += 1;
+            continue;
+        };
+        let Some(us) = s.total_us.map(|t| t - ttft).filter(|us| *us > 0) else {
+            d.no_decode_time += 1;
+            continue;
+        };
+        if st.bundled {
+            d.bundled += 1;
+            continue;
+        }
+        d.pooled_streams += 1;
+        tokens += n;
+        decode_us += us;
+    }
+    d.pooled_tokens_per_second = (decode_us > 0).then(|| tokens as f64 / (decode_us as f64 / 1e6));
+    d
+}
+
 /// Streaming metrics over successful samples and the round's elapsed seconds.
 pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<StreamMetrics> {
     let streams: Vec<(&Sample, &StreamSample)> = ok
@@ -114,6 +170,7 @@ pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<Str
         return None;
     }
     let output_tokens: i64 = streams.iter().filter_map(|(_, st)| st.output_tokens).sum();
+    let pooled = decode(ok);
     let per_request: Vec<f64> = streams
         .iter()
         .filter_map(|(s, st)| decode_rate(s.total_us, st.ttft_us, st.output_tokens))
@@ -140,6 +197,8 @@ pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<Str
         output_tokens_per_second_mean: mean(&per_request),
         output_tokens_per_second_aggregate: (elapsed_seconds > 0.0)
             .then(|| output_tokens as f64 / elapsed_seconds),
+        output_tokens_per_second_pooled: pooled.pooled_tokens_per_second,
+        bundled_streams: streams.iter().filter(|(_, st)| st.bundled).count() as u64,
         prefill_tokens_per_second_mean: mean(&prefill),
     })
 }
@@ -672,8 +731,10 @@ pub(crate) fn level_round_metrics(
 }
 
 /// Spread of one metric across complete rounds.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Spread {
+    /// Each round's value, in round order (what a bootstrap resamples).
+    pub(crate) values: Vec<f64>,
     pub(crate) rounds: usize,
     pub(crate) min: f64,
     pub(crate) median: f64,
@@ -702,6 +763,7 @@ pub(crate) fn spread(values: &[f64]) -> Option<Spread> {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     Some(Spread {
+        values: values.to_vec(),
         rounds: values.len(),
         min,
         median: med,
@@ -816,6 +878,12 @@ pub(crate) fn aggregate(
                 r.stream.as_ref()?.output_tokens_per_second_mean
             })),
         ),
+        (
+            "output_tokens_per_second_pooled",
+            spread(&collect(&|r| {
+                r.stream.as_ref()?.output_tokens_per_second_pooled
+            })),
+        ),
     ];
     Aggregate {
         arm: None,
@@ -903,6 +971,7 @@ mod tests {
                 output_tokens: Some(tokens),
                 prompt_tokens: Some(prompt),
                 gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+                bundled: crate::model::bundled(&offsets),
             }),
             ..ok(start_us, total_us)
         }
@@ -1115,7 +1184,7 @@ mod tests {
             ),
             (3, 2, 1, 1)
         );
-        let rps = a.metrics[0].1.unwrap();
+        let rps = a.metrics[0].1.clone().unwrap();
         assert_eq!((rps.rounds, rps.median), (1, 1.0));
     }
 }

@@ -115,6 +115,30 @@ pub struct StreamColumns {
     pub(crate) done_seen: bool,
 }
 
+impl StreamColumns {
+    /// See [`bundled`].
+    pub(crate) fn bundled(&self) -> bool {
+        bundled(&self.content_offsets_us)
+    }
+}
+
+/// Whether a stream's tokens after its first arrived bundled: at least two content events
+/// after the first, and more than half of them arrived in one read (events of one read
+/// share its arrival stamp). Its decode time at the boundary is then not the worker's:
+/// it is how a buffer flushed (docs/campaigns.md, "Decode speed").
+pub(crate) fn bundled(content_offsets_us: &[i64]) -> bool {
+    let after = content_offsets_us.get(1..).unwrap_or_default();
+    if after.len() < 2 {
+        return false;
+    }
+    let (mut best, mut run) = (1usize, 1usize);
+    for w in after.windows(2) {
+        run = if w[0] == w[1] { run + 1 } else { 1 };
+        best = best.max(run);
+    }
+    best * 2 > after.len()
+}
+
 /// How a case's answers are judged (summary.json's `judged`): by their oracle, by drift
 /// from the campaign's reference (a campaign case without an oracle), or not at all (a
 /// capture plan: answers are recorded, `ok` means the exchange completed with the

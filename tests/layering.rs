@@ -37,6 +37,7 @@ const ALLOWED: &[Row] = &[
     ("oracle", &["sse"]),
     ("drift", &["oracle", "sse"]),
     ("arrival", &[]),
+    ("stats", &[]),
     ("metrics", &["model", "arrival"]),
     ("telemetry", &["model"]),
     ("net", &["clock"]),
@@ -46,7 +47,7 @@ const ALLOWED: &[Row] = &[
     (
         "report",
         &[
-            "clock", "model", "redact", "oracle", "drift", "metrics", "record", "config",
+            "clock", "model", "redact", "oracle", "drift", "metrics", "stats", "record", "config",
         ],
     ),
     (

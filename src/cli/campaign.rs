@@ -103,6 +103,11 @@ pub(crate) fn verdict_cmd(
             .map_err(report_error)?;
         answers::add_drift(&mut campaign, &run.exchanges(), plan).map_err(tool)?;
     }
+    // Runs made before intervals existed: computed from the recorded rows (a run under
+    // --no-record has none, and a gate that requires one says so).
+    if campaign.intervals.is_none() && run.refuse_unrecorded("").is_ok() {
+        crate::report::intervals::add_intervals(&mut campaign, &run.exchanges()).map_err(tool)?;
+    }
     let name = campaign.plan_id.as_deref().or(plan.name.as_deref());
     check_contract(
         &contract,

@@ -558,12 +558,18 @@ fn campaign_reports(
         problems.push(format!("drift: {e}"));
     } else {
         drift_ok = true;
+        if let Err(e) = report::intervals::add_intervals(&mut c, &dir.exchanges()) {
+            problems.push(format!("intervals: {e}"));
+        }
         text = c
             .drift_floor
             .as_ref()
             .map(report::answers::floor_text)
             .unwrap_or_default();
         text.push_str(&report::answers::drift_text(c.drift_entries()));
+        if let Some(iv) = &c.intervals {
+            text.push_str(&report::intervals::intervals_text(iv));
+        }
         if let Some(why) = &c.drift_unavailable_reason {
             text.push_str(&format!("drift: n/a: {why}\n"));
         }

@@ -6,16 +6,27 @@ use serde_json::{Map, Value};
 
 use super::json::{PlanError, Validator, join, read_document};
 
-/// The contract versions this build reads.
-pub(crate) const CONTRACT_VERSION: u64 = 1;
+/// The newest contract version this build reads (1 is read too, and means what it always
+/// meant).
+pub(crate) const CONTRACT_VERSION: u64 = 2;
+
+/// A v2 floor-relative gate reads a floor measured on at least this many pairs of the
+/// reference's answers at the level; fewer make it inconclusive, never a pass.
+pub(crate) const MIN_FLOOR_PAIRS: u64 = 30;
+
+/// What a fit arm's similarity must reach under v2 unless the contract says otherwise, and
+/// what a v1 verdict warns below.
+pub(crate) const FIT_SIMILARITY_DEFAULT: f64 = 0.5;
 
 /// The gates' thresholds (each optional in the file, with these defaults); verdict.json
-/// records them with these keys.
+/// records them with these keys. The fields after `min_decode_ratio` exist only in
+/// version 2 contracts (absent from a v1 verdict's record).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub(crate) struct Thresholds {
     /// Every non-reference quality-lane arm's exact-match rate must be at least this.
-    pub(crate) quality_min_exact_match: f64,
+    /// `None`: not applied (v2, when only floor-relative quality gates are written).
+    pub(crate) quality_min_exact_match: Option<f64>,
     /// An arm's failed requests (every level summed) must be at most this.
     pub(crate) max_failed_requests: u64,
     /// A fit arm's peak memory must be at most (1 - this) x the reference's.
@@ -26,18 +37,71 @@ pub(crate) struct Thresholds {
     pub(crate) max_p95_latency_ratio: f64,
     /// A fit arm's decode tok/s must be at least this x the reference's.
     pub(crate) min_decode_ratio: f64,
+    /// v2: a quality arm's exact-match rate must be at least the reference's floor minus
+    /// this, at every level.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) quality_max_exact_match_drop_vs_floor: Option<f64>,
+    /// v2: a quality arm's mean similarity must be at least this x the floor's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) quality_min_similarity_vs_floor: Option<f64>,
+    /// v2: the exact McNemar p-value of a quality arm's judged answers against the
+    /// reference's must be at least this (no difference shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) quality_min_mcnemar_p: Option<f64>,
+    /// v2: a fit arm's mean similarity to the reference must be at least this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fit_min_mean_similarity: Option<f64>,
+    /// v2: a fit arm's exact-match rate against the reference must be at least this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fit_min_exact_match: Option<f64>,
+    /// v2: a speed or latency ratio gate passes only when its whole bootstrap interval
+    /// is past the threshold (`None`: v1's point rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) require_interval: Option<bool>,
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
-            quality_min_exact_match: 1.0,
+            quality_min_exact_match: Some(1.0),
             max_failed_requests: 0,
             fit_min_memory_reduction: 0.25,
             fit_min_decode_speedup: 0.10,
             max_p95_latency_ratio: 1.10,
             min_decode_ratio: 1.0,
+            quality_max_exact_match_drop_vs_floor: None,
+            quality_min_similarity_vs_floor: None,
+            quality_min_mcnemar_p: None,
+            fit_min_mean_similarity: None,
+            fit_min_exact_match: None,
+            require_interval: None,
         }
+    }
+}
+
+impl Thresholds {
+    /// Version 2's defaults: the v1 values, a fit arm's similarity floor, intervals
+    /// required.
+    pub(crate) fn v2() -> Thresholds {
+        Thresholds {
+            fit_min_mean_similarity: Some(FIT_SIMILARITY_DEFAULT),
+            require_interval: Some(true),
+            ..Thresholds::default()
+        }
+    }
+
+    /// The contract version these thresholds came from: only v2 sets `require_interval`.
+    pub(crate) fn version(&self) -> u64 {
+        if self.require_interval.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Whether a ratio gate reads its interval (v2's default) rather than its point.
+    pub(crate) fn interval_required(&self) -> bool {
+        self.require_interval == Some(true)
     }
 }
 
@@ -70,31 +134,97 @@ const FIELDS: &[&str] = &[
     "stop_condition",
 ];
 
+/// Where a fractional threshold is written: a field of v1 and v2, or of v2 only.
+enum Field {
+    Both(fn(&mut Thresholds) -> &mut f64),
+    V2(fn(&mut Thresholds) -> &mut Option<f64>),
+}
+
 /// (name, lowest, lowest allowed?, highest, the field it sets) for each fractional
 /// threshold.
-type Range = (
-    &'static str,
-    f64,
-    bool,
-    f64,
-    fn(&mut Thresholds) -> &mut f64,
-);
+type Range = (&'static str, f64, bool, f64, Field);
 const RANGES: &[Range] = &[
-    ("quality_min_exact_match", 0.0, true, 1.0, |t| {
-        &mut t.quality_min_exact_match
-    }),
-    ("fit_min_memory_reduction", 0.0, true, 1.0, |t| {
-        &mut t.fit_min_memory_reduction
-    }),
-    ("fit_min_decode_speedup", 0.0, true, f64::MAX, |t| {
-        &mut t.fit_min_decode_speedup
-    }),
-    ("max_p95_latency_ratio", 0.0, false, f64::MAX, |t| {
-        &mut t.max_p95_latency_ratio
-    }),
-    ("min_decode_ratio", 0.0, true, f64::MAX, |t| {
-        &mut t.min_decode_ratio
-    }),
+    (
+        "quality_min_exact_match",
+        0.0,
+        true,
+        1.0,
+        // Both versions; an Option only because v2 may leave it unapplied.
+        Field::V2(|t| &mut t.quality_min_exact_match),
+    ),
+    (
+        "fit_min_memory_reduction",
+        0.0,
+        true,
+        1.0,
+        Field::Both(|t| &mut t.fit_min_memory_reduction),
+    ),
+    (
+        "fit_min_decode_speedup",
+        0.0,
+        true,
+        f64::MAX,
+        Field::Both(|t| &mut t.fit_min_decode_speedup),
+    ),
+    (
+        "max_p95_latency_ratio",
+        0.0,
+        false,
+        f64::MAX,
+        Field::Both(|t| &mut t.max_p95_latency_ratio),
+    ),
+    (
+        "min_decode_ratio",
+        0.0,
+        true,
+        f64::MAX,
+        Field::Both(|t| &mut t.min_decode_ratio),
+    ),
+    (
+        "quality_max_exact_match_drop_vs_floor",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.quality_max_exact_match_drop_vs_floor),
+    ),
+    (
+        "quality_min_similarity_vs_floor",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.quality_min_similarity_vs_floor),
+    ),
+    (
+        "quality_min_mcnemar_p",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.quality_min_mcnemar_p),
+    ),
+    (
+        "fit_min_mean_similarity",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.fit_min_mean_similarity),
+    ),
+    (
+        "fit_min_exact_match",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.fit_min_exact_match),
+    ),
+];
+
+/// Thresholds that only a version 2 contract may write.
+const V2_ONLY: &[&str] = &[
+    "quality_max_exact_match_drop_vs_floor",
+    "quality_min_similarity_vs_floor",
+    "quality_min_mcnemar_p",
+    "fit_min_mean_similarity",
+    "fit_min_exact_match",
+    "require_interval",
 ];
 
 impl Contract {
@@ -121,16 +251,16 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
     let version = required(
         v,
         "contract_version",
-        "1, the contract format this file follows",
+        "1 or 2, the contract format this file follows",
     )
     .and_then(|x| v.integer(x, "contract_version", 1))
     .and_then(|n| {
-        if n as u64 == CONTRACT_VERSION {
+        if (1..=CONTRACT_VERSION).contains(&(n as u64)) {
             Some(n as u64)
         } else {
             v.err(
                 "contract_version",
-                format!("{n} is not a version this build reads; write {CONTRACT_VERSION}"),
+                format!("{n} is not a version this build reads; write 1 or {CONTRACT_VERSION}"),
             );
             None
         }
@@ -157,10 +287,12 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
     let plan_id = required(v, "plan_id", "the `name` of the plan the contract is for")
         .and_then(|x| v.nonblank(x, "plan_id"))
         .map(str::to_string);
+    let empty = Map::new();
     let thresholds = match top.get("thresholds") {
-        None => Some(Thresholds::default()),
-        Some(t) => v.object(t, "thresholds").and_then(|m| thresholds(v, m)),
-    };
+        None => Some(&empty),
+        Some(t) => v.object(t, "thresholds"),
+    }
+    .and_then(|m| thresholds(v, m, version.unwrap_or(CONTRACT_VERSION)));
     let (locked_at, locked_at_us) = locked_at?;
     Some(Contract {
         version: version?,
@@ -175,32 +307,57 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
     })
 }
 
-fn thresholds(v: &mut Validator, m: &Map<String, Value>) -> Option<Thresholds> {
+fn thresholds(v: &mut Validator, m: &Map<String, Value>, version: u64) -> Option<Thresholds> {
     let known: Vec<&str> = RANGES
         .iter()
         .map(|r| r.0)
-        .chain(["max_failed_requests"])
+        .chain(["max_failed_requests", "require_interval"])
         .collect();
     v.unknown_fields(m, "thresholds", &[&known]);
-    let mut t = Thresholds::default();
     let mut ok = true;
+    if version < 2 {
+        for name in V2_ONLY.iter().filter(|n| m.contains_key(**n)) {
+            v.err(
+                join("thresholds", name),
+                "exists only in contract_version 2: write \"contract_version\": 2 to use it (a version 1 contract keeps v1's rules)",
+            );
+            ok = false;
+        }
+    }
+    let mut t = if version >= 2 {
+        Thresholds::v2()
+    } else {
+        Thresholds::default()
+    };
     if let Some(x) = m.get("max_failed_requests") {
         match v.integer(x, "thresholds.max_failed_requests", 0) {
             Some(n) => t.max_failed_requests = n as u64,
             None => ok = false,
         }
     }
-    for &(name, lo, lo_ok, hi, field) in RANGES {
-        let Some(x) = m.get(name) else { continue };
+    if let Some(x) = m.get("require_interval") {
+        match x.as_bool() {
+            Some(b) => t.require_interval = Some(b),
+            None => {
+                v.err(
+                    "thresholds.require_interval",
+                    format!("must be true or false, found {x}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    for (name, lo, lo_ok, hi, field) in RANGES {
+        let Some(x) = m.get(*name) else { continue };
         let path = join("thresholds", name);
         let Some(f) = x.as_f64().filter(|f| x.is_number() && f.is_finite()) else {
             v.err(&path, format!("must be a finite number, found {x}"));
             ok = false;
             continue;
         };
-        let above = if lo_ok { f >= lo } else { f > lo };
-        if !above || f > hi {
-            let range = match (lo_ok, hi == f64::MAX) {
+        let above = if *lo_ok { f >= *lo } else { f > *lo };
+        if !above || f > *hi {
+            let range = match (*lo_ok, *hi == f64::MAX) {
                 (true, true) => format!(">= {lo}"),
                 (false, true) => format!("> {lo}"),
                 (true, false) => format!("between {lo} and {hi}"),
@@ -210,7 +367,22 @@ fn thresholds(v: &mut Validator, m: &Map<String, Value>) -> Option<Thresholds> {
             ok = false;
             continue;
         }
-        *field(&mut t) = f;
+        match field {
+            Field::Both(set) => *set(&mut t) = f,
+            Field::V2(set) => *set(&mut t) = Some(f),
+        }
+    }
+    // Version 2 applies the absolute exact-match gate when it is written, or when no
+    // floor-relative quality gate is (then its default, as in v1).
+    let relative = [
+        "quality_max_exact_match_drop_vs_floor",
+        "quality_min_similarity_vs_floor",
+    ];
+    if version >= 2
+        && !m.contains_key("quality_min_exact_match")
+        && relative.iter().any(|k| m.contains_key(*k))
+    {
+        t.quality_min_exact_match = None;
     }
     ok.then_some(t)
 }
@@ -247,14 +419,14 @@ mod tests {
     #[test]
     fn every_problem_is_named_with_its_path() {
         let got = problems(
-            r#"{"contract_version": 2, "locked_at": "yesterday", "plan_id": " ",
+            r#"{"contract_version": 3, "locked_at": "yesterday", "plan_id": " ",
                 "thresholds": {"quality_min_exact_match": 1.5, "max_failed_requests": -1,
                                "max_p95_latency_ratio": 0, "fit_min_speedup": 0.1},
                 "extra": 1}"#,
         );
         let want = [
             "extra: unknown field",
-            "contract_version: 2 is not a version this build reads; write 1",
+            "contract_version: 3 is not a version this build reads; write 1 or 2",
             "locked_at: 'yesterday' is not an RFC 3339 time with a zone",
             "locked_by: is required: who fixed the thresholds",
             "plan_id: must not be blank",
@@ -275,5 +447,62 @@ mod tests {
             1,
             "a repeated key is refused before anything else"
         );
+    }
+
+    fn contract(version: u64, thresholds: &str) -> Result<Contract, Vec<String>> {
+        let text = format!(
+            r#"{{"contract_version": {version}, "locked_at": "2026-12-01T09:00:00Z",
+                 "locked_by": "ana", "plan_id": "p", "thresholds": {thresholds}}}"#
+        );
+        Contract::from_json_bytes(text.as_bytes(), String::new())
+            .map_err(|e| e.problems.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn version_2_fields_are_refused_in_version_1_and_take_their_defaults_in_2() {
+        let got = contract(
+            1,
+            r#"{"quality_max_exact_match_drop_vs_floor": 0.05, "require_interval": true}"#,
+        )
+        .expect_err("v2 fields in v1");
+        assert_eq!(got.len(), 2, "{got:#?}");
+        assert!(
+            got.iter()
+                .all(|g| g.contains("exists only in contract_version 2")),
+            "{got:#?}"
+        );
+        assert!(got[0].starts_with("thresholds.quality_max_exact_match_drop_vs_floor"));
+        // v1 keeps its rules: the absolute gate, no interval, no fit similarity.
+        let v1 = contract(1, "{}").expect("v1").thresholds;
+        assert_eq!(v1, Thresholds::default());
+        assert!(!v1.interval_required());
+        // v2 with nothing written: v1's values, intervals required, fit similarity 0.5.
+        let v2 = contract(2, "{}").expect("v2").thresholds;
+        assert_eq!(v2.quality_min_exact_match, Some(1.0));
+        assert_eq!(v2.fit_min_mean_similarity, Some(FIT_SIMILARITY_DEFAULT));
+        assert!(v2.interval_required());
+        // A relative quality gate alone: the absolute one is not applied ...
+        let rel = contract(2, r#"{"quality_max_exact_match_drop_vs_floor": 0.02}"#)
+            .expect("v2")
+            .thresholds;
+        assert_eq!(rel.quality_min_exact_match, None);
+        assert_eq!(rel.quality_max_exact_match_drop_vs_floor, Some(0.02));
+        // ... unless it is written too.
+        let both = contract(
+            2,
+            r#"{"quality_max_exact_match_drop_vs_floor": 0.02, "quality_min_exact_match": 0.5,
+                "require_interval": false, "quality_min_mcnemar_p": 0.05}"#,
+        )
+        .expect("v2")
+        .thresholds;
+        assert_eq!(both.quality_min_exact_match, Some(0.5));
+        assert!(!both.interval_required());
+        assert_eq!(both.quality_min_mcnemar_p, Some(0.05));
+        let bad = contract(
+            2,
+            r#"{"require_interval": 1, "fit_min_mean_similarity": 2}"#,
+        )
+        .expect_err("bad values");
+        assert_eq!(bad.len(), 2, "{bad:#?}");
     }
 }

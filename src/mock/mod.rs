@@ -57,6 +57,9 @@ pub struct MockConfig {
     /// batched server's arithmetic makes some greedy answers differ run to run; the
     /// others keep their one text. 0: every answer is deterministic.
     pub nondeterministic_share: f64,
+    /// Stream the first N tokens at the usual pace, then all later tokens in one write,
+    /// with no wait (a server that buffered them): `None` paces every token.
+    pub burst_after_first: Option<u32>,
     /// Keep every request seen and every stream's event stamps, for tests to read
     /// ([`MockWorker::seen`], [`MockWorker::event_log`]). Off in the `mock-worker` command
     /// and under `replay --mock-worker`, where nobody reads them and a long run would
@@ -74,6 +77,7 @@ impl Default for MockConfig {
             stall_ms: 60_000,
             text_seed: 0,
             nondeterministic_share: 0.0,
+            burst_after_first: None,
             log_requests: true,
         }
     }
@@ -683,7 +687,13 @@ async fn stream_response(
         ))));
     }
     let half = words.len() / 2;
+    let burst_from = st.config.burst_after_first.map(|n| n as usize);
+    let mut burst: Vec<u8> = Vec::new();
     for (i, w) in words.iter().enumerate() {
+        if burst_from.is_some_and(|n| i >= n.max(1)) && fault.is_none() {
+            burst.extend_from_slice(&sse(&piece(w, Value::Null)));
+            continue;
+        }
         if i == half && fault == Some("stream-cut") {
             steps.push_back(Step::Cut(Duration::from_millis(20)));
             break;
@@ -693,6 +703,9 @@ async fn stream_response(
             delay += Duration::from_millis(st.config.stall_ms);
         }
         steps.push_back(Step::After(delay, sse(&piece(w, Value::Null))));
+    }
+    if !burst.is_empty() {
+        steps.push_back(Step::Now(Bytes::from(burst)));
     }
     steps.push_back(Step::Now(sse(&piece("", json!("length")))));
     if include_usage {

@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 52] = [
+pub(crate) static COLUMNS: [Column; 53] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -287,6 +287,8 @@ pub(crate) static COLUMNS: [Column; 52] = [
         "entries of the answer's decisions container (`decisions_pointer`, default `/answers`): array elements or object members, 0 when absent or not a container; null unless the exchange was `ok` under a JSON oracle (replay)"),
     column!("prompt_tokens_planned", Int64, NULLABLE, "", |r: &R| r.prompt_tokens_planned,
         "the input tokens the plan expected (the variant's `prompt_tokens`, from the tokenizer that made or counted the prompt); null without one and in serve; compare with the server's `usage.prompt_tokens`"),
+    column!("stream_bundled", Boolean, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.bundled()),
+        "the stream's tokens after its first arrived bundled: at least two content events after the first, more than half of them in one read (one arrival stamp); its decode time is then how a buffer flushed, not the worker's pace, and v2 decode gates leave it out; null for non-streams"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].

@@ -120,12 +120,16 @@ pub(crate) fn for_each_row(
                     .into_iter()
                     .find(|o| o.as_str() == outcome.value(i))
                     .ok_or_else(|| ctx(&format!("unknown outcome {:?}", outcome.value(i))))?;
-                let stream = (is_stream.value(i)).then(|| StreamSample {
-                    ttft_us: opt(ttft, i),
-                    tpot_us: opt(tpot, i),
-                    output_tokens: opt(out_tok, i),
-                    prompt_tokens: opt(prompt, i),
-                    gaps_us: gaps(content, i),
+                let stream = (is_stream.value(i)).then(|| {
+                    let offsets = content_offsets(content, i);
+                    StreamSample {
+                        ttft_us: opt(ttft, i),
+                        tpot_us: opt(tpot, i),
+                        output_tokens: opt(out_tok, i),
+                        prompt_tokens: opt(prompt, i),
+                        gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+                        bundled: crate::model::bundled(&offsets),
+                    }
                 });
                 visit(RowFacts {
                     phase: phase.value(i).to_string(),
@@ -180,18 +184,16 @@ fn optional_column<'a, T: 'static>(b: &'a arrow_array::RecordBatch, name: &str) 
 }
 
 /// The gaps between consecutive content events of row `i` (inter-token latencies).
-fn gaps(content: &ListArray, i: usize) -> Vec<i64> {
+fn content_offsets(content: &ListArray, i: usize) -> Vec<i64> {
     use arrow_array::{Array, Int64Array};
     if !content.is_valid(i) {
         return Vec::new();
     }
     let v = content.value(i);
-    let offsets = v
-        .as_any()
+    v.as_any()
         .downcast_ref::<Int64Array>()
         .map(|a| a.values().to_vec())
-        .unwrap_or_default();
-    offsets.windows(2).map(|w| w[1] - w[0]).collect()
+        .unwrap_or_default()
 }
 
 /// The batches of one part, read with only the columns named in `want`.
@@ -244,10 +246,12 @@ pub(crate) struct AnswerRow {
     pub(crate) body: Vec<u8>,
     /// The recording holds fewer bytes than the worker sent.
     pub(crate) truncated: bool,
+    /// `ok`; else the row failed its oracle (`correctness`).
+    pub(crate) ok: bool,
 }
 
-/// Hand each measured-phase `ok` row of the closed parts to `visit`, with its response
-/// body, in file order.
+/// Hand each measured-phase row of the closed parts that was `ok` or failed its oracle
+/// (`correctness`) to `visit`, with its response body, in file order.
 pub(crate) fn for_each_measured_answer(
     exchanges: &Path,
     mut visit: impl FnMut(AnswerRow),
@@ -282,8 +286,9 @@ pub(crate) fn for_each_measured_answer(
             let body = column::<BinaryArray>(&b, "response_body", &part)?;
             let truncated = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
             for i in 0..b.num_rows() {
+                let ok = outcome.value(i) == "ok";
                 if phase.value(i) != "measured"
-                    || outcome.value(i) != "ok"
+                    || !(ok || outcome.value(i) == "correctness")
                     || !case.is_valid(i)
                     || !conc.is_valid(i)
                     || !rep.is_valid(i)
@@ -302,6 +307,7 @@ pub(crate) fn for_each_measured_answer(
                     is_stream: is_stream.value(i),
                     body: body.value(i).to_vec(),
                     truncated: truncated.value(i),
+                    ok,
                 });
             }
         }

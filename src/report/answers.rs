@@ -10,6 +10,7 @@ use super::doc::campaign::{CampaignDoc, DriftEntry, DriftFloor};
 use crate::config::campaign::Lane;
 use crate::config::plan::Plan;
 use crate::drift::{self, Answers, Options};
+use crate::model::JudgedBy;
 use crate::oracle::Pointer;
 
 /// Every side's measured `ok` answers of a run: keyed by arm (`None` outside campaigns).
@@ -28,6 +29,14 @@ pub(crate) fn read_answers(
             repetition: row.repetition,
             dispatch_index: row.dispatch_index,
         };
+        // Pass / fail of an oracle-judged answer (the McNemar test's pairs).
+        let case = plan.cases.iter().find(|c| c.name == key.case);
+        if case.is_some_and(|c| c.judged(plan.campaign.is_some()) == JudgedBy::Oracle) {
+            side.judged.insert(key.clone(), row.ok);
+        }
+        if !row.ok {
+            return;
+        }
         if row.truncated {
             side.truncated.insert(key);
             return;
@@ -187,8 +196,22 @@ pub(crate) fn entry(
         reference_arm: reference.into(),
         floor_exact_match_rate: None,
         exact_match_rate_minus_floor: None,
+        mcnemar: mcnemar(r, a),
+        weights: None,
         drift: drift::drift(r, a, opts),
     }
+    .with_weights()
+}
+
+/// The exact McNemar test over the answers both sides had judged by an oracle (pass or
+/// fail) at the same key; `None` when no key was judged on both sides.
+fn mcnemar(r: &Answers, a: &Answers) -> Option<crate::stats::McNemar> {
+    let pairs: Vec<(bool, bool)> = a
+        .judged
+        .iter()
+        .filter_map(|(k, arm)| Some((*r.judged.get(k)?, *arm)))
+        .collect();
+    (!pairs.is_empty()).then(|| crate::stats::McNemar::of(pairs))
 }
 
 /// The floor's line for the terminal.
@@ -261,6 +284,7 @@ mod tests {
                 })
                 .collect(),
             truncated: Default::default(),
+            judged: Default::default(),
         }
     }
 

@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::doc::campaign::{
-    ArmDoc, ArmLoad, CAMPAIGN_SCHEMA_VERSION, CampaignDefinitions, CampaignDoc, Cell, RecipeDoc,
+    ArmDoc, ArmLoad, CAMPAIGN_SCHEMA_VERSION, CampaignDefinitions, CampaignDoc, Cell,
+    DecodeExcluded, RecipeDoc,
 };
 use crate::config::campaign::{Arm, Campaign};
 use crate::metrics::{self, Percentiles, Sample};
@@ -67,6 +68,7 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Cell {
             None => s.usage_tokens.map_or(0, |(_, out)| out),
         })
         .sum();
+    let d = metrics::decode(&ok);
     let failed: Vec<&Sample> = level
         .samples
         .iter()
@@ -80,6 +82,14 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Cell {
         latency_p95_ms: ms(latency.p95),
         prefill_tokens_per_sec: prefill,
         decode_tokens_per_sec: decode,
+        decode_pooled_tokens_per_sec: d.pooled_tokens_per_second,
+        decode_excluded: st.is_some().then_some(DecodeExcluded {
+            no_first_token: d.no_first_token,
+            no_tokens: d.no_tokens,
+            no_decode_time: d.no_decode_time,
+            bundled: d.bundled,
+            pooled_streams: d.pooled_streams,
+        }),
         aggregate_decode_tokens_per_sec: (level.elapsed_seconds > 0.0)
             .then(|| tokens as f64 / level.elapsed_seconds),
         output_tokens: tokens,
@@ -155,7 +165,8 @@ pub(crate) fn campaign_doc(
             cell: "per arm and concurrency level, every case's measured exchanges pooled".into(),
             latency_ms: "nearest rank of total latency over the cell's ok exchanges".into(),
             ttft_ms: "nearest rank of time to first token over the cell's ok event streams".into(),
-            decode_tokens_per_sec: "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time)".into(),
+            decode_tokens_per_sec: "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time); streams without a first token, a token count or a decode time are left out and counted in decode_excluded".into(),
+            decode_pooled_tokens_per_sec: "output tokens / decode time (total - ttft), both summed over the cell's ok streams, leaving out those decode_excluded counts, bundled streams (stream_bundled) included: a burst cannot weigh more than the tokens it carried; v2 decode gates read it".into(),
             prefill_tokens_per_sec: "mean over ok streams of prompt_tokens / ttft".into(),
             aggregate_decode_tokens_per_sec: "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds".into(),
             peak_vram_bytes: "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope".into(),
@@ -165,6 +176,7 @@ pub(crate) fn campaign_doc(
         }),
         drift: None,
         drift_floor: None,
+        intervals: None,
         drift_unavailable_reason: None,
     }
 }

@@ -15,6 +15,7 @@ use super::doc::compare::{
 };
 use super::doc::summary::{Ending, RoundAggregate, SpreadDoc, Summary};
 use super::doc::verdict::VerdictDoc;
+use super::intervals::{Rounds, intervals, rounds_by_side};
 use super::run::{FinishedRun, ReportError};
 use super::verdict::{self, Provenance};
 use crate::config::campaign::Lane;
@@ -25,12 +26,13 @@ use crate::config::workload;
 use crate::drift::Answers;
 
 /// The metrics the terminal table shows (compare.json has every one).
-const SHOWN: [(&str, &str, f64); 5] = [
+const SHOWN: [(&str, &str, f64); 6] = [
     ("successful_requests_per_second", "req/s", 1.0),
     ("latency_p50_seconds", "p50 ms", 1e3),
     ("latency_p95_seconds", "p95 ms", 1e3),
     ("ttft_p50_seconds", "TTFT p50 ms", 1e3),
     ("output_tokens_per_second_mean", "tok/s/req", 1.0),
+    ("output_tokens_per_second_pooled", "tok/s pooled", 1.0),
 ];
 
 fn aggregates<'a>(summary: Option<&'a Summary>, side: &Side) -> Vec<&'a RoundAggregate> {
@@ -72,12 +74,13 @@ pub(crate) fn metric_deltas(
                 .into_iter()
                 .map(|name| {
                     let spread = |g: Option<&&RoundAggregate>| -> Option<SpreadDoc> {
-                        g.and_then(|g| g.metrics.get(&name).copied().flatten())
+                        g.and_then(|g| g.metrics.get(&name).cloned().flatten())
                     };
                     let (ma, mb) = (spread(x), spread(y));
-                    let med = |m: Option<SpreadDoc>| m.map(|m| m.median);
-                    let delta = med(ma).zip(med(mb)).map(|(p, q)| q - p);
-                    let relative = med(ma)
+                    let (interval, interval_reason) = delta_interval(ma.as_ref(), mb.as_ref());
+                    let med = |m: &Option<SpreadDoc>| m.as_ref().map(|m| m.median);
+                    let delta = med(&ma).zip(med(&mb)).map(|(p, q)| q - p);
+                    let relative = med(&ma)
                         .zip(delta)
                         .filter(|(p, _)| *p != 0.0)
                         .map(|(p, d)| d / p);
@@ -86,6 +89,9 @@ pub(crate) fn metric_deltas(
                         b: mb,
                         delta,
                         relative_delta: relative,
+                        difference_shown: interval.map(|i| !i.spans(0.0)),
+                        interval,
+                        interval_reason,
                     };
                     (name, d)
                 })
@@ -104,6 +110,35 @@ pub(crate) fn metric_deltas(
     out
 }
 
+/// The unpaired bootstrap interval of median(B) - median(A) over the two runs' rounds
+/// (two separate runs: no round of one ran beside a round of the other), or why there is
+/// none.
+fn delta_interval(
+    a: Option<&SpreadDoc>,
+    b: Option<&SpreadDoc>,
+) -> (Option<crate::stats::Interval>, Option<String>) {
+    let (Some(a), Some(b)) = (a, b) else {
+        return (None, None);
+    };
+    if a.values.is_empty() || b.values.is_empty() {
+        return (
+            None,
+            Some("a summary.json written before round values were recorded".into()),
+        );
+    }
+    let g = [crate::stats::Group {
+        a: &a.values[..],
+        b: &b.values[..],
+    }];
+    let median = |v: &[&f64]| crate::metrics::median(&v.iter().map(|x| **x).collect::<Vec<f64>>());
+    match crate::stats::bootstrap(&g, false, crate::stats::SEED, |x, y| {
+        Some(median(y)? - median(x)?)
+    }) {
+        Ok(i) => (Some(i), None),
+        Err(e) => (None, Some(e)),
+    }
+}
+
 /// What compare.json's metric entries mean.
 pub(crate) fn definitions() -> MetricDefinitions {
     MetricDefinitions {
@@ -111,6 +146,8 @@ pub(crate) fn definitions() -> MetricDefinitions {
         b: "run B's, likewise".into(),
         delta: "median of B - median of A".into(),
         relative_delta: "delta / median of A (null when A's median is 0 or either is missing)".into(),
+        interval: format!("95 % percentile bootstrap interval of the delta: each run's round values (a.values, b.values) resampled on their own (unpaired: two separate runs), {} resamples, ChaCha8 seed {}; null with interval_reason below {} rounds a side", crate::stats::RESAMPLES, crate::stats::SEED, crate::stats::MIN_ROUNDS),
+        difference_shown: "false when the interval spans 0: the table prints \"no difference shown\"".into(),
     }
 }
 
@@ -158,6 +195,13 @@ pub(crate) fn table(doc: &CompareDoc) -> String {
             let rel = m
                 .relative_delta
                 .map_or("-".into(), |r| format!("{:+.1} %", r * 100.0));
+            let rel = match (m.difference_shown, &m.interval) {
+                (Some(false), _) => format!("no difference shown ({rel})"),
+                (Some(true), Some(i)) => {
+                    format!("{rel} [{:+.2}, {:+.2}]", i.low * scale, i.high * scale)
+                }
+                _ => rel,
+            };
             out.push_str(&format!(
                 "  {label:<12} A {:<26} B {:<26} {rel}\n",
                 cell(&m.a),
@@ -465,12 +509,38 @@ impl Comparison<'_> {
                 _ => drift_of(i, &sa),
             });
         }
+        // Two separate runs: no round of one ran beside a round of the other, so the
+        // intervals are unpaired.
+        let (ra, rb) = (
+            rounds_by_side(a.run.facts()?),
+            rounds_by_side(b.run.facts()?),
+        );
+        let none = Rounds::new();
+        fn side_rounds<'r>(
+            r: &'r BTreeMap<Side, Rounds>,
+            s: &Side,
+            none: &'r Rounds,
+        ) -> &'r Rounds {
+            r.get(s).unwrap_or(none)
+        }
+        let b_sides: Vec<(String, &Rounds)> = self
+            .pairs
+            .iter()
+            .zip(&arms[1..])
+            .map(|(p, arm)| (arm.name.clone(), side_rounds(&rb, &p.b, &none)))
+            .collect();
+        let intervals = intervals(
+            side_rounds(&ra, &sa, &none),
+            b_sides.iter().map(|(n, r)| (n.as_str(), *r)),
+            false,
+        );
         let campaign = CampaignDoc {
             plan_id: a.plan.name.clone(),
             evidence_class: a.campaign.and_then(|k| k.evidence_class.clone()),
             reference_arm: Some(arms[0].name.clone()),
             arms,
             drift: Some(Some(drift)),
+            intervals: Some(intervals),
             ..CampaignDoc::default()
         };
         Ok(verdict::verdict_doc(

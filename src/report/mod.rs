@@ -32,7 +32,9 @@ pub(crate) mod campaign;
 pub(crate) mod compare;
 pub(crate) mod config_json;
 pub(crate) mod doc;
+pub(crate) mod gates;
 pub(crate) mod html;
+pub(crate) mod intervals;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;
@@ -311,7 +313,7 @@ fn definitions(plan: &Plan) -> Definitions {
         ttft: "t0 to the first event carrying generated content (OpenAI: non-empty delta.content or text; other event streams: the first event)".into(),
         tpot: "(total - ttft) / (output_tokens - 1), per exchange with more than one output token".into(),
         itl: "gaps between consecutive content events, pooled over every successful exchange of the round".into(),
-        output_tokens_per_second: "per_request_mean: mean of output_tokens / (total - ttft); aggregate: all output tokens of successful exchanges / round elapsed time".into(),
+        output_tokens_per_second: "per_request_mean: mean of output_tokens / (total - ttft), streams without a decode time left out; aggregate: all output tokens of successful exchanges / round elapsed time; pooled: output tokens / decode time, both summed over the streams with a decode time that were not bundled (bundled_streams: tokens after the first arrived in one read)".into(),
         prefill_tokens_per_second_mean: "mean of prompt_tokens / ttft".into(),
         failure_latency_seconds: "each failed exchange's latency in seconds, in completion order ([] when none); failure_latency_percentiles_seconds: nearest rank over the same".into(),
         decisions: format!("per successful exchange judged by a JSON oracle, the entries (array elements or object members) of the answer's {} member, 0 when absent or not a container; successful_decisions_per_second over the round's elapsed time, steady_state.decisions over the window's members", plan.decisions_pointer.as_str()),

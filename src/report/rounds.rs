@@ -188,6 +188,9 @@ fn streams() -> Vec<RoundColumn> {
     v.push(float("output_tokens_per_second_mean", true, |r| {
         stream(r).and_then(|s| s.output_tokens_per_second_mean)
     }));
+    v.push(float("output_tokens_per_second_pooled", true, |r| {
+        stream(r).and_then(|s| s.output_tokens_per_second_pooled)
+    }));
     v.push(float("output_tokens_per_second_aggregate", true, |r| {
         stream(r).and_then(|s| s.output_tokens_per_second_aggregate)
     }));

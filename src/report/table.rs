@@ -209,7 +209,7 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
         a.metrics
             .iter()
             .find(|(k, _)| *k == name)
-            .and_then(|(_, s)| *s)
+            .and_then(|(_, s)| s.clone())
     };
     let rps = get("successful_requests_per_second");
     let mut row = vec![
@@ -220,7 +220,8 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
         },
         level.label(),
         format!("{}/{}", a.complete_rounds, a.planned_rounds),
-        rps.map_or("-".into(), |s| format!("{:.1}", s.median)),
+        rps.as_ref()
+            .map_or("-".into(), |s| format!("{:.1}", s.median)),
         rps.and_then(|s| s.relative_spread)
             .map_or("-".into(), |s| format!("{:.1}%", s * 100.0)),
         fmt_ms(get("latency_p50_seconds").map(|s| s.median)),

@@ -5,260 +5,17 @@
 //! inclusive, with a relative tolerance of 1e-9 so binary rounding (1.1 x 100 is
 //! 110.00000000000001) cannot fail a value written at the boundary.
 
-use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
+use super::doc::campaign::CampaignDoc;
 use super::doc::verdict::{
-    ArmGate, ContractDoc, Evaluation, FitArm, Gate, GateLevel, Gates, MissingEvidence, Threshold,
+    ArmGate, ContractDoc, Evaluation, FitArm, Gate, Gates, MissingEvidence, Rules, Threshold,
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
+use super::gates::{
+    Answered, ArmView, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
+    failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
+};
 use crate::config::campaign::Lane;
-use crate::config::contract::{Contract, Thresholds};
-
-/// Relative tolerance of the inclusive comparisons.
-const TOLERANCE: f64 = 1e-9;
-
-fn le(a: f64, b: f64) -> bool {
-    a <= b + TOLERANCE * a.abs().max(b.abs())
-}
-
-fn ge(a: f64, b: f64) -> bool {
-    le(b, a)
-}
-
-/// An arm of campaign.json, as the gates read it.
-struct ArmView<'a> {
-    name: &'a str,
-    quality: bool,
-    reference: bool,
-    unavailable: Option<String>,
-    cells: Vec<(u64, &'a Cell)>,
-}
-
-fn arms(campaign: &CampaignDoc) -> Vec<ArmView<'_>> {
-    campaign
-        .arms
-        .iter()
-        .map(|a: &ArmDoc| ArmView {
-            name: &a.name,
-            quality: a.lane == Lane::Quality,
-            reference: a.reference,
-            unavailable: (!a.available).then(|| {
-                format!(
-                    "unavailable: {}",
-                    a.unavailable_reason
-                        .as_deref()
-                        .unwrap_or("no reason recorded")
-                )
-            }),
-            // By concurrency, in numeric order (the map's).
-            cells: a.concurrency.iter().map(|(c, cell)| (*c, cell)).collect(),
-        })
-        .collect()
-}
-
-/// What a gate compared for one arm: the levels, whether it holds, a note.
-struct Compared {
-    levels: Vec<GateLevel>,
-    pass: bool,
-    note: Option<String>,
-}
-
-impl Compared {
-    /// Levels that each carry their own `pass`: the gate holds when every one does.
-    fn per_level(levels: Vec<GateLevel>) -> Compared {
-        Compared {
-            pass: levels.iter().all(|l| l.pass == Some(true)),
-            levels,
-            note: None,
-        }
-    }
-}
-
-/// Run one gate for `arm`: `body` gives what it compared, or why there was nothing to
-/// compare (then, as for an unavailable arm, the gate has nothing to read: `pass` null,
-/// the reason in the note; never a pass or a fail).
-fn arm_gate(arm: &ArmView<'_>, body: impl FnOnce() -> Result<Compared, String>) -> ArmGate {
-    let (pass, levels, note) = match arm.unavailable.clone().map_or_else(body, Err) {
-        Ok(c) => (Some(c.pass), c.levels, c.note),
-        Err(why) => (None, Vec::new(), Some(why)),
-    };
-    ArmGate {
-        arm: arm.name.into(),
-        pass,
-        levels,
-        note,
-    }
-}
-
-/// Kleene's "and" over three-valued results (`None`: nothing to read): false when any is
-/// false, else unknown when any is unknown, else true.
-fn all3(xs: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
-    let mut out = Some(true);
-    for x in xs {
-        match x {
-            Some(false) => return Some(false),
-            None => out = None,
-            Some(true) => {}
-        }
-    }
-    out
-}
-
-/// Kleene's "or": true when any is true, else unknown when any is unknown, else false.
-fn any3(xs: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
-    all3(xs.into_iter().map(|x| x.map(|b| !b))).map(|b| !b)
-}
-
-/// `max_failed_requests` for one arm: its failed measured requests, every level summed
-/// (complete or not: a level cut short by failures counts them); each level listed.
-fn failed_gate(arm: &ArmView<'_>, max: u64) -> ArmGate {
-    arm_gate(arm, || {
-        if arm.cells.is_empty() {
-            return Err("no measured level".into());
-        }
-        let mut total = 0u64;
-        let mut levels = Vec::new();
-        for (c, cell) in &arm.cells {
-            let failed = cell
-                .failed_requests
-                .ok_or_else(|| format!("the cell at concurrency {c} has no failed_requests"))?;
-            total += failed;
-            levels.push(GateLevel {
-                concurrency: Some(*c),
-                failed_requests: Some(failed),
-                ..GateLevel::default()
-            });
-        }
-        Ok(Compared {
-            levels,
-            pass: total <= max,
-            note: Some(format!(
-                "{total} failed measured request(s) in all, limit {max}"
-            )),
-        })
-    })
-}
-
-/// `quality_min_exact_match` for one quality arm, from its drift entry.
-fn exact_match_gate(arm: &ArmView<'_>, drift: Option<&DriftEntry>, min: f64) -> ArmGate {
-    arm_gate(arm, || {
-        let d =
-            drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
-        let levels: Vec<GateLevel> = d
-            .drift
-            .concurrency
-            .iter()
-            .filter_map(|(c, t)| {
-                let rate = t.exact_match_rate?;
-                Some(GateLevel {
-                    concurrency: c.parse::<u64>().ok(),
-                    measured: Some(rate),
-                    compared_prompts: Some(t.compared_prompts),
-                    limit: Some(min),
-                    pass: Some(ge(rate, min)),
-                    ..GateLevel::default()
-                })
-            })
-            .collect();
-        if levels.is_empty() {
-            return Err(
-                "no answer was paired with the reference's (both ok at the same dispatch)".into(),
-            );
-        }
-        Ok(Compared::per_level(levels))
-    })
-}
-
-/// Which measured value a ratio gate reads from a cell pair, and its name; `None` when the
-/// pair does not have one on both sides.
-type Pick = fn(&Cell, &Cell) -> Option<(f64, f64, &'static str)>;
-
-fn both(
-    a: &Cell,
-    r: &Cell,
-    key: &'static str,
-    value: impl Fn(&Cell) -> Option<f64>,
-) -> Option<(f64, f64, &'static str)> {
-    Some((value(a)?, value(r)?, key))
-}
-
-/// Peak memory: VRAM when both arms sampled it, else resident memory.
-fn memory(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "peak_vram_bytes", |c| {
-        c.peak_vram_bytes.map(|b| b as f64)
-    })
-    .or_else(|| {
-        both(a, r, "peak_rss_bytes", |c| {
-            c.peak_rss_bytes.map(|b| b as f64)
-        })
-    })
-}
-
-/// Decode tok/s: per request (streams) when both have it, else the aggregate.
-fn decode(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "decode_tokens_per_sec", |c| c.decode_tokens_per_sec)
-        .or_else(|| {
-            both(a, r, "aggregate_decode_tokens_per_sec", |c| {
-                c.aggregate_decode_tokens_per_sec
-            })
-        })
-        .filter(|(_, r, _)| *r > 0.0)
-}
-
-fn p95(a: &Cell, r: &Cell) -> Option<(f64, f64, &'static str)> {
-    both(a, r, "latency_p95_ms", |c| c.latency_p95_ms).filter(|(_, r, _)| *r > 0.0)
-}
-
-/// A fit arm's value against the reference's at every level both completed and measured;
-/// `factor` is the bound's multiple of the reference, `at_most` its direction.
-fn ratio_gate(
-    arm: &ArmView<'_>,
-    reference: &ArmView<'_>,
-    (pick_name, pick): (&str, Pick),
-    factor: f64,
-    at_most: bool,
-) -> ArmGate {
-    // Memory is the one value a run may not have sampled at all.
-    let caveat = if pick_name == "memory" {
-        " (memory is sampled only for arms the tool starts or names by resources.pid, while their server runs)"
-    } else {
-        ""
-    };
-    arm_gate(arm, || {
-        if let Some(why) = &reference.unavailable {
-            return Err(format!("the reference is {why}"));
-        }
-        let mut levels = Vec::new();
-        for (c, cell) in &arm.cells {
-            let Some((_, rcell)) = reference.cells.iter().find(|(rc, _)| rc == c) else {
-                continue;
-            };
-            if !cell.completed() || !rcell.completed() {
-                continue;
-            }
-            let Some((a, r, metric)) = pick(cell, rcell) else {
-                continue;
-            };
-            let limit = factor * r;
-            let pass = if at_most { le(a, limit) } else { ge(a, limit) };
-            levels.push(GateLevel {
-                concurrency: Some(*c),
-                metric: Some(metric.into()),
-                measured: Some(a),
-                reference: Some(r),
-                ratio: Some(a / r),
-                limit: Some(limit),
-                pass: Some(pass),
-                ..GateLevel::default()
-            });
-        }
-        if levels.is_empty() {
-            return Err(format!(
-                "no concurrency level that both this arm and the reference completed with this value measured{caveat}"
-            ));
-        }
-        Ok(Compared::per_level(levels))
-    })
-}
+use crate::config::contract::{Contract, FIT_SIMILARITY_DEFAULT, MIN_FLOOR_PAIRS, Thresholds};
 
 fn gate(name: &str, threshold: Threshold, passes_when: &str, results: Vec<ArmGate>) -> Gate {
     Gate {
@@ -318,7 +75,7 @@ fn decide(
         (None, _) => inconclusive("a quality-lane gate had nothing to read and none failed"),
         (Some(true), Some(false)) => (
             "keep-reference",
-            "the quality lane passed and no performance-fit arm has a benefit (max_failed_requests and either fit_min_memory_reduction or fit_min_decode_speedup)".into(),
+            "the quality lane passed and no performance-fit arm has a benefit (max_failed_requests, the fit answer gates a v2 contract has, and either fit_min_memory_reduction or fit_min_decode_speedup)".into(),
         ),
         (Some(true), None) => inconclusive(
             "the quality lane passed, and whether a performance-fit arm has a benefit depends on a gate with nothing to read",
@@ -337,6 +94,296 @@ fn decide(
     }
 }
 
+/// Every gate of `t` for every arm it applies to, by lane.
+/// (gate name, threshold, passes when, one result per arm).
+type GateRow = (&'static str, Threshold, String, Vec<ArmGate>);
+
+struct Lanes {
+    /// In verdict.json's order.
+    gates: Vec<GateRow>,
+    quality_pass: Option<bool>,
+    fit_arms: Vec<FitArm>,
+}
+
+/// The quality lane's gates: (name, threshold, passes when, one result per arm).
+fn quality_gates(campaign: &CampaignDoc, t: &Thresholds, quality: &[&ArmView<'_>]) -> Vec<GateRow> {
+    let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
+    let floor = campaign.drift_floor.as_ref();
+    let others: Vec<&&ArmView<'_>> = quality.iter().filter(|a| !a.reference).collect();
+    let each = |f: &dyn Fn(&ArmView<'_>) -> ArmGate| -> Vec<ArmGate> {
+        others.iter().map(|a| f(a)).collect()
+    };
+    let pooled =
+        " (pairs pooled: see each drift entry's weights for per-case and per-variant numbers)";
+    let mut out = Vec::new();
+    if let Some(min) = t.quality_min_exact_match {
+        out.push((
+            "quality_min_exact_match",
+            Threshold::Ratio(min),
+            format!("every non-reference quality-lane arm's exact-match rate >= threshold at every level{pooled}"),
+            each(&|a| drift_gate(a, drift(a.name), Answered::ExactMatch, min)),
+        ));
+    }
+    if let Some(x) = t.quality_max_exact_match_drop_vs_floor {
+        out.push((
+            "quality_max_exact_match_drop_vs_floor",
+            Threshold::Ratio(x),
+            format!("at every level, a quality arm's exact-match rate >= the reference's floor (drift_floor, the reference against its own repetitions) - threshold; a floor on fewer than {MIN_FLOOR_PAIRS} pairs has nothing to read{pooled}"),
+            each(&|a| floor_gate(a, drift(a.name), floor, Answered::ExactMatch, x)),
+        ));
+    }
+    if let Some(x) = t.quality_min_similarity_vs_floor {
+        out.push((
+            "quality_min_similarity_vs_floor",
+            Threshold::Ratio(x),
+            format!("at every level, a quality arm's mean similarity >= threshold x the floor's; a floor on fewer than {MIN_FLOOR_PAIRS} pairs has nothing to read{pooled}"),
+            each(&|a| floor_gate(a, drift(a.name), floor, Answered::Similarity, x)),
+        ));
+    }
+    if let Some(min) = t.quality_min_mcnemar_p {
+        out.push((
+            "quality_min_mcnemar_p",
+            Threshold::Ratio(min),
+            format!("the exact McNemar p-value of a quality arm's oracle-judged answers against the reference's >= threshold (no difference shown); fewer than {} discordant pairs have nothing to read", crate::stats::MIN_DISCORDANT),
+            each(&|a| mcnemar_gate(a, drift(a.name), min)),
+        ));
+    }
+    out
+}
+
+/// The performance-fit lane's gates, one result per fit arm each (the answer gates only
+/// when the contract has them).
+struct FitGates {
+    failed: Vec<ArmGate>,
+    mem: Vec<ArmGate>,
+    speed: Vec<ArmGate>,
+    lat: Vec<ArmGate>,
+    ratio: Vec<ArmGate>,
+    sim: Option<Vec<ArmGate>>,
+    exact: Option<Vec<ArmGate>>,
+}
+
+fn fit_gates(
+    campaign: &CampaignDoc,
+    t: &Thresholds,
+    fit: &[&ArmView<'_>],
+    reference: &ArmView<'_>,
+) -> FitGates {
+    let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
+    let rule = RatioRule {
+        intervals: campaign.intervals.as_ref(),
+        require_interval: t.interval_required(),
+    };
+    let speed_pick: (&str, Pick) = if t.version() >= 2 {
+        ("decode", decode_pooled)
+    } else {
+        ("decode", decode)
+    };
+    let ratio_gates = |pick: (&str, Pick), factor: f64, at_most: bool| -> Vec<ArmGate> {
+        fit.iter()
+            .map(|a| ratio_gate((a, reference), pick, (factor, at_most), rule))
+            .collect()
+    };
+    let answers = |min: Option<f64>, what: Answered| -> Option<Vec<ArmGate>> {
+        min.map(|m| {
+            fit.iter()
+                .map(|a| drift_gate(a, drift(a.name), what, m))
+                .collect()
+        })
+    };
+    FitGates {
+        failed: fit
+            .iter()
+            .map(|a| failed_gate(a, t.max_failed_requests))
+            .collect(),
+        mem: ratio_gates(("memory", memory), 1.0 - t.fit_min_memory_reduction, true),
+        speed: ratio_gates(speed_pick, 1.0 + t.fit_min_decode_speedup, false),
+        lat: ratio_gates(("p95", p95), t.max_p95_latency_ratio, true),
+        ratio: ratio_gates(speed_pick, t.min_decode_ratio, false),
+        sim: answers(t.fit_min_mean_similarity, Answered::Similarity),
+        exact: answers(t.fit_min_exact_match, Answered::ExactMatch),
+    }
+}
+
+/// Each fit arm's gates at a glance: a benefit needs max_failed_requests, the answer gates
+/// the contract has, and memory or speed; ready needs latency and decode ratio too.
+fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates) -> Vec<FitArm> {
+    let pass_of = |g: &Option<Vec<ArmGate>>, i: usize| g.as_ref().map(|g| g[i].pass);
+    (0..fit.len())
+        .map(|i| {
+            let answers = all3(
+                [pass_of(&g.sim, i), pass_of(&g.exact, i)]
+                    .into_iter()
+                    .flatten(),
+            );
+            let benefit = all3([
+                g.failed[i].pass,
+                answers,
+                any3([g.mem[i].pass, g.speed[i].pass]),
+            ]);
+            FitArm {
+                arm: fit[i].name.into(),
+                benefit,
+                ready: all3([benefit, g.lat[i].pass, g.ratio[i].pass]),
+                max_failed_requests: g.failed[i].pass,
+                fit_min_memory_reduction: g.mem[i].pass,
+                fit_min_decode_speedup: g.speed[i].pass,
+                max_p95_latency_ratio: g.lat[i].pass,
+                min_decode_ratio: g.ratio[i].pass,
+                fit_min_mean_similarity: pass_of(&g.sim, i),
+                fit_min_exact_match: pass_of(&g.exact, i),
+            }
+        })
+        .collect()
+}
+
+/// Append max_failed_requests (both lanes) and the fit lane's gates, with what each reads.
+fn push_fit_gates(gates: &mut Vec<GateRow>, t: &Thresholds, failed_q: Vec<ArmGate>, g: FitGates) {
+    let interval = if t.interval_required() {
+        ": its whole 95 % bootstrap interval (campaign.json's intervals) must be past the bound"
+    } else {
+        ""
+    };
+    let decode_value = if t.version() >= 2 {
+        "pooled decode tok/s (decode_pooled_tokens_per_sec when both stream, else aggregate)"
+    } else {
+        "decode tok/s (per request when both stream, else aggregate)"
+    };
+    let failed_all: Vec<ArmGate> = failed_q.into_iter().chain(g.failed).collect();
+    gates.push(("max_failed_requests", Threshold::Count(t.max_failed_requests),
+        "an arm's failed measured requests, every level summed, <= threshold (quality lane: all arms; performance-fit: each candidate)".into(), failed_all));
+    gates.push(("fit_min_memory_reduction", Threshold::Ratio(t.fit_min_memory_reduction),
+        "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's (one peak per level: the point rule always)".into(), g.mem));
+    gates.push((
+        "fit_min_decode_speedup",
+        Threshold::Ratio(t.fit_min_decode_speedup),
+        format!("a fit arm's {decode_value} >= (1 + threshold) x the reference's{interval}"),
+        g.speed,
+    ));
+    gates.push((
+        "max_p95_latency_ratio",
+        Threshold::Ratio(t.max_p95_latency_ratio),
+        format!("a fit arm's latency p95 <= threshold x the reference's{interval}"),
+        g.lat,
+    ));
+    gates.push((
+        "min_decode_ratio",
+        Threshold::Ratio(t.min_decode_ratio),
+        format!("a fit arm's {decode_value} >= threshold x the reference's{interval}"),
+        g.ratio,
+    ));
+    for (name, what, min, results) in [
+        (
+            "fit_min_mean_similarity",
+            "mean similarity",
+            t.fit_min_mean_similarity,
+            g.sim,
+        ),
+        (
+            "fit_min_exact_match",
+            "exact-match rate",
+            t.fit_min_exact_match,
+            g.exact,
+        ),
+    ] {
+        if let (Some(min), Some(results)) = (min, results) {
+            gates.push((name, Threshold::Ratio(min),
+                format!("a fit arm's {what} against the reference's >= threshold at every level: it may answer differently, not arbitrarily"), results));
+        }
+    }
+}
+
+/// Evaluate every gate of `t`, and the lanes' results.
+fn lanes(
+    campaign: &CampaignDoc,
+    t: &Thresholds,
+    all: &[ArmView<'_>],
+    reference: &ArmView<'_>,
+) -> Lanes {
+    let quality: Vec<&ArmView<'_>> = all.iter().filter(|a| a.quality).collect();
+    let fit: Vec<&ArmView<'_>> = all.iter().filter(|a| !a.quality).collect();
+    let mut gates = quality_gates(campaign, t, &quality);
+    let failed_q: Vec<ArmGate> = quality
+        .iter()
+        .map(|a| failed_gate(a, t.max_failed_requests))
+        .collect();
+    let quality_pass = all3(
+        gates
+            .iter()
+            .flat_map(|g| &g.3)
+            .chain(&failed_q)
+            .map(|g| g.pass),
+    );
+    let g = fit_gates(campaign, t, &fit, reference);
+    let fit_arms = fit_arms(&fit, &g);
+    push_fit_gates(&mut gates, t, failed_q, g);
+    Lanes {
+        gates,
+        quality_pass,
+        fit_arms,
+    }
+}
+
+/// The rules `t`'s version applies, said in verdict.json.
+fn rules(t: &Thresholds) -> Rules {
+    let floor = [
+        t.quality_max_exact_match_drop_vs_floor
+            .map(|_| "quality_max_exact_match_drop_vs_floor"),
+        t.quality_min_similarity_vs_floor
+            .map(|_| "quality_min_similarity_vs_floor"),
+    ];
+    let floor: Vec<&str> = floor.into_iter().flatten().collect();
+    let quality = match (t.quality_min_exact_match.is_some(), floor.is_empty()) {
+        (true, true) => "absolute: quality_min_exact_match".to_string(),
+        (false, false) => format!(
+            "floor-relative: {} (quality_min_exact_match is not applied: a v2 contract that writes a floor-relative gate applies the absolute one only when it writes it too)",
+            floor.join(", ")
+        ),
+        (true, false) => format!(
+            "absolute and floor-relative: quality_min_exact_match, {}",
+            floor.join(", ")
+        ),
+        (false, true) => "none on answers".into(),
+    };
+    Rules {
+        contract_version: t.version(),
+        quality,
+        ratio: if t.interval_required() {
+            "interval (require_interval): a speed or latency ratio gate passes at a level only when the whole 95 % bootstrap interval of the ratio is past its bound, fails when it is not, and has nothing to read without an interval".into()
+        } else if t.version() >= 2 {
+            "point (require_interval: false): a ratio gate compares the point values".into()
+        } else {
+            "point (contract v1): a ratio gate compares the point values; intervals, where campaign.json has them, are not read".into()
+        },
+        decode: if t.version() >= 2 {
+            "pooled: decode_pooled_tokens_per_sec (output tokens / decode time over the level's unbundled streams), else aggregate".into()
+        } else {
+            "per request (contract v1): decode_tokens_per_sec, the mean of per-stream rates, else aggregate".into()
+        },
+        weights: "exact-match and similarity gates read the pooled rates (every pair weighs the same); drift entries' weights give them per case and per variant".into(),
+    }
+}
+
+/// A v1 contract has no gate on a fit arm's answers: say which fit arms answer far from
+/// the reference (mean similarity below v2's default floor).
+fn warnings(campaign: &CampaignDoc, t: &Thresholds) -> Vec<String> {
+    if t.fit_min_mean_similarity.is_some() {
+        return Vec::new();
+    }
+    campaign
+        .drift_entries()
+        .iter()
+        .filter(|e| e.lane == Some(Lane::PerformanceFit))
+        .filter_map(|e| {
+            let s = e.drift.mean_similarity.filter(|s| *s < FIT_SIMILARITY_DEFAULT)?;
+            Some(format!(
+                "performance-fit arm '{}' answers with mean similarity {s:.3} to the reference's, below {FIT_SIMILARITY_DEFAULT}: no v1 gate reads it; a contract_version 2 contract's fit_min_mean_similarity (default {FIT_SIMILARITY_DEFAULT}) would fail it",
+                e.arm
+            ))
+        })
+        .collect()
+}
+
 /// Evaluate `t` on a campaign.json: the lanes' results, the verdict and every gate.
 /// `ended_early`: why the run ended before its plan (an interrupt), when it did: then no
 /// decision but `reject` on measured evidence is made.
@@ -346,68 +393,25 @@ pub(crate) fn evaluate(
     ended_early: Option<&str>,
 ) -> Evaluation {
     let arms = arms(campaign);
-    let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
     let Some(reference) = arms.iter().find(|a| a.reference) else {
         return Evaluation::Error {
             error: "campaign.json names no reference arm".into(),
         };
     };
-    let quality: Vec<&ArmView<'_>> = arms.iter().filter(|a| a.quality).collect();
-    let fit: Vec<&ArmView<'_>> = arms.iter().filter(|a| !a.quality).collect();
-    let exact: Vec<ArmGate> = quality
-        .iter()
-        .filter(|a| !a.reference)
-        .map(|a| exact_match_gate(a, drift(a.name), t.quality_min_exact_match))
-        .collect();
-    let failed_q: Vec<ArmGate> = quality
-        .iter()
-        .map(|a| failed_gate(a, t.max_failed_requests))
-        .collect();
-    let failed_f: Vec<ArmGate> = fit
-        .iter()
-        .map(|a| failed_gate(a, t.max_failed_requests))
-        .collect();
-    let ratio_gates = |pick: (&str, Pick), factor: f64, at_most: bool| -> Vec<ArmGate> {
-        let each = fit
-            .iter()
-            .map(|a| ratio_gate(a, reference, pick, factor, at_most));
-        each.collect()
-    };
-    let mem = ratio_gates(("memory", memory), 1.0 - t.fit_min_memory_reduction, true);
-    let speed = ratio_gates(("decode", decode), 1.0 + t.fit_min_decode_speedup, false);
-    let lat = ratio_gates(("p95", p95), t.max_p95_latency_ratio, true);
-    let ratio = ratio_gates(("decode", decode), t.min_decode_ratio, false);
-    let quality_pass = all3(exact.iter().chain(&failed_q).map(|g| g.pass));
-    let fit_arms: Vec<FitArm> = (0..fit.len())
-        .map(|i| {
-            let benefit = all3([failed_f[i].pass, any3([mem[i].pass, speed[i].pass])]);
-            FitArm {
-                arm: fit[i].name.into(),
-                benefit,
-                ready: all3([benefit, lat[i].pass, ratio[i].pass]),
-                max_failed_requests: failed_f[i].pass,
-                fit_min_memory_reduction: mem[i].pass,
-                fit_min_decode_speedup: speed[i].pass,
-                max_p95_latency_ratio: lat[i].pass,
-                min_decode_ratio: ratio[i].pass,
-            }
-        })
-        .collect();
+    let quality_count = arms.iter().filter(|a| a.quality).count();
+    let Lanes {
+        gates,
+        quality_pass,
+        fit_arms,
+    } = lanes(campaign, t, &arms, reference);
     let fit_benefit = any3(fit_arms.iter().map(|f| f.benefit));
     let adopt: Vec<String> = fit_arms
         .iter()
         .filter(|f| f.ready == Some(true))
         .map(|f| f.arm.clone())
         .collect();
-    let missing = missing_evidence(&[
-        ("quality_min_exact_match", &exact),
-        ("max_failed_requests", &failed_q),
-        ("max_failed_requests", &failed_f),
-        ("fit_min_memory_reduction", &mem),
-        ("fit_min_decode_speedup", &speed),
-        ("max_p95_latency_ratio", &lat),
-        ("min_decode_ratio", &ratio),
-    ]);
+    let named: Vec<(&str, &Vec<ArmGate>)> = gates.iter().map(|g| (g.0, &g.3)).collect();
+    let missing = missing_evidence(&named);
     let any_unknown_ready = fit_arms.iter().any(|f| f.ready.is_none());
     let (verdict, reason) = decide(
         (quality_pass, fit_benefit),
@@ -415,11 +419,9 @@ pub(crate) fn evaluate(
         ended_early,
         &missing,
     );
-    let failed_all: Vec<ArmGate> = failed_q.into_iter().chain(failed_f).collect();
-    let ratio_of = Threshold::Ratio;
     Evaluation::Gates(Box::new(Gates {
         quality_lane_pass: quality_pass,
-        quality_lane_note: (quality.len() == 1).then(|| {
+        quality_lane_note: (quality_count == 1).then(|| {
             "the reference is the only quality-lane arm: no quality arm's answers were compared, so the quality lane rests on max_failed_requests alone".into()
         }),
         fit_benefit,
@@ -428,21 +430,13 @@ pub(crate) fn evaluate(
         adopt_arms: adopt,
         fit_arms,
         reference_arm: reference.name.into(),
+        rules: rules(t),
+        warnings: warnings(campaign, t),
         missing_evidence: missing,
-        gates: vec![
-            gate("quality_min_exact_match", ratio_of(t.quality_min_exact_match),
-                 "every non-reference quality-lane arm's exact-match rate >= threshold", exact),
-            gate("max_failed_requests", Threshold::Count(t.max_failed_requests),
-                 "an arm's failed measured requests, every level summed, <= threshold (quality lane: all arms; performance-fit: each candidate)", failed_all),
-            gate("fit_min_memory_reduction", ratio_of(t.fit_min_memory_reduction),
-                 "a fit arm's peak memory (VRAM when both sampled it, else RSS) <= (1 - threshold) x the reference's", mem),
-            gate("fit_min_decode_speedup", ratio_of(t.fit_min_decode_speedup),
-                 "a fit arm's decode tok/s (per request when both stream, else aggregate) >= (1 + threshold) x the reference's", speed),
-            gate("max_p95_latency_ratio", ratio_of(t.max_p95_latency_ratio),
-                 "a fit arm's latency p95 <= threshold x the reference's", lat),
-            gate("min_decode_ratio", ratio_of(t.min_decode_ratio),
-                 "a fit arm's decode tok/s >= threshold x the reference's", ratio),
-        ],
+        gates: gates
+            .into_iter()
+            .map(|(name, threshold, when, results)| gate(name, threshold, &when, results))
+            .collect(),
     }))
 }
 
@@ -504,13 +498,20 @@ pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
         None => "n/a",
     };
     let gates = v.gates();
-    for g in gates.map_or(&[][..], |g| g.gates.as_slice()) {
+    let all = gates.map_or(&[][..], |g| g.gates.as_slice());
+    let width = all.iter().map(|g| g.gate.len()).max().unwrap_or(0).max(26);
+    for g in all {
         for a in &g.arms {
             let worst = a
                 .levels
                 .iter()
-                .filter_map(|l| match (l.concurrency, l.measured, l.limit) {
-                    (Some(c), Some(m), Some(lim)) => {
+                .filter_map(|l| match (l.concurrency, l.measured, l.limit, l.interval) {
+                    (Some(c), _, Some(lim), Some([lo, hi])) => Some(format!(
+                        "c={c}: ratio {} [{lo:.3}, {hi:.3}] (bound {:.3})",
+                        short(l.ratio.unwrap_or(f64::NAN)),
+                        lim / l.reference.unwrap_or(f64::NAN)
+                    )),
+                    (Some(c), Some(m), Some(lim), None) => {
                         Some(format!("c={c}: {} (limit {})", short(m), short(lim)))
                     }
                     _ => None,
@@ -523,11 +524,22 @@ pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
                 (false, Some(n)) => format!("{worst} ({n})"),
             };
             out.push_str(&format!(
-                "  {:<26} {:<14} {}  {detail}\n",
+                "  {:<width$} {:<14} {}  {detail}\n",
                 g.gate,
                 a.arm,
                 yes(a.pass),
             ));
+        }
+    }
+    if let Some(g) = gates {
+        out.push_str(&format!(
+            "  rules (contract v{}): quality {}; ratio gates {}\n",
+            g.rules.contract_version,
+            g.rules.quality.split(':').next().unwrap_or_default(),
+            g.rules.ratio.split(':').next().unwrap_or_default(),
+        ));
+        for w in &g.warnings {
+            out.push_str(&format!("  warning: {w}\n"));
         }
     }
     out.push_str(&format!(
@@ -564,6 +576,7 @@ fn short(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::doc::campaign::DriftEntry;
     use serde_json::{Value, json};
 
     /// [`super::evaluate`] on a campaign.json given as JSON, as verdict.json holds it.
@@ -719,7 +732,7 @@ mod tests {
         }
         let t2 = Thresholds {
             max_failed_requests: 2,
-            quality_min_exact_match: 0.5,
+            quality_min_exact_match: Some(0.5),
             ..t
         };
         let fit = cell(1.0, 1.0, 1.0, 2);
@@ -924,5 +937,171 @@ mod tests {
             (m.gate.as_str(), m.arm.as_str()),
             ("fit_min_memory_reduction", "q4")
         );
+    }
+
+    fn v2(f: impl FnOnce(&mut Thresholds)) -> Thresholds {
+        let mut t = Thresholds::v2();
+        f(&mut t);
+        t
+    }
+
+    /// The reference's floor at level 1: `pairs` pairs, exact match 0.7, similarity 0.9.
+    fn with_floor(mut c: Value, pairs: u64) -> Value {
+        let level =
+            json!({"compared_prompts": pairs, "exact_match_rate": 0.7, "mean_similarity": 0.9});
+        c["drift_floor"] = json!({"reference_arm": "ref", "reason": null, "compared_prompts": pairs,
+            "exact_match_rate": 0.7, "mean_similarity": 0.9, "concurrency": {"1": level}});
+        c
+    }
+
+    fn gate_of<'a>(g: &'a Gates, name: &str) -> &'a Gate {
+        g.gates
+            .iter()
+            .find(|x| x.gate == name)
+            .unwrap_or_else(|| panic!("no gate {name}"))
+    }
+
+    #[test]
+    fn a_twin_at_the_floor_passes_the_relative_gate_the_absolute_one_rejects() {
+        // The twin matches the reference 70 % of the time, as the reference matches
+        // itself: the absolute gate (1.0) rejects it, the floor-relative gate passes it.
+        let mut c = with_floor(campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 60);
+        c["drift"][0]["concurrency"]["1"]["mean_similarity"] = json!(0.9);
+        let abs = gates(&doc(&c), &Thresholds::v2(), None);
+        assert_eq!(abs.verdict, "reject");
+        assert!(
+            abs.rules.quality.starts_with("absolute"),
+            "{}",
+            abs.rules.quality
+        );
+        let t = v2(|t| {
+            t.quality_min_exact_match = None;
+            t.quality_max_exact_match_drop_vs_floor = Some(0.0);
+            t.quality_min_similarity_vs_floor = Some(1.0);
+        });
+        let g = gates(&doc(&c), &t, None);
+        assert_eq!(g.quality_lane_pass, Some(true), "{:#?}", g.gates);
+        assert!(
+            g.rules.quality.starts_with("floor-relative"),
+            "{}",
+            g.rules.quality
+        );
+        let drop = &gate_of(&g, "quality_max_exact_match_drop_vs_floor").arms[0].levels[0];
+        assert_eq!(
+            (drop.floor, drop.floor_pairs, drop.limit, drop.pass),
+            (Some(0.7), Some(60), Some(0.7), Some(true))
+        );
+        // Below the floor by more than the allowed drop: rejected on measured evidence.
+        let mut below = c.clone();
+        below["drift"][0]["concurrency"]["1"]["exact_match_rate"] = json!(0.6);
+        let t2 = v2(|t| {
+            t.quality_min_exact_match = None;
+            t.quality_max_exact_match_drop_vs_floor = Some(0.05);
+        });
+        assert_eq!(gates(&doc(&below), &t2, None).verdict, "reject");
+        // A floor on too few pairs: inconclusive, never a pass.
+        let few = with_floor(campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 12);
+        let g = gates(&doc(&few), &t2, None);
+        assert_eq!(
+            (g.quality_lane_pass, g.verdict.as_str()),
+            (None, "inconclusive")
+        );
+        let note = g.missing_evidence[0].reason.clone();
+        assert!(
+            note.contains("12 pair(s)") && note.contains("fewer than 30"),
+            "{note}"
+        );
+        // No floor at all (one repetition): nothing to read either.
+        let mut none = few.clone();
+        none["drift_floor"]["reason"] = json!("one repetition");
+        let g = gates(&doc(&none), &t2, None);
+        assert_eq!(g.quality_lane_pass, None);
+    }
+
+    #[test]
+    fn mcnemar_gates_on_discordant_pairs_and_needs_enough_of_them() {
+        let t = v2(|t| t.quality_min_mcnemar_p = Some(0.05));
+        let with = |only_ref: u64, only_arm: u64| {
+            let mut d = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
+            if let Some(e) = d.drift.as_mut().and_then(|x| x.as_mut()) {
+                e[0].mcnemar = Some(crate::stats::McNemar {
+                    pairs: 100,
+                    both_passed: 100 - only_ref - only_arm,
+                    only_reference_passed: only_ref,
+                    only_arm_passed: only_arm,
+                    both_failed: 0,
+                    p_value: crate::stats::mcnemar_p(only_ref, only_arm),
+                });
+            }
+            let g = gates(&d, &t, None);
+            gate_of(&g, "quality_min_mcnemar_p").arms[0].pass
+        };
+        // 12 answers the reference got right and the twin wrong, 1 the other way:
+        // p = 2 x 14/8192 = 0.0034: a difference.
+        assert_eq!(with(12, 1), Some(false));
+        // 7 vs 5: p = 0.77, no difference shown.
+        assert_eq!(with(7, 5), Some(true));
+        // 3 discordant pairs cannot show anything: nothing to read.
+        assert_eq!(with(3, 0), None);
+    }
+
+    #[test]
+    fn a_fit_arm_must_answer_like_the_reference_under_v2_and_v1_warns() {
+        // q4 is twice as fast but its answers are unrelated (similarity 0.153).
+        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
+        c["drift"][1]["concurrency"]["1"]["mean_similarity"] = json!(0.153);
+        c["drift"][1]["mean_similarity"] = json!(0.153);
+        c["drift"][1]["lane"] = json!("performance-fit");
+        let v1 = gates(&doc(&c), &Thresholds::default(), None);
+        assert_eq!(v1.verdict, "adopt");
+        assert_eq!(v1.warnings.len(), 1, "{:?}", v1.warnings);
+        assert!(v1.warnings[0].contains("'q4'") && v1.warnings[0].contains("0.153"));
+        // v2 (no intervals required here): fit_min_mean_similarity 0.5 fails it, so it has
+        // no benefit.
+        let t = v2(|t| t.require_interval = Some(false));
+        let mut d = doc(&c);
+        for a in &mut d.arms {
+            for cell in a.concurrency.values_mut() {
+                cell.decode_pooled_tokens_per_sec = cell.decode_tokens_per_sec;
+                cell.decode_excluded = Some(Default::default());
+            }
+        }
+        let g = gates(&d, &t, None);
+        assert_eq!(g.fit_arms[0].fit_min_mean_similarity, Some(Some(false)));
+        assert_eq!(
+            (g.fit_benefit, g.verdict.as_str()),
+            (Some(false), "keep-reference")
+        );
+        assert!(g.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_burst_arm_does_not_win_a_v2_decode_gate() {
+        // Per request, a buffered arm's streams look 100x faster; every one of them was
+        // bundled, so the pooled estimator has none to read.
+        let mut d = doc(&campaign(1.0, cell(4000.0, 10_000.0, 100.0, 0)));
+        for a in &mut d.arms {
+            for cell in a.concurrency.values_mut() {
+                let burst = a.name == "q4";
+                cell.decode_pooled_tokens_per_sec = (!burst).then_some(100.0);
+                cell.decode_excluded = Some(crate::report::doc::campaign::DecodeExcluded {
+                    bundled: if burst { 10 } else { 0 },
+                    pooled_streams: if burst { 0 } else { 10 },
+                    ..Default::default()
+                });
+            }
+        }
+        let v1 = gates(&d, &Thresholds::default(), None);
+        assert_eq!(v1.fit_arms[0].fit_min_decode_speedup, Some(true));
+        let t = v2(|t| t.require_interval = Some(false));
+        let g = gates(&d, &t, None);
+        assert_eq!(g.fit_arms[0].fit_min_decode_speedup, None);
+        assert_ne!(g.verdict, "adopt");
+        let note = gate_of(&g, "fit_min_decode_speedup").arms[0]
+            .note
+            .clone()
+            .unwrap_or_default();
+        assert!(note.contains("decode_excluded"), "{note}");
+        assert!(g.rules.decode.starts_with("pooled"));
     }
 }

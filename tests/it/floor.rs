@@ -104,3 +104,136 @@ fn a_deterministic_reference_has_a_floor_of_one() {
     assert_eq!(c["drift_floor"]["mean_similarity"], json!(1.0));
     assert_eq!(c["drift"][0]["exact_match_rate_minus_floor"], json!(0.0));
 }
+
+/// A contract for the `floor` plan, `version` 1 or 2, with these thresholds.
+fn contract(dir: &std::path::Path, name: &str, version: u64, thresholds: Value) -> String {
+    let c = json!({"contract_version": version, "locked_at": "2026-12-01T09:00:00Z",
+                   "locked_by": "test", "plan_id": "floor", "thresholds": thresholds});
+    let path = write_plan(dir, name, &c);
+    path.display().to_string()
+}
+
+/// `matrix-proxy verdict RUN --contract FILE --out OUT`: verdict.json as written.
+fn verdict(run_dir: &std::path::Path, contract: &str, out: &std::path::Path) -> Value {
+    let (code, _, err) = run(&[
+        "verdict",
+        s(run_dir),
+        "--contract",
+        contract,
+        "--out",
+        s(out),
+    ]);
+    assert!(code == Some(0) || code == Some(1), "{err}");
+    read_json(out)
+}
+
+#[test]
+fn a_relative_gate_passes_a_twin_at_the_floor_that_the_absolute_gate_rejects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = ["--nondeterministic-share", "0.3"];
+    let plan = campaign(json!([
+        arm("ref", "quality", true, &noisy),
+        arm("twin", "quality", false, &noisy),
+    ]));
+    let (c, _) = run_campaign(tmp.path(), &plan);
+    let rate = c["drift_floor"]["exact_match_rate"].as_f64().unwrap();
+    assert!(rate < 1.0, "{}", c["drift_floor"]);
+    let run_dir = tmp.path().join("run");
+    // v1: the twin matches the reference only as often as the reference matches itself,
+    // under 1.0: rejected.
+    let v1 = contract(tmp.path(), "v1.json", 1, json!({}));
+    let v = verdict(&run_dir, &v1, &tmp.path().join("v1-verdict.json"));
+    assert_eq!(v["verdict"], json!("reject"), "{v:#}");
+    assert_eq!(v["rules"]["contract_version"], json!(1));
+    // v2 relative to the floor: at the floor, passes; the floor and its pairs are said.
+    let v2 = contract(
+        tmp.path(),
+        "v2.json",
+        2,
+        json!({"quality_max_exact_match_drop_vs_floor": 0.0, "quality_min_similarity_vs_floor": 1.0}),
+    );
+    let v = verdict(&run_dir, &v2, &tmp.path().join("v2-verdict.json"));
+    assert_eq!(v["quality_lane_pass"], json!(true), "{v:#}");
+    assert_eq!(
+        v["contract"]["thresholds"]["quality_min_exact_match"],
+        Value::Null
+    );
+    let level = &v["gates"][0]["arms"][0]["levels"][0];
+    assert_eq!(
+        v["gates"][0]["gate"],
+        json!("quality_max_exact_match_drop_vs_floor")
+    );
+    assert_eq!(level["floor"].as_f64(), Some(rate));
+    assert_eq!(level["floor_pairs"], json!(60));
+    assert!(
+        v["rules"]["quality"]
+            .as_str()
+            .unwrap()
+            .starts_with("floor-relative")
+    );
+    // A v2-only field in a v1 contract is refused, with its path.
+    let bad = contract(tmp.path(), "bad.json", 1, json!({"require_interval": true}));
+    let (code, _, err) = run(&["verdict", s(&run_dir), "--contract", &bad]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("thresholds.require_interval: exists only in contract_version 2"),
+        "{err}"
+    );
+    // Three repetitions a level: the paired intervals say they need five.
+    let e = &c["intervals"]["entries"][0];
+    assert_eq!(c["intervals"]["paired"], json!(true));
+    assert_eq!(e["interval"], Value::Null);
+    assert!(e["reason"].as_str().unwrap().contains("at least 5"), "{e}");
+}
+
+#[test]
+fn a_buffered_arm_does_not_win_a_v2_decode_gate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paced = ["--per-token-ms", "4"];
+    let burst = ["--per-token-ms", "4", "--burst-after-first", "2"];
+    let mut plan = campaign(json!([
+        arm("ref", "quality", true, &paced),
+        arm("burst", "performance-fit", false, &burst),
+    ]));
+    plan["requests_per_case"] = json!(8);
+    plan["cases"][0]["variants"] = json!([{"name": "p", "request": {
+        "messages": [{"role": "user", "content": "count"}], "max_tokens": 12, "stream": true}}]);
+    let (c, _) = run_campaign(tmp.path(), &plan);
+    let run_dir = tmp.path().join("run");
+    // Every stream of the buffered arm is marked bundled, none of the reference's.
+    let rows = Rows::read(&run_dir);
+    let (arms, bundled) = (rows.strs("arm"), rows.bools("stream_bundled"));
+    let phases = rows.strs("phase");
+    for ((a, b), p) in arms.iter().zip(&bundled).zip(&phases) {
+        if p.as_deref() == Some("measured") {
+            assert_eq!(*b, Some(a.as_deref() == Some("burst")), "{a:?}");
+        }
+    }
+    let cell = |arm: usize| c["arms"][arm]["concurrency"]["1"].clone();
+    assert_eq!(cell(1)["decode_excluded"]["bundled"], json!(24));
+    assert_eq!(cell(1)["decode_pooled_tokens_per_sec"], Value::Null);
+    assert_eq!(cell(0)["decode_excluded"]["pooled_streams"], json!(24));
+    // Per request the burst looks several times faster: v1's gate passes it ...
+    let per_request = |arm: usize| cell(arm)["decode_tokens_per_sec"].as_f64().unwrap();
+    assert!(per_request(1) > 2.0 * per_request(0), "{c:#}");
+    let t = json!({"fit_min_memory_reduction": 0.0, "max_p95_latency_ratio": 100.0});
+    let v1 = contract(tmp.path(), "v1.json", 1, t.clone());
+    let v = verdict(&run_dir, &v1, &tmp.path().join("v1.json.out"));
+    assert_eq!(
+        v["fit_arms"][0]["fit_min_decode_speedup"],
+        json!(true),
+        "{v:#}"
+    );
+    // ... v2's pooled estimator has no unbundled stream to read: no win.
+    let mut t2 = t;
+    t2["require_interval"] = json!(false);
+    t2["fit_min_mean_similarity"] = json!(0.0);
+    let v2 = contract(tmp.path(), "v2.json", 2, t2);
+    let v = verdict(&run_dir, &v2, &tmp.path().join("v2.json.out"));
+    assert_eq!(
+        v["fit_arms"][0]["fit_min_decode_speedup"],
+        Value::Null,
+        "{v:#}"
+    );
+    assert_ne!(v["verdict"], json!("adopt"));
+}

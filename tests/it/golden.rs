@@ -62,6 +62,17 @@ const MASKED_KEYS: &[&str] = &[
     "delta",
     "relative_delta",
     "mean_similarity",
+    // Bootstrap intervals and the round values they resample; how many streams
+    // arrived bundled (TCP may coalesce events on a loaded machine).
+    "interval",
+    "low",
+    "high",
+    "values",
+    "difference_shown",
+    "pooled",
+    "bundled",
+    "bundled_streams",
+    "pooled_streams",
     // An open round's timing: how late its sends were, and what met the slo.
     "late_sends",
     "saturated",
@@ -131,8 +142,11 @@ fn differences(at: &str, key: &str, golden: &Value, new: &Value, out: &mut Vec<S
                 out.push(format!("{at}: keys {kg:?} in the golden copy, {kn:?} now"));
                 return;
             }
+            // Under a masked key (`host`) every value is masked too: keys and types are
+            // still compared.
             for (k, gv) in g {
-                differences(&format!("{at}/{k}"), k, gv, &n[k], out);
+                let child = if mask { key } else { k.as_str() };
+                differences(&format!("{at}/{k}"), child, gv, &n[k], out);
             }
         }
         (Value::Array(g), Value::Array(n)) => {

@@ -38,8 +38,8 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     assert_eq!(config["contract"]["sha256"], json!(sha256_file(contract)));
     assert_eq!(config["workload_sha256"].as_str().map(str::len), Some(64));
 
-    // Drift: one entry per non-reference arm; 2 cases (3 requests) x 16 x 2 levels x 2
-    // repetitions = 128 pairs each.
+    // Drift: one entry per non-reference arm; 2 cases x 8 requests x 2 levels x 5
+    // repetitions = 160 pairs each.
     let c = read_json(&run_dir.join("campaign.json"));
     let drift = c["drift"].as_array().unwrap();
     assert_eq!(drift.len(), 2);
@@ -54,7 +54,7 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         ),
         (
             &json!("twin"),
-            &json!(128),
+            &json!(160),
             &json!(1.0),
             &json!(1.0),
             &json!(false)
@@ -68,13 +68,44 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     let sim = fit["mean_similarity"].as_f64().unwrap();
     assert!(sim > 0.0 && sim < 1.0, "{sim}");
     let prompts = fit["prompts"].as_array().unwrap();
-    assert_eq!(prompts.len(), 128);
+    assert_eq!(prompts.len(), 160);
     assert!(
         prompts
             .iter()
             .all(|p| p["first_divergence_char"].is_u64() && p["equal"] == json!(false))
     );
-    assert_eq!(fit["concurrency"]["4"]["compared_prompts"], json!(64));
+    assert_eq!(fit["concurrency"]["4"]["compared_prompts"], json!(80));
+    // Every case weighs the same here (8 requests each): the case mean is the pooled rate.
+    assert_eq!(fit["weights"]["by_case"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        twin["weights"]["case_mean_exact_match_rate"],
+        twin["exact_match_rate"]
+    );
+    // The reference against itself: 2 cases x 8 x 2 levels x 10 pairs of repetitions.
+    assert_eq!(c["drift_floor"]["compared_prompts"], json!(320));
+    // Intervals, paired (interleaved): five rounds a side give one for every value; the
+    // fast arm's pooled decode is well clear of the reference's.
+    assert_eq!(c["intervals"]["paired"], json!(true));
+    let entries = c["intervals"]["entries"].as_array().unwrap();
+    let pooled = entries
+        .iter()
+        .find(|e| {
+            e["arm"] == json!("fast-fit")
+                && e["concurrency"] == json!(1)
+                && e["metric"] == json!("decode_pooled_tokens_per_sec")
+        })
+        .unwrap();
+    let low = pooled["interval"]["low"].as_f64().unwrap();
+    assert!(
+        low > 1.5 && low <= pooled["ratio"].as_f64().unwrap(),
+        "{pooled}"
+    );
+    assert_eq!(pooled["rounds_arm"], json!(10));
+    assert!(
+        stdout
+            .contains("fast-fit vs reference c=1, paired rounds, 95 % intervals: pooled decode x"),
+        "{stdout}"
+    );
 
     // verdict.json: pre-registered, every gate, the verdict.
     let v = read_json(&run_dir.join("verdict.json"));
@@ -111,6 +142,56 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         speedup["levels"].as_array().unwrap().len(),
         2,
         "both levels compared"
+    );
+    // v1 has no gate on a fit arm's answers: it warns that fast-fit's are far off.
+    assert_eq!(v["rules"]["contract_version"], json!(1));
+    let warning = v["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("'fast-fit'") && warning.contains("below 0.5"),
+        "{warning}"
+    );
+    // The v2 demo contract on the same run: floor-relative quality, intervals required,
+    // and fit_min_mean_similarity fails fast-fit: no benefit, keep the reference.
+    let v2_out = tmp.path().join("v2-verdict.json");
+    let (code, v2_text, stderr) = run(&[
+        "verdict",
+        s(&run_dir),
+        "--contract",
+        "plans/campaign-demo.contract-v2.json",
+        "--out",
+        s(&v2_out),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let v2 = read_json(&v2_out);
+    assert_eq!(
+        (
+            &v2["verdict"],
+            &v2["quality_lane_pass"],
+            &v2["rules"]["contract_version"]
+        ),
+        (&json!("keep-reference"), &json!(true), &json!(2))
+    );
+    assert_eq!(v2["fit_arms"][0]["fit_min_mean_similarity"], json!(false));
+    assert_eq!(v2["fit_arms"][0]["fit_min_decode_speedup"], json!(true));
+    let speed = v2["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gate"] == json!("fit_min_decode_speedup"))
+        .unwrap();
+    assert_eq!(
+        speed["arms"][0]["levels"][0]["metric"],
+        json!("decode_pooled_tokens_per_sec")
+    );
+    assert!(
+        speed["arms"][0]["levels"][0]["interval"][0]
+            .as_f64()
+            .unwrap()
+            > 1.1
+    );
+    assert!(
+        v2_text.contains("rules (contract v2): quality floor-relative; ratio gates interval"),
+        "{v2_text}"
     );
 
     // Later, with the same contract: not post hoc, same verdict, verdict.json again.

@@ -44,6 +44,10 @@ pub(crate) struct CampaignDoc {
     /// made before the floor existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) drift_floor: Option<DriftFloor>,
+    /// The ratio gates' values with their bootstrap intervals (absent until computed from
+    /// the recorded rows, and in runs made before intervals existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) intervals: Option<Intervals>,
     /// Why there is no drift (only under `--no-record`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) drift_unavailable_reason: Option<String>,
@@ -99,7 +103,14 @@ pub(crate) struct Cell {
     pub(crate) latency_p95_ms: Option<f64>,
     pub(crate) prefill_tokens_per_sec: Option<f64>,
     pub(crate) decode_tokens_per_sec: Option<f64>,
+    /// Output tokens / decode time, summed over the cell's unbundled streams (v2's decode
+    /// gates read it); absent in cells written before it existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) decode_pooled_tokens_per_sec: Option<f64>,
     pub(crate) aggregate_decode_tokens_per_sec: Option<f64>,
+    /// Streams each decode estimator left out, by reason (absent in older cells).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) decode_excluded: Option<DecodeExcluded>,
     pub(crate) output_tokens: i64,
     pub(crate) peak_rss_bytes: Option<u64>,
     pub(crate) peak_rss_scope: String,
@@ -124,6 +135,22 @@ impl Cell {
     }
 }
 
+/// A cell's streams left out of its decode estimators, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct DecodeExcluded {
+    /// Left out of both (`decode_tokens_per_sec`, the per-request mean, and the pooled
+    /// estimator): no first-token time, no token count, no decode time (total == ttft).
+    pub(crate) no_first_token: u64,
+    pub(crate) no_tokens: u64,
+    pub(crate) no_decode_time: u64,
+    /// `stream_bundled` streams: counted in the per-request mean (as ever), left out of
+    /// the pooled estimator.
+    pub(crate) bundled: u64,
+    /// Streams the pooled estimator summed.
+    pub(crate) pooled_streams: u64,
+}
+
 /// One arm's drift against the reference.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct DriftEntry {
@@ -140,8 +167,87 @@ pub(crate) struct DriftEntry {
     pub(crate) floor_exact_match_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) exact_match_rate_minus_floor: Option<f64>,
+    /// The exact McNemar test on answers judged by an oracle on both sides (absent when
+    /// no case has an oracle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) mcnemar: Option<crate::stats::McNemar>,
+    /// The pooled rates weigh every pair alike; these weigh each case, and each variant,
+    /// as one (absent in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) weights: Option<Weights>,
     #[serde(flatten)]
     pub(crate) drift: crate::drift::Drift,
+}
+
+/// Exact match and similarity per case and per variant, and their unweighted means.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Weights {
+    pub(crate) pooled: String,
+    pub(crate) by_case: Vec<GroupRate>,
+    pub(crate) by_variant: Vec<GroupRate>,
+    /// Mean over cases of each case's rate (every case weighs one).
+    pub(crate) case_mean_exact_match_rate: Option<f64>,
+    pub(crate) case_mean_similarity: Option<f64>,
+    /// Mean over variants of each variant's rate (every variant weighs one).
+    pub(crate) variant_mean_exact_match_rate: Option<f64>,
+    pub(crate) variant_mean_similarity: Option<f64>,
+}
+
+/// One case's (or variant's) pairs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct GroupRate {
+    pub(crate) case: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) variant: Option<String>,
+    pub(crate) compared_prompts: u64,
+    pub(crate) exact_match_rate: f64,
+    pub(crate) mean_similarity: f64,
+}
+
+impl DriftEntry {
+    /// Fill `weights` from the per-pair list (`prompts`); kept absent without pairs.
+    pub(crate) fn with_weights(mut self) -> DriftEntry {
+        let mut cases: BTreeMap<&str, (u64, u64, f64)> = BTreeMap::new();
+        let mut variants: BTreeMap<(&str, Option<&str>), (u64, u64, f64)> = BTreeMap::new();
+        for p in &self.drift.prompts {
+            for t in [
+                cases.entry(&p.case).or_default(),
+                variants.entry((&p.case, p.variant.as_deref())).or_default(),
+            ] {
+                t.0 += 1;
+                t.1 += u64::from(p.equal);
+                t.2 += p.similarity;
+            }
+        }
+        if cases.is_empty() {
+            return self;
+        }
+        let rate = |case: &str, variant: Option<&str>, (n, eq, sim): (u64, u64, f64)| GroupRate {
+            case: case.into(),
+            variant: variant.map(str::to_string),
+            compared_prompts: n,
+            exact_match_rate: eq as f64 / n as f64,
+            mean_similarity: sim / n as f64,
+        };
+        let by_case: Vec<GroupRate> = cases.iter().map(|(c, t)| rate(c, None, *t)).collect();
+        let by_variant: Vec<GroupRate> =
+            variants.iter().map(|((c, v), t)| rate(c, *v, *t)).collect();
+        let mean = |v: &[GroupRate], f: fn(&GroupRate) -> f64| {
+            (!v.is_empty()).then(|| v.iter().map(f).sum::<f64>() / v.len() as f64)
+        };
+        self.weights = Some(Weights {
+            pooled: "exact_match_rate and mean_similarity (and every gate that reads them) pool pairs: a case with more variants, levels or repetitions weighs more".into(),
+            case_mean_exact_match_rate: mean(&by_case, |g| g.exact_match_rate),
+            case_mean_similarity: mean(&by_case, |g| g.mean_similarity),
+            variant_mean_exact_match_rate: mean(&by_variant, |g| g.exact_match_rate),
+            variant_mean_similarity: mean(&by_variant, |g| g.mean_similarity),
+            by_case,
+            by_variant,
+        });
+        self
+    }
 }
 
 /// campaign.json's `drift_floor`: the reference's answers against its own repeats (every
@@ -157,6 +263,46 @@ pub(crate) struct DriftFloor {
     pub(crate) drift: crate::drift::Drift,
 }
 
+/// campaign.json's `intervals`: how they were resampled, and one entry per arm, level and
+/// value.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Intervals {
+    pub(crate) paired: bool,
+    pub(crate) pairing: String,
+    pub(crate) resamples: usize,
+    pub(crate) seed: u64,
+    pub(crate) min_rounds: usize,
+    pub(crate) confidence: f64,
+    pub(crate) entries: Vec<RatioInterval>,
+}
+
+/// An arm's value over the reference's at one level, and its interval.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct RatioInterval {
+    pub(crate) arm: String,
+    pub(crate) concurrency: u64,
+    /// The cell's key of the value (`latency_p95_ms`, `decode_pooled_tokens_per_sec`, ...).
+    pub(crate) metric: String,
+    /// The arm's value / the reference's, every round pooled.
+    pub(crate) ratio: f64,
+    /// `null` with the reason when there is none (fewer than `min_rounds` rounds a side).
+    pub(crate) interval: Option<crate::stats::Interval>,
+    pub(crate) reason: Option<String>,
+    pub(crate) rounds_arm: usize,
+    pub(crate) rounds_reference: usize,
+}
+
+impl Intervals {
+    /// The entry for `arm`'s `metric` at level `c`.
+    pub(crate) fn find(&self, arm: &str, c: u64, metric: &str) -> Option<&RatioInterval> {
+        self.entries
+            .iter()
+            .find(|e| e.arm == arm && e.concurrency == c && e.metric == metric)
+    }
+}
+
 /// What campaign.json's keys mean.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -165,6 +311,8 @@ pub(crate) struct CampaignDefinitions {
     pub(crate) latency_ms: String,
     pub(crate) ttft_ms: String,
     pub(crate) decode_tokens_per_sec: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) decode_pooled_tokens_per_sec: String,
     pub(crate) prefill_tokens_per_sec: String,
     pub(crate) aggregate_decode_tokens_per_sec: String,
     pub(crate) peak_vram_bytes: String,

@@ -72,6 +72,14 @@ pub(crate) struct MetricDelta {
     pub(crate) b: Option<SpreadDoc>,
     pub(crate) delta: Option<f64>,
     pub(crate) relative_delta: Option<f64>,
+    /// The delta's 95 % bootstrap interval (unpaired), or why there is none.
+    #[serde(default)]
+    pub(crate) interval: Option<crate::stats::Interval>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) interval_reason: Option<String>,
+    /// Whether the interval excludes 0 (`null` without an interval).
+    #[serde(default)]
+    pub(crate) difference_shown: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,4 +94,8 @@ pub(crate) struct MetricDefinitions {
     pub(crate) b: String,
     pub(crate) delta: String,
     pub(crate) relative_delta: String,
+    #[serde(default)]
+    pub(crate) interval: String,
+    #[serde(default)]
+    pub(crate) difference_shown: String,
 }

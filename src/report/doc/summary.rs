@@ -250,6 +250,11 @@ pub(crate) struct StreamDoc {
 pub(crate) struct TokensPerSecond {
     pub(crate) per_request_mean: Option<f64>,
     pub(crate) aggregate: Option<f64>,
+    /// Output tokens / decode time over the round's unbundled streams.
+    pub(crate) pooled: Option<f64>,
+    /// Streams whose tokens after the first arrived in one read (`stream_bundled`): in
+    /// the per-request mean, left out of `pooled`.
+    pub(crate) bundled_streams: u64,
 }
 
 /// An open round's own numbers.
@@ -304,13 +309,16 @@ pub(crate) struct RoundAggregate {
     pub(crate) arm: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SpreadDoc {
     pub(crate) rounds: usize,
     pub(crate) min: f64,
     pub(crate) median: f64,
     pub(crate) max: f64,
     pub(crate) relative_spread: Option<f64>,
+    /// Each round's value in round order (absent in summaries written before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) values: Vec<f64>,
 }
 
 impl<T> Default for Missed<T> {
@@ -331,6 +339,7 @@ impl From<&Spread> for SpreadDoc {
             median: s.median,
             max: s.max,
             relative_spread: s.relative_spread,
+            values: s.values.clone(),
         }
     }
 }
@@ -423,6 +432,8 @@ impl Round {
                 output_tokens_per_second: TokensPerSecond {
                     per_request_mean: st.output_tokens_per_second_mean,
                     aggregate: st.output_tokens_per_second_aggregate,
+                    pooled: st.output_tokens_per_second_pooled,
+                    bundled_streams: st.bundled_streams,
                 },
                 prefill_tokens_per_second_mean: st.prefill_tokens_per_second_mean,
             }),

@@ -77,9 +77,30 @@ pub(crate) struct Gates {
     pub(crate) fit_arms: Vec<FitArm>,
     pub(crate) reference_arm: String,
     pub(crate) gates: Vec<Gate>,
+    /// Which rules the contract's version applied.
+    pub(crate) rules: Rules,
+    /// What the verdict did not decide on but a reader must know (a v1 contract's fit arm
+    /// whose answers are far from the reference's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) warnings: Vec<String>,
     /// Every gate and arm with nothing to read, and why (absent when there is none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) missing_evidence: Vec<MissingEvidence>,
+}
+
+/// The rules a verdict applied, by the contract's version.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Rules {
+    pub(crate) contract_version: u64,
+    /// Absolute, floor-relative, or both.
+    pub(crate) quality: String,
+    /// The point rule (v1) or the interval rule (`require_interval`).
+    pub(crate) ratio: String,
+    /// Which decode estimator the decode gates read.
+    pub(crate) decode: String,
+    /// What exact-match and similarity gates weigh.
+    pub(crate) weights: String,
 }
 
 /// A gate that had nothing to read for an arm.
@@ -103,6 +124,19 @@ pub(crate) struct FitArm {
     pub(crate) fit_min_decode_speedup: Option<bool>,
     pub(crate) max_p95_latency_ratio: Option<bool>,
     pub(crate) min_decode_ratio: Option<bool>,
+    /// v2 only (absent from a v1 verdict): the fit arm's answers against the reference's.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::present"
+    )]
+    pub(crate) fit_min_mean_similarity: Option<Option<bool>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::present"
+    )]
+    pub(crate) fit_min_exact_match: Option<Option<bool>>,
 }
 
 /// One gate over every arm it applies to.
@@ -176,8 +210,19 @@ pub(crate) struct GateLevel {
     pub(crate) ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) limit: Option<f64>,
+    /// v2 floor-relative gates: the floor's value at this level and its pairs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) floor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) floor_pairs: Option<u64>,
+    /// `require_interval`: the ratio's 95 % bootstrap interval `[low, high]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) interval: Option<[f64; 2]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) pass: Option<bool>,
+    /// Why the level has nothing to read (`pass` absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) note: Option<String>,
 }
 
 impl VerdictDoc {

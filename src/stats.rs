@@ -1,0 +1,308 @@
+//! The statistics a verdict rests on, pure and seeded: percentile bootstrap intervals over
+//! rounds (paired or not) and the exact McNemar test. Every number here can be recomputed
+//! outside the tool from the documented procedure (docs/campaigns.md, "Intervals"):
+//!
+//! - The random stream is ChaCha8 keyed by the seed's 8 bytes, little-endian, then 24
+//!   zero bytes (stream 0, counter from 0), read as 64-bit words (low 32 bits first).
+//! - An index below `n` is `next_u64() % n` (the bias is below 2^-50 for any n a run has).
+//! - Resample `k` (0 to [`RESAMPLES`] - 1) walks the groups in their order; in each it
+//!   draws side A's indices, then side B's (unpaired), or one set of indices for both
+//!   (paired: round `i` of A goes with round `i` of B).
+//! - The interval is the nearest-rank 2.5th and 97.5th percentile of the resampled
+//!   statistics (ranks 50 and 1,950 of 2,000).
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Resamples per interval.
+pub(crate) const RESAMPLES: usize = 2000;
+/// The seed every interval of a run uses unless a caller says otherwise ("matrix" in
+/// ASCII): the same rows give the same interval on every machine.
+pub(crate) const SEED: u64 = 0x6d61_7472_6978;
+/// Fewer rounds than this on a side of a group: no interval.
+pub(crate) const MIN_ROUNDS: usize = 5;
+/// Fewer discordant pairs than this: the McNemar test is not read (at 5 or fewer it cannot
+/// reach p < 0.05 whatever the split).
+pub(crate) const MIN_DISCORDANT: u64 = 10;
+
+/// The documented random stream.
+pub(crate) struct Stream(ChaCha8Rng);
+
+impl Stream {
+    pub(crate) fn new(seed: u64) -> Stream {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        Stream(ChaCha8Rng::from_seed(key))
+    }
+
+    /// An index below `n` (`n` > 0).
+    pub(crate) fn index(&mut self, n: usize) -> usize {
+        (self.0.next_u64() % n as u64) as usize
+    }
+}
+
+/// A 95 % percentile bootstrap interval of a statistic (a ratio or a delta).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Interval {
+    pub(crate) low: f64,
+    pub(crate) high: f64,
+    pub(crate) resamples: usize,
+    pub(crate) seed: u64,
+    /// Round `i` of one side resampled with round `i` of the other.
+    pub(crate) paired: bool,
+}
+
+impl Interval {
+    /// Whether the interval holds `x` (inclusive).
+    pub(crate) fn spans(&self, x: f64) -> bool {
+        self.low <= x && x <= self.high
+    }
+}
+
+/// One group of rounds (a case at a level): side A's and side B's, in round order. Paired
+/// groups hold the same number of rounds on both sides, round `i` with round `i`.
+pub(crate) struct Group<'a, T> {
+    pub(crate) a: &'a [T],
+    pub(crate) b: &'a [T],
+}
+
+/// The bootstrap interval of `stat(A's drawn rounds, B's drawn rounds)` over `groups`
+/// (every group resampled within itself). `Err`: why there is none (a group with fewer
+/// than [`MIN_ROUNDS`] rounds on a side, paired sides of unequal length, or a resample
+/// whose statistic is undefined).
+pub(crate) fn bootstrap<T>(
+    groups: &[Group<'_, T>],
+    paired: bool,
+    seed: u64,
+    stat: impl Fn(&[&T], &[&T]) -> Option<f64>,
+) -> Result<Interval, String> {
+    if groups.is_empty() {
+        return Err("no rounds to resample".into());
+    }
+    for g in groups {
+        let fewest = g.a.len().min(g.b.len());
+        if fewest < MIN_ROUNDS {
+            return Err(format!(
+                "{} and {} rounds: an interval needs at least {MIN_ROUNDS} rounds per side",
+                g.a.len(),
+                g.b.len()
+            ));
+        }
+        if paired && g.a.len() != g.b.len() {
+            return Err(format!(
+                "{} vs {} rounds: paired rounds must match one for one",
+                g.a.len(),
+                g.b.len()
+            ));
+        }
+    }
+    let mut rng = Stream::new(seed);
+    let mut stats = Vec::with_capacity(RESAMPLES);
+    let (mut xa, mut xb): (Vec<&T>, Vec<&T>) = (Vec::new(), Vec::new());
+    for _ in 0..RESAMPLES {
+        xa.clear();
+        xb.clear();
+        for g in groups {
+            if paired {
+                for _ in 0..g.a.len() {
+                    let i = rng.index(g.a.len());
+                    xa.push(&g.a[i]);
+                    xb.push(&g.b[i]);
+                }
+            } else {
+                for _ in 0..g.a.len() {
+                    xa.push(&g.a[rng.index(g.a.len())]);
+                }
+                for _ in 0..g.b.len() {
+                    xb.push(&g.b[rng.index(g.b.len())]);
+                }
+            }
+        }
+        match stat(&xa, &xb).filter(|s| s.is_finite()) {
+            Some(s) => stats.push(s),
+            None => {
+                return Err(
+                    "a resample's statistic was undefined (a zero denominator or no sample)".into(),
+                );
+            }
+        }
+    }
+    stats.sort_by(f64::total_cmp);
+    // Nearest rank: ceil(p x n), 1-based.
+    let rank = |p: f64| ((p * RESAMPLES as f64).ceil() as usize).clamp(1, RESAMPLES) - 1;
+    Ok(Interval {
+        low: stats[rank(0.025)],
+        high: stats[rank(0.975)],
+        resamples: RESAMPLES,
+        seed,
+        paired,
+    })
+}
+
+/// The exact McNemar test on paired pass / fail outcomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct McNemar {
+    /// Pairs judged on both sides.
+    pub(crate) pairs: u64,
+    /// Passed on both sides, and failed on both.
+    pub(crate) both_passed: u64,
+    pub(crate) both_failed: u64,
+    /// The reference passed and the arm failed.
+    pub(crate) only_reference_passed: u64,
+    /// The arm passed and the reference failed.
+    pub(crate) only_arm_passed: u64,
+    /// Two-sided exact p-value: `min(1, 2 x P(X <= min(b, c)))` for X ~ Binomial(b + c,
+    /// 1/2); 1.0 with no discordant pair.
+    pub(crate) p_value: f64,
+}
+
+impl McNemar {
+    /// Tally `(reference passed, arm passed)` pairs.
+    pub(crate) fn of(pairs: impl IntoIterator<Item = (bool, bool)>) -> McNemar {
+        let mut m = McNemar::default();
+        for (r, a) in pairs {
+            m.pairs += 1;
+            match (r, a) {
+                (true, true) => m.both_passed += 1,
+                (false, false) => m.both_failed += 1,
+                (true, false) => m.only_reference_passed += 1,
+                (false, true) => m.only_arm_passed += 1,
+            }
+        }
+        m.p_value = mcnemar_p(m.only_reference_passed, m.only_arm_passed);
+        m
+    }
+
+    pub(crate) fn discordant(&self) -> u64 {
+        self.only_reference_passed + self.only_arm_passed
+    }
+}
+
+/// The exact two-sided McNemar p-value for `b` and `c` discordant pairs, summed in log
+/// space (exact for any count a run has; no underflow at large `b + c`).
+pub(crate) fn mcnemar_p(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let k = b.min(c);
+    // ln C(n, i) built up from ln C(n, 0) = 0.
+    let ln2n = n as f64 * std::f64::consts::LN_2;
+    let mut ln_c = 0.0f64;
+    let mut terms = Vec::with_capacity(k as usize + 1);
+    for i in 0..=k {
+        if i > 0 {
+            ln_c += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        }
+        terms.push(ln_c - ln2n);
+    }
+    let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let tail = top.exp() * terms.iter().map(|t| (t - top).exp()).sum::<f64>();
+    (2.0 * tail).min(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcnemar_matches_a_hand_computation() {
+        // b = 2, c = 8: P(X <= 2) for Binomial(10, 1/2) = (1 + 10 + 45) / 1024 = 56/1024;
+        // two-sided: 112/1024 = 0.109375.
+        assert!((mcnemar_p(2, 8) - 112.0 / 1024.0).abs() < 1e-12);
+        assert!((mcnemar_p(8, 2) - 112.0 / 1024.0).abs() < 1e-12);
+        // b = 0, c = 6: 2 x 1/64 = 0.03125.
+        assert!((mcnemar_p(0, 6) - 2.0 / 64.0).abs() < 1e-12);
+        // Balanced: capped at 1.
+        assert_eq!(mcnemar_p(5, 5), 1.0);
+        assert_eq!(mcnemar_p(0, 0), 1.0);
+        // Large counts do not underflow: 500 vs 600 is p ~ 0.0028.
+        let p = mcnemar_p(500, 600);
+        assert!(p > 0.001 && p < 0.005, "{p}");
+        let m = McNemar::of([(true, true), (true, false), (false, true), (true, false)]);
+        assert_eq!(
+            (
+                m.pairs,
+                m.both_passed,
+                m.only_reference_passed,
+                m.only_arm_passed
+            ),
+            (4, 1, 2, 1)
+        );
+        assert_eq!(m.p_value, 1.0);
+    }
+
+    #[test]
+    fn the_stream_is_chacha8_from_the_documented_key() {
+        // Pinned: the interop check recomputes these words in Python from the ChaCha
+        // block function; a change of crate or platform shows here first.
+        let mut s = Stream::new(SEED);
+        let words: Vec<u64> = (0..40).map(|_| s.0.next_u64()).collect();
+        assert_eq!(
+            (words[0], words[1], words[2], words[39]),
+            (
+                0xf7ee_c5c8_8625_af57,
+                0x42ba_0d01_1a18_c1e8,
+                0x2d2c_91ab_8f8f_19a6,
+                // Past the crate's four-block buffer.
+                0x3de2_9e86_f886_7995
+            ),
+            "{words:x?}"
+        );
+    }
+
+    /// Ratio of the means of B's and A's drawn rounds.
+    fn ratio(a: &[&f64], b: &[&f64]) -> Option<f64> {
+        let m = |v: &[&f64]| v.iter().copied().sum::<f64>() / v.len() as f64;
+        (m(a) > 0.0).then(|| m(b) / m(a))
+    }
+
+    #[test]
+    fn a_small_win_inside_the_spread_spans_one_and_a_large_one_does_not() {
+        // Ten rounds of a reference around 100 tok/s with a 10 % spread (90 to 110), and
+        // an arm whose rounds are 3 % faster but independently noisy; then 30 % faster.
+        let reference: Vec<f64> = (0..10)
+            .map(|i| 90.0 + (i * 7 % 10) as f64 * 20.0 / 9.0)
+            .collect();
+        let noise: Vec<f64> = (0..10)
+            .map(|i| 90.0 + (i * 3 % 10) as f64 * 20.0 / 9.0)
+            .collect();
+        for (gain, spans) in [(1.03, true), (1.30, false)] {
+            let arm: Vec<f64> = noise.iter().map(|x| x * gain).collect();
+            for paired in [true, false] {
+                let g = [Group {
+                    a: &reference[..],
+                    b: &arm[..],
+                }];
+                let i = bootstrap(&g, paired, SEED, ratio).expect("an interval");
+                assert_eq!(i.spans(1.0), spans, "{gain} paired={paired}: {i:?}");
+                assert!(i.low < gain && gain < i.high + 0.05, "{i:?}");
+                // A 1.02 speed gate under require_interval reads the low end.
+                assert_eq!(i.low >= 1.02, !spans, "{i:?}");
+            }
+        }
+        // Seeded: the same rows, the same interval.
+        let g = [Group {
+            a: &reference[..],
+            b: &noise[..],
+        }];
+        assert_eq!(
+            bootstrap(&g, true, SEED, ratio),
+            bootstrap(&g, true, SEED, ratio)
+        );
+        // Too few rounds, or unequal paired sides: no interval, with the reason.
+        let short = [Group {
+            a: &reference[..4],
+            b: &noise[..4],
+        }];
+        let e = bootstrap(&short, false, SEED, ratio).expect_err("4 rounds");
+        assert!(e.contains("at least 5"), "{e}");
+        let uneven = [Group {
+            a: &reference[..6],
+            b: &noise[..7],
+        }];
+        assert!(bootstrap(&uneven, true, SEED, ratio).is_err());
+        assert!(bootstrap(&uneven, false, SEED, ratio).is_ok());
+    }
+}
