@@ -961,6 +961,46 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_pooled_decode_estimator_sums_before_it_divides_and_counts_what_it_leaves_out() {
+        // 10 tokens in 0.1 s and 10 in 0.2 s of decode: 20 / 0.3 = 66.7 pooled (the
+        // per-request mean is 75.0).
+        let (a, b) = (
+            streamed(0, 0, 100_000, 10, 1),
+            streamed(0, 0, 200_000, 10, 1),
+        );
+        let d = decode(&[&a, &b]);
+        assert!((d.pooled_tokens_per_second.unwrap() - 20.0 / 0.3).abs() < 1e-9);
+        assert_eq!(d.pooled_streams, 2);
+        // A burst: 9 tokens after the first in one read, 185 us later. The per-request
+        // mean jumps; the pooled estimator leaves it out and counts it.
+        let mut burst = streamed(0, 0, 185, 10, 1);
+        if let Some(st) = burst.stream.as_mut() {
+            st.gaps_us = [vec![185], vec![0; 8]].concat();
+            st.bundled = true;
+        }
+        let no_decode = Sample {
+            total_us: Some(0),
+            ..streamed(0, 0, 100, 2, 1)
+        };
+        let d = decode(&[&a, &b, &burst, &no_decode]);
+        assert!((d.pooled_tokens_per_second.unwrap() - 20.0 / 0.3).abs() < 1e-9);
+        assert_eq!((d.bundled, d.no_decode_time, d.pooled_streams), (1, 1, 2));
+        let mean = stream_metrics(&[&a, &b, &burst], 1.0)
+            .and_then(|m| m.output_tokens_per_second_mean)
+            .unwrap();
+        assert!(mean > 10_000.0, "{mean}");
+        // What counts as bundled: more than half of the events after the first in one
+        // read, at least two of them.
+        use crate::model::bundled;
+        assert!(bundled(&[0, 5, 5, 5]));
+        assert!(bundled(&[0, 5, 5]));
+        assert!(!bundled(&[0, 5]));
+        assert!(!bundled(&[0, 1, 2, 3, 3]));
+        assert!(bundled(&[0, 1, 3, 3, 3]));
+        assert!(!bundled(&[]));
+    }
+
     fn streamed(start_us: i64, ttft_us: i64, total_us: i64, tokens: i64, prompt: i64) -> Sample {
         let step = (total_us - ttft_us) / (tokens - 1);
         let offsets: Vec<i64> = (0..tokens).map(|i| ttft_us + i * step).collect();

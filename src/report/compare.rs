@@ -152,7 +152,8 @@ pub(crate) fn definitions() -> MetricDefinitions {
 }
 
 /// The terminal table: per pair, case and concurrency, the shown metrics' medians with
-/// each run's [min-max] and the relative change.
+/// each run's [min-max] and the relative change with its 95 % interval (both as shares of
+/// A's median), or "no difference shown" when the interval spans 0.
 pub(crate) fn table(doc: &CompareDoc) -> String {
     let w = &doc.workload_sha256;
     let mut out = format!(
@@ -195,11 +196,15 @@ pub(crate) fn table(doc: &CompareDoc) -> String {
             let rel = m
                 .relative_delta
                 .map_or("-".into(), |r| format!("{:+.1} %", r * 100.0));
-            let rel = match (m.difference_shown, &m.interval) {
-                (Some(false), _) => format!("no difference shown ({rel})"),
-                (Some(true), Some(i)) => {
-                    format!("{rel} [{:+.2}, {:+.2}]", i.low * scale, i.high * scale)
-                }
+            // The interval as a share of A's median, as the change is.
+            let base = m.a.as_ref().map(|a| a.median).filter(|x| *x != 0.0);
+            let rel = match (m.difference_shown, &m.interval, base) {
+                (Some(false), _, _) => format!("no difference shown ({rel})"),
+                (Some(true), Some(i), Some(b)) => format!(
+                    "{rel} [{:+.2}, {:+.2}] %",
+                    i.low / b * 100.0,
+                    i.high / b * 100.0
+                ),
                 _ => rel,
             };
             out.push_str(&format!(

@@ -6,13 +6,17 @@ measured rows (and rounds.parquet's elapsed times) and must equal campaign.json.
 (pairs, exact match, mean similarity, first divergence) is recomputed from the recorded
 answers with an independent Levenshtein, and when the run has verdict.json, every gate's
 result per arm, the lanes and the verdict are re-derived from campaign.json and the
-thresholds it recorded.
+thresholds it recorded. The statistics a v2 verdict reads are recomputed with this file's
+own code: each cell's pooled decode estimator and its exclusions (stream_bundled from
+content_offsets_us), each drift entry's exact McNemar p-value, and one bootstrap
+interval, drawn from a ChaCha8 stream written here from the block function.
 
 Usage: python3 tests/interop/check_campaign.py RUN_DIR
 """
 
 import json
 import math
+import struct
 import sys
 from pathlib import Path
 
@@ -73,12 +77,199 @@ def main(run: Path) -> int:
             assert cell["output_tokens"] == tokens, (arm["name"], c)
             assert close(cell["aggregate_decode_tokens_per_sec"], tokens / elapsed[(arm["name"], c)])
             checks += 5
+    checks += check_decode(con, glob, campaign)
+    checks += check_mcnemar(con, glob, campaign)
+    checks += check_interval(con, glob, campaign)
     checks += check_drift(con, glob, campaign)
     if (run / "verdict.json").exists():
         checks += check_verdict(campaign, json.loads((run / "verdict.json").read_text()))
     print(f"campaign interop: {len(campaign['arms'])} arms, {checks} checks passed")
     print(f"{checks} passed, 0 failed")
     return 0
+
+
+def bundled(offsets) -> bool:
+    """More than half of the content events after the first arrived in one read."""
+    after = list(offsets[1:])
+    if len(after) < 2:
+        return False
+    best = run = 1
+    for x, y in zip(after, after[1:]):
+        run = run + 1 if x == y else 1
+        best = max(best, run)
+    return best * 2 > len(after)
+
+
+def check_decode(con, glob: str, campaign: dict) -> int:
+    """Each cell's pooled decode estimator and decode_excluded, and the stream_bundled
+    column, from the rows."""
+    rows = con.execute(
+        f"""select arm, concurrency, total_us, ttft_us, output_tokens, content_offsets_us,
+                   stream_bundled
+            from '{glob}' where phase = 'measured' and outcome = 'ok' and is_stream"""
+    ).fetchall()
+    checks = 0
+    for arm in campaign["arms"]:
+        for level, cell in arm["concurrency"].items():
+            mine = [r for r in rows if r[0] == arm["name"] and r[1] == int(level)]
+            excluded = {"no_first_token": 0, "no_tokens": 0, "no_decode_time": 0, "bundled": 0,
+                        "pooled_streams": 0}
+            tokens = decode_us = 0
+            for _, _, total, ttft, n, offsets, is_bundled in mine:
+                assert is_bundled == bundled(offsets), (arm["name"], offsets)
+                if ttft is None:
+                    excluded["no_first_token"] += 1
+                elif not n:
+                    excluded["no_tokens"] += 1
+                elif total - ttft <= 0:
+                    excluded["no_decode_time"] += 1
+                elif is_bundled:
+                    excluded["bundled"] += 1
+                else:
+                    excluded["pooled_streams"] += 1
+                    tokens += n
+                    decode_us += total - ttft
+            if not mine:
+                continue
+            assert cell["decode_excluded"] == excluded, (arm["name"], level, cell["decode_excluded"])
+            want = tokens / (decode_us / 1e6) if decode_us else None
+            assert close(cell["decode_pooled_tokens_per_sec"], want), (arm["name"], level)
+            checks += 2 + len(mine)
+    return checks
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """The exact two-sided McNemar p-value, with integer binomial coefficients."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def check_mcnemar(con, glob: str, campaign: dict) -> int:
+    """Each drift entry's McNemar counts and p-value from the rows' outcomes (ok = the
+    oracle passed, correctness = it failed), paired by answer slot."""
+    rows = con.execute(
+        f"""select arm, case_name, variant, concurrency, repetition, dispatch_index, outcome
+            from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')"""
+    ).fetchall()
+    judged: dict = {}
+    for arm, *key, outcome in rows:
+        judged.setdefault(arm, {})[tuple(key)] = outcome == "ok"
+    ref = judged.get(campaign["reference_arm"], {})
+    checks = 0
+    for e in campaign["drift"]:
+        m = e.get("mcnemar")
+        if m is None:
+            continue
+        mine = judged.get(e["arm"], {})
+        pairs = [(ref[k], mine[k]) for k in mine if k in ref]
+        b = sum(1 for r, a in pairs if r and not a)
+        c = sum(1 for r, a in pairs if a and not r)
+        assert (m["pairs"], m["only_reference_passed"], m["only_arm_passed"]) == (len(pairs), b, c), m
+        assert close(m["p_value"], mcnemar_p(b, c)), (m["p_value"], mcnemar_p(b, c))
+        checks += 2
+    return checks
+
+
+class ChaCha8:
+    """The ChaCha block function, 8 rounds, keyed by a u64 seed (little-endian, then 24
+    zero bytes), nonce 0, 64-bit block counter from 0: the stream docs/campaigns.md names."""
+
+    def __init__(self, seed: int):
+        self.key = list(struct.unpack("<8I", struct.pack("<Q", seed) + bytes(24)))
+        self.counter = 0
+        self.words: list = []
+
+    def _block(self) -> list:
+        mask = 0xFFFFFFFF
+
+        def rotl(x, n):
+            return ((x << n) & mask) | (x >> (32 - n))
+
+        def quarter(s, a, b, c, d):
+            s[a] = (s[a] + s[b]) & mask; s[d] = rotl(s[d] ^ s[a], 16)
+            s[c] = (s[c] + s[d]) & mask; s[b] = rotl(s[b] ^ s[c], 12)
+            s[a] = (s[a] + s[b]) & mask; s[d] = rotl(s[d] ^ s[a], 8)
+            s[c] = (s[c] + s[d]) & mask; s[b] = rotl(s[b] ^ s[c], 7)
+
+        init = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574, *self.key,
+                self.counter & mask, self.counter >> 32, 0, 0]
+        self.counter += 1
+        s = init[:]
+        for _ in range(4):
+            quarter(s, 0, 4, 8, 12); quarter(s, 1, 5, 9, 13)
+            quarter(s, 2, 6, 10, 14); quarter(s, 3, 7, 11, 15)
+            quarter(s, 0, 5, 10, 15); quarter(s, 1, 6, 11, 12)
+            quarter(s, 2, 7, 8, 13); quarter(s, 3, 4, 9, 14)
+        return [(x + y) & mask for x, y in zip(s, init)]
+
+    def next_u64(self) -> int:
+        if len(self.words) < 2:
+            self.words += self._block()
+        lo, hi = self.words.pop(0), self.words.pop(0)
+        return lo | (hi << 32)
+
+
+def check_interval(con, glob: str, campaign: dict) -> int:
+    """One bootstrap interval recomputed: the first arm's latency p95 ratio at its first
+    level, rounds resampled within each case (paired under the interleaved schedule)."""
+    iv = campaign.get("intervals")
+    if not iv:
+        return 0
+    entry = next((e for e in iv["entries"] if e["metric"] == "latency_p95_ms"
+                  and e["interval"] is not None), None)
+    if entry is None:
+        return 0
+    rows = con.execute(
+        f"""select arm, case_name, repetition, total_us
+            from '{glob}' where phase = 'measured' and outcome = 'ok' and concurrency = ?""",
+        [entry["concurrency"]],
+    ).fetchall()
+    rounds: dict = {}
+    for arm, case, rep, total in rows:
+        rounds.setdefault(arm, {}).setdefault(case, {}).setdefault(rep, []).append(total)
+    ref, arm = rounds[campaign["reference_arm"]], rounds[entry["arm"]]
+    paired = iv["paired"]
+    groups = []
+    for case in sorted(arm):
+        if case not in ref:
+            continue
+        if paired:
+            reps = sorted(r for r in arm[case] if r in ref[case])
+            groups.append(([ref[case][r] for r in reps], [arm[case][r] for r in reps]))
+        else:
+            groups.append(([ref[case][r] for r in sorted(ref[case])],
+                           [arm[case][r] for r in sorted(arm[case])]))
+
+    def p95_ms(drawn):
+        return nearest_rank(sorted(x for rnd in drawn for x in rnd), 95) / 1000
+
+    point = p95_ms([r for g in groups for r in g[1]]) / p95_ms([r for g in groups for r in g[0]])
+    assert close(entry["ratio"], point), (entry["ratio"], point)
+    rng = ChaCha8(iv["seed"])
+    stats = []
+    for _ in range(iv["resamples"]):
+        xa, xb = [], []
+        for ga, gb in groups:
+            if paired:
+                for _ in ga:
+                    i = rng.next_u64() % len(ga)
+                    xa.append(ga[i])
+                    xb.append(gb[i])
+            else:
+                xa += [ga[rng.next_u64() % len(ga)] for _ in ga]
+                xb += [gb[rng.next_u64() % len(gb)] for _ in gb]
+        stats.append(p95_ms(xb) / p95_ms(xa))
+    stats.sort()
+    n = len(stats)
+    low, high = stats[math.ceil(0.025 * n) - 1], stats[math.ceil(0.975 * n) - 1]
+    got = entry["interval"]
+    assert close(got["low"], low) and close(got["high"], high), (got, low, high)
+    print(f"interval recomputed: {entry['arm']} c={entry['concurrency']} latency p95 ratio "
+          f"{point:.4f} [{low:.4f}, {high:.4f}] from {n} resamples")
+    return 2
 
 
 def answer_text(body: bytes, is_stream: bool) -> str:

@@ -150,7 +150,8 @@ fn a_relative_gate_passes_a_twin_at_the_floor_that_the_absolute_gate_rejects() {
         tmp.path(),
         "v2.json",
         2,
-        json!({"quality_max_exact_match_drop_vs_floor": 0.0, "quality_min_similarity_vs_floor": 1.0}),
+        // Similarity to other random text varies a little: 95 % of the floor's.
+        json!({"quality_max_exact_match_drop_vs_floor": 0.0, "quality_min_similarity_vs_floor": 0.95}),
     );
     let v = verdict(&run_dir, &v2, &tmp.path().join("v2-verdict.json"));
     assert_eq!(v["quality_lane_pass"], json!(true), "{v:#}");

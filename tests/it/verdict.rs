@@ -428,3 +428,56 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("was made with --no-record"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_difference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plan = any_text_plan(4);
+    plan["repetitions"] = json!(5);
+    plan["concurrency"] = json!([1]);
+    let run_with = |name: &'static str, prefill_ms: f64| {
+        let dir = tmp.path().to_path_buf();
+        let plan = plan.clone();
+        async move {
+            let mock = start_mock(matrix_proxy::MockConfig {
+                prefill_ms,
+                ..Default::default()
+            })
+            .await;
+            let path = write_plan(&dir, &format!("{name}.json"), &plan);
+            let out = dir.join(name);
+            let mut args = replay_args(&path, &out);
+            args.endpoint = Some(format!("{}/v1/chat/completions", mock.url()));
+            assert_eq!(replay(args).await.unwrap(), matrix_proxy::cli::Exit::Ok);
+            mock.shutdown().await;
+            out
+        }
+    };
+    let fast = run_with("fast", 5.0).await;
+    let slow = run_with("slow", 60.0).await;
+    let out = tmp.path().join("compare.json");
+    let latency = |doc: &Value| doc["metrics"][0]["metrics"]["latency_p50_seconds"].clone();
+    // A run against itself: each side's rounds are resampled on their own, so the
+    // interval of the delta straddles 0: no difference shown.
+    let (code, stdout, stderr) = run(&["compare", s(&fast), s(&fast), "--out", s(&out)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let l = latency(&read_json(&out));
+    assert_eq!(l["difference_shown"], json!(false), "{l}");
+    assert_eq!(l["interval"]["paired"], json!(false));
+    assert_eq!(l["a"]["values"].as_array().map(Vec::len), Some(5));
+    assert!(stdout.contains("no difference shown"), "{stdout}");
+    // A server 55 ms slower to its first byte: shown, the interval well above 0.
+    let (code, stdout, stderr) = run(&["compare", s(&fast), s(&slow), "--out", s(&out)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let l = latency(&read_json(&out));
+    assert_eq!(l["difference_shown"], json!(true), "{l}");
+    assert!(l["interval"]["low"].as_f64().unwrap() > 0.04, "{l}");
+    let line = stdout
+        .lines()
+        .find(|x| x.trim_start().starts_with("p50 ms"))
+        .unwrap_or_default();
+    assert!(
+        line.contains('[') && !line.contains("no difference"),
+        "{stdout}"
+    );
+}

@@ -425,6 +425,13 @@ fn drift_table(k: &CampaignDoc) -> String {
             esc(&said)
         ));
     }
+    if let Some(iv) = &k.intervals {
+        h.push_str(&format!(
+            "<p id=\"campaign-intervals\">Ratios to the reference with their 95 % bootstrap intervals ({}):</p>\n<pre>{}</pre>\n",
+            esc(&iv.pairing),
+            esc(&crate::report::intervals::intervals_text(iv))
+        ));
+    }
     h
 }
 
