@@ -111,6 +111,17 @@ pub(crate) fn decode_rate(
     (decode_us > 0 && n > 0).then(|| n as f64 / (decode_us as f64 / 1e6))
 }
 
+/// Output tokens of every answer in `ok`: a stream's own count, else a JSON answer's
+/// `usage.completion_tokens` (what an aggregate decode rate divides).
+pub(crate) fn answer_tokens(ok: &[&Sample]) -> i64 {
+    ok.iter()
+        .map(|s| match &s.stream {
+            Some(st) => st.output_tokens.unwrap_or(0),
+            None => s.usage_tokens.map_or(0, |(_, out)| out),
+        })
+        .sum()
+}
+
 /// Decode speed over a set of ok streams, and every stream each estimator leaves out.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Decode {

@@ -60,14 +60,7 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Cell {
     let ttft = st.as_ref().map(|s| s.ttft_us).unwrap_or_default();
     let decode = st.as_ref().and_then(|s| s.output_tokens_per_second_mean);
     let prefill = st.as_ref().and_then(|s| s.prefill_tokens_per_second_mean);
-    // Output tokens of every answer: a stream's own count, else the JSON answer's usage.
-    let tokens: i64 = ok
-        .iter()
-        .map(|s| match &s.stream {
-            Some(st) => st.output_tokens.unwrap_or(0),
-            None => s.usage_tokens.map_or(0, |(_, out)| out),
-        })
-        .sum();
+    let tokens = metrics::answer_tokens(&ok);
     let d = metrics::decode(&ok);
     let failed: Vec<&Sample> = level
         .samples

@@ -90,13 +90,7 @@ fn value(metric: &str, rounds: &[&Round]) -> Option<f64> {
         }
         "decode_pooled_tokens_per_sec" => metrics::decode(&ok).pooled_tokens_per_second,
         "aggregate_decode_tokens_per_sec" => {
-            let tokens: i64 = ok
-                .iter()
-                .map(|s| match &s.stream {
-                    Some(st) => st.output_tokens.unwrap_or(0),
-                    None => s.usage_tokens.map_or(0, |(_, out)| out),
-                })
-                .sum();
+            let tokens = metrics::answer_tokens(&ok);
             let secs: f64 = rounds.iter().map(|r| r.span_seconds()).sum();
             (secs > 0.0 && tokens > 0).then(|| tokens as f64 / secs)
         }

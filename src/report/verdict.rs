@@ -946,12 +946,34 @@ mod tests {
     }
 
     /// The reference's floor at level 1: `pairs` pairs, exact match 0.7, similarity 0.9.
-    fn with_floor(mut c: Value, pairs: u64) -> Value {
-        let level =
-            json!({"compared_prompts": pairs, "exact_match_rate": 0.7, "mean_similarity": 0.9});
-        c["drift_floor"] = json!({"reference_arm": "ref", "reason": null, "compared_prompts": pairs,
-            "exact_match_rate": 0.7, "mean_similarity": 0.9, "concurrency": {"1": level}});
-        c
+    fn with_floor(c: &Value, pairs: u64) -> CampaignDoc {
+        let level = crate::drift::LevelDrift {
+            compared_prompts: pairs,
+            exact_match_rate: Some(0.7),
+            mean_similarity: Some(0.9),
+        };
+        let mut d = doc(c);
+        d.drift_floor = Some(crate::report::doc::campaign::DriftFloor {
+            reference_arm: "ref".into(),
+            reason: None,
+            drift: crate::drift::Drift {
+                compared_prompts: pairs,
+                exact_match_rate: Some(0.7),
+                mean_similarity: Some(0.9),
+                concurrency: [("1".to_string(), level)].into_iter().collect(),
+                ..Default::default()
+            },
+        });
+        d
+    }
+
+    /// Drift entry `i` of a campaign.json, and its totals at level 1.
+    fn entry_mut(d: &mut CampaignDoc, i: usize) -> &mut DriftEntry {
+        &mut d.drift.as_mut().and_then(|x| x.as_mut()).expect("drift")[i]
+    }
+
+    fn level_1(e: &mut DriftEntry) -> &mut crate::drift::LevelDrift {
+        e.drift.concurrency.get_mut("1").expect("level 1")
     }
 
     fn gate_of<'a>(g: &'a Gates, name: &str) -> &'a Gate {
@@ -965,9 +987,9 @@ mod tests {
     fn a_twin_at_the_floor_passes_the_relative_gate_the_absolute_one_rejects() {
         // The twin matches the reference 70 % of the time, as the reference matches
         // itself: the absolute gate (1.0) rejects it, the floor-relative gate passes it.
-        let mut c = with_floor(campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 60);
-        c["drift"][0]["concurrency"]["1"]["mean_similarity"] = json!(0.9);
-        let abs = gates(&doc(&c), &Thresholds::v2(), None);
+        let mut c = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 60);
+        level_1(entry_mut(&mut c, 0)).mean_similarity = Some(0.9);
+        let abs = gates(&c, &Thresholds::v2(), None);
         assert_eq!(abs.verdict, "reject");
         assert!(
             abs.rules.quality.starts_with("absolute"),
@@ -979,7 +1001,7 @@ mod tests {
             t.quality_max_exact_match_drop_vs_floor = Some(0.0);
             t.quality_min_similarity_vs_floor = Some(1.0);
         });
-        let g = gates(&doc(&c), &t, None);
+        let g = gates(&c, &t, None);
         assert_eq!(g.quality_lane_pass, Some(true), "{:#?}", g.gates);
         assert!(
             g.rules.quality.starts_with("floor-relative"),
@@ -993,15 +1015,15 @@ mod tests {
         );
         // Below the floor by more than the allowed drop: rejected on measured evidence.
         let mut below = c.clone();
-        below["drift"][0]["concurrency"]["1"]["exact_match_rate"] = json!(0.6);
+        level_1(entry_mut(&mut below, 0)).exact_match_rate = Some(0.6);
         let t2 = v2(|t| {
             t.quality_min_exact_match = None;
             t.quality_max_exact_match_drop_vs_floor = Some(0.05);
         });
-        assert_eq!(gates(&doc(&below), &t2, None).verdict, "reject");
+        assert_eq!(gates(&below, &t2, None).verdict, "reject");
         // A floor on too few pairs: inconclusive, never a pass.
-        let few = with_floor(campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 12);
-        let g = gates(&doc(&few), &t2, None);
+        let few = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 12);
+        let g = gates(&few, &t2, None);
         assert_eq!(
             (g.quality_lane_pass, g.verdict.as_str()),
             (None, "inconclusive")
@@ -1013,8 +1035,10 @@ mod tests {
         );
         // No floor at all (one repetition): nothing to read either.
         let mut none = few.clone();
-        none["drift_floor"]["reason"] = json!("one repetition");
-        let g = gates(&doc(&none), &t2, None);
+        if let Some(f) = none.drift_floor.as_mut() {
+            f.reason = Some("one repetition".into());
+        }
+        let g = gates(&none, &t2, None);
         assert_eq!(g.quality_lane_pass, None);
     }
 
@@ -1048,18 +1072,19 @@ mod tests {
     #[test]
     fn a_fit_arm_must_answer_like_the_reference_under_v2_and_v1_warns() {
         // q4 is twice as fast but its answers are unrelated (similarity 0.153).
-        let mut c = campaign(1.0, cell(1000.0, 200.0, 90.0, 0));
-        c["drift"][1]["concurrency"]["1"]["mean_similarity"] = json!(0.153);
-        c["drift"][1]["mean_similarity"] = json!(0.153);
-        c["drift"][1]["lane"] = json!("performance-fit");
-        let v1 = gates(&doc(&c), &Thresholds::default(), None);
+        let mut c = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
+        let q4 = entry_mut(&mut c, 1);
+        level_1(q4).mean_similarity = Some(0.153);
+        q4.drift.mean_similarity = Some(0.153);
+        q4.lane = Some(Lane::PerformanceFit);
+        let v1 = gates(&c, &Thresholds::default(), None);
         assert_eq!(v1.verdict, "adopt");
         assert_eq!(v1.warnings.len(), 1, "{:?}", v1.warnings);
         assert!(v1.warnings[0].contains("'q4'") && v1.warnings[0].contains("0.153"));
         // v2 (no intervals required here): fit_min_mean_similarity 0.5 fails it, so it has
         // no benefit.
         let t = v2(|t| t.require_interval = Some(false));
-        let mut d = doc(&c);
+        let mut d = c.clone();
         for a in &mut d.arms {
             for cell in a.concurrency.values_mut() {
                 cell.decode_pooled_tokens_per_sec = cell.decode_tokens_per_sec;
