@@ -143,7 +143,7 @@ pub(crate) fn bootstrap<T>(
 /// The exact McNemar test on paired pass / fail outcomes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct McNemar {
-    /// Pairs judged on both sides.
+    /// Items judged on both sides (a campaign's: distinct requests).
     pub(crate) pairs: u64,
     /// Passed on both sides, and failed on both.
     pub(crate) both_passed: u64,

@@ -629,8 +629,9 @@ pub struct MockArgs {
     /// text on every request, as a batched server's greedy answers differ run to run.
     #[arg(long, default_value_t = 0.0)]
     pub nondeterministic_share: f64,
-    /// Stream the first N tokens at the usual pace, then every later token at once, in
-    /// one write (a buffered server: its decode time at the boundary is a flush).
+    /// Stream the first N tokens (at least 1) at the usual pace, then every later token
+    /// at once, in one write (a buffered server: its decode time at the boundary is a
+    /// flush).
     #[arg(long, value_name = "N")]
     pub burst_after_first: Option<u32>,
 }

@@ -203,15 +203,23 @@ pub(crate) fn entry(
     .with_weights()
 }
 
-/// The exact McNemar test over the answers both sides had judged by an oracle (pass or
-/// fail) at the same key; `None` when no key was judged on both sides.
+/// The exact McNemar test over the distinct requests (case, variant) both sides had judged
+/// by an oracle at the same keys: a side passed a request when every one of its judged
+/// answers to it passed (repeats of one request are one item, not independent pairs);
+/// `None` when no key was judged on both sides.
 fn mcnemar(r: &Answers, a: &Answers) -> Option<crate::stats::McNemar> {
-    let pairs: Vec<(bool, bool)> = a
-        .judged
-        .iter()
-        .filter_map(|(k, arm)| Some((*r.judged.get(k)?, *arm)))
-        .collect();
-    (!pairs.is_empty()).then(|| crate::stats::McNemar::of(pairs))
+    let mut items: BTreeMap<(&str, Option<&str>), (bool, bool)> = BTreeMap::new();
+    for (k, arm) in &a.judged {
+        let Some(reference) = r.judged.get(k) else {
+            continue;
+        };
+        let item = items
+            .entry((k.case.as_str(), k.variant.as_deref()))
+            .or_insert((true, true));
+        item.0 &= *reference;
+        item.1 &= *arm;
+    }
+    (!items.is_empty()).then(|| crate::stats::McNemar::of(items.into_values()))
 }
 
 /// The floor's line for the terminal.

@@ -159,7 +159,7 @@ pub(crate) fn campaign_doc(
             latency_ms: "nearest rank of total latency over the cell's ok exchanges".into(),
             ttft_ms: "nearest rank of time to first token over the cell's ok event streams".into(),
             decode_tokens_per_sec: "mean over ok streams of output_tokens / (total - ttft): per request, so streaming only (it needs a first-token time); streams without a first token, a token count or a decode time are left out and counted in decode_excluded".into(),
-            decode_pooled_tokens_per_sec: "output tokens / decode time (total - ttft), both summed over the cell's ok streams, leaving out those decode_excluded counts, bundled streams (stream_bundled) included: a burst cannot weigh more than the tokens it carried; v2 decode gates read it".into(),
+            decode_pooled_tokens_per_sec: "output tokens / decode time (total - ttft), both summed over the cell's ok streams, leaving out those decode_excluded counts (no first token, no token count, no decode time, and bundled streams: stream_bundled): no one short stream outweighs the tokens it carried; v2 decode gates read it".into(),
             prefill_tokens_per_sec: "mean over ok streams of prompt_tokens / ttft".into(),
             aggregate_decode_tokens_per_sec: "output tokens of every ok answer (a stream's count, else the JSON answer's usage.completion_tokens) / the summed wall time of the cell's rounds".into(),
             peak_vram_bytes: "GPU memory of the arm's process group as nvidia-smi lists it (per process, every 1 s); device-level memory only under the sequential schedule; else null, with the reason in peak_vram_scope".into(),

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use super::answers::{drift_text, entry, options, read_answers};
+use super::answers::{drift_text, entry, floor, options, read_answers};
 use super::config_json;
-use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry};
+use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry, DriftFloor};
 use super::doc::compare::{
     COMPARE_SCHEMA_VERSION, CompareDefinitions, CompareDoc, MetricDefinitions, MetricDelta,
     MetricDeltas, Pair, PairDrift, RunRef, Side,
@@ -393,6 +393,13 @@ pub(crate) fn check_comparable<'a>(
     })
 }
 
+/// How a contract's evaluation reads the answers: pair `i`'s B side against a reference
+/// side of A, and that side's floor.
+type ReferenceAnswers<'f> = (
+    &'f dyn Fn(usize, &Side) -> DriftEntry,
+    &'f dyn Fn(&Side) -> DriftFloor,
+);
+
 /// A contract to evaluate on a comparison: run A's side is the reference (quality lane),
 /// each of B's sides a candidate in its lane. Pre-registered only when both runs were
 /// started with it.
@@ -469,7 +476,13 @@ impl Comparison<'_> {
         let mut text = table(&doc);
         text.push_str(&drift_text(doc.drift.iter().map(|d| &d.entry)));
         if let Some(c) = contract {
-            let v = self.verdict(&c, &doc.drift, &|i, sa| pair_drift(sa, &self.pairs[i].b))?;
+            // The reference's floor: A's side against its own repetitions.
+            let floor_of = |sa: &Side| floor(of(0, sa), &format!("A:{}", label(sa)), &opts);
+            let v = self.verdict(
+                &c,
+                &doc.drift,
+                (&|i, sa| pair_drift(sa, &self.pairs[i].b), &floor_of),
+            )?;
             text.push_str(&verdict::verdict_text(&v));
             doc.verdict = Some(v);
         }
@@ -485,7 +498,7 @@ impl Comparison<'_> {
         &self,
         c: &CompareContract<'_>,
         computed: &[PairDrift],
-        drift_of: &dyn Fn(usize, &Side) -> DriftEntry,
+        (drift_of, floor_of): ReferenceAnswers<'_>,
     ) -> Result<VerdictDoc, ReportError> {
         let (a, b) = (&self.a, &self.b);
         let recorded = |r: &Opened<'_>| {
@@ -545,6 +558,7 @@ impl Comparison<'_> {
             reference_arm: Some(arms[0].name.clone()),
             arms,
             drift: Some(Some(drift)),
+            drift_floor: Some(floor_of(&sa)),
             intervals: Some(intervals),
             ..CampaignDoc::default()
         };

@@ -211,7 +211,7 @@ pub(super) fn floor_gate(
 ) -> ArmGate {
     arm_gate(arm, || {
         let floor = floor.ok_or(
-            "campaign.json has no drift_floor (a run made before the floor existed): a floor-relative gate has nothing to compare with",
+            "no drift_floor to compare with (a campaign run made before the floor existed)",
         )?;
         if let Some(why) = &floor.reason {
             return Err(format!("no floor: {why}"));
@@ -391,23 +391,24 @@ pub(super) fn ratio_gate(
                 continue;
             };
             let limit = factor * r;
+            let both = a.is_finite() && r.is_finite();
             let mut level = GateLevel {
                 concurrency: Some(*c),
                 metric: Some(metric.into()),
                 measured: a.is_finite().then_some(a),
-                reference: Some(r),
-                ratio: a.is_finite().then_some(a / r),
-                limit: Some(limit),
+                reference: r.is_finite().then_some(r),
+                ratio: both.then_some(a / r),
+                limit: r.is_finite().then_some(limit),
                 ..GateLevel::default()
             };
-            if !a.is_finite() || !r.is_finite() {
+            if !both {
+                let side = match (a.is_finite(), r.is_finite()) {
+                    (false, false) => "either arm",
+                    (true, _) => "the reference",
+                    (false, true) => "this arm",
+                };
                 level.note = Some(format!(
-                    "no {metric} on {}: every stream was left out (see the cell's decode_excluded)",
-                    if a.is_finite() {
-                        "the reference"
-                    } else {
-                        "this arm"
-                    }
+                    "no {metric} on {side}: every stream was left out (see the cell's decode_excluded)"
                 ));
             } else if rule.require_interval && !memory {
                 interval_pass(
@@ -456,7 +457,7 @@ fn interval_pass(
         }
         None => {
             level.note = Some(
-                "no interval recorded for this value (campaign.json has none: a run made before intervals, or --no-record): require_interval has nothing to read"
+                "no interval for this value: none was computed (a run made before intervals, or one whose rows could not be read), or the value was not measured in both sides' rounds; require_interval has nothing to read"
                     .into(),
             );
         }

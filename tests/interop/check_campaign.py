@@ -81,8 +81,9 @@ def main(run: Path) -> int:
     checks += check_mcnemar(con, glob, campaign)
     checks += check_interval(con, glob, campaign)
     checks += check_drift(con, glob, campaign)
-    if (run / "verdict.json").exists():
-        checks += check_verdict(campaign, json.loads((run / "verdict.json").read_text()))
+    for name in ("verdict.json", "verdict-v2.json"):
+        if (run / name).exists():
+            checks += check_verdict(campaign, json.loads((run / name).read_text()))
     print(f"campaign interop: {len(campaign['arms'])} arms, {checks} checks passed")
     print(f"{checks} passed, 0 failed")
     return 0
@@ -154,9 +155,13 @@ def check_mcnemar(con, glob: str, campaign: dict) -> int:
         f"""select arm, case_name, variant, concurrency, repetition, dispatch_index, outcome
             from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')"""
     ).fetchall()
+    # Only cases judged by an oracle (summary.json's cases[].judged) are McNemar items.
+    summary = json.loads((Path(glob).parent.parent / "summary.json").read_text())
+    oracle_cases = {c["name"] for c in summary["cases"] if c["judged"] == "oracle"}
     judged: dict = {}
     for arm, *key, outcome in rows:
-        judged.setdefault(arm, {})[tuple(key)] = outcome == "ok"
+        if key[0] in oracle_cases:
+            judged.setdefault(arm, {})[tuple(key)] = outcome == "ok"
     ref = judged.get(campaign["reference_arm"], {})
     checks = 0
     for e in campaign["drift"]:
@@ -164,7 +169,14 @@ def check_mcnemar(con, glob: str, campaign: dict) -> int:
         if m is None:
             continue
         mine = judged.get(e["arm"], {})
-        pairs = [(ref[k], mine[k]) for k in mine if k in ref]
+        # One item per distinct request (case, variant): passed on a side when every
+        # answer to it, at slots both sides had judged, passed.
+        items: dict = {}
+        for k in mine:
+            if k in ref:
+                r, a = items.get(k[:2], (True, True))
+                items[k[:2]] = (r and ref[k], a and mine[k])
+        pairs = list(items.values())
         b = sum(1 for r, a in pairs if r and not a)
         c = sum(1 for r, a in pairs if a and not r)
         assert (m["pairs"], m["only_reference_passed"], m["only_arm_passed"]) == (len(pairs), b, c), m
@@ -365,8 +377,58 @@ def check_drift(con, glob: str, campaign: dict) -> int:
     return checks
 
 
+def check_verdict_v2(campaign: dict, verdict: dict) -> int:
+    """A version 2 verdict: every floor-relative level against drift_floor, every
+    interval-rule level against campaign.json's intervals, the fit answer gates against
+    drift, each with the rules docs/campaigns.md gives."""
+    t = verdict["contract"]["thresholds"]
+    tol = 1e-9
+    floor = campaign["drift_floor"]["concurrency"]
+    drift = {e["arm"]: e for e in campaign["drift"]}
+    intervals = {(e["arm"], e["concurrency"], e["metric"]): e
+                 for e in campaign["intervals"]["entries"]}
+
+    def ge(a, b):
+        return b <= a + tol * max(abs(a), abs(b))
+
+    checks = 0
+    for g in verdict["gates"]:
+        name = g["gate"]
+        for entry in g["arms"]:
+            for lv in entry["levels"]:
+                c = lv.get("concurrency")
+                if name in ("quality_max_exact_match_drop_vs_floor", "quality_min_similarity_vs_floor"):
+                    key = "exact_match_rate" if "exact" in name else "mean_similarity"
+                    f = floor[str(c)]
+                    limit = f[key] - t[name] if "exact" in name else t[name] * f[key]
+                    assert lv["floor"] == f[key] and lv["floor_pairs"] == f["compared_prompts"], lv
+                    assert close(lv["limit"], limit), (lv, limit)
+                    assert lv["measured"] == drift[entry["arm"]]["concurrency"][str(c)][key]
+                    want = ge(lv["measured"], limit) if f["compared_prompts"] >= 30 else None
+                    assert lv.get("pass") == want, (name, lv, want)
+                    checks += 4
+                elif lv.get("interval") is not None:
+                    iv = intervals[(entry["arm"], c, lv["metric"])]["interval"]
+                    assert lv["interval"] == [iv["low"], iv["high"]], (lv, iv)
+                    bound = lv["limit"] / lv["reference"]
+                    at_most = name == "max_p95_latency_ratio"
+                    want = ge(bound, iv["high"]) if at_most else ge(iv["low"], bound)
+                    assert lv["pass"] == want, (name, lv, want)
+                    checks += 2
+                elif name in ("fit_min_mean_similarity", "fit_min_exact_match"):
+                    key = "mean_similarity" if "similarity" in name else "exact_match_rate"
+                    measured = drift[entry["arm"]]["concurrency"][str(c)][key]
+                    assert lv["measured"] == measured and lv["pass"] == ge(measured, t[name]), lv
+                    checks += 1
+    assert verdict["rules"]["decode"].startswith("pooled"), verdict["rules"]
+    print(f"v2 verdict re-derived: {checks} checks ({verdict['verdict']})")
+    return checks + 1
+
+
 def check_verdict(campaign: dict, verdict: dict) -> int:
     """Re-derive every gate and the verdict from campaign.json and the recorded thresholds."""
+    if verdict["rules"]["contract_version"] == 2:
+        return check_verdict_v2(campaign, verdict)
     t = verdict["contract"]["thresholds"]
     arms = {a["name"]: a for a in campaign["arms"]}
     ref = arms[campaign["reference_arm"]]

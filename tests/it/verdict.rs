@@ -466,6 +466,27 @@ async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_differen
     assert_eq!(l["interval"]["paired"], json!(false));
     assert_eq!(l["a"]["values"].as_array().map(Vec::len), Some(5));
     assert!(stdout.contains("no difference shown"), "{stdout}");
+    // A v2 contract's floor-relative gate reads the floor of A's side (its answers
+    // against its own repetitions: 4 slots x 10 pairs of repetitions).
+    let contract = json!({"contract_version": 2, "locked_at": "2026-01-01T00:00:00Z",
+        "locked_by": "test", "plan_id": "any-text",
+        "thresholds": {"quality_max_exact_match_drop_vs_floor": 0.0}});
+    let cpath = write_plan(tmp.path(), "v2.json", &contract);
+    let args = ["compare", s(&fast), s(&fast), "--lane", "quality"];
+    let (code, _, stderr) =
+        run(&[&args[..], &["--contract", s(&cpath), "--out", s(&out)]].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    let v = read_json(&out)["verdict"].clone();
+    let level = &v["gates"][0]["arms"][0]["levels"][0];
+    assert_eq!(
+        v["gates"][0]["gate"],
+        json!("quality_max_exact_match_drop_vs_floor")
+    );
+    assert_eq!(
+        (&level["floor_pairs"], &level["pass"]),
+        (&json!(40), &json!(true)),
+        "{v:#}"
+    );
     // A server 55 ms slower to its first byte: shown, the interval well above 0.
     let (code, stdout, stderr) = run(&["compare", s(&fast), s(&slow), "--out", s(&out)]);
     assert_eq!(code, Some(0), "{stderr}");
