@@ -186,6 +186,44 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
     })
 }
 
+/// The Prometheus text reader: total (never panics), and a scrape written back from its
+/// samples reads back to the same samples.
+pub fn prom_text(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let first = crate::prom::parse(&text);
+    let mut again = String::new();
+    for s in &first.samples {
+        let labels: Vec<String> = s
+            .labels
+            .iter()
+            .map(|(k, v)| {
+                let v = v
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                format!("{k}=\"{v}\"")
+            })
+            .collect();
+        let value = match s.value {
+            v if v.is_nan() => "NaN".to_string(),
+            v if v == f64::INFINITY => "+Inf".to_string(),
+            v if v == f64::NEG_INFINITY => "-Inf".to_string(),
+            v => format!("{v:?}"),
+        };
+        again.push_str(&format!("{}{{{}}} {value}\n", s.name, labels.join(",")));
+    }
+    let second = crate::prom::parse(&again);
+    assert_eq!(second.errors, Vec::new(), "written back: {again}");
+    assert_eq!(second.samples.len(), first.samples.len());
+    for (a, b) in first.samples.iter().zip(&second.samples) {
+        assert_eq!((&a.name, &a.labels), (&b.name, &b.labels));
+        for (k, _) in &a.labels {
+            assert_eq!(a.label(k), b.label(k));
+        }
+        assert!(a.value == b.value || (a.value.is_nan() && b.value.is_nan()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@ mod mock;
 mod model;
 mod net;
 mod oracle;
+mod prom;
 mod record;
 mod redact;
 mod report;

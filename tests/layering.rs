@@ -38,6 +38,7 @@ const ALLOWED: &[Row] = &[
     ("drift", &["oracle", "sse"]),
     ("arrival", &[]),
     ("stats", &[]),
+    ("prom", &[]),
     ("metrics", &["model", "arrival"]),
     ("telemetry", &["model"]),
     ("net", &["clock"]),
@@ -77,7 +78,7 @@ const ALLOWED: &[Row] = &[
         ],
     ),
     ("mock", &["clock", "net"]),
-    ("fuzzing", &["config", "oracle", "sse", "engine"]),
+    ("fuzzing", &["config", "oracle", "sse", "engine", "prom"]),
     ("cli", &[EVERYTHING]),
 ];
 

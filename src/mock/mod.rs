@@ -37,6 +37,12 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
+mod text;
+mod vllm;
+
+pub use text::{generate_text, generate_text_seeded};
+use text::{prompt_of, stream_tokens};
+
 use crate::clock;
 
 /// Latency model and defaults of the mock.
@@ -103,6 +109,8 @@ struct State {
     /// Response id -> monotonic stamps (`clock::now_ns`) at which each SSE event was
     /// handed to the connection.
     event_log: Mutex<HashMap<String, Vec<u64>>>,
+    /// What `/metrics` exports (vLLM's names).
+    metrics: Arc<vllm::Metrics>,
 }
 
 /// A running mock worker. Dropping it (or [`MockWorker::shutdown`]) stops the server and
@@ -129,6 +137,7 @@ impl MockWorker {
             ),
             seen: Mutex::new(Vec::new()),
             event_log: Mutex::new(HashMap::new()),
+            metrics: Arc::default(),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -231,6 +240,18 @@ pub(crate) struct MockStream {
     id: String,
     state: Arc<State>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Counted as running in `/metrics` while the stream holds its batch slot.
+    counted: Option<vllm::Slot>,
+    /// What `/metrics` observes when the stream ends (`None` under a fault).
+    served: Option<StreamServed>,
+}
+
+/// A stream's timings for `/metrics`.
+struct StreamServed {
+    arrived: u64,
+    first_token_ns: Option<u64>,
+    prompt_tokens: u64,
+    output_tokens: u64,
 }
 
 impl MockStream {
@@ -242,6 +263,16 @@ impl MockStream {
             let delay = match self.steps.front() {
                 None => {
                     self._slot = None;
+                    self.counted = None;
+                    if let Some(s) = self.served.take() {
+                        let now = clock::now_ns();
+                        self.state.metrics.served(&vllm::Served {
+                            ttft_ns: s.first_token_ns.unwrap_or(now).saturating_sub(s.arrived),
+                            e2e_ns: now.saturating_sub(s.arrived),
+                            prompt_tokens: s.prompt_tokens,
+                            output_tokens: s.output_tokens,
+                        });
+                    }
                     return Poll::Ready(None);
                 }
                 Some(Step::After(d, _)) | Some(Step::Cut(d)) if !self.waited => Some(*d),
@@ -258,7 +289,12 @@ impl MockStream {
                 }
                 self.waited = false;
             }
-            match self.steps.pop_front() {
+            let step = self.steps.pop_front();
+            // The first paced step is the first token (the role chunk is sent at once).
+            if let (Some(Step::After(..)), Some(s)) = (&step, self.served.as_mut()) {
+                s.first_token_ns.get_or_insert_with(clock::now_ns);
+            }
+            match step {
                 Some(Step::Now(b)) | Some(Step::After(_, b)) => {
                     if self.state.config.log_requests
                         && let Ok(mut log) = self.state.event_log.lock()
@@ -347,64 +383,6 @@ fn error(status: StatusCode, message: &str) -> Response<MockBody> {
     )
 }
 
-const VOCAB: [&str; 32] = [
-    "the",
-    "model",
-    "answers",
-    "with",
-    "a",
-    "steady",
-    "stream",
-    "of",
-    "tokens",
-    "that",
-    "look",
-    "plausible",
-    "enough",
-    "for",
-    "a",
-    "benchmark",
-    "run",
-    "under",
-    "load",
-    "while",
-    "every",
-    "byte",
-    "is",
-    "recorded",
-    "and",
-    "judged",
-    "against",
-    "an",
-    "oracle",
-    "frozen",
-    "in",
-    "advance",
-];
-
-/// Deterministic text of `tokens` words for `prompt`.
-pub fn generate_text(prompt: &str, tokens: u32) -> String {
-    generate_text_seeded(prompt, tokens, 0)
-}
-
-/// [`generate_text`] under another text seed (`mock-worker --text-seed N`): the same
-/// prompt gets other words, deterministically, so a campaign arm can drift from the
-/// default mock. Seed 0 is the default text.
-pub fn generate_text_seeded(prompt: &str, tokens: u32, text_seed: u64) -> String {
-    let digest = Sha256::digest(prompt.as_bytes());
-    let mut seed = (u64::from_le_bytes(digest[..8].try_into().unwrap_or([7; 8]))
-        ^ text_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        | 1;
-    let mut words = Vec::with_capacity(tokens as usize);
-    for _ in 0..tokens {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        words.push(VOCAB[(seed % VOCAB.len() as u64) as usize]);
-    }
-    words.join(" ")
-}
-
 impl State {
     /// The text seed of one answer to `prompt`: the configured one, or, for a prompt in
     /// the nondeterministic share, one drawn for this request.
@@ -423,26 +401,6 @@ impl State {
             self.config.text_seed ^ d.wrapping_mul(0x2545_F491_4F6C_DD1D)
         } else {
             self.config.text_seed
-        }
-    }
-}
-
-fn prompt_of(chat: bool, req: &Value) -> Option<String> {
-    if chat {
-        let msgs = req.get("messages")?.as_array()?;
-        let parts: Vec<String> = msgs
-            .iter()
-            .map(|m| match m.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
-                None => String::new(),
-            })
-            .collect();
-        Some(parts.join("\n"))
-    } else {
-        match req.get("prompt")? {
-            Value::String(s) => Some(s.clone()),
-            other => Some(other.to_string()),
         }
     }
 }
@@ -497,6 +455,14 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
         });
     let resp = match (&parts.method, path.as_str()) {
         (&Method::GET, "/health") => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(MockBody::Full(Some(Bytes::from(st.metrics.text("mock")))));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
         (&Method::GET, "/v1/models") => json_response(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": "mock", "object": "model", "created": 0, "owned_by": "matrix-proxy"}]}),
@@ -507,7 +473,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<MockB
         (&Method::POST, "/v1/completions") => {
             complete(&st, false, parsed.as_ref(), fault.as_deref()).await
         }
-        (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
+        (_, "/health" | "/metrics" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
         _ => error(StatusCode::NOT_FOUND, &format!("no route for {path}")),
@@ -521,6 +487,7 @@ async fn complete(
     req: Option<&Value>,
     fault: Option<&str>,
 ) -> Response<MockBody> {
+    let arrived = clock::now_ns();
     let Some(req) = req else {
         return error(StatusCode::BAD_REQUEST, "request body is not valid JSON");
     };
@@ -551,15 +518,17 @@ async fn complete(
             .and_then(|o| o.get("include_usage"))
             .and_then(Value::as_bool)
             == Some(true);
-        return stream_response(st, chat, &prompt, tokens, &model, include_usage, fault).await;
+        let answer = Answer {
+            chat,
+            prompt: &prompt,
+            tokens,
+            model: &model,
+            include_usage,
+            arrived,
+        };
+        return stream_response(st, answer, fault).await;
     }
-    {
-        let _slot = st.batch.acquire().await;
-        let ms = st.config.prefill_ms + f64::from(tokens) * st.config.per_token_ms;
-        if ms > 0.0 {
-            tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
-        }
-    }
+    generate(st, arrived, (&prompt, tokens), fault.is_none()).await;
     if fault == Some("http500") {
         return json_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -617,26 +586,44 @@ async fn complete(
     resp
 }
 
-/// The words of [`generate_text`] as stream tokens: joined, they are the same text.
-pub(crate) fn stream_tokens(prompt: &str, tokens: u32, text_seed: u64) -> Vec<String> {
-    let text = generate_text_seeded(prompt, tokens, text_seed);
-    if text.is_empty() {
-        return Vec::new();
-    }
-    text.split(' ')
-        .enumerate()
-        .map(|(i, w)| {
-            if i == 0 {
-                w.to_string()
-            } else {
-                format!(" {w}")
-            }
-        })
-        .collect()
-}
-
 fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// A JSON answer's generation: wait for a batch slot, then `prefill + tokens x per_token`;
+/// `/metrics` counts it (when `served`, i.e. under no fault) with its first token at its
+/// queueing plus the prefill.
+async fn generate(st: &Arc<State>, arrived: u64, (prompt, tokens): (&str, u32), served: bool) {
+    let ttft_ns = {
+        let mut counted = vllm::Slot::waiting(st.metrics.clone());
+        let _slot = st.batch.acquire().await;
+        counted.run();
+        let queued = clock::now_ns().saturating_sub(arrived);
+        let ms = st.config.prefill_ms + f64::from(tokens) * st.config.per_token_ms;
+        if ms > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
+        }
+        queued + (st.config.prefill_ms * 1e6) as u64
+    };
+    if served {
+        st.metrics.served(&vllm::Served {
+            ttft_ns,
+            e2e_ns: clock::now_ns().saturating_sub(arrived),
+            prompt_tokens: prompt.split_whitespace().count() as u64,
+            output_tokens: u64::from(tokens),
+        });
+    }
+}
+
+/// What a streamed answer is made of.
+struct Answer<'a> {
+    chat: bool,
+    prompt: &'a str,
+    tokens: u32,
+    model: &'a str,
+    include_usage: bool,
+    /// When the request arrived (`clock::now_ns`), for `/metrics`.
+    arrived: u64,
 }
 
 /// A streamed completion: role chunk at once, the first token after the prefill, one token
@@ -644,14 +631,20 @@ fn sse(v: &Value) -> Bytes {
 /// batch slot for the whole stream, like a real server's running batch.
 async fn stream_response(
     st: &Arc<State>,
-    chat: bool,
-    prompt: &str,
-    tokens: u32,
-    model: &str,
-    include_usage: bool,
+    a: Answer<'_>,
     fault: Option<&str>,
 ) -> Response<MockBody> {
+    let Answer {
+        chat,
+        prompt,
+        tokens,
+        model,
+        include_usage,
+        arrived,
+    } = a;
+    let mut counted = vllm::Slot::waiting(st.metrics.clone());
     let slot = st.batch.clone().acquire_owned().await.ok();
+    counted.run();
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let id = if chat {
         format!("chatcmpl-mock-{n:08x}")
@@ -723,6 +716,13 @@ async fn stream_response(
         id,
         state: st.clone(),
         _slot: slot,
+        counted: Some(counted),
+        served: (fault.is_none()).then_some(StreamServed {
+            arrived,
+            first_token_ns: None,
+            prompt_tokens: prompt.split_whitespace().count() as u64,
+            output_tokens: u64::from(tokens),
+        }),
     };
     let mut r = Response::new(MockBody::Stream(Box::new(body)));
     r.headers_mut().insert(
@@ -758,5 +758,81 @@ mod tests {
             generate_text_seeded("hello", 8, 7),
             generate_text_seeded("hello", 8, 7)
         );
+    }
+
+    /// `/metrics` after three streamed answers and one JSON answer: the counters, the
+    /// histograms' counts, and TTFT observed where the mock's prefill puts it (read back
+    /// with the crate's own Prometheus reader).
+    #[tokio::test]
+    async fn metrics_follow_what_was_served() {
+        let config = MockConfig {
+            prefill_ms: 30.0,
+            per_token_ms: 1.0,
+            log_requests: false,
+            ..MockConfig::default()
+        };
+        let w = MockWorker::start("127.0.0.1:0".parse().expect("addr"), config)
+            .await
+            .expect("mock");
+        // One request per connection, read to the close (the mock ends a streamed body
+        // and closes under `connection: close`).
+        let addr = w.addr;
+        let exchange = |method: &'static str, path: &'static str, body: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nhost: mock\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            tcp.write_all(head.as_bytes()).await.expect("write");
+            let mut out = Vec::new();
+            tcp.read_to_end(&mut out).await.expect("read");
+            let text = String::from_utf8_lossy(&out).into_owned();
+            text.split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or_default()
+        };
+        let stream = r#"{"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4, "stream": true}"#;
+        for _ in 0..3 {
+            exchange("POST", "/v1/chat/completions", stream).await;
+        }
+        let json = r#"{"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2}"#;
+        exchange("POST", "/v1/chat/completions", json).await;
+        let text = exchange("GET", "/metrics", "").await;
+        let scrape = crate::prom::parse(&text);
+        assert_eq!(scrape.errors, Vec::new());
+        let value = |name: &str, le: Option<&str>| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.name == name && s.label("le") == le)
+                .map(|s| s.value)
+        };
+        assert_eq!(value("vllm:request_success_total", None), Some(4.0));
+        assert_eq!(value("vllm:generation_tokens_total", None), Some(14.0));
+        assert_eq!(value("vllm:prompt_tokens_total", None), Some(11.0));
+        assert_eq!(value("vllm:num_requests_running", None), Some(0.0));
+        assert_eq!(value("vllm:num_requests_waiting", None), Some(0.0));
+        assert_eq!(
+            value("vllm:time_to_first_token_seconds_count", None),
+            Some(4.0)
+        );
+        // A 30 ms prefill: every TTFT above 0.02 s, and (on any machine that serves a
+        // request in under 50 ms more) at most 0.08 s.
+        assert_eq!(
+            value("vllm:time_to_first_token_seconds_bucket", Some("0.02")),
+            Some(0.0)
+        );
+        assert_eq!(
+            value("vllm:time_to_first_token_seconds_bucket", Some("+Inf")),
+            Some(4.0)
+        );
+        let kind = scrape
+            .samples
+            .iter()
+            .find(|s| s.name == "vllm:e2e_request_latency_seconds_sum")
+            .map(|s| s.kind.clone());
+        assert_eq!(kind.as_deref(), Some("histogram"));
+        w.shutdown().await;
     }
 }

@@ -22,12 +22,13 @@ fn replay_dir(dir: &Path, f: Target) -> usize {
 
 #[test]
 fn every_kept_fuzz_input_passes() {
-    let targets: [(&str, Target); 5] = [
+    let targets: [(&str, Target); 6] = [
         ("plan", matrix_proxy::fuzzing::plan),
         ("pointer", matrix_proxy::fuzzing::pointer),
         ("oracle", matrix_proxy::fuzzing::oracle),
         ("sse", matrix_proxy::fuzzing::sse),
         ("http1_response", matrix_proxy::fuzzing::http1_response),
+        ("prom_text", matrix_proxy::fuzzing::prom_text),
     ];
     for (name, f) in targets {
         let seeds = replay_dir(&Path::new("fuzz/seeds").join(name), f);
