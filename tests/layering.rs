@@ -75,6 +75,7 @@ const ALLOWED: &[Row] = &[
             "record",
             "report",
             "telemetry",
+            "prom",
         ],
     ),
     ("mock", &["clock", "net"]),

@@ -19,6 +19,7 @@ mod plan_cmd;
 mod recover;
 mod replay;
 mod report_cmd;
+mod scrape;
 mod serve;
 mod summarize;
 

@@ -56,6 +56,12 @@ struct ReplayRun {
     start_at_us: Option<i64>,
     /// `--metrics-listen`, bound.
     metrics: Option<tokio::net::TcpListener>,
+    /// `--worker-metrics`: the URL, the interval and the timeout.
+    scrape: Option<(
+        crate::model::Endpoint,
+        std::time::Duration,
+        std::time::Duration,
+    )>,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -86,6 +92,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         let t = Arc::new(crate::telemetry::Telemetry::new());
         super::metrics_http::start(metrics, &t, &run, args.run.quiet)
     });
+    let scraping = match input.scrape.take() {
+        Some(spec) => Some(super::scrape::start_scraping(spec, &run, run_t0_ns, &args)?),
+        None => None,
+    };
     let result = replay::run(
         ReplayOptions {
             plan: input.plan,
@@ -108,6 +118,9 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     .await;
     if let Some(m) = metrics_server.flatten() {
         m.abort();
+    }
+    if let Some(s) = scraping {
+        super::scrape::end_scraping(s, &dir, args.run.quiet).await;
     }
     let recording = run.finish_recording().await;
     if let Some((m, _)) = input.mock {
@@ -201,6 +214,7 @@ impl ReplayRun {
             Some(a) => Some(super::metrics_http::bind(a).await?),
             None => None,
         };
+        let scrape_flags = super::scrape::scrape_flags(args, &plan)?;
         // Step 2: the mock worker, when asked for, takes the plan's origin.
         let mock_config = args.mock.config()?;
         let (plan, mock) = match args.mock_worker {
@@ -210,6 +224,14 @@ impl ReplayRun {
             }
             false => (plan, None),
         };
+        // Without a URL, the worker's metrics are on its origin (now the mock's, if any).
+        let scrape = scrape_flags.map(|(url, every, timeout)| {
+            let url = url.unwrap_or_else(|| crate::model::Endpoint {
+                path_and_query: "/metrics".into(),
+                ..plan.endpoint.clone()
+            });
+            (url, every, timeout)
+        });
         Ok(ReplayRun {
             plan_bytes,
             plan,
@@ -227,6 +249,7 @@ impl ReplayRun {
                 .unwrap_or_else(crate::record::default_hold_bytes),
             start_at_us,
             metrics,
+            scrape,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! other; what both need lives here or below.
 
 pub(crate) mod replay;
+pub(crate) mod scrape;
 pub(crate) mod serve;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -29,6 +30,8 @@ pub(crate) struct RunContext {
     /// Live metrics (`--metrics-listen`, replay's progress line), when the command set
     /// them.
     telemetry: OnceLock<Arc<Telemetry>>,
+    /// The worker's `/metrics` (`--worker-metrics`), when the command set it.
+    scraper: OnceLock<Arc<scrape::Scraper>>,
 }
 
 /// Where a row belongs in the run (the identifying columns).
@@ -104,6 +107,7 @@ impl RunContext {
             recorder: Arc::new(recorder),
             record_failed: OnceLock::new(),
             telemetry: OnceLock::new(),
+            scraper: OnceLock::new(),
         })
     }
 
@@ -115,6 +119,20 @@ impl RunContext {
 
     pub(crate) fn telemetry(&self) -> Option<&Arc<Telemetry>> {
         self.telemetry.get()
+    }
+
+    /// Scrape the worker's metrics at the edges of every measured round from now on (set
+    /// once, before the drivers start).
+    pub(crate) fn set_scraper(&self, s: Arc<scrape::Scraper>) {
+        let _ = self.scraper.set(s);
+    }
+
+    /// One scrape of the worker's metrics, awaited (bounded by `--scrape-timeout`), when
+    /// the run scrapes.
+    pub(crate) async fn scrape(&self, cause: scrape::Cause) {
+        if let Some(s) = self.scraper.get() {
+            s.scrape(cause).await;
+        }
     }
 
     /// Count an ended exchange in the live metrics, when the run has them: both drivers'

@@ -24,6 +24,7 @@ pub(crate) mod read;
 pub(crate) mod recover;
 mod row;
 pub(crate) mod rundir;
+pub(crate) mod scrapes;
 pub(crate) mod writer;
 
 pub use ledger::LEDGER;

@@ -16,6 +16,7 @@ mod hostile;
 mod open_loop;
 mod replay;
 mod report;
+mod scrape;
 mod second_hour;
 mod secrets;
 mod serve;

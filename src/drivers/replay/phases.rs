@@ -2,6 +2,7 @@
 //! (health, readiness, warm-up, sequential), a level's feasibility wave, and its measured
 //! rounds (closed-loop waves or open-loop schedules), each turned into a round's metrics.
 
+use crate::drivers::scrape::Cause;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -203,6 +204,8 @@ pub(super) async fn measured_round(
 ) -> Measured {
     let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
+    // The worker's own view of the round starts here (when the run scrapes it).
+    ctx.base.run.scrape(Cause::RoundStart).await;
     // An open round's wave (closed: its concurrency).
     let work = match at.level {
         Level::Rate(r) => Ok(at.open_wave(ctx, r, Some(rep))),
@@ -236,6 +239,7 @@ pub(super) async fn measured_round(
     };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
+    ctx.base.run.scrape(Cause::RoundEnd).await;
     if ctx.base.record_exchanges
         && let Err(e) = recorder.release().await
     {

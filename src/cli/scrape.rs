@@ -1,0 +1,102 @@
+//! `replay --worker-metrics`: the flags checked, the scraper started beside the run and
+//! stopped after it, and what it gathered written to `worker_metrics.parquet`
+//! (`drivers::scrape` scrapes; `record::scrapes` writes).
+
+use std::sync::Arc;
+
+use super::args::ReplayArgs;
+use super::io::{CliError, usage};
+use crate::config::flags;
+use crate::config::plan::Plan;
+use crate::drivers::RunContext;
+use crate::net::tls::TlsOptions;
+use crate::record::rundir::{self, RunDir};
+
+/// `--worker-metrics` (its URL, `None` for the endpoint's origin), `--scrape-interval` and
+/// `--scrape-timeout`, checked.
+pub(super) type ScrapeFlags = (
+    Option<crate::model::Endpoint>,
+    std::time::Duration,
+    std::time::Duration,
+);
+
+pub(super) fn scrape_flags(
+    args: &ReplayArgs,
+    plan: &Plan,
+) -> Result<Option<ScrapeFlags>, CliError> {
+    let Some(url) = &args.worker_metrics else {
+        return Ok(None);
+    };
+    if plan.campaign.is_some() {
+        return Err(usage(
+            "--worker-metrics does not go with a campaign plan yet: each arm is its own worker, and scraping them per arm is not built; replay one arm's workload as a plain plan with --worker-metrics",
+        ));
+    }
+    let every = flags::seconds("--scrape-interval", args.scrape_interval).map_err(usage)?;
+    let timeout = flags::seconds("--scrape-timeout", args.scrape_timeout).map_err(usage)?;
+    let url = match url.as_str() {
+        "" => None,
+        u => Some(flags::endpoint("--worker-metrics", u).map_err(usage)?),
+    };
+    Ok(Some((url, every, timeout)))
+}
+
+/// A scraper running beside the run, and how to stop its interval task.
+pub(super) type Scraping = (
+    Arc<crate::drivers::scrape::Scraper>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Scrape the worker's metrics from now on: every interval, and at the edges of every
+/// measured round (through the run context).
+pub(super) fn start_scraping(
+    (url, every, timeout): (
+        crate::model::Endpoint,
+        std::time::Duration,
+        std::time::Duration,
+    ),
+    run: &Arc<RunContext>,
+    run_t0_ns: u64,
+    args: &ReplayArgs,
+) -> Result<Scraping, CliError> {
+    let tls = TlsOptions {
+        ca_file: args.ca_cert.clone(),
+    };
+    let s = crate::drivers::scrape::Scraper::new(url, run_t0_ns, timeout, &tls).map_err(usage)?;
+    let s = Arc::new(s);
+    run.set_scraper(s.clone());
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(s.clone().every(every, rx));
+    Ok((s, stop, task))
+}
+
+/// Stop the interval scrapes and write what every scrape gathered to
+/// `worker_metrics.parquet`; say how many scrapes failed (never fatal).
+pub(super) async fn end_scraping((s, stop, task): Scraping, dir: &RunDir, quiet: bool) {
+    let _ = stop.send(true);
+    let _ = task.await;
+    let g = s.take();
+    let path = dir.path.join(rundir::WORKER_METRICS);
+    let written = tokio::task::spawn_blocking(move || {
+        crate::record::scrapes::write(&path, &g.rows).map(|n| (n, g))
+    })
+    .await;
+    match written {
+        Ok(Ok((rows, g))) => {
+            let failed = match &g.first_failure {
+                Some(why) => format!(", {} failed (first: {why})", g.failed),
+                None => String::new(),
+            };
+            if !quiet || g.failed > 0 {
+                eprintln!(
+                    "matrix-proxy: worker metrics: {} scrape(s){failed}, {rows} sample(s) in {}",
+                    g.scrapes,
+                    rundir::WORKER_METRICS
+                );
+            }
+        }
+        Ok(Err(e)) => eprintln!("matrix-proxy: worker metrics not written: {e}"),
+        Err(e) => eprintln!("matrix-proxy: worker metrics not written: {e}"),
+    }
+}

@@ -1,0 +1,182 @@
+//! The worker's own metrics (`--worker-metrics URL`): its Prometheus text scraped on the
+//! run's clock, off the data path — every `--scrape-interval` from a task of its own, and
+//! once just before and once just after each measured round (awaited, bounded by
+//! `--scrape-timeout`), each on a fresh connection of its own. A failed scrape (refused,
+//! timed out, not 200, or every line unreadable) is counted, never fatal; the samples are
+//! held in memory and written to `worker_metrics.parquet` when the run ends.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::clock;
+use crate::engine::lean::LeanRequest;
+use crate::engine::{Capture, Engine};
+use crate::model::{ConnectionPolicy, Endpoint};
+use crate::record::scrapes::ScrapeRow;
+
+/// The most bytes of one scrape that are read (vLLM's text is tens of kilobytes).
+const SCRAPE_LIMIT: usize = 16 << 20;
+
+/// Why a scrape was taken (the `cause` column).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cause {
+    Interval,
+    RoundStart,
+    RoundEnd,
+}
+
+impl Cause {
+    fn as_str(self) -> &'static str {
+        match self {
+            Cause::Interval => "interval",
+            Cause::RoundStart => "round_start",
+            Cause::RoundEnd => "round_end",
+        }
+    }
+}
+
+/// What the scrapes gathered.
+#[derive(Debug, Default)]
+pub(crate) struct Gathered {
+    pub(crate) rows: Vec<ScrapeRow>,
+    pub(crate) scrapes: u64,
+    pub(crate) failed: u64,
+    /// The first failure's reason.
+    pub(crate) first_failure: Option<String>,
+    /// Lines of answered scrapes that could not be read.
+    pub(crate) unreadable_lines: u64,
+}
+
+/// Scrapes one URL on the run's clock.
+pub(crate) struct Scraper {
+    engine: Engine,
+    url: Endpoint,
+    run_t0_ns: u64,
+    timeout: Duration,
+    gathered: Mutex<Gathered>,
+}
+
+impl Scraper {
+    /// `url` is checked by the caller (`Endpoint::parse`).
+    pub(crate) fn new(
+        url: Endpoint,
+        run_t0_ns: u64,
+        timeout: Duration,
+        tls: &crate::net::tls::TlsOptions,
+    ) -> Result<Scraper, String> {
+        let engine = Engine::new(url.scheme == crate::model::Scheme::Https, tls)?;
+        Ok(Scraper {
+            engine,
+            url,
+            run_t0_ns,
+            timeout,
+            gathered: Mutex::new(Gathered::default()),
+        })
+    }
+
+    /// One scrape, bounded by the timeout; its samples (or its failure) are kept.
+    pub(crate) async fn scrape(&self, cause: Cause) {
+        let started_ns = clock::now_ns();
+        let wall_us = clock::wall_now_us();
+        let result = tokio::time::timeout(self.timeout, self.get()).await;
+        let offset_us = clock::us_between(self.run_t0_ns, started_ns);
+        let outcome = match result {
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Ok(r) => r,
+        };
+        let Ok(mut g) = self.gathered.lock() else {
+            return;
+        };
+        g.scrapes += 1;
+        match outcome {
+            Ok(text) => {
+                let scrape = crate::prom::parse(&text);
+                g.unreadable_lines += scrape.errors.len() as u64;
+                if scrape.samples.is_empty() && !scrape.errors.is_empty() {
+                    g.failed += 1;
+                    let why = format!(
+                        "no line could be read (line {}: {})",
+                        scrape.errors[0].0, scrape.errors[0].1
+                    );
+                    g.first_failure.get_or_insert(why);
+                    return;
+                }
+                for s in scrape.samples {
+                    g.rows.push(ScrapeRow {
+                        offset_us,
+                        wall_time_us: wall_us,
+                        cause: cause.as_str(),
+                        metric: s.name,
+                        labels: s.labels,
+                        value: s.value,
+                        kind: s.kind,
+                    });
+                }
+            }
+            Err(why) => {
+                g.failed += 1;
+                g.first_failure.get_or_insert(why);
+            }
+        }
+    }
+
+    /// GET the URL on a fresh connection: its body as text, or why not.
+    async fn get(&self) -> Result<String, String> {
+        let mut headers = http::HeaderMap::new();
+        if let Ok(h) = http::HeaderValue::from_str(&self.url.authority) {
+            headers.insert(http::header::HOST, h);
+        }
+        headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        crate::engine::http1::close_after(&mut headers);
+        let req = LeanRequest::new(http::Method::GET, &self.url.path_and_query, &headers, &[]);
+        let mut cap = Capture::start(SCRAPE_LIMIT, None);
+        let mut slot = None;
+        self.engine
+            .exchange_lean(
+                &mut slot,
+                &self.url,
+                ConnectionPolicy::Fresh,
+                &req,
+                &mut cap,
+            )
+            .await
+            .map_err(|e| e.message)?;
+        let c = cap.into_captured();
+        match c.status {
+            Some(200) => Ok(String::from_utf8_lossy(&c.body.bytes).into_owned()),
+            Some(s) => Err(format!("status {s}")),
+            None => Err("no status".into()),
+        }
+    }
+
+    /// Scrape every `interval` until `stop` fires (the first scrape at once).
+    pub(crate) async fn every(
+        self: Arc<Self>,
+        interval: Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.scrape(Cause::Interval).await,
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// What was gathered, taken out (the rows sorted by offset).
+    pub(crate) fn take(&self) -> Gathered {
+        let mut g = self
+            .gathered
+            .lock()
+            .map(|mut g| std::mem::take(&mut *g))
+            .unwrap_or_default();
+        g.rows.sort_by_key(|r| r.offset_us);
+        g
+    }
+}

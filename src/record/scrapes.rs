@@ -1,0 +1,85 @@
+//! `worker_metrics.parquet`: every sample of every scrape of the worker's `/metrics`
+//! (`--worker-metrics`), one row each, on the run's clock. A histogram's buckets are rows
+//! of `metric_bucket` with their `le` label, as the worker wrote them.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{MapBuilder, StringBuilder};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use parquet::arrow::ArrowWriter;
+
+/// One sample of one scrape.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ScrapeRow {
+    /// When the scrape was sent, µs from the run's t0 (the exchanges' clock).
+    pub(crate) offset_us: i64,
+    /// The same instant on the wall clock, µs since the Unix epoch (UTC).
+    pub(crate) wall_time_us: i64,
+    /// `interval`, `round_start` or `round_end`.
+    pub(crate) cause: &'static str,
+    pub(crate) metric: String,
+    pub(crate) labels: Vec<(String, String)>,
+    pub(crate) value: f64,
+    /// The family's kind (`counter`, `gauge`, `histogram`, `summary`, `untyped`).
+    pub(crate) kind: String,
+}
+
+/// Write `rows` to `path` (through a temporary name, fsynced, renamed); returns the rows
+/// written.
+pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
+    let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+    for r in rows {
+        for (k, v) in &r.labels {
+            labels.keys().append_value(k);
+            labels.values().append_value(v);
+        }
+        labels.append(true).map_err(|e| e.to_string())?;
+    }
+    let labels = labels.finish();
+    let arrays: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.offset_us),
+        )),
+        Arc::new(
+            TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.wall_time_us))
+                .with_timezone("UTC"),
+        ),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.cause))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.metric.as_str()),
+        )),
+        Arc::new(labels.clone()),
+        Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.value))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.kind.as_str()),
+        )),
+    ];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("offset_us", DataType::Int64, false),
+        Field::new(
+            "wall_time",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("cause", DataType::Utf8, false),
+        Field::new("metric", DataType::Utf8, false),
+        Field::new("labels", labels.data_type().clone(), false),
+        Field::new("value", DataType::Float64, false),
+        Field::new("type", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("parquet.inprogress");
+    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
+    let file = File::create(&tmp).map_err(|e| ctx(&e))?;
+    let mut w = ArrowWriter::try_new(file, schema, None).map_err(|e| ctx(&e))?;
+    w.write(&batch).map_err(|e| ctx(&e))?;
+    let file = w.into_inner().map_err(|e| ctx(&e))?;
+    file.sync_all().map_err(|e| ctx(&e))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(rows.len() as u64)
+}
