@@ -8,7 +8,9 @@
 //!   samples take their family's kind; a sample of no declared family is `untyped`.
 //! - `# HELP` and other comments are skipped.
 //! - A sample is `name{label="value",...} value [timestamp]`; label values unescape `\\`,
-//!   `\"` and `\n`; values include `NaN`, `+Inf` and `-Inf`; the timestamp is ignored.
+//!   `\"` and `\n` (any other escape, or a label given twice, makes the line unreadable:
+//!   DuckDB refuses a map with a key twice); values include `NaN`, `+Inf` and `-Inf`; the
+//!   timestamp is ignored.
 
 use std::collections::HashMap;
 
@@ -116,7 +118,8 @@ fn sample(line: &str) -> Result<Parsed, String> {
     if !valid_name(name) {
         return Err(format!("not a metric name: {name:?}"));
     }
-    let mut rest = &line[name_end..];
+    // Blanks may stand between a name and its labels (as Prometheus's own parser allows).
+    let mut rest = line[name_end..].trim_start();
     let mut labels = Vec::new();
     if let Some(after) = rest.strip_prefix('{') {
         let (parsed, tail) = label_set(after)?;
@@ -167,8 +170,11 @@ fn label_set(mut s: &str) -> Result<(Labels, &str), String> {
         let body = after
             .strip_prefix('"')
             .ok_or_else(|| format!("label {key}: its value is not quoted"))?;
-        let (value, tail) =
-            quoted(body).ok_or_else(|| format!("label {key}: unterminated value"))?;
+        let (value, tail) = quoted(body)
+            .ok_or_else(|| format!("label {key}: unterminated value or an unknown escape"))?;
+        if labels.iter().any(|(k, _)| k == key) {
+            return Err(format!("label {key} given twice"));
+        }
         labels.push((key.to_string(), value));
         s = tail.trim_start();
         if let Some(t) = s.strip_prefix(',') {
@@ -189,7 +195,8 @@ fn quoted(s: &str) -> Option<(String, &str)> {
             '"' => return Some((out, &s[i + 1..])),
             '\\' => match chars.next()?.1 {
                 'n' => out.push('\n'),
-                other => out.push(other),
+                c @ ('\\' | '"') => out.push(c),
+                _ => return None,
             },
             c => out.push(c),
         }
@@ -246,16 +253,16 @@ no_labels -Inf
 
     #[test]
     fn garbage_lines_are_counted_with_their_number_and_never_stop_the_rest() {
-        let text = "ok 1\n<html>not metrics</html>\nm{a=\"x\" 2\nm{a=x} 2\n9bad 1\nm 1 2 3\nm abc\n# TYPE m wat\nfine{a=\"1\",} 4\n";
+        let text = "ok 1\n<html>not metrics</html>\nm{a=\"x\" 2\nm{a=x} 2\n9bad 1\nm 1 2 3\nm abc\n# TYPE m wat\nfine{a=\"1\",} 4\ntwice{a=\"1\",a=\"2\"} 1\ntab{a=\"\\t\"} 1\nspaced {a=\"1\"} 5\n";
         let s = parse(text);
         let lines: Vec<usize> = s.errors.iter().map(|e| e.0).collect();
-        assert_eq!(lines, [2, 3, 4, 5, 6, 7, 8], "{:#?}", s.errors);
+        assert_eq!(lines, [2, 3, 4, 5, 6, 7, 8, 10, 11], "{:#?}", s.errors);
         let names: Vec<(&str, f64)> = s
             .samples
             .iter()
             .map(|x| (x.name.as_str(), x.value))
             .collect();
-        assert_eq!(names, [("ok", 1.0), ("fine", 4.0)]);
+        assert_eq!(names, [("ok", 1.0), ("fine", 4.0), ("spaced", 5.0)]);
         assert_eq!(parse(""), Scrape::default());
     }
 }

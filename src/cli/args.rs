@@ -508,14 +508,31 @@ pub struct ReplayArgs {
     /// Scrape the worker's own Prometheus metrics (vLLM, SGLang, TGI) into
     /// worker_metrics.parquet: every --scrape-interval, and just before and after each
     /// measured round, on connections of their own. Without a URL: /metrics on the plan's
-    /// endpoint origin (the mock's under --mock-worker).
-    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    /// endpoint origin (the mock's under --mock-worker). The URL goes after `=`:
+    /// --worker-metrics=http://127.0.0.1:8000/metrics.
+    #[arg(
+        long,
+        value_name = "URL",
+        num_args = 0..=1,
+        default_missing_value = "",
+        require_equals = true
+    )]
     pub worker_metrics: Option<String>,
-    /// Seconds between two scrapes of --worker-metrics.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    /// Seconds between two scrapes of --worker-metrics (at least 0.05).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        requires = "worker_metrics"
+    )]
     pub scrape_interval: f64,
     /// Seconds one scrape of --worker-metrics may take; a slower one is counted as failed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 2.0,
+        requires = "worker_metrics"
+    )]
     pub scrape_timeout: f64,
     /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
     #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]

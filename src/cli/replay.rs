@@ -56,12 +56,8 @@ struct ReplayRun {
     start_at_us: Option<i64>,
     /// `--metrics-listen`, bound.
     metrics: Option<tokio::net::TcpListener>,
-    /// `--worker-metrics`: the URL, the interval and the timeout.
-    scrape: Option<(
-        crate::model::Endpoint,
-        std::time::Duration,
-        std::time::Duration,
-    )>,
+    /// `--worker-metrics`: the URL with its engine, the interval and the timeout.
+    scrape: Option<super::scrape::ScrapeSpec>,
 }
 
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
@@ -92,10 +88,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         let t = Arc::new(crate::telemetry::Telemetry::new());
         super::metrics_http::start(metrics, &t, &run, args.run.quiet)
     });
-    let scraping = match input.scrape.take() {
-        Some(spec) => Some(super::scrape::start_scraping(spec, &run, run_t0_ns, &args)?),
-        None => None,
-    };
+    let scraping = input
+        .scrape
+        .take()
+        .map(|spec| super::scrape::start_scraping(spec, &run, run_t0_ns));
     let result = replay::run(
         ReplayOptions {
             plan: input.plan,
@@ -224,14 +220,10 @@ impl ReplayRun {
             }
             false => (plan, None),
         };
-        // Without a URL, the worker's metrics are on its origin (now the mock's, if any).
-        let scrape = scrape_flags.map(|(url, every, timeout)| {
-            let url = url.unwrap_or_else(|| crate::model::Endpoint {
-                path_and_query: "/metrics".into(),
-                ..plan.endpoint.clone()
-            });
-            (url, every, timeout)
-        });
+        let scrape = match scrape_flags {
+            Some(f) => Some(super::scrape::spec(f, &plan.endpoint, args)?),
+            None => None,
+        };
         Ok(ReplayRun {
             plan_bytes,
             plan,

@@ -33,12 +33,54 @@ pub(super) fn scrape_flags(
         ));
     }
     let every = flags::seconds("--scrape-interval", args.scrape_interval).map_err(usage)?;
+    if every < MIN_INTERVAL {
+        return Err(usage(format!(
+            "--scrape-interval {} is below {} s: every scrape opens a connection on the load generator's runtime; scrape less often",
+            args.scrape_interval,
+            MIN_INTERVAL.as_secs_f64()
+        )));
+    }
     let timeout = flags::seconds("--scrape-timeout", args.scrape_timeout).map_err(usage)?;
     let url = match url.as_str() {
         "" => None,
         u => Some(flags::endpoint("--worker-metrics", u).map_err(usage)?),
     };
     Ok(Some((url, every, timeout)))
+}
+
+/// The shortest `--scrape-interval`.
+const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What scraping needs, checked before anything of the run exists: the URL (the
+/// endpoint's origin's `/metrics` without one; the mock's under `--mock-worker`), its
+/// engine (a bad CA file is a usage error now), the interval and the timeout.
+pub(super) struct ScrapeSpec {
+    url: crate::model::Endpoint,
+    engine: crate::engine::Engine,
+    every: std::time::Duration,
+    timeout: std::time::Duration,
+}
+
+pub(super) fn spec(
+    (url, every, timeout): ScrapeFlags,
+    endpoint: &crate::model::Endpoint,
+    args: &ReplayArgs,
+) -> Result<ScrapeSpec, CliError> {
+    let url = url.unwrap_or_else(|| crate::model::Endpoint {
+        path_and_query: "/metrics".into(),
+        ..endpoint.clone()
+    });
+    let tls = TlsOptions {
+        ca_file: args.ca_cert.clone(),
+    };
+    let engine = crate::drivers::scrape::Scraper::engine_for(&url, &tls)
+        .map_err(|e| usage(format!("--worker-metrics {}: {e}", url.path_and_query)))?;
+    Ok(ScrapeSpec {
+        url,
+        engine,
+        every,
+        timeout,
+    })
 }
 
 /// A scraper running beside the run, and how to stop its interval task.
@@ -50,25 +92,13 @@ pub(super) type Scraping = (
 
 /// Scrape the worker's metrics from now on: every interval, and at the edges of every
 /// measured round (through the run context).
-pub(super) fn start_scraping(
-    (url, every, timeout): (
-        crate::model::Endpoint,
-        std::time::Duration,
-        std::time::Duration,
-    ),
-    run: &Arc<RunContext>,
-    run_t0_ns: u64,
-    args: &ReplayArgs,
-) -> Result<Scraping, CliError> {
-    let tls = TlsOptions {
-        ca_file: args.ca_cert.clone(),
-    };
-    let s = crate::drivers::scrape::Scraper::new(url, run_t0_ns, timeout, &tls).map_err(usage)?;
+pub(super) fn start_scraping(spec: ScrapeSpec, run: &Arc<RunContext>, run_t0_ns: u64) -> Scraping {
+    let s = crate::drivers::scrape::Scraper::new(spec.url, spec.engine, run_t0_ns, spec.timeout);
     let s = Arc::new(s);
     run.set_scraper(s.clone());
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(s.clone().every(every, rx));
-    Ok((s, stop, task))
+    let task = tokio::spawn(s.clone().every(spec.every, rx));
+    (s, stop, task)
 }
 
 /// Stop the interval scrapes and write what every scrape gathered to
@@ -84,10 +114,16 @@ pub(super) async fn end_scraping((s, stop, task): Scraping, dir: &RunDir, quiet:
     .await;
     match written {
         Ok(Ok((rows, g))) => {
-            let failed = match &g.first_failure {
+            let mut failed = match &g.first_failure {
                 Some(why) => format!(", {} failed (first: {why})", g.failed),
                 None => String::new(),
             };
+            if g.unreadable_lines > 0 {
+                failed.push_str(&format!(
+                    ", {} unreadable line(s) skipped",
+                    g.unreadable_lines
+                ));
+            }
             if !quiet || g.failed > 0 {
                 eprintln!(
                     "matrix-proxy: worker metrics: {} scrape(s){failed}, {rows} sample(s) in {}",

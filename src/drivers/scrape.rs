@@ -13,25 +13,25 @@ use crate::clock;
 use crate::engine::lean::LeanRequest;
 use crate::engine::{Capture, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
-use crate::record::scrapes::ScrapeRow;
+use crate::record::scrapes::{RoundId, ScrapeRow};
 
 /// The most bytes of one scrape that are read (vLLM's text is tens of kilobytes).
 const SCRAPE_LIMIT: usize = 16 << 20;
 
-/// Why a scrape was taken (the `cause` column).
-#[derive(Debug, Clone, Copy)]
+/// Why a scrape was taken (the `cause` column), and at a round's edge, which round.
+#[derive(Debug, Clone)]
 pub(crate) enum Cause {
     Interval,
-    RoundStart,
-    RoundEnd,
+    RoundStart(RoundId),
+    RoundEnd(RoundId),
 }
 
 impl Cause {
-    fn as_str(self) -> &'static str {
+    fn split(self) -> (&'static str, Option<RoundId>) {
         match self {
-            Cause::Interval => "interval",
-            Cause::RoundStart => "round_start",
-            Cause::RoundEnd => "round_end",
+            Cause::Interval => ("interval", None),
+            Cause::RoundStart(r) => ("round_start", Some(r)),
+            Cause::RoundEnd(r) => ("round_end", Some(r)),
         }
     }
 }
@@ -58,21 +58,24 @@ pub(crate) struct Scraper {
 }
 
 impl Scraper {
-    /// `url` is checked by the caller (`Endpoint::parse`).
-    pub(crate) fn new(
-        url: Endpoint,
-        run_t0_ns: u64,
-        timeout: Duration,
+    /// The engine that scrapes `url`: built before anything of the run exists, so a bad
+    /// CA file is a usage error, not a half-made run.
+    pub(crate) fn engine_for(
+        url: &Endpoint,
         tls: &crate::net::tls::TlsOptions,
-    ) -> Result<Scraper, String> {
-        let engine = Engine::new(url.scheme == crate::model::Scheme::Https, tls)?;
-        Ok(Scraper {
+    ) -> Result<Engine, String> {
+        Engine::new(url.scheme == crate::model::Scheme::Https, tls)
+    }
+
+    /// `url` is checked by the caller (`Endpoint::parse`); `engine` from [`Self::engine_for`].
+    pub(crate) fn new(url: Endpoint, engine: Engine, run_t0_ns: u64, timeout: Duration) -> Scraper {
+        Scraper {
             engine,
             url,
             run_t0_ns,
             timeout,
             gathered: Mutex::new(Gathered::default()),
-        })
+        }
     }
 
     /// One scrape, bounded by the timeout; its samples (or its failure) are kept.
@@ -81,32 +84,35 @@ impl Scraper {
         let wall_us = clock::wall_now_us();
         let result = tokio::time::timeout(self.timeout, self.get()).await;
         let offset_us = clock::us_between(self.run_t0_ns, started_ns);
+        // Read outside the lock: a round-edge scrape never waits behind another's parse.
         let outcome = match result {
             Err(_) => Err(format!("no answer within {:?}", self.timeout)),
-            Ok(r) => r,
+            Ok(Ok(text)) => {
+                let scrape = crate::prom::parse(&text);
+                match (scrape.samples.is_empty(), scrape.errors.first()) {
+                    (true, Some((line, why))) => {
+                        Err(format!("no line could be read (line {line}: {why})"))
+                    }
+                    (true, None) => Err("an answer with no sample".into()),
+                    (false, _) => Ok(scrape),
+                }
+            }
+            Ok(Err(why)) => Err(why),
         };
+        let (cause, round) = cause.split();
         let Ok(mut g) = self.gathered.lock() else {
             return;
         };
         g.scrapes += 1;
         match outcome {
-            Ok(text) => {
-                let scrape = crate::prom::parse(&text);
+            Ok(scrape) => {
                 g.unreadable_lines += scrape.errors.len() as u64;
-                if scrape.samples.is_empty() && !scrape.errors.is_empty() {
-                    g.failed += 1;
-                    let why = format!(
-                        "no line could be read (line {}: {})",
-                        scrape.errors[0].0, scrape.errors[0].1
-                    );
-                    g.first_failure.get_or_insert(why);
-                    return;
-                }
                 for s in scrape.samples {
                     g.rows.push(ScrapeRow {
                         offset_us,
                         wall_time_us: wall_us,
-                        cause: cause.as_str(),
+                        cause,
+                        round: round.clone(),
                         metric: s.name,
                         labels: s.labels,
                         value: s.value,
@@ -146,6 +152,12 @@ impl Scraper {
             .await
             .map_err(|e| e.message)?;
         let c = cap.into_captured();
+        if c.body.truncated {
+            return Err(format!(
+                "the answer passed {} MiB, the most a scrape reads",
+                SCRAPE_LIMIT >> 20
+            ));
+        }
         match c.status {
             Some(200) => Ok(String::from_utf8_lossy(&c.body.bytes).into_owned()),
             Some(s) => Err(format!("status {s}")),

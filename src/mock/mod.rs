@@ -509,7 +509,11 @@ async fn complete(
         .unwrap_or("mock")
         .to_string();
 
+    // A request the mock answers in full is served (`/metrics`), faults that still answer
+    // included; a stalled one waits as a real server's queued request does.
+    let served = !matches!(fault, Some("http500" | "reset" | "stream-cut"));
     if fault == Some("stall") {
+        let _waiting = vllm::Slot::waiting(st.metrics.clone());
         tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
     }
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
@@ -528,7 +532,7 @@ async fn complete(
         };
         return stream_response(st, answer, fault).await;
     }
-    generate(st, arrived, (&prompt, tokens), fault.is_none()).await;
+    generate(st, arrived, (&prompt, tokens), served).await;
     if fault == Some("http500") {
         return json_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -717,7 +721,7 @@ async fn stream_response(
         state: st.clone(),
         _slot: slot,
         counted: Some(counted),
-        served: (fault.is_none()).then_some(StreamServed {
+        served: (!matches!(fault, Some("stream-cut"))).then_some(StreamServed {
             arrived,
             first_token_ns: None,
             prompt_tokens: prompt.split_whitespace().count() as u64,

@@ -8,10 +8,21 @@ use std::sync::Arc;
 
 use arrow_array::builder::{MapBuilder, StringBuilder};
 use arrow_array::{
-    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use parquet::arrow::ArrowWriter;
+
+/// The measured round a round-edge scrape belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RoundId {
+    pub(crate) case_name: Arc<str>,
+    /// A closed-loop round's concurrency, or an open one's rate.
+    pub(crate) concurrency: Option<i32>,
+    pub(crate) target_rate_per_second: Option<f64>,
+    pub(crate) repetition: i32,
+}
 
 /// One sample of one scrape.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +33,8 @@ pub(crate) struct ScrapeRow {
     pub(crate) wall_time_us: i64,
     /// `interval`, `round_start` or `round_end`.
     pub(crate) cause: &'static str,
+    /// At a round's edge, the round (as summary.json's rounds and rounds.parquet name it).
+    pub(crate) round: Option<RoundId>,
     pub(crate) metric: String,
     pub(crate) labels: Vec<(String, String)>,
     pub(crate) value: f64,
@@ -50,6 +63,19 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
                 .with_timezone("UTC"),
         ),
         Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.cause))),
+        Arc::new(StringArray::from_iter(
+            rows.iter().map(|r| r.round.as_ref().map(|x| &*x.case_name)),
+        )),
+        Arc::new(Int32Array::from_iter(
+            rows.iter()
+                .map(|r| r.round.as_ref().and_then(|x| x.concurrency)),
+        )),
+        Arc::new(Float64Array::from_iter(rows.iter().map(|r| {
+            r.round.as_ref().and_then(|x| x.target_rate_per_second)
+        }))),
+        Arc::new(Int32Array::from_iter(
+            rows.iter().map(|r| r.round.as_ref().map(|x| x.repetition)),
+        )),
         Arc::new(StringArray::from_iter_values(
             rows.iter().map(|r| r.metric.as_str()),
         )),
@@ -67,6 +93,10 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
             false,
         ),
         Field::new("cause", DataType::Utf8, false),
+        Field::new("case_name", DataType::Utf8, true),
+        Field::new("concurrency", DataType::Int32, true),
+        Field::new("target_rate_per_second", DataType::Float64, true),
+        Field::new("repetition", DataType::Int32, true),
         Field::new("metric", DataType::Utf8, false),
         Field::new("labels", labels.data_type().clone(), false),
         Field::new("value", DataType::Float64, false),

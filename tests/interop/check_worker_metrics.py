@@ -1,7 +1,7 @@
 """Interop check: a run's worker_metrics.parquet (replay --worker-metrics) read with DuckDB
 and pandas, no glue: its columns and types, the labels map, a scrape window around every
-measured round of summary.json, and the mock's request counter agreeing with the run's
-own count of answered requests over the whole run.
+measured round of summary.json (named by its case, level and repetition), and the mock's
+request counter equal to the run's own count of answered requests.
 
 Usage: python3 tests/interop/check_worker_metrics.py RUN_DIR
 """
@@ -19,7 +19,9 @@ def main(run: Path) -> int:
     con = duckdb.connect()
     cols = con.execute(f"describe select * from '{path}'").fetchall()
     types = {c[0]: c[1] for c in cols}
-    assert list(types) == ["offset_us", "wall_time", "cause", "metric", "labels", "value", "type"], types
+    assert list(types) == ["offset_us", "wall_time", "cause", "case_name", "concurrency",
+                           "target_rate_per_second", "repetition", "metric", "labels", "value",
+                           "type"], types
     assert types["labels"] == "MAP(VARCHAR, VARCHAR)", types["labels"]
     assert types["wall_time"].startswith("TIMESTAMP"), types["wall_time"]
     summary = json.loads((run / "summary.json").read_text())
@@ -27,6 +29,13 @@ def main(run: Path) -> int:
     windows = dict(con.execute(
         f"select cause, count(distinct offset_us) from '{path}' group by cause").fetchall())
     assert windows.get("round_start") == measured and windows.get("round_end") == measured, windows
+    # Each window names its round as summary.json does: one start and one end per round.
+    for r in summary["rounds"]:
+        n = con.execute(
+            f"""select count(distinct offset_us) from '{path}'
+                where case_name = ? and concurrency = ? and repetition = ?""",
+            [r["case"], r["concurrency"], r["repetition"]]).fetchone()[0]
+        assert n == 2, (r["case"], r["concurrency"], r["repetition"], n)
     # A bucket row keeps its le label in the map.
     les = con.execute(
         f"""select count(*) from '{path}'
@@ -40,7 +49,8 @@ def main(run: Path) -> int:
     ok = con.execute(
         f"""select count(*) from '{run / "exchanges" / "*.parquet"}'
             where outcome = 'ok' and url like '%/v1/%'""").fetchone()[0]
-    assert last <= ok, (last, ok)
+    # The last scrape is the interval's after the last round_end: every request counted.
+    assert last == ok, (last, ok)
     df = pd.read_parquet(path)
     assert len(df) == con.execute(f"select count(*) from '{path}'").fetchone()[0]
     assert isinstance(df["labels"].iloc[0], (list, dict)), type(df["labels"].iloc[0])

@@ -3,6 +3,7 @@
 //! rounds (closed-loop waves or open-loop schedules), each turned into a round's metrics.
 
 use crate::drivers::scrape::Cause;
+use crate::record::scrapes::RoundId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -204,13 +205,16 @@ pub(super) async fn measured_round(
 ) -> Measured {
     let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
-    // The worker's own view of the round starts here (when the run scrapes it).
-    ctx.base.run.scrape(Cause::RoundStart).await;
     // An open round's wave (closed: its concurrency).
     let work = match at.level {
         Level::Rate(r) => Ok(at.open_wave(ctx, r, Some(rep))),
         Level::Concurrency(c) => Err(c),
     };
+    // The worker's own view of the round starts here, when the run scrapes it.
+    let edges = round_edges(ctx, &work, at, rep);
+    if let Some(id) = &edges {
+        ctx.base.run.scrape(Cause::RoundStart(id.clone())).await;
+    }
     // A shard's wave has its place in the timetable: the round's measurements (the
     // generator's CPU and lag, the held rows) start just before it, not at the wait.
     if let Ok(OpenWave {
@@ -239,7 +243,9 @@ pub(super) async fn measured_round(
     };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
-    ctx.base.run.scrape(Cause::RoundEnd).await;
+    if let Some(id) = edges.filter(|_| !ctx.stopped()) {
+        ctx.base.run.scrape(Cause::RoundEnd(id)).await;
+    }
     if ctx.base.record_exchanges
         && let Err(e) = recorder.release().await
     {
@@ -291,6 +297,30 @@ pub(super) async fn measured_round(
         round,
         samples,
         window_ns: (wall0, wall1),
+    }
+}
+
+/// The round a round-edge scrape of the worker's metrics belongs to, or `None` when no
+/// edge scrape is taken: a shard's wave keeps its timetable (its scrapes are the
+/// interval's), and a stopping run does not wait for one.
+fn round_edges(ctx: &Ctx, work: &Result<OpenWave, usize>, at: At, rep: usize) -> Option<RoundId> {
+    match work {
+        Ok(OpenWave {
+            start_ns: Some(_), ..
+        }) => None,
+        _ if ctx.stopped() => None,
+        _ => Some(RoundId {
+            case_name: ctx.case_names[at.ci].clone(),
+            concurrency: match at.level {
+                Level::Concurrency(c) => Some(c as i32),
+                Level::Rate(_) => None,
+            },
+            target_rate_per_second: match at.level {
+                Level::Rate(r) => Some(r),
+                Level::Concurrency(_) => None,
+            },
+            repetition: rep as i32,
+        }),
     }
 }
 
