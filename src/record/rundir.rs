@@ -296,3 +296,18 @@ fn hash_current_exe() -> Option<String> {
     }
     Some(hex(&h.finalize()))
 }
+
+/// Write one batch as a whole Parquet file at `path`: through a temporary name
+/// (`.parquet.inprogress`), fsynced, then renamed, so a reader never sees half a file
+/// (rounds.parquet and worker_metrics.parquet).
+pub(crate) fn write_parquet(path: &Path, batch: &arrow_array::RecordBatch) -> Result<(), String> {
+    let tmp = path.with_extension("parquet.inprogress");
+    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
+    let file = File::create(&tmp).map_err(|e| ctx(&e))?;
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).map_err(|e| ctx(&e))?;
+    w.write(batch).map_err(|e| ctx(&e))?;
+    let file = w.into_inner().map_err(|e| ctx(&e))?;
+    file.sync_all().map_err(|e| ctx(&e))?;
+    fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}

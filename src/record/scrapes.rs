@@ -2,7 +2,6 @@
 //! (`--worker-metrics`), one row each, on the run's clock. A histogram's buckets are rows
 //! of `metric_bucket` with their `le` label, as the worker wrote them.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,7 +11,6 @@ use arrow_array::{
     TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use parquet::arrow::ArrowWriter;
 
 /// The measured round a round-edge scrape belongs to.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,14 +100,7 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
         Field::new("value", DataType::Float64, false),
         Field::new("type", DataType::Utf8, false),
     ]));
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("parquet.inprogress");
-    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
-    let file = File::create(&tmp).map_err(|e| ctx(&e))?;
-    let mut w = ArrowWriter::try_new(file, schema, None).map_err(|e| ctx(&e))?;
-    w.write(&batch).map_err(|e| ctx(&e))?;
-    let file = w.into_inner().map_err(|e| ctx(&e))?;
-    file.sync_all().map_err(|e| ctx(&e))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    super::rundir::write_parquet(path, &batch)?;
     Ok(rows.len() as u64)
 }

@@ -2,7 +2,6 @@
 //! docs/output.md). Like the exchange columns, each column is declared once with the code
 //! that fills it, and the schema and the batch are generated from that list.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,7 +9,6 @@ use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema};
-use parquet::arrow::ArrowWriter;
 
 use crate::metrics::{
     GeneratorLoad, Goodput, OpenMetrics, Percentiles, RoundMetrics, StreamMetrics, THROUGHPUT_SCOPE,
@@ -321,13 +319,6 @@ pub(crate) fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Resu
             .collect::<Vec<_>>(),
     ));
     let arrays = cols.iter().map(|c| (c.fill)(rounds)).collect();
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("parquet.inprogress");
-    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
-    let file = File::create(&tmp).map_err(|e| ctx(&e))?;
-    let mut w = ArrowWriter::try_new(file, schema, None).map_err(|e| ctx(&e))?;
-    w.write(&batch).map_err(|e| ctx(&e))?;
-    let file = w.into_inner().map_err(|e| ctx(&e))?;
-    file.sync_all().map_err(|e| ctx(&e))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    crate::record::rundir::write_parquet(path, &batch)
 }
