@@ -115,9 +115,10 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     if let Some(m) = metrics_server.flatten() {
         m.abort();
     }
-    if let Some(s) = scraping {
-        super::scrape::end_scraping(s, &dir, args.run.quiet).await;
-    }
+    let worker = match scraping {
+        Some(s) => super::scrape::end_scraping(s, &dir, args.run.quiet).await,
+        None => Vec::new(),
+    };
     let recording = run.finish_recording().await;
     if let Some((m, _)) = input.mock {
         m.shutdown().await;
@@ -127,7 +128,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         &args,
         &dir,
         &mut config,
-        result,
+        (result, &worker),
         recording,
         (&plan, shape, contract.as_ref()),
     )
@@ -626,7 +627,7 @@ fn reports(
     args: &ReplayArgs,
     dir: &RunDir,
     config: &mut Config,
-    result: replay::ReplayResult,
+    (result, worker): (replay::ReplayResult, &[crate::record::scrapes::ScrapeRow]),
     recording: RecordingEnd,
     (plan, shape, contract): (&Plan, Shape, Option<&Contract>),
 ) -> Result<Exit, CliError> {
@@ -655,6 +656,7 @@ fn reports(
             ending,
             failures: result.failures,
             notes: &result.notes,
+            worker,
         },
         Recording {
             rows_written: recording.stats.rows,

@@ -102,8 +102,13 @@ pub(super) fn start_scraping(spec: ScrapeSpec, run: &Arc<RunContext>, run_t0_ns:
 }
 
 /// Stop the interval scrapes and write what every scrape gathered to
-/// `worker_metrics.parquet`; say how many scrapes failed (never fatal).
-pub(super) async fn end_scraping((s, stop, task): Scraping, dir: &RunDir, quiet: bool) {
+/// `worker_metrics.parquet`; say how many scrapes failed (never fatal). Returns the rows
+/// for the reports (empty when they could not be written).
+pub(super) async fn end_scraping(
+    (s, stop, task): Scraping,
+    dir: &RunDir,
+    quiet: bool,
+) -> Vec<crate::record::scrapes::ScrapeRow> {
     let _ = stop.send(true);
     let _ = task.await;
     let g = s.take();
@@ -131,8 +136,15 @@ pub(super) async fn end_scraping((s, stop, task): Scraping, dir: &RunDir, quiet:
                     rundir::WORKER_METRICS
                 );
             }
+            g.rows
         }
-        Ok(Err(e)) => eprintln!("matrix-proxy: worker metrics not written: {e}"),
-        Err(e) => eprintln!("matrix-proxy: worker metrics not written: {e}"),
+        Ok(Err(e)) => {
+            eprintln!("matrix-proxy: worker metrics not written: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            eprintln!("matrix-proxy: worker metrics not written: {e}");
+            Vec::new()
+        }
     }
 }

@@ -24,6 +24,9 @@ pub(crate) enum Cause {
     Interval,
     RoundStart(RoundId),
     RoundEnd(RoundId),
+    /// serve: the run's one window opens and closes.
+    RunStart,
+    RunEnd,
 }
 
 impl Cause {
@@ -32,6 +35,8 @@ impl Cause {
             Cause::Interval => ("interval", None),
             Cause::RoundStart(r) => ("round_start", Some(r)),
             Cause::RoundEnd(r) => ("round_end", Some(r)),
+            Cause::RunStart => ("run_start", None),
+            Cause::RunEnd => ("run_end", None),
         }
     }
 }
@@ -54,6 +59,8 @@ pub(crate) struct Scraper {
     url: Endpoint,
     run_t0_ns: u64,
     timeout: Duration,
+    /// The campaign arm whose worker this is (`None` for a plain plan or serve).
+    arm: Option<Arc<str>>,
     gathered: Mutex<Gathered>,
 }
 
@@ -74,6 +81,7 @@ impl Scraper {
             url,
             run_t0_ns,
             timeout,
+            arm: None,
             gathered: Mutex::new(Gathered::default()),
         }
     }
@@ -113,6 +121,7 @@ impl Scraper {
                         wall_time_us: wall_us,
                         cause,
                         round: round.clone(),
+                        arm: self.arm.clone(),
                         metric: s.name,
                         labels: s.labels,
                         value: s.value,

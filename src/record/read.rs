@@ -165,7 +165,7 @@ pub(crate) fn for_each_row(
 }
 
 /// Column `name` of a batch read from `part`, as Arrow array type `T`.
-fn column<'a, T: 'static>(
+pub(crate) fn column<'a, T: 'static>(
     b: &'a arrow_array::RecordBatch,
     name: &str,
     part: &Path,
@@ -197,7 +197,7 @@ fn content_offsets(content: &ListArray, i: usize) -> Vec<i64> {
 }
 
 /// The batches of one part, read with only the columns named in `want`.
-fn read_columns(
+pub(crate) fn read_columns(
     part: &Path,
     want: &[&str],
 ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, String> {

@@ -29,10 +29,12 @@ pub(crate) struct ScrapeRow {
     pub(crate) offset_us: i64,
     /// The same instant on the wall clock, µs since the Unix epoch (UTC).
     pub(crate) wall_time_us: i64,
-    /// `interval`, `round_start` or `round_end`.
+    /// `interval`, `round_start` or `round_end` (replay); `run_start` or `run_end` (serve).
     pub(crate) cause: &'static str,
     /// At a round's edge, the round (as summary.json's rounds and rounds.parquet name it).
     pub(crate) round: Option<RoundId>,
+    /// The campaign arm whose worker was scraped (`None` for a plain plan or serve).
+    pub(crate) arm: Option<Arc<str>>,
     pub(crate) metric: String,
     pub(crate) labels: Vec<(String, String)>,
     pub(crate) value: f64,
@@ -74,6 +76,9 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
         Arc::new(Int32Array::from_iter(
             rows.iter().map(|r| r.round.as_ref().map(|x| x.repetition)),
         )),
+        Arc::new(StringArray::from_iter(
+            rows.iter().map(|r| r.arm.as_deref()),
+        )),
         Arc::new(StringArray::from_iter_values(
             rows.iter().map(|r| r.metric.as_str()),
         )),
@@ -95,6 +100,7 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
         Field::new("concurrency", DataType::Int32, true),
         Field::new("target_rate_per_second", DataType::Float64, true),
         Field::new("repetition", DataType::Int32, true),
+        Field::new("arm", DataType::Utf8, true),
         Field::new("metric", DataType::Utf8, false),
         Field::new("labels", labels.data_type().clone(), false),
         Field::new("value", DataType::Float64, false),
@@ -103,4 +109,89 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
     let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
     super::rundir::write_parquet(path, &batch)?;
     Ok(rows.len() as u64)
+}
+
+/// Every row of a `worker_metrics.parquet` read back (`summarize`, `report`), in file order.
+pub(crate) fn read(path: &Path) -> Result<Vec<ScrapeRow>, String> {
+    use super::read::column;
+    use arrow_array::MapArray;
+    let want = [
+        "offset_us",
+        "wall_time",
+        "cause",
+        "case_name",
+        "concurrency",
+        "target_rate_per_second",
+        "repetition",
+        "arm",
+        "metric",
+        "labels",
+        "value",
+        "type",
+    ];
+    let mut out = Vec::new();
+    for batch in super::read::read_columns(path, &want)? {
+        let b = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+        let offset = column::<Int64Array>(&b, "offset_us", path)?;
+        let wall = column::<TimestampMicrosecondArray>(&b, "wall_time", path)?;
+        let cause = column::<StringArray>(&b, "cause", path)?;
+        let case = column::<StringArray>(&b, "case_name", path)?;
+        let conc = column::<Int32Array>(&b, "concurrency", path)?;
+        let rate = column::<Float64Array>(&b, "target_rate_per_second", path)?;
+        let rep = column::<Int32Array>(&b, "repetition", path)?;
+        // Runs written before campaigns were scraped have no arm column.
+        let arm = b
+            .column_by_name("arm")
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>());
+        let metric = column::<StringArray>(&b, "metric", path)?;
+        let labels = column::<MapArray>(&b, "labels", path)?;
+        let value = column::<Float64Array>(&b, "value", path)?;
+        let kind = column::<StringArray>(&b, "type", path)?;
+        for i in 0..b.num_rows() {
+            let cause = match cause.value(i) {
+                "interval" => "interval",
+                "round_start" => "round_start",
+                "round_end" => "round_end",
+                "run_start" => "run_start",
+                "run_end" => "run_end",
+                other => {
+                    return Err(format!(
+                        "{}: row {i}: cause {other:?} is none this version writes",
+                        path.display()
+                    ));
+                }
+            };
+            let round = (!case.is_null(i)).then(|| RoundId {
+                case_name: case.value(i).into(),
+                concurrency: (!conc.is_null(i)).then(|| conc.value(i)),
+                target_rate_per_second: (!rate.is_null(i)).then(|| rate.value(i)),
+                repetition: if rep.is_null(i) { 0 } else { rep.value(i) },
+            });
+            let entries = labels.value(i);
+            let keys = entries
+                .column(0)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| format!("{}: labels keys are not strings", path.display()))?;
+            let values = entries
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| format!("{}: labels values are not strings", path.display()))?;
+            out.push(ScrapeRow {
+                offset_us: offset.value(i),
+                wall_time_us: wall.value(i),
+                cause,
+                round,
+                arm: arm.filter(|a| !a.is_null(i)).map(|a| a.value(i).into()),
+                metric: metric.value(i).to_string(),
+                labels: (0..keys.len())
+                    .map(|j| (keys.value(j).to_string(), values.value(j).to_string()))
+                    .collect(),
+                value: value.value(i),
+                kind: kind.value(i).to_string(),
+            });
+        }
+    }
+    Ok(out)
 }

@@ -41,6 +41,7 @@ pub(crate) mod routes;
 pub(crate) mod run;
 pub(crate) mod table;
 pub(crate) mod verdict;
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 
@@ -196,6 +197,8 @@ pub(crate) struct Measured<'a> {
     pub(crate) failures: u64,
     /// What `--sweep` noted as it placed its rates.
     pub(crate) notes: &'a [String],
+    /// Every sample of the worker's `/metrics` (`--worker-metrics`; empty without).
+    pub(crate) worker: &'a [crate::record::scrapes::ScrapeRow],
 }
 
 /// The plan's input token counts against the server's, read back from the rows of
@@ -241,7 +244,11 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
     Summary {
         complete,
         failures,
-        rounds: m.rounds.iter().map(Round::of).collect(),
+        rounds: worker::with_rounds(
+            m.rounds.iter().map(Round::of).collect(),
+            m.worker,
+            recording.shards.is_some(),
+        ),
         round_aggregates: m.aggregates.iter().map(round_aggregate).collect(),
         excluded_phases: m
             .excluded
@@ -353,5 +360,6 @@ pub(crate) fn serve_summary(
             recorder_longest_slice_us: "the longest run of the recorder's work (encoding rows, freeing them, closing row groups and parts) between two of its rests, in its thread's CPU microseconds: about how long a request sharing its core could wait behind it (the recorder sleeps after every ~40 µs of work); null when the recorder failed, or in a summary rebuilt from exchanges/ of a run that never wrote one".into(),
         },
         rebuilt_from_exchanges: rebuilt.map(|_| true),
+        worker: None,
     }
 }

@@ -218,7 +218,7 @@ pub(crate) fn rebuild_replay(
     }
     let notes: Vec<String> = original.map(|o| o.load.notes.clone()).unwrap_or_default();
     let ending = replay_ending(original, finished, failures);
-    rebuilt(
+    let mut r = rebuilt(
         plan,
         shape,
         (rounds, excluded, failures),
@@ -226,7 +226,12 @@ pub(crate) fn rebuild_replay(
         &notes,
         (None, prompt_tokens),
         facts.len(),
-    )
+    );
+    // The worker's numbers came from its scrapes, which the rows do not hold.
+    if let Some(o) = original {
+        super::worker::carry(&mut r.summary.rounds, &o.rounds);
+    }
+    r
 }
 
 /// A sharded run's shards merged onto one timeline: `facts` are every shard's rows, moved
@@ -283,6 +288,7 @@ fn rebuilt(
         ending,
         failures,
         notes,
+        worker: &[],
     };
     let summary = super::summary(
         plan,
@@ -326,8 +332,7 @@ pub(crate) fn rebuild_serve(
         None => ServeEnding::Crashed,
     };
     let all_ok = stats.requests == stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0);
-    (
-        super::serve_summary(&stats, facts.len() as u64, slice, Some(ending)),
-        all_ok,
-    )
+    let mut summary = super::serve_summary(&stats, facts.len() as u64, slice, Some(ending));
+    summary.worker = original.and_then(|o| o.worker.clone());
+    (summary, all_ok)
 }

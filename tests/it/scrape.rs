@@ -135,6 +135,44 @@ async fn the_workers_metrics_are_scraped_on_the_runs_clock_and_its_ttft_agrees_w
         "ours {ours} outside the worker's ({lo}, {hi}]"
     );
     assert_eq!((lo, hi), (0.1, 0.25));
+
+    // summary.json says the same per round: the worker's p50 interpolated inside that
+    // bucket (recomputed here from the rows), and ours minus it within the bucket's width.
+    let w = &summary["rounds"][0]["worker"];
+    assert_eq!(w["server"], "vllm", "{w}");
+    let ttft = &w["ttft_seconds"];
+    assert_eq!(ttft["metric"], "vllm:time_to_first_token_seconds");
+    assert_eq!(ttft["estimate"], "bucket-interpolated");
+    assert_eq!(ttft["observations"], 6.0);
+    assert_eq!(ttft["p50_bucket"], json!([lo, hi]));
+    let below = delta(bounds[p50_bucket - 1]);
+    let expect = lo + (hi - lo) * (3.0 - below) / (delta(bounds[p50_bucket]) - below);
+    let worker_p50 = ttft["p50"].as_f64().unwrap();
+    assert!(
+        (worker_p50 - expect).abs() < 1e-9,
+        "{worker_p50} vs {expect}"
+    );
+    assert_eq!(w["requests"], 6.0, "the success counter's delta: {w}");
+    assert!(w["scrapes_in_window"].as_u64().unwrap() >= 2, "{w}");
+    let running = w["running_mean"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&running), "concurrency 1: {running}");
+    let two = &w["two_sided"]["ttft"];
+    assert!(
+        w["two_sided"]["scope"]
+            .as_str()
+            .unwrap()
+            .starts_with("difference of p50s, not per request"),
+        "{w}"
+    );
+    let diff = two["difference_seconds"].as_f64().unwrap();
+    assert!((diff - (ours - worker_p50)).abs() < 1e-9, "{two}");
+    assert_eq!(two["bucket_width_seconds"].as_f64().unwrap(), hi - lo);
+    assert!(diff.abs() <= hi - lo, "{two}");
+    assert!(w["two_sided"]["e2e"]["difference_seconds"].is_f64(), "{w}");
+    // Every round has its window.
+    for r in summary["rounds"].as_array().unwrap() {
+        assert_eq!(r["worker"]["ttft_seconds"]["observations"], 6.0, "{r}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ pub(crate) mod config;
 pub(crate) mod recovery;
 pub(crate) mod summary;
 pub(crate) mod verdict;
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 

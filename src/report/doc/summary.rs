@@ -190,6 +190,9 @@ pub(crate) struct Round {
     /// Only in a campaign.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) arm: Option<String>,
+    /// The worker's own numbers over the round (only with `--worker-metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker: Option<super::worker::WorkerDoc>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -472,6 +475,7 @@ impl Round {
                 }
             }),
             arm: r.arm.clone(),
+            worker: None,
         }
     }
 }
@@ -505,6 +509,9 @@ pub(crate) struct ServeSummary {
     /// Only in a summary `summarize` rebuilt from exchanges/.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) rebuilt_from_exchanges: Option<bool>,
+    /// The worker's own numbers over the whole run (only with `--worker-metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker: Option<super::worker::WorkerDoc>,
 }
 
 /// How a serve run ended.

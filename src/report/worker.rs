@@ -1,0 +1,484 @@
+//! The worker's own numbers over a window of the run: a measured round (replay; between
+//! its `round_start` and `round_end` scrapes) or the whole run (serve; `run_start` to
+//! `run_end`), from the rows of `worker_metrics.parquet` (pure). Counters and histograms
+//! are deltas between the window's two scrapes, summed over the label sets (a histogram's
+//! per `le`); gauges are the mean over every scrape inside the window. Quantiles are
+//! interpolated inside the histogram bucket that holds the rank, as Prometheus's
+//! `histogram_quantile` does, and say so; the bucket's bounds travel with them. The
+//! names each server exports are one table, [`SERVERS`] (docs/metrics.md copies it).
+
+use std::collections::BTreeMap;
+
+use super::doc::worker::{Quantiles, TwoSided, WorkerDoc, WorkerTiming};
+use crate::record::scrapes::{RoundId, ScrapeRow};
+
+/// What one server calls each number we read. Candidates are tried in order; the first
+/// the worker exports is used (a rename keeps the old name after the new).
+pub(crate) struct Names {
+    pub(crate) server: &'static str,
+    /// The prefix every metric of the server starts with (which table applies).
+    pub(crate) prefix: &'static str,
+    pub(crate) ttft: &'static [&'static str],
+    pub(crate) itl: &'static [&'static str],
+    pub(crate) e2e: &'static [&'static str],
+    pub(crate) running: &'static [&'static str],
+    pub(crate) waiting: &'static [&'static str],
+    /// KV-cache use, a fraction in 0..1.
+    pub(crate) kv_cache: &'static [&'static str],
+    /// Prefix-cache (queried, hit) counters; or a hit-rate gauge.
+    pub(crate) prefix_counters: &'static [(&'static str, &'static str)],
+    pub(crate) prefix_rate: &'static [&'static str],
+    pub(crate) preemptions: &'static [&'static str],
+    pub(crate) requests: &'static [&'static str],
+    pub(crate) prompt_tokens: &'static [&'static str],
+    pub(crate) generation_tokens: &'static [&'static str],
+}
+
+/// The servers whose names are known (docs/metrics.md copies this table, with the
+/// versions): vLLM's V1 engine (0.9.2 and later; the names it had before 0.11 after the
+/// new ones), SGLang (`--enable-metrics`; its main branch of 2025-2026) and TGI (1.0 to
+/// 3.3). A counter is read as `name_total` or `name`; TGI's token counts are histograms,
+/// read through their `_sum`. Unknown metrics are still recorded raw.
+pub(crate) const SERVERS: &[Names] = &[
+    Names {
+        server: "vllm",
+        prefix: "vllm:",
+        ttft: &["vllm:time_to_first_token_seconds"],
+        itl: &[
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+        ],
+        e2e: &["vllm:e2e_request_latency_seconds"],
+        running: &["vllm:num_requests_running"],
+        waiting: &["vllm:num_requests_waiting"],
+        kv_cache: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        prefix_counters: &[
+            ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"),
+            (
+                "vllm:gpu_prefix_cache_queries",
+                "vllm:gpu_prefix_cache_hits",
+            ),
+        ],
+        prefix_rate: &[],
+        preemptions: &["vllm:num_preemptions"],
+        requests: &["vllm:request_success"],
+        prompt_tokens: &["vllm:prompt_tokens"],
+        generation_tokens: &["vllm:generation_tokens"],
+    },
+    Names {
+        server: "sglang",
+        prefix: "sglang:",
+        ttft: &["sglang:time_to_first_token_seconds"],
+        itl: &[
+            "sglang:inter_token_latency_seconds",
+            "sglang:time_per_output_token_seconds",
+        ],
+        e2e: &["sglang:e2e_request_latency_seconds"],
+        running: &["sglang:num_running_reqs"],
+        waiting: &["sglang:num_queue_reqs"],
+        kv_cache: &["sglang:token_usage"],
+        prefix_counters: &[("sglang:prompt_tokens", "sglang:cached_tokens")],
+        prefix_rate: &["sglang:cache_hit_rate"],
+        preemptions: &["sglang:num_retracted_requests"],
+        requests: &["sglang:num_requests"],
+        prompt_tokens: &["sglang:prompt_tokens"],
+        generation_tokens: &["sglang:generation_tokens"],
+    },
+    Names {
+        server: "tgi",
+        prefix: "tgi_",
+        ttft: &[],
+        itl: &["tgi_request_mean_time_per_token_duration"],
+        e2e: &["tgi_request_duration"],
+        running: &["tgi_batch_current_size"],
+        waiting: &["tgi_queue_size"],
+        kv_cache: &[],
+        prefix_counters: &[],
+        prefix_rate: &[],
+        preemptions: &[],
+        requests: &["tgi_request_success"],
+        prompt_tokens: &["tgi_request_input_length_sum"],
+        generation_tokens: &["tgi_request_generated_tokens_sum"],
+    },
+];
+
+/// What the numbers are, for the documents.
+pub(crate) const TIMING_SCOPE: &str = "difference of p50s, not per request: our p50 over the window's successful exchanges minus the worker's bucket-interpolated p50 from its histogram's delta over the same window; bucket_width_seconds is the width of the bucket the worker's p50 fell in, the resolution of the difference";
+
+/// One scrape's samples: `(metric, labels, value)`.
+type Samples<'a> = Vec<&'a ScrapeRow>;
+
+/// The rows grouped by scrape (each scrape's rows share its offset and cause), in order.
+fn scrapes(rows: &[ScrapeRow]) -> Vec<(i64, &'static str, Samples<'_>)> {
+    let mut out: Vec<(i64, &'static str, Samples<'_>)> = Vec::new();
+    for r in rows {
+        match out.last_mut() {
+            Some((o, c, v)) if *o == r.offset_us && *c == r.cause => v.push(r),
+            _ => out.push((r.offset_us, r.cause, vec![r])),
+        }
+    }
+    out.sort_by_key(|(o, _, _)| *o);
+    out
+}
+
+/// Which table the worker's names follow: the first server a metric name starts with.
+fn server_of(rows: &[ScrapeRow]) -> Option<&'static Names> {
+    rows.iter()
+        .find_map(|r| SERVERS.iter().find(|n| r.metric.starts_with(n.prefix)))
+}
+
+/// The sum over label sets of a counter (`name` or `name_total`) in one scrape.
+fn counter(s: &Samples<'_>, name: &str) -> Option<f64> {
+    let total = format!("{name}_total");
+    let v: Vec<f64> = s
+        .iter()
+        .filter(|r| r.metric == name || r.metric == total)
+        .map(|r| r.value)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum())
+}
+
+/// The values of a gauge over its label sets in one scrape.
+fn gauge(s: &Samples<'_>, name: &str) -> Vec<f64> {
+    s.iter()
+        .filter(|r| r.metric == name && r.value.is_finite())
+        .map(|r| r.value)
+        .collect()
+}
+
+/// A histogram's cumulative counts by upper bound in one scrape, summed over label sets.
+fn buckets(s: &Samples<'_>, name: &str) -> BTreeMap<Bound, f64> {
+    let bucket = format!("{name}_bucket");
+    let mut out: BTreeMap<Bound, f64> = BTreeMap::new();
+    for r in s.iter().filter(|r| r.metric == bucket) {
+        let Some((_, le)) = r.labels.iter().find(|(k, _)| k == "le") else {
+            continue;
+        };
+        let Some(b) = Bound::parse(le) else {
+            continue;
+        };
+        *out.entry(b).or_insert(0.0) += r.value;
+    }
+    out
+}
+
+/// A bucket's upper bound, ordered (`+Inf` last).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bound(f64);
+
+impl Eq for Bound {}
+impl PartialOrd for Bound {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Bound {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+impl Bound {
+    fn parse(s: &str) -> Option<Bound> {
+        match s {
+            "+Inf" | "Inf" | "inf" | "+inf" => Some(Bound(f64::INFINITY)),
+            _ => s.parse::<f64>().ok().filter(|v| !v.is_nan()).map(Bound),
+        }
+    }
+}
+
+/// The quantile `q` of cumulative bucket counts (Prometheus's `histogram_quantile`):
+/// `(value, lower bound, upper bound)` of the bucket the rank falls in, linear inside it;
+/// a rank in the `+Inf` bucket is the highest finite bound. `None` without observations.
+pub(crate) fn quantile(cumulative: &[(f64, f64)], q: f64) -> Option<(f64, f64, f64)> {
+    let total = cumulative.last().map(|(_, c)| *c)?;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev_bound = 0.0_f64;
+    let mut prev_count = 0.0_f64;
+    for &(upper, count) in cumulative {
+        if count >= rank {
+            if upper.is_infinite() {
+                return Some((prev_bound, prev_bound, upper));
+            }
+            let lower = if prev_bound > upper { 0.0 } else { prev_bound };
+            let inside = count - prev_count;
+            let at = if inside > 0.0 {
+                lower + (upper - lower) * (rank - prev_count) / inside
+            } else {
+                upper
+            };
+            return Some((at, lower, upper));
+        }
+        prev_bound = upper;
+        prev_count = count;
+    }
+    None
+}
+
+/// One window: the scrape that opens it, the one that closes it, every scrape in between.
+struct Window<'a> {
+    start: &'a Samples<'a>,
+    end: &'a Samples<'a>,
+    inside: Vec<&'a Samples<'a>>,
+    start_us: i64,
+    end_us: i64,
+}
+
+/// The worker's numbers over the window `open`..`close` (the indices of two scrapes).
+fn numbers(names: &Names, w: &Window<'_>) -> WorkerDoc {
+    let delta = |cands: &[&str]| {
+        cands.iter().find_map(|n| {
+            let (a, b) = (counter(w.start, n)?, counter(w.end, n)?);
+            Some(b - a)
+        })
+    };
+    let mean = |cands: &[&str], sum: bool| {
+        cands.iter().find_map(|n| {
+            let per_scrape: Vec<f64> = w
+                .inside
+                .iter()
+                .map(|s| gauge(s, n))
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    let total: f64 = v.iter().sum();
+                    if sum { total } else { total / v.len() as f64 }
+                })
+                .collect();
+            (!per_scrape.is_empty())
+                .then(|| per_scrape.iter().sum::<f64>() / per_scrape.len() as f64)
+        })
+    };
+    let prefix_cache_hit_rate = names
+        .prefix_counters
+        .iter()
+        .find_map(|(q, h)| {
+            let queries = delta(&[q])?;
+            let hits = delta(&[h])?;
+            (queries > 0.0).then(|| hits / queries)
+        })
+        .or_else(|| mean(names.prefix_rate, false));
+    WorkerDoc {
+        server: names.server.into(),
+        window_start_seconds: w.start_us as f64 / 1e6,
+        window_end_seconds: w.end_us as f64 / 1e6,
+        scrapes_in_window: w.inside.len() as u64,
+        ttft_seconds: histogram(names.ttft, w),
+        itl_seconds: histogram(names.itl, w),
+        e2e_seconds: histogram(names.e2e, w),
+        requests: delta(names.requests),
+        preemptions: delta(names.preemptions),
+        prompt_tokens: delta(names.prompt_tokens),
+        generation_tokens: delta(names.generation_tokens),
+        running_mean: mean(names.running, true),
+        waiting_mean: mean(names.waiting, true),
+        kv_cache_usage_mean: mean(names.kv_cache, false),
+        prefix_cache_hit_rate,
+        two_sided: None,
+        note: None,
+    }
+}
+
+/// A histogram's delta over the window, as p50 and p95 with their buckets.
+fn histogram(cands: &[&str], w: &Window<'_>) -> Option<Quantiles> {
+    cands.iter().find_map(|n| {
+        let (a, b) = (buckets(w.start, n), buckets(w.end, n));
+        if b.is_empty() {
+            return None;
+        }
+        let cumulative: Vec<(f64, f64)> = b
+            .iter()
+            .map(|(le, c)| (le.0, c - a.get(le).copied().unwrap_or(0.0)))
+            .collect();
+        // A count that went down is a restarted worker: no delta to read.
+        if cumulative.iter().any(|(_, c)| *c < 0.0) {
+            return None;
+        }
+        let observations = cumulative.last().map_or(0.0, |(_, c)| *c);
+        let p50 = quantile(&cumulative, 0.5);
+        let p95 = quantile(&cumulative, 0.95);
+        Some(Quantiles {
+            metric: (*n).to_string(),
+            observations,
+            p50: p50.map(|x| x.0),
+            p50_bucket: p50.map(|x| [x.1, x.2]),
+            p95: p95.map(|x| x.0),
+            p95_bucket: p95.map(|x| [x.1, x.2]),
+            estimate: "bucket-interpolated".into(),
+        })
+    })
+}
+
+/// The worker's numbers over each round, by round: `None` for a round without both edge
+/// scrapes (a failed scrape, a shard's timetabled wave).
+pub(crate) fn rounds(rows: &[ScrapeRow]) -> Vec<(RoundId, Option<&str>, WorkerDoc)> {
+    let Some(names) = server_of(rows) else {
+        return Vec::new();
+    };
+    let all = scrapes(rows);
+    let mut out = Vec::new();
+    for (i, (start_us, cause, s)) in all.iter().enumerate() {
+        if *cause != "round_start" {
+            continue;
+        }
+        let Some(id) = s.first().and_then(|r| r.round.as_ref()) else {
+            continue;
+        };
+        let arm = s.first().and_then(|r| r.arm.as_deref());
+        let end = all[i + 1..].iter().find(|(_, c, e)| {
+            *c == "round_end"
+                && e.first().and_then(|r| r.round.as_ref()) == Some(id)
+                && e.first().and_then(|r| r.arm.as_deref()) == arm
+        });
+        let Some((end_us, _, e)) = end else {
+            continue;
+        };
+        let inside = window_scrapes(&all, *start_us, *end_us, arm);
+        let w = Window {
+            start: s,
+            end: e,
+            inside,
+            start_us: *start_us,
+            end_us: *end_us,
+        };
+        out.push((id.clone(), arm, numbers(names, &w)));
+    }
+    out
+}
+
+/// Every scrape of `arm`'s worker at or between two offsets.
+fn window_scrapes<'a>(
+    all: &'a [(i64, &'static str, Samples<'a>)],
+    from: i64,
+    to: i64,
+    arm: Option<&str>,
+) -> Vec<&'a Samples<'a>> {
+    all.iter()
+        .filter(|(o, _, s)| {
+            (from..=to).contains(o) && s.first().and_then(|r| r.arm.as_deref()) == arm
+        })
+        .map(|(_, _, s)| s)
+        .collect()
+}
+
+/// serve's one window: the first scrape to the last (`None` with fewer than two).
+pub(crate) fn whole_run(rows: &[ScrapeRow]) -> Option<WorkerDoc> {
+    let names = server_of(rows)?;
+    let all = scrapes(rows);
+    let (first, last) = (all.first()?, all.last()?);
+    if all.len() < 2 {
+        return None;
+    }
+    let w = Window {
+        start: &first.2,
+        end: &last.2,
+        inside: window_scrapes(&all, first.0, last.0, None),
+        start_us: first.0,
+        end_us: last.0,
+    };
+    Some(numbers(names, &w))
+}
+
+/// Ours minus the worker's p50, with the resolution of the worker's bucket.
+pub(crate) fn two_sided(ours_ttft: Option<f64>, ours_e2e: Option<f64>, w: &WorkerDoc) -> TwoSided {
+    let side = |ours: Option<f64>, worker: &Option<Quantiles>| {
+        let q = worker.as_ref()?;
+        let (ours, theirs, [lo, hi]) = (ours?, q.p50?, q.p50_bucket?);
+        Some(WorkerTiming {
+            ours_p50_seconds: ours,
+            worker_p50_seconds: theirs,
+            difference_seconds: ours - theirs,
+            bucket_width_seconds: if hi.is_finite() { Some(hi - lo) } else { None },
+        })
+    };
+    TwoSided {
+        ttft: side(ours_ttft, &w.ttft_seconds),
+        e2e: side(ours_e2e, &w.e2e_seconds),
+        scope: TIMING_SCOPE.into(),
+    }
+}
+
+/// The note a shard's rounds carry: the worker counts every shard's load.
+pub(crate) const SHARDS_NOTE: &str =
+    "a shard: the worker's deltas and gauges include the other shards' load over the same window";
+
+/// summary.json's rounds with the worker's numbers over each (`rows` from
+/// worker_metrics.parquet; nothing changes without them).
+pub(crate) fn with_rounds(
+    mut docs: Vec<super::doc::summary::Round>,
+    rows: &[ScrapeRow],
+    shard: bool,
+) -> Vec<super::doc::summary::Round> {
+    for (id, arm, mut w) in rounds(rows) {
+        let Some(doc) = docs.iter_mut().find(|d| {
+            d.case == *id.case_name
+                && d.repetition as i32 == id.repetition
+                && d.concurrency.map(|c| c as i32) == id.concurrency
+                && d.rate_per_second == id.target_rate_per_second
+                && d.arm.as_deref() == arm
+        }) else {
+            continue;
+        };
+        let ttft = doc.stream.as_ref().and_then(|s| s.ttft_seconds.p50);
+        w.two_sided = Some(two_sided(ttft, doc.service_latency_seconds.p50, &w));
+        if shard {
+            w.note = Some(SHARDS_NOTE.into());
+        }
+        doc.worker = Some(w);
+    }
+    docs
+}
+
+/// A rebuilt summary's rounds take the worker's numbers the run's own summary had (the
+/// rows do not hold the scrapes), the two-sided timing recomputed from the rebuilt
+/// round's own p50s.
+pub(crate) fn carry(
+    rebuilt: &mut [super::doc::summary::Round],
+    original: &[super::doc::summary::Round],
+) {
+    for d in rebuilt {
+        let Some(w) = original
+            .iter()
+            .find(|o| {
+                o.case == d.case
+                    && o.repetition == d.repetition
+                    && o.concurrency == d.concurrency
+                    && o.rate_per_second == d.rate_per_second
+                    && o.arm == d.arm
+            })
+            .and_then(|o| o.worker.clone())
+        else {
+            continue;
+        };
+        let ttft = d.stream.as_ref().and_then(|s| s.ttft_seconds.p50);
+        let two = w
+            .two_sided
+            .is_some()
+            .then(|| two_sided(ttft, d.service_latency_seconds.p50, &w));
+        d.worker = Some(WorkerDoc {
+            two_sided: two,
+            ..w
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_interpolates_inside_the_bucket_like_prometheus() {
+        // 10 observations: 4 in (0, 0.1], 6 in (0.1, 0.5].
+        let c = [(0.1, 4.0), (0.5, 10.0), (f64::INFINITY, 10.0)];
+        let (p50, lo, hi) = quantile(&c, 0.5).unwrap_or_default();
+        // rank 5: one of the six in the second bucket → 0.1 + 0.4 * 1/6.
+        assert!((p50 - (0.1 + 0.4 / 6.0)).abs() < 1e-12, "{p50}");
+        assert_eq!((lo, hi), (0.1, 0.5));
+        // All in +Inf: the highest finite bound.
+        let c = [(0.1, 0.0), (0.5, 0.0), (f64::INFINITY, 3.0)];
+        assert_eq!(quantile(&c, 0.5), Some((0.5, 0.5, f64::INFINITY)));
+        assert_eq!(quantile(&[(0.1, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
+    }
+}
