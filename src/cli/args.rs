@@ -463,7 +463,39 @@ pub struct ServeArgs {
     )]
     pub stats_seconds: f64,
     #[command(flatten)]
+    pub scrape: ScrapeArgs,
+    #[command(flatten)]
     pub run: RunFlags,
+}
+
+/// The worker's own metrics and the GPU's, on the run's timeline (replay and serve).
+#[derive(Args, Debug, Clone)]
+pub struct ScrapeArgs {
+    /// Scrape the worker's own Prometheus metrics (vLLM, SGLang, TGI) into
+    /// worker_metrics.parquet: every --scrape-interval, and just before and after each
+    /// measured round (serve: at its start and its end), on connections of their own.
+    /// Without a URL: /metrics on the worker's origin (replay: the plan's endpoint or the
+    /// mock's under --mock-worker; serve: --upstream). The URL goes after `=`:
+    /// --worker-metrics=http://127.0.0.1:8000/metrics.
+    #[arg(
+        long,
+        value_name = "URL",
+        num_args = 0..=1,
+        default_missing_value = "",
+        require_equals = true
+    )]
+    pub worker_metrics: Option<String>,
+    /// Seconds between two scrapes of the worker's metrics (at least 0.05; default 1).
+    #[arg(long, value_name = "SECONDS")]
+    pub scrape_interval: Option<f64>,
+    /// Seconds one scrape may take (default 2); a slower one is counted as failed.
+    #[arg(long, value_name = "SECONDS")]
+    pub scrape_timeout: Option<f64>,
+    /// GPU telemetry beside the worker's metrics, into gpu.parquet at the same interval:
+    /// `auto` (default) runs `nvidia-smi --query-gpu` when it is on PATH (no GPU: said
+    /// once), `off` runs nothing, a URL scrapes a DCGM exporter's /metrics instead.
+    #[arg(long, value_name = "auto|off|URL")]
+    pub gpu_metrics: Option<String>,
 }
 
 pub use crate::drivers::serve::OnRecordFull;
@@ -505,35 +537,8 @@ impl clap::ValueEnum for OnRecordFull {
 pub struct ReplayArgs {
     /// The plan (JSON, schema v1).
     pub plan: PathBuf,
-    /// Scrape the worker's own Prometheus metrics (vLLM, SGLang, TGI) into
-    /// worker_metrics.parquet: every --scrape-interval, and just before and after each
-    /// measured round, on connections of their own. Without a URL: /metrics on the plan's
-    /// endpoint origin (the mock's under --mock-worker). The URL goes after `=`:
-    /// --worker-metrics=http://127.0.0.1:8000/metrics.
-    #[arg(
-        long,
-        value_name = "URL",
-        num_args = 0..=1,
-        default_missing_value = "",
-        require_equals = true
-    )]
-    pub worker_metrics: Option<String>,
-    /// Seconds between two scrapes of --worker-metrics (at least 0.05).
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 1.0,
-        requires = "worker_metrics"
-    )]
-    pub scrape_interval: f64,
-    /// Seconds one scrape of --worker-metrics may take; a slower one is counted as failed.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 2.0,
-        requires = "worker_metrics"
-    )]
-    pub scrape_timeout: f64,
+    #[command(flatten)]
+    pub scrape: ScrapeArgs,
     /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
     #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]
     pub endpoint: Option<String>,

@@ -88,10 +88,11 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         let t = Arc::new(crate::telemetry::Telemetry::new());
         super::metrics_http::start(metrics, &t, &run, args.run.quiet)
     });
+    let arm_scrape = input.scrape.as_ref().map(|s| s.for_arms());
     let scraping = input
         .scrape
         .take()
-        .map(|spec| super::scrape::start_scraping(spec, &run, run_t0_ns));
+        .map(|spec| super::scrape::start_scraping(spec, Some(&run), run_t0_ns));
     let result = replay::run(
         ReplayOptions {
             plan: input.plan,
@@ -109,6 +110,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         replay::ArmEnv {
             self_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("matrix-proxy")),
             logs: dir.path.join(rundir::SERVERS),
+            scrape: arm_scrape,
         },
     )
     .await;
@@ -211,7 +213,13 @@ impl ReplayRun {
             Some(a) => Some(super::metrics_http::bind(a).await?),
             None => None,
         };
-        let scrape_flags = super::scrape::scrape_flags(args, &plan)?;
+        let from_plan = match &plan.campaign {
+            Some(c) => super::scrape::FromPlan::Campaign {
+                arms_scrape: c.arms.iter().any(|a| a.worker_metrics.is_some()),
+            },
+            None => super::scrape::FromPlan::Plain(plan.worker_metrics.as_ref()),
+        };
+        let scrape_flags = super::scrape::scrape_flags(&args.scrape, from_plan)?;
         // Step 2: the mock worker, when asked for, takes the plan's origin.
         let mock_config = args.mock.config()?;
         let (plan, mock) = match args.mock_worker {
@@ -222,7 +230,11 @@ impl ReplayRun {
             false => (plan, None),
         };
         let scrape = match scrape_flags {
-            Some(f) => Some(super::scrape::spec(f, &plan.endpoint, args)?),
+            Some(f) => Some(super::scrape::spec(
+                f,
+                &plan.endpoint,
+                args.ca_cert.clone(),
+            )?),
             None => None,
         };
         Ok(ReplayRun {
@@ -678,7 +690,8 @@ fn reports(
     }
     let mut campaign_text = String::new();
     if let Some(c) = &plan.campaign {
-        let doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
+        let mut doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
+        report::worker::add_cells(&mut doc, worker);
         campaign_text = campaign_reports(
             args,
             dir,

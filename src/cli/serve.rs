@@ -40,6 +40,7 @@ struct ServeInput {
     max_connections: usize,
     stats_interval: std::time::Duration,
     header_read_timeout: std::time::Duration,
+    scrape: Option<super::scrape::ScrapeSpec>,
 }
 
 fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
@@ -71,6 +72,10 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
     if let Some(n) = args.max_connections {
         flags::at_least_one("--max-connections", n).map_err(usage)?;
     }
+    let scrape = match super::scrape::scrape_flags(&args.scrape, super::scrape::FromPlan::None)? {
+        Some(f) => Some(super::scrape::spec(f, &upstream, args.upstream_ca.clone())?),
+        None => None,
+    };
     // Each client connection may hold an upstream connection too.
     let fds = |conns: usize| (conns as u64) * 2 + 256;
     let wanted = args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
@@ -103,6 +108,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         max_connections,
         stats_interval,
         header_read_timeout,
+        scrape,
     })
 }
 
@@ -114,7 +120,7 @@ const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     use crate::drivers::serve::{self, ServeOptions};
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-    let input = check_serve(&args)?;
+    let mut input = check_serve(&args)?;
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.
@@ -148,9 +154,19 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let mut config = config_json::config(&argv(&input.redaction), &rid, started_at_us, fields);
     dir.write_json(rundir::CONFIG, &config)
         .map_err(|e| tool(e.to_string()))?;
-    let run = Arc::new(
-        RunContext::start(&rid, clock::now_ns(), rec_opts).map_err(|e| tool(e.to_string()))?,
-    );
+    let run_t0_ns = clock::now_ns();
+    let run =
+        Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
+    // The worker's metrics: the whole run is one window, opened here (awaited, bounded by
+    // --scrape-timeout) and closed after the last exchange.
+    let scraping = match input.scrape.take() {
+        Some(spec) => {
+            let s = super::scrape::start_scraping(spec, None, run_t0_ns);
+            s.edge(crate::drivers::scrape::Cause::RunStart).await;
+            Some(s)
+        }
+        None => None,
+    };
     if !args.run.quiet {
         eprintln!(
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
@@ -185,6 +201,13 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Some(m) = metrics_server {
         m.abort();
     }
+    let worker = match scraping {
+        Some(s) => {
+            s.edge(crate::drivers::scrape::Cause::RunEnd).await;
+            super::scrape::end_scraping(s, &dir, args.run.quiet).await
+        }
+        None => Vec::new(),
+    };
     let recording = run.finish_recording().await;
     let rows = recording.stats.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
@@ -196,13 +219,21 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Err(e) = read {
         problems.push(format!("reading the recorded rows back: {e}"));
     }
-    (stats.routes, stats.ok_total) = table.finish();
+    (stats.routes, stats.ok_total, stats.ok_ttft) = table.finish();
     // Unknown (null) when the writer failed: its measurement did not come back.
     let slice = recording
         .problems
         .is_empty()
         .then_some(recording.stats.longest_slice_us);
-    let summary = report::serve_summary(&stats, rows, slice, None);
+    let mut summary = report::serve_summary(&stats, rows, slice, None);
+    summary.worker = report::worker::whole_run(&worker).map(|mut w| {
+        w.two_sided = Some(report::worker::two_sided(
+            report::doc::secs(stats.ok_ttft.p50),
+            summary.successful_latency_seconds.p50,
+            &w,
+        ));
+        w
+    });
     if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
         problems.push(e.to_string());
     }

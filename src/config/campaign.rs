@@ -121,6 +121,10 @@ pub(crate) struct Arm {
     pub(crate) resources_pid: Option<u32>,
     /// The plan's metadata with this arm's fields over it (campaign.json).
     pub(crate) metadata: Map<String, Value>,
+    /// Scrape this arm's worker's `/metrics`: `None` not; `Some(None)` on the endpoint's
+    /// origin (the default for an arm the tool starts); `Some(Some(url))` as written,
+    /// `{port}` substituted when the arm starts.
+    pub(crate) worker_metrics: Option<Option<String>>,
 }
 
 impl Arm {
@@ -133,6 +137,15 @@ impl Arm {
             None => ep.with_path("/health"),
         };
         Ok((ep, health))
+    }
+
+    /// Where this arm's worker's metrics are scraped (`{port}` replaced), if they are.
+    pub(crate) fn worker_metrics_url(&self, port: u16) -> Option<Result<Endpoint, String>> {
+        let url = self.worker_metrics.as_ref()?;
+        Some(match url {
+            Some(u) => Endpoint::parse(&u.replace("{port}", &port.to_string())),
+            None => self.endpoints(port).map(|(e, _)| e.with_path("/metrics")),
+        })
     }
 
     /// Whether the arm is the built-in mock worker started by the tool itself.
@@ -173,6 +186,7 @@ const ARM_FIELDS: &[&str] = &[
     "artifact",
     "metadata",
     "resources",
+    "worker_metrics",
 ];
 const RECIPE_KEYS: [&str; 4] = ["runtime", "weight_format", "weight_quantization", "device"];
 const START_FIELDS: &[&str] = &[
@@ -436,6 +450,11 @@ impl Validator {
                 .nonblank(v, &join(path, "artifact"))
                 .map(|s| Some(s.to_string())),
         };
+        let worker_metrics = self.worker_metrics(
+            m.get("worker_metrics"),
+            &join(path, "worker_metrics"),
+            matches!(start, Some(Some(_))),
+        );
         let resources_pid = match m.get("resources") {
             None => Some(None),
             Some(v) => self.resources(v, &join(path, "resources"), matches!(start, Some(Some(_)))),
@@ -462,6 +481,7 @@ impl Validator {
             artifact: artifact?,
             resources_pid: resources_pid?,
             metadata,
+            worker_metrics: worker_metrics?,
         })
     }
 
@@ -502,6 +522,31 @@ impl Validator {
         // checked with a stand-in port.
         self.endpoint_str(s, &s.replace("{port}", "1"), path)
             .map(|_| s.to_string())
+    }
+
+    /// `worker_metrics`: the worker's Prometheus URL (`{port}` allowed in an arm), `true`
+    /// for `/metrics` on the endpoint's origin, `false` for none. `Some(None)`: not
+    /// scraped; `Some(Some(None))`: the origin's; `Some(Some(Some(url)))`.
+    pub(super) fn worker_metrics(
+        &mut self,
+        v: Option<&Value>,
+        path: &str,
+        default: bool,
+    ) -> Option<Option<Option<String>>> {
+        match v {
+            None => Some(default.then_some(None)),
+            Some(Value::Bool(b)) => Some(b.then_some(None)),
+            Some(Value::String(s)) => self
+                .endpoint_str(s, &s.replace("{port}", "1"), path)
+                .map(|_| Some(Some(s.clone()))),
+            Some(_) => {
+                self.err(
+                    path,
+                    "must be the worker's Prometheus URL (e.g. \"http://127.0.0.1:8000/metrics\"), true (/metrics on the endpoint's origin) or false",
+                );
+                None
+            }
+        }
     }
 
     fn recipe(&mut self, v: Option<&Value>, path: &str) -> Option<Recipe> {

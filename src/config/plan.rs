@@ -114,6 +114,9 @@ pub(crate) struct Plan {
     pub(crate) load: Load,
     /// Per-request bounds goodput counts against.
     pub(crate) slo: Option<Slo>,
+    /// A plain plan's `worker_metrics`: `None` not scraped (unless `--worker-metrics`);
+    /// `Some(None)` the endpoint origin's `/metrics`; `Some(Some(url))`.
+    pub(crate) worker_metrics: Option<Option<Endpoint>>,
 }
 
 /// The seed tool's decisions container.

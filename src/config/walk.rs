@@ -54,6 +54,7 @@ const TOP_FIELDS: &[&str] = &[
     "drift",
     "load",
     "slo",
+    "worker_metrics",
 ];
 
 impl Plan {
@@ -97,6 +98,18 @@ impl Validator {
 
         let load = self.load(top.get("load"));
         let slo = self.slo(top.get("slo"));
+        let worker_metrics = if is_campaign {
+            if top.contains_key("worker_metrics") {
+                self.err(
+                    "worker_metrics",
+                    "a campaign plan scrapes each arm's worker: give it in the arms (an arm the tool starts is scraped at its origin's /metrics by default)",
+                );
+            }
+            Some(None)
+        } else {
+            self.worker_metrics(top.get("worker_metrics"), "worker_metrics", false)
+                .map(|w| w.map(|u| u.and_then(|u| Endpoint::parse(&u).ok())))
+        };
         // As written, so an open load with a mistake elsewhere is still judged as open.
         let open = top
             .get("load")
@@ -177,6 +190,7 @@ impl Validator {
                 l
             })?,
             slo: slo?,
+            worker_metrics: worker_metrics?,
         })
         .filter(|_| top_ignore.is_some())
         .map(|mut p| {

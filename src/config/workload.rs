@@ -3,7 +3,7 @@
 //! case, concurrency, repetitions, warm-up, timeout) and the load policies (connection,
 //! on_failure; an open loop's `load`; the `slo`) and the decisions pointer — without what only describes or addresses it
 //! (`name`, `description`, `metadata`, `endpoint`, `health_endpoint`, `auth`, `arms`,
-//! `evidence_class`, `schedule`, `drift`, a request's `prompt_tokens`). Two runs of one workload against two recipes
+//! `evidence_class`, `schedule`, `drift`, `worker_metrics`, a request's `prompt_tokens`). Two runs of one workload against two recipes
 //! benchmarked apart share the hash, so `compare` can put them side by side.
 //!
 //! Canonical form: top-level values as the plan resolved them (defaults written out, so

@@ -3,6 +3,7 @@
 //! both go through the engine and hand rows to the recorder. They never import each
 //! other; what both need lives here or below.
 
+pub(crate) mod gpu;
 pub(crate) mod replay;
 pub(crate) mod scrape;
 pub(crate) mod serve;
@@ -32,6 +33,8 @@ pub(crate) struct RunContext {
     telemetry: OnceLock<Arc<Telemetry>>,
     /// The worker's `/metrics` (`--worker-metrics`), when the command set it.
     scraper: OnceLock<Arc<scrape::Scraper>>,
+    /// What a campaign's arms' scrapers gathered, each added as its arm shuts down.
+    arm_scrapes: std::sync::Mutex<scrape::Gathered>,
 }
 
 /// Where a row belongs in the run (the identifying columns).
@@ -108,6 +111,7 @@ impl RunContext {
             record_failed: OnceLock::new(),
             telemetry: OnceLock::new(),
             scraper: OnceLock::new(),
+            arm_scrapes: std::sync::Mutex::default(),
         })
     }
 
@@ -133,6 +137,21 @@ impl RunContext {
         if let Some(s) = self.scraper.get() {
             s.scrape(cause).await;
         }
+    }
+
+    /// Keep what an arm's scraper gathered (its arm shut down).
+    pub(crate) fn add_arm_scrapes(&self, g: scrape::Gathered) {
+        if let Ok(mut all) = self.arm_scrapes.lock() {
+            all.merge(g);
+        }
+    }
+
+    /// Every arm's scrapes, taken out.
+    pub(crate) fn take_arm_scrapes(&self) -> scrape::Gathered {
+        self.arm_scrapes
+            .lock()
+            .map(|mut g| std::mem::take(&mut *g))
+            .unwrap_or_default()
     }
 
     /// Count an ended exchange in the live metrics, when the run has them: both drivers'

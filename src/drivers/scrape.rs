@@ -53,6 +53,29 @@ pub(crate) struct Gathered {
     pub(crate) unreadable_lines: u64,
 }
 
+impl Gathered {
+    /// Another scraper's gathering added to this one (a campaign's arms).
+    pub(crate) fn merge(&mut self, other: Gathered) {
+        self.rows.extend(other.rows);
+        self.rows.sort_by_key(|r| r.offset_us);
+        self.scrapes += other.scrapes;
+        self.failed += other.failed;
+        self.unreadable_lines += other.unreadable_lines;
+        if self.first_failure.is_none() {
+            self.first_failure = other.first_failure;
+        }
+    }
+}
+
+/// How a campaign's arms scrape their workers (`--scrape-interval`, `--scrape-timeout`,
+/// `--ca-cert`).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) every: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) tls: crate::net::tls::TlsOptions,
+}
+
 /// Scrapes one URL on the run's clock.
 pub(crate) struct Scraper {
     engine: Engine,
@@ -84,6 +107,12 @@ impl Scraper {
             arm: None,
             gathered: Mutex::new(Gathered::default()),
         }
+    }
+
+    /// This scraper's rows name `arm` (a campaign arm's worker).
+    pub(crate) fn with_arm(mut self, arm: &str) -> Scraper {
+        self.arm = Some(Arc::from(arm));
+        self
     }
 
     /// One scrape, bounded by the timeout; its samples (or its failure) are kept.

@@ -252,6 +252,7 @@ struct StreamServed {
     first_token_ns: Option<u64>,
     prompt_tokens: u64,
     output_tokens: u64,
+    prompt_key: u64,
 }
 
 impl MockStream {
@@ -271,6 +272,7 @@ impl MockStream {
                             e2e_ns: now.saturating_sub(s.arrived),
                             prompt_tokens: s.prompt_tokens,
                             output_tokens: s.output_tokens,
+                            prompt_key: s.prompt_key,
                         });
                     }
                     return Poll::Ready(None);
@@ -615,6 +617,7 @@ async fn generate(st: &Arc<State>, arrived: u64, (prompt, tokens): (&str, u32), 
             e2e_ns: clock::now_ns().saturating_sub(arrived),
             prompt_tokens: prompt.split_whitespace().count() as u64,
             output_tokens: u64::from(tokens),
+            prompt_key: vllm::prompt_key(prompt),
         });
     }
 }
@@ -726,6 +729,7 @@ async fn stream_response(
             first_token_ns: None,
             prompt_tokens: prompt.split_whitespace().count() as u64,
             output_tokens: u64::from(tokens),
+            prompt_key: vllm::prompt_key(prompt),
         }),
     };
     let mut r = Response::new(MockBody::Stream(Box::new(body)));

@@ -1,7 +1,10 @@
-//! The mock worker's `/metrics`: vLLM-compatible names (the V1 engine's, as vLLM 0.8 to
-//! 0.10 export them) from the mock's real state, so scraping a worker is tested without a
+//! The mock worker's `/metrics`: vLLM-compatible names (the V1 engine's, as vLLM 0.10
+//! exports them) from the mock's real state, so scraping a worker is tested without a
 //! GPU. Gauges are read at scrape time; histograms observe each request as the mock
 //! serves it, timed on the mock's side (arrival to first token, arrival to last byte).
+//! Its KV cache holds [`KV_SEQUENCES`] sequences (use = running / that); its prefix cache
+//! holds whole prompts (a prompt served before is all hits, counted in tokens); it never
+//! preempts (the counter stays 0).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +82,24 @@ pub(crate) struct Metrics {
     ttft: Histogram,
     tpot: Histogram,
     e2e: Histogram,
+    /// Prompt tokens looked up in the prefix cache, and those found: the mock caches
+    /// whole prompts (a prompt seen before is all hits).
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
+    seen: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Sequences the mock's KV cache holds: its use is the running requests over this.
+pub(crate) const KV_SEQUENCES: u64 = 256;
+/// Prompts the mock's prefix cache remembers before it starts over.
+const PREFIX_CACHE_PROMPTS: usize = 65_536;
+
+/// The prefix cache's key of a prompt.
+pub(crate) fn prompt_key(prompt: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prompt.hash(&mut h);
+    h.finish()
 }
 
 impl Default for Metrics {
@@ -92,6 +113,9 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BOUNDS),
             tpot: Histogram::new(TPOT_BOUNDS),
             e2e: Histogram::new(E2E_BOUNDS),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            seen: std::sync::Mutex::default(),
         }
     }
 }
@@ -102,6 +126,8 @@ pub(crate) struct Served {
     pub(crate) e2e_ns: u64,
     pub(crate) prompt_tokens: u64,
     pub(crate) output_tokens: u64,
+    /// [`prompt_key`] of its prompt.
+    pub(crate) prompt_key: u64,
 }
 
 impl Metrics {
@@ -114,6 +140,17 @@ impl Metrics {
             .fetch_add(s.output_tokens, Ordering::Relaxed);
         self.ttft.observe_ns(s.ttft_ns);
         self.e2e.observe_ns(s.e2e_ns);
+        self.prefix_queries
+            .fetch_add(s.prompt_tokens, Ordering::Relaxed);
+        if let Ok(mut seen) = self.seen.lock() {
+            if seen.len() >= PREFIX_CACHE_PROMPTS {
+                seen.clear();
+            }
+            if !seen.insert(s.prompt_key) {
+                self.prefix_hits
+                    .fetch_add(s.prompt_tokens, Ordering::Relaxed);
+            }
+        }
         if s.output_tokens > 1 {
             self.tpot
                 .observe_ns(s.e2e_ns.saturating_sub(s.ttft_ns) / (s.output_tokens - 1));
@@ -160,6 +197,28 @@ impl Metrics {
             "counter",
             load(&self.success),
         );
+        gauge(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemption from the engine.",
+            "counter",
+            0,
+        );
+        gauge(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "counter",
+            load(&self.prefix_queries),
+        );
+        gauge(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            "counter",
+            load(&self.prefix_hits),
+        );
+        let kv = load(&self.running) as f64 / KV_SEQUENCES as f64;
+        out.push_str(&format!(
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{{labels}}} {kv:?}\n"
+        ));
         self.ttft.write(
             &mut out,
             "vllm:time_to_first_token_seconds",

@@ -19,6 +19,7 @@
 
 pub(crate) mod columns;
 mod encode;
+pub(crate) mod gpu;
 pub(crate) mod ledger;
 pub(crate) mod read;
 pub(crate) mod recover;

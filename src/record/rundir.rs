@@ -24,6 +24,8 @@ pub(crate) const SUMMARY_ORIG: &str = "summary.orig.json";
 pub(crate) const ROUNDS: &str = "rounds.parquet";
 /// The worker's own metrics, scraped (`--worker-metrics`).
 pub(crate) const WORKER_METRICS: &str = "worker_metrics.parquet";
+/// Device-wide GPU telemetry (`--gpu-metrics`).
+pub(crate) const GPU: &str = "gpu.parquet";
 pub(crate) const ROUNDS_ORIG: &str = "rounds.orig.parquet";
 pub(crate) const CAMPAIGN: &str = "campaign.json";
 /// The pre-registered verdict (the contract the run was started with).

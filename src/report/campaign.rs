@@ -107,6 +107,7 @@ pub(crate) fn cell(level: &Level, rss_scope: Option<&str>) -> Cell {
         attempted_requests: level.samples.len(),
         failed_requests: Some(failed.len() as u64),
         failure_reasons: reasons.into_iter().map(str::to_string).collect(),
+        worker: None,
     }
 }
 

@@ -67,6 +67,8 @@ pub(crate) struct ServeStats {
     pub(crate) by_outcome: BTreeMap<Outcome, u64>,
     /// Total latency of successful exchanges (µs).
     pub(crate) ok_total: Percentiles,
+    /// TTFT of successful streams (µs).
+    pub(crate) ok_ttft: Percentiles,
     /// By route and status class, from the recorded rows.
     pub(crate) routes: Vec<routes::RouteGroup>,
     pub(crate) dropped_rows: u64,

@@ -322,7 +322,7 @@ pub(crate) fn rebuild_serve(
         *stats.by_outcome.entry(f.sample.outcome).or_insert(0) += 1;
         table.add(&f.method, &f.url, f.status, f.sample.clone());
     }
-    (stats.routes, stats.ok_total) = table.finish();
+    (stats.routes, stats.ok_total, stats.ok_ttft) = table.finish();
     stats.dropped_rows = original.map_or(0, |p| p.dropped_rows);
     // Only the live run measured its recorder; a crashed run's is unknown (null).
     let slice = original.and_then(|p| p.recorder_longest_slice_us);

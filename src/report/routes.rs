@@ -126,13 +126,16 @@ impl RouteTable {
 
     /// Every group, the busiest first (`other` last), and the latency percentiles of all
     /// successful exchanges together.
-    pub(crate) fn finish(self) -> (Vec<RouteGroup>, Percentiles) {
+    /// The groups, and every ok exchange's latency and every ok stream's TTFT pooled.
+    pub(crate) fn finish(self) -> (Vec<RouteGroup>, Percentiles, Percentiles) {
         let mut all_ok = Vec::new();
+        let mut all_ttft = Vec::new();
         let mut groups: Vec<RouteGroup> = self
             .groups
             .into_iter()
             .map(|(key, acc)| {
                 all_ok.extend_from_slice(&acc.totals_us);
+                all_ttft.extend_from_slice(&acc.ttft_us);
                 let stream = (acc.streams > 0).then(|| RouteStream {
                     requests: acc.streams,
                     ttft_us: Percentiles::of(acc.ttft_us),
@@ -156,7 +159,7 @@ impl RouteTable {
                 .then(b.requests.cmp(&a.requests))
                 .then(a.key.cmp(&b.key))
         });
-        (groups, Percentiles::of(all_ok))
+        (groups, Percentiles::of(all_ok), Percentiles::of(all_ttft))
     }
 }
 

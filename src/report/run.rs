@@ -248,6 +248,26 @@ impl FinishedRun {
         }
     }
 
+    /// The worker's scraped metrics (`worker_metrics.parquet`; none without the file).
+    pub(crate) fn worker_metrics(
+        &self,
+    ) -> Result<Vec<crate::record::scrapes::ScrapeRow>, ReportError> {
+        let path = self.dir.join(rundir::WORKER_METRICS);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        crate::record::scrapes::read(&path).map_err(ReportError::Rows)
+    }
+
+    /// The GPU's telemetry (`gpu.parquet`; none without the file).
+    pub(crate) fn gpu(&self) -> Result<Vec<crate::record::gpu::GpuRow>, ReportError> {
+        let path = self.dir.join(rundir::GPU);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        crate::record::gpu::read(&path).map_err(ReportError::Rows)
+    }
+
     pub(crate) fn is_sharded(&self) -> bool {
         !self.shards.is_empty()
     }

@@ -227,19 +227,25 @@ struct Window<'a> {
     end_us: i64,
 }
 
-/// The worker's numbers over the window `open`..`close` (the indices of two scrapes).
-fn numbers(names: &Names, w: &Window<'_>) -> WorkerDoc {
+/// The worker's numbers over `windows` (one round's, or a campaign cell's rounds pooled):
+/// counter and histogram deltas summed over the windows, gauge means over every scrape
+/// inside them.
+fn numbers(names: &Names, windows: &[Window<'_>]) -> WorkerDoc {
     let delta = |cands: &[&str]| {
         cands.iter().find_map(|n| {
-            let (a, b) = (counter(w.start, n)?, counter(w.end, n)?);
-            Some(b - a)
+            let mut sum = 0.0;
+            for w in windows {
+                let (a, b) = (counter(w.start, n)?, counter(w.end, n)?);
+                sum += b - a;
+            }
+            Some(sum)
         })
     };
     let mean = |cands: &[&str], sum: bool| {
         cands.iter().find_map(|n| {
-            let per_scrape: Vec<f64> = w
-                .inside
+            let per_scrape: Vec<f64> = windows
                 .iter()
+                .flat_map(|w| w.inside.iter())
                 .map(|s| gauge(s, n))
                 .filter(|v| !v.is_empty())
                 .map(|v| {
@@ -262,12 +268,12 @@ fn numbers(names: &Names, w: &Window<'_>) -> WorkerDoc {
         .or_else(|| mean(names.prefix_rate, false));
     WorkerDoc {
         server: names.server.into(),
-        window_start_seconds: w.start_us as f64 / 1e6,
-        window_end_seconds: w.end_us as f64 / 1e6,
-        scrapes_in_window: w.inside.len() as u64,
-        ttft_seconds: histogram(names.ttft, w),
-        itl_seconds: histogram(names.itl, w),
-        e2e_seconds: histogram(names.e2e, w),
+        window_start_seconds: windows.first().map_or(0.0, |w| w.start_us as f64 / 1e6),
+        window_end_seconds: windows.last().map_or(0.0, |w| w.end_us as f64 / 1e6),
+        scrapes_in_window: windows.iter().map(|w| w.inside.len() as u64).sum(),
+        ttft_seconds: histogram(names.ttft, windows),
+        itl_seconds: histogram(names.itl, windows),
+        e2e_seconds: histogram(names.e2e, windows),
         requests: delta(names.requests),
         preemptions: delta(names.preemptions),
         prompt_tokens: delta(names.prompt_tokens),
@@ -281,19 +287,23 @@ fn numbers(names: &Names, w: &Window<'_>) -> WorkerDoc {
     }
 }
 
-/// A histogram's delta over the window, as p50 and p95 with their buckets.
-fn histogram(cands: &[&str], w: &Window<'_>) -> Option<Quantiles> {
+/// A histogram's delta over the windows (summed per bucket), as p50 and p95 with their
+/// buckets.
+fn histogram(cands: &[&str], windows: &[Window<'_>]) -> Option<Quantiles> {
     cands.iter().find_map(|n| {
-        let (a, b) = (buckets(w.start, n), buckets(w.end, n));
-        if b.is_empty() {
-            return None;
+        let mut total: BTreeMap<Bound, f64> = BTreeMap::new();
+        for w in windows {
+            let (a, b) = (buckets(w.start, n), buckets(w.end, n));
+            if b.is_empty() {
+                return None;
+            }
+            for (le, c) in &b {
+                *total.entry(*le).or_insert(0.0) += c - a.get(le).copied().unwrap_or(0.0);
+            }
         }
-        let cumulative: Vec<(f64, f64)> = b
-            .iter()
-            .map(|(le, c)| (le.0, c - a.get(le).copied().unwrap_or(0.0)))
-            .collect();
+        let cumulative: Vec<(f64, f64)> = total.iter().map(|(le, c)| (le.0, *c)).collect();
         // A count that went down is a restarted worker: no delta to read.
-        if cumulative.iter().any(|(_, c)| *c < 0.0) {
+        if cumulative.is_empty() || cumulative.iter().any(|(_, c)| *c < 0.0) {
             return None;
         }
         let observations = cumulative.last().map_or(0.0, |(_, c)| *c);
@@ -311,13 +321,11 @@ fn histogram(cands: &[&str], w: &Window<'_>) -> Option<Quantiles> {
     })
 }
 
-/// The worker's numbers over each round, by round: `None` for a round without both edge
-/// scrapes (a failed scrape, a shard's timetabled wave).
-pub(crate) fn rounds(rows: &[ScrapeRow]) -> Vec<(RoundId, Option<&str>, WorkerDoc)> {
-    let Some(names) = server_of(rows) else {
-        return Vec::new();
-    };
-    let all = scrapes(rows);
+/// Each round's window: its round, its arm, its two edge scrapes and every scrape of its
+/// worker in between (a round without both edge scrapes has none).
+fn round_windows<'a>(
+    all: &'a [(i64, &'static str, Samples<'a>)],
+) -> Vec<(&'a RoundId, Option<&'a str>, Window<'a>)> {
     let mut out = Vec::new();
     for (i, (start_us, cause, s)) in all.iter().enumerate() {
         if *cause != "round_start" {
@@ -335,17 +343,44 @@ pub(crate) fn rounds(rows: &[ScrapeRow]) -> Vec<(RoundId, Option<&str>, WorkerDo
         let Some((end_us, _, e)) = end else {
             continue;
         };
-        let inside = window_scrapes(&all, *start_us, *end_us, arm);
         let w = Window {
             start: s,
             end: e,
-            inside,
+            inside: window_scrapes(all, *start_us, *end_us, arm),
             start_us: *start_us,
             end_us: *end_us,
         };
-        out.push((id.clone(), arm, numbers(names, &w)));
+        out.push((id, arm, w));
     }
     out
+}
+
+/// A campaign cell's worker numbers: every round of `arm` at concurrency `c` pooled.
+pub(crate) fn cell(rows: &[ScrapeRow], arm: &str, c: usize) -> Option<WorkerDoc> {
+    let names = server_of(rows)?;
+    let all = scrapes(rows);
+    let windows: Vec<Window<'_>> = round_windows(&all)
+        .into_iter()
+        .filter(|(id, a, _)| *a == Some(arm) && id.concurrency == Some(c as i32))
+        .map(|(_, _, w)| w)
+        .collect();
+    (!windows.is_empty()).then(|| numbers(names, &windows))
+}
+
+/// The worker's numbers over each round, by round: a round without both edge scrapes (a
+/// failed scrape, a shard's timetabled wave) has none.
+pub(crate) fn rounds(rows: &[ScrapeRow]) -> Vec<(RoundId, Option<String>, WorkerDoc)> {
+    let Some(names) = server_of(rows) else {
+        return Vec::new();
+    };
+    let all = scrapes(rows);
+    round_windows(&all)
+        .into_iter()
+        .map(|(id, arm, w)| {
+            let doc = numbers(names, std::slice::from_ref(&w));
+            (id.clone(), arm.map(str::to_string), doc)
+        })
+        .collect()
 }
 
 /// Every scrape of `arm`'s worker at or between two offsets.
@@ -378,7 +413,7 @@ pub(crate) fn whole_run(rows: &[ScrapeRow]) -> Option<WorkerDoc> {
         start_us: first.0,
         end_us: last.0,
     };
-    Some(numbers(names, &w))
+    Some(numbers(names, std::slice::from_ref(&w)))
 }
 
 /// Ours minus the worker's p50, with the resolution of the worker's bucket.
@@ -417,7 +452,7 @@ pub(crate) fn with_rounds(
                 && d.repetition as i32 == id.repetition
                 && d.concurrency.map(|c| c as i32) == id.concurrency
                 && d.rate_per_second == id.target_rate_per_second
-                && d.arm.as_deref() == arm
+                && d.arm == arm
         }) else {
             continue;
         };
@@ -429,6 +464,160 @@ pub(crate) fn with_rounds(
         doc.worker = Some(w);
     }
     docs
+}
+
+/// campaign.json's cells with their arm's worker's numbers (every round of the cell
+/// pooled), and ours minus the worker's from the cell's own p50s.
+pub(crate) fn add_cells(doc: &mut super::doc::campaign::CampaignDoc, rows: &[ScrapeRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    for arm in &mut doc.arms {
+        for (c, cell) in &mut arm.concurrency {
+            let Some(mut w) = self::cell(rows, &arm.name, *c as usize) else {
+                continue;
+            };
+            let ms = |v: Option<f64>| v.map(|x| x / 1e3);
+            w.two_sided = Some(two_sided(ms(cell.ttft_p50_ms), ms(cell.latency_p50_ms), &w));
+            cell.worker = Some(w);
+        }
+    }
+}
+
+/// One line of the report's worker charts: a value per scrape (or GPU sample) on the run's
+/// clock.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Line {
+    pub(crate) name: String,
+    pub(crate) arm: Option<String>,
+    /// The metric read (a series of the table, or nvidia-smi's / DCGM's field).
+    pub(crate) metric: String,
+    /// `(offset_us, value)`.
+    pub(crate) points: Vec<(i64, f64)>,
+}
+
+/// The worker's queue over the run: per arm, each scrape's running and waiting requests
+/// (summed over label sets).
+pub(crate) fn queue_lines(rows: &[ScrapeRow]) -> Vec<Line> {
+    let Some(names) = server_of(rows) else {
+        return Vec::new();
+    };
+    let all = scrapes(rows);
+    let mut out: Vec<Line> = Vec::new();
+    for (label, cands) in [("running", names.running), ("waiting", names.waiting)] {
+        for (offset, _, s) in &all {
+            let arm = s.first().and_then(|r| r.arm.as_deref());
+            let Some((metric, v)) = cands.iter().find_map(|n| {
+                let v = gauge(s, n);
+                (!v.is_empty()).then(|| (*n, v.iter().sum::<f64>()))
+            }) else {
+                continue;
+            };
+            push_point(&mut out, line_name(arm, label), arm, metric, (*offset, v));
+        }
+    }
+    out
+}
+
+/// The worker's caches over the run, in percent: per arm, each scrape's KV-cache use (mean
+/// over label sets) and the prefix-cache hit rate since its previous scrape (hits / queries
+/// of the interval; a hit-rate gauge as it is).
+pub(crate) fn cache_lines(rows: &[ScrapeRow]) -> Vec<Line> {
+    let Some(names) = server_of(rows) else {
+        return Vec::new();
+    };
+    let all = scrapes(rows);
+    let mut out: Vec<Line> = Vec::new();
+    for (offset, _, s) in &all {
+        let arm = s.first().and_then(|r| r.arm.as_deref());
+        if let Some((metric, v)) = names.kv_cache.iter().find_map(|n| {
+            let v = gauge(s, n);
+            (!v.is_empty()).then(|| (*n, 100.0 * v.iter().sum::<f64>() / v.len() as f64))
+        }) {
+            push_point(
+                &mut out,
+                line_name(arm, "KV-cache use"),
+                arm,
+                metric,
+                (*offset, v),
+            );
+        }
+        if let Some((metric, v)) = names.prefix_rate.iter().find_map(|n| {
+            let v = gauge(s, n);
+            (!v.is_empty()).then(|| (*n, 100.0 * v.iter().sum::<f64>() / v.len() as f64))
+        }) {
+            push_point(
+                &mut out,
+                line_name(arm, "prefix-cache hits"),
+                arm,
+                metric,
+                (*offset, v),
+            );
+        }
+    }
+    // Counters: the rate over each interval between two scrapes of the same worker.
+    for (q, h) in names.prefix_counters {
+        let mut prev: BTreeMap<Option<&str>, (f64, f64)> = BTreeMap::new();
+        for (offset, _, s) in &all {
+            let arm = s.first().and_then(|r| r.arm.as_deref());
+            let (Some(qv), Some(hv)) = (counter(s, q), counter(s, h)) else {
+                continue;
+            };
+            if let Some((pq, ph)) = prev.insert(arm, (qv, hv))
+                && qv > pq
+                && hv >= ph
+            {
+                let v = 100.0 * (hv - ph) / (qv - pq);
+                push_point(
+                    &mut out,
+                    line_name(arm, "prefix-cache hits"),
+                    arm,
+                    h,
+                    (*offset, v),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn line_name(arm: Option<&str>, what: &str) -> String {
+    match arm {
+        Some(a) => format!("{a}: {what}"),
+        None => what.to_string(),
+    }
+}
+
+fn push_point(out: &mut Vec<Line>, name: String, arm: Option<&str>, metric: &str, p: (i64, f64)) {
+    match out.iter_mut().find(|l| l.name == name) {
+        Some(l) => l.points.push(p),
+        None => out.push(Line {
+            name,
+            arm: arm.map(str::to_string),
+            metric: metric.to_string(),
+            points: vec![p],
+        }),
+    }
+}
+
+/// The GPU's utilisation (%) or memory in use (MiB) over the run, a line per GPU:
+/// nvidia-smi's `utilization.gpu` / `memory.used`, or DCGM's `DCGM_FI_DEV_GPU_UTIL` /
+/// `DCGM_FI_DEV_FB_USED`.
+pub(crate) fn gpu_lines(rows: &[crate::record::gpu::GpuRow], memory: bool) -> Vec<Line> {
+    let wanted: [&str; 2] = if memory {
+        ["memory.used", "DCGM_FI_DEV_FB_USED"]
+    } else {
+        ["utilization.gpu", "DCGM_FI_DEV_GPU_UTIL"]
+    };
+    let mut out: Vec<Line> = Vec::new();
+    for r in rows.iter().filter(|r| wanted.contains(&r.metric.as_str())) {
+        let name = match r.gpu {
+            Some(g) => format!("GPU {g}"),
+            None => "GPU".to_string(),
+        };
+        push_point(&mut out, name, None, &r.metric, (r.offset_us, r.value));
+    }
+    out
 }
 
 /// A rebuilt summary's rounds take the worker's numbers the run's own summary had (the

@@ -438,7 +438,7 @@ fn gpu_memory_is_the_groups_own_or_device_level_only_when_sequential() {
              "start": {"command": ["sh", "-c", "echo $$ > \"$2\"; exec \"$0\" mock-worker --listen 127.0.0.1:$1 --per-token-ms 20",
                                    "{self}", "{port}", pidfile.to_str().unwrap()]}},
             {"name": "cpu", "lane": "performance-fit", "recipe": recipe("q4"),
-             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+             "endpoint": "http://127.0.0.1:{port}/v1/chat/completions", "worker_metrics": false,
              "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}", "--per-token-ms", "20"]}}
         ]);
         let mut p = plan(arms);
@@ -463,6 +463,24 @@ fn gpu_memory_is_the_groups_own_or_device_level_only_when_sequential() {
         let c = read_json(&tmp.path().join("run").join("campaign.json"));
         let gpu = &c["arms"][0]["concurrency"]["1"];
         let cpu = &c["arms"][1]["concurrency"]["1"];
+        // An arm the tool starts is scraped at its origin's /metrics by default (every
+        // measured request of the cell counted by its worker); `worker_metrics: false`
+        // is not.
+        assert_eq!(gpu["worker"]["server"], "vllm", "{schedule}: {gpu}");
+        assert_eq!(
+            gpu["worker"]["requests"].as_f64(),
+            gpu["attempted_requests"].as_f64(),
+            "{schedule}: {gpu}"
+        );
+        assert!(cpu.get("worker").is_none(), "{schedule}: {cpu}");
+        let summary = read_json(&tmp.path().join("run").join("summary.json"));
+        for r in summary["rounds"].as_array().unwrap() {
+            assert_eq!(
+                r.get("worker").is_some(),
+                r["arm"] == "gpu",
+                "{schedule}: {r}"
+            );
+        }
         assert_eq!(
             gpu["peak_vram_bytes"],
             json!(300u64 << 20),

@@ -82,6 +82,11 @@ const MASKED_KEYS: &[&str] = &[
     "ttft",
     "tpot",
     "e2e",
+    // The worker's own view: how many scrapes fell in a window, which bucket held a
+    // quantile.
+    "scrapes_in_window",
+    "p50_bucket",
+    "p95_bucket",
 ];
 
 /// Key suffixes of measured values: durations, rates, memory.

@@ -77,8 +77,9 @@ async fn the_workers_metrics_are_scraped_on_the_runs_clock_and_its_ttft_agrees_w
     );
     let out = tmp.path().join("run");
     let mut args = replay_args(&plan, &out);
-    args.worker_metrics = Some(format!("{}/metrics", mock.url()));
-    args.scrape_interval = 0.2;
+    args.scrape.worker_metrics = Some(format!("{}/metrics", mock.url()));
+    args.scrape.scrape_interval = Some(0.2);
+    args.scrape.gpu_metrics = Some("off".into());
     assert_eq!(replay(args).await.unwrap(), matrix_proxy::cli::Exit::Ok);
     mock.shutdown().await;
 
@@ -169,10 +170,20 @@ async fn the_workers_metrics_are_scraped_on_the_runs_clock_and_its_ttft_agrees_w
     assert_eq!(two["bucket_width_seconds"].as_f64().unwrap(), hi - lo);
     assert!(diff.abs() <= hi - lo, "{two}");
     assert!(w["two_sided"]["e2e"]["difference_seconds"].is_f64(), "{w}");
-    // Every round has its window.
+    // Every round has its window; its prompt was served in the warm-up already, so every
+    // prompt token of a measured round is a prefix-cache hit; the mock never preempts.
     for r in summary["rounds"].as_array().unwrap() {
-        assert_eq!(r["worker"]["ttft_seconds"]["observations"], 6.0, "{r}");
+        let w = &r["worker"];
+        assert_eq!(w["ttft_seconds"]["observations"], 6.0, "{r}");
+        assert_eq!(w["prefix_cache_hit_rate"], 1.0, "{w}");
+        assert_eq!(w["preemptions"], 0.0, "{w}");
+        assert_eq!(w["generation_tokens"], 36.0, "six tokens each: {w}");
+        assert!(
+            w["kv_cache_usage_mean"].as_f64().unwrap() <= 1.0 / 256.0,
+            "{w}"
+        );
     }
+    assert!(!out.join("gpu.parquet").exists(), "--gpu-metrics off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,4 +299,148 @@ fn the_scraper_reads_our_own_metrics_listen_and_a_bad_url_is_refused() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--worker-metrics"), "{err}");
     assert!(!out.exists());
+    // A tuning flag with nothing to scrape would do nothing: refused.
+    let (code, _, err) = run(&[
+        "replay",
+        "plans/demo.json",
+        "--mock-worker",
+        "--scrape-interval",
+        "0.5",
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--scrape-interval goes with --worker-metrics"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+/// `plans/demo.json` with `worker_metrics: true` (the endpoint origin's /metrics).
+fn demo_scraped(dir: &Path) -> std::path::PathBuf {
+    let mut plan: Value =
+        serde_json::from_slice(&std::fs::read("plans/demo.json").unwrap()).unwrap();
+    plan["worker_metrics"] = json!(true);
+    write_plan(dir, "demo-scraped.json", &plan)
+}
+
+#[test]
+fn a_plans_worker_metrics_field_scrapes_and_nvidia_smi_on_path_yields_gpu_parquet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = demo_scraped(tmp.path());
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-gpu");
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap());
+    let out = tmp.path().join("gpu");
+    let o = bin()
+        .env("PATH", path)
+        .args([
+            "replay",
+            "--mock-worker",
+            "--scrape-interval",
+            "0.1",
+            "--out",
+        ])
+        .arg(&out)
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("GPU telemetry: "), "{err}");
+    // The plan's own field scraped the mock (no flag given).
+    assert!(
+        scrape_rows(&out)
+            .iter()
+            .any(|r| r.2 == "vllm:num_requests_running")
+    );
+    let gpu = Rows::read_file(&out.join("gpu.parquet"));
+    let (metric, gpu_ix, offset, source) = (
+        gpu.strs("metric"),
+        gpu.i32s("gpu"),
+        gpu.i64s("offset_us"),
+        gpu.strs("source"),
+    );
+    assert!(
+        gpu.len() >= 2 * 13,
+        "two GPUs, several samples: {}",
+        gpu.len()
+    );
+    assert!(source.iter().all(|s| s.as_deref() == Some("nvidia-smi")));
+    let count = |m: &str, g: i32| {
+        (0..gpu.len())
+            .filter(|i| metric[*i].as_deref() == Some(m) && gpu_ix[*i] == Some(g))
+            .count()
+    };
+    assert!(count("utilization.gpu", 0) >= 2);
+    assert_eq!(count("utilization.gpu", 0), count("utilization.gpu", 1));
+    assert!(count("power.draw", 0) >= 2);
+    assert_eq!(count("power.draw", 1), 0, "[N/A] is left out, not a zero");
+    assert!(
+        offset.windows(2).all(|w| w[0] <= w[1]),
+        "on the run's clock"
+    );
+
+    // Without nvidia-smi: said once, not an error, and no gpu.parquet.
+    let out = tmp.path().join("no-gpu");
+    let o = bin()
+        .env("PATH", "/nonexistent")
+        .args(["replay", "--mock-worker", "--out"])
+        .arg(&out)
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.matches("no GPU telemetry: nvidia-smi is not on PATH")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(!out.join("gpu.parquet").exists());
+    assert!(out.join("worker_metrics.parquet").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_scrapes_the_upstreams_metrics_over_the_whole_run_as_one_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig {
+        prefill_ms: 150.0,
+        ..Default::default()
+    })
+    .await;
+    let out = tmp.path().join("live");
+    let mut args = serve_args(&mock.url(), &out);
+    args.scrape.worker_metrics = Some(String::new());
+    args.scrape.scrape_interval = Some(0.1);
+    args.scrape.gpu_metrics = Some("off".into());
+    let serve = Serve::start(args).await;
+    let mut c = Client::connect(serve.addr).await;
+    let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}"#;
+    for _ in 0..4 {
+        let (status, _, _) = c
+            .send(request("POST", serve.addr, "/v1/chat/completions", body))
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    serve.stop().await.unwrap();
+    mock.shutdown().await;
+    let rows = scrape_rows(&out);
+    let causes: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert!(
+        causes.contains("run_start") && causes.contains("run_end"),
+        "{causes:?}"
+    );
+    let summary = read_json(&out.join("summary.json"));
+    let w = &summary["worker"];
+    assert_eq!(w["requests"], 4.0, "the whole run is one window: {w}");
+    assert_eq!(w["ttft_seconds"]["observations"], 4.0, "{w}");
+    assert_eq!(w["ttft_seconds"]["p50_bucket"], json!([0.1, 0.25]), "{w}");
+    let two = &w["two_sided"]["ttft"];
+    assert!(
+        two["difference_seconds"].as_f64().unwrap().abs() <= 0.15,
+        "{two}"
+    );
 }

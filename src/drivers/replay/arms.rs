@@ -17,6 +17,7 @@ use super::phases::{At, Senders, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;
+use crate::drivers::scrape::Scraper;
 use crate::metrics::PhaseCounts;
 use crate::metrics::RoundMetrics;
 use crate::model::{Level, Phase};
@@ -27,7 +28,16 @@ use crate::report::campaign::{ArmMeasures, Level as CampaignLevel};
 pub(crate) struct ArmEnv {
     pub(crate) self_exe: PathBuf,
     pub(crate) logs: PathBuf,
+    /// How an arm with `worker_metrics` is scraped (`None` when no arm is).
+    pub(crate) scrape: Option<crate::drivers::scrape::Settings>,
 }
+
+/// An arm's worker scraped every interval while the arm is up, and how to stop it.
+type ArmScraping = (
+    Arc<Scraper>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+);
 
 /// One arm's run.
 pub(super) struct ArmRun {
@@ -48,6 +58,8 @@ pub(super) struct ArmRun {
     /// Per concurrency: the measured samples, their rounds' elapsed time, their windows.
     levels: BTreeMap<usize, CampaignLevel>,
     windows: Vec<(usize, u64, u64)>,
+    /// The arm's worker's `/metrics`, scraped while it is up.
+    scraping: Option<ArmScraping>,
 }
 
 impl ArmRun {
@@ -72,6 +84,7 @@ impl ArmRun {
                 artifact_bytes: None,
                 levels: BTreeMap::new(),
                 windows: Vec::new(),
+                scraping: None,
             })
             .collect()
     }
@@ -86,7 +99,7 @@ impl ArmRun {
         let max_c = plan.concurrency.iter().copied().max().unwrap_or(1);
         self.slots = (0..max_c).map(|_| None).collect();
         let Some(arm) = self.spec.clone() else {
-            self.ctx = Some(base.ctx(plan.clone(), None));
+            self.ctx = Some(base.ctx(plan.clone(), None, None));
             return;
         };
         if let Err(why) = self.start(base, plan, env, &arm).await {
@@ -142,8 +155,49 @@ impl ArmRun {
             self.watcher = Some(Sampler::start(Who::Tree(pid), &arm.name)?);
         }
         let fit = arm.lane == Lane::PerformanceFit;
-        self.ctx = Some(base.ctx(plan.for_arm(&endpoint, &health), Some((&arm.name, fit))));
+        let scraper = self.scrape_worker(base, env, arm, port);
+        self.ctx = Some(base.ctx(
+            plan.for_arm(&endpoint, &health),
+            Some((&arm.name, fit)),
+            scraper,
+        ));
         Ok(())
+    }
+
+    /// Scrape the arm's worker's `/metrics` from now until it shuts down, when the arm
+    /// asks for it; a scraper that cannot be built is said, never fatal.
+    fn scrape_worker(
+        &mut self,
+        base: &Arc<Base>,
+        env: &ArmEnv,
+        arm: &Arm,
+        port: u16,
+    ) -> Option<Arc<Scraper>> {
+        let settings = env.scrape.as_ref()?;
+        let built = arm.worker_metrics_url(port.max(1))?.and_then(|url| {
+            let engine = Scraper::engine_for(&url, &settings.tls)?;
+            Ok(Scraper::new(
+                url,
+                engine,
+                base.run.run_t0_ns,
+                settings.timeout,
+            ))
+        });
+        let scraper = match built {
+            Ok(s) => Arc::new(s.with_arm(&arm.name)),
+            Err(why) => {
+                let line = format!(
+                    "matrix-proxy: arm {}: its worker's metrics are not scraped: {why}",
+                    arm.name
+                );
+                base.progress.suspend(|| eprintln!("{line}"));
+                return None;
+            }
+        };
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(scraper.clone().every(settings.every, rx));
+        self.scraping = Some((scraper.clone(), stop, task));
+        Some(scraper)
     }
 
     /// A server the tool started must be the one answering: once it has exited (its port
@@ -190,6 +244,13 @@ impl ArmRun {
     async fn shut_down(&mut self, sequential: bool) {
         self.slots.clear();
         self.pool.clear();
+        if let Some((scraper, stop, task)) = self.scraping.take() {
+            let _ = stop.send(true);
+            let _ = task.await;
+            if let Some(ctx) = &self.ctx {
+                ctx.base.run.add_arm_scrapes(scraper.take());
+            }
+        }
         let grace = self
             .spec
             .as_ref()

@@ -57,6 +57,8 @@ pub(super) struct Ctx {
     pub(super) arm: Option<Arc<str>>,
     /// A performance-fit arm: its answers are never `correctness` failures.
     pub(super) performance_fit: bool,
+    /// A campaign arm's worker's `/metrics` (a plain plan's is the run's).
+    pub(super) scraper: Option<Arc<crate::drivers::scrape::Scraper>>,
 }
 
 impl Ctx {
@@ -64,6 +66,14 @@ impl Ctx {
     pub(super) fn route(&self, case: Option<usize>) -> usize {
         let i = case.map_or(0, |c| c + 1);
         self.routes.get(i).copied().unwrap_or(0)
+    }
+
+    /// One awaited scrape of this arm's worker (or the run's), when it is scraped.
+    pub(super) async fn scrape(&self, cause: crate::drivers::scrape::Cause) {
+        match &self.scraper {
+            Some(s) => s.scrape(cause).await,
+            None => self.base.run.scrape(cause).await,
+        }
     }
 
     pub(super) fn stopped(&self) -> bool {
@@ -112,7 +122,12 @@ pub(super) struct Base {
 
 impl Base {
     /// The context of one arm (or of a plain plan: `arm` `None`) running `plan`.
-    pub(super) fn ctx(self: &Arc<Self>, plan: Plan, arm: Option<(&str, bool)>) -> Arc<Ctx> {
+    pub(super) fn ctx(
+        self: &Arc<Self>,
+        plan: Plan,
+        arm: Option<(&str, bool)>,
+        scraper: Option<Arc<crate::drivers::scrape::Scraper>>,
+    ) -> Arc<Ctx> {
         let case_names = plan
             .cases
             .iter()
@@ -163,6 +178,7 @@ impl Base {
             variant_names,
             arm: arm.map(|(name, _)| Arc::from(name)),
             performance_fit: arm.is_some_and(|(_, fit)| fit),
+            scraper,
         })
     }
 }

@@ -213,7 +213,7 @@ pub(super) async fn measured_round(
     // The worker's own view of the round starts here, when the run scrapes it.
     let edges = round_edges(ctx, &work, at, rep);
     if let Some(id) = &edges {
-        ctx.base.run.scrape(Cause::RoundStart(id.clone())).await;
+        ctx.scrape(Cause::RoundStart(id.clone())).await;
     }
     // A shard's wave has its place in the timetable: the round's measurements (the
     // generator's CPU and lag, the held rows) start just before it, not at the wait.
@@ -244,7 +244,7 @@ pub(super) async fn measured_round(
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;
     if let Some(id) = edges.filter(|_| !ctx.stopped()) {
-        ctx.base.run.scrape(Cause::RoundEnd(id)).await;
+        ctx.scrape(Cause::RoundEnd(id)).await;
     }
     if ctx.base.record_exchanges
         && let Err(e) = recorder.release().await

@@ -125,6 +125,10 @@ pub(crate) struct Cell {
     /// `None` only in a file that lacks it (a gate then says so).
     pub(crate) failed_requests: Option<u64>,
     pub(crate) failure_reasons: Vec<String>,
+    /// The arm's worker's own numbers over the cell's rounds pooled (only when the arm's
+    /// worker was scraped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) worker: Option<super::worker::WorkerDoc>,
 }
 
 impl Cell {

@@ -6,7 +6,10 @@
 //! - `rounds`: per series `points` = `[[level, repetition, value], …]`, one per measured
 //!   round (the spread of rounds at a level stays visible), from summary.json;
 //! - `timeline`: per run, counts per time bin (`bin_us`, from `first_bin`) of sends,
-//!   ok completions and failures by kind, with the measured rounds as spans.
+//!   ok completions and failures by kind, with the measured rounds as spans;
+//! - `series`: per run, the worker's and the GPU's lines on the same clock, per series
+//!   `points` = `[[offset_us, value], …]` (one per scrape or sample, from
+//!   worker_metrics.parquet and gpu.parquet), with the measured rounds as spans.
 
 use std::collections::BTreeMap;
 
@@ -111,6 +114,8 @@ pub(super) fn all(runs: &[RunInput]) -> Vec<Chart> {
     charts.extend(serve_charts(runs));
     for (i, r) in runs.iter().enumerate() {
         charts.extend(timeline(r, i));
+        // The worker's side and the GPU's, under the run's timeline.
+        charts.extend(worker_charts(r, i));
     }
     charts.retain(|c| !c.is_empty());
     charts
@@ -243,7 +248,7 @@ type RoundMetric = (
     &'static [(&'static str, Pick)],
 );
 
-const ROUND_METRICS: [RoundMetric; 3] = [
+const ROUND_METRICS: [RoundMetric; 4] = [
     (
         "throughput",
         "Throughput and goodput",
@@ -271,6 +276,27 @@ const ROUND_METRICS: [RoundMetric; 3] = [
         ],
     ),
     (
+        "two-sided",
+        "Two-sided timing: our p50 and the worker's (its histograms, bucket-interpolated; a difference of p50s, not per request)",
+        "ms",
+        1000.0,
+        &[
+            ("TTFT p50 (ours)", |r| {
+                r.stream.as_ref().and_then(|s| s.ttft_seconds.p50)
+            }),
+            ("TTFT p50 (worker)", |r| {
+                r.worker.as_ref()?.ttft_seconds.as_ref()?.p50
+            }),
+            ("e2e p50 (ours)", |r| {
+                r.worker.as_ref()?;
+                r.service_latency_seconds.p50
+            }),
+            ("e2e p50 (worker)", |r| {
+                r.worker.as_ref()?.e2e_seconds.as_ref()?.p50
+            }),
+        ],
+    ),
+    (
         "tokens",
         "Output tokens per second (streams)",
         "tokens/s",
@@ -283,7 +309,7 @@ const ROUND_METRICS: [RoundMetric; 3] = [
     ),
 ];
 
-const ROUNDS_SCOPE: &str = "one point per measured round (summary.json): throughput = successful / round wall time (first send to last completion); goodput = ok and within every slo bound / the same time (only with a plan slo); TTFT and ITL = nearest-rank p50 over the round's ok streams (ITL pools every gap); tok/s = all output tokens / round wall time; the line joins each level's median round";
+const ROUNDS_SCOPE: &str = "one point per measured round (summary.json): throughput = successful / round wall time (first send to last completion); goodput = ok and within every slo bound / the same time (only with a plan slo); TTFT and ITL = nearest-rank p50 over the round's ok streams (ITL pools every gap); tok/s = all output tokens / round wall time; two-sided timing = our nearest-rank p50 (TTFT over the round's ok streams; e2e = service latency) beside the worker's p50 from its histogram's delta over the round, interpolated inside a bucket (summary.json rounds[].worker, with the bucket), a difference of p50s, not per request; the line joins each level's median round";
 
 /// A per-round series: (arm, case, metric label).
 type SeriesKey<'a> = (Option<String>, String, &'a str);
@@ -537,6 +563,71 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
         c.push(json!({"name": name, "counts": counts}));
     }
     Some(c)
+}
+
+/// What each worker chart draws: (id, title, y label, scope, its lines).
+type WorkerChart = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    Vec<crate::report::worker::Line>,
+);
+
+/// The worker's queue and caches and the GPU's utilisation and memory on the run's
+/// clock (kind `series`), each only when the run recorded it.
+fn worker_charts(r: &RunInput, i: usize) -> Vec<Chart> {
+    use crate::report::worker::{cache_lines, gpu_lines, queue_lines};
+    let specs: [WorkerChart; 4] = [
+        (
+            "worker-queue",
+            "Worker: requests running and waiting",
+            "requests",
+            "each scrape of the worker's /metrics (worker_metrics.parquet): its running and waiting gauges summed over their label sets",
+            queue_lines(&r.worker),
+        ),
+        (
+            "worker-cache",
+            "Worker: KV-cache use and prefix-cache hit rate",
+            "%",
+            "each scrape of the worker's /metrics: KV-cache use averaged over its label sets; prefix-cache hits / queries since the worker's previous scrape (counter deltas; a hit-rate gauge as it is)",
+            cache_lines(&r.worker),
+        ),
+        (
+            "gpu-util",
+            "GPU utilisation",
+            "%",
+            "each GPU sample (gpu.parquet): nvidia-smi's utilization.gpu or DCGM's DCGM_FI_DEV_GPU_UTIL, device-wide",
+            gpu_lines(&r.gpu, false),
+        ),
+        (
+            "gpu-memory",
+            "GPU memory in use",
+            "MiB",
+            "each GPU sample (gpu.parquet): nvidia-smi's memory.used or DCGM's DCGM_FI_DEV_FB_USED, device-wide (every process on the GPU)",
+            gpu_lines(&r.gpu, true),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (id, title, y_label, scope, lines) in specs {
+        let mut c = Chart::new(
+            format!("{id}-{i}"),
+            "series",
+            format!("{title}: {}", r.label),
+            scope,
+            ("time since the run's start (s)", y_label),
+        );
+        c.set("run", json!(r.label));
+        c.set("rounds", json!(round_spans(r)));
+        for l in lines {
+            let points: Vec<[Value; 2]> =
+                l.points.iter().map(|(t, v)| [json!(t), json!(v)]).collect();
+            c.push(json!({"name": l.name, "run": r.label, "arm": l.arm,
+                "metric": l.metric, "points": points}));
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The measured rounds' spans, in start order.

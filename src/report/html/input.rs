@@ -22,6 +22,9 @@ pub(crate) struct RunInput {
     pub(crate) campaign: Option<CampaignDoc>,
     pub(crate) verdict: Option<VerdictDoc>,
     pub(crate) facts: Vec<RowFacts>,
+    /// The worker's scraped metrics and the GPU's telemetry (empty without them).
+    pub(crate) worker: Vec<crate::record::scrapes::ScrapeRow>,
+    pub(crate) gpu: Vec<crate::record::gpu::GpuRow>,
 }
 
 impl RunInput {

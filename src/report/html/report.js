@@ -144,14 +144,38 @@
     });
   }
 
-  var DRAW = { cdf: cdf, rounds: rounds, timeline: timeline };
+  // The worker's and the GPU's lines on the run's clock, the measured rounds shaded.
+  function series(svg, spec) {
+    var xs = [], ys = [];
+    spec.series.forEach(function (s) {
+      s.points.forEach(function (p) { xs.push(p[0] / 1e6); ys.push(p[1]); });
+    });
+    spec.rounds.forEach(function (r) { xs.push(r.start_us / 1e6); xs.push(r.end_us / 1e6); });
+    var f = frame(svg, extent(xs, false), extent(ys, true), spec);
+    spec.rounds.forEach(function (r, i) {
+      var x1 = f.sx(r.start_us / 1e6), x2 = f.sx(r.end_us / 1e6);
+      el("rect", { x: x1, y: M.t, width: Math.max(1, x2 - x1), height: H - M.t - M.b,
+        "class": "span " + (i % 2 ? "odd" : "even") }, svg)
+        .appendChild(document.createElementNS(NS, "title")).textContent = r.label;
+    });
+    spec.series.forEach(function (s, i) {
+      var c = COLORS[i % COLORS.length], d = "";
+      s.points.forEach(function (p, j) {
+        d += (j === 0 ? "M" : " L") + f.sx(p[0] / 1e6).toFixed(1) + "," + f.sy(p[1]).toFixed(1);
+      });
+      el("path", { d: d, "class": "mark line", stroke: c }, svg)
+        .appendChild(document.createElementNS(NS, "title")).textContent = s.name + " (" + s.metric + ")";
+    });
+  }
+
+  var DRAW = { cdf: cdf, rounds: rounds, timeline: timeline, series: series };
 
   document.querySelectorAll("figure.chart").forEach(function (fig) {
     var plot = fig.querySelector(".plot");
     try {
       var spec = JSON.parse(fig.querySelector("script.chart-data").textContent);
-      // A timeline spans the page: wider, same height.
-      W = spec.kind === "timeline" ? 1200 : 720;
+      // A timeline (and the worker's lines under it) spans the page: wider, same height.
+      W = spec.kind === "timeline" || spec.kind === "series" ? 1200 : 720;
       var svg = el("svg", { viewBox: "0 0 " + W + " " + H, role: "img",
         "aria-label": spec.title, preserveAspectRatio: "xMidYMid meet" });
       plot.appendChild(svg);
