@@ -726,6 +726,14 @@ mod tests {
         let (ep, health) = c.arms[1].endpoints(4321).unwrap();
         assert_eq!(ep.url(), "http://127.0.0.1:4321/v1/chat/completions");
         assert_eq!(health.url(), "http://127.0.0.1:4321/health");
+        // The arm the tool starts is scraped at its origin's /metrics; the other is not.
+        assert!(c.arms[0].worker_metrics_url(4321).is_none());
+        assert_eq!(
+            c.arms[1]
+                .worker_metrics_url(4321)
+                .map(|u| u.map(|e| e.url())),
+            Some(Ok("http://127.0.0.1:4321/metrics".to_string()))
+        );
         let start = c.arms[1].start.as_ref().unwrap();
         assert_eq!(start.health_timeout.as_secs(), 600);
         assert_eq!(start.stop_grace.as_secs(), 10);
@@ -836,6 +844,25 @@ mod tests {
             errs,
             vec![
                 "arms[0].resources.pid: goes with an arm the tool does not start: a started server's own process group is sampled"
+            ]
+        );
+        // worker_metrics: a URL ({port} allowed), true or false; never at a campaign's
+        // top level.
+        let errs = problems(&format!(
+            r#""name": "n", "worker_metrics": true, "arms": [{}, {}]"#,
+            arm(
+                "a",
+                "quality",
+                true,
+                r#", "worker_metrics": "http://127.0.0.1:{port}/m""#
+            ),
+            arm("b", "quality", false, r#", "worker_metrics": 9"#)
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[1].worker_metrics: must be the worker's Prometheus URL (e.g. \"http://127.0.0.1:8000/metrics\"), true (/metrics on the endpoint's origin) or false",
+                "worker_metrics: a campaign plan scrapes each arm's worker: give it in the arms (an arm the tool starts is scraped at its origin's /metrics by default)",
             ]
         );
         // An arm's name names its files: no path tricks.

@@ -270,7 +270,7 @@ mod tests {
             None,
             s(Outcome::Transport, 5),
         );
-        let (groups, all) = t.finish();
+        let (groups, all, _) = t.finish();
         let keys: Vec<(String, String, u64)> = groups
             .iter()
             .map(|g| (g.key.route.clone(), g.key.status_class.clone(), g.requests))
@@ -317,7 +317,7 @@ mod tests {
             );
         }
         t.add("GET", "http://w/p0", Some(200), s(Outcome::Ok, 1));
-        let (groups, _) = t.finish();
+        let (groups, _, _) = t.finish();
         assert_eq!(groups.len(), MAX_ROUTES + 1);
         let last = groups.last().unwrap();
         assert_eq!((last.key.route.as_str(), last.requests), (OTHER, 10));

@@ -1,4 +1,5 @@
-"""Interop check: every chart of a `matrix-proxy report` recomputed from exchanges/ with DuckDB.
+"""Interop check: every chart of a `matrix-proxy report` recomputed from exchanges/ with DuckDB
+(the worker's and the GPU's lines from worker_metrics.parquet and gpu.parquet).
 
 Each chart of the report embeds the numbers it draws (a JSON block per chart). This
 check parses every block and recomputes it from the runs' exchanges/*.parquet with
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import duckdb
+
+from worker_numbers import delta_buckets, quantile, window
 
 BLOCK = re.compile(r'<script type="application/json" class="chart-data" data-for="([^"]+)">(.*?)</script>', re.S)
 FIGURE = re.compile(r'<figure class="chart" id="([^"]+)"')
@@ -126,6 +129,7 @@ def round_values(con, run, level_col):
             select gap from v where rn = greatest(1, (50 * n + 99) // 100)""").fetchall()
         v["ITL p50"] = gaps[0][0] / 1e6 if gaps else None
         v["output tok/s"] = tokens / secs if tokens is not None and secs > 0 else None
+        two_sided(con, run, where, (arm, case, lvl, rep, level_col), v)
         if slo:
             e2e = slo.get("e2e_ms")
             ttft_b = slo.get("ttft_ms")
@@ -141,6 +145,66 @@ def round_values(con, run, level_col):
             v["goodput"] = good / secs if secs > 0 else None
         out[(arm, case, float(lvl), rep)] = v
     return out
+
+
+def two_sided(con, run, where, key, v):
+    """Ours and the worker's TTFT and e2e p50 of one round (only where the worker was scraped)."""
+    path = run.dir / "worker_metrics.parquet"
+    if not path.exists():
+        return
+    arm, case, lvl, rep, level_col = key
+    r = {"case": case, "repetition": rep, "arm": arm,
+         "concurrency" if level_col == "concurrency" else "rate_per_second": lvl}
+    try:
+        start, end = window(con, path, r)
+    except AssertionError:
+        return  # no window for this round (a failed edge scrape): no point is drawn
+    v["TTFT p50 (ours)"] = v["TTFT p50"]
+    e2e = nearest_rank_cdf(con, run.view, where + " and outcome = 'ok'", "total_us")
+    v["e2e p50 (ours)"] = e2e[50][1] / 1e6 if e2e else None
+    for label, metric in (("TTFT p50 (worker)", "vllm:time_to_first_token_seconds"),
+                          ("e2e p50 (worker)", "vllm:e2e_request_latency_seconds")):
+        q = quantile(delta_buckets(con, path, start, end, metric), 0.5)
+        v[label] = q[0] if q else None
+
+
+def check_series(con, runs, chart):
+    """The worker's and the GPU's lines, recomputed from worker_metrics.parquet and gpu.parquet."""
+    run = runs[chart["run"]]
+    n = 0
+    for s in chart["series"]:
+        m, name = s["metric"], s["name"]
+        if chart["id"].startswith("gpu-"):
+            g = int(name.split()[-1])
+            want = con.execute(f"""select offset_us, value from '{run.dir / "gpu.parquet"}'
+                where metric = ? and gpu = ? order by offset_us""", [m, g]).fetchall()
+        else:
+            path = run.dir / "worker_metrics.parquet"
+            arm = arm_filter(s["arm"])
+            if name.endswith("running") or name.endswith("waiting"):
+                agg = "sum(value)"
+            elif name.endswith("KV-cache use"):
+                agg = "100 * avg(value)"
+            else:
+                agg = None
+            if agg:
+                want = con.execute(f"""select offset_us, {agg} from '{path}' where metric = ? and {arm}
+                    group by offset_us, cause order by offset_us""", [m]).fetchall()
+            else:
+                # Prefix-cache hits: hits / queries between two consecutive scrapes.
+                q = m.replace("_hits", "_queries")
+                rows = con.execute(f"""select offset_us,
+                        sum(value) filter (where metric = ?), sum(value) filter (where metric = ?)
+                    from '{path}' where metric in (?, ?) and {arm}
+                    group by offset_us, cause order by offset_us""",
+                                   [q + "_total", m + "_total", q + "_total", m + "_total"]).fetchall()
+                want = [(t, 100 * (h - ph) / (qv - pq)) for (_, pq, ph), (t, qv, h) in zip(rows, rows[1:])
+                        if qv > pq and h >= ph]
+        got = [tuple(p) for p in s["points"]]
+        assert len(got) == len(want) and all(a[0] == b[0] and abs(a[1] - b[1]) <= 1e-9 * max(1, abs(b[1]))
+                                             for a, b in zip(got, want)), (chart["id"], name, got[:3], want[:3])
+        n += len(got)
+    return n
 
 
 def check_rounds(con, runs, chart, cache):
@@ -251,6 +315,8 @@ def main(report: Path, dirs) -> int:
             checks += check_rounds(con, runs, chart, cache)
         elif chart["kind"] == "timeline":
             checks += check_timeline(con, runs, chart)
+        elif chart["kind"] == "series":
+            checks += check_series(con, runs, chart)
         elif fid.startswith("serve-"):
             checks += check_serve(con, runs, chart)
         else:

@@ -282,6 +282,7 @@ const ROUND_METRICS: [RoundMetric; 4] = [
         1000.0,
         &[
             ("TTFT p50 (ours)", |r| {
+                r.worker.as_ref()?;
                 r.stream.as_ref().and_then(|s| s.ttft_seconds.p50)
             }),
             ("TTFT p50 (worker)", |r| {
