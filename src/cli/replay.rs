@@ -88,11 +88,15 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         let t = Arc::new(crate::telemetry::Telemetry::new());
         super::metrics_http::start(metrics, &t, &run, args.run.quiet)
     });
-    let arm_scrape = input.scrape.as_ref().map(|s| s.for_arms());
-    let scraping = input
-        .scrape
-        .take()
-        .map(|spec| super::scrape::start_scraping(spec, Some(&run), run_t0_ns));
+    let scraping = match input.scrape.take() {
+        Some(spec) => Some(super::scrape::start_scraping(
+            spec,
+            (Some(&run), &dir),
+            run_t0_ns,
+        )?),
+        None => None,
+    };
+    let arm_scrape = scraping.as_ref().map(|s| s.for_arms());
     let result = replay::run(
         ReplayOptions {
             plan: input.plan,

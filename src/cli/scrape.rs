@@ -123,17 +123,6 @@ pub(super) struct ScrapeSpec {
     tls: TlsOptions,
 }
 
-impl ScrapeSpec {
-    /// How a campaign's arms scrape their workers.
-    pub(super) fn for_arms(&self) -> crate::drivers::scrape::Settings {
-        crate::drivers::scrape::Settings {
-            every: self.every,
-            timeout: self.timeout,
-            tls: self.tls.clone(),
-        }
-    }
-}
-
 /// `origin`: the worker's endpoint (its path is replaced by `/metrics` without a URL).
 pub(super) fn spec(
     f: ScrapeFlags,
@@ -167,16 +156,20 @@ pub(super) fn spec(
     })
 }
 
-/// The scrapers running beside the run, and how to stop their tasks.
+/// The scrapers running beside the run, the file their rows go to, and how to stop their
+/// tasks.
 pub(super) struct Scraping {
     worker: Option<Arc<Scraper>>,
     /// The run whose arms' scrapers are gathered at the end (replay).
     run: Option<Arc<RunContext>>,
+    sink: crate::record::scrapes::Sink,
     dcgm: Option<Arc<Scraper>>,
     gpu: Arc<Mutex<GpuGathered>>,
     gpu_off: bool,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// How a campaign's arms scrape their workers.
+    arms: crate::drivers::scrape::Settings,
 }
 
 impl Scraping {
@@ -186,19 +179,32 @@ impl Scraping {
             w.scrape(cause).await;
         }
     }
+
+    /// How a campaign's arms scrape their workers (into the same file).
+    pub(super) fn for_arms(&self) -> crate::drivers::scrape::Settings {
+        self.arms.clone()
+    }
 }
 
-/// Scrape the worker's metrics (and sample the GPU) from now on, every interval; with
-/// `run` (replay), also at the edges of every measured round.
+/// Scrape the worker's metrics (and sample the GPU) from now on, every interval, into
+/// `dir`'s worker_metrics.parquet; with `run` (replay), also at the edges of every
+/// measured round.
 pub(super) fn start_scraping(
     spec: ScrapeSpec,
-    run: Option<&Arc<RunContext>>,
+    (run, dir): (Option<&Arc<RunContext>>, &RunDir),
     run_t0_ns: u64,
-) -> Scraping {
+) -> Result<Scraping, CliError> {
+    let sink = crate::record::scrapes::Sink::start(&dir.path.join(rundir::WORKER_METRICS))
+        .map_err(super::io::tool)?;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
-    let worker = spec.worker.map(|(url, engine)| {
-        let w = Arc::new(Scraper::new(url, engine, run_t0_ns, spec.timeout));
+    let worker = spec.worker.map(|w| {
+        let w = Arc::new(Scraper::new(
+            w,
+            run_t0_ns,
+            spec.timeout,
+            Some(sink.sender()),
+        ));
         if let Some(run) = run {
             run.set_scraper(w.clone());
         }
@@ -210,7 +216,7 @@ pub(super) fn start_scraping(
     let mut dcgm = None;
     match (spec.gpu, spec.dcgm_engine) {
         (GpuFlag::Dcgm(url), Some(engine)) => {
-            let s = Arc::new(Scraper::new(url, engine, run_t0_ns, spec.timeout));
+            let s = Arc::new(Scraper::new((url, engine), run_t0_ns, spec.timeout, None));
             tasks.push(tokio::spawn(s.clone().every(spec.every, rx)));
             dcgm = Some(s);
         }
@@ -220,22 +226,29 @@ pub(super) fn start_scraping(
         }
         _ => {}
     }
+    let arms = crate::drivers::scrape::Settings {
+        every: spec.every,
+        timeout: spec.timeout,
+        tls: spec.tls,
+        sink: sink.sender(),
+    };
     let gpu_off = tasks.len() == worker_tasks;
-    Scraping {
+    Ok(Scraping {
         worker,
         run: run.cloned(),
+        sink,
         dcgm,
         gpu,
         gpu_off,
         stop,
         tasks,
-    }
+        arms,
+    })
 }
 
-/// Stop the interval scrapes and the GPU sampler; write what they gathered to
-/// `worker_metrics.parquet` and `gpu.parquet`; say how many scrapes failed and why there
-/// is no GPU telemetry (never fatal). Returns the worker's rows for the reports (empty
-/// when they could not be written).
+/// Stop the interval scrapes and the GPU sampler; close `worker_metrics.parquet` and write
+/// `gpu.parquet`; say how many scrapes failed and why there is no GPU telemetry (never
+/// fatal). Returns the rows the reports read (every scraper's).
 pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<ScrapeRow> {
     let _ = s.stop.send(true);
     for t in s.tasks {
@@ -246,20 +259,16 @@ pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<
     if let Some(run) = &s.run {
         g.merge(run.take_arm_scrapes());
     }
-    let path = dir.path.join(rundir::WORKER_METRICS);
-    let written = tokio::task::spawn_blocking(move || {
-        crate::record::scrapes::write(&path, &g.rows).map(|n| (n, g))
-    })
-    .await;
-    let (rows, g) = match written {
-        Ok(Ok(x)) => x,
+    let sink = s.sink;
+    let rows = match tokio::task::spawn_blocking(move || sink.finish()).await {
+        Ok(Ok(n)) => n,
         Ok(Err(e)) => {
-            eprintln!("matrix-proxy: worker metrics not written: {e}");
-            return Vec::new();
+            eprintln!("matrix-proxy: worker metrics not written whole: {e}");
+            return g.rows;
         }
         Err(e) => {
-            eprintln!("matrix-proxy: worker metrics not written: {e}");
-            return Vec::new();
+            eprintln!("matrix-proxy: worker metrics not written whole: {e}");
+            return g.rows;
         }
     };
     let mut failed = match &g.first_failure {

@@ -161,7 +161,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     // --scrape-timeout) and closed after the last exchange.
     let scraping = match input.scrape.take() {
         Some(spec) => {
-            let s = super::scrape::start_scraping(spec, None, run_t0_ns);
+            let s = super::scrape::start_scraping(spec, (None, &dir), run_t0_ns)?;
             s.edge(crate::drivers::scrape::Cause::RunStart).await;
             Some(s)
         }

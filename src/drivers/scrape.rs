@@ -2,8 +2,9 @@
 //! run's clock, off the data path — every `--scrape-interval` from a task of its own, and
 //! once just before and once just after each measured round (awaited, bounded by
 //! `--scrape-timeout`), each on a fresh connection of its own. A failed scrape (refused,
-//! timed out, not 200, or every line unreadable) is counted, never fatal; the samples are
-//! held in memory and written to `worker_metrics.parquet` when the run ends.
+//! timed out, not 200, or every line unreadable) is counted, never fatal; every sample is
+//! sent to the run's sink (`worker_metrics.parquet`, written from a thread of its own as
+//! the scrapes arrive), and only what the reports read is held in memory.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -44,6 +45,9 @@ impl Cause {
 /// What the scrapes gathered.
 #[derive(Debug, Default)]
 pub(crate) struct Gathered {
+    /// The rows the reports read (every row of an edge scrape; of an interval scrape only
+    /// the series a window's means and the report's lines read,
+    /// `report::worker::read_between_edges`); every row goes to the sink.
     pub(crate) rows: Vec<ScrapeRow>,
     pub(crate) scrapes: u64,
     pub(crate) failed: u64,
@@ -67,13 +71,17 @@ impl Gathered {
     }
 }
 
+/// Where a scrape's rows are written (`record::scrapes::Sink`).
+pub(crate) type SinkTx = std::sync::mpsc::Sender<Vec<ScrapeRow>>;
+
 /// How a campaign's arms scrape their workers (`--scrape-interval`, `--scrape-timeout`,
-/// `--ca-cert`).
+/// `--ca-cert`, the run's sink).
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) every: Duration,
     pub(crate) timeout: Duration,
     pub(crate) tls: crate::net::tls::TlsOptions,
+    pub(crate) sink: SinkTx,
 }
 
 /// Scrapes one URL on the run's clock.
@@ -85,6 +93,8 @@ pub(crate) struct Scraper {
     /// The campaign arm whose worker this is (`None` for a plain plan or serve).
     arm: Option<Arc<str>>,
     gathered: Mutex<Gathered>,
+    /// Where every row goes; `None`: every row is held (a DCGM exporter's, small).
+    sink: Option<SinkTx>,
 }
 
 impl Scraper {
@@ -97,8 +107,14 @@ impl Scraper {
         Engine::new(url.scheme == crate::model::Scheme::Https, tls)
     }
 
-    /// `url` is checked by the caller (`Endpoint::parse`); `engine` from [`Self::engine_for`].
-    pub(crate) fn new(url: Endpoint, engine: Engine, run_t0_ns: u64, timeout: Duration) -> Scraper {
+    /// `url` is checked by the caller (`Endpoint::parse`); `engine` from [`Self::engine_for`];
+    /// every row goes to `sink` (without one, every row is held).
+    pub(crate) fn new(
+        (url, engine): (Endpoint, Engine),
+        run_t0_ns: u64,
+        timeout: Duration,
+        sink: Option<SinkTx>,
+    ) -> Scraper {
         Scraper {
             engine,
             url,
@@ -106,6 +122,7 @@ impl Scraper {
             timeout,
             arm: None,
             gathered: Mutex::new(Gathered::default()),
+            sink,
         }
     }
 
@@ -137,6 +154,42 @@ impl Scraper {
             Ok(Err(why)) => Err(why),
         };
         let (cause, round) = cause.split();
+        let rows: Vec<ScrapeRow> = match &outcome {
+            Ok(scrape) => scrape
+                .samples
+                .iter()
+                .map(|s| ScrapeRow {
+                    offset_us,
+                    wall_time_us: wall_us,
+                    cause,
+                    round: round.clone(),
+                    arm: self.arm.clone(),
+                    metric: s.name.clone(),
+                    labels: s.labels.clone(),
+                    value: s.value,
+                    kind: s.kind.clone(),
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        // What the reports read stays; everything goes to the file.
+        let kept: Vec<ScrapeRow> = match (&self.sink, cause) {
+            (None, _) => rows,
+            (Some(sink), c) => {
+                let kept = match c {
+                    "interval" => rows
+                        .iter()
+                        .filter(|r| crate::report::worker::read_between_edges(&r.metric))
+                        .cloned()
+                        .collect(),
+                    _ => rows.clone(),
+                };
+                if !rows.is_empty() {
+                    let _ = sink.send(rows);
+                }
+                kept
+            }
+        };
         let Ok(mut g) = self.gathered.lock() else {
             return;
         };
@@ -144,19 +197,7 @@ impl Scraper {
         match outcome {
             Ok(scrape) => {
                 g.unreadable_lines += scrape.errors.len() as u64;
-                for s in scrape.samples {
-                    g.rows.push(ScrapeRow {
-                        offset_us,
-                        wall_time_us: wall_us,
-                        cause,
-                        round: round.clone(),
-                        arm: self.arm.clone(),
-                        metric: s.name,
-                        labels: s.labels,
-                        value: s.value,
-                        kind: s.kind,
-                    });
-                }
+                g.rows.extend(kept);
             }
             Err(why) => {
                 g.failed += 1;

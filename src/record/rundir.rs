@@ -303,13 +303,46 @@ fn hash_current_exe() -> Option<String> {
 /// (`.parquet.inprogress`), fsynced, then renamed, so a reader never sees half a file
 /// (rounds.parquet and worker_metrics.parquet).
 pub(crate) fn write_parquet(path: &Path, batch: &arrow_array::RecordBatch) -> Result<(), String> {
-    let tmp = path.with_extension("parquet.inprogress");
-    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
-    let file = File::create(&tmp).map_err(|e| ctx(&e))?;
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).map_err(|e| ctx(&e))?;
-    w.write(batch).map_err(|e| ctx(&e))?;
-    let file = w.into_inner().map_err(|e| ctx(&e))?;
-    file.sync_all().map_err(|e| ctx(&e))?;
-    fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    let mut f = WholeFile::create(path, batch.schema())?;
+    f.write(batch)?;
+    f.finish()
+}
+
+/// A Parquet file written batch by batch under a temporary name (`.parquet.inprogress`),
+/// each batch its own row group (nothing held beyond it), fsynced and renamed when
+/// finished: a reader never sees half a file.
+pub(crate) struct WholeFile {
+    tmp: PathBuf,
+    path: PathBuf,
+    w: parquet::arrow::ArrowWriter<File>,
+}
+
+impl WholeFile {
+    pub(crate) fn create(
+        path: &Path,
+        schema: arrow_schema::SchemaRef,
+    ) -> Result<WholeFile, String> {
+        let tmp = path.with_extension("parquet.inprogress");
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
+        let file = File::create(&tmp).map_err(|e| ctx(&e))?;
+        let w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| ctx(&e))?;
+        Ok(WholeFile {
+            tmp,
+            path: path.to_path_buf(),
+            w,
+        })
+    }
+
+    pub(crate) fn write(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), String> {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", self.tmp.display());
+        self.w.write(batch).map_err(|e| ctx(&e))?;
+        self.w.flush().map_err(|e| ctx(&e))
+    }
+
+    pub(crate) fn finish(self) -> Result<(), String> {
+        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", self.tmp.display());
+        let file = self.w.into_inner().map_err(|e| ctx(&e))?;
+        file.sync_all().map_err(|e| ctx(&e))?;
+        fs::rename(&self.tmp, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))
+    }
 }

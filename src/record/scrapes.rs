@@ -42,9 +42,72 @@ pub(crate) struct ScrapeRow {
     pub(crate) kind: String,
 }
 
-/// Write `rows` to `path` (through a temporary name, fsynced, renamed); returns the rows
-/// written.
-pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
+/// Rows gathered before they are written as one row group.
+const ROW_GROUP: usize = 16_384;
+
+/// `worker_metrics.parquet` written as the scrapes arrive, from a thread of its own, so a
+/// long run holds at most one row group of samples (never every scrape): scrapers send
+/// each scrape's rows; [`Sink::finish`] writes the rest and closes the file. The rows are
+/// in the order the scrapes ended (sort by `offset_us` to read them in time order).
+pub(crate) struct Sink {
+    tx: std::sync::mpsc::Sender<Vec<ScrapeRow>>,
+    thread: std::thread::JoinHandle<Result<u64, String>>,
+}
+
+/// What [`Sink::finish`] sends: no rows, the end.
+const END: Vec<ScrapeRow> = Vec::new();
+
+impl Sink {
+    /// Create the file (under its temporary name) and start the writer thread.
+    pub(crate) fn start(path: &Path) -> Result<Sink, String> {
+        let mut file = super::rundir::WholeFile::create(path, batch(&[])?.schema())?;
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<ScrapeRow>>();
+        let thread = std::thread::Builder::new()
+            .name("worker-metrics".into())
+            .spawn(move || {
+                let mut held: Vec<ScrapeRow> = Vec::new();
+                let mut written = 0u64;
+                // Every scrape's rows until the end (an empty message) or every sender
+                // is gone.
+                for rows in rx {
+                    if rows.is_empty() {
+                        break;
+                    }
+                    held.extend(rows);
+                    if held.len() >= ROW_GROUP {
+                        file.write(&batch(&held)?)?;
+                        written += held.len() as u64;
+                        held.clear();
+                    }
+                }
+                if !held.is_empty() {
+                    file.write(&batch(&held)?)?;
+                    written += held.len() as u64;
+                }
+                file.finish()?;
+                Ok(written)
+            })
+            .map_err(|e| format!("cannot start the worker metrics writer: {e}"))?;
+        Ok(Sink { tx, thread })
+    }
+
+    /// Where a scraper sends each scrape's rows.
+    pub(crate) fn sender(&self) -> std::sync::mpsc::Sender<Vec<ScrapeRow>> {
+        self.tx.clone()
+    }
+
+    /// Write what is left and close the file (blocking: call it off the runtime, after
+    /// every scraper stopped). Returns the rows written.
+    pub(crate) fn finish(self) -> Result<u64, String> {
+        let _ = self.tx.send(END);
+        self.thread
+            .join()
+            .map_err(|_| "the worker metrics writer panicked".to_string())?
+    }
+}
+
+/// `rows` as one batch of worker_metrics.parquet's schema.
+fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, String> {
     let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
     for r in rows {
         for (k, v) in &r.labels {
@@ -106,9 +169,7 @@ pub(crate) fn write(path: &Path, rows: &[ScrapeRow]) -> Result<u64, String> {
         Field::new("value", DataType::Float64, false),
         Field::new("type", DataType::Utf8, false),
     ]));
-    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
-    super::rundir::write_parquet(path, &batch)?;
-    Ok(rows.len() as u64)
+    RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())
 }
 
 /// Every row of a `worker_metrics.parquet` read back (`summarize`, `report`), in file order.
@@ -194,4 +255,54 @@ pub(crate) fn read(path: &Path) -> Result<Vec<ScrapeRow>, String> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: usize) -> ScrapeRow {
+        ScrapeRow {
+            offset_us: i as i64,
+            wall_time_us: 1_700_000_000_000_000 + i as i64,
+            cause: if i.is_multiple_of(2) { "interval" } else { "round_end" },
+            round: (i % 2 == 1).then(|| RoundId {
+                case_name: "c".into(),
+                concurrency: Some(4),
+                target_rate_per_second: None,
+                repetition: 1,
+            }),
+            arm: i.is_multiple_of(3).then(|| Arc::from("a")),
+            metric: format!("m{}", i % 7),
+            labels: vec![("le".into(), format!("{i}")), ("model".into(), "x".into())],
+            value: i as f64 * 0.5,
+            kind: "gauge".into(),
+        }
+    }
+
+    #[test]
+    fn the_sink_writes_row_groups_as_rows_arrive_and_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("worker_metrics.parquet");
+        let sink = Sink::start(&path).unwrap_or_else(|e| panic!("{e}"));
+        let n = 2 * ROW_GROUP + 100;
+        let all: Vec<ScrapeRow> = (0..n).map(row).collect();
+        let tx = sink.sender();
+        for chunk in all.chunks(1000) {
+            tx.send(chunk.to_vec()).unwrap_or_else(|e| panic!("{e}"));
+        }
+        // A sender still alive does not hold the file open: finish ends it.
+        assert_eq!(sink.finish(), Ok(n as u64));
+        assert!(!path.with_extension("parquet.inprogress").exists());
+        let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let meta = parquet::file::reader::SerializedFileReader::new(f)
+            .map(|r| parquet::file::reader::FileReader::metadata(&r).num_row_groups())
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A group once 17 chunks of 1000 are held (the first past ROW_GROUP); the rest at the end.
+        assert_eq!(
+            meta, 2,
+            "a row group at every {ROW_GROUP} rows, never the whole run"
+        );
+        assert_eq!(read(&path), Ok(all));
+    }
 }

@@ -102,6 +102,21 @@ pub(crate) const SERVERS: &[Names] = &[
     },
 ];
 
+/// Whether the reports read `metric` from an interval scrape (the gauges a window's means
+/// and the report's lines read, the prefix-cache counters the hit-rate line reads): the
+/// rest of an interval scrape is only written, never held.
+pub(crate) fn read_between_edges(metric: &str) -> bool {
+    let base = metric.strip_suffix("_total").unwrap_or(metric);
+    SERVERS.iter().any(|n| {
+        [n.running, n.waiting, n.kv_cache, n.prefix_rate]
+            .iter()
+            .any(|c| c.contains(&metric))
+            || n.prefix_counters
+                .iter()
+                .any(|(q, h)| *q == base || *h == base)
+    })
+}
+
 /// What the numbers are, for the documents.
 pub(crate) const TIMING_SCOPE: &str = "difference of p50s, not per request: our p50 over the window's successful exchanges minus the worker's bucket-interpolated p50 from its histogram's delta over the same window; bucket_width_seconds is the width of the bucket the worker's p50 fell in, the resolution of the difference";
 
@@ -398,14 +413,13 @@ fn window_scrapes<'a>(
         .collect()
 }
 
-/// serve's one window: the first scrape to the last (`None` with fewer than two).
+/// serve's one window: its `run_start` scrape to its `run_end` scrape (`None` without
+/// both).
 pub(crate) fn whole_run(rows: &[ScrapeRow]) -> Option<WorkerDoc> {
     let names = server_of(rows)?;
     let all = scrapes(rows);
-    let (first, last) = (all.first()?, all.last()?);
-    if all.len() < 2 {
-        return None;
-    }
+    let first = all.iter().find(|(_, c, _)| *c == "run_start")?;
+    let last = all.iter().rev().find(|(_, c, _)| *c == "run_end")?;
     let w = Window {
         start: &first.2,
         end: &last.2,

@@ -177,10 +177,10 @@ impl ArmRun {
         let built = arm.worker_metrics_url(port.max(1))?.and_then(|url| {
             let engine = Scraper::engine_for(&url, &settings.tls)?;
             Ok(Scraper::new(
-                url,
-                engine,
+                (url, engine),
                 base.run.run_t0_ns,
                 settings.timeout,
+                Some(settings.sink.clone()),
             ))
         });
         let scraper = match built {
