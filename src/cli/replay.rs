@@ -576,10 +576,15 @@ fn campaign_reports(
     dir: &RunDir,
     config: &Config,
     mut c: CampaignDoc,
-    (plan, contract): (&Plan, Option<&Contract>),
+    (plan, contract, worker): (
+        &Plan,
+        Option<&Contract>,
+        &[crate::record::scrapes::ScrapeRow],
+    ),
     run_ending: Ending,
     problems: &mut Vec<String>,
 ) -> String {
+    report::worker::add_cells(&mut c, worker);
     let mut text = String::new();
     let mut drift_ok = false;
     if args.no_record {
@@ -637,6 +642,28 @@ fn campaign_reports(
     text
 }
 
+/// What summary.json says of the recording.
+fn recording_doc(
+    args: &ReplayArgs,
+    recording: &RecordingEnd,
+    prompt_tokens_mismatch: Option<crate::report::doc::summary::PromptTokensMismatch>,
+) -> Recording {
+    Recording {
+        rows_written: recording.stats.rows,
+        // Absent under --no-record; unknown (null) when the writer failed: its count did
+        // not come back.
+        rows_encoded_during_rounds: (!args.no_record).then(|| {
+            recording
+                .problems
+                .is_empty()
+                .then_some(recording.stats.encoded_while_held)
+        }),
+        record_error: recording.problems.first().map(|e| e.to_string()),
+        prompt_tokens_mismatch,
+        ..Recording::default()
+    }
+}
+
 /// Step 5: Reports, built by `report` from what the run measured and recorded. Each is
 /// written even if an earlier step failed, so nothing is lost.
 fn reports(
@@ -674,34 +701,20 @@ fn reports(
             notes: &result.notes,
             worker,
         },
-        Recording {
-            rows_written: recording.stats.rows,
-            // Absent under --no-record; unknown (null) when the writer failed: its count
-            // did not come back.
-            rows_encoded_during_rounds: (!args.no_record).then(|| {
-                recording
-                    .problems
-                    .is_empty()
-                    .then_some(recording.stats.encoded_while_held)
-            }),
-            record_error: record_error.map(|e| e.to_string()),
-            prompt_tokens_mismatch,
-            ..Recording::default()
-        },
+        recording_doc(args, &recording, prompt_tokens_mismatch),
     );
     if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
         problems.push(e.to_string());
     }
     let mut campaign_text = String::new();
     if let Some(c) = &plan.campaign {
-        let mut doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
-        report::worker::add_cells(&mut doc, worker);
+        let doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
         campaign_text = campaign_reports(
             args,
             dir,
             config,
             doc,
-            (plan, contract),
+            (plan, contract, worker),
             summary.ending,
             &mut problems,
         );

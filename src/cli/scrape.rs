@@ -291,6 +291,30 @@ pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<
     g.rows
 }
 
+/// serve's scraping: the whole run is one window, opened here (awaited, bounded by
+/// `--scrape-timeout`) and closed by [`serve_end`] after the last exchange.
+pub(super) async fn serve_start(
+    spec: Option<ScrapeSpec>,
+    dir: &RunDir,
+    run_t0_ns: u64,
+) -> Result<Option<Scraping>, CliError> {
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    let s = start_scraping(spec, (None, dir), run_t0_ns)?;
+    s.edge(Cause::RunStart).await;
+    Ok(Some(s))
+}
+
+/// serve's window closed and everything written: the rows the summary reads.
+pub(super) async fn serve_end(s: Option<Scraping>, dir: &RunDir, quiet: bool) -> Vec<ScrapeRow> {
+    let Some(s) = s else {
+        return Vec::new();
+    };
+    s.edge(Cause::RunEnd).await;
+    end_scraping(s, dir, quiet).await
+}
+
 /// gpu.parquet, when any GPU sample came; else, once, why not.
 async fn write_gpu(
     dcgm: Option<&Scraper>,

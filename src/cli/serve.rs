@@ -157,16 +157,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let run_t0_ns = clock::now_ns();
     let run =
         Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
-    // The worker's metrics: the whole run is one window, opened here (awaited, bounded by
-    // --scrape-timeout) and closed after the last exchange.
-    let scraping = match input.scrape.take() {
-        Some(spec) => {
-            let s = super::scrape::start_scraping(spec, (None, &dir), run_t0_ns)?;
-            s.edge(crate::drivers::scrape::Cause::RunStart).await;
-            Some(s)
-        }
-        None => None,
-    };
+    let scraping = super::scrape::serve_start(input.scrape.take(), &dir, run_t0_ns).await?;
     if !args.run.quiet {
         eprintln!(
             "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
@@ -201,13 +192,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     if let Some(m) = metrics_server {
         m.abort();
     }
-    let worker = match scraping {
-        Some(s) => {
-            s.edge(crate::drivers::scrape::Cause::RunEnd).await;
-            super::scrape::end_scraping(s, &dir, args.run.quiet).await
-        }
-        None => Vec::new(),
-    };
+    let worker = super::scrape::serve_end(scraping, &dir, args.run.quiet).await;
     let recording = run.finish_recording().await;
     let rows = recording.stats.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();

@@ -98,18 +98,7 @@ impl Validator {
 
         let load = self.load(top.get("load"));
         let slo = self.slo(top.get("slo"));
-        let worker_metrics = if is_campaign {
-            if top.contains_key("worker_metrics") {
-                self.err(
-                    "worker_metrics",
-                    "a campaign plan scrapes each arm's worker: give it in the arms (an arm the tool starts is scraped at its origin's /metrics by default)",
-                );
-            }
-            Some(None)
-        } else {
-            self.worker_metrics(top.get("worker_metrics"), "worker_metrics", false)
-                .map(|w| w.map(|u| u.and_then(|u| Endpoint::parse(&u).ok())))
-        };
+        let worker_metrics = self.plan_worker_metrics(top, is_campaign);
         // As written, so an open load with a mistake elsewhere is still judged as open.
         let open = top
             .get("load")
@@ -197,6 +186,26 @@ impl Validator {
             p.workload = super::workload::workload(root, &p);
             p
         })
+    }
+
+    /// A plain plan's `worker_metrics` (a campaign's arms have their own).
+    fn plan_worker_metrics(
+        &mut self,
+        top: &Map<String, Value>,
+        is_campaign: bool,
+    ) -> Option<Option<Option<Endpoint>>> {
+        if !is_campaign {
+            return self
+                .worker_metrics(top.get("worker_metrics"), "worker_metrics", false)
+                .map(|w| w.map(|u| u.and_then(|u| Endpoint::parse(&u).ok())));
+        }
+        if top.contains_key("worker_metrics") {
+            self.err(
+                "worker_metrics",
+                "a campaign plan scrapes each arm's worker: give it in the arms (an arm the tool starts is scraped at its origin's /metrics by default)",
+            );
+        }
+        Some(None)
     }
 
     /// A plain plan judges every request by its oracle, or none (a capture plan): a

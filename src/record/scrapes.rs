@@ -265,7 +265,11 @@ mod tests {
         ScrapeRow {
             offset_us: i as i64,
             wall_time_us: 1_700_000_000_000_000 + i as i64,
-            cause: if i.is_multiple_of(2) { "interval" } else { "round_end" },
+            cause: if i.is_multiple_of(2) {
+                "interval"
+            } else {
+                "round_end"
+            },
             round: (i % 2 == 1).then(|| RoundId {
                 case_name: "c".into(),
                 concurrency: Some(4),

@@ -246,11 +246,7 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
     Summary {
         complete,
         failures,
-        rounds: worker::with_rounds(
-            m.rounds.iter().map(Round::of).collect(),
-            m.worker,
-            recording.shards.is_some(),
-        ),
+        rounds: worker::with_rounds(m.rounds.iter().map(Round::of).collect(), m.worker),
         round_aggregates: m.aggregates.iter().map(round_aggregate).collect(),
         excluded_phases: m
             .excluded

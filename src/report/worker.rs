@@ -1,8 +1,10 @@
 //! The worker's own numbers over a window of the run: a measured round (replay; between
-//! its `round_start` and `round_end` scrapes) or the whole run (serve; `run_start` to
-//! `run_end`), from the rows of `worker_metrics.parquet` (pure). Counters and histograms
-//! are deltas between the window's two scrapes, summed over the label sets (a histogram's
-//! per `le`); gauges are the mean over every scrape inside the window. Quantiles are
+//! its `round_start` and `round_end` scrapes), a campaign cell (its rounds' windows
+//! pooled) or the whole run (serve; `run_start` to `run_end`), from the rows of
+//! `worker_metrics.parquet` (pure); and the report's lines of the worker's and the GPU's
+//! series. Counters and histograms are deltas between a window's two scrapes, summed over
+//! the label sets (a histogram's per `le`); gauges are the mean over every scrape inside
+//! the window. Quantiles are
 //! interpolated inside the histogram bucket that holds the rank, as Prometheus's
 //! `histogram_quantile` does, and say so; the bucket's bounds travel with them. The
 //! names each server exports are one table, [`SERVERS`] (docs/metrics.md copies it).
@@ -298,7 +300,6 @@ fn numbers(names: &Names, windows: &[Window<'_>]) -> WorkerDoc {
         kv_cache_usage_mean: mean(names.kv_cache, false),
         prefix_cache_hit_rate,
         two_sided: None,
-        note: None,
     }
 }
 
@@ -449,16 +450,11 @@ pub(crate) fn two_sided(ours_ttft: Option<f64>, ours_e2e: Option<f64>, w: &Worke
     }
 }
 
-/// The note a shard's rounds carry: the worker counts every shard's load.
-pub(crate) const SHARDS_NOTE: &str =
-    "a shard: the worker's deltas and gauges include the other shards' load over the same window";
-
 /// summary.json's rounds with the worker's numbers over each (`rows` from
 /// worker_metrics.parquet; nothing changes without them).
 pub(crate) fn with_rounds(
     mut docs: Vec<super::doc::summary::Round>,
     rows: &[ScrapeRow],
-    shard: bool,
 ) -> Vec<super::doc::summary::Round> {
     for (id, arm, mut w) in rounds(rows) {
         let Some(doc) = docs.iter_mut().find(|d| {
@@ -472,9 +468,6 @@ pub(crate) fn with_rounds(
         };
         let ttft = doc.stream.as_ref().and_then(|s| s.ttft_seconds.p50);
         w.two_sided = Some(two_sided(ttft, doc.service_latency_seconds.p50, &w));
-        if shard {
-            w.note = Some(SHARDS_NOTE.into());
-        }
         doc.worker = Some(w);
     }
     docs

@@ -30,9 +30,6 @@ pub(crate) struct WorkerDoc {
     pub(crate) prefix_cache_hit_rate: Option<f64>,
     /// Ours minus the worker's (replay rounds and serve).
     pub(crate) two_sided: Option<TwoSided>,
-    /// What to keep in mind reading the window (shards: the other shards' load).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) note: Option<String>,
 }
 
 /// p50 and p95 of a histogram's delta over the window, interpolated inside a bucket.
