@@ -124,16 +124,21 @@
     });
   }
 
-  function timeline(svg, spec) {
-    var bin = spec.bin_us, t0 = spec.first_bin * bin, n = 0, ys = [];
-    spec.series.forEach(function (s) { n = Math.max(n, s.counts.length); ys = ys.concat(s.counts); });
-    var f = frame(svg, [t0 / 1e6, (t0 + n * bin) / 1e6], extent(ys, true), spec);
-    spec.rounds.forEach(function (r, i) {
+  // The measured rounds, shaded, each titled with its label.
+  function spans(svg, f, rounds) {
+    rounds.forEach(function (r, i) {
       var x1 = f.sx(r.start_us / 1e6), x2 = f.sx(r.end_us / 1e6);
       el("rect", { x: x1, y: M.t, width: Math.max(1, x2 - x1), height: H - M.t - M.b,
         "class": "span " + (i % 2 ? "odd" : "even") }, svg)
         .appendChild(document.createElementNS(NS, "title")).textContent = r.label;
     });
+  }
+
+  function timeline(svg, spec) {
+    var bin = spec.bin_us, t0 = spec.first_bin * bin, n = 0, ys = [];
+    spec.series.forEach(function (s) { n = Math.max(n, s.counts.length); ys = ys.concat(s.counts); });
+    var f = frame(svg, [t0 / 1e6, (t0 + n * bin) / 1e6], extent(ys, true), spec);
+    spans(svg, f, spec.rounds);
     spec.series.forEach(function (s, i) {
       var d = "";
       s.counts.forEach(function (v, j) {
@@ -152,12 +157,7 @@
     });
     spec.rounds.forEach(function (r) { xs.push(r.start_us / 1e6); xs.push(r.end_us / 1e6); });
     var f = frame(svg, extent(xs, false), extent(ys, true), spec);
-    spec.rounds.forEach(function (r, i) {
-      var x1 = f.sx(r.start_us / 1e6), x2 = f.sx(r.end_us / 1e6);
-      el("rect", { x: x1, y: M.t, width: Math.max(1, x2 - x1), height: H - M.t - M.b,
-        "class": "span " + (i % 2 ? "odd" : "even") }, svg)
-        .appendChild(document.createElementNS(NS, "title")).textContent = r.label;
-    });
+    spans(svg, f, spec.rounds);
     spec.series.forEach(function (s, i) {
       var c = COLORS[i % COLORS.length], d = "";
       s.points.forEach(function (p, j) {
