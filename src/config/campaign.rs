@@ -450,11 +450,7 @@ impl Validator {
                 .nonblank(v, &join(path, "artifact"))
                 .map(|s| Some(s.to_string())),
         };
-        let worker_metrics = self.worker_metrics(
-            m.get("worker_metrics"),
-            &join(path, "worker_metrics"),
-            matches!(start, Some(Some(_))),
-        );
+        let worker_metrics = self.arm_worker_metrics(m.get("worker_metrics"), path, start.as_ref());
         let resources_pid = match m.get("resources") {
             None => Some(None),
             Some(v) => self.resources(v, &join(path, "resources"), matches!(start, Some(Some(_)))),
@@ -547,6 +543,27 @@ impl Validator {
                 None
             }
         }
+    }
+
+    /// An arm's `worker_metrics`: on by default for an arm the tool starts (`start`
+    /// `Some(Some(_))`), whose port `{port}` names; refused in another arm's URL.
+    fn arm_worker_metrics(
+        &mut self,
+        v: Option<&Value>,
+        path: &str,
+        start: Option<&Option<Start>>,
+    ) -> Option<Option<Option<String>>> {
+        let p = join(path, "worker_metrics");
+        let w = self.worker_metrics(v, &p, matches!(start, Some(Some(_))));
+        if let (Some(Some(Some(u))), Some(None)) = (&w, start)
+            && u.contains("{port}")
+        {
+            self.err(
+                p,
+                "uses {port}, a port the tool chooses when it starts the server: give the arm a start command, or the worker's own port",
+            );
+        }
+        w
     }
 
     fn recipe(&mut self, v: Option<&Value>, path: &str) -> Option<Recipe> {
@@ -854,7 +871,7 @@ mod tests {
                 "a",
                 "quality",
                 true,
-                r#", "worker_metrics": "http://127.0.0.1:{port}/m""#
+                r#", "worker_metrics": "http://127.0.0.1:9100/m""#
             ),
             arm("b", "quality", false, r#", "worker_metrics": 9"#)
         ));
@@ -865,6 +882,43 @@ mod tests {
                 "worker_metrics: a campaign plan scrapes each arm's worker: give it in the arms (an arm the tool starts is scraped at its origin's /metrics by default)",
             ]
         );
+        let errs = problems(&format!(
+            r#""name": "n", "arms": [{}]"#,
+            arm(
+                "a",
+                "quality",
+                true,
+                r#", "worker_metrics": "http://127.0.0.1:{port}/m""#
+            )
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "arms[0].worker_metrics: uses {port}, a port the tool chooses when it starts the server: give the arm a start command, or the worker's own port"
+            ]
+        );
+        // A plain plan has no {port}; its URL or `true` is kept.
+        let errs = problems(r#""endpoint": "http://h/x", "worker_metrics": "http://h:{port}/m""#);
+        assert_eq!(
+            errs,
+            vec![
+                "worker_metrics: uses {port}, which only a campaign arm the tool starts has: give the worker's own port"
+            ]
+        );
+        for (w, want) in [
+            ("true", Some(Some(None))),
+            ("false", Some(None)),
+            (
+                r#""http://h:9100/m""#,
+                Some(Some(Some("http://h:9100/m".to_string()))),
+            ),
+        ] {
+            let text =
+                format!(r#"{{ "endpoint": "http://h/x", "worker_metrics": {w}, {BODY}, {META} }}"#);
+            let p = Plan::from_json_bytes(text.as_bytes()).map_err(|e| e.to_string());
+            let got = p.map(|p| p.worker_metrics.map(|u| u.map(|e| e.url())));
+            assert_eq!(got.ok(), want, "{w}");
+        }
         // An arm's name names its files: no path tricks.
         let errs = problems(&format!(
             r#""name": "n", "arms": [{}]"#,

@@ -195,9 +195,20 @@ impl Validator {
         is_campaign: bool,
     ) -> Option<Option<Option<Endpoint>>> {
         if !is_campaign {
-            return self
-                .worker_metrics(top.get("worker_metrics"), "worker_metrics", false)
-                .map(|w| w.map(|u| u.and_then(|u| Endpoint::parse(&u).ok())));
+            let w = self.worker_metrics(top.get("worker_metrics"), "worker_metrics", false)?;
+            return match w {
+                Some(Some(u)) if u.contains("{port}") => {
+                    self.err(
+                        "worker_metrics",
+                        "uses {port}, which only a campaign arm the tool starts has: give the worker's own port",
+                    );
+                    None
+                }
+                // Checked as an endpoint already.
+                Some(Some(u)) => Endpoint::parse(&u).ok().map(|e| Some(Some(e))),
+                Some(None) => Some(Some(None)),
+                None => Some(None),
+            };
         }
         if top.contains_key("worker_metrics") {
             self.err(

@@ -142,13 +142,18 @@ impl Scraper {
         let outcome = match result {
             Err(_) => Err(format!("no answer within {:?}", self.timeout)),
             Ok(Ok(text)) => {
-                let scrape = crate::prom::parse(&text);
-                match (scrape.samples.is_empty(), scrape.errors.first()) {
-                    (true, Some((line, why))) => {
-                        Err(format!("no line could be read (line {line}: {why})"))
-                    }
-                    (true, None) => Err("an answer with no sample".into()),
-                    (false, _) => Ok(scrape),
+                // Read off the runtime's threads: a big answer (up to 16 MiB) takes a
+                // while, and exchanges run on them.
+                let parsed = tokio::task::spawn_blocking(move || crate::prom::parse(&text)).await;
+                match parsed {
+                    Err(e) => Err(format!("the answer could not be read: {e}")),
+                    Ok(scrape) => match (scrape.samples.is_empty(), scrape.errors.first()) {
+                        (true, Some((line, why))) => {
+                            Err(format!("no line could be read (line {line}: {why})"))
+                        }
+                        (true, None) => Err("an answer with no sample".into()),
+                        (false, _) => Ok(scrape),
+                    },
                 }
             }
             Ok(Err(why)) => Err(why),

@@ -333,6 +333,11 @@ impl WholeFile {
         })
     }
 
+    /// The name it is written under until it is finished.
+    pub(crate) fn temporary(&self) -> &Path {
+        &self.tmp
+    }
+
     pub(crate) fn write(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), String> {
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", self.tmp.display());
         self.w.write(batch).map_err(|e| ctx(&e))?;

@@ -61,31 +61,40 @@ impl Sink {
     /// Create the file (under its temporary name) and start the writer thread.
     pub(crate) fn start(path: &Path) -> Result<Sink, String> {
         let mut file = super::rundir::WholeFile::create(path, batch(&[])?.schema())?;
+        let tmp = file.temporary().to_path_buf();
         let (tx, rx) = std::sync::mpsc::channel::<Vec<ScrapeRow>>();
         let thread = std::thread::Builder::new()
             .name("worker-metrics".into())
             .spawn(move || {
                 let mut held: Vec<ScrapeRow> = Vec::new();
                 let mut written = 0u64;
-                // Every scrape's rows until the end (an empty message) or every sender
-                // is gone.
-                for rows in rx {
-                    if rows.is_empty() {
-                        break;
+                let write = || -> Result<u64, String> {
+                    // Every scrape's rows until the end (an empty message) or every
+                    // sender is gone.
+                    for rows in rx {
+                        if rows.is_empty() {
+                            break;
+                        }
+                        held.extend(rows);
+                        if held.len() >= ROW_GROUP {
+                            file.write(&batch(&held)?)?;
+                            written += held.len() as u64;
+                            held.clear();
+                        }
                     }
-                    held.extend(rows);
-                    if held.len() >= ROW_GROUP {
+                    if !held.is_empty() {
                         file.write(&batch(&held)?)?;
                         written += held.len() as u64;
-                        held.clear();
                     }
+                    file.finish()?;
+                    Ok(written)
+                };
+                let done = write();
+                // A file that could not be finished is unreadable: not left behind.
+                if done.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
                 }
-                if !held.is_empty() {
-                    file.write(&batch(&held)?)?;
-                    written += held.len() as u64;
-                }
-                file.finish()?;
-                Ok(written)
+                done
             })
             .map_err(|e| format!("cannot start the worker metrics writer: {e}"))?;
         Ok(Sink { tx, thread })
@@ -172,8 +181,13 @@ fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, String> {
     RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())
 }
 
-/// Every row of a `worker_metrics.parquet` read back (`summarize`, `report`), in file order.
-pub(crate) fn read(path: &Path) -> Result<Vec<ScrapeRow>, String> {
+/// The rows of a `worker_metrics.parquet` that `keep(cause, metric)` wants, read back in
+/// file order (`report`; a long run's file holds millions of rows, most of them never
+/// drawn).
+pub(crate) fn read(
+    path: &Path,
+    keep: impl Fn(&str, &str) -> bool,
+) -> Result<Vec<ScrapeRow>, String> {
     use super::read::column;
     use arrow_array::MapArray;
     let want = [
@@ -209,6 +223,9 @@ pub(crate) fn read(path: &Path) -> Result<Vec<ScrapeRow>, String> {
         let value = column::<Float64Array>(&b, "value", path)?;
         let kind = column::<StringArray>(&b, "type", path)?;
         for i in 0..b.num_rows() {
+            if !keep(cause.value(i), metric.value(i)) {
+                continue;
+            }
             let cause = match cause.value(i) {
                 "interval" => "interval",
                 "round_start" => "round_start",
@@ -307,6 +324,13 @@ mod tests {
             meta, 2,
             "a row group at every {ROW_GROUP} rows, never the whole run"
         );
-        assert_eq!(read(&path), Ok(all));
+        assert_eq!(read(&path, |_, _| true), Ok(all.clone()));
+        let kept =
+            read(&path, |cause, metric| cause != "interval" || metric == "m3").unwrap_or_default();
+        let want: Vec<ScrapeRow> = all
+            .into_iter()
+            .filter(|r| r.cause != "interval" || r.metric == "m3")
+            .collect();
+        assert_eq!(kept, want);
     }
 }

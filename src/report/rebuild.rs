@@ -333,6 +333,14 @@ pub(crate) fn rebuild_serve(
     };
     let all_ok = stats.requests == stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0);
     let mut summary = super::serve_summary(&stats, facts.len() as u64, slice, Some(ending));
-    summary.worker = original.and_then(|o| o.worker.clone());
+    // The worker's numbers came from its scrapes; ours minus its from the rebuilt p50s.
+    summary.worker = original.and_then(|o| o.worker.clone()).map(|mut w| {
+        if w.two_sided.is_some() {
+            let ttft = super::doc::secs(stats.ok_ttft.p50);
+            let e2e = summary.successful_latency_seconds.p50;
+            w.two_sided = Some(super::worker::two_sided(ttft, e2e, &w));
+        }
+        w
+    });
     (summary, all_ok)
 }

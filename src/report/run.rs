@@ -248,7 +248,9 @@ impl FinishedRun {
         }
     }
 
-    /// The worker's scraped metrics (`worker_metrics.parquet`; none without the file).
+    /// The worker's scraped metrics the reports read (`worker_metrics.parquet`; none
+    /// without the file): every row of the window edges, of the interval scrapes only the
+    /// series the report's lines read, as the run itself held them.
     pub(crate) fn worker_metrics(
         &self,
     ) -> Result<Vec<crate::record::scrapes::ScrapeRow>, ReportError> {
@@ -256,7 +258,10 @@ impl FinishedRun {
         if !path.exists() {
             return Ok(Vec::new());
         }
-        crate::record::scrapes::read(&path).map_err(ReportError::Rows)
+        crate::record::scrapes::read(&path, |cause, metric| {
+            cause != "interval" || super::worker::read_between_edges(metric)
+        })
+        .map_err(ReportError::Rows)
     }
 
     /// The GPU's telemetry (`gpu.parquet`; none without the file).

@@ -125,12 +125,19 @@ pub(crate) const TIMING_SCOPE: &str = "difference of p50s, not per request: our 
 /// One scrape's samples: `(metric, labels, value)`.
 type Samples<'a> = Vec<&'a ScrapeRow>;
 
-/// The rows grouped by scrape (each scrape's rows share its offset and cause), in order.
+/// The rows grouped by scrape (each scrape's rows are contiguous and share its offset,
+/// cause and arm), in time order.
 fn scrapes(rows: &[ScrapeRow]) -> Vec<(i64, &'static str, Samples<'_>)> {
     let mut out: Vec<(i64, &'static str, Samples<'_>)> = Vec::new();
     for r in rows {
         match out.last_mut() {
-            Some((o, c, v)) if *o == r.offset_us && *c == r.cause => v.push(r),
+            Some((o, c, v))
+                if *o == r.offset_us
+                    && *c == r.cause
+                    && v.first().map(|x| &x.arm) == Some(&r.arm) =>
+            {
+                v.push(r)
+            }
             _ => out.push((r.offset_us, r.cause, vec![r])),
         }
     }
@@ -138,9 +145,10 @@ fn scrapes(rows: &[ScrapeRow]) -> Vec<(i64, &'static str, Samples<'_>)> {
     out
 }
 
-/// Which table the worker's names follow: the first server a metric name starts with.
-fn server_of(rows: &[ScrapeRow]) -> Option<&'static Names> {
-    rows.iter()
+/// Which table a worker's names follow: the first server one of its scrape's metric names
+/// starts with (each arm's worker has its own).
+fn server_of(s: &Samples<'_>) -> Option<&'static Names> {
+    s.iter()
         .find_map(|r| SERVERS.iter().find(|n| r.metric.starts_with(n.prefix)))
 }
 
@@ -149,7 +157,7 @@ fn counter(s: &Samples<'_>, name: &str) -> Option<f64> {
     let total = format!("{name}_total");
     let v: Vec<f64> = s
         .iter()
-        .filter(|r| r.metric == name || r.metric == total)
+        .filter(|r| (r.metric == name || r.metric == total) && r.value.is_finite())
         .map(|r| r.value)
         .collect();
     (!v.is_empty()).then(|| v.iter().sum())
@@ -167,7 +175,11 @@ fn gauge(s: &Samples<'_>, name: &str) -> Vec<f64> {
 fn buckets(s: &Samples<'_>, name: &str) -> BTreeMap<Bound, f64> {
     let bucket = format!("{name}_bucket");
     let mut out: BTreeMap<Bound, f64> = BTreeMap::new();
-    for r in s.iter().filter(|r| r.metric == bucket) {
+    // A count that is not a finite number (a broken exporter) is not one to add.
+    for r in s
+        .iter()
+        .filter(|r| r.metric == bucket && r.value.is_finite())
+    {
         let Some((_, le)) = r.labels.iter().find(|(k, _)| k == "le") else {
             continue;
         };
@@ -205,32 +217,37 @@ impl Bound {
 }
 
 /// The quantile `q` of cumulative bucket counts (Prometheus's `histogram_quantile`):
-/// `(value, lower bound, upper bound)` of the bucket the rank falls in, linear inside it;
-/// a rank in the `+Inf` bucket is the highest finite bound. `None` without observations.
-pub(crate) fn quantile(cumulative: &[(f64, f64)], q: f64) -> Option<(f64, f64, f64)> {
+/// `(value, lower bound, upper bound)` of the bucket the rank falls in, linear inside it
+/// (`None` as the upper bound: `+Inf`). A rank in the `+Inf` bucket is the highest finite
+/// bound; a rank in a lowest bucket whose bound is 0 or less is that bound. `None` without
+/// observations, or with only a `+Inf` bucket (no bound to give).
+pub(crate) fn quantile(cumulative: &[(f64, f64)], q: f64) -> Option<(f64, f64, Option<f64>)> {
     let total = cumulative.last().map(|(_, c)| *c)?;
-    if total <= 0.0 {
+    // Also NaN: no observations to rank.
+    if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return None;
     }
     let rank = q * total;
-    let mut prev_bound = 0.0_f64;
-    let mut prev_count = 0.0_f64;
+    let mut prev: Option<(f64, f64)> = None;
     for &(upper, count) in cumulative {
         if count >= rank {
-            if upper.is_infinite() {
-                return Some((prev_bound, prev_bound, upper));
-            }
-            let lower = if prev_bound > upper { 0.0 } else { prev_bound };
-            let inside = count - prev_count;
-            let at = if inside > 0.0 {
-                lower + (upper - lower) * (rank - prev_count) / inside
-            } else {
-                upper
+            return match (upper.is_infinite(), prev) {
+                (true, Some((bound, _))) => Some((bound, bound, None)),
+                (true, None) => None,
+                (false, None) if upper <= 0.0 => Some((upper, upper, Some(upper))),
+                (false, _) => {
+                    let (lower, below) = prev.unwrap_or((0.0, 0.0));
+                    let inside = count - below;
+                    let at = if inside > 0.0 {
+                        lower + (upper - lower) * (rank - below) / inside
+                    } else {
+                        upper
+                    };
+                    Some((at, lower, Some(upper)))
+                }
             };
-            return Some((at, lower, upper));
         }
-        prev_bound = upper;
-        prev_count = count;
+        prev = Some((upper, count));
     }
     None
 }
@@ -248,11 +265,17 @@ struct Window<'a> {
 /// counter and histogram deltas summed over the windows, gauge means over every scrape
 /// inside them.
 fn numbers(names: &Names, windows: &[Window<'_>]) -> WorkerDoc {
+    // A counter the worker creates on first use (TGI's) is 0 before it appears; one that
+    // went down (a restarted worker) has no delta to read.
     let delta = |cands: &[&str]| {
         cands.iter().find_map(|n| {
             let mut sum = 0.0;
             for w in windows {
-                let (a, b) = (counter(w.start, n)?, counter(w.end, n)?);
+                let b = counter(w.end, n)?;
+                let a = counter(w.start, n).unwrap_or(0.0);
+                if b < a {
+                    return None;
+                }
                 sum += b - a;
             }
             Some(sum)
@@ -314,14 +337,15 @@ fn histogram(cands: &[&str], windows: &[Window<'_>]) -> Option<Quantiles> {
                 return None;
             }
             for (le, c) in &b {
-                *total.entry(*le).or_insert(0.0) += c - a.get(le).copied().unwrap_or(0.0);
+                let d = c - a.get(le).copied().unwrap_or(0.0);
+                // A count that went down (in any window) is a restarted worker.
+                if d < 0.0 {
+                    return None;
+                }
+                *total.entry(*le).or_insert(0.0) += d;
             }
         }
         let cumulative: Vec<(f64, f64)> = total.iter().map(|(le, c)| (le.0, *c)).collect();
-        // A count that went down is a restarted worker: no delta to read.
-        if cumulative.is_empty() || cumulative.iter().any(|(_, c)| *c < 0.0) {
-            return None;
-        }
         let observations = cumulative.last().map_or(0.0, |(_, c)| *c);
         let p50 = quantile(&cumulative, 0.5);
         let p95 = quantile(&cumulative, 0.95);
@@ -329,9 +353,9 @@ fn histogram(cands: &[&str], windows: &[Window<'_>]) -> Option<Quantiles> {
             metric: (*n).to_string(),
             observations,
             p50: p50.map(|x| x.0),
-            p50_bucket: p50.map(|x| [x.1, x.2]),
+            p50_bucket: p50.map(|x| (x.1, x.2)),
             p95: p95.map(|x| x.0),
-            p95_bucket: p95.map(|x| [x.1, x.2]),
+            p95_bucket: p95.map(|x| (x.1, x.2)),
             estimate: "bucket-interpolated".into(),
         })
     })
@@ -373,28 +397,25 @@ fn round_windows<'a>(
 
 /// A campaign cell's worker numbers: every round of `arm` at concurrency `c` pooled.
 pub(crate) fn cell(rows: &[ScrapeRow], arm: &str, c: usize) -> Option<WorkerDoc> {
-    let names = server_of(rows)?;
     let all = scrapes(rows);
     let windows: Vec<Window<'_>> = round_windows(&all)
         .into_iter()
         .filter(|(id, a, _)| *a == Some(arm) && id.concurrency == Some(c as i32))
         .map(|(_, _, w)| w)
         .collect();
-    (!windows.is_empty()).then(|| numbers(names, &windows))
+    let names = server_of(windows.first()?.start)?;
+    Some(numbers(names, &windows))
 }
 
 /// The worker's numbers over each round, by round: a round without both edge scrapes (a
 /// failed scrape, a shard's timetabled wave) has none.
 pub(crate) fn rounds(rows: &[ScrapeRow]) -> Vec<(RoundId, Option<String>, WorkerDoc)> {
-    let Some(names) = server_of(rows) else {
-        return Vec::new();
-    };
     let all = scrapes(rows);
     round_windows(&all)
         .into_iter()
-        .map(|(id, arm, w)| {
-            let doc = numbers(names, std::slice::from_ref(&w));
-            (id.clone(), arm.map(str::to_string), doc)
+        .filter_map(|(id, arm, w)| {
+            let doc = numbers(server_of(w.start)?, std::slice::from_ref(&w));
+            Some((id.clone(), arm.map(str::to_string), doc))
         })
         .collect()
 }
@@ -417,9 +438,9 @@ fn window_scrapes<'a>(
 /// serve's one window: its `run_start` scrape to its `run_end` scrape (`None` without
 /// both).
 pub(crate) fn whole_run(rows: &[ScrapeRow]) -> Option<WorkerDoc> {
-    let names = server_of(rows)?;
     let all = scrapes(rows);
     let first = all.iter().find(|(_, c, _)| *c == "run_start")?;
+    let names = server_of(&first.2)?;
     let last = all.iter().rev().find(|(_, c, _)| *c == "run_end")?;
     let w = Window {
         start: &first.2,
@@ -435,12 +456,12 @@ pub(crate) fn whole_run(rows: &[ScrapeRow]) -> Option<WorkerDoc> {
 pub(crate) fn two_sided(ours_ttft: Option<f64>, ours_e2e: Option<f64>, w: &WorkerDoc) -> TwoSided {
     let side = |ours: Option<f64>, worker: &Option<Quantiles>| {
         let q = worker.as_ref()?;
-        let (ours, theirs, [lo, hi]) = (ours?, q.p50?, q.p50_bucket?);
+        let (ours, theirs, (lo, hi)) = (ours?, q.p50?, q.p50_bucket?);
         Some(WorkerTiming {
             ours_p50_seconds: ours,
             worker_p50_seconds: theirs,
             difference_seconds: ours - theirs,
-            bucket_width_seconds: if hi.is_finite() { Some(hi - lo) } else { None },
+            bucket_width_seconds: hi.map(|hi| hi - lo),
         })
     };
     TwoSided {
@@ -503,86 +524,76 @@ pub(crate) struct Line {
     pub(crate) points: Vec<(i64, f64)>,
 }
 
+/// Which names of a server's table a line reads.
+type Pick = fn(&Names) -> &[&'static str];
+
 /// The worker's queue over the run: per arm, each scrape's running and waiting requests
-/// (summed over label sets).
+/// (summed over label sets), by each worker's own names.
 pub(crate) fn queue_lines(rows: &[ScrapeRow]) -> Vec<Line> {
-    let Some(names) = server_of(rows) else {
-        return Vec::new();
-    };
     let all = scrapes(rows);
     let mut out: Vec<Line> = Vec::new();
-    for (label, cands) in [("running", names.running), ("waiting", names.waiting)] {
+    let picks: [(&str, Pick); 2] = [("running", |n| n.running), ("waiting", |n| n.waiting)];
+    for (label, pick) in picks {
         for (offset, _, s) in &all {
             let arm = s.first().and_then(|r| r.arm.as_deref());
-            let Some((metric, v)) = cands.iter().find_map(|n| {
+            let Some(names) = server_of(s) else { continue };
+            if let Some((metric, v)) = pick(names).iter().find_map(|n| {
                 let v = gauge(s, n);
                 (!v.is_empty()).then(|| (*n, v.iter().sum::<f64>()))
-            }) else {
-                continue;
-            };
-            push_point(&mut out, line_name(arm, label), arm, metric, (*offset, v));
+            }) {
+                push_point(&mut out, line_name(arm, label), arm, metric, (*offset, v));
+            }
         }
     }
     out
 }
 
+/// The mean over label sets of the first of `cands` a scrape has, in percent.
+fn percent(s: &Samples<'_>, cands: &[&'static str]) -> Option<(&'static str, f64)> {
+    cands.iter().find_map(|n| {
+        let v = gauge(s, n);
+        (!v.is_empty()).then(|| (*n, 100.0 * v.iter().sum::<f64>() / v.len() as f64))
+    })
+}
+
 /// The worker's caches over the run, in percent: per arm, each scrape's KV-cache use (mean
-/// over label sets) and the prefix-cache hit rate since its previous scrape (hits / queries
-/// of the interval; a hit-rate gauge as it is).
+/// over label sets) and the prefix-cache hit rate since the worker's previous scrape (hits
+/// / queries of the interval; a hit-rate gauge as it is), by each worker's own names.
 pub(crate) fn cache_lines(rows: &[ScrapeRow]) -> Vec<Line> {
-    let Some(names) = server_of(rows) else {
-        return Vec::new();
-    };
     let all = scrapes(rows);
     let mut out: Vec<Line> = Vec::new();
+    let mut prev: BTreeMap<Option<&str>, (f64, f64)> = BTreeMap::new();
     for (offset, _, s) in &all {
         let arm = s.first().and_then(|r| r.arm.as_deref());
-        if let Some((metric, v)) = names.kv_cache.iter().find_map(|n| {
-            let v = gauge(s, n);
-            (!v.is_empty()).then(|| (*n, 100.0 * v.iter().sum::<f64>() / v.len() as f64))
-        }) {
+        let Some(names) = server_of(s) else { continue };
+        if let Some((metric, v)) = percent(s, names.kv_cache) {
+            let name = line_name(arm, "KV-cache use");
+            push_point(&mut out, name, arm, metric, (*offset, v));
+        }
+        let hits = line_name(arm, "prefix-cache hits");
+        if let Some((metric, v)) = percent(s, names.prefix_rate) {
+            push_point(&mut out, hits, arm, metric, (*offset, v));
+            continue;
+        }
+        // Counters: the rate over the interval since the same worker's previous scrape.
+        let Some((h, qv, hv)) = names
+            .prefix_counters
+            .iter()
+            .find_map(|(q, h)| Some((*h, counter(s, q)?, counter(s, h)?)))
+        else {
+            continue;
+        };
+        if let Some((pq, ph)) = prev.insert(arm, (qv, hv))
+            && qv > pq
+            && hv >= ph
+        {
             push_point(
                 &mut out,
-                line_name(arm, "KV-cache use"),
+                hits,
                 arm,
-                metric,
-                (*offset, v),
+                h,
+                (*offset, 100.0 * (hv - ph) / (qv - pq)),
             );
-        }
-        if let Some((metric, v)) = names.prefix_rate.iter().find_map(|n| {
-            let v = gauge(s, n);
-            (!v.is_empty()).then(|| (*n, 100.0 * v.iter().sum::<f64>() / v.len() as f64))
-        }) {
-            push_point(
-                &mut out,
-                line_name(arm, "prefix-cache hits"),
-                arm,
-                metric,
-                (*offset, v),
-            );
-        }
-    }
-    // Counters: the rate over each interval between two scrapes of the same worker.
-    for (q, h) in names.prefix_counters {
-        let mut prev: BTreeMap<Option<&str>, (f64, f64)> = BTreeMap::new();
-        for (offset, _, s) in &all {
-            let arm = s.first().and_then(|r| r.arm.as_deref());
-            let (Some(qv), Some(hv)) = (counter(s, q), counter(s, h)) else {
-                continue;
-            };
-            if let Some((pq, ph)) = prev.insert(arm, (qv, hv))
-                && qv > pq
-                && hv >= ph
-            {
-                let v = 100.0 * (hv - ph) / (qv - pq);
-                push_point(
-                    &mut out,
-                    line_name(arm, "prefix-cache hits"),
-                    arm,
-                    h,
-                    (*offset, v),
-                );
-            }
         }
     }
     out
@@ -596,6 +607,10 @@ fn line_name(arm: Option<&str>, what: &str) -> String {
 }
 
 fn push_point(out: &mut Vec<Line>, name: String, arm: Option<&str>, metric: &str, p: (i64, f64)) {
+    // JSON has no NaN or infinity (they would be drawn as 0): such a sample is no point.
+    if !p.1.is_finite() {
+        return;
+    }
     match out.iter_mut().find(|l| l.name == name) {
         Some(l) => l.points.push(p),
         None => out.push(Line {
@@ -671,10 +686,81 @@ mod tests {
         let (p50, lo, hi) = quantile(&c, 0.5).unwrap_or_default();
         // rank 5: one of the six in the second bucket → 0.1 + 0.4 * 1/6.
         assert!((p50 - (0.1 + 0.4 / 6.0)).abs() < 1e-12, "{p50}");
-        assert_eq!((lo, hi), (0.1, 0.5));
-        // All in +Inf: the highest finite bound.
+        assert_eq!((lo, hi), (0.1, Some(0.5)));
+        // All in +Inf: the highest finite bound, the bucket open above.
         let c = [(0.1, 0.0), (0.5, 0.0), (f64::INFINITY, 3.0)];
-        assert_eq!(quantile(&c, 0.5), Some((0.5, 0.5, f64::INFINITY)));
+        assert_eq!(quantile(&c, 0.5), Some((0.5, 0.5, None)));
+        // Nothing observed, or only a +Inf bucket: no value (Prometheus: NaN).
         assert_eq!(quantile(&[(0.1, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
+        assert_eq!(quantile(&[(f64::INFINITY, 4.0)], 0.5), None);
+        // A lowest bucket at or below 0: its bound.
+        assert_eq!(
+            quantile(&[(0.0, 3.0), (1.0, 4.0)], 0.5),
+            Some((0.0, 0.0, Some(0.0)))
+        );
+    }
+
+    fn row(
+        offset_us: i64,
+        cause: &'static str,
+        metric: &str,
+        le: Option<&str>,
+        value: f64,
+    ) -> ScrapeRow {
+        ScrapeRow {
+            offset_us,
+            wall_time_us: 0,
+            cause,
+            round: (cause != "interval").then(|| RoundId {
+                case_name: "c".into(),
+                concurrency: Some(1),
+                target_rate_per_second: None,
+                repetition: 0,
+            }),
+            arm: None,
+            metric: metric.into(),
+            labels: le
+                .map(|l| vec![("le".to_string(), l.to_string())])
+                .unwrap_or_default(),
+            value,
+            kind: "counter".into(),
+        }
+    }
+
+    #[test]
+    fn a_p95_past_the_last_bucket_and_a_restart_survive_the_round_trip() {
+        let e2e = "vllm:e2e_request_latency_seconds_bucket";
+        let rows = vec![
+            row(0, "round_start", e2e, Some("60.0"), 0.0),
+            row(0, "round_start", e2e, Some("+Inf"), 0.0),
+            row(0, "round_start", "vllm:request_success_total", None, 10.0),
+            row(
+                0,
+                "round_start",
+                "vllm:generation_tokens_total",
+                None,
+                500.0,
+            ),
+            row(9, "round_end", e2e, Some("60.0"), 9.0),
+            row(9, "round_end", e2e, Some("+Inf"), 10.0),
+            row(9, "round_end", "vllm:request_success_total", None, 20.0),
+            // A restarted worker: its token counter went down.
+            row(9, "round_end", "vllm:generation_tokens_total", None, 40.0),
+            // TGI-style counters created on first use: absent at the start.
+            row(9, "round_end", "vllm:num_preemptions_total", None, 2.0),
+        ];
+        let got = rounds(&rows);
+        assert_eq!(got.len(), 1);
+        let w = &got[0].2;
+        let q = w.e2e_seconds.clone().unwrap_or_default();
+        assert_eq!(q.p95, Some(60.0), "the highest finite bound");
+        assert_eq!(q.p95_bucket, Some((60.0, None)));
+        assert_eq!(w.requests, Some(10.0));
+        assert_eq!(w.generation_tokens, None, "no delta across a restart");
+        assert_eq!(w.preemptions, Some(2.0), "absent at the start is 0");
+        // summary.json writes it and reads it back (a +Inf bound is null, not an error).
+        let text = serde_json::to_string(w).unwrap_or_default();
+        let back: WorkerDoc = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(&back, w, "{text}");
     }
 }

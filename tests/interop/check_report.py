@@ -155,10 +155,10 @@ def two_sided(con, run, where, key, v):
     arm, case, lvl, rep, level_col = key
     r = {"case": case, "repetition": rep, "arm": arm,
          "concurrency" if level_col == "concurrency" else "rate_per_second": lvl}
-    try:
-        start, end = window(con, path, r)
-    except AssertionError:
+    edges = window(con, path, r)
+    if edges is None:
         return  # no window for this round (a failed edge scrape): no point is drawn
+    start, end = edges
     v["TTFT p50 (ours)"] = v["TTFT p50"]
     e2e = nearest_rank_cdf(con, run.view, where + " and outcome = 'ok'", "total_us")
     v["e2e p50 (ours)"] = e2e[50][1] / 1e6 if e2e else None

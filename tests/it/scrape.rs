@@ -85,7 +85,9 @@ async fn the_workers_metrics_are_scraped_on_the_runs_clock_and_its_ttft_agrees_w
 
     let rows = scrape_rows(&out);
     let scrapes = |cause: &str| {
+        // The file is in the order the scrapes ended: sorted here.
         let mut at: Vec<i64> = rows.iter().filter(|r| r.1 == cause).map(|r| r.0).collect();
+        at.sort_unstable();
         at.dedup();
         at
     };
@@ -93,7 +95,17 @@ async fn the_workers_metrics_are_scraped_on_the_runs_clock_and_its_ttft_agrees_w
     let (starts, ends) = (scrapes("round_start"), scrapes("round_end"));
     assert_eq!((starts.len(), ends.len()), (3, 3), "{starts:?} {ends:?}");
     assert!(starts.iter().zip(&ends).all(|(s, e)| s < e));
-    assert!(!scrapes("interval").is_empty());
+    // The interval scrapes come at the interval (0.2 s): their median gap, with room for a
+    // loaded machine (a late tick delays the next, never bunches them).
+    let interval = scrapes("interval");
+    assert!(interval.len() >= 3, "{interval:?}");
+    let mut gaps: Vec<i64> = interval.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_unstable();
+    let median = gaps[gaps.len() / 2];
+    assert!(
+        (180_000..=500_000).contains(&median),
+        "median gap {median} µs: {gaps:?}"
+    );
     // The series a vLLM worker exports, with their kinds kept as rows.
     for name in [
         "vllm:num_requests_running",

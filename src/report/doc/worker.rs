@@ -40,10 +40,10 @@ pub(crate) struct Quantiles {
     /// Observations in the window (the `+Inf` bucket's delta).
     pub(crate) observations: f64,
     pub(crate) p50: Option<f64>,
-    /// The bucket the p50 fell in, `[lower, upper]` seconds.
-    pub(crate) p50_bucket: Option<[f64; 2]>,
+    /// The bucket the p50 fell in, `[lower, upper]` seconds (`upper` null: `+Inf`).
+    pub(crate) p50_bucket: Option<(f64, Option<f64>)>,
     pub(crate) p95: Option<f64>,
-    pub(crate) p95_bucket: Option<[f64; 2]>,
+    pub(crate) p95_bucket: Option<(f64, Option<f64>)>,
     /// Always `bucket-interpolated`.
     pub(crate) estimate: String,
 }
