@@ -190,17 +190,18 @@ fn a_relative_gate_passes_a_twin_at_the_floor_that_the_absolute_gate_rejects() {
 #[test]
 fn a_buffered_arm_does_not_win_a_v2_decode_gate() {
     let tmp = tempfile::tempdir().unwrap();
-    // The reference's tokens 20 ms apart: only a stall of 100 ms or more could put more
-    // than half of them in one read.
-    let paced = ["--per-token-ms", "20"];
-    let burst = ["--per-token-ms", "20", "--burst-after-first", "2"];
+    // The reference's 16 tokens 25 ms apart: only a stall of 175 ms or more (eight of the
+    // fifteen after the first in one read) could make one look bundled, on a machine busy
+    // with other tests too.
+    let paced = ["--per-token-ms", "25"];
+    let burst = ["--per-token-ms", "25", "--burst-after-first", "2"];
     let mut plan = campaign(json!([
         arm("ref", "quality", true, &paced),
         arm("burst", "performance-fit", false, &burst),
     ]));
     plan["requests_per_case"] = json!(8);
     plan["cases"][0]["variants"] = json!([{"name": "p", "request": {
-        "messages": [{"role": "user", "content": "count"}], "max_tokens": 8, "stream": true}}]);
+        "messages": [{"role": "user", "content": "count"}], "max_tokens": 16, "stream": true}}]);
     let (c, _) = run_campaign(tmp.path(), &plan);
     let run_dir = tmp.path().join("run");
     // Every stream of the buffered arm is marked bundled, none of the reference's.
