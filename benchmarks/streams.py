@@ -21,6 +21,17 @@ Cells (`ONLY=stream:64,serve-stream:64`; default every cell below):
 
 Every replay records its exchanges (as a campaign would). Knobs: ROUNDS (default 3),
 ONLY, NEW_BIN. The table goes to stdout and to benchmarks/results/<date>-streams.md.
+
+PEERS=1 adds AIPerf (pinned, AIPERF_VERSION) to every `stream:C` cell, right after
+replay in each round: installed from PyPI into a venv under target/peers/ on first use,
+with a local tokenizer trained by benchmarks/peer_tokenizer.py from the embedded corpus
+(no Hub download: AIPerf is given its directory), configured as `aiperf profile
+--endpoint-type chat --streaming --concurrency C --request-count N --isl 8 --osl 32
+--ui-type none --no-server-metrics --no-gpu-telemetry`, on CPU 0 like replay. Its numbers
+are read from its own profile_export_aiperf.json (request_throughput, request_count,
+time_to_first_token.p50, inter_token_latency.p50, error_summary); its CPU is its whole
+process tree (wait4), less a one-request run's (its startup). GuideLLM is not run yet (its
+torch dependency is several GB).
 """
 
 import json
@@ -41,6 +52,9 @@ BIN = Path(os.environ.get("NEW_BIN") or ROOT / "target" / "release" / "matrix-pr
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CANNED, PACED, SERVE = 18090, 18091, 18092
 TOKENS, PREFILL_MS, TOKEN_MS = 32, 50.0, 10.0
+PEERS = os.environ.get("PEERS") == "1"
+PEER_DIR = ROOT / "target" / "peers"
+AIPERF_VERSION = "0.13.0"
 META = {k: "N/A: benchmark" for k in ["gpu", "gpu_ids", "driver", "cuda", "precision", "model_revision",
                                       "runtime_revision", "cache_policy", "cuda_evidence", "reservation", "host"]}
 
@@ -79,8 +93,8 @@ def wait_port(port, timeout=20):
 def canned_body():
     """36 events, as an OpenAI-compatible server streams 32 tokens with usage."""
     def chunk(delta, finish=None, usage=None):
-        # The fields a client reads, no more: nginx takes at most 4 KiB in one parameter.
-        c = {"id": "c1", "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        c = {"id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": 0, "model": "mock",
+             "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]}
         if usage:
             c["usage"] = usage
         return "data: " + json.dumps(c, separators=(",", ":")) + "\n\n"
@@ -90,14 +104,16 @@ def canned_body():
     events.append(chunk(None, usage={"prompt_tokens": 3, "completion_tokens": TOKENS, "total_tokens": TOKENS + 3}))
     events.append("data: [DONE]\n\n")
     assert len(events) == 36
-    body = "".join(events)
-    assert len(body) < 4000, len(body)
-    return body
+    return "".join(events)
 
 
 def nginx(tmp):
-    body = canned_body()
-    assert "'" not in body
+    # A file, not `return 200 '...'` (a parameter holds at most 4 KiB); a POST to a static
+    # file is 405, turned into the file with 200.
+    (tmp / "sse").mkdir()
+    (tmp / "sse" / "body").write_text(canned_body())
+    for p in (tmp, tmp / "sse", tmp / "sse" / "body"):  # nginx's workers drop root
+        p.chmod(0o755)
     conf = tmp / "nginx.conf"
     conf.write_text(f"""
 worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/nginx.err;
@@ -108,7 +124,8 @@ http {{
   uwsgi_temp_path {tmp}/ngx-uwsgi; scgi_temp_path {tmp}/ngx-scgi;
   server {{
     listen 127.0.0.1:{CANNED} backlog=4096;
-    location / {{ default_type text/event-stream; return 200 '{body}'; }}
+    location / {{ root {tmp}/sse; default_type text/event-stream; rewrite ^ /body break;
+                 error_page 405 =200 /body; }}
   }}
 }}
 """)
@@ -169,10 +186,62 @@ def med(s, f):
     return statistics.median(vals) if vals else None
 
 
-def stream_cell(tmp, con, worker, port, c, r):
-    n = {1: 400, 64: 4000, 256: 8000, 1024: 16000}.get(c, 20 * c)
+def ensure_aiperf():
+    """AIPerf in its own venv and the local tokenizer it is given."""
+    venv = PEER_DIR / "aiperf"
+    exe = venv / "bin" / "aiperf"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", f"aiperf=={AIPERF_VERSION}"], check=True)
+    tok = PEER_DIR / "tokenizer"
+    if not (tok / "tokenizer.json").exists():
+        subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "peer_tokenizer.py"), str(tok),
+                        str(ROOT / "src" / "dataset" / "corpus.txt")], check=True, stdout=subprocess.DEVNULL)
+    return exe, tok
+
+
+def aiperf(peer, tmp, port, c, n, tag):
+    """One AIPerf run on CPU 0: its own numbers and its process tree's CPU seconds."""
+    exe, tok = peer
+    out = tmp / f"aiperf-{tag}"
+    cmd = ["taskset", "-c", "0", str(exe), "profile", "--model", "mock", "--url", f"http://127.0.0.1:{port}",
+           "--endpoint-type", "chat", "--streaming", "--concurrency", str(c), "--request-count", str(n),
+           "--isl", "8", "--osl", str(TOKENS), "--random-seed", "1", "--tokenizer", str(tok),
+           "--artifact-dir", str(out), "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry"]
+    log = tmp / f"aiperf-{tag}.log"
+    with open(log, "w") as lf:
+        p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(p.pid, 0)
+    found = list(out.rglob("profile_export_aiperf.json"))
+    if os.waitstatus_to_exitcode(status) != 0 or not found:
+        sys.exit(f"aiperf {tag} failed: {log.read_text()[-2000:]}")
+    j = json.loads(found[0].read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    return j, usage.ru_utime + usage.ru_stime
+
+
+def peer_cell(peer, startup_cpu, tmp, port, c, n, tag):
+    j, cpu = aiperf(peer, tmp, port, c, n, tag)
+    count = j["request_count"]["avg"]
+    return {
+        "rps": j["request_throughput"]["avg"],
+        "events_per_s": None,
+        "cpu_s_per_1000": 1000 * max(cpu - startup_cpu, 0.0) / max(count, 1),
+        "in_flight": None,
+        "ttft_p50_ms": j["time_to_first_token"]["p50"],
+        "itl_p50_ms": j["inter_token_latency"]["p50"],
+        "failed": n - int(count) + len(j.get("error_summary") or []),
+    }
+
+
+def cell_requests(worker, c):
     if worker == "paced":  # ~0.37 s a request: fewer, or a round takes minutes
-        n = max(c * 4, 50)
+        return max(c * 4, 50)
+    return {1: 400, 64: 4000, 256: 8000, 1024: 16000}.get(c, 20 * c)
+
+
+def stream_cell(tmp, con, worker, port, c, r):
+    n = cell_requests(worker, c)
     s, cpu, requests, out = replay(tmp, port, c, n, f"{worker}-{c}-{r}")
     row = {
         "rps": med(s, lambda x: x["successful_requests_per_second"]),
@@ -243,13 +312,20 @@ def main():
         wait_port(PACED)
         cells = sorted(ONLY)
         got = {}
+        peer, startup = None, 0.0
+        if PEERS:
+            peer = ensure_aiperf()
+            _, startup = aiperf(peer, tmp, CANNED, 1, 1, "startup")
         for r in range(ROUNDS):
             for kind, c in cells:
                 if kind == "stream":
                     for worker, port in (("canned", CANNED), ("paced", PACED)):
-                        got.setdefault((worker, c), []).append(stream_cell(tmp, con, worker, port, c, r))
+                        got.setdefault((worker, c, "replay"), []).append(stream_cell(tmp, con, worker, port, c, r))
+                        if peer:
+                            row = peer_cell(peer, startup, tmp, port, c, cell_requests(worker, c), f"{worker}-{c}-{r}")
+                            got.setdefault((worker, c, f"aiperf {AIPERF_VERSION}"), []).append(row)
                 else:
-                    got.setdefault(("serve", c), []).append(serve_pair(tmp, con, c, r))
+                    got.setdefault(("serve", c, "replay"), []).append(serve_pair(tmp, con, c, r))
     finally:
         for p in procs:
             p.terminate()
@@ -264,29 +340,29 @@ def main():
 
 def report(got):
     lines = [f"# Streams ({time.strftime('%Y-%m-%d')})", "",
-             f"`{' '.join(f'{k}={os.environ[k]}' for k in ('ONLY', 'ROUNDS') if k in os.environ)} "
+             f"`{' '.join(f'{k}={os.environ[k]}' for k in ('PEERS', 'ONLY', 'ROUNDS') if k in os.environ)} "
              f"python3 benchmarks/streams.py`: {ROUNDS} rounds, medians (spread = (max - min) / median); "
              f"{os.cpu_count()} CPUs, client on CPU 0, workers on CPU 1; {BIN}.", ""]
     lines += ["req/s is the measured rounds' own rate; the client's CPU is its whole process over every "
               "phase, the Parquet encoding it defers to after each round (`--record-hold`) included.", "",
-              "| worker | c | req/s | events/s | client CPU s / 1,000 req | in flight reached | "
-              "TTFT p50 ms | ITL p50 ms | failed |", "|---|---|---|---|---|---|---|---|---|"]
-    for (worker, c), rows in sorted(got.items()):
+              "| worker | c | client | req/s | events/s | client CPU s / 1,000 req | in flight reached | "
+              "TTFT p50 ms | ITL p50 ms | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (worker, c, client), rows in sorted(got.items()):
         if worker == "serve":
             continue
         col = lambda k: spread([x[k] for x in rows])
-        lines.append(f"| {worker} | {c} | {col('rps')} | {col('events_per_s')} | {col('cpu_s_per_1000')} | "
+        lines.append(f"| {worker} | {c} | {client} | {col('rps')} | {col('events_per_s')} | {col('cpu_s_per_1000')} | "
                      f"{col('in_flight')} | {col('ttft_p50_ms')} | {col('itl_p50_ms')} | "
                      f"{sum(x['failed'] for x in rows)} |")
-    paced = {c: rows for (w, c), rows in got.items() if w == "paced"}
+    paced = {(c, client): rows for (w, c, client), rows in got.items() if w == "paced"}
     if paced:
         lines += ["", f"Paced mock: the truth is TTFT {PREFILL_MS:.0f} ms and ITL {TOKEN_MS:.0f} ms; "
                   "the client's error (median TTFT p50 - truth, ITL p50 - truth):", ""]
-        for c, rows in sorted(paced.items()):
+        for (c, client), rows in sorted(paced.items()):
             t = statistics.median(x["ttft_p50_ms"] for x in rows) - PREFILL_MS
             i = statistics.median(x["itl_p50_ms"] for x in rows) - TOKEN_MS
-            lines.append(f"- c = {c}: TTFT {t:+.2f} ms, ITL {i:+.3f} ms" + (" (the floor)" if c == 1 else ""))
-    for (worker, c), rows in sorted(got.items()):
+            lines.append(f"- {client}, c = {c}: TTFT {t:+.2f} ms, ITL {i:+.3f} ms" + (" (the floor)" if c == 1 else ""))
+    for (worker, c, _), rows in sorted(got.items()):
         if worker != "serve":
             continue
         lines += ["", f"Through serve (recording) against direct, paced mock, c = {c} (serve shares CPU 1 with "
