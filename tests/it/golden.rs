@@ -103,8 +103,11 @@ const MASKED_SUFFIXES: &[&str] = &[
 ];
 
 /// Keys whose value may be null in one run and a value in another (a warning, a
-/// measurement that needs enough samples).
-const NULLABLE_KEYS: &[&str] = &["warning"];
+/// measurement that needs enough samples). `connect_seconds`: a keep-alive round's
+/// quantiles are null when every request rode a connection an earlier round opened, and
+/// which round of an open-loop run opens them depends on timing (it flipped between the
+/// sharded run's two rounds in CI).
+const NULLABLE_KEYS: &[&str] = &["warning", "connect_seconds"];
 
 /// Keys masked only where their value is a number (a verdict level's `reference` value;
 /// an arm's `reference` flag is compared).
@@ -555,4 +558,18 @@ fn the_comparison_sees_keys_order_types_and_unmasked_values() {
     let new = serde_json::json!({"a": 1, "b": {"p50": 0.7, "n": [1, 2]}, "warning": "late"});
     differences("", "", &g, &new, &mut d);
     assert_eq!(d, Vec::<String>::new());
+    // A round's connect quantiles may be null (no connection opened in it), but a
+    // latency quantile may not.
+    let g = serde_json::json!({"connect_seconds": {"p50": 0.001}, "ttft_seconds": {"p50": 0.01}});
+    let new = serde_json::json!({"connect_seconds": {"p50": null}, "ttft_seconds": {"p50": 0.02}});
+    let mut d = Vec::new();
+    differences("", "", &g, &new, &mut d);
+    assert_eq!(d, Vec::<String>::new());
+    let new = serde_json::json!({"connect_seconds": {"p50": 0.002}, "ttft_seconds": {"p50": null}});
+    let mut d = Vec::new();
+    differences("", "", &g, &new, &mut d);
+    assert!(
+        d.len() == 1 && d[0].contains("/ttft_seconds/p50: type float"),
+        "{d:?}"
+    );
 }
