@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procs import start, stop_all, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("NEW_BIN") or ROOT / "target" / "release" / "matrix-proxy")
 OLD_BIN = Path(os.environ["OLD_BIN"]) if os.environ.get("OLD_BIN") else None
@@ -98,26 +100,6 @@ else:
     GEN_CONC = sorted(c for k, c in ONLY if k == "replay")
     FRESH_CONC = sorted(c for k, c in ONLY if k == "fresh")
     RUN_WRITER = ("writer", None) in ONLY
-
-procs = []
-
-
-def start(cmd, cpu, log):
-    p = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    procs.append(p)
-    return p
-
-
-def wait_port(port, timeout=20):
-    import socket
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"nothing listens on 127.0.0.1:{port}")
 
 
 def to_ms(v, unit):
@@ -374,13 +356,7 @@ def main():
     try:
         return run(tmp)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -505,11 +481,7 @@ backend b
         soak = run_soak(tmp)
 
     serve_rows = {}
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(timeout=60)
-    procs.clear()
+    stop_all(timeout=60)
     for name, d in ((SERVE, "serve-run"), (SERVE_OLD, "serve-old-run")):
         s = tmp / d / "summary.json"
         if s.exists():

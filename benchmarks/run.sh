@@ -10,16 +10,17 @@
 #     (the old build as targets of its own, interleaved with the new; ONLY=serve:16,replay:64,fresh:1
 #     reruns some cells; see benchmarks/README.md)
 #   STREAMS=1 ONLY=stream:64,stream:256,serve-stream:64 bash benchmarks/run.sh
-#     (LLM-shaped streams instead: benchmarks/streams.py, nginx's canned SSE and the paced mock)
+#     (LLM-shaped streams instead: benchmarks/streams.py, nginx's canned SSE and the paced mock;
+#     PEERS=1 adds AIPerf and GuideLLM, installed into venvs under target/peers/ on first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 streams="${STREAMS:-0}"
 need=()
 command -v nginx >/dev/null || need+=(nginx-light)
 command -v taskset >/dev/null || need+=(util-linux)
+command -v wrk >/dev/null || need+=(wrk)
 if [ "$streams" != 1 ]; then
   command -v haproxy >/dev/null || need+=(haproxy)
-  command -v wrk >/dev/null || need+=(wrk)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}"

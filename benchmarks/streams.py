@@ -10,7 +10,11 @@ Cells (`ONLY=stream:64,serve-stream:64`; default every cell below):
     `text/event-stream`: a worker that outruns the client, so the client's own ceiling
     shows: successful req/s, events/s (from the recorded rows' `event_count`), CPU
     seconds per 1,000 requests of the client's whole process (every phase; `wait4`), and
-    the most requests in flight at once (from the measured rows' start and end);
+    the requests in flight (most at once, and the mean while any was; from each client's
+    own per-request start and end). wrk (one thread, CPU 0, 3 s, no SSE parsing) drives
+    the same nginx in the same round: nginx's own ceiling, so whose core ran out is
+    stated (each core's busy share from /proc/stat in the 0.5 s the worker's core was
+    busiest);
   * `paced`: the mock worker (`--prefill-ms 50 --per-token-ms 10`, 32 tokens, batch
     4096), whose truth is known: TTFT p50 - 50 ms and ITL p50 - 10 ms are the client's
     error, its floor the c = 1 row.
@@ -19,33 +23,47 @@ Cells (`ONLY=stream:64,serve-stream:64`; default every cell below):
   order swapped: TTFT p50 / p99 and ITL p50 added by serve, and per request the client's
   TTFT minus serve's recorded TTFT, the two rows joined on the answer's `id`.
 
-Every replay records its exchanges (as a campaign would). Knobs: ROUNDS (default 3),
-ONLY, NEW_BIN. The table goes to stdout and to benchmarks/results/<date>-streams.md.
+Every replay records its exchanges (as a campaign would). Within a round the clients of
+a cell run one after another, their order rotated every round. Knobs: ROUNDS (default
+3), ONLY, NEW_BIN. The table goes to stdout and to benchmarks/results/<date>-streams.md.
 
-PEERS=1 adds AIPerf (pinned, AIPERF_VERSION) to every `stream:C` cell, right after
-replay in each round: installed from PyPI into a venv under target/peers/ on first use,
-with a local tokenizer trained by benchmarks/peer_tokenizer.py from the embedded corpus
-(no Hub download: AIPerf is given its directory), configured as `aiperf profile
---endpoint-type chat --streaming --concurrency C --request-count N --isl 8 --osl 32
---ui-type none --no-server-metrics --no-gpu-telemetry`, on CPU 0 like replay. Its numbers
-are read from its own profile_export_aiperf.json (request_throughput, request_count,
-time_to_first_token.p50, inter_token_latency.p50, error_summary); its CPU is its whole
-process tree (wait4), less a one-request run's (its startup). GuideLLM is not run yet (its
-torch dependency is several GB).
+PEERS=1 adds AIPerf and GuideLLM (pinned in PEER_VERSIONS) to every `stream:C` cell, on
+CPU 0 like replay, each installed from PyPI into a venv of its own under target/peers/ on
+first use (GuideLLM's is ~6 GB), both given a local tokenizer trained by
+benchmarks/peer_tokenizer.py from the embedded corpus (no Hub download), 8 prompt tokens
+and 32 output tokens, no warm-up; on the canned worker they are asked for
+min(replay's count, max(4 C, 1000)) requests (they run at a few hundred a second), on
+the paced one for replay's count:
+- AIPerf: `aiperf profile --endpoint-type chat --streaming --concurrency C
+  --request-count N --isl 8 --osl 32 --ui-type none --no-server-metrics
+  --no-gpu-telemetry`; req/s, count and TTFT p50 from its profile_export_aiperf.json,
+  errors from its error_summary; in flight and the ITL from its per-request
+  profile_export.jsonl (the median gap between content chunks: its own
+  inter_token_latency divides by its tokenizer's count of the text, another quantity);
+- GuideLLM: `guidellm run --backend kind=openai_http,... --profile
+  kind=concurrent,streams=C --constraint kind=max_requests,count=N --data
+  kind=synthetic_text,prompt_tokens=8,output_tokens=32 --output kind=json,...
+  --disable-console`; req/s, TTFT p50, ITL p50 and the request totals from the first
+  benchmark of its JSON, in flight from the per-request timings in the same file
+  (requests asked for but in none of its totals are shown beside the failures).
+Each peer's CPU is its whole process tree (wait4) less a one-request run's (its startup).
 """
 
 import json
 import os
+import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import duckdb
+
+from procs import start, stop_all, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("NEW_BIN") or ROOT / "target" / "release" / "matrix-proxy")
@@ -54,7 +72,7 @@ CANNED, PACED, SERVE = 18090, 18091, 18092
 TOKENS, PREFILL_MS, TOKEN_MS = 32, 50.0, 10.0
 PEERS = os.environ.get("PEERS") == "1"
 PEER_DIR = ROOT / "target" / "peers"
-AIPERF_VERSION = "0.13.0"
+PEER_VERSIONS = {"aiperf": "0.13.0", "guidellm": "0.8.1"}
 META = {k: "N/A: benchmark" for k in ["gpu", "gpu_ids", "driver", "cuda", "precision", "model_revision",
                                       "runtime_revision", "cache_policy", "cuda_evidence", "reservation", "host"]}
 
@@ -70,24 +88,47 @@ def parse_only(text):
 
 
 ONLY = parse_only(os.environ.get("ONLY", ""))
-procs = []
 
+class Cores:
+    """Each CPU's busy share over time, from /proc/stat sampled every 50 ms on a thread:
+    which side of a cell (client on CPU 0, worker on CPU 1) ran out of core."""
 
-def start(cmd, cpu, log):
-    p = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    procs.append(p)
-    return p
+    def __init__(self, every=0.05):
+        self.samples, self.every = [], every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
 
+    @staticmethod
+    def read():
+        got = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *v = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    v = [int(x) for x in v[:8]]  # user nice system idle iowait irq softirq steal
+                    got[int(name[3:])] = (sum(v) - v[3] - v[4], sum(v))
+        return got
 
-def wait_port(port, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"nothing listens on 127.0.0.1:{port}")
+    def run(self):
+        while not self.stop.is_set():
+            self.samples.append((time.monotonic(), self.read()))
+            time.sleep(self.every)
+
+    def busiest(self, t0, t1, cpu=1, window=0.5):
+        """Over [t0, t1]: the `window`-second span in which `cpu` was busiest, and every
+        CPU's busy share (0-1) in that span; None if the span was shorter."""
+        s = [x for x in list(self.samples) if t0 <= x[0] <= t1]
+        best, j = None, 0
+        for i in range(len(s)):
+            while j < len(s) and s[j][0] - s[i][0] < window:
+                j += 1
+            if j == len(s):
+                break
+            share = {c: (s[j][1][c][0] - s[i][1][c][0]) / max(s[j][1][c][1] - s[i][1][c][1], 1) for c in s[i][1]}
+            if best is None or share[cpu] > best[cpu]:
+                best = share
+        return best
 
 
 def canned_body():
@@ -163,14 +204,26 @@ def replay(tmp, port, c, n, tag):
     return s, (usage.ru_utime + usage.ru_stime), requests, out
 
 
-def in_flight(con, out):
-    """The most measured exchanges in flight at once, from their start and end."""
-    return con.execute(f"""
-        with e as (select start_offset_us t, 1 d from '{out}/exchanges/*.parquet' where phase = 'measured'
-                   union all
-                   select start_offset_us + total_us, -1 from '{out}/exchanges/*.parquet'
-                   where phase = 'measured' and total_us is not null)
-        select max(n) from (select sum(d) over (order by t, d rows unbounded preceding) n from e)""").fetchone()[0]
+def in_flight(spans):
+    """(most in flight at once, mean in flight while any was) over (start, end) pairs in
+    any one unit: the same reading for every client, from its own per-request records."""
+    edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans], key=lambda e: (e[0], e[1]))
+    n = most = 0
+    busy = area = 0.0
+    last = None
+    for t, d in edges:
+        if last is not None and n > 0:
+            busy += t - last
+            area += n * (t - last)
+        n += d
+        most = max(most, n)
+        last = t
+    return most, (area / busy if busy > 0 else None)
+
+
+def replay_spans(con, out):
+    return con.execute(f"""select start_offset_us, start_offset_us + total_us from '{out}/exchanges/*.parquet'
+        where phase = 'measured' and total_us is not null""").fetchall()
 
 
 def events_per_second(con, out, s):
@@ -186,51 +239,139 @@ def med(s, f):
     return statistics.median(vals) if vals else None
 
 
-def ensure_aiperf():
-    """AIPerf in its own venv and the local tokenizer it is given."""
-    venv = PEER_DIR / "aiperf"
-    exe = venv / "bin" / "aiperf"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", f"aiperf=={AIPERF_VERSION}"], check=True)
+def ensure_peers():
+    """Each peer in a venv of its own under target/peers/ (pip, pinned), and the local
+    tokenizer both are given (trained once by peer_tokenizer.py; no Hub download)."""
+    exes = {}
+    for name, version in PEER_VERSIONS.items():
+        venv = PEER_DIR / name
+        exe = venv / "bin" / name
+        if not exe.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", f"{name}=={version}"], check=True)
+        exes[name] = exe
     tok = PEER_DIR / "tokenizer"
     if not (tok / "tokenizer.json").exists():
-        subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "peer_tokenizer.py"), str(tok),
+        python = PEER_DIR / "aiperf" / "bin" / "python"
+        subprocess.run([str(python), str(ROOT / "benchmarks" / "peer_tokenizer.py"), str(tok),
                         str(ROOT / "src" / "dataset" / "corpus.txt")], check=True, stdout=subprocess.DEVNULL)
-    return exe, tok
+    return exes, tok
 
 
-def aiperf(peer, tmp, port, c, n, tag):
-    """One AIPerf run on CPU 0: its own numbers and its process tree's CPU seconds."""
-    exe, tok = peer
-    out = tmp / f"aiperf-{tag}"
-    cmd = ["taskset", "-c", "0", str(exe), "profile", "--model", "mock", "--url", f"http://127.0.0.1:{port}",
-           "--endpoint-type", "chat", "--streaming", "--concurrency", str(c), "--request-count", str(n),
-           "--isl", "8", "--osl", str(TOKENS), "--random-seed", "1", "--tokenizer", str(tok),
-           "--artifact-dir", str(out), "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry"]
-    log = tmp / f"aiperf-{tag}.log"
+def run_peer(name, cmd, tmp, tag):
+    """One peer run on CPU 0: its process tree's CPU seconds and its wall span."""
+    log = tmp / f"{name}-{tag}.log"
+    t0 = time.monotonic()
     with open(log, "w") as lf:
-        p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(["taskset", "-c", "0"] + cmd, stdout=lf, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{name} {tag} failed: {log.read_text()[-2000:]}")
+    return usage.ru_utime + usage.ru_stime, (t0, time.monotonic())
+
+
+def aiperf(exe, tok, tmp, port, c, n, tag):
+    """AIPerf's own numbers from its profile_export_aiperf.json; in flight and ITL per chunk
+    from its per-request profile_export.jsonl."""
+    out = tmp / f"aiperf-{tag}"
+    cpu, span = run_peer("aiperf", [
+        str(exe), "profile", "--model", "mock", "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "chat",
+        "--streaming", "--concurrency", str(c), "--request-count", str(n), "--isl", "8", "--osl", str(TOKENS),
+        "--random-seed", "1", "--tokenizer", str(tok), "--artifact-dir", str(out), "--ui-type", "none",
+        "--no-server-metrics", "--no-gpu-telemetry"], tmp, tag)
     found = list(out.rglob("profile_export_aiperf.json"))
-    if os.waitstatus_to_exitcode(status) != 0 or not found:
-        sys.exit(f"aiperf {tag} failed: {log.read_text()[-2000:]}")
+    if not found:
+        sys.exit(f"aiperf {tag}: no profile_export_aiperf.json under {out}")
     j = json.loads(found[0].read_text())
+    spans, gaps = [], []
+    for path in out.rglob("profile_export.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            meta = rec.get("metadata") or {}
+            if meta.get("benchmark_phase") == "profiling" and meta.get("request_end_ns"):
+                spans.append((meta["request_start_ns"], meta["request_end_ns"]))
+                gaps += (rec.get("metrics") or {}).get("inter_chunk_latency", {}).get("value") or []
     shutil.rmtree(out, ignore_errors=True)
-    return j, usage.ru_utime + usage.ru_stime
-
-
-def peer_cell(peer, startup_cpu, tmp, port, c, n, tag):
-    j, cpu = aiperf(peer, tmp, port, c, n, tag)
     count = j["request_count"]["avg"]
     return {
-        "rps": j["request_throughput"]["avg"],
-        "events_per_s": None,
-        "cpu_s_per_1000": 1000 * max(cpu - startup_cpu, 0.0) / max(count, 1),
-        "in_flight": None,
+        "rps": j["request_throughput"]["avg"], "count": count, "cpu": cpu, "span": span, "spans": spans,
         "ttft_p50_ms": j["time_to_first_token"]["p50"],
-        "itl_p50_ms": j["inter_token_latency"]["p50"],
-        "failed": n - int(count) + len(j.get("error_summary") or []),
+        # Its inter_token_latency divides by its own tokenizer's count of the output; the
+        # gap between content chunks (one token each here) is the quantity the others report.
+        "itl_p50_ms": statistics.median(gaps) if gaps else None,
+        "failed": sum(e.get("count", 1) for e in j.get("error_summary") or []),
+    }
+
+
+def guidellm(exe, tok, tmp, port, c, n, tag):
+    """GuideLLM's own numbers from its benchmarks.json (the first benchmark's metrics);
+    in flight from its per-request timings in the same file."""
+    out = tmp / f"guidellm-{tag}.json"
+    cpu, span = run_peer("guidellm", [
+        str(exe), "run", "--backend", f"kind=openai_http,target=http://127.0.0.1:{port},model=mock",
+        "--profile", f"kind=concurrent,streams={c}", "--constraint", f"kind=max_requests,count={n}",
+        "--data", f"kind=synthetic_text,prompt_tokens=8,output_tokens={TOKENS}",
+        "--tokenizer", f"kind=huggingface_auto,model={tok}", "--seed", "kind=static,value=1",
+        "--output", f"kind=json,path={out}", "--disable-console"], tmp, tag)
+    b = json.loads(out.read_text())["benchmarks"][0]
+    out.unlink()
+    m, totals = b["metrics"], b["metrics"]["request_totals"]
+    spans = [(r["info"]["timings"]["request_start"], r["info"]["timings"]["request_end"])
+             for r in b["requests"]["successful"] if r["info"]["timings"].get("request_end")]
+    return {
+        "rps": m["requests_per_second"]["successful"]["mean"], "count": totals["successful"], "cpu": cpu,
+        "span": span, "spans": spans,
+        "ttft_p50_ms": m["time_to_first_token_ms"]["successful"]["percentiles"]["p50"],
+        "itl_p50_ms": m["inter_token_latency_ms"]["successful"]["percentiles"]["p50"],
+        "failed": totals["errored"] + totals["incomplete"],
+    }
+
+
+PEER_RUNS = {"aiperf": aiperf, "guidellm": guidellm}
+
+
+def peer_cell(name, peers, startup_cpu, tmp, cores, port, c, n, tag):
+    exes, tok = peers
+    got = PEER_RUNS[name](exes[name], tok, tmp, port, c, n, tag)
+    most, mean = in_flight(got["spans"])
+    return {
+        "rps": got["rps"], "events_per_s": None,
+        "cpu_s_per_1000": 1000 * max(got["cpu"] - startup_cpu, 0.0) / max(got["count"], 1),
+        "in_flight": most, "in_flight_mean": mean,
+        "ttft_p50_ms": got["ttft_p50_ms"], "itl_p50_ms": got["itl_p50_ms"], "failed": got["failed"],
+        # Asked for but in neither count of its report (GuideLLM's max_requests stops a few short).
+        "unreported": max(n - int(got["count"]) - got["failed"], 0),
+        "cores": cores.busiest(*got["span"]),
+    }
+
+def wrk_cell(tmp, cores, c):
+    """nginx's own ceiling on the canned body: wrk (one thread, CPU 0, 3 s) POSTs the same
+    request and reads each answer by its Content-Length, parsing no event. Where replay
+    reaches less and CPU 0 is the busy one, the client (ours) is the limit."""
+    lua = tmp / "post.lua"
+    body = json.dumps(plan(CANNED, c, 1, "wrk")["cases"][0]["request"])
+    lua.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(body)}\n')
+    cmd = ["taskset", "-c", "0", "wrk", "-t1", f"-c{c}", "-d3s", "-s", str(lua),
+           f"http://127.0.0.1:{CANNED}/v1/chat/completions"]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    t1 = time.monotonic()
+    done = re.search(r"(\d+) requests in", out)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if os.waitstatus_to_exitcode(status) != 0 or not done or not rps:
+        sys.exit(f"wrk -c{c} failed: {out}")
+    n = int(done.group(1))
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "rps": float(rps.group(1)), "events_per_s": 36 * float(rps.group(1)),
+        "cpu_s_per_1000": 1000 * (usage.ru_utime + usage.ru_stime) / max(n, 1), "in_flight": c,
+        "in_flight_mean": None,
+        "ttft_p50_ms": None, "itl_p50_ms": None,
+        "failed": (sum(int(x) for x in errors.groups()) if errors else 0) + (int(non2xx.group(1)) if non2xx else 0),
+        "cores": cores.busiest(t0, t1),
     }
 
 
@@ -240,17 +381,27 @@ def cell_requests(worker, c):
     return {1: 400, 64: 4000, 256: 8000, 1024: 16000}.get(c, 20 * c)
 
 
-def stream_cell(tmp, con, worker, port, c, r):
+def peer_requests(worker, c):
+    """The peers run at a few hundred requests a second at most: on the canned worker they
+    get fewer requests than replay (a rate is compared, not a count)."""
     n = cell_requests(worker, c)
+    return n if worker == "paced" else min(n, max(4 * c, 1000))
+
+
+def stream_cell(tmp, con, cores, worker, port, c, r):
+    n = cell_requests(worker, c)
+    t0 = time.monotonic()
     s, cpu, requests, out = replay(tmp, port, c, n, f"{worker}-{c}-{r}")
+    most, mean = in_flight(replay_spans(con, out))
     row = {
         "rps": med(s, lambda x: x["successful_requests_per_second"]),
         "events_per_s": events_per_second(con, out, s),
         "cpu_s_per_1000": 1000 * cpu / max(requests, 1),
-        "in_flight": in_flight(con, out),
+        "in_flight": most, "in_flight_mean": mean,
         "ttft_p50_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p50"] * 1e3),
         "itl_p50_ms": med(s, lambda x: x["stream"]["itl_seconds"]["p50"] * 1e3),
         "failed": sum(x["attempted_requests"] - x["successful_requests"] for x in s["rounds"]),
+        "cores": cores.busiest(t0, time.monotonic()),
     }
     shutil.rmtree(out, ignore_errors=True)
     return row
@@ -312,30 +463,63 @@ def main():
         wait_port(PACED)
         cells = sorted(ONLY)
         got = {}
-        peer, startup = None, 0.0
+        cores = Cores()
+        peers, startup = None, {}
         if PEERS:
-            peer = ensure_aiperf()
-            _, startup = aiperf(peer, tmp, CANNED, 1, 1, "startup")
+            peers = ensure_peers()
+            for name in PEER_RUNS:  # a one-request run: the CPU each spends starting and stopping
+                startup[name] = PEER_RUNS[name](peers[0][name], peers[1], tmp, CANNED, 1, 1, "startup")["cpu"]
         for r in range(ROUNDS):
             for kind, c in cells:
-                if kind == "stream":
-                    for worker, port in (("canned", CANNED), ("paced", PACED)):
-                        got.setdefault((worker, c, "replay"), []).append(stream_cell(tmp, con, worker, port, c, r))
-                        if peer:
-                            row = peer_cell(peer, startup, tmp, port, c, cell_requests(worker, c), f"{worker}-{c}-{r}")
-                            got.setdefault((worker, c, f"aiperf {AIPERF_VERSION}"), []).append(row)
-                else:
+                if kind != "stream":
                     got.setdefault(("serve", c, "replay"), []).append(serve_pair(tmp, con, c, r))
+                    continue
+                for worker, port in (("canned", CANNED), ("paced", PACED)):
+                    clients = ["replay"] + (["wrk"] if worker == "canned" else []) + (list(PEER_RUNS) if peers else [])
+                    for client in clients[r % len(clients):] + clients[:r % len(clients)]:  # order rotated
+                        if client == "replay":
+                            row = stream_cell(tmp, con, cores, worker, port, c, r)
+                        elif client == "wrk":
+                            row, client = wrk_cell(tmp, cores, c), "wrk (no SSE parsing)"
+                        else:
+                            row = peer_cell(client, peers, startup[client], tmp, cores, port, c,
+                                            peer_requests(worker, c), f"{worker}-{c}-{r}")
+                            client = f"{client} {PEER_VERSIONS[client]}"
+                        got.setdefault((worker, c, client), []).append(row)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
     print(report(got))
     return 0
+
+
+def failed(rows):
+    f, u = sum(x["failed"] for x in rows), sum(x.get("unreported", 0) for x in rows)
+    return f"{f} ({u} asked for, not reported)" if u else str(f)
+
+
+def busy(rows):
+    shares = [x["cores"] for x in rows if x.get("cores")]
+    if not shares:
+        return "-"
+    return " / ".join(f"{100 * statistics.median(sh[c] for sh in shares):.0f} %" for c in (0, 1))
+
+
+def ceiling(got):
+    """Whose core ran out on the canned worker: replay's rate against wrk's on the same nginx."""
+    lines = []
+    for (worker, c, client), rows in sorted(got.items()):
+        w = got.get((worker, c, "wrk (no SSE parsing)"))
+        if worker != "canned" or client != "replay" or not w:
+            continue
+        if not lines:
+            lines = ["", "Ceiling on the canned worker: replay against wrk driving the same nginx from the same core "
+                     "(wrk reads each answer by its length and parses nothing; the first figure per core is "
+                     "replay's, the second wrk's):", ""]
+        rr, wr = statistics.median(x["rps"] for x in rows), statistics.median(x["rps"] for x in w)
+        lines.append(f"- c = {c}: replay {rr:,.0f} req/s, wrk {wr:,.0f} req/s ({rr / wr:.2f}x); "
+                     f"CPU 0 / 1 busy {busy(rows)} against {busy(w)}")
+    return lines
 
 
 def report(got):
@@ -343,25 +527,34 @@ def report(got):
              f"`{' '.join(f'{k}={os.environ[k]}' for k in ('PEERS', 'ONLY', 'ROUNDS') if k in os.environ)} "
              f"python3 benchmarks/streams.py`: {ROUNDS} rounds, medians (spread = (max - min) / median); "
              f"{os.cpu_count()} CPUs, client on CPU 0, workers on CPU 1; {BIN}.", ""]
-    lines += ["req/s is the measured rounds' own rate; the client's CPU is its whole process over every "
-              "phase, the Parquet encoding it defers to after each round (`--record-hold`) included.", "",
-              "| worker | c | client | req/s | events/s | client CPU s / 1,000 req | in flight reached | "
-              "TTFT p50 ms | ITL p50 ms | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["req/s is each client's own figure (replay: the measured rounds' rate); client CPU is its whole "
+              "process tree over every phase (replay's deferred Parquet encoding included; a peer's less a "
+              "one-request run's); in flight is the most at once / the mean while any was, from each client's "
+              "own per-request records; CPU 0 / 1 busy is each core's share in the 0.5 s when the worker's "
+              "core (1) was busiest.", "",
+              "| worker | c | client | req/s | events/s | client CPU s / 1,000 req | in flight (most / mean) | "
+              "CPU 0 / 1 busy | TTFT p50 ms | ITL p50 ms | failed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (worker, c, client), rows in sorted(got.items()):
         if worker == "serve":
             continue
-        col = lambda k: spread([x[k] for x in rows])
+        col = lambda k: spread([x.get(k) for x in rows])
+        most = statistics.median(x["in_flight"] for x in rows) if rows[0]["in_flight"] is not None else None
+        mean = [x["in_flight_mean"] for x in rows if x.get("in_flight_mean") is not None]
+        flight = f"{most:.0f} / {statistics.median(mean):.1f}" if most is not None and mean else \
+            (f"{most:.0f} (connections)" if most is not None else "-")
         lines.append(f"| {worker} | {c} | {client} | {col('rps')} | {col('events_per_s')} | {col('cpu_s_per_1000')} | "
-                     f"{col('in_flight')} | {col('ttft_p50_ms')} | {col('itl_p50_ms')} | "
-                     f"{sum(x['failed'] for x in rows)} |")
+                     f"{flight} | {busy(rows)} | {col('ttft_p50_ms')} | {col('itl_p50_ms')} | "
+                     f"{failed(rows)} |")
+    lines += ceiling(got)
     paced = {(c, client): rows for (w, c, client), rows in got.items() if w == "paced"}
     if paced:
         lines += ["", f"Paced mock: the truth is TTFT {PREFILL_MS:.0f} ms and ITL {TOKEN_MS:.0f} ms; "
                   "the client's error (median TTFT p50 - truth, ITL p50 - truth):", ""]
         for (c, client), rows in sorted(paced.items()):
             t = statistics.median(x["ttft_p50_ms"] for x in rows) - PREFILL_MS
-            i = statistics.median(x["itl_p50_ms"] for x in rows) - TOKEN_MS
-            lines.append(f"- {client}, c = {c}: TTFT {t:+.2f} ms, ITL {i:+.3f} ms" + (" (the floor)" if c == 1 else ""))
+            itl = [x["itl_p50_ms"] for x in rows if x["itl_p50_ms"] is not None]
+            i = f"{statistics.median(itl) - TOKEN_MS:+.3f} ms" if itl else "-"
+            lines.append(f"- {client}, c = {c}: TTFT {t:+.2f} ms, ITL {i}" + (" (the floor)" if c == 1 else ""))
     for (worker, c, _), rows in sorted(got.items()):
         if worker != "serve":
             continue
