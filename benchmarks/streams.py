@@ -21,7 +21,10 @@ Cells (`ONLY=stream:64,serve-stream:64`; default every cell below):
 - `serve-stream:C`: the same client against the paced mock directly and through `serve`
   (recording; serve shares CPU 1 with the mock), back to back in every round with the
   order swapped: TTFT p50 / p99 and ITL p50 added by serve, and per request the client's
-  TTFT minus serve's recorded TTFT, the two rows joined on the answer's `id`.
+  TTFT minus serve's recorded TTFT, the two rows joined on the answer's `id`, split on
+  the shared wall clock into inbound (the client's start to serve's) and outbound
+  (serve's first-token stamp to the client's); and the CPU per request of serve and of
+  the mock (/proc/PID/stat around each replay).
 
 Every replay records its exchanges (as a campaign would). Within a round the clients of
 a cell run one after another, their order rotated every round. Knobs: ROUNDS (default
@@ -407,35 +410,55 @@ def stream_cell(tmp, con, cores, worker, port, c, r):
     return row
 
 
-def serve_pair(tmp, con, c, r):
-    """Direct and through serve, back to back, order swapped every round."""
+def cpu_seconds(pid):
+    """User + system CPU seconds of a running process so far (/proc/PID/stat)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve_pair(tmp, con, mock_pid, c, r):
+    """Direct and through serve, back to back, order swapped every round. Through serve,
+    each request's TTFT gap (client's minus serve's) is split in two on the shared wall
+    clock: inbound (the client's start to serve's start: the request waiting to be read
+    and forwarded) and outbound (serve's first-token stamp to the client's: the event
+    waiting to be relayed); and the CPU per request of serve and of the mock is read."""
     rows = {}
     order = ("direct", "serve") if r % 2 == 0 else ("serve", "direct")
     for side in order:
         tag = f"serve-stream-{side}-{c}-{r}"
+        n = max(c * 4, 200)
+        mock0 = cpu_seconds(mock_pid)
         if side == "serve":
             live = tmp / f"live-{c}-{r}"
             sp = start([str(BIN), "serve", "--quiet", "--listen", f"127.0.0.1:{SERVE}", "--upstream",
                         f"http://127.0.0.1:{PACED}", "--out", str(live)], 1, tmp / f"serve-{r}.log")
             wait_port(SERVE)
-            s, _, _, out = replay(tmp, SERVE, c, max(c * 4, 200), tag)
+            serve0 = cpu_seconds(sp.pid)
+            s, _, requests, out = replay(tmp, SERVE, c, n, tag)
+            serve_cpu = cpu_seconds(sp.pid) - serve0  # its encoding after the last row is not in it
             sp.send_signal(2)
             sp.wait(timeout=60)
-            joined = con.execute(f"""
-                with c as (select regexp_extract(decode(response_body), '"id":"([^"]+)"', 1) id, ttft_us
+            rows["join"] = con.execute(f"""
+                with c as (select regexp_extract(decode(response_body), '"id":"([^"]+)"', 1) id, ttft_us,
+                                  epoch_us(started_at) w
                            from '{out}/exchanges/*.parquet' where phase = 'measured' and outcome = 'ok' and is_stream),
-                     s as (select regexp_extract(decode(response_body), '"id":"([^"]+)"', 1) id, ttft_us
-                           from '{live}/exchanges/*.parquet' where outcome = 'ok' and is_stream)
-                select quantile_disc(c.ttft_us - s.ttft_us, 0.5), quantile_disc(c.ttft_us - s.ttft_us, 0.99),
-                       count(*) from c join s using (id)""").fetchone()
-            rows["join"] = joined
+                     s as (select regexp_extract(decode(response_body), '"id":"([^"]+)"', 1) id, ttft_us,
+                                  epoch_us(started_at) w
+                           from '{live}/exchanges/*.parquet' where outcome = 'ok' and is_stream),
+                     j as (select c.ttft_us - s.ttft_us gap, s.w - c.w inbound,
+                                  (c.w + c.ttft_us) - (s.w + s.ttft_us) outbound from c join s using (id))
+                select quantile_disc(gap, 0.5), quantile_disc(gap, 0.99), count(*),
+                       quantile_disc(inbound, 0.5), quantile_disc(inbound, 0.99),
+                       quantile_disc(outbound, 0.5), quantile_disc(outbound, 0.99) from j""").fetchone()
+            rows["serve_cpu_ms"] = 1000 * serve_cpu / max(requests, 1)
             shutil.rmtree(live, ignore_errors=True)
         else:
-            s, _, _, out = replay(tmp, PACED, c, max(c * 4, 200), tag)
+            s, _, requests, out = replay(tmp, PACED, c, n, tag)
         rows[side] = {
             "ttft_p50_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p50"] * 1e3),
             "ttft_p99_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p99"] * 1e3),
             "itl_p50_ms": med(s, lambda x: x["stream"]["itl_seconds"]["p50"] * 1e3),
+            "mock_cpu_ms": 1000 * (cpu_seconds(mock_pid) - mock0) / max(requests, 1),
         }
         shutil.rmtree(out, ignore_errors=True)
     return rows
@@ -457,7 +480,7 @@ def main():
     con = duckdb.connect()
     try:
         nginx(tmp)
-        start([str(BIN), "mock-worker", "--listen", f"127.0.0.1:{PACED}", "--prefill-ms", str(PREFILL_MS),
+        mock = start([str(BIN), "mock-worker", "--listen", f"127.0.0.1:{PACED}", "--prefill-ms", str(PREFILL_MS),
                "--per-token-ms", str(TOKEN_MS), "--max-tokens", str(TOKENS), "--max-batch", "4096"],
               1, tmp / "mock.log")
         wait_port(PACED)
@@ -472,7 +495,7 @@ def main():
         for r in range(ROUNDS):
             for kind, c in cells:
                 if kind != "stream":
-                    got.setdefault(("serve", c, "replay"), []).append(serve_pair(tmp, con, c, r))
+                    got.setdefault(("serve", c, "replay"), []).append(serve_pair(tmp, con, mock.pid, c, r))
                     continue
                 for worker, port in (("canned", CANNED), ("paced", PACED)):
                     clients = ["replay"] + (["wrk"] if worker == "canned" else []) + (list(PEER_RUNS) if peers else [])
@@ -534,6 +557,8 @@ def report(got):
               "core (1) was busiest.", "",
               "| worker | c | client | req/s | events/s | client CPU s / 1,000 req | in flight (most / mean) | "
               "CPU 0 / 1 busy | TTFT p50 ms | ITL p50 ms | failed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    if all(w == "serve" for w, _, _ in got):
+        lines = lines[:-2]  # no stream cell: no table
     for (worker, c, client), rows in sorted(got.items()):
         if worker == "serve":
             continue
@@ -564,9 +589,15 @@ def report(got):
             d = [x["serve"][k] - x["direct"][k] for x in rows]
             lines.append(f"- {label}: " + ", ".join(f"{v:+.2f} ms" for v in d))
         for x in rows:
-            p50, p99, n = x["join"]
+            p50, p99, n, in50, in99, out50, out99 = x["join"]
             lines.append(f"- client TTFT - serve's recorded TTFT, per request joined on the answer id: "
-                         f"p50 {p50 / 1000:.2f} ms, p99 {p99 / 1000:.2f} ms ({n} requests)")
+                         f"p50 {p50 / 1000:.2f} ms, p99 {p99 / 1000:.2f} ms ({n} requests); inbound (client's "
+                         f"start to serve's) p50 {in50 / 1000:.2f} / p99 {in99 / 1000:.2f} ms, outbound (serve's "
+                         f"first-token stamp to the client's) p50 {out50 / 1000:.2f} / p99 {out99 / 1000:.2f} ms")
+        cpu = lambda f: statistics.median(f(x) for x in rows)
+        lines.append(f"- CPU per request on CPU 1 (medians): serve {cpu(lambda x: x['serve_cpu_ms']):.2f} ms "
+                     f"(its runtime and recorder threads), the mock {cpu(lambda x: x['serve']['mock_cpu_ms']):.2f} ms "
+                     f"through serve, {cpu(lambda x: x['direct']['mock_cpu_ms']):.2f} ms direct")
     text = "\n".join(lines) + "\n"
     results = ROOT / "benchmarks" / "results"
     stem = f"{time.strftime('%Y-%m-%d')}-streams"
