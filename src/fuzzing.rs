@@ -186,6 +186,111 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
     })
 }
 
+/// The request side of our HTTP/1 codec (`engine::http1::request`, the first piece of
+/// serve's own forwarding core) against hyper's server on the same bytes: both take the
+/// first request with the same method, target, version and body, or both refuse it. The
+/// input is what a client sends before closing its side.
+pub fn http1_request(data: &[u8]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the fuzz target");
+    let theirs = hyper_server_view(&rt, data);
+    for step in [usize::MAX, 1, 7] {
+        let ours = request_view(&rt, data, step);
+        match (&ours, &theirs) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "the first request differs (reads of {step})"),
+            (Err(_), Err(_)) => {}
+            _ => panic!(
+                "our request reader says {ours:?}, hyper's server says {theirs:?} (reads of {step}) for {:?}",
+                String::from_utf8_lossy(data)
+            ),
+        }
+    }
+}
+
+/// Method, target, HTTP/1.0 or not, header fields (but `Content-Length`, which hyper
+/// drops after a `Transfer-Encoding`) and body of the first request; `None`: the client
+/// closed before sending one.
+type RequestView = Option<(String, String, bool, Vec<(String, Vec<u8>)>, Vec<u8>)>;
+
+fn fields(h: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
+    h.iter()
+        .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+/// What our request reader makes of `data`, read `step` bytes at a time.
+fn request_view(
+    rt: &tokio::runtime::Runtime,
+    data: &[u8],
+    step: usize,
+) -> Result<RequestView, String> {
+    rt.block_on(async {
+        let mut io = Pieces { data, step };
+        let mut buf = bytes::BytesMut::new();
+        let got = crate::engine::http1::request::read_request(&mut io, &mut buf).await?;
+        Ok(got.map(|(h, body)| {
+            let f = fields(&h.headers);
+            (h.method.to_string(), h.uri.to_string(), h.http10, f, body)
+        }))
+    })
+}
+
+/// What hyper's HTTP/1 server hands its service for the first request in `data`.
+fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, String> {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let data = data.to_vec();
+    rt.block_on(async move {
+        let (mut client, server) = tokio::io::duplex(data.len() + (64 << 10));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let tx = tx.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect().await.map(|b| b.to_bytes().to_vec());
+                let http10 = parts.version == http::Version::HTTP_10;
+                let f = fields(&parts.headers);
+                let _ = tx.send((
+                    parts.method.to_string(),
+                    parts.uri.to_string(),
+                    http10,
+                    f,
+                    body,
+                ));
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
+                    bytes::Bytes,
+                >::new()))
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .half_close(true)
+            .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
+        let serving = tokio::spawn(conn);
+        let talk = async {
+            let _ = client.write_all(&data).await;
+            let _ = client.shutdown().await;
+            let _ = client.read_to_end(&mut Vec::new()).await;
+            matches!(serving.await, Ok(Ok(())))
+        };
+        let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
+            .await
+            .map_err(|_| "hyper did not finish in 5 s".to_string())?;
+        match rx.try_recv() {
+            Ok((method, target, http10, f, Ok(body))) => {
+                Ok(Some((method, target, http10, f, body)))
+            }
+            Ok((_, _, _, _, Err(e))) => Err(e.to_string()),
+            // No request reached the service: none was sent (the connection closed
+            // cleanly), or hyper refused its head.
+            Err(_) if clean => Ok(None),
+            Err(_) => Err("hyper's server refused the request".into()),
+        }
+    })
+}
+
 /// The Prometheus text reader: total (never panics), and a scrape written back from its
 /// samples reads back to the same samples.
 pub fn prom_text(data: &[u8]) {

@@ -22,12 +22,13 @@ fn replay_dir(dir: &Path, f: Target) -> usize {
 
 #[test]
 fn every_kept_fuzz_input_passes() {
-    let targets: [(&str, Target); 6] = [
+    let targets: [(&str, Target); 7] = [
         ("plan", matrix_proxy::fuzzing::plan),
         ("pointer", matrix_proxy::fuzzing::pointer),
         ("oracle", matrix_proxy::fuzzing::oracle),
         ("sse", matrix_proxy::fuzzing::sse),
         ("http1_response", matrix_proxy::fuzzing::http1_response),
+        ("http1_request", matrix_proxy::fuzzing::http1_request),
         ("prom_text", matrix_proxy::fuzzing::prom_text),
     ];
     for (name, f) in targets {
@@ -38,13 +39,11 @@ fn every_kept_fuzz_input_passes() {
     }
 }
 
-/// The lean client's response codec against hyper's client on thousands of deterministic
-/// mutations of the seed responses (byte flips, framing bytes inserted, bytes deleted):
-/// a bounded, repeatable complement to `bash fuzz/run.sh`.
-#[test]
-fn mutated_responses_frame_as_hyper_frames_them() {
+/// Every seed of `dir` mutated `per_seed` times (byte flips, framing bytes inserted,
+/// bytes deleted), each mutation run through `f`; the number of runs.
+fn mutations(dir: &str, per_seed: usize, f: Target) -> usize {
     let mut seeds = Vec::new();
-    for e in std::fs::read_dir("fuzz/seeds/http1_response").unwrap() {
+    for e in std::fs::read_dir(dir).unwrap() {
         seeds.push(std::fs::read(e.unwrap().path()).unwrap());
     }
     seeds.sort();
@@ -59,7 +58,7 @@ fn mutated_responses_frame_as_hyper_frames_them() {
     const SPECIAL: &[u8] = b"\r\n :;0123456789abcdefABCDEF\t,-+xz";
     let mut runs = 0;
     for seed in &seeds {
-        for _ in 0..300 {
+        for _ in 0..per_seed {
             let mut m = seed.clone();
             for _ in 0..1 + next() % 3 {
                 if m.is_empty() {
@@ -75,14 +74,38 @@ fn mutated_responses_frame_as_hyper_frames_them() {
                     }
                 }
             }
-            let r = std::panic::catch_unwind(|| matrix_proxy::fuzzing::http1_response(&m));
+            let r = std::panic::catch_unwind(|| f(&m));
             assert!(
                 r.is_ok(),
-                "differs from hyper on {:?}",
+                "{dir}: differs from hyper on {:?}",
                 String::from_utf8_lossy(&m)
             );
             runs += 1;
         }
     }
+    runs
+}
+
+/// The lean client's response codec against hyper's client on thousands of deterministic
+/// mutations of the seed responses: a bounded, repeatable complement to `bash
+/// fuzz/run.sh`.
+#[test]
+fn mutated_responses_frame_as_hyper_frames_them() {
+    let runs = mutations(
+        "fuzz/seeds/http1_response",
+        300,
+        matrix_proxy::fuzzing::http1_response,
+    );
     eprintln!("{runs} mutated responses framed alike");
+}
+
+/// Our request reader against hyper's server, the same way.
+#[test]
+fn mutated_requests_frame_as_hyper_frames_them() {
+    let runs = mutations(
+        "fuzz/seeds/http1_request",
+        1000,
+        matrix_proxy::fuzzing::http1_request,
+    );
+    eprintln!("{runs} mutated requests framed alike");
 }

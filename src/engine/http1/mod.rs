@@ -5,6 +5,7 @@
 //! exchanges go through that codec (`engine::lean`); serve's through hyper.
 
 pub(crate) mod codec;
+pub(crate) mod request;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};

@@ -1,0 +1,372 @@
+//! The request side of our HTTP/1.1 codec (issue 35's first building block of serve's own
+//! forwarding core): a request head parsed with httparse, its body framing by hyper's
+//! server rules (RFC 9112 section 6.3), and a reader of one whole request over any
+//! `AsyncRead`. `fuzzing::http1_request` holds it to hyper's server on the same bytes.
+
+use bytes::{Buf, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Uri};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::codec::{Chunked, MAX_HEAD_BYTES, MAX_HEADERS};
+
+/// hyper's words for what it refuses (users search for them).
+const TOO_LARGE: &str = "message head is too large";
+const BAD_HEADER: &str = "invalid HTTP header parsed";
+const BAD_LENGTH: &str = "invalid content-length parsed";
+const BAD_TE: &str = "invalid transfer-encoding parsed";
+
+/// How a request body ends. A request has no "until the close" body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyFraming {
+    /// `Content-Length` bytes (none when the header is absent).
+    Length(u64),
+    /// `Transfer-Encoding` with `chunked` last.
+    Chunked,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub(crate) struct RequestHead {
+    pub(crate) method: Method,
+    pub(crate) uri: Uri,
+    /// HTTP/1.0 (else HTTP/1.1).
+    pub(crate) http10: bool,
+    pub(crate) headers: HeaderMap,
+    pub(crate) framing: BodyFraming,
+    // The three below are for serve's forwarding core (issue 35's next step); the unit
+    // tests pin them now.
+    /// The connection may carry another request after this one.
+    #[allow(dead_code)]
+    pub(crate) keep_alive: bool,
+    /// `Expect: 100-continue` (the client waits for a `100 Continue` before the body).
+    #[allow(dead_code)]
+    pub(crate) expect_continue: bool,
+    /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol.
+    #[allow(dead_code)]
+    pub(crate) wants_upgrade: bool,
+}
+
+fn parse_error(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::Version => "invalid HTTP version parsed",
+        httparse::Error::Token => "invalid HTTP method parsed",
+        httparse::Error::TooManyHeaders => TOO_LARGE,
+        _ => BAD_HEADER,
+    }
+}
+
+/// Parse a request head at the start of `buf`: `Ok(None)` when more bytes are needed,
+/// else the head and its length in bytes (empty lines before the request line included).
+pub(crate) fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, String> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            return Err(TOO_LARGE.into());
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(parse_error(e).into()),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| "invalid HTTP method parsed")?;
+    let uri = Uri::try_from(req.path.unwrap_or_default()).map_err(|_| "invalid URI")?;
+    let http10 = req.version != Some(1);
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    let mut framing = Framing::default();
+    for h in req.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD_HEADER)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
+        framing.field(&name, &value, http10)?;
+        headers.append(name, value);
+    }
+    let framing = framing.end()?;
+    let says = |t: &str| super::has_token(&headers, header::CONNECTION, t);
+    let keep_alive = if http10 {
+        says("keep-alive")
+    } else {
+        !says("close")
+    };
+    let expect_continue = headers
+        .get_all(header::EXPECT)
+        .iter()
+        .next_back()
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let wants_upgrade =
+        method == Method::CONNECT || (!http10 && headers.contains_key(header::UPGRADE));
+    let head = RequestHead {
+        method,
+        uri,
+        http10,
+        headers,
+        framing,
+        keep_alive,
+        expect_continue,
+        wants_upgrade,
+    };
+    Ok(Some((head, n)))
+}
+
+/// The framing of a request body, by hyper's server rules, read field by field in the
+/// order they came (the order matters to hyper): a transfer coding is refused in
+/// HTTP/1.0 and the last `Transfer-Encoding` line must end in `chunked` (else the request
+/// is refused, never read to the close); `Content-Length` lines after a
+/// `Transfer-Encoding` one are ignored, those before it must still be valid; repeated
+/// lengths must agree, each a plain run of digits; neither means no body.
+#[derive(Default)]
+struct Framing {
+    transfer_encoding: bool,
+    chunked: bool,
+    length: Option<u64>,
+}
+
+impl Framing {
+    fn field(
+        &mut self,
+        name: &HeaderName,
+        value: &HeaderValue,
+        http10: bool,
+    ) -> Result<(), String> {
+        if name == header::TRANSFER_ENCODING {
+            if http10 {
+                return Err("unexpected transfer-encoding parsed".into());
+            }
+            self.transfer_encoding = true;
+            // hyper looks at each line on its own: the last one decides.
+            self.chunked = value
+                .to_str()
+                .ok()
+                .and_then(|s| s.rsplit(',').next())
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
+        } else if name == header::CONTENT_LENGTH && !self.transfer_encoding {
+            let b = value.as_bytes();
+            let n = (!b.is_empty() && b.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(b).ok()?.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| format!("{BAD_LENGTH}: {:?}", String::from_utf8_lossy(b)))?;
+            match self.length {
+                Some(m) if m != n => {
+                    return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
+                }
+                // hyper's largest length (the two values above it mean chunked and close).
+                _ if n > u64::MAX - 2 => return Err(TOO_LARGE.into()),
+                _ => self.length = Some(n),
+            }
+        }
+        Ok(())
+    }
+
+    fn end(self) -> Result<BodyFraming, String> {
+        match (self.transfer_encoding, self.chunked) {
+            (true, true) => Ok(BodyFraming::Chunked),
+            (true, false) => Err(BAD_TE.into()),
+            _ => Ok(BodyFraming::Length(self.length.unwrap_or(0))),
+        }
+    }
+}
+
+/// Read one whole request from `io` (bytes already read are in `buf`; what follows the
+/// request stays there): `Ok(None)` when the connection closed before a request began.
+pub(crate) async fn read_request<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Option<(RequestHead, Vec<u8>)>, String> {
+    let head = loop {
+        if let Some((head, n)) = parse_request_head(buf)? {
+            buf.advance(n);
+            break head;
+        }
+        if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+            // Bare line ends before a request line are skipped (RFC 9112 section 2.2),
+            // so a close after only those is a clean close, as hyper's server has it.
+            return if buf.iter().all(|&b| b == b'\r' || b == b'\n') {
+                Ok(None)
+            } else {
+                Err("connection closed before the request head was complete".into())
+            };
+        }
+    };
+    let mut body = Vec::new();
+    match head.framing {
+        BodyFraming::Length(n) => {
+            let mut left = usize::try_from(n).map_err(|_| TOO_LARGE)?;
+            loop {
+                let take = left.min(buf.len());
+                body.extend_from_slice(&buf[..take]);
+                buf.advance(take);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+                if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+                    return Err("connection closed before the request body was complete".into());
+                }
+            }
+        }
+        BodyFraming::Chunked => {
+            let mut dec = Chunked::default();
+            loop {
+                let used = dec.decode(buf, |d| body.extend_from_slice(d))?;
+                buf.advance(used);
+                if dec.done() {
+                    break;
+                }
+                if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+                    return Err("connection closed before the request body was complete".into());
+                }
+            }
+        }
+    }
+    Ok(Some((head, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Result<Option<(RequestHead, usize)>, String> {
+        parse_request_head(text.as_bytes())
+    }
+
+    #[test]
+    fn request_heads_and_their_framing() {
+        let (h, n) =
+            head("POST /v1/chat?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+                .unwrap()
+                .unwrap();
+        assert_eq!(n, 58);
+        assert_eq!(
+            (h.method, h.uri.to_string()),
+            (Method::POST, "/v1/chat?x=1".into())
+        );
+        assert_eq!(h.framing, BodyFraming::Length(5));
+        assert!(h.keep_alive && !h.http10 && !h.expect_continue && !h.wants_upgrade);
+        // Partial heads wait for more; no length means no body.
+        assert!(head("GET / HTTP/1.1\r\nHost: a\r\n").unwrap().is_none());
+        let (h, _) = head("GET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.framing, BodyFraming::Length(0));
+        // Chunked last wins over a length; anything else last is refused.
+        let te = |v: &str| {
+            head(&format!(
+                "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: {v}\r\n\r\n"
+            ))
+        };
+        assert_eq!(
+            te("gzip, chunked").unwrap().unwrap().0.framing,
+            BodyFraming::Chunked
+        );
+        assert!(
+            te("chunked, gzip")
+                .unwrap_err()
+                .contains("transfer-encoding")
+        );
+        assert!(head("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n").is_err());
+        // Repeated lengths must agree and be plain digits.
+        assert!(head("POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n").is_ok());
+        for bad in ["3\r\nContent-Length: 4", "+3", "3, 3", "", "0x3"] {
+            let r = head(&format!("POST / HTTP/1.1\r\nContent-Length: {bad}\r\n\r\n"));
+            assert!(r.unwrap_err().contains("content-length"), "{bad}");
+        }
+        // Keep-alive by version and Connection; Expect; upgrades.
+        let (h, _) = head("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(h.http10 && !h.keep_alive);
+        let (h, _) = head("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.keep_alive);
+        let (h, _) = head("GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        let (h, _) = head("PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nUpgrade: websocket\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.expect_continue && h.wants_upgrade);
+        let (h, _) = head("CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.wants_upgrade);
+        assert_eq!(
+            h.uri.authority().map(|a| a.as_str()),
+            Some("example.com:443")
+        );
+        // Refused: a bad version, a bad target, a head past the limit.
+        assert!(
+            head("GET / HTTP/2.0\r\n\r\n")
+                .unwrap_err()
+                .contains("version")
+        );
+        assert!(head("GET /a b HTTP/1.1\r\n\r\n").is_err());
+        let big = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD_BYTES));
+        assert!(head(&big).unwrap_err().contains("too large"));
+    }
+
+    /// A reader that hands out `data` at most `step` bytes per read, then ends.
+    struct Pieces(Vec<u8>, usize);
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = self.1.min(self.0.len()).min(buf.remaining());
+            let now: Vec<u8> = self.0.drain(..n).collect();
+            buf.put_slice(&now);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    fn read(data: &str, step: usize) -> Result<Option<(RequestHead, Vec<u8>)>, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(read_request(
+            &mut Pieces(data.as_bytes().to_vec(), step),
+            &mut BytesMut::new(),
+        ))
+    }
+
+    #[test]
+    fn whole_requests_in_any_split() {
+        let chunked = "\r\nPOST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n";
+        for step in [1, 2, 7, usize::MAX] {
+            let (h, body) = read(chunked, step).unwrap().unwrap();
+            assert_eq!(
+                (h.uri.path(), body.as_slice()),
+                ("/p", &b"abcde"[..]),
+                "{step}"
+            );
+            let (_, body) = read("PUT / HTTP/1.1\r\nContent-Length: 4\r\n\r\nwxyz", step)
+                .unwrap()
+                .unwrap();
+            assert_eq!(body, b"wxyz");
+        }
+        // A close before a request (bare line ends at most) is no request; a close
+        // inside one is an error, and so are line ends httparse refuses.
+        assert!(read("", 1).unwrap().is_none());
+        assert!(read("\r\n\n\r", 1).unwrap().is_none());
+        assert!(read("\r\r", 1).is_err());
+        assert!(read("GET / HTTP/1.1\r\n", 3).unwrap_err().contains("head"));
+        assert!(
+            read("PUT / HTTP/1.1\r\nContent-Length: 9\r\n\r\nab", 3)
+                .unwrap_err()
+                .contains("body")
+        );
+        assert!(
+            read(
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+                3
+            )
+            .is_err()
+        );
+        assert!(
+            read(
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                3
+            )
+            .is_err()
+        );
+    }
+}
