@@ -236,6 +236,13 @@ def events_per_second(con, out, s):
     return ev / secs if secs > 0 else None
 
 
+def stream_ms(s, metric, q):
+    """The median over the measured rounds of a stream quantile, in ms (rounds without
+    one, e.g. with no successful stream, left out)."""
+    return med(s, lambda x: None if (x.get("stream") or {}).get(metric, {}).get(q) is None
+               else x["stream"][metric][q] * 1e3)
+
+
 def med(s, f):
     vals = [f(x) for x in s["rounds"]]
     vals = [v for v in vals if v is not None]
@@ -401,8 +408,8 @@ def stream_cell(tmp, con, cores, worker, port, c, r):
         "events_per_s": events_per_second(con, out, s),
         "cpu_s_per_1000": 1000 * cpu / max(requests, 1),
         "in_flight": most, "in_flight_mean": mean,
-        "ttft_p50_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p50"] * 1e3),
-        "itl_p50_ms": med(s, lambda x: x["stream"]["itl_seconds"]["p50"] * 1e3),
+        "ttft_p50_ms": stream_ms(s, "ttft_seconds", "p50"),
+        "itl_p50_ms": stream_ms(s, "itl_seconds", "p50"),
         "failed": sum(x["attempted_requests"] - x["successful_requests"] for x in s["rounds"]),
         "cores": cores.busiest(t0, time.monotonic()),
     }
@@ -455,9 +462,9 @@ def serve_pair(tmp, con, mock_pid, c, r):
         else:
             s, _, requests, out = replay(tmp, PACED, c, n, tag)
         rows[side] = {
-            "ttft_p50_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p50"] * 1e3),
-            "ttft_p99_ms": med(s, lambda x: x["stream"]["ttft_seconds"]["p99"] * 1e3),
-            "itl_p50_ms": med(s, lambda x: x["stream"]["itl_seconds"]["p50"] * 1e3),
+            "ttft_p50_ms": stream_ms(s, "ttft_seconds", "p50"),
+            "ttft_p99_ms": stream_ms(s, "ttft_seconds", "p99"),
+            "itl_p50_ms": stream_ms(s, "itl_seconds", "p50"),
             "mock_cpu_ms": 1000 * (cpu_seconds(mock_pid) - mock0) / max(requests, 1),
         }
         shutil.rmtree(out, ignore_errors=True)
@@ -478,6 +485,7 @@ def main():
         sys.exit(f"{BIN}: build it first (cargo build --release)")
     tmp = Path(tempfile.mkdtemp(prefix="streams-"))
     con = duckdb.connect()
+    got = {}
     try:
         nginx(tmp)
         mock = start([str(BIN), "mock-worker", "--listen", f"127.0.0.1:{PACED}", "--prefill-ms", str(PREFILL_MS),
@@ -485,7 +493,6 @@ def main():
               1, tmp / "mock.log")
         wait_port(PACED)
         cells = sorted(ONLY)
-        got = {}
         cores = Cores()
         peers, startup = None, {}
         if PEERS:
@@ -512,6 +519,10 @@ def main():
     finally:
         stop_all(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
+        # The raw rows first: a report that fails to build loses nothing measured.
+        raw = ROOT / "target" / "streams-raw.json"
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.write_text(json.dumps({" ".join(map(str, k)): v for k, v in got.items()}, indent=1, default=str))
     print(report(got))
     return 0
 
@@ -576,19 +587,24 @@ def report(got):
         lines += ["", f"Paced mock: the truth is TTFT {PREFILL_MS:.0f} ms and ITL {TOKEN_MS:.0f} ms; "
                   "the client's error (median TTFT p50 - truth, ITL p50 - truth):", ""]
         for (c, client), rows in sorted(paced.items()):
-            t = statistics.median(x["ttft_p50_ms"] for x in rows) - PREFILL_MS
-            itl = [x["itl_p50_ms"] for x in rows if x["itl_p50_ms"] is not None]
-            i = f"{statistics.median(itl) - TOKEN_MS:+.3f} ms" if itl else "-"
-            lines.append(f"- {client}, c = {c}: TTFT {t:+.2f} ms, ITL {i}" + (" (the floor)" if c == 1 else ""))
+            def error(key, truth, digits):
+                vals = [x[key] for x in rows if x[key] is not None]
+                return f"{statistics.median(vals) - truth:+.{digits}f} ms" if vals else "-"
+            lines.append(f"- {client}, c = {c}: TTFT {error('ttft_p50_ms', PREFILL_MS, 2)}, "
+                         f"ITL {error('itl_p50_ms', TOKEN_MS, 3)}" + (" (the floor)" if c == 1 else ""))
     for (worker, c, _), rows in sorted(got.items()):
         if worker != "serve":
             continue
         lines += ["", f"Through serve (recording) against direct, paced mock, c = {c} (serve shares CPU 1 with "
                   "the mock), added by serve per round:", ""]
         for k, label in (("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99"), ("itl_p50_ms", "ITL p50")):
-            d = [x["serve"][k] - x["direct"][k] for x in rows]
-            lines.append(f"- {label}: " + ", ".join(f"{v:+.2f} ms" for v in d))
+            d = [None if x["serve"][k] is None or x["direct"][k] is None else x["serve"][k] - x["direct"][k]
+                 for x in rows]
+            lines.append(f"- {label}: " + ", ".join("-" if v is None else f"{v:+.2f} ms" for v in d))
         for x in rows:
+            if not x["join"] or x["join"][2] == 0:
+                lines.append("- no request of this round could be joined to serve's record")
+                continue
             p50, p99, n, in50, in99, out50, out99 = x["join"]
             lines.append(f"- client TTFT - serve's recorded TTFT, per request joined on the answer id: "
                          f"p50 {p50 / 1000:.2f} ms, p99 {p99 / 1000:.2f} ms ({n} requests); inbound (client's "

@@ -188,9 +188,15 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
 
 /// The request side of our HTTP/1 codec (`engine::http1::request`, the first piece of
 /// serve's own forwarding core) against hyper's server on the same bytes: both take the
-/// first request with the same method, target, version and body, or both refuse it. The
-/// input is what a client sends before closing its side.
+/// first request with the same method, target, version, header fields, `100 Continue`
+/// and body, or both refuse it. The input is what a client sends before closing its side.
 pub fn http1_request(data: &[u8]) {
+    let _ = http1_request_accepted(data);
+}
+
+/// [`http1_request`], saying whether the two took a request (`false`: both refused, or
+/// neither saw one), so that a test can count how many inputs compared whole requests.
+pub fn http1_request_accepted(data: &[u8]) -> bool {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -207,16 +213,28 @@ pub fn http1_request(data: &[u8]) {
             ),
         }
     }
+    matches!(theirs, Ok(Some(_)))
 }
 
-/// Method, target, HTTP/1.0 or not, header fields (but `Content-Length`, which hyper
-/// drops after a `Transfer-Encoding`) and body of the first request; `None`: the client
-/// closed before sending one.
-type RequestView = Option<(String, String, bool, Vec<(String, Vec<u8>)>, Vec<u8>)>;
+/// The first request as a server sees it.
+#[derive(Debug, PartialEq)]
+struct SeenRequest {
+    method: String,
+    target: String,
+    http10: bool,
+    /// Every header field kept, in order (hyper leaves out repeated and overridden
+    /// `Content-Length` lines).
+    fields: Vec<(String, Vec<u8>)>,
+    /// The client is sent `100 Continue` before the body is read.
+    expect_continue: bool,
+    body: Vec<u8>,
+}
+
+/// `None`: the client closed before sending a request.
+type RequestView = Option<SeenRequest>;
 
 fn fields(h: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
     h.iter()
-        .filter(|(k, _)| *k != http::header::CONTENT_LENGTH)
         .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
         .collect()
 }
@@ -231,14 +249,19 @@ fn request_view(
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
         let got = crate::engine::http1::request::read_request(&mut io, &mut buf).await?;
-        Ok(got.map(|(h, body)| {
-            let f = fields(&h.headers);
-            (h.method.to_string(), h.uri.to_string(), h.http10, f, body)
+        Ok(got.map(|(h, body)| SeenRequest {
+            method: h.method.to_string(),
+            target: h.uri.to_string(),
+            http10: h.http10,
+            fields: fields(&h.headers),
+            expect_continue: h.expect_continue,
+            body,
         }))
     })
 }
 
-/// What hyper's HTTP/1 server hands its service for the first request in `data`.
+/// What hyper's HTTP/1 server hands its service for the first request in `data` (the
+/// service reads the whole body), and whether it sent `100 Continue`.
 fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, String> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -251,15 +274,7 @@ fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<Reques
             async move {
                 let (parts, body) = req.into_parts();
                 let body = body.collect().await.map(|b| b.to_bytes().to_vec());
-                let http10 = parts.version == http::Version::HTTP_10;
-                let f = fields(&parts.headers);
-                let _ = tx.send((
-                    parts.method.to_string(),
-                    parts.uri.to_string(),
-                    http10,
-                    f,
-                    body,
-                ));
+                let _ = tx.send((parts, body));
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
                     bytes::Bytes,
                 >::new()))
@@ -269,20 +284,26 @@ fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<Reques
             .half_close(true)
             .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
         let serving = tokio::spawn(conn);
+        let mut answer = Vec::new();
         let talk = async {
             let _ = client.write_all(&data).await;
             let _ = client.shutdown().await;
-            let _ = client.read_to_end(&mut Vec::new()).await;
+            let _ = client.read_to_end(&mut answer).await;
             matches!(serving.await, Ok(Ok(())))
         };
         let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
             .await
             .map_err(|_| "hyper did not finish in 5 s".to_string())?;
         match rx.try_recv() {
-            Ok((method, target, http10, f, Ok(body))) => {
-                Ok(Some((method, target, http10, f, body)))
-            }
-            Ok((_, _, _, _, Err(e))) => Err(e.to_string()),
+            Ok((parts, Ok(body))) => Ok(Some(SeenRequest {
+                method: parts.method.to_string(),
+                target: parts.uri.to_string(),
+                http10: parts.version == http::Version::HTTP_10,
+                fields: fields(&parts.headers),
+                expect_continue: answer.starts_with(b"HTTP/1.1 100 Continue\r\n"),
+                body,
+            })),
+            Ok((_, Err(e))) => Err(e.to_string()),
             // No request reached the service: none was sent (the connection closed
             // cleanly), or hyper refused its head.
             Err(_) if clean => Ok(None),

@@ -56,90 +56,116 @@ fn parse_error(e: httparse::Error) -> &'static str {
     }
 }
 
+/// hyper's longest request target.
+const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
+
 /// Parse a request head at the start of `buf`: `Ok(None)` when more bytes are needed,
 /// else the head and its length in bytes (empty lines before the request line included).
 pub(crate) fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, String> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);
     let n = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n > MAX_HEAD_BYTES => return Err(TOO_LARGE.into()),
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
             return Err(TOO_LARGE.into());
         }
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(parse_error(e).into()),
     };
+    let target = req.path.unwrap_or_default();
+    if target.len() > MAX_URI_LEN {
+        return Err("URI too long".into());
+    }
     let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
         .map_err(|_| "invalid HTTP method parsed")?;
-    let uri = Uri::try_from(req.path.unwrap_or_default()).map_err(|_| "invalid URI")?;
+    let uri = Uri::try_from(target).map_err(|_| "invalid URI")?;
     let http10 = req.version != Some(1);
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
-    let mut framing = Framing::default();
+    let mut f = Fields::new(http10, method == Method::CONNECT, req.headers.len());
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD_HEADER)?;
         let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
-        framing.field(&name, &value, http10)?;
-        headers.append(name, value);
+        f.add(name, value)?;
     }
-    let framing = framing.end()?;
-    let says = |t: &str| super::has_token(&headers, header::CONNECTION, t);
-    let keep_alive = if http10 {
-        says("keep-alive")
-    } else {
-        !says("close")
+    let framing = match (f.transfer_encoding, f.chunked) {
+        (true, true) => BodyFraming::Chunked,
+        (true, false) => return Err(BAD_TE.into()),
+        _ => BodyFraming::Length(f.length.unwrap_or(0)),
     };
-    let expect_continue = headers
-        .get_all(header::EXPECT)
-        .iter()
-        .next_back()
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let wants_upgrade =
-        method == Method::CONNECT || (!http10 && headers.contains_key(header::UPGRADE));
     let head = RequestHead {
         method,
         uri,
         http10,
-        headers,
+        // A message framed both ways may have been read differently by another hop:
+        // close after it.
+        keep_alive: f.keep_alive && !(f.transfer_encoding && f.content_length),
+        // Ignored from HTTP/1.0 clients (RFC 9110 section 10.1.1) and for an empty body.
+        expect_continue: f.expect_continue && !http10 && framing != BodyFraming::Length(0),
+        wants_upgrade: f.wants_upgrade,
+        headers: f.headers,
         framing,
-        keep_alive,
-        expect_continue,
-        wants_upgrade,
     };
     Ok(Some((head, n)))
 }
 
-/// The framing of a request body, by hyper's server rules, read field by field in the
-/// order they came (the order matters to hyper): a transfer coding is refused in
-/// HTTP/1.0 and the last `Transfer-Encoding` line must end in `chunked` (else the request
-/// is refused, never read to the close); `Content-Length` lines after a
-/// `Transfer-Encoding` one are ignored, those before it must still be valid; repeated
-/// lengths must agree, each a plain run of digits; neither means no body.
-#[derive(Default)]
-struct Framing {
+/// A request's header fields read one by one in the order they came, by hyper's server
+/// rules (the order matters to them):
+/// - a transfer coding is refused in HTTP/1.0, and the last `Transfer-Encoding` line must
+///   end in `chunked` (else the request is refused, never read to the close);
+/// - a `Transfer-Encoding` line removes the `Content-Length` read before it, and later
+///   `Content-Length` lines are left out; those before it must still be valid;
+/// - repeated lengths must agree (the repeats are left out), each a plain run of digits;
+/// - `close` in any `Connection` line wins; HTTP/1.0 needs `keep-alive` to persist;
+/// - the last `Expect` line decides; an `Upgrade` line means an upgrade on HTTP/1.1 only.
+struct Fields {
+    http10: bool,
+    headers: HeaderMap,
     transfer_encoding: bool,
     chunked: bool,
+    /// A `Content-Length` line was seen (even one left out).
+    content_length: bool,
     length: Option<u64>,
+    keep_alive: bool,
+    saw_close: bool,
+    expect_continue: bool,
+    wants_upgrade: bool,
 }
 
-impl Framing {
-    fn field(
-        &mut self,
-        name: &HeaderName,
-        value: &HeaderValue,
-        http10: bool,
-    ) -> Result<(), String> {
+impl Fields {
+    fn new(http10: bool, connect: bool, n: usize) -> Fields {
+        Fields {
+            http10,
+            headers: HeaderMap::with_capacity(n),
+            transfer_encoding: false,
+            chunked: false,
+            content_length: false,
+            length: None,
+            keep_alive: !http10,
+            saw_close: false,
+            expect_continue: false,
+            wants_upgrade: connect,
+        }
+    }
+
+    fn add(&mut self, name: HeaderName, value: HeaderValue) -> Result<(), String> {
         if name == header::TRANSFER_ENCODING {
-            if http10 {
+            if self.http10 {
                 return Err("unexpected transfer-encoding parsed".into());
             }
             self.transfer_encoding = true;
-            // hyper looks at each line on its own: the last one decides.
+            if self.length.take().is_some() {
+                self.headers.remove(header::CONTENT_LENGTH);
+            }
             self.chunked = value
                 .to_str()
                 .ok()
                 .and_then(|s| s.rsplit(',').next())
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
-        } else if name == header::CONTENT_LENGTH && !self.transfer_encoding {
+        } else if name == header::CONTENT_LENGTH {
+            self.content_length = true;
+            if self.transfer_encoding {
+                return Ok(());
+            }
             let b = value.as_bytes();
             let n = (!b.is_empty() && b.iter().all(u8::is_ascii_digit))
                 .then(|| std::str::from_utf8(b).ok()?.parse::<u64>().ok())
@@ -149,25 +175,32 @@ impl Framing {
                 Some(m) if m != n => {
                     return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
                 }
+                Some(_) => return Ok(()),
                 // hyper's largest length (the two values above it mean chunked and close).
-                _ if n > u64::MAX - 2 => return Err(TOO_LARGE.into()),
-                _ => self.length = Some(n),
+                None if n > u64::MAX - 2 => return Err(TOO_LARGE.into()),
+                None => self.length = Some(n),
             }
+        } else if name == header::CONNECTION {
+            let tokens = || value.to_str().ok().into_iter().flat_map(|s| s.split(','));
+            if self.saw_close || tokens().any(|t| t.trim().eq_ignore_ascii_case("close")) {
+                self.saw_close = true;
+                self.keep_alive = false;
+            } else if !self.keep_alive {
+                self.keep_alive = tokens().any(|t| t.trim().eq_ignore_ascii_case("keep-alive"));
+            }
+        } else if name == header::EXPECT {
+            self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        } else if name == header::UPGRADE {
+            self.wants_upgrade = !self.http10;
         }
+        self.headers.append(name, value);
         Ok(())
-    }
-
-    fn end(self) -> Result<BodyFraming, String> {
-        match (self.transfer_encoding, self.chunked) {
-            (true, true) => Ok(BodyFraming::Chunked),
-            (true, false) => Err(BAD_TE.into()),
-            _ => Ok(BodyFraming::Length(self.length.unwrap_or(0))),
-        }
     }
 }
 
 /// Read one whole request from `io` (bytes already read are in `buf`; what follows the
 /// request stays there): `Ok(None)` when the connection closed before a request began.
+/// The body is buffered whole (the fuzz view and tests); serve's core will stream it.
 pub(crate) async fn read_request<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
@@ -279,7 +312,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!h.keep_alive);
-        let (h, _) = head("PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nUpgrade: websocket\r\n\r\n")
+        let (h, _) = head("PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nUpgrade: websocket\r\nContent-Length: 1\r\n\r\n")
             .unwrap()
             .unwrap();
         assert!(h.expect_continue && h.wants_upgrade);
@@ -291,6 +324,45 @@ mod tests {
             h.uri.authority().map(|a| a.as_str()),
             Some("example.com:443")
         );
+        // Both framings: the length is dropped from the fields (read before or after the
+        // coding), and the connection closes after the request.
+        for text in [
+            "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+        ] {
+            let (h, _) = head(text).unwrap().unwrap();
+            assert!(!h.headers.contains_key(header::CONTENT_LENGTH), "{text}");
+            assert!(!h.keep_alive && h.framing == BodyFraming::Chunked, "{text}");
+        }
+        let (h, _) = head("PUT / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.headers.get_all(header::CONTENT_LENGTH).iter().count(), 1);
+        // close anywhere wins, on either version.
+        let (h, _) = head("GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        let (h, _) = head("GET / HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        // Expect is ignored from HTTP/1.0 and for an empty body; Upgrade only on HTTP/1.1.
+        let (h, _) = head("POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.expect_continue);
+        let (h, _) = head("POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.expect_continue);
+        let (h, _) = head("CONNECT a:1 HTTP/1.0\r\nUpgrade: x\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.wants_upgrade);
+        // Refused: a target past hyper's limit.
+        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_URI_LEN));
+        assert!(head(&long).unwrap_err().contains("URI too long"));
         // Refused: a bad version, a bad target, a head past the limit.
         assert!(
             head("GET / HTTP/2.0\r\n\r\n")
