@@ -83,14 +83,26 @@ pub fn http1_response(data: &[u8]) {
         .build()
         .expect("a tokio runtime for the fuzz target");
     let theirs = hyper_view(&rt, data);
-    // The whole input in one read, and split into reads of 1 and 7 bytes.
+    same_as_hyper("the lean client", data, &theirs, |step| {
+        lean_view(&rt, data, step)
+    });
+}
+
+/// Our reading of `data` (in one read, and split into reads of 1 and 7 bytes) against
+/// hyper's: the same, or both refused.
+fn same_as_hyper<T: PartialEq + std::fmt::Debug>(
+    who: &str,
+    data: &[u8],
+    theirs: &Result<T, String>,
+    ours: impl Fn(usize) -> Result<T, String>,
+) {
     for step in [usize::MAX, 1, 7] {
-        let ours = lean_view(&rt, data, step);
-        match (&ours, &theirs) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "status or body differ (reads of {step})"),
+        let ours = ours(step);
+        match (&ours, theirs) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{who} and hyper differ (reads of {step})"),
             (Err(_), Err(_)) => {}
             _ => panic!(
-                "the lean client says {ours:?}, hyper says {theirs:?} (reads of {step}) for {:?}",
+                "{who} says {ours:?}, hyper says {theirs:?} (reads of {step}) for {:?}",
                 String::from_utf8_lossy(data)
             ),
         }
@@ -202,17 +214,9 @@ pub fn http1_request_accepted(data: &[u8]) -> bool {
         .build()
         .expect("a tokio runtime for the fuzz target");
     let theirs = hyper_server_view(&rt, data);
-    for step in [usize::MAX, 1, 7] {
-        let ours = request_view(&rt, data, step);
-        match (&ours, &theirs) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "the first request differs (reads of {step})"),
-            (Err(_), Err(_)) => {}
-            _ => panic!(
-                "our request reader says {ours:?}, hyper's server says {theirs:?} (reads of {step}) for {:?}",
-                String::from_utf8_lossy(data)
-            ),
-        }
-    }
+    same_as_hyper("our request reader", data, &theirs, |step| {
+        request_view(&rt, data, step)
+    });
     matches!(theirs, Ok(Some(_)))
 }
 
