@@ -78,14 +78,19 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
 /// worker sends to a GET, then closes.
 pub fn http1_response(data: &[u8]) {
     // One runtime for every view of this input.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the fuzz target");
+    let rt = runtime();
     let theirs = hyper_view(&rt, data);
     same_as_hyper("the lean client", data, &theirs, |step| {
         lean_view(&rt, data, step)
     });
+}
+
+/// The current-thread runtime every view of one fuzz input runs on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the fuzz target")
 }
 
 /// Our reading of `data` (in one read, and split into reads of 1 and 7 bytes) against
@@ -209,10 +214,7 @@ pub fn http1_request(data: &[u8]) {
 /// [`http1_request`], saying whether the two took a request (`false`: both refused, or
 /// neither saw one), so that a test can count how many inputs compared whole requests.
 pub fn http1_request_accepted(data: &[u8]) -> bool {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the fuzz target");
+    let rt = runtime();
     let theirs = hyper_server_view(&rt, data);
     same_as_hyper("our request reader", data, &theirs, |step| {
         request_view(&rt, data, step)

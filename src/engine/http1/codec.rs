@@ -13,13 +13,13 @@ pub(crate) const MAX_HEADERS: usize = 100;
 pub(crate) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields.
-const TOO_LARGE: &str = "message head is too large";
-const BAD_HEADER: &str = "invalid HTTP header parsed";
-const BAD_LENGTH: &str = "invalid content-length parsed";
+pub(super) const TOO_LARGE: &str = "message head is too large";
+pub(super) const BAD_HEADER: &str = "invalid HTTP header parsed";
+pub(super) const BAD_LENGTH: &str = "invalid content-length parsed";
 
 /// A parse error in hyper's words (runs recorded before the lean client used them, and
 /// users search for them).
-fn parse_error(e: httparse::Error) -> &'static str {
+pub(super) fn parse_error(e: httparse::Error) -> &'static str {
     match e {
         httparse::Error::Version => "invalid HTTP version parsed",
         httparse::Error::Status => "invalid HTTP status-code parsed",
@@ -125,11 +125,7 @@ fn framing(
     for v in headers.get_all(header::CONTENT_LENGTH) {
         let s = v.to_str().map_err(|_| BAD_LENGTH.to_string())?;
         for part in s.split(',') {
-            let part = part.trim();
-            let n = (!part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| part.parse::<u64>().ok())
-                .flatten()
-                .ok_or_else(|| format!("{BAD_LENGTH}: {s:?}"))?;
+            let n = digits(part.trim().as_bytes()).ok_or_else(|| format!("{BAD_LENGTH}: {s:?}"))?;
             match length {
                 Some(m) if m != n => {
                     return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
@@ -144,6 +140,15 @@ fn framing(
         Some(n) => Ok(Framing::Length(n)),
         None => Ok(Framing::Close),
     }
+}
+
+/// A `Content-Length` value: a plain, non-empty run of ASCII digits (no sign, no
+/// spaces) that fits a u64, as hyper reads it.
+pub(super) fn digits(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,10 @@
 //! HTTP/1 message rules both drivers share, below hyper: which headers are hop-by-hop
 //! (RFC 9110 section 7.6.1), how a request says it is its connection's only one, whether
-//! a response is an event stream, which responses have no body; and (`codec`) the lean
-//! client's response codec without I/O: the head, its framing, chunked bodies. replay's
-//! exchanges go through that codec (`engine::lean`); serve's through hyper.
+//! a response is an event stream, which responses have no body; (`codec`) the lean
+//! client's response codec without I/O: the head, its framing, chunked bodies; and
+//! (`request`) its request side by hyper's server rules. replay's exchanges go through
+//! the codec (`engine::lean`); serve's still through hyper (issue 35 moves them onto
+//! `request` and `codec`).
 
 pub(crate) mod codec;
 pub(crate) mod request;
@@ -45,11 +47,21 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// One of the comma-separated tokens of the `name` header fields is `token` (ASCII case
 /// ignored), as in `Connection: keep-alive, close` or `TE: gzip, trailers`.
 pub(crate) fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+    h.get_all(name).iter().any(|v| value_has_token(v, token))
+}
+
+/// [`has_token`] for one header line.
+pub(crate) fn value_has_token(v: &HeaderValue, token: &str) -> bool {
+    v.to_str()
+        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+/// A `Transfer-Encoding` line whose last coding is `chunked`.
+pub(crate) fn ends_in_chunked(te: &HeaderValue) -> bool {
+    te.to_str()
+        .ok()
+        .and_then(|v| v.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
 }
 
 /// Mark a request as its connection's only one (`Connection: close`). Used on fresh
@@ -84,11 +96,7 @@ pub(crate) fn is_close_delimited(headers: &HeaderMap) -> bool {
         .next_back()
     {
         // A transfer coding other than chunked last: read until the close (rule 7).
-        Some(te) => !te
-            .to_str()
-            .ok()
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked")),
+        Some(te) => !ends_in_chunked(te),
         None => !headers.contains_key(header::CONTENT_LENGTH),
     }
 }

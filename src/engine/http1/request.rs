@@ -8,12 +8,12 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Uri};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::codec::{Chunked, MAX_HEAD_BYTES, MAX_HEADERS};
+use super::codec::{
+    BAD_HEADER, BAD_LENGTH, Chunked, MAX_HEAD_BYTES, MAX_HEADERS, TOO_LARGE, digits, parse_error,
+};
+use super::{ends_in_chunked, value_has_token};
 
-/// hyper's words for what it refuses (users search for them).
-const TOO_LARGE: &str = "message head is too large";
-const BAD_HEADER: &str = "invalid HTTP header parsed";
-const BAD_LENGTH: &str = "invalid content-length parsed";
+/// hyper's words for a transfer coding that is not chunked last.
 const BAD_TE: &str = "invalid transfer-encoding parsed";
 
 /// How a request body ends. A request has no "until the close" body.
@@ -34,26 +34,16 @@ pub(crate) struct RequestHead {
     pub(crate) http10: bool,
     pub(crate) headers: HeaderMap,
     pub(crate) framing: BodyFraming,
-    // The three below are for serve's forwarding core (issue 35's next step); the unit
-    // tests pin them now.
-    /// The connection may carry another request after this one.
+    /// The connection may carry another request after this one. For serve's forwarding
+    /// core (issue 35's next step); the unit tests pin it now.
     #[allow(dead_code)]
     pub(crate) keep_alive: bool,
     /// `Expect: 100-continue` (the client waits for a `100 Continue` before the body).
-    #[allow(dead_code)]
     pub(crate) expect_continue: bool,
-    /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol.
+    /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol. For
+    /// serve's forwarding core, as `keep_alive`.
     #[allow(dead_code)]
     pub(crate) wants_upgrade: bool,
-}
-
-fn parse_error(e: httparse::Error) -> &'static str {
-    match e {
-        httparse::Error::Version => "invalid HTTP version parsed",
-        httparse::Error::Token => "invalid HTTP method parsed",
-        httparse::Error::TooManyHeaders => TOO_LARGE,
-        _ => BAD_HEADER,
-    }
 }
 
 /// hyper's longest request target.
@@ -156,20 +146,14 @@ impl Fields {
             if self.length.take().is_some() {
                 self.headers.remove(header::CONTENT_LENGTH);
             }
-            self.chunked = value
-                .to_str()
-                .ok()
-                .and_then(|s| s.rsplit(',').next())
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
+            self.chunked = ends_in_chunked(&value);
         } else if name == header::CONTENT_LENGTH {
             self.content_length = true;
             if self.transfer_encoding {
                 return Ok(());
             }
             let b = value.as_bytes();
-            let n = (!b.is_empty() && b.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(b).ok()?.parse::<u64>().ok())
-                .flatten()
+            let n = digits(b)
                 .ok_or_else(|| format!("{BAD_LENGTH}: {:?}", String::from_utf8_lossy(b)))?;
             match self.length {
                 Some(m) if m != n => {
@@ -181,12 +165,11 @@ impl Fields {
                 None => self.length = Some(n),
             }
         } else if name == header::CONNECTION {
-            let tokens = || value.to_str().ok().into_iter().flat_map(|s| s.split(','));
-            if self.saw_close || tokens().any(|t| t.trim().eq_ignore_ascii_case("close")) {
+            if self.saw_close || value_has_token(&value, "close") {
                 self.saw_close = true;
                 self.keep_alive = false;
             } else if !self.keep_alive {
-                self.keep_alive = tokens().any(|t| t.trim().eq_ignore_ascii_case("keep-alive"));
+                self.keep_alive = value_has_token(&value, "keep-alive");
             }
         } else if name == header::EXPECT {
             self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
