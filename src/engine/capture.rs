@@ -219,14 +219,6 @@ impl Capture {
         }
     }
 
-    /// [`Capture::on_body_end`] now, unless the end is already stamped (then nothing: the
-    /// clock is not read and the event stream is not finished twice).
-    pub(super) fn on_body_end_now(&mut self) {
-        if self.end_ns.is_none() {
-            self.on_body_end(clock::now_ns());
-        }
-    }
-
     /// Hook: the response body ended cleanly (by its framing, or by the close of a
     /// close-delimited body) at `now_ns`. Stamps the end (unless already stamped) and
     /// finishes the event stream.
@@ -305,11 +297,6 @@ impl Capture {
     /// The exchange's t0 on the monotonic clock.
     pub(crate) fn t0_ns(&self) -> u64 {
         self.t0_ns
-    }
-
-    /// The response body has ended (its last byte is stamped).
-    pub(crate) fn ended(&self) -> bool {
-        self.end_ns.is_some()
     }
 
     /// Keep the response head's headers for the row (serve forwards the originals).

@@ -7,8 +7,6 @@ use http::StatusCode;
 
 use crate::model::{Outcome, Side};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// What went wrong, whichever side it was on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cause {
@@ -73,6 +71,16 @@ impl ExchangeError {
             side: Side::Downstream,
             cause: Cause::Transport,
             message: "the client closed its connection before the worker's response head came; the upstream request was cancelled".into(),
+        }
+    }
+
+    /// serve: the client's request body could not be read to its end (`what`: it closed
+    /// its connection, or framed the body wrong); the upstream request was abandoned.
+    pub(crate) fn client_request_body(what: &str) -> Self {
+        ExchangeError {
+            side: Side::Downstream,
+            cause: Cause::Transport,
+            message: format!("the client's request body could not be read: {what}"),
         }
     }
 

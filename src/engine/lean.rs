@@ -24,14 +24,14 @@ use crate::model::{ConnectionPolicy, Endpoint};
 use crate::net::timed_io::TimedIo;
 
 /// Bytes read per call when the buffer needs room.
-const READ_CHUNK: usize = 16 * 1024;
+pub(super) const READ_CHUNK: usize = 16 * 1024;
 
 /// One open connection of the lean client.
 pub(crate) struct LeanConn {
-    id: i64,
-    io: TimedIo,
+    pub(super) id: i64,
+    pub(super) io: TimedIo,
     /// Bytes read and not yet consumed.
-    buf: BytesMut,
+    pub(super) buf: BytesMut,
 }
 
 /// A request serialised once: the head and the body, ready to write.
@@ -113,11 +113,11 @@ async fn read_some<R: AsyncRead + Unpin>(
 
 /// The step named in errors up to the response head (as the hyper path names it: a
 /// head that never comes fails the request's send).
-const SEND: &str = "send request";
-const BODY: &str = "read response body";
+pub(super) const SEND: &str = "send request";
+pub(super) const BODY: &str = "read response body";
 
 /// "connection closed before message completed" (hyper's words, kept for the records).
-fn closed_early(step: &str) -> ExchangeError {
+pub(super) fn closed_early(step: &str) -> ExchangeError {
     ExchangeError::upstream_message(format!(
         "{step}: connection closed before message completed"
     ))
@@ -138,13 +138,14 @@ impl Engine {
         })
     }
 
-    /// Write `req` on the slot's connection (or a new one), under the keep-alive rule.
-    async fn lean_send(
+    /// Write `bytes` (a request head, and its body or the start of it) on the slot's
+    /// connection (or a new one), under the keep-alive rule.
+    pub(crate) async fn lean_send(
         &self,
         slot: &mut Option<LeanConn>,
         ep: &Endpoint,
         policy: ConnectionPolicy,
-        req: &LeanRequest,
+        bytes: &[u8],
         cap: &mut Capture,
     ) -> Result<LeanConn, ExchangeError> {
         let idle = match slot.take() {
@@ -162,7 +163,7 @@ impl Engine {
         };
         cap.attach(&conn.io.stamps);
         let sent = async |c: &mut LeanConn| {
-            c.io.write_all(&req.bytes).await?;
+            c.io.write_all(bytes).await?;
             c.io.flush().await
         };
         if let Err(e) = sent(&mut conn).await {
@@ -193,7 +194,7 @@ impl Engine {
         req: &LeanRequest,
         cap: &mut Capture,
     ) -> Result<(), ExchangeError> {
-        let mut conn = self.lean_send(slot, ep, policy, req, cap).await?;
+        let mut conn = self.lean_send(slot, ep, policy, &req.bytes, cap).await?;
         let reusable = read_response(&mut conn.io, &mut conn.buf, &req.method, cap).await?;
         if reusable && policy == ConnectionPolicy::KeepAlive {
             *slot = Some(conn);
@@ -235,7 +236,7 @@ pub(crate) async fn read_response<R: AsyncRead + Unpin>(
 
 /// Read until a final response head (informational ones other than 101 are skipped, as
 /// hyper does); returns it and when the read that completed it returned.
-async fn read_head<R: AsyncRead + Unpin>(
+pub(super) async fn read_head<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     method: &Method,

@@ -44,6 +44,7 @@ async fn malformed_and_ambiguous_requests_are_refused_and_never_forwarded() {
             "400",
         ),
         ("bad version", "GET / HTTP/9.9\r\nhost: a\r\n\r\n", "400"),
+        ("connect", "CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n", "405"),
         (
             "bad content-length",
             "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 1x\r\n\r\n",
@@ -78,6 +79,17 @@ async fn malformed_and_ambiguous_requests_are_refused_and_never_forwarded() {
             "{names:?}"
         );
     }
+    // Pipelined requests are answered in order, the last one's close honoured.
+    let got = raw(
+        addr,
+        b"POST /p1 HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}POST /p2 HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 2, "{got:?}");
+    let paths: Vec<String> = peer.seen().iter().map(|s| s.path.clone()).collect();
+    let p1 = paths.iter().position(|p| p == "/p1");
+    let p2 = paths.iter().position(|p| p == "/p2");
+    assert!(p1.is_some() && p1 < p2, "{paths:?}");
     // Still serving.
     let mut c = Client::connect(addr).await;
     assert_eq!(

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::body::DownstreamEnd;
 use super::client::ClientConn;
+use super::down::DownstreamEnd;
 use super::state::{InFlight, OnRecordFull, PendingGuard, Shared};
 use crate::clock;
 use crate::drivers::{RowIds, SentRequest, Verdict};

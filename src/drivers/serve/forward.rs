@@ -1,31 +1,46 @@
-//! A client request turned into an upstream one, and the answer: the upstream response
-//! streamed back (or, when its body is already whole, handed over with the head), or a
-//! generated 502 / 503 / 504 when no head came.
+//! One client request on serve's own HTTP/1 core: turned into the upstream request
+//! (hop-by-hop headers removed, forwarding headers added), written on the client
+//! connection's upstream connection with its body streamed up as it is read (and copied
+//! on the side for the record), and answered: the upstream response relayed to the
+//! client (`relay`), or a generated 502 / 503 / 504 when no head came. Every path ends in
+//! `end::end`.
 
-use std::convert::Infallible;
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Request, Response, Uri};
-use hyper::body::{Body, Incoming};
-use tokio::sync::{mpsc, oneshot};
+use http::{HeaderMap, Method, StatusCode, Uri};
+use tokio::sync::oneshot;
 
-use super::body::{OnEnd, ProxyBody, TeeBody};
 use super::client::ClientConn;
+use super::down::{BodyUp, Down, DownstreamEnd};
 use super::end;
-use super::pump::{self, Pumped};
-use super::state::{InFlight, PendingGuard, Shared, Slot};
+use super::relay::{self, Out};
+use super::state::{InFlight, Pending, PendingGuard, Shared};
 use crate::clock;
-use crate::engine::{BodyCopy, Capture, Conn, Engine, ExchangeError, http1};
+use crate::engine::http1::codec::{Framing, Head};
+use crate::engine::http1::request::{BodyFraming, RequestHead};
+use crate::engine::lean::LeanConn;
+use crate::engine::relay::BodyRelay;
+use crate::engine::{BodyCopy, Capture, ExchangeError, http1};
 use crate::model::ConnectionPolicy;
 
-/// The headers sent upstream: hop-by-hop removed, `Expect` answered here (hyper sends
-/// `100 Continue` when the body is first read), forwarding headers added, `Host` kept
-/// unless `rewrite_host`.
+/// What a client connection's exchanges share, one at a time.
+pub(super) struct ConnState {
+    /// The upstream connection kept for the next request (`keep-alive`: each client
+    /// connection pinned to its own).
+    pub(super) slot: Option<LeanConn>,
+    pub(super) client: Arc<ClientConn>,
+    pub(super) conn_no: i64,
+    pub(super) next_index: i64,
+    /// Longest request head, and what a client may send ahead while it waits.
+    pub(super) limit: usize,
+}
+
+/// The headers sent upstream: hop-by-hop removed, `Expect` answered here (`100 Continue`
+/// once the request head is on its way up), forwarding headers added, `Host` kept unless
+/// `rewrite_host`.
 fn upstream_headers(mut h: HeaderMap, fw: &ClientConn, sh: &Shared) -> HeaderMap {
     http1::strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
@@ -62,239 +77,330 @@ fn upstream_url(sh: &Shared, uri: &Uri) -> String {
     url
 }
 
-/// The response serve generates when no upstream head came (502, 503, 504).
-fn error_response(e: &ExchangeError) -> Response<ProxyBody> {
-    let (status, kind) = e.status();
-    let body = Bytes::from(
-        serde_json::to_vec(&serde_json::json!({
-            "error": {"type": kind, "message": format!("matrix-proxy: {}", e.message)}
-        }))
-        .unwrap_or_default(),
-    );
-    let len = body.len();
-    let mut r = Response::new(ProxyBody {
-        rx: None,
-        full: Some(body),
-        finished: false,
-        done: None,
-    });
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r.headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    r
+/// The request head as it goes up: the request line with the upstream target, the
+/// headers, and `Transfer-Encoding: chunked` for a chunked body (it goes up as it came).
+fn request_head(
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    framing: BodyFraming,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + target.len() + 48 * headers.len());
+    b.extend_from_slice(method.as_str().as_bytes());
+    b.push(b' ');
+    b.extend_from_slice(target.as_bytes());
+    b.extend_from_slice(b" HTTP/1.1\r\n");
+    write_fields(&mut b, headers);
+    if framing == BodyFraming::Chunked {
+        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    b.extend_from_slice(b"\r\n");
+    b
+}
+
+fn write_fields(b: &mut Vec<u8>, headers: &HeaderMap) {
+    for (name, value) in headers {
+        b.extend_from_slice(name.as_str().as_bytes());
+        b.extend_from_slice(b": ");
+        b.extend_from_slice(value.as_bytes());
+        b.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A response head for the client: its version, the status, the fields, then the
+/// framing and connection fields serve decides.
+fn response_head(
+    http10: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+    chunked: bool,
+    keep: bool,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(128 + 48 * headers.len());
+    b.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    b.extend_from_slice(status.as_str().as_bytes());
+    b.push(b' ');
+    b.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    b.extend_from_slice(b"\r\n");
+    write_fields(&mut b, headers);
+    if chunked {
+        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if !keep {
+        b.extend_from_slice(b"connection: close\r\n");
+    } else if http10 {
+        b.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    b.extend_from_slice(b"\r\n");
+    b
+}
+
+/// How waiting for the upstream head failed.
+enum NoHead {
+    /// On the worker's side, or by serve's deadline or cut: answered 502 / 503 / 504.
+    Upstream(ExchangeError),
+    /// The client went away (before the head, or in the middle of its request body):
+    /// nobody to answer.
+    Client(ExchangeError),
 }
 
 /// One client request: forward it, answer the client, and see that it is recorded.
-pub(super) async fn handle(
-    sh: Arc<Shared>,
-    guard: PendingGuard,
-    slot: Slot,
-    client: Arc<ClientConn>,
-    conn_no: i64,
-    index: i64,
-    req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    client.wait_backlog().await;
+/// Returns whether the client connection may carry another request.
+pub(super) async fn exchange(
+    sh: &Arc<Shared>,
+    pending: &Arc<Pending>,
+    down: &mut Down,
+    st: &mut ConnState,
+    head: RequestHead,
+    stopping: bool,
+) -> bool {
+    st.client.wait_backlog().await;
+    let guard = PendingGuard::new(pending);
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
     let start_offset_us = clock::us_between(sh.run.run_t0_ns, cap.t0_ns());
-    // Counted down in `end::build_record`: every started exchange reaches `end::end`
-    // (through `Unanswered` when its client leaves before the head).
+    // Counted down in `end::build_record`: every started exchange reaches `end::end`.
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
-    let (parts, body) = req.into_parts();
-    let headers = upstream_headers(parts.headers, &client, &sh);
+    let RequestHead {
+        method,
+        uri,
+        http10,
+        headers,
+        framing,
+        keep_alive,
+        expect_continue,
+        ..
+    } = head;
+    let headers = upstream_headers(headers, &st.client, sh);
     // The record's URL; the upstream target is its tail.
-    let url = upstream_url(&sh, &parts.uri);
-    let target = &url[sh.origin_len..];
-    let copy = BodyCopy::new(sh.opts.max_record_body, Some(sh.budget.clone()));
-    let (tee, tee_rx) = TeeBody::new(body, copy);
-    let mut up = Request::new(tee);
-    *up.method_mut() = parts.method.clone();
-    *up.uri_mut() = Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/"));
-    *up.headers_mut() = headers.clone();
-    let p = InFlight {
+    let url = upstream_url(sh, &uri);
+    let wire = request_head(&method, &url[sh.origin_len..], &headers, framing);
+    let (tee_tx, tee_rx) = oneshot::channel();
+    let mut p = InFlight {
         cap,
         started_at_us,
         start_offset_us,
-        method: parts.method,
+        method,
         url,
         request_headers: headers,
         tee: tee_rx,
-        conn_no,
-        index,
-        client,
+        conn_no: st.conn_no,
+        index: st.next_index,
+        client: st.client.clone(),
     };
-
-    let conn = slot.lock().ok().and_then(|mut s| s.take());
+    st.next_index += 1;
+    let mut body = BodyUp::new(framing);
+    let mut copy = BodyCopy::new(sh.opts.max_record_body, Some(sh.budget.clone()));
     let mut cut = sh.cut.clone();
-    // Until a response is handed to hyper, a client that leaves makes hyper drop this
-    // future: the exchange is then recorded by the guard's drop.
-    let mut unanswered = Unanswered {
-        sh: &sh,
-        armed: Some((p, guard)),
-    };
-    let (p, _) = unanswered
-        .armed
-        .as_mut()
-        .expect("armed until a response is handed over");
-    let sent = tokio::select! {
-        r = tokio::time::timeout(
-            sh.opts.upstream_timeout,
-            sh.engine.send(conn, &sh.opts.upstream, sh.opts.policy, up, &mut p.cap),
-        ) => Some(r),
-        _ = cut.wait_for(|c| *c) => None,
-    };
-    let Some((mut p, guard)) = unanswered.armed.take() else {
-        unreachable!("armed until a response is handed over")
-    };
-    drop(unanswered);
-    let failure = match sent {
-        // `respond` never suspends before the row has an owner (the pump task or the
-        // response body's end): the state is disarmed here, so an await added there
-        // would lose the row of a client that leaves at it.
-        Some(Ok(Ok((conn, resp)))) => return Ok(respond(sh, guard, p, conn, resp, slot).await),
-        Some(Ok(Err(mut e))) => {
-            e.message = format!("upstream {}: {}", sh.opts.upstream.authority, e.message);
-            e
-        }
-        Some(Err(_)) => ExchangeError::deadline(format!(
-            "upstream {} sent no response head within --upstream-timeout ({} s)",
-            sh.opts.upstream.authority,
-            sh.opts.upstream_timeout.as_secs_f64()
-        )),
-        None => ExchangeError::shutdown_cut(),
-    };
-    p.cap.finish(clock::now_ns());
-    let mut resp = error_response(&failure);
-    let (done_tx, done_rx) = oneshot::channel();
-    resp.body_mut().done = Some(OnEnd::Notify(done_tx));
-    tokio::spawn(async move {
-        let downstream = pump::wait_downstream(&sh, done_rx).await;
-        end::end(&sh, p, Some(failure), downstream, guard);
-    });
-    Ok(resp)
-}
-
-/// A request waiting for the worker's response head. Its drop, while still armed (hyper
-/// dropped the request's future because the client closed its connection, or serve is
-/// cutting it), records the exchange: `client_aborted` (or `shutdown_cut`), the
-/// upstream exchange cancelled, nothing handed to the client.
-struct Unanswered<'a> {
-    sh: &'a Arc<Shared>,
-    armed: Option<(InFlight, PendingGuard)>,
-}
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        let Some((mut p, guard)) = self.armed.take() else {
-            return;
-        };
-        p.cap.finish(clock::now_ns());
-        let failure = if *self.sh.cut.borrow() {
-            ExchangeError::shutdown_cut()
-        } else {
-            ExchangeError::client_gone_before_head()
-        };
-        end::end(self.sh, p, Some(failure), None, guard);
-    }
-}
-
-/// The upstream answered with a head: stream its response to the client.
-async fn respond(
-    sh: Arc<Shared>,
-    guard: PendingGuard,
-    mut p: InFlight,
-    conn: Conn<TeeBody>,
-    resp: Response<Incoming>,
-    slot: Slot,
-) -> Response<ProxyBody> {
-    let (mut parts, mut body) = resp.into_parts();
-    let no_body = http1::has_no_body(&p.method, parts.status);
-    p.cap.keep_response_headers(parts.headers.clone());
-    http1::strip_hop_by_hop(&mut parts.headers);
-    // If the first body frame is already here, queue it before the head goes out: hyper
-    // then writes head and body in one go instead of flushing the head alone (measured: a
-    // second write per response, and a second wake-up of the client). Never waits: a
-    // stream's head is not held back for its first event.
-    let mut first = None;
-    let mut initial_failure = None;
-    let mut ended = false;
-    if !no_body || body.is_end_stream() {
-        let polled = {
-            let mut next = std::pin::pin!(Engine::next_frame(&mut body, &mut p.cap));
-            std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await
-        };
-        match polled {
-            Poll::Ready(Ok(Some(frame))) => {
-                let last = p.cap.ended() || frame.is_trailers();
-                first = Some(Ok((frame, last)));
-            }
-            Poll::Ready(Err(e)) => {
-                first = Some(Err(io::Error::other(e.message.clone())));
-                initial_failure = Some(e);
-            }
-            Poll::Ready(Ok(None)) => ended = true,
-            Poll::Pending => {}
-        }
-    }
-    // The whole upstream body is here (one data frame, or none): no reader task, no
-    // channel; the row is written when the client's side ends.
-    let whole = match first.take() {
-        Some(Ok((frame, true))) if frame.is_data() => Some(frame.into_data().ok()),
-        None if ended => Some(None),
-        other => {
-            first = other;
-            None
-        }
-    };
-    if let Some(data) = whole
-        && p.cap.stream_incomplete().is_none()
-    {
-        // The body has ended: its end stamp is already there, no clock read.
-        p.cap.finish_at_end();
-        if let Some(c) = Engine::release(conn, sh.opts.policy)
-            && let Ok(mut s) = slot.lock()
-        {
-            *s = Some(c);
-        }
-        let finished = no_body || data.is_none();
-        let listener = move |downstream| end::end(&sh, p, None, Some(downstream), guard);
-        return Response::from_parts(
-            parts,
-            ProxyBody {
-                rx: None,
-                full: data,
-                finished,
-                done: Some(OnEnd::Call(Box::new(listener))),
-            },
-        );
-    }
-    let (tx, rx) = mpsc::channel(sh.opts.buffer_frames.max(1));
-    if let Some(chunk) = first {
-        let _ = tx.try_send(chunk);
-    }
-    let (done_tx, done_rx) = oneshot::channel();
-    let resp = Response::from_parts(
-        parts,
-        ProxyBody {
-            rx: Some(rx),
-            full: None,
-            finished: no_body,
-            done: Some(OnEnd::Notify(done_tx)),
-        },
+    let sending = send(
+        sh,
+        down,
+        st,
+        wire,
+        &mut body,
+        expect_continue,
+        &mut copy,
+        &mut p,
     );
-    let up = Pumped {
-        conn,
-        body,
-        tx,
-        done_rx,
-        slot,
-        initial_failure,
+    let sent = tokio::select! {
+        r = tokio::time::timeout(sh.opts.upstream_timeout, sending) => r.unwrap_or_else(|_| {
+            Err(NoHead::Upstream(ExchangeError::deadline(format!(
+                "upstream {} sent no response head within --upstream-timeout ({} s)",
+                sh.opts.upstream.authority,
+                sh.opts.upstream_timeout.as_secs_f64()
+            ))))
+        }),
+        _ = cut.wait_for(|c| *c) => Err(NoHead::Upstream(ExchangeError::shutdown_cut())),
     };
-    tokio::spawn(pump::pump_and_record(sh, guard, p, up));
-    resp
+    let _ = tee_tx.send(copy.take());
+    // The connection can carry another request only if this one was read to its end.
+    let keep = keep_alive && body.done() && !stopping;
+    match sent {
+        Ok((conn, head, head_ns)) => {
+            respond(sh, down, st, p, guard, conn, head, head_ns, http10, keep).await
+        }
+        Err(NoHead::Client(e)) => {
+            p.cap.finish(clock::now_ns());
+            end::end(sh, p, Some(e), None, guard);
+            false
+        }
+        Err(NoHead::Upstream(e)) => {
+            p.cap.finish(clock::now_ns());
+            let keep = keep && e.outcome() != crate::model::Outcome::ShutdownCut;
+            let downstream = answer_error(down, &e, http10, keep).await;
+            let complete = downstream.complete;
+            end::end(sh, p, Some(e), Some(downstream), guard);
+            keep && complete
+        }
+    }
+}
+
+/// Write the request up (its body streamed as the client sends it) and wait for the
+/// response head, watching for the client's close meanwhile.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    sh: &Shared,
+    down: &mut Down,
+    st: &mut ConnState,
+    mut wire: Vec<u8>,
+    body: &mut BodyUp,
+    expect_continue: bool,
+    copy: &mut BodyCopy,
+    p: &mut InFlight,
+) -> Result<(LeanConn, Head, u64), NoHead> {
+    let up = |mut e: ExchangeError| {
+        e.message = format!("upstream {}: {}", sh.opts.upstream.authority, e.message);
+        NoHead::Upstream(e)
+    };
+    let bad_body = |m: String| NoHead::Client(ExchangeError::client_request_body(&m));
+    // Body bytes that came with the head go up with it, in one write.
+    let first = body.take(&mut down.buf, copy).map_err(bad_body)?;
+    wire.extend_from_slice(&first);
+    let mut conn = sh
+        .engine
+        .lean_send(
+            &mut st.slot,
+            &sh.opts.upstream,
+            sh.opts.policy,
+            &wire,
+            &mut p.cap,
+        )
+        .await
+        .map_err(up)?;
+    if expect_continue && !body.done() && down.buf.is_empty() {
+        down.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(|_| {
+                NoHead::Client(ExchangeError::client_request_body(
+                    "the client closed its connection",
+                ))
+            })?;
+    }
+    while !body.done() {
+        match down.read_more().await {
+            Ok(0) | Err(_) => {
+                return Err(NoHead::Client(ExchangeError::client_request_body(
+                    "the client closed its connection",
+                )));
+            }
+            Ok(_) => {}
+        }
+        let more = body.take(&mut down.buf, copy).map_err(bad_body)?;
+        conn.send_more(&more).await.map_err(up)?;
+    }
+    let (head, at) = tokio::select! {
+        r = conn.read_head(&p.method, &mut p.cap) => r.map_err(up)?,
+        () = down.until_closed(st.limit) => {
+            return Err(NoHead::Client(ExchangeError::client_gone_before_head()));
+        }
+    };
+    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(up(ExchangeError::upstream_message(
+            "answered 101 Switching Protocols: serve does not pass protocol upgrades through"
+                .into(),
+        )));
+    }
+    Ok((conn, head, at))
+}
+
+/// The upstream answered with a head: relay its response to the client, keep the
+/// upstream connection if it may carry another request, and end the exchange.
+#[allow(clippy::too_many_arguments)]
+async fn respond(
+    sh: &Arc<Shared>,
+    down: &mut Down,
+    st: &mut ConnState,
+    mut p: InFlight,
+    guard: PendingGuard,
+    mut conn: LeanConn,
+    head: Head,
+    head_ns: u64,
+    http10: bool,
+    keep: bool,
+) -> bool {
+    p.cap.keep_response_headers(head.headers.clone());
+    let no_body = http1::has_no_body(&p.method, head.status);
+    // How the client gets the body: as it came, or (a body the close ends, to an HTTP/1.1
+    // client) in chunks, so that a cut can never look complete; an HTTP/1.0 client gets
+    // an unframed body until the close.
+    let out = match head.framing {
+        _ if no_body => Out::AsIs,
+        Framing::Chunked | Framing::Close if http10 => Out::UntilClose,
+        Framing::Close => Out::Rechunk,
+        _ => Out::AsIs,
+    };
+    let keep = keep && out != Out::UntilClose;
+    let chunked = !http10 && matches!(head.framing, Framing::Chunked | Framing::Close) && !no_body;
+    let mut relay_body = BodyRelay::new(
+        &head,
+        head_ns,
+        http10 && head.framing == Framing::Chunked,
+        &mut p.cap,
+    );
+    let mut fields = head.headers;
+    http1::strip_hop_by_hop(&mut fields);
+    let wire = response_head(http10, head.status, &fields, chunked, keep);
+    let r = relay::relay(
+        sh,
+        down,
+        &mut conn,
+        &mut relay_body,
+        &mut p.cap,
+        Bytes::from(wire),
+        out,
+        st.limit,
+    )
+    .await;
+    if r.failure.is_none()
+        && relay_body.clean(&conn)
+        && head.keep_alive
+        && sh.opts.policy == ConnectionPolicy::KeepAlive
+    {
+        st.slot = Some(conn);
+    }
+    if relay_body.done() {
+        p.cap.finish_at_end();
+    } else {
+        p.cap.finish(clock::now_ns());
+    }
+    let ok = r.failure.is_none() && r.complete;
+    end::end(
+        sh,
+        p,
+        r.failure,
+        Some(DownstreamEnd {
+            at_ns: r.at_ns,
+            complete: r.complete,
+        }),
+        guard,
+    );
+    keep && ok
+}
+
+/// Answer a request that got no upstream head (502, 503, 504, with a JSON body saying
+/// why); when and whether the answer was handed over whole.
+async fn answer_error(
+    down: &mut Down,
+    e: &ExchangeError,
+    http10: bool,
+    keep: bool,
+) -> DownstreamEnd {
+    let (status, kind) = e.status();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "error": {"type": kind, "message": format!("matrix-proxy: {}", e.message)}
+    }))
+    .unwrap_or_default();
+    let mut fields = HeaderMap::with_capacity(2);
+    fields.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    fields.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let mut wire = response_head(http10, status, &fields, false, keep);
+    wire.extend_from_slice(&body);
+    let complete = down.send(&wire).await.is_ok();
+    DownstreamEnd {
+        at_ns: clock::now_ns(),
+        complete,
+    }
 }

@@ -1,49 +1,56 @@
-//! The serve driver: a recording reverse proxy in front of one worker.
+//! The serve driver: a recording reverse proxy in front of one worker, on our own HTTP/1
+//! core.
 //!
-//! A hyper HTTP/1.1 server accepts client connections; every request is forwarded through
-//! the exchange engine, and the response streams back while the engine stamps each frame.
-//! By default each downstream connection is pinned to its own upstream connection (so the
-//! client's keep-alive or fresh behaviour is mirrored and `connection_id` means something);
-//! `--upstream-connection fresh` opens one per request. Bodies stream in both directions:
-//! the request body is teed (copied up to the record limits) on its way up, and the
-//! upstream response, unless it is already whole with its head, is read by its own task
-//! into a bounded channel, so a slow client neither inflates the worker's timings nor
-//! makes the proxy hold unbounded data.
+//! One task per client connection (`serve_conn`) reads each request head by hyper's
+//! server rules (`engine::http1::request`), forwards the exchange, and goes on while the
+//! connection may carry another. By default each client connection is pinned to its own
+//! upstream connection (so the client's keep-alive or fresh behaviour is mirrored and
+//! `connection_id` means something); `--upstream-connection fresh` opens one per request.
+//! Bodies stream in both directions: the request body goes up as the client sends it
+//! (copied, up to the record limits, on the side), and the upstream body is read at most
+//! `--buffer` pieces ahead of the client, so a slow client neither inflates the worker's
+//! timings nor makes the proxy hold unbounded data.
 //!
 //! A row is submitted after the client's response has ended (or failed), never while it
 //! is in flight. This module never imports the replay driver; what both need lives in the
 //! engine, the recorder and `drivers` itself (the run context and the one row constructor).
 //!
-//! Files, each importing only those below it: this one accepts connections and stops;
-//! `forward` turns a client request into an upstream one and answers; `pump` reads a
-//! streamed upstream body; `end` is the one end of every exchange (the outcome decided,
-//! the row built and recorded); `state` holds the options and what every connection
-//! shares; `body` the two bodies, `client` a client connection's state and `live` the
-//! counters, which import nothing else from serve.
+//! Files, each importing only those below it: this one accepts connections, runs each
+//! one and stops; `forward` turns a client request into an upstream one and answers;
+//! `relay` moves a response body from the worker to the client; `end` is the one end of
+//! every exchange (the outcome decided, the row built and recorded); `state` holds the
+//! options and what every connection shares; `down` the client connection (heads, the
+//! request body, serve's own short answers), `client` a client connection's forwarding
+//! headers and back-pressure gate, and `live` the counters, which import nothing else
+//! from serve.
 //!
 //! # The life of a served exchange
 //!
-//! 1. `forward::handle` (in `drivers/serve/`) first waits on its client connection's
-//!    back-pressure gate (`ClientConn::wait_backlog`: set only while the connection's previous
-//!    row waits for room in the recorder's queue under `block`). `Capture::start` stamps t0
-//!    (drawing recorded bytes from the `--record-memory` budget), the wall clock is read once,
-//!    and the upstream request is made: hop-by-hop headers removed (`engine::http1`),
-//!    forwarding headers added (`upstream_headers`, built once per client connection in
-//!    `ClientConn`), the URL and target made once (`upstream_url`). The request body streams
-//!    up through a `TeeBody`, whose `BodyCopy` is delivered on a oneshot when it ends.
-//! 2. `Engine::send` runs on the connection taken from the client connection's slot, under
-//!    `--upstream-timeout` and the stop's cut. With no head, `error_response` answers 502,
-//!    503 or 504 (`ExchangeError::status`), and a task waits for the client's side
-//!    (`pump::wait_downstream`) and hands what it saw to `end::end`.
-//! 3. With a head, `respond` polls for the first body frame without waiting. If the body is
-//!    already whole (and, for an event stream, complete), the connection goes back to the
-//!    slot and the `ProxyBody` carries the body with `OnEnd::Call`: a listener the body does
-//!    not know, which calls `end::end` when the client's side ends. Otherwise
-//!    `pump::pump_and_record` reads the upstream body frame by frame (`pump::pump`, under
-//!    `--upstream-idle-timeout`) into the 64-frame channel the `ProxyBody` drains,
-//!    independently of the client, then puts the connection back, waits for the client's
-//!    side, and calls `end::end`. A request whose client leaves before the head (hyper drops
-//!    its future) is ended by `forward::Unanswered`'s drop, through `end::end` too.
+//! 1. `serve_conn` reads the request head within `--header-read-timeout` and
+//!    `--max-header-bytes` (`Down::next_head`); a head it refuses is answered 400 or 431
+//!    (a `CONNECT` 405) and the connection closed, never forwarded. `forward::exchange`
+//!    first waits on the connection's back-pressure gate (`ClientConn::wait_backlog`: set
+//!    only while the connection's previous row waits for room in the recorder's queue
+//!    under `block`). `Capture::start` stamps t0 (drawing recorded bytes from the
+//!    `--record-memory` budget), the wall clock is read once, and the upstream request is
+//!    made: hop-by-hop headers removed (`engine::http1`), forwarding headers added
+//!    (`upstream_headers`, built once per client connection in `ClientConn`), the URL and
+//!    target made once (`upstream_url`).
+//! 2. `Engine::lean_send` writes the head (and the body bytes that came with it) on the
+//!    connection kept from the previous request, or a new one, under the keep-alive rule;
+//!    the rest of the body follows as the client sends it (`100 Continue` first when the
+//!    client asked), copied into a `BodyCopy`. Then the response head is read while the
+//!    client's side is watched for its close (`Down::until_closed`). All of this runs
+//!    under `--upstream-timeout` and the stop's cut. With no head, `answer_error` answers
+//!    502, 503 or 504 (`ExchangeError::status`); a client that left is recorded
+//!    `client_aborted` with nothing answered.
+//! 3. With a head, `respond` decides the client's framing (as the worker framed it; in
+//!    chunks for a body the close ends, so a cut never looks complete; unframed for an
+//!    HTTP/1.0 client) and `relay::relay` moves the body: one poll loop writes the queued
+//!    pieces (vectored, the head with the first bytes), reads on from the worker (each
+//!    read stamped by the engine, under `--upstream-idle-timeout`), and watches the
+//!    client's close. The upstream connection goes back to the client connection's slot
+//!    when the body ended cleanly and both sides allow it.
 //! 4. `end::end` is the one place an exchange ends, and its `verdict` the one place an
 //!    outcome is decided (the rule is in `end.rs`).
 //! 5. `end::build_record` counts the exchange in the live counters, sets `downstream_done_us` (only
@@ -53,28 +60,26 @@
 //!    policy: under `drop`, `try_submit` (dropped and counted when the queue is full); under
 //!    `block`, `submit_now`, and when the queue is full the client connection's gate closes
 //!    until a task has `submit`ted the row.
-//! 6. When serve stops, the closed parts are read back (`record::read::for_each_row`) into
-//!    `report::routes::RouteTable`: summary.json's `routes` and the end-of-run lines.
+//! 6. When serve stops, connections waiting for a new request close, in-flight exchanges
+//!    get the grace period (their connections close after them), then are cut. The closed
+//!    parts are read back (`record::read::for_each_row`) into `report::routes::RouteTable`:
+//!    summary.json's `routes` and the end-of-run lines.
 
-mod body;
 mod client;
+mod down;
 mod end;
 mod forward;
 mod live;
-mod pump;
+mod relay;
 mod state;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::HeaderValue;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::{AsyncRead, AsyncWrite};
+use http::{Method, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -85,10 +90,12 @@ use crate::engine::Engine;
 use crate::metrics::Percentiles;
 use crate::report::ServeStats;
 use client::ClientConn;
+use down::{Down, DownIo, NextHead};
+use forward::ConnState;
 use live::LiveCounters;
 pub use state::OnRecordFull;
 pub(crate) use state::ServeOptions;
-use state::{Pending, PendingGuard, Shared, Slot};
+use state::{Pending, Shared};
 
 /// Serve until `stop` turns true, then drain (bounded by the grace period) and cut what is
 /// left. The caller finishes the recording ([`RunContext::finish_recording`]).
@@ -100,6 +107,7 @@ pub(crate) async fn run(
     stop: Arc<AtomicBool>,
 ) -> ServeStats {
     let (cut_tx, cut_rx) = watch::channel(false);
+    let (stopping_tx, stopping_rx) = watch::channel(false);
     let proto = if opts.tls.is_some() { "https" } else { "http" };
     let shared = Arc::new(Shared {
         engine,
@@ -134,11 +142,20 @@ pub(crate) async fn run(
         .opts
         .stats_interval
         .map(|every| tokio::spawn(stats_loop(every, Arc::downgrade(&shared))));
-    let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
-    accept_until_stopped(&listener, &shared, &pending, &graceful, &mut conns, &stop).await;
+    accept_until_stopped(
+        &listener,
+        &shared,
+        &pending,
+        &stopping_rx,
+        &mut conns,
+        &stop,
+    )
+    .await;
     drop(listener);
-    drain(&shared, &pending, graceful, &mut conns, cut_tx).await;
+    let _ = stopping_tx.send(true);
+    drain(&shared, &pending, &mut conns, cut_tx).await;
+    drop(stopping_tx);
     if let Some(t) = stats_task {
         t.abort();
     }
@@ -158,7 +175,7 @@ async fn accept_until_stopped(
     listener: &TcpListener,
     shared: &Arc<Shared>,
     pending: &Arc<Pending>,
-    graceful: &GracefulShutdown,
+    stopping: &watch::Receiver<bool>,
     conns: &mut JoinSet<()>,
     stop: &AtomicBool,
 ) {
@@ -175,15 +192,15 @@ async fn accept_until_stopped(
                 let _ = tcp.set_nodelay(true);
                 let sh = shared.clone();
                 let pending = pending.clone();
-                let watcher = graceful.watcher();
+                let stopping = stopping.clone();
                 conns.spawn(async move {
                     let _permit = permit;
                     match sh.opts.tls.clone() {
-                        None => serve_conn(sh, pending, watcher, tcp, peer).await,
+                        None => serve_conn(sh, pending, stopping, Box::new(tcp), peer).await,
                         Some(acceptor) => {
                             let hs = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
                             if let Ok(Ok(tls)) = hs {
-                                serve_conn(sh, pending, watcher, tls, peer).await;
+                                serve_conn(sh, pending, stopping, Box::new(tls), peer).await;
                             }
                         }
                     }
@@ -199,16 +216,17 @@ async fn accept_until_stopped(
     }
 }
 
-/// Stop: idle keep-alive connections close, in-flight exchanges may finish within the
-/// grace period; then what is left is cut, and every pending row is submitted.
+/// Stop (`stopping` is already true): idle keep-alive connections close, in-flight
+/// exchanges may finish within the grace period (their connections close after them);
+/// then what is left is cut, and every pending row is submitted.
 async fn drain(
     shared: &Shared,
     pending: &Pending,
-    graceful: GracefulShutdown,
     conns: &mut JoinSet<()>,
     cut_tx: watch::Sender<bool>,
 ) {
-    let drained = tokio::time::timeout(shared.opts.grace, graceful.shutdown())
+    let all_closed = async { while conns.join_next().await.is_some() {} };
+    let drained = tokio::time::timeout(shared.opts.grace, all_closed)
         .await
         .is_ok();
     if !drained {
@@ -234,40 +252,41 @@ async fn drain(
     while conns.join_next().await.is_some() {}
 }
 
-/// Serve one downstream connection (plain or TLS).
-async fn serve_conn<I>(
+/// Serve one downstream connection (plain or TLS): one task reads each request head,
+/// forwards the exchange, and goes on while the connection may carry another.
+async fn serve_conn(
     sh: Arc<Shared>,
     pending: Arc<Pending>,
-    watcher: hyper_util::server::graceful::Watcher,
-    io: I,
+    mut stopping: watch::Receiver<bool>,
+    io: Box<dyn DownIo>,
     peer: SocketAddr,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let conn_no = sh.next_conn.fetch_add(1, Ordering::Relaxed);
-    let sh_limits = (sh.opts.max_header_bytes, sh.opts.header_read_timeout);
-    let slot: Slot = Arc::new(Mutex::new(None));
-    let requests = Arc::new(AtomicI64::new(0));
-    let client = Arc::new(ClientConn::new(peer));
-    let svc = service_fn(move |req| {
-        let index = requests.fetch_add(1, Ordering::Relaxed);
-        forward::handle(
-            sh.clone(),
-            PendingGuard::new(&pending),
-            slot.clone(),
-            client.clone(),
-            conn_no,
-            index,
-            req,
-        )
-    });
-    let conn = http1::Builder::new()
-        .keep_alive(true)
-        .max_buf_size(sh_limits.0.max(8192))
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(sh_limits.1)
-        .serve_connection(TokioIo::new(io), svc);
-    let _ = watcher.watch(conn).await;
+) {
+    let limit = sh.opts.max_header_bytes.max(8192);
+    let mut down = Down::new(io);
+    let mut st = ConnState {
+        slot: None,
+        client: Arc::new(ClientConn::new(peer)),
+        conn_no: sh.next_conn.fetch_add(1, Ordering::Relaxed),
+        next_index: 0,
+        limit,
+    };
+    loop {
+        let head = match down
+            .next_head(limit, sh.opts.header_read_timeout, &mut stopping)
+            .await
+        {
+            NextHead::Head(head) => *head,
+            NextHead::Closed => return,
+            NextHead::Refuse(status) => return down.refuse(status).await,
+        };
+        if head.method == Method::CONNECT {
+            return down.refuse(StatusCode::METHOD_NOT_ALLOWED).await;
+        }
+        let stop_now = *stopping.borrow();
+        if !forward::exchange(&sh, &pending, &mut down, &mut st, head, stop_now).await {
+            return down.close().await;
+        }
+    }
 }
 
 /// Live counters on stderr every `every`.

@@ -1,23 +1,22 @@
 //! serve's state, in one place every other file of serve may import: the run's options
 //! ([`ServeOptions`], [`OnRecordFull`]), what every connection shares ([`Shared`]), the
-//! count of exchanges whose row is not yet submitted ([`Pending`]), a client connection's
-//! upstream slot, and an exchange in flight ([`InFlight`]: everything known about it but
-//! its ending). Imports only serve's leaves (`body`, `client`, `live`).
+//! count of exchanges whose row is not yet submitted ([`Pending`]), and an exchange in
+//! flight ([`InFlight`]: everything known about it but its ending). Imports only serve's
+//! leaves (`client`, `live`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::HeaderMap;
 use http::header::HeaderValue;
 use tokio::sync::{Notify, oneshot, watch};
 
-use super::body::TeeBody;
 use super::client::ClientConn;
 use super::live::LiveCounters;
 use crate::budget::MemoryBudget;
 use crate::drivers::RunContext;
-use crate::engine::{Capture, Conn, CopiedBody, Engine};
+use crate::engine::{Capture, CopiedBody, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
 
 /// What to do when the recorder's queue is full (`serve --on-record-full`).
@@ -113,9 +112,6 @@ impl Drop for PendingGuard {
         }
     }
 }
-
-/// A client connection's upstream connection between its requests (pinned policy).
-pub(super) type Slot = Arc<Mutex<Option<Conn<TeeBody>>>>;
 
 /// Everything known about an exchange except its ending.
 pub(super) struct InFlight {

@@ -13,7 +13,7 @@ pub(crate) const MAX_HEADERS: usize = 100;
 pub(crate) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields.
-pub(super) const TOO_LARGE: &str = "message head is too large";
+pub(crate) const TOO_LARGE: &str = "message head is too large";
 pub(super) const BAD_HEADER: &str = "invalid HTTP header parsed";
 pub(super) const BAD_LENGTH: &str = "invalid content-length parsed";
 

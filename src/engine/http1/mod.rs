@@ -2,9 +2,9 @@
 //! (RFC 9110 section 7.6.1), how a request says it is its connection's only one, whether
 //! a response is an event stream, which responses have no body; (`codec`) the lean
 //! client's response codec without I/O: the head, its framing, chunked bodies; and
-//! (`request`) its request side by hyper's server rules. replay's exchanges go through
-//! the codec (`engine::lean`); serve's still through hyper (issue 35 moves them onto
-//! `request` and `codec`).
+//! (`request`) its request side by hyper's server rules. Both drivers' exchanges go
+//! through the codec (`engine::lean`, `engine::relay`); serve reads client requests with
+//! `request`.
 
 pub(crate) mod codec;
 pub(crate) mod request;

@@ -1,5 +1,4 @@
-//! The request side of our HTTP/1.1 codec (issue 35's first building block of serve's own
-//! forwarding core): a request head parsed with httparse, its body framing by hyper's
+//! The request side of our HTTP/1.1 codec (how serve reads client requests): a request head parsed with httparse, its body framing by hyper's
 //! server rules (RFC 9112 section 6.3), and a reader of one whole request over any
 //! `AsyncRead`. `fuzzing::http1_request` holds it to hyper's server on the same bytes.
 
@@ -34,14 +33,13 @@ pub(crate) struct RequestHead {
     pub(crate) http10: bool,
     pub(crate) headers: HeaderMap,
     pub(crate) framing: BodyFraming,
-    /// The connection may carry another request after this one. For serve's forwarding
-    /// core (issue 35's next step); the unit tests pin it now.
-    #[allow(dead_code)]
+    /// The connection may carry another request after this one.
     pub(crate) keep_alive: bool,
     /// `Expect: 100-continue` (the client waits for a `100 Continue` before the body).
     pub(crate) expect_continue: bool,
-    /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol. For
-    /// serve's forwarding core, as `keep_alive`.
+    /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol. serve
+    /// passes no upgrade through (it refuses `CONNECT` and sends the request up without
+    /// its hop-by-hop `Upgrade`), so only the unit tests and the fuzz view read it.
     #[allow(dead_code)]
     pub(crate) wants_upgrade: bool,
 }

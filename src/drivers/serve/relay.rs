@@ -1,0 +1,261 @@
+//! The upstream response relayed to the client by the client connection's own task: one
+//! poll loop writes what is queued to the client, reads the upstream body into the queue
+//! (each read stamped by the engine when it returns, up to `--buffer`'s frames ahead of
+//! the client, so a slow client neither stalls the worker's reads nor makes serve hold
+//! unbounded data), watches the client's side for its close, and bounds the worker's
+//! silences by `--upstream-idle-timeout`. Pieces are the `Bytes` split off the upstream
+//! connection's buffer: no copy between the two sockets.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::IoSlice;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use tokio::io::AsyncReadExt;
+
+use super::down::Down;
+use super::state::Shared;
+use crate::clock;
+use crate::engine::lean::LeanConn;
+use crate::engine::relay::BodyRelay;
+use crate::engine::{Capture, ExchangeError};
+
+/// How the client gets the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Out {
+    /// As the worker framed it (a length, or chunks passed through).
+    AsIs,
+    /// In chunks, one per read (a body the worker ends by closing, to an HTTP/1.1
+    /// client: its cut must not look complete).
+    Rechunk,
+    /// Unframed until the close (an HTTP/1.0 client).
+    UntilClose,
+}
+
+/// How a relayed response ended.
+pub(super) struct Relayed {
+    /// How the upstream side failed (or serve's deadline or cut).
+    pub(super) failure: Option<ExchangeError>,
+    /// The client got the whole response.
+    pub(super) complete: bool,
+    pub(super) at_ns: u64,
+}
+
+/// Most pieces written in one vectored write.
+const IOV: usize = 32;
+
+/// Relay the response whose `head` is ready and whose body `body` reads from `conn`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn relay(
+    sh: &Shared,
+    down: &mut Down,
+    conn: &mut LeanConn,
+    body: &mut BodyRelay,
+    cap: &mut Capture,
+    head: Bytes,
+    mode: Out,
+    limit: usize,
+) -> Relayed {
+    let idle = sh.opts.upstream_idle_timeout;
+    let idle_ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
+    let mut r = Relay {
+        down,
+        conn,
+        body,
+        cap,
+        out: VecDeque::from([head]),
+        mode,
+        frames: sh.opts.buffer_frames.max(1),
+        limit,
+        failure: None,
+        gone: false,
+        finished: false,
+        last: clock::now_ns(),
+    };
+    let mut cut = sh.cut.clone();
+    let mut cut_wait = pin!(cut.wait_for(|c| *c));
+    let mut sleep = pin!(tokio::time::sleep(idle));
+    std::future::poll_fn(|cx| {
+        loop {
+            if let Some(done) = r.step(cx) {
+                return done;
+            }
+            // Nothing moved: a worker silent past the idle timeout (or, after a failure,
+            // a client that takes nothing more for as long) ends it, and so does the cut.
+            let reading = r.failure.is_none() && !r.finished && r.out.len() < r.frames;
+            if (reading || r.failure.is_some()) && sleep.as_mut().poll(cx).is_ready() {
+                // The timer is set once and moved on only when it fires early (a read
+                // since it was set): no timer work per read.
+                let now = clock::now_ns();
+                let due = r.last.saturating_add(idle_ns);
+                if now < due {
+                    let at = sleep.deadline() + Duration::from_nanos(due - now);
+                    sleep.as_mut().reset(at);
+                    continue;
+                }
+                if r.failure.is_some() {
+                    r.gone = true;
+                    return Poll::Ready(());
+                }
+                r.failure = Some(ExchangeError::deadline(format!(
+                    "upstream sent no body bytes for --upstream-idle-timeout ({} s)",
+                    idle.as_secs_f64()
+                )));
+                continue;
+            }
+            if cut_wait.as_mut().poll(cx).is_ready() {
+                r.failure.get_or_insert_with(ExchangeError::shutdown_cut);
+                r.gone = true;
+                return Poll::Ready(());
+            }
+            return Poll::Pending;
+        }
+    })
+    .await;
+    Relayed {
+        complete: r.finished && !r.gone && r.failure.is_none(),
+        failure: r.failure,
+        at_ns: clock::now_ns(),
+    }
+}
+
+/// A response on its way: the two sides, the pieces queued for the client, and how far
+/// it got.
+struct Relay<'a> {
+    down: &'a mut Down,
+    conn: &'a mut LeanConn,
+    body: &'a mut BodyRelay,
+    cap: &'a mut Capture,
+    out: VecDeque<Bytes>,
+    mode: Out,
+    frames: usize,
+    limit: usize,
+    failure: Option<ExchangeError>,
+    /// The client went away (or can no longer be written to).
+    gone: bool,
+    /// The body's last bytes are queued.
+    finished: bool,
+    /// When either side last moved (the monotonic clock).
+    last: u64,
+}
+
+impl Relay<'_> {
+    /// Move what can move without waiting. `Some`: the relay is over; `None`: nothing
+    /// can move now.
+    fn step(&mut self, cx: &mut Context<'_>) -> Option<Poll<()>> {
+        loop {
+            let mut moved = match self.write(cx) {
+                Ok(moved) => moved,
+                Err(()) => return Some(Poll::Ready(())),
+            };
+            if self.out.is_empty() && (self.finished || self.failure.is_some()) {
+                // A flush that waits leaves the cut to end it.
+                return match Pin::new(&mut *self.down.io).poll_flush(cx) {
+                    Poll::Ready(r) => {
+                        self.gone = r.is_err();
+                        Some(Poll::Ready(()))
+                    }
+                    Poll::Pending => None,
+                };
+            }
+            moved |= self.read(cx);
+            if moved {
+                continue;
+            }
+            // The client's side: its close ends the exchange; what it sends meanwhile (a
+            // pipelined request) is kept, up to the head limit.
+            if self.down.buf.len() < self.limit {
+                if self.down.buf.capacity() - self.down.buf.len() < 1024 {
+                    self.down.buf.reserve(4096);
+                }
+                match pin!(self.down.io.read_buf(&mut self.down.buf)).poll(cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        self.gone = true;
+                        return Some(Poll::Ready(()));
+                    }
+                    Poll::Ready(Ok(_)) => continue,
+                    Poll::Pending => {}
+                }
+            }
+            return None;
+        }
+    }
+
+    /// Write what is queued to the client: whether anything was written; `Err` when the
+    /// client is gone.
+    fn write(&mut self, cx: &mut Context<'_>) -> Result<bool, ()> {
+        let mut moved = false;
+        while !self.out.is_empty() {
+            let mut iov = [IoSlice::new(&[]); IOV];
+            let n = self.out.len().min(IOV);
+            for (slot, piece) in iov.iter_mut().zip(self.out.iter()) {
+                *slot = IoSlice::new(piece);
+            }
+            match Pin::new(&mut *self.down.io).poll_write_vectored(cx, &iov[..n]) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    self.gone = true;
+                    return Err(());
+                }
+                Poll::Ready(Ok(mut w)) => {
+                    while w > 0 {
+                        let front = &mut self.out[0];
+                        let k = w.min(front.len());
+                        front.advance(k);
+                        w -= k;
+                        if front.is_empty() {
+                            self.out.pop_front();
+                        }
+                    }
+                    moved = true;
+                    self.last = clock::now_ns();
+                }
+                Poll::Pending => break,
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Read the worker's body on while the client is at most `frames` pieces behind:
+    /// whether anything happened.
+    fn read(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.failure.is_some() || self.finished || self.out.len() >= self.frames {
+            return false;
+        }
+        match self.body.poll_next(self.conn, cx, self.cap) {
+            Poll::Ready(Ok(Some(b))) => {
+                if !b.is_empty() {
+                    queue(&mut self.out, b, self.mode);
+                }
+                self.last = clock::now_ns();
+            }
+            // A close-delimited event stream cut mid-event: the body ended cleanly, but
+            // the client's response must not look complete.
+            Poll::Ready(Ok(None)) => match self.cap.stream_incomplete() {
+                Some(m) => self.failure = Some(ExchangeError::upstream_message(m)),
+                None => {
+                    if self.mode == Out::Rechunk {
+                        self.out.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                    }
+                    self.finished = true;
+                }
+            },
+            Poll::Ready(Err(e)) => self.failure = Some(e),
+            Poll::Pending => return false,
+        }
+        true
+    }
+}
+
+/// Queue a piece of the body as the client gets it.
+fn queue(out: &mut VecDeque<Bytes>, b: Bytes, mode: Out) {
+    if mode == Out::Rechunk {
+        out.push_back(Bytes::from(format!("{:x}\r\n", b.len())));
+        out.push_back(b);
+        out.push_back(Bytes::from_static(b"\r\n"));
+    } else {
+        out.push_back(b);
+    }
+}

@@ -1,0 +1,185 @@
+//! serve's upstream side, on the lean client's connections: the rest of a request after
+//! the head [`Engine::lean_send`](super::Engine::lean_send) wrote ([`LeanConn::send_more`]),
+//! the response head ([`LeanConn::read_head`]), and the response body read for forwarding
+//! ([`BodyRelay`]): each read stamped into the capture when it returns and handed on as
+//! the bytes that came, their framing included, split off the connection's buffer without
+//! a copy.
+
+use std::future::Future;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::http1::codec::{Chunked, Framing, Head};
+use super::lean::{self, BODY, LeanConn, READ_CHUNK, SEND};
+use super::{Capture, ExchangeError, http1};
+use crate::clock;
+
+impl LeanConn {
+    /// Write more of a request (its body) after its head, and flush it.
+    pub(crate) async fn send_more(&mut self, bytes: &[u8]) -> Result<(), ExchangeError> {
+        let sent = async {
+            self.io.write_all(bytes).await?;
+            self.io.flush().await
+        };
+        sent.await.map_err(|e| ExchangeError::upstream(SEND, &e))
+    }
+
+    /// Read the final response head to a `method` request (informational heads other
+    /// than 101 skipped) and when the read that completed it returned; its status and
+    /// whether it is an event stream go into `cap`.
+    pub(crate) async fn read_head(
+        &mut self,
+        method: &Method,
+        cap: &mut Capture,
+    ) -> Result<(Head, u64), ExchangeError> {
+        let (head, at) = lean::read_head(&mut self.io, &mut self.buf, method).await?;
+        cap.status = Some(head.status);
+        if http1::is_event_stream(&head.headers) {
+            cap.on_event_stream(head.framing == Framing::Close);
+        }
+        Ok((head, at))
+    }
+}
+
+/// A response body read for forwarding, framed as its head says.
+#[derive(Debug)]
+pub(crate) struct BodyRelay {
+    framing: Framing,
+    left: u64,
+    chunked: Chunked,
+    /// Hand on the body's data instead of its bytes as framed (a chunked body for a
+    /// client that cannot take chunks).
+    decode: bool,
+    /// When the bytes in the connection's buffer not yet taken were read.
+    unread: Option<u64>,
+    done: bool,
+}
+
+impl BodyRelay {
+    /// The body after `head`, whose read returned at `head_ns` (bytes that came with the
+    /// head are the body's first). A body that is empty by its framing ends at `head_ns`.
+    pub(crate) fn new(head: &Head, head_ns: u64, decode: bool, cap: &mut Capture) -> BodyRelay {
+        let left = match head.framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        let done = matches!(head.framing, Framing::Empty | Framing::Length(0));
+        if done {
+            cap.on_body_end(head_ns);
+        }
+        BodyRelay {
+            framing: head.framing,
+            left,
+            chunked: Chunked::default(),
+            decode,
+            unread: Some(head_ns),
+            done,
+        }
+    }
+
+    /// The body has been read to its end.
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// The body ended by its framing and nothing followed it: the connection may carry
+    /// another request if its head allows.
+    pub(crate) fn clean(&self, conn: &LeanConn) -> bool {
+        self.done && self.framing != Framing::Close && conn.buf.is_empty()
+    }
+
+    /// The next bytes to hand on (`Some` may be empty while the body goes on), or `None`
+    /// at the end of the body. Stamps each read into `cap`; an error names the step.
+    pub(crate) fn poll_next(
+        &mut self,
+        conn: &mut LeanConn,
+        cx: &mut Context<'_>,
+        cap: &mut Capture,
+    ) -> Poll<Result<Option<Bytes>, ExchangeError>> {
+        loop {
+            if let Some(at) = self.unread.take()
+                && !self.done
+            {
+                let b = self.take(&mut conn.buf, at, cap)?;
+                if !b.is_empty() || self.done {
+                    return Poll::Ready(Ok(Some(b)));
+                }
+            }
+            if self.done {
+                return Poll::Ready(Ok(None));
+            }
+            if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
+                conn.buf.reserve(READ_CHUNK);
+            }
+            let read = std::pin::pin!(conn.io.read_buf(&mut conn.buf)).poll(cx);
+            match read {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::upstream(BODY, &e))),
+                Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
+                    self.done = true;
+                    cap.on_body_end(clock::now_ns());
+                    return Poll::Ready(Ok(None));
+                }
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(lean::closed_early(BODY))),
+                Poll::Ready(Ok(_)) => self.unread = Some(clock::now_ns()),
+            }
+        }
+    }
+
+    /// Take what `buf` holds of the body (read at `at`) into the capture.
+    fn take(
+        &mut self,
+        buf: &mut BytesMut,
+        at: u64,
+        cap: &mut Capture,
+    ) -> Result<Bytes, ExchangeError> {
+        let b = match self.framing {
+            Framing::Empty => Bytes::new(),
+            Framing::Length(_) => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                let b = buf.split_to(n).freeze();
+                cap.on_body_frame(&b, at);
+                self.left -= n as u64;
+                self.done = self.left == 0;
+                b
+            }
+            Framing::Chunked => {
+                let bad = |m: String| ExchangeError::upstream_message(format!("{BODY}: {m}"));
+                let b = if self.decode {
+                    let mut data = BytesMut::new();
+                    let used = self
+                        .chunked
+                        .decode(buf, |d| {
+                            cap.on_body_frame(d, at);
+                            data.extend_from_slice(d);
+                        })
+                        .map_err(bad)?;
+                    buf.advance(used);
+                    data.freeze()
+                } else {
+                    let used = self
+                        .chunked
+                        .decode(buf, |d| cap.on_body_frame(d, at))
+                        .map_err(bad)?;
+                    buf.split_to(used).freeze()
+                };
+                self.done = self.chunked.done();
+                b
+            }
+            Framing::Close => {
+                let b = buf.split().freeze();
+                cap.on_body_frame(&b, at);
+                b
+            }
+        };
+        if self.done {
+            cap.on_body_end(at);
+        }
+        Ok(b)
+    }
+}
