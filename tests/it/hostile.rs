@@ -44,7 +44,11 @@ async fn malformed_and_ambiguous_requests_are_refused_and_never_forwarded() {
             "400",
         ),
         ("bad version", "GET / HTTP/9.9\r\nhost: a\r\n\r\n", "400"),
-        ("connect", "CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n", "405"),
+        (
+            "connect",
+            "CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n",
+            "405",
+        ),
         (
             "bad content-length",
             "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 1x\r\n\r\n",
