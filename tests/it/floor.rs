@@ -216,7 +216,13 @@ fn a_buffered_arm_does_not_win_a_v2_decode_gate() {
     let cell = |arm: usize| c["arms"][arm]["concurrency"]["1"].clone();
     assert_eq!(cell(1)["decode_excluded"]["bundled"], json!(24));
     assert_eq!(cell(1)["decode_pooled_tokens_per_sec"], Value::Null);
-    assert_eq!(cell(0)["decode_excluded"]["pooled_streams"], json!(24));
+    // On failure, the cell says which exclusion (or failed request) took a stream.
+    assert_eq!(
+        cell(0)["decode_excluded"]["pooled_streams"],
+        json!(24),
+        "{:#}",
+        cell(0)
+    );
     // Per request the burst looks several times faster: v1's gate passes it ...
     let per_request = |arm: usize| cell(arm)["decode_tokens_per_sec"].as_f64().unwrap();
     assert!(per_request(1) > 2.0 * per_request(0), "{c:#}");
