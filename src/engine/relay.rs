@@ -55,6 +55,8 @@ pub(crate) struct BodyRelay {
     decode: bool,
     /// When the bytes in the connection's buffer not yet taken were read.
     unread: Option<u64>,
+    /// When the last read returned (the head's, before the body's first).
+    last_read_ns: u64,
     done: bool,
 }
 
@@ -76,8 +78,15 @@ impl BodyRelay {
             chunked: Chunked::default(),
             decode,
             unread: Some(head_ns),
+            last_read_ns: head_ns,
             done,
         }
+    }
+
+    /// When the last read of the body (or the head) returned: the stamp the capture got,
+    /// for a caller's idle timer without a second clock read.
+    pub(crate) fn last_read_ns(&self) -> u64 {
+        self.last_read_ns
     }
 
     /// The body has been read to its end.
@@ -120,11 +129,15 @@ impl BodyRelay {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(ExchangeError::upstream(BODY, &e))),
                 Poll::Ready(Ok(0)) if self.framing == Framing::Close => {
                     self.done = true;
-                    cap.on_body_end(clock::now_ns());
+                    self.last_read_ns = clock::now_ns();
+                    cap.on_body_end(self.last_read_ns);
                     return Poll::Ready(Ok(None));
                 }
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(lean::closed_early(BODY))),
-                Poll::Ready(Ok(_)) => self.unread = Some(clock::now_ns()),
+                Poll::Ready(Ok(_)) => {
+                    self.last_read_ns = clock::now_ns();
+                    self.unread = Some(self.last_read_ns);
+                }
             }
         }
     }

@@ -8,7 +8,6 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::client::ClientConn;
 use super::down::DownstreamEnd;
@@ -24,9 +23,8 @@ use crate::record::ExchangeRecord;
 /// generated error response, or a request dropped before its head. `failure`: how the
 /// upstream side failed (or the proxy's deadline or cut); `downstream`: when and how the
 /// client's side ended (`None`: it never did). Decides the outcome ([`verdict`]), counts the
-/// exchange and records it without waiting when nothing needs waiting for (the request
-/// body's copy is delivered and the recorder's queue has room); otherwise hands the rest
-/// to a task. The row is submitted, dropped and counted, or its loss noted, before
+/// exchange and records it without waiting when the recorder's queue has room; otherwise
+/// hands the wait to a task. The row is submitted, dropped and counted, or its loss noted, before
 /// `guard` is released, so a stop that waits for no pending exchange loses no row.
 pub(super) fn end(
     sh: &Arc<Shared>,
@@ -41,14 +39,7 @@ pub(super) fn end(
             rt.spawn(fut);
         }
     };
-    let Ok(tee) = p.tee.try_recv() else {
-        let sh = sh.clone();
-        spawn(Box::pin(async move {
-            record_later(&sh, p, verdict, downstream).await;
-            drop(guard);
-        }));
-        return;
-    };
+    let tee = std::mem::take(&mut p.tee);
     let client = p.client.clone();
     let rec = build_record(sh, p, tee, verdict, downstream);
     match queue_row(sh, &client, rec) {
@@ -80,28 +71,6 @@ fn verdict(
         outcome: failure.outcome(),
         error_message: Some(failure.message),
         ..Verdict::default()
-    }
-}
-
-/// Record once the request body's copy has arrived (it may still be in flight when the
-/// response has already ended), waiting for room in the recorder's queue if need be.
-async fn record_later(
-    sh: &Arc<Shared>,
-    mut p: InFlight,
-    verdict: Verdict,
-    end: Option<DownstreamEnd>,
-) {
-    let tee = match tokio::time::timeout(Duration::from_secs(1), &mut p.tee).await {
-        Ok(Ok(t)) => t,
-        _ => CopiedBody {
-            truncated: true,
-            ..CopiedBody::default()
-        },
-    };
-    let client = p.client.clone();
-    let rec = build_record(sh, p, tee, verdict, end);
-    if let Some(wait) = queue_row(sh, &client, rec) {
-        wait.await;
     }
 }
 

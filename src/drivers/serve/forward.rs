@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Uri};
-use tokio::sync::oneshot;
 
 use super::client::ClientConn;
 use super::down::{BodyUp, Down, DownstreamEnd};
@@ -23,7 +22,7 @@ use crate::engine::http1::codec::{Framing, Head};
 use crate::engine::http1::request::{BodyFraming, RequestHead};
 use crate::engine::lean::LeanConn;
 use crate::engine::relay::BodyRelay;
-use crate::engine::{BodyCopy, Capture, ExchangeError, http1};
+use crate::engine::{BodyCopy, Capture, CopiedBody, ExchangeError, http1};
 use crate::model::ConnectionPolicy;
 
 /// What a client connection's exchanges share, one at a time.
@@ -175,7 +174,6 @@ pub(super) async fn exchange(
     // The record's URL; the upstream target is its tail.
     let url = upstream_url(sh, &uri);
     let wire = request_head(&method, &url[sh.origin_len..], &headers, framing);
-    let (tee_tx, tee_rx) = oneshot::channel();
     let mut p = InFlight {
         cap,
         started_at_us,
@@ -183,7 +181,7 @@ pub(super) async fn exchange(
         method,
         url,
         request_headers: headers,
-        tee: tee_rx,
+        tee: CopiedBody::default(),
         conn_no: st.conn_no,
         index: st.next_index,
         client: st.client.clone(),
@@ -212,7 +210,7 @@ pub(super) async fn exchange(
         }),
         _ = cut.wait_for(|c| *c) => Err(NoHead::Upstream(ExchangeError::shutdown_cut())),
     };
-    let _ = tee_tx.send(copy.take());
+    p.tee = copy.take();
     // The connection can carry another request only if this one was read to its end.
     let keep = keep_alive && body.done() && !stopping;
     match sent {

@@ -61,6 +61,7 @@ pub(super) async fn relay(
 ) -> Relayed {
     let idle = sh.opts.upstream_idle_timeout;
     let idle_ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
+    let last = body.last_read_ns();
     let mut r = Relay {
         down,
         conn,
@@ -73,7 +74,7 @@ pub(super) async fn relay(
         failure: None,
         gone: false,
         finished: false,
-        last: clock::now_ns(),
+        last,
     };
     let mut cut = sh.cut.clone();
     let mut cut_wait = pin!(cut.wait_for(|c| *c));
@@ -138,7 +139,8 @@ struct Relay<'a> {
     gone: bool,
     /// The body's last bytes are queued.
     finished: bool,
-    /// When either side last moved (the monotonic clock).
+    /// Since when the worker's silence counts (the monotonic clock): its last read, or
+    /// the moment a full queue freed.
     last: u64,
 }
 
@@ -200,6 +202,12 @@ impl Relay<'_> {
                     return Err(());
                 }
                 Poll::Ready(Ok(mut w)) => {
+                    // The worker's silence counts only while serve could read it: a write
+                    // that frees a full queue restarts the count (one clock read then,
+                    // none per piece).
+                    if self.out.len() >= self.frames {
+                        self.last = clock::now_ns();
+                    }
                     while w > 0 {
                         let front = &mut self.out[0];
                         let k = w.min(front.len());
@@ -210,7 +218,6 @@ impl Relay<'_> {
                         }
                     }
                     moved = true;
-                    self.last = clock::now_ns();
                 }
                 Poll::Pending => break,
             }
@@ -229,7 +236,7 @@ impl Relay<'_> {
                 if !b.is_empty() {
                     queue(&mut self.out, b, self.mode);
                 }
-                self.last = clock::now_ns();
+                self.last = self.last.max(self.body.last_read_ns());
             }
             // A close-delimited event stream cut mid-event: the body ended cleanly, but
             // the client's response must not look complete.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use http::header::HeaderValue;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, watch};
 
 use super::client::ClientConn;
 use super::live::LiveCounters;
@@ -121,7 +121,8 @@ pub(super) struct InFlight {
     pub(super) method: http::Method,
     pub(super) url: String,
     pub(super) request_headers: HeaderMap,
-    pub(super) tee: oneshot::Receiver<CopiedBody>,
+    /// The request body's copy (complete before the response: the body went up first).
+    pub(super) tee: CopiedBody,
     pub(super) conn_no: i64,
     pub(super) index: i64,
     pub(super) client: Arc<ClientConn>,
