@@ -1,7 +1,7 @@
 //! What every command shares with the outside world: the error a command ends with and its
 //! exit code, the command line as typed (redacted), files read with a size bound (the plan,
 //! the bearer token), the run directory created, stdout written (the table, `--json`), and
-//! the runtime's size. Imports nothing else from `cli/`.
+//! the process's runtime size and memory pages. Imports nothing else from `cli/`.
 
 use std::path::{Path, PathBuf};
 
@@ -151,6 +151,24 @@ pub(super) fn run_id(now_us: i64) -> String {
 
 pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
     flags::seconds(flag, v).map_err(usage)
+}
+
+/// Transparent huge pages off for this process (serve, and replay of a plan without
+/// arms). A round's held rows and serve's steady churn grow the heap a little at a time;
+/// with mimalloc's `MADV_HUGEPAGE` arenas each first touch faults in and zeroes a whole
+/// 2 MiB page on the runtime thread, mid-round. Measured on the benchmark machine (replay,
+/// c = 64, 100,000 held rows a round): the first measured round ran at 49-60k req/s with
+/// them and 73-84k without (`clear_page_erms` was a quarter of the profile). Redis and
+/// other latency-bound servers ask for THP off for the same reason. The flag is the
+/// process's and its children inherit it, so a campaign (which starts its arms' servers)
+/// keeps the system's setting; `MIMALLOC_ALLOW_THP` in the environment is the user's
+/// choice and wins.
+pub(crate) fn without_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // Best effort: a kernel without the prctl keeps its pages as they are.
+        let _ = rustix::thread::disable_transparent_huge_pages(true);
+    }
 }
 
 #[cfg(test)]

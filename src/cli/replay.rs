@@ -63,6 +63,9 @@ struct ReplayRun {
 /// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
 pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
     let mut input = ReplayRun::resolve(&args).await?;
+    if input.plan.campaign.is_none() {
+        super::io::without_huge_pages();
+    }
     let created = create_run(&args, &input)?;
     let (dir, rid, run_t0_ns, mut config) =
         (created.dir, created.run_id, created.t0_ns, created.config);

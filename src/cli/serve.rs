@@ -121,6 +121,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     use crate::drivers::serve::{self, ServeOptions};
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let mut input = check_serve(&args)?;
+    super::io::without_huge_pages();
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.

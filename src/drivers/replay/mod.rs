@@ -112,6 +112,17 @@ async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
     }
 }
 
+/// The progress bar's position, ten times a second, from the count of ended exchanges.
+async fn progress_ticker(base: Arc<Base>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        base.progress
+            .set_position(base.ended.load(Ordering::Relaxed));
+    }
+}
+
 /// Run the plan, recording into `run`. `interrupt` flips to true on Ctrl-C / SIGTERM.
 /// The caller finishes the recording ([`RunContext::finish_recording`]). A campaign plan
 /// runs its arms (started in `env` when they have a start command) in the plan's
@@ -147,6 +158,7 @@ pub(crate) async fn run(
         failures: AtomicU64::new(0),
         first_failure: std::sync::OnceLock::new(),
         progress: progress_bar(opts.quiet, opts.shape.planned_requests(&plan) * arm_count),
+        ended: AtomicU64::new(0),
         shape: opts.shape,
         halted: AtomicBool::new(false),
         timetable: opts.shard_start_ns.map(|start_ns| Timetable {
@@ -155,16 +167,18 @@ pub(crate) async fn run(
         }),
         notes: std::sync::Mutex::new(Vec::new()),
     });
-    let live = match (base.progress.is_hidden(), base.run.telemetry()) {
-        (false, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
+    let shown = !base.progress.is_hidden();
+    let live = match (shown, base.run.telemetry()) {
+        (true, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
         _ => None,
     };
+    let ticker = shown.then(|| tokio::spawn(progress_ticker(base.clone())));
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
     arms::run_arms(&base, &plan, &env, &mut runs, &mut rounds).await;
     watcher.abort();
-    if let Some(l) = live {
-        l.abort();
+    for task in [live, ticker].into_iter().flatten() {
+        task.abort();
     }
     base.progress.finish_and_clear();
 

@@ -89,7 +89,7 @@ fn request_head(
     b.push(b' ');
     b.extend_from_slice(target.as_bytes());
     b.extend_from_slice(b" HTTP/1.1\r\n");
-    write_fields(&mut b, headers);
+    write_fields(&mut b, all_fields(headers));
     if framing == BodyFraming::Chunked {
         b.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -97,31 +97,36 @@ fn request_head(
     b
 }
 
-fn write_fields(b: &mut Vec<u8>, headers: &HeaderMap) {
-    for (name, value) in headers {
-        b.extend_from_slice(name.as_str().as_bytes());
+fn write_fields<'a>(b: &mut Vec<u8>, fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) {
+    for (name, value) in fields {
+        b.extend_from_slice(name.as_bytes());
         b.extend_from_slice(b": ");
-        b.extend_from_slice(value.as_bytes());
+        b.extend_from_slice(value);
         b.extend_from_slice(b"\r\n");
     }
 }
 
+/// A header map's fields, as [`write_fields`] takes them.
+fn all_fields(h: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
+    h.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))
+}
+
 /// A response head for the client: its version, the status, the fields, then the
 /// framing and connection fields serve decides.
-fn response_head(
+fn response_head<'a>(
     http10: bool,
     status: StatusCode,
-    headers: &HeaderMap,
+    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     chunked: bool,
     keep: bool,
 ) -> Vec<u8> {
-    let mut b = Vec::with_capacity(128 + 48 * headers.len());
+    let mut b = Vec::with_capacity(512);
     b.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
     b.extend_from_slice(status.as_str().as_bytes());
     b.push(b' ');
     b.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     b.extend_from_slice(b"\r\n");
-    write_fields(&mut b, headers);
+    write_fields(&mut b, fields);
     if chunked {
         b.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -316,7 +321,6 @@ async fn respond(
     http10: bool,
     keep: bool,
 ) -> bool {
-    p.cap.keep_response_headers(head.headers.clone());
     let no_body = http1::has_no_body(&p.method, head.status);
     // How the client gets the body: as it came, or (a body the close ends, to an HTTP/1.1
     // client) in chunks, so that a cut can never look complete; an HTTP/1.0 client gets
@@ -335,9 +339,16 @@ async fn respond(
         http10 && head.framing == Framing::Chunked,
         &mut p.cap,
     );
-    let mut fields = head.headers;
-    http1::strip_hop_by_hop(&mut fields);
-    let wire = response_head(http10, head.status, &fields, chunked, keep);
+    // The head goes out without the hop-by-hop fields; the record keeps the worker's
+    // map as it came (moved, not copied).
+    let wire = response_head(
+        http10,
+        head.status,
+        http1::end_to_end(&head.headers),
+        chunked,
+        keep,
+    );
+    p.cap.keep_response_headers(head.headers);
     let r = relay::relay(
         sh,
         down,
@@ -394,7 +405,7 @@ async fn answer_error(
         HeaderValue::from_static("application/json"),
     );
     fields.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let mut wire = response_head(http10, status, &fields, false, keep);
+    let mut wire = response_head(http10, status, all_fields(&fields), false, keep);
     wire.extend_from_slice(&body);
     let complete = down.send(&wire).await.is_ok();
     DownstreamEnd {

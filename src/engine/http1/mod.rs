@@ -44,6 +44,29 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// The fields of `h` that [`strip_hop_by_hop`] keeps, in order, without changing `h`
+/// (serve writes a response head from them and keeps the worker's map for the record
+/// as it came, with no copy of it): every field but the hop-by-hop ones and those
+/// `Connection` names, then `te: trailers` when a `TE` field asked for trailers.
+pub(crate) fn end_to_end(h: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let trailers = has_token(h, header::TE, "trailers").then_some(("te", &b"trailers"[..]));
+    h.iter()
+        .filter(move |(n, _)| {
+            let n = n.as_str();
+            !HOP_BY_HOP.contains(&n) && !named.iter().any(|t| t == n)
+        })
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .chain(trailers)
+}
+
 /// One of the comma-separated tokens of the `name` header fields is `token` (ASCII case
 /// ignored), as in `Connection: keep-alive, close` or `TE: gzip, trailers`.
 pub(crate) fn has_token(h: &HeaderMap, name: HeaderName, token: &str) -> bool {
@@ -139,6 +162,46 @@ mod tests {
         names.sort();
         assert_eq!(names, ["te", "x-kept"]);
         assert_eq!(h[header::TE], "trailers");
+    }
+
+    /// serve writes response heads from `end_to_end` and keeps the map whole: the fields it
+    /// yields are exactly those `strip_hop_by_hop` leaves, a repeated field's values in order.
+    #[test]
+    fn end_to_end_yields_what_strip_hop_by_hop_keeps() {
+        let mut maps = Vec::new();
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("X-Private"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static(" keep-alive , ,x-other"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("2"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("gzip, trailers"));
+        h.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::SET_COOKIE, HeaderValue::from_static("b=2"));
+        h.insert("x-kept", HeaderValue::from_static("3"));
+        maps.push(h);
+        maps.push(h_with(header::UPGRADE, "websocket"));
+        maps.push(h_with(header::CONTENT_LENGTH, "12"));
+        maps.push(HeaderMap::new());
+        for h in maps {
+            let got: Vec<(String, Vec<u8>)> = end_to_end(&h)
+                .map(|(n, v)| (n.to_string(), v.to_vec()))
+                .collect();
+            let mut stripped = h.clone();
+            strip_hop_by_hop(&mut stripped);
+            let want: Vec<(String, Vec<u8>)> = stripped
+                .iter()
+                .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+                .collect();
+            // Removal reorders a map's names (swap_remove); each name's values keep theirs.
+            let (mut got, mut want) = (got, want);
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            want.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(got, want, "{h:?}");
+        }
     }
 
     #[test]
