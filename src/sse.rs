@@ -8,6 +8,8 @@
 //! text, the final `usage`, and whether `data: [DONE]` arrived. Nothing here does I/O or
 //! reads a clock: stamps come in from the caller.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 /// Longest line kept while waiting for its end; a longer one is an error (a peer that
@@ -94,21 +96,25 @@ impl SseParser {
         at_ns: u64,
         out: &mut Vec<Event>,
     ) -> Result<(), LineTooLong> {
-        for &b in bytes {
-            match b {
-                b'\n' if self.after_cr => self.after_cr = false,
-                b'\n' | b'\r' => {
-                    self.after_cr = b == b'\r';
-                    self.end_line(at_ns, out);
-                }
-                _ => {
-                    self.after_cr = false;
-                    if self.line.len() >= MAX_LINE_BYTES {
-                        return Err(LineTooLong);
-                    }
-                    self.line.push(b);
-                }
+        let mut bytes = bytes;
+        while let Some(&first) = bytes.first() {
+            // A `\n` right after a `\r` ends the same line.
+            if self.after_cr && first == b'\n' {
+                self.after_cr = false;
+                bytes = &bytes[1..];
+                continue;
             }
+            self.after_cr = false;
+            let end = memchr::memchr2(b'\n', b'\r', bytes);
+            let text = &bytes[..end.unwrap_or(bytes.len())];
+            if self.line.len() + text.len() > MAX_LINE_BYTES {
+                return Err(LineTooLong);
+            }
+            self.line.extend_from_slice(text);
+            let Some(i) = end else { break };
+            self.after_cr = bytes[i] == b'\r';
+            self.end_line(at_ns, out);
+            bytes = &bytes[i + 1..];
         }
         Ok(())
     }
@@ -173,6 +179,45 @@ pub(crate) struct StreamTracker {
     pub(crate) events: u64,
 }
 
+/// An OpenAI-style chunk read for the fields the tracker needs, borrowing its strings:
+/// no map or string is built per event for the fields it skips. It reads only chunks of
+/// the expected shape; any other JSON (a field of another type, a duplicate key) fails
+/// here and is read as a [`Value`] instead, so both readings agree wherever this one
+/// succeeds (tested against each other below).
+#[derive(serde::Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<ChunkDelta<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkDelta<'a> {
+    /// `None`: no `content` key; `Some(None)`: `"content": null`.
+    #[serde(default, borrow, deserialize_with = "present")]
+    content: Option<Option<Cow<'a, str>>>,
+}
+
+/// A key that is there, even as `null` (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 impl StreamTracker {
     pub(crate) fn on_event(&mut self, ev: &Event) {
         self.events += 1;
@@ -181,6 +226,43 @@ impl StreamTracker {
             self.done = true;
             return;
         }
+        match serde_json::from_str::<Chunk>(&ev.data) {
+            Ok(chunk) => self.on_chunk(chunk, ev.at_ns),
+            Err(_) => self.on_value(ev),
+        }
+    }
+
+    /// [`StreamTracker::on_value`] for a chunk of the expected shape.
+    fn on_chunk(&mut self, chunk: Chunk<'_>, at_ns: u64) {
+        if let Some(u) = chunk.usage.filter(Value::is_object) {
+            self.usage = Some(u);
+        }
+        let Some(choices) = chunk.choices else {
+            return;
+        };
+        self.openai = true;
+        let mut content = false;
+        for c in &choices {
+            let piece = match c.delta.as_ref().and_then(|d| d.content.as_ref()) {
+                Some(content) => content.as_deref().unwrap_or(""),
+                None => c.text.as_deref().unwrap_or(""),
+            };
+            if piece.is_empty() {
+                continue;
+            }
+            content = true;
+            if c.index.unwrap_or(0) == 0 {
+                self.text.push_str(piece);
+            }
+        }
+        if content {
+            self.content_ns.push(at_ns);
+        }
+    }
+
+    /// Any JSON event: read as a [`Value`], leniently (a field of an unexpected type reads
+    /// as absent).
+    fn on_value(&mut self, ev: &Event) {
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
             return;
         };
@@ -330,6 +412,121 @@ mod tests {
             ),
             (Some(3), Some(2))
         );
+    }
+
+    /// The line splitter (memchr over each read) against the rule it implements, byte by
+    /// byte, on pseudo-random streams of line ends and field bytes in random reads.
+    #[test]
+    fn line_ends_found_in_bulk_match_the_byte_rule() {
+        fn by_byte(reads: &[&[u8]]) -> Vec<(Option<String>, String, u64)> {
+            let mut p = SseParser::new();
+            let mut out = Vec::new();
+            for (at, r) in reads.iter().enumerate() {
+                for &b in *r {
+                    match b {
+                        b'\n' if p.after_cr => p.after_cr = false,
+                        b'\n' | b'\r' => {
+                            p.after_cr = b == b'\r';
+                            p.end_line(at as u64, &mut out);
+                        }
+                        _ => {
+                            p.after_cr = false;
+                            p.line.push(b);
+                        }
+                    }
+                }
+            }
+            out.into_iter()
+                .map(|e| (e.event, e.data, e.at_ns))
+                .collect()
+        }
+        let alphabet = b"\r\n\n\r:: datevnx";
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..500 {
+            let len = next(200) as usize;
+            let body: Vec<u8> = (0..len)
+                .map(|_| alphabet[next(alphabet.len() as u64) as usize])
+                .collect();
+            let mut reads: Vec<&[u8]> = Vec::new();
+            let mut rest = &body[..];
+            while !rest.is_empty() {
+                let k = (next(9) as usize + 1).min(rest.len());
+                reads.push(&rest[..k]);
+                rest = &rest[k..];
+            }
+            let mut p = SseParser::new();
+            let mut out = Vec::new();
+            for (at, r) in reads.iter().enumerate() {
+                p.feed_bytes(r, at as u64, &mut out).unwrap();
+            }
+            let bulk: Vec<_> = out
+                .into_iter()
+                .map(|e| (e.event, e.data, e.at_ns))
+                .collect();
+            assert_eq!(
+                bulk,
+                by_byte(&reads),
+                "{:?}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+
+    /// The borrowed reading of a chunk and the `Value` one agree on every event, of the
+    /// usual shapes and of odd ones (fields of other types, nulls, duplicates, escapes).
+    #[test]
+    fn the_chunk_reading_agrees_with_the_value_reading() {
+        let datas = [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hel\u00e9\n"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"other"}},{"index":0,"delta":{"content":"zero"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":null},"text":"t"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"text":"t"}]}"#,
+            r#"{"choices":[{"index":0,"delta":null,"text":"t"}]}"#,
+            r#"{"choices":[{"index":0,"text":null}]}"#,
+            r#"{"choices":[{"index":"0","delta":{"content":"s"}}]}"#,
+            r#"{"choices":[{"index":-1,"delta":{"content":"neg"}}]}"#,
+            r#"{"choices":[{"index":0.0,"delta":{"content":"f"}}]}"#,
+            r#"{"choices":[{"delta":{"content":5}}]}"#,
+            r#"{"choices":[{"delta":"x","text":"t"}]}"#,
+            r#"{"choices":[3,"x",null]}"#,
+            r#"{"choices":{"0":{"delta":{"content":"obj"}}}}"#,
+            r#"{"choices":null,"usage":{"completion_tokens":2}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+            r#"{"choices":[],"usage":null}"#,
+            r#"{"choices":[],"usage":7}"#,
+            r#"{"choices":[{"delta":{"content":"a"}}],"choices":[{"delta":{"content":"b"}}]}"#,
+            r#"{"usage":{"total_tokens":1}}"#,
+            r#"[1,2]"#,
+            r#""text""#,
+            r#"{"choices":[{"delta":{"content":"a"}}]"#,
+        ];
+        let mut fast = StreamTracker::default();
+        let mut slow = StreamTracker::default();
+        for (i, d) in datas.iter().enumerate() {
+            let ev = Event {
+                event: None,
+                data: d.to_string(),
+                at_ns: i as u64,
+            };
+            fast.on_event(&ev);
+            slow.events += 1;
+            slow.event_offsets_ns.push(ev.at_ns);
+            slow.on_value(&ev);
+            assert_eq!(fast, slow, "after {d}");
+        }
+        assert!(fast.openai && fast.text.contains("zero") && !fast.text.contains("other"));
+        // The usual shapes take the borrowed reading (the comparison above is not of the
+        // fallback against itself).
+        for d in &datas[..7] {
+            assert!(serde_json::from_str::<Chunk>(d).is_ok(), "{d}");
+        }
     }
 
     #[test]
