@@ -347,6 +347,15 @@ def median(rows, key):
     return statistics.median(vals) if vals else None
 
 
+def paired(rows, ref, key="rps"):
+    """The median of the per-round ratios rows[r] / ref[r] (both measured in round r, one
+    after the other) and their range, as the issues' targets define a ratio."""
+    xs = sorted(a[key] / b[key] for a, b in zip(rows, ref) if a.get(key) and b.get(key))
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):.2f}x ({xs[0]:.2f}-{xs[-1]:.2f})"
+
+
 def fmt(v, d=1):
     return "-" if v is None else f"{v:,.{d}f}"
 
@@ -811,6 +820,8 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
         "Load generator on CPU 0; upstream nginx (1 KiB JSON) and the proxy under test on CPU 1. "
         "matrix-proxy records every exchange (bodies and all columns) in both roles. "
         "Spread: (max - min) / median of a cell's rounds; a wide one says the machine was noisy then. "
+        "vs nginx / vs wrk: ratios of the medians; paired: the median of each round's ratio (the two "
+        "measured back to back in that round) and the range of those ratios. "
         + ("CPU steal time during the measurements (share of all CPU time the hypervisor gave to others): "
            f"{100 * steal:.1f}%." if steal is not None else "CPU steal time: not readable here."),
         "",
@@ -825,8 +836,8 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
         lines += [
             "## Proxy overhead (wrk -> proxy -> nginx upstream)",
             "",
-            "| c | target | req/s | spread | vs no proxy | vs nginx | p50 ms | p99 ms |",
-            "|---|---|---|---|---|---|---|---|",
+            "| c | target | req/s | spread | vs no proxy | vs nginx | paired vs nginx | p50 ms | p99 ms |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
     for c in PROXY_CONC:
         base = median(proxy[("no proxy", c)], "rps")
@@ -837,12 +848,13 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
             rows = proxy[(t, c)]
             rps = median(rows, "rps")
             lines.append(f"| {c} | {t} | {fmt(rps, 0)} | {spread(rows, 'rps')} | {rps / base:.2f}x | {rps / ngx:.2f}x | "
+                         f"{paired(rows, proxy[('nginx', c)])} | "
                          f"{fmt(median(rows, 'p50_ms'), 3)} | {fmt(median(rows, 'p99_ms'), 3)} |")
     if GEN_CONC or FRESH_CONC:
         if lines[-1]:
             lines.append("")
         lines += ["## Load generation (generator -> nginx upstream)", "",
-                  "| c | generator | req/s | spread | vs wrk | vs oha |", "|---|---|---|---|---|---|"]
+                  "| c | generator | req/s | spread | vs wrk | vs oha | paired vs wrk |", "|---|---|---|---|---|---|---|"]
     for c in sorted(set(GEN_CONC) | set(FRESH_CONC)):
         for t in ("wrk", "oha", "replay", "replay old", "replay norec", "replay old norec", "replay metrics"):
             if (t, c) not in gen:
@@ -850,12 +862,13 @@ def report(proxy, gen, soak, serve_rows, wb, steal=None, wcheck=None):
             w = median(gen[("wrk", c)], "rps")
             o = median(gen[("oha", c)], "rps")
             v = median(gen[(t, c)], "rps")
-            lines.append(f"| {c} | {GEN_NAMES.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x |")
+            lines.append(f"| {c} | {GEN_NAMES.get(t, t)} | {fmt(v, 0)} | {spread(gen[(t, c)], 'rps')} | {v / w:.2f}x | {v / o:.2f}x | "
+                         f"{paired(gen[(t, c)], gen[('wrk', c)])} |")
         if ("oha fresh", c) in gen:
             of = median(gen[("oha fresh", c)], "rps")
             rf = median(gen[("replay fresh", c)], "rps")
-            lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | {spread(gen[('oha fresh', c)], 'rps')} | - | - |")
-            lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | {spread(gen[('replay fresh', c)], 'rps')} | - | {rf / of:.2f}x vs oha fresh |")
+            lines.append(f"| {c} | oha --disable-keepalive | {fmt(of, 0)} | {spread(gen[('oha fresh', c)], 'rps')} | - | - | - |")
+            lines.append(f"| {c} | matrix-proxy replay, fresh connections | {fmt(rf, 0)} | {spread(gen[('replay fresh', c)], 'rps')} | - | {rf / of:.2f}x vs oha fresh | - |")
     # replay's own reports, of the new binary (the old one's runs are its own matter)
     runs = [x for k, v in gen.items() if k[0] in ("replay", "replay norec", "replay fresh") for x in v]
     if runs:
