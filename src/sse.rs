@@ -179,15 +179,16 @@ pub(crate) struct StreamTracker {
     pub(crate) events: u64,
 }
 
-/// An OpenAI-style chunk read for the fields the tracker needs, borrowing its strings:
-/// no map or string is built per event for the fields it skips. It reads only chunks of
-/// the expected shape; any other JSON (a field of another type, a duplicate key) fails
-/// here and is read as a [`Value`] instead, so both readings agree wherever this one
+/// An OpenAI-style chunk read for the fields the tracker needs, borrowing its strings
+/// (an escaped one is the only one copied): no map or string is built per event for the
+/// fields it skips. It reads only chunks of the expected shape, objects as objects; any
+/// other JSON (a field of another type, an array where an object belongs, a duplicate key)
+/// fails here and is read as a [`Value`] instead, so both readings agree wherever this one
 /// succeeds (tested against each other below).
 #[derive(serde::Deserialize)]
 struct Chunk<'a> {
     #[serde(default, borrow)]
-    choices: Option<Vec<ChunkChoice<'a>>>,
+    choices: Option<Vec<Obj<ChunkChoice<'a>>>>,
     #[serde(default)]
     usage: Option<Value>,
 }
@@ -197,16 +198,47 @@ struct ChunkChoice<'a> {
     #[serde(default)]
     index: Option<u64>,
     #[serde(default, borrow)]
-    delta: Option<ChunkDelta<'a>>,
+    delta: Option<Obj<ChunkDelta<'a>>>,
     #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
 }
 
 #[derive(serde::Deserialize)]
 struct ChunkDelta<'a> {
     /// `None`: no `content` key; `Some(None)`: `"content": null`.
     #[serde(default, borrow, deserialize_with = "present")]
-    content: Option<Option<Cow<'a, str>>>,
+    content: Option<Option<Text<'a>>>,
+}
+
+/// A JSON string, borrowed from the event unless it has escapes (serde borrows a
+/// `Cow<str>` only when it is the field's whole type, hence the newtype).
+#[derive(serde::Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// `T` read from a JSON object only: serde_json also reads a struct from an array (its
+/// fields in order), which the `Value` reading would not.
+struct Obj<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectOnly<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(ObjectOnly(std::marker::PhantomData))
+            .map(Obj)
+    }
+}
+
+/// A string field's text, `""` when absent or `null`.
+fn text<'s>(t: &'s Option<Text<'_>>) -> &'s str {
+    t.as_ref().map_or("", |t| &t.0)
 }
 
 /// A key that is there, even as `null` (`Some(None)`).
@@ -226,8 +258,8 @@ impl StreamTracker {
             self.done = true;
             return;
         }
-        match serde_json::from_str::<Chunk>(&ev.data) {
-            Ok(chunk) => self.on_chunk(chunk, ev.at_ns),
+        match serde_json::from_str::<Obj<Chunk>>(&ev.data) {
+            Ok(Obj(chunk)) => self.on_chunk(chunk, ev.at_ns),
             Err(_) => self.on_value(ev),
         }
     }
@@ -242,10 +274,10 @@ impl StreamTracker {
         };
         self.openai = true;
         let mut content = false;
-        for c in &choices {
-            let piece = match c.delta.as_ref().and_then(|d| d.content.as_ref()) {
-                Some(content) => content.as_deref().unwrap_or(""),
-                None => c.text.as_deref().unwrap_or(""),
+        for Obj(c) in &choices {
+            let piece = match c.delta.as_ref().and_then(|d| d.0.content.as_ref()) {
+                Some(content) => text(content),
+                None => text(&c.text),
             };
             if piece.is_empty() {
                 continue;
@@ -506,6 +538,10 @@ mod tests {
             r#"[1,2]"#,
             r#""text""#,
             r#"{"choices":[{"delta":{"content":"a"}}]"#,
+            r#"[[]]"#,
+            r#"{"choices":[[0,{"content":"x"}]]}"#,
+            r#"{"choices":[{"delta":["x"]}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"after"}}]}"#,
         ];
         let mut fast = StreamTracker::default();
         let mut slow = StreamTracker::default();
@@ -525,8 +561,20 @@ mod tests {
         // The usual shapes take the borrowed reading (the comparison above is not of the
         // fallback against itself).
         for d in &datas[..7] {
-            assert!(serde_json::from_str::<Chunk>(d).is_ok(), "{d}");
+            assert!(serde_json::from_str::<Obj<Chunk>>(d).is_ok(), "{d}");
         }
+        // An unescaped piece is borrowed from the event, not copied.
+        let data = datas[2];
+        let Ok(Obj(chunk)) = serde_json::from_str::<Obj<Chunk>>(data) else {
+            panic!("{data}");
+        };
+        let choices = chunk.choices.unwrap_or_default();
+        let Some(Some(Some(Text(Cow::Borrowed(piece))))) =
+            choices[1].0.delta.as_ref().map(|d| &d.0.content)
+        else {
+            panic!("not borrowed");
+        };
+        assert_eq!(*piece, "zero");
     }
 
     #[test]

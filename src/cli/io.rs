@@ -157,8 +157,9 @@ pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliErro
 /// arms). A round's held rows and serve's steady churn grow the heap a little at a time;
 /// with mimalloc's `MADV_HUGEPAGE` arenas each first touch faults in and zeroes a whole
 /// 2 MiB page on the runtime thread, mid-round. Measured on the benchmark machine (replay,
-/// c = 64, 100,000 held rows a round): the first measured round ran at 49-60k req/s with
-/// them and 73-84k without (`clear_page_erms` was a quarter of the profile). Redis and
+/// c = 64, 100,000 held rows a round, six runs each): the first measured round ran at
+/// 49-62k req/s with them and 62-98k without (`clear_page_erms` was a quarter of the
+/// profile). Redis and
 /// other latency-bound servers ask for THP off for the same reason. The flag is the
 /// process's and its children inherit it, so a campaign (which starts its arms' servers)
 /// keeps the system's setting; `MIMALLOC_ALLOW_THP` in the environment is the user's

@@ -8,7 +8,7 @@
 //! `connection_id` means something); `--upstream-connection fresh` opens one per request.
 //! Bodies stream in both directions: the request body goes up as the client sends it
 //! (copied, up to the record limits, on the side), and the upstream body is read at most
-//! `--buffer` pieces ahead of the client, so a slow client neither inflates the worker's
+//! 64 pieces ahead of the client, so a slow client neither inflates the worker's
 //! timings nor makes the proxy hold unbounded data.
 //!
 //! A row is submitted after the client's response has ended (or failed), never while it

@@ -1,6 +1,6 @@
 //! The upstream response relayed to the client by the client connection's own task: one
 //! poll loop writes what is queued to the client, reads the upstream body into the queue
-//! (each read stamped by the engine when it returns, up to `--buffer`'s frames ahead of
+//! (each read stamped by the engine when it returns, up to 64 frames ahead of
 //! the client, so a slow client neither stalls the worker's reads nor makes serve hold
 //! unbounded data), watches the client's side for its close, and bounds the worker's
 //! silences by `--upstream-idle-timeout`. Pieces are the `Bytes` split off the upstream
