@@ -159,11 +159,10 @@ pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliErro
 /// 2 MiB page on the runtime thread, mid-round. Measured on the benchmark machine (replay,
 /// c = 64, 100,000 held rows a round, six runs each): the first measured round ran at
 /// 49-62k req/s with them and 62-98k without (`clear_page_erms` was a quarter of the
-/// profile). Redis and
-/// other latency-bound servers ask for THP off for the same reason. The flag is the
-/// process's and its children inherit it, so a campaign (which starts its arms' servers)
-/// keeps the system's setting; `MIMALLOC_ALLOW_THP` in the environment is the user's
-/// choice and wins.
+/// profile). Redis and other latency-bound servers ask for THP off for the same reason.
+/// The flag is the process's and its children inherit it, so a campaign (which starts its
+/// arms' servers) keeps the system's setting; `MIMALLOC_ALLOW_THP` in the environment is
+/// the user's choice and wins.
 pub(crate) fn without_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {

@@ -109,10 +109,6 @@ pub(super) struct Base {
     pub(super) failures: AtomicU64,
     pub(super) first_failure: std::sync::OnceLock<String>,
     pub(super) progress: ProgressBar,
-    /// Exchanges ended, every phase: the progress bar's position, moved by
-    /// [`super::progress_ticker`] ten times a second (an `inc` per exchange reads the clock
-    /// and may take the bar's lock).
-    pub(super) ended: AtomicU64,
     /// Every arm stops (the recorder failed, or a worker panicked).
     pub(super) halted: AtomicBool,
     /// What the command's flags made of the plan (`--sweep`, `--shard`).

@@ -197,9 +197,6 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         rows.push(ctx, ctx.base.run.row(ids, request, got, verdict))
             .await;
     }
-    ctx.base
-        .ended
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if outcome != Outcome::Ok {
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }

@@ -93,33 +93,29 @@ fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
     pb
 }
 
-/// The progress bar's live line, once a second: exchanges ended per second over the last
-/// second, the latency p50 and p95 so far as the upper bounds of their histogram buckets
-/// (approximate, and labelled so), and failures by kind; every phase counts.
+/// The progress bar, from the live metrics' count of ended exchanges (every phase): its
+/// position ten times a second (the count is read, so no exchange touches the bar), and
+/// its live line once a second: exchanges ended per second over the last second, the
+/// latency p50 and p95 so far as the upper bounds of their histogram buckets (approximate,
+/// and labelled so), and failures by kind.
 async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    const TICKS_PER_LINE: u64 = 10;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
     // After a stall, one late tick rather than a burst of catch-up ones.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut last_n, mut last_ns) = (0u64, crate::clock::now_ns());
-    loop {
+    for k in 1u64.. {
         tick.tick().await;
         let (n, _) = t.totals();
+        pb.set_position(n);
+        if k % TICKS_PER_LINE != 0 {
+            continue;
+        }
         let now = crate::clock::now_ns();
         let secs = (now.saturating_sub(last_ns) as f64 / 1e9).max(1e-3);
         let rate = n.saturating_sub(last_n) as f64 / secs;
         (last_n, last_ns) = (n, now);
         pb.set_prefix(t.live_text(rate));
-    }
-}
-
-/// The progress bar's position, ten times a second, from the count of ended exchanges.
-async fn progress_ticker(base: Arc<Base>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        base.progress
-            .set_position(base.ended.load(Ordering::Relaxed));
     }
 }
 
@@ -158,7 +154,6 @@ pub(crate) async fn run(
         failures: AtomicU64::new(0),
         first_failure: std::sync::OnceLock::new(),
         progress: progress_bar(opts.quiet, opts.shape.planned_requests(&plan) * arm_count),
-        ended: AtomicU64::new(0),
         shape: opts.shape,
         halted: AtomicBool::new(false),
         timetable: opts.shard_start_ns.map(|start_ns| Timetable {
@@ -167,18 +162,16 @@ pub(crate) async fn run(
         }),
         notes: std::sync::Mutex::new(Vec::new()),
     });
-    let shown = !base.progress.is_hidden();
-    let live = match (shown, base.run.telemetry()) {
-        (true, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
+    let live = match (base.progress.is_hidden(), base.run.telemetry()) {
+        (false, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
         _ => None,
     };
-    let ticker = shown.then(|| tokio::spawn(progress_ticker(base.clone())));
     let mut runs = arms::ArmRun::for_plan(&plan);
     let mut rounds: Vec<RoundMetrics> = Vec::new();
     arms::run_arms(&base, &plan, &env, &mut runs, &mut rounds).await;
     watcher.abort();
-    for task in [live, ticker].into_iter().flatten() {
-        task.abort();
+    if let Some(l) = live {
+        l.abort();
     }
     base.progress.finish_and_clear();
 

@@ -21,22 +21,24 @@ const HOP_BY_HOP: [&str; 6] = [
     "te",
 ];
 
-/// Remove hop-by-hop headers (RFC 9110 section 7.6.1): `Connection` and every header it
-/// names, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, and `TE`
-/// except `trailers`.
+/// A field of `h` named `name` (lower case, as a `HeaderName` spells it) is hop-by-hop
+/// (RFC 9110 section 7.6.1): `Connection` and every field it names, `Keep-Alive`,
+/// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `TE`. No allocation: the one
+/// rule [`strip_hop_by_hop`] and [`end_to_end`] share.
+fn is_hop_by_hop(h: &HeaderMap, name: &str) -> bool {
+    HOP_BY_HOP.contains(&name) || has_token(h, header::CONNECTION, name)
+}
+
+/// Remove hop-by-hop headers ([`is_hop_by_hop`]), keeping `TE: trailers` when a `TE`
+/// field asked for trailers.
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+    let gone: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| is_hop_by_hop(h, n.as_str()))
+        .cloned()
         .collect();
     let wants_trailers = has_token(h, header::TE, "trailers");
-    for n in named {
-        h.remove(n);
-    }
-    for n in HOP_BY_HOP {
+    for n in gone {
         h.remove(n);
     }
     if wants_trailers {
@@ -46,23 +48,12 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 /// The fields of `h` that [`strip_hop_by_hop`] keeps, in order, without changing `h`
 /// (serve writes a response head from them and keeps the worker's map for the record
-/// as it came, with no copy of it): every field but the hop-by-hop ones and those
-/// `Connection` names, then `te: trailers` when a `TE` field asked for trailers.
+/// as it came, with no copy of it), then `te: trailers` when a `TE` field asked for
+/// trailers.
 pub(crate) fn end_to_end(h: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
-    let named: Vec<String> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-        .collect();
     let trailers = has_token(h, header::TE, "trailers").then_some(("te", &b"trailers"[..]));
     h.iter()
-        .filter(move |(n, _)| {
-            let n = n.as_str();
-            !HOP_BY_HOP.contains(&n) && !named.iter().any(|t| t == n)
-        })
+        .filter(move |(n, _)| !is_hop_by_hop(h, n.as_str()))
         .map(|(n, v)| (n.as_str(), v.as_bytes()))
         .chain(trailers)
 }
