@@ -434,6 +434,11 @@ pub struct ServeArgs {
     /// When the recorder's queue is full: wait (`block`) or drop the row and count it.
     #[arg(long, value_enum, default_value_t = OnRecordFull::Block)]
     pub on_record_full: OnRecordFull,
+    /// When the recorder fails (a full disk, an I/O error): forward nothing more and stop
+    /// (`stop`: new requests get 503, exit 3) or keep forwarding, counting every
+    /// unrecorded exchange (`forward`).
+    #[arg(long, value_enum, default_value_t = OnRecordFail::Stop)]
+    pub on_record_fail: OnRecordFail,
     /// Finished exchanges queued between the proxy and the writer thread. When it is
     /// full, `block` holds each connection's next request until its row is queued.
     #[arg(long, value_name = "ROWS", default_value_t = 4096)]
@@ -498,7 +503,7 @@ pub struct ScrapeArgs {
     pub gpu_metrics: Option<String>,
 }
 
-pub use crate::drivers::serve::OnRecordFull;
+pub use crate::drivers::serve::{OnRecordFail, OnRecordFull};
 
 /// `--upstream-connection`: serve's connection policy, the one replay's plans name
 /// (`pinned` on the command line and in serve's config.json is `keep-alive`).
@@ -527,6 +532,24 @@ impl clap::ValueEnum for OnRecordFull {
             }
             OnRecordFull::Drop => {
                 "Drop the row and count it (the count is printed and kept in summary.json)"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
+impl clap::ValueEnum for OnRecordFail {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[OnRecordFail::Stop, OnRecordFail::Forward]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            OnRecordFail::Stop => {
+                "Forward nothing more: new requests get 503 naming the failure, exchanges in flight finish, serve stops with exit 3"
+            }
+            OnRecordFail::Forward => {
+                "Keep forwarding; every exchange that could not be recorded is counted (summary.json, /metrics)"
             }
         };
         Some(clap::builder::PossibleValue::new(self.as_str()).help(help))

@@ -23,7 +23,7 @@ use crate::telemetry::{Kind, Telemetry};
 type RecorderValue = (&'static str, &'static str, Kind, fn(&Recorder) -> f64);
 
 /// The recorder's values, read at each scrape.
-const RECORDER_VALUES: [RecorderValue; 4] = [
+const RECORDER_VALUES: [RecorderValue; 6] = [
     (
         "matrix_proxy_recorder_queue_rows",
         "Finished exchanges waiting in the recorder's queue for the writer thread.",
@@ -41,6 +41,18 @@ const RECORDER_VALUES: [RecorderValue; 4] = [
         "Rows dropped because the recorder's queue was full (serve --on-record-full drop).",
         Kind::Counter,
         |r| r.dropped() as f64,
+    ),
+    (
+        "matrix_proxy_recording_failed",
+        "1 once the recorder has stopped on an error (a write, a rename, an fsync failed): serve then forwards nothing more unless --on-record-fail forward.",
+        Kind::Gauge,
+        |r| f64::from(u8::from(r.failure().is_some())),
+    ),
+    (
+        "matrix_proxy_rows_unrecorded_total",
+        "Finished exchanges whose row the recorder refused because it had stopped on an error.",
+        Kind::Counter,
+        |r| r.unrecorded() as f64,
     ),
     (
         "matrix_proxy_parts_closed_total",

@@ -179,6 +179,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         rewrite_host: args.rewrite_host,
         tls: input.tls,
         on_record_full: args.on_record_full,
+        on_record_fail: args.on_record_fail,
         grace: input.grace,
         stats_interval: (!args.run.quiet).then_some(input.stats_interval),
         buffer_frames: 64,
@@ -195,13 +196,20 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     }
     let worker = super::scrape::serve_end(scraping, &dir, args.run.quiet).await;
     let recording = run.finish_recording().await;
-    let rows = recording.stats.rows;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
     let mut table = report::routes::RouteTable::default();
+    let mut rows_read = 0u64;
     let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
+        rows_read += 1;
         table.add(&r.method, &r.url, r.status, r.sample)
     });
+    // A writer that failed reports nothing: what it kept is what reads back.
+    let rows = if recording.problems.is_empty() {
+        recording.stats.rows
+    } else {
+        rows_read
+    };
     if let Err(e) = read {
         problems.push(format!("reading the recorded rows back: {e}"));
     }
@@ -244,12 +252,15 @@ fn serve_stopped(
     {
         problems.push(e);
     }
-    if !args.run.quiet || stats.dropped_rows > 0 {
+    let unrecorded = stats.requests.saturating_sub(rows + stats.dropped_rows);
+    if !args.run.quiet || stats.dropped_rows > 0 || unrecorded > 0 {
         eprintln!(
-            "matrix-proxy: stopped: {} requests, {} rows written, {} dropped, in {}",
+            "matrix-proxy: stopped: {} forwarded, {} recorded, {} unrecorded, {} dropped (--on-record-full drop), {} refused unforwarded, in {}",
             stats.requests,
             rows,
+            unrecorded,
             stats.dropped_rows,
+            stats.refused.values().sum::<u64>(),
             dir.path.display()
         );
     }
@@ -301,6 +312,7 @@ fn serve_config_fields(
             max_record_body_bytes: args.run.max_record_body,
             record_memory_bytes: args.record_memory,
             on_record_full: args.on_record_full.as_str().into(),
+            on_record_fail: args.on_record_fail.as_str().into(),
             part_rows: args.run.part_rows,
             part_seconds: args.run.part_seconds,
             redacted_headers: redaction

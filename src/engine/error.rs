@@ -16,6 +16,8 @@ pub(crate) enum Cause {
     Deadline,
     /// Cut at the end of serve's shutdown grace period.
     Shutdown,
+    /// serve: the client framed its request body wrong (answered 400).
+    Malformed,
 }
 
 /// A failed exchange: the side, the cause, and a message naming the step.
@@ -84,6 +86,28 @@ impl ExchangeError {
         }
     }
 
+    /// serve: the client did not send its whole request body within `--upstream-timeout`
+    /// (the worker never had the whole request: the client's fault, answered 408).
+    pub(crate) fn client_body_timeout(seconds: f64) -> Self {
+        ExchangeError {
+            side: Side::Downstream,
+            cause: Cause::Deadline,
+            message: format!(
+                "client_body_timeout: the client did not send its whole request body within --upstream-timeout ({seconds} s); answered 408"
+            ),
+        }
+    }
+
+    /// serve: the client framed its request body wrong (`what`); answered 400 and the
+    /// connection closed.
+    pub(crate) fn client_malformed_body(what: &str) -> Self {
+        ExchangeError {
+            side: Side::Downstream,
+            cause: Cause::Malformed,
+            message: format!("the client's request body is malformed ({what}); answered 400"),
+        }
+    }
+
     /// serve: cut at the end of the shutdown grace period.
     pub(crate) fn shutdown_cut() -> Self {
         ExchangeError {
@@ -96,20 +120,28 @@ impl ExchangeError {
     /// The `outcome` column of this failure.
     pub(crate) fn outcome(&self) -> Outcome {
         match (self.side, self.cause) {
+            // The client's own slowness or bad framing ended its exchange.
+            (Side::Downstream, Cause::Deadline | Cause::Malformed) => Outcome::ClientAborted,
             (_, Cause::Deadline) => Outcome::Timeout,
             (_, Cause::Shutdown) => Outcome::ShutdownCut,
             (Side::Downstream, Cause::Transport) => Outcome::ClientAborted,
-            (Side::Upstream | Side::Internal, Cause::Transport) => Outcome::Transport,
+            (Side::Upstream | Side::Internal, Cause::Transport | Cause::Malformed) => {
+                Outcome::Transport
+            }
         }
     }
 
     /// What serve answers a client whose exchange failed before the response head, and the
     /// error `type` of its JSON body.
     pub(crate) fn status(&self) -> (StatusCode, &'static str) {
-        match self.cause {
-            Cause::Deadline => (StatusCode::GATEWAY_TIMEOUT, "gateway_timeout"),
-            Cause::Shutdown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            Cause::Transport => (StatusCode::BAD_GATEWAY, "bad_gateway"),
+        match (self.side, self.cause) {
+            (Side::Downstream, Cause::Deadline) => {
+                (StatusCode::REQUEST_TIMEOUT, "client_body_timeout")
+            }
+            (Side::Downstream, Cause::Malformed) => (StatusCode::BAD_REQUEST, "bad_request"),
+            (_, Cause::Deadline) => (StatusCode::GATEWAY_TIMEOUT, "gateway_timeout"),
+            (_, Cause::Shutdown) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            (_, Cause::Transport | Cause::Malformed) => (StatusCode::BAD_GATEWAY, "bad_gateway"),
         }
     }
 }
@@ -150,6 +182,16 @@ mod tests {
             ),
             (ExchangeError::client_gone(), Outcome::ClientAborted, 502),
             (ExchangeError::shutdown_cut(), Outcome::ShutdownCut, 503),
+            (
+                ExchangeError::client_body_timeout(1.0),
+                Outcome::ClientAborted,
+                408,
+            ),
+            (
+                ExchangeError::client_malformed_body("bad chunk"),
+                Outcome::ClientAborted,
+                400,
+            ),
         ];
         for (e, outcome, status) in cases {
             assert_eq!(

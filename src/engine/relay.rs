@@ -1,9 +1,9 @@
 //! serve's upstream side, on the lean client's connections: the rest of a request after
 //! the head [`Engine::lean_send`](super::Engine::lean_send) wrote ([`LeanConn::send_more`]),
 //! the response head ([`LeanConn::read_head`]), and the response body read for forwarding
-//! ([`BodyRelay`]): each read stamped into the capture when it returns and handed on as
-//! the bytes that came, their framing included, split off the connection's buffer without
-//! a copy.
+//! ([`BodyRelay`]): each read stamped into the capture when it returns and handed on in
+//! the framing serve writes (`http1::reframe`): a length's bytes split off the
+//! connection's buffer without a copy, a chunked body's data chunked again.
 
 use std::future::Future;
 use std::task::{Context, Poll};
@@ -13,6 +13,7 @@ use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::http1::codec::{Chunked, Framing, Head};
+use super::http1::reframe::{self, Reframe};
 use super::lean::{self, BODY, LeanConn, READ_CHUNK, SEND};
 use super::{Capture, ExchangeError, http1};
 use crate::clock;
@@ -50,9 +51,10 @@ pub(crate) struct BodyRelay {
     framing: Framing,
     left: u64,
     chunked: Chunked,
-    /// Hand on the body's data instead of its bytes as framed (a chunked body for a
-    /// client that cannot take chunks).
-    decode: bool,
+    /// How the client gets the body.
+    out: Reframe,
+    /// Trailer bytes of the worker's were not handed on.
+    trailers_dropped: bool,
     /// When the bytes in the connection's buffer not yet taken were read.
     unread: Option<u64>,
     /// When the last read returned (the head's, before the body's first).
@@ -62,8 +64,9 @@ pub(crate) struct BodyRelay {
 
 impl BodyRelay {
     /// The body after `head`, whose read returned at `head_ns` (bytes that came with the
-    /// head are the body's first). A body that is empty by its framing ends at `head_ns`.
-    pub(crate) fn new(head: &Head, head_ns: u64, decode: bool, cap: &mut Capture) -> BodyRelay {
+    /// head are the body's first), handed on as `out` says. A body that is empty by its
+    /// framing ends at `head_ns`.
+    pub(crate) fn new(head: &Head, head_ns: u64, out: Reframe, cap: &mut Capture) -> BodyRelay {
         let left = match head.framing {
             Framing::Length(n) => n,
             _ => 0,
@@ -76,7 +79,8 @@ impl BodyRelay {
             framing: head.framing,
             left,
             chunked: Chunked::default(),
-            decode,
+            out,
+            trailers_dropped: false,
             unread: Some(head_ns),
             last_read_ns: head_ns,
             done,
@@ -92,6 +96,18 @@ impl BodyRelay {
     /// The body has been read to its end.
     pub(crate) fn done(&self) -> bool {
         self.done
+    }
+
+    /// Trailer bytes of the worker's were not handed on (past the trailer section's end,
+    /// or all of them to a client that takes no chunks).
+    pub(crate) fn trailers_dropped(&self) -> bool {
+        self.trailers_dropped
+    }
+
+    /// The client still needs the last chunk once the body has ended: a body the close
+    /// ended, chunked for the client (a chunked body's last chunk comes with its data).
+    pub(crate) fn last_chunk_pending(&self) -> bool {
+        self.out == Reframe::Chunks && self.framing == Framing::Close
     }
 
     /// The body ended by its framing and nothing followed it: the connection may carry
@@ -163,31 +179,26 @@ impl BodyRelay {
             }
             Framing::Chunked => {
                 let bad = |m: String| ExchangeError::upstream_message(format!("{BODY}: {m}"));
-                let b = if self.decode {
-                    let mut data = BytesMut::new();
-                    let used = self
-                        .chunked
-                        .decode(buf, |d| {
-                            cap.on_body_frame(d, at);
-                            data.extend_from_slice(d);
-                        })
-                        .map_err(bad)?;
-                    buf.advance(used);
-                    data.freeze()
-                } else {
-                    let used = self
-                        .chunked
-                        .decode(buf, |d| cap.on_body_frame(d, at))
-                        .map_err(bad)?;
-                    buf.split_to(used).freeze()
-                };
+                let mut data = BytesMut::new();
+                let out = self.out;
+                let used = self
+                    .chunked
+                    .decode(buf, |d| {
+                        cap.on_body_frame(d, at);
+                        reframe::chunked_data(&mut data, d, out);
+                    })
+                    .map_err(bad)?;
+                buf.advance(used);
                 self.done = self.chunked.done();
-                b
+                if self.done {
+                    self.trailers_dropped = reframe::chunked_end(&mut data, &self.chunked, out);
+                }
+                data.freeze()
             }
             Framing::Close => {
                 let b = buf.split().freeze();
                 cap.on_body_frame(&b, at);
-                b
+                reframe::close_delimited_piece(b, self.out)
             }
         };
         if self.done {

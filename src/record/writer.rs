@@ -146,6 +146,8 @@ pub struct Recorder {
     /// The queue's size in rows (the semaphore's permits).
     queue_rows: usize,
     dropped: AtomicU64,
+    /// Rows refused because the writer had stopped.
+    unrecorded: AtomicU64,
     live: Arc<WriterLive>,
     handle: std::sync::Mutex<Option<JoinHandle<Result<WriterStats, RecordError>>>>,
 }
@@ -156,6 +158,8 @@ pub struct Recorder {
 struct WriterLive {
     rows: AtomicU64,
     parts_closed: AtomicU64,
+    /// Why the writer stopped on an error, set before submitters learn it stopped.
+    failure: std::sync::OnceLock<String>,
 }
 
 /// How long the writer sleeps when its queue is empty.
@@ -178,7 +182,10 @@ impl Recorder {
         let handle = std::thread::Builder::new()
             .name("matrix-recorder".into())
             .spawn(move || {
-                let r = writer_loop(opts, rx, &thread_slots, thread_live);
+                let r = writer_loop(opts, rx, &thread_slots, thread_live.clone());
+                if let Err(e) = &r {
+                    let _ = thread_live.failure.set(e.to_string());
+                }
                 // Wake and fail every submitter still waiting for a slot.
                 thread_slots.close();
                 r
@@ -188,6 +195,7 @@ impl Recorder {
             slots,
             queue_rows,
             dropped: AtomicU64::new(0),
+            unrecorded: AtomicU64::new(0),
             live,
             handle: std::sync::Mutex::new(Some(handle)),
         })
@@ -197,10 +205,10 @@ impl Recorder {
     /// the writer has stopped on an error (see [`Recorder::finish`] for the reason).
     pub async fn submit(&self, rec: ExchangeRecord) -> Result<(), RecordError> {
         let permit = self.slots.acquire().await;
-        permit.map_err(|_| RecordError::stopped())?.forget();
+        permit.map_err(|_| self.refused())?.forget();
         self.tx
             .send(Msg::Rows(vec![rec]))
-            .map_err(|_| RecordError::stopped())
+            .map_err(|_| self.refused())
     }
 
     /// Queue several finished exchanges with one hand-over (one wait for `rows.len()`
@@ -216,10 +224,8 @@ impl Recorder {
                 Vec::new()
             };
             let permits = self.slots.acquire_many(rows.len() as u32).await;
-            permits.map_err(|_| RecordError::stopped())?.forget();
-            self.tx
-                .send(Msg::Rows(rows))
-                .map_err(|_| RecordError::stopped())?;
+            permits.map_err(|_| self.refused())?.forget();
+            self.tx.send(Msg::Rows(rows)).map_err(|_| self.refused())?;
             rows = rest;
         }
         Ok(())
@@ -233,11 +239,11 @@ impl Recorder {
                 permit.forget();
                 self.tx
                     .send(Msg::Rows(vec![rec]))
-                    .map_err(|_| RecordError::stopped())?;
+                    .map_err(|_| self.refused())?;
                 Ok(None)
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => Ok(Some(rec)),
-            Err(tokio::sync::TryAcquireError::Closed) => Err(RecordError::stopped()),
+            Err(tokio::sync::TryAcquireError::Closed) => Err(self.refused()),
         }
     }
 
@@ -270,6 +276,24 @@ impl Recorder {
             .send(Msg::Release(tx))
             .map_err(|_| RecordError::stopped())?;
         rx.await.map_err(|_| RecordError::stopped())
+    }
+
+    /// A row refused because the writer stopped: counted.
+    fn refused(&self) -> RecordError {
+        self.unrecorded.fetch_add(1, Ordering::Relaxed);
+        RecordError::stopped()
+    }
+
+    /// Rows refused because the writer had stopped (serve's exchanges forwarded but not
+    /// recorded).
+    pub(crate) fn unrecorded(&self) -> u64 {
+        self.unrecorded.load(Ordering::Relaxed)
+    }
+
+    /// Why the writer stopped, once it has stopped on an error (a write, a rename, an
+    /// fsync failed): a relaxed read, cheap enough for every request.
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.live.failure.get().map(String::as_str)
     }
 
     /// Rows dropped by [`Recorder::try_submit`] because the queue was full.

@@ -75,6 +75,13 @@ pub(crate) struct ServeStats {
     /// Most finished exchanges that waited at once for room in the recorder's queue.
     pub(crate) backlog_peak: u64,
     pub(crate) record_error: Option<RecordError>,
+    /// Requests answered by serve itself, by status.
+    pub(crate) refused: BTreeMap<u16, u64>,
+    pub(crate) trailers_dropped: u64,
+    /// Exchanges forwarded whose row the stopped recorder refused.
+    pub(crate) unrecorded: u64,
+    /// Why serve stopped by itself: the recorder's failure (`--on-record-fail stop`).
+    pub(crate) stopped_by_record_failure: Option<String>,
 }
 
 /// The levels of one case in run order, each with the rounds planned at it: the plan's
@@ -334,7 +341,11 @@ pub(crate) fn serve_summary(
     rebuilt: Option<ServeEnding>,
 ) -> ServeSummary {
     ServeSummary {
-        ending: rebuilt.unwrap_or(ServeEnding::Stopped),
+        ending: rebuilt.unwrap_or(if stats.stopped_by_record_failure.is_some() {
+            ServeEnding::RecordFailed
+        } else {
+            ServeEnding::Stopped
+        }),
         requests: stats.requests,
         successful_requests: stats.by_outcome.get(&Outcome::Ok).copied().unwrap_or(0),
         failures: stats
@@ -350,11 +361,17 @@ pub(crate) fn serve_summary(
         successful_latency_seconds: Pct::of(&stats.ok_total),
         routes: routes::route_docs(&stats.routes),
         record_error: stats.record_error.as_ref().map(|e| e.to_string()),
+        unrecorded_exchanges: stats.unrecorded,
+        refused_requests: stats.refused.clone(),
+        trailers_dropped: stats.trailers_dropped,
         definitions: ServeDefinitions {
             latency: "client request head parsed to the last upstream body byte (total_us); nearest rank over the successful exchanges recorded in exchanges/ (rows dropped under --on-record-full drop are not in it)".into(),
             routes: format!("one entry per route (method and path as forwarded, without the query; the first {} distinct routes, later ones grouped as \"{}\") and status class of the worker's answer (\"none\": no head came from the worker and the client got the proxy's 502/503/504); latency and stream numbers are nearest rank over the group's ok exchanges; an answer is ok when it reached the client whole, whatever its status", routes::MAX_ROUTES, routes::OTHER),
             dropped_rows: "rows dropped because the recorder's queue was full (--on-record-full drop); 0 under block".into(),
             recorder_backlog_peak_rows: "most finished exchanges waiting at once for room in the recorder's queue (block); each holds its client connection's next request, so it is at most the number of client connections".into(),
+            unrecorded_exchanges: "exchanges forwarded after the recorder had stopped on an error, so with no row (under --on-record-fail stop only those in flight when it failed; under forward every one after it)".into(),
+            refused_requests: "requests serve answered itself without forwarding them and without a row, by status: 400 (malformed head, Host missing or repeated, asterisk form), 405 (CONNECT), 431 (head too large), 501 (a transfer coding other than chunked), 503 (the recorder had failed)".into(),
+            trailers_dropped: "requests and responses whose chunked body ended with trailer fields, which serve does not forward (it writes the framing of what it forwards itself)".into(),
             recorder_longest_slice_us: "the longest run of the recorder's work (encoding rows, freeing them, closing row groups and parts) between two of its rests, in its thread's CPU microseconds: about how long a request sharing its core could wait behind it (the recorder sleeps after every ~40 µs of work); null when the recorder failed, or in a summary rebuilt from exchanges/ of a run that never wrote one".into(),
         },
         rebuilt_from_exchanges: rebuilt.map(|_| true),

@@ -70,7 +70,9 @@ impl ClientConn {
         }
         let mut fwd = format!("for={};proto={proto}", forwarded_for(self.ip));
         if let Some(host) = host.and_then(|v| v.to_str().ok()) {
-            fwd.push_str(&format!(";host=\"{}\"", host.replace('"', "")));
+            // A quoted-string (RFC 9110 section 5.6.4): `\` and `"` escaped.
+            let quoted = host.replace('\\', "\\\\").replace('"', "\\\"");
+            fwd.push_str(&format!(";host=\"{quoted}\""));
         }
         let v = HeaderValue::from_str(&fwd).ok();
         if let Ok(mut last) = self.last.lock() {

@@ -1,19 +1,18 @@
 //! A client connection on serve's own HTTP/1 core: its byte stream (plain TCP or TLS),
 //! the bytes read from it and not yet used, request heads read under the limits
-//! (`engine::http1::request`, hyper's server rules), a request body read for forwarding
-//! ([`BodyUp`]), and the short answers serve writes itself. Imports nothing else from
+//! (`engine::http1::request`, hyper's server rules), the requests serve refuses after
+//! them ([`refusal`]), and the short answers serve writes itself. Imports nothing else from
 //! serve.
 
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::engine::BodyCopy;
-use crate::engine::http1::codec::{Chunked, TOO_LARGE};
-use crate::engine::http1::request::{BodyFraming, RequestHead, parse_request_head};
+use crate::engine::http1::codec::TOO_LARGE;
+use crate::engine::http1::request::{RequestHead, parse_request_head};
 
 /// A client's byte stream: plain TCP or rustls over TCP.
 pub(super) trait DownIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -165,58 +164,26 @@ impl Down {
     }
 }
 
-/// A request body read from the client for forwarding: its bytes as framed (a chunked
-/// body goes up chunked, as it came), its data copied on the side for the record.
-pub(super) struct BodyUp {
-    left: u64,
-    chunked: Option<Chunked>,
-}
-
-impl BodyUp {
-    pub(super) fn new(framing: BodyFraming) -> BodyUp {
-        match framing {
-            BodyFraming::Length(n) => BodyUp {
-                left: n,
-                chunked: None,
-            },
-            BodyFraming::Chunked => BodyUp {
-                left: 0,
-                chunked: Some(Chunked::default()),
-            },
-        }
+/// The status serve answers a request it read but will not forward, by the rules it
+/// applies after its hyper-parity reader (hyper's server takes all of these):
+/// - `CONNECT`: 405 (no tunnel passes through);
+/// - a transfer coding other than `chunked`: 501, as nginx answers (serve writes the
+///   framing itself and decodes no other coding);
+/// - HTTP/1.1 without `Host`, or more than one `Host`: 400 (RFC 9112 section 3.2);
+/// - the asterisk form (`OPTIONS *`): 400 (it asks about serve itself, and no URL can
+///   record it).
+pub(super) fn refusal(head: &RequestHead) -> Option<StatusCode> {
+    if head.method == http::Method::CONNECT {
+        return Some(StatusCode::METHOD_NOT_ALLOWED);
     }
-
-    /// The whole body has been read.
-    pub(super) fn done(&self) -> bool {
-        match &self.chunked {
-            Some(c) => c.done(),
-            None => self.left == 0,
-        }
+    if crate::engine::http1::reframe::foreign_coding(&head.headers).is_some() {
+        return Some(StatusCode::NOT_IMPLEMENTED);
     }
-
-    /// Take what `buf` holds of the body: the bytes to forward; its data go to `copy`.
-    /// An error is a chunked body the client framed wrong.
-    pub(super) fn take(
-        &mut self,
-        buf: &mut BytesMut,
-        copy: &mut BodyCopy,
-    ) -> Result<Bytes, String> {
-        match &mut self.chunked {
-            Some(c) => {
-                let used = c.decode(buf, |d| copy.push(d))?;
-                Ok(buf.split_to(used).freeze())
-            }
-            None => {
-                let n = buf
-                    .len()
-                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
-                self.left -= n as u64;
-                let b = buf.split_to(n).freeze();
-                copy.push(&b);
-                Ok(b)
-            }
-        }
+    let hosts = head.headers.get_all(http::header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && !head.http10) || head.uri.path() == "*" {
+        return Some(StatusCode::BAD_REQUEST);
     }
+    None
 }
 
 /// When the client's side of a response ended, and whether completely.

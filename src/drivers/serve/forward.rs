@@ -10,15 +10,16 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Method, StatusCode, Uri};
+use http::{HeaderMap, StatusCode, Uri};
 
 use super::client::ClientConn;
-use super::down::{BodyUp, Down, DownstreamEnd};
+use super::down::{Down, DownstreamEnd};
 use super::end;
-use super::relay::{self, Out};
+use super::relay;
 use super::state::{InFlight, Pending, PendingGuard, Shared};
 use crate::clock;
-use crate::engine::http1::codec::{Framing, Head};
+use crate::engine::http1::codec::Head;
+use crate::engine::http1::reframe::{self, RequestBody, ResponseFraming};
 use crate::engine::http1::request::{BodyFraming, RequestHead};
 use crate::engine::lean::LeanConn;
 use crate::engine::relay::BodyRelay;
@@ -38,11 +39,25 @@ pub(super) struct ConnState {
 }
 
 /// The headers sent upstream: hop-by-hop removed, `Expect` answered here (`100 Continue`
-/// once the request head is on its way up), forwarding headers added, `Host` kept unless
-/// `rewrite_host`.
-fn upstream_headers(mut h: HeaderMap, fw: &ClientConn, sh: &Shared) -> HeaderMap {
+/// once the request head is on its way up), the length serve's own
+/// (`reframe::set_request_length`), forwarding headers added, `Host` kept unless
+/// `rewrite_host` (an absolute-form target's authority replaces it, RFC 9112 section 3.2.2).
+fn upstream_headers(
+    mut h: HeaderMap,
+    uri: &Uri,
+    framing: BodyFraming,
+    fw: &ClientConn,
+    sh: &Shared,
+) -> HeaderMap {
     http1::strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
+    reframe::set_request_length(&mut h, framing);
+    if let Some(v) = uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        h.insert(header::HOST, v);
+    }
     if sh.opts.policy == ConnectionPolicy::Fresh {
         http1::close_after(&mut h);
     }
@@ -76,75 +91,12 @@ fn upstream_url(sh: &Shared, uri: &Uri) -> String {
     url
 }
 
-/// The request head as it goes up: the request line with the upstream target, the
-/// headers, and `Transfer-Encoding: chunked` for a chunked body (it goes up as it came).
-fn request_head(
-    method: &Method,
-    target: &str,
-    headers: &HeaderMap,
-    framing: BodyFraming,
-) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + target.len() + 48 * headers.len());
-    b.extend_from_slice(method.as_str().as_bytes());
-    b.push(b' ');
-    b.extend_from_slice(target.as_bytes());
-    b.extend_from_slice(b" HTTP/1.1\r\n");
-    write_fields(&mut b, all_fields(headers));
-    if framing == BodyFraming::Chunked {
-        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    b.extend_from_slice(b"\r\n");
-    b
-}
-
-fn write_fields<'a>(b: &mut Vec<u8>, fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) {
-    for (name, value) in fields {
-        b.extend_from_slice(name.as_bytes());
-        b.extend_from_slice(b": ");
-        b.extend_from_slice(value);
-        b.extend_from_slice(b"\r\n");
-    }
-}
-
-/// A header map's fields, as [`write_fields`] takes them.
-fn all_fields(h: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
-    h.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))
-}
-
-/// A response head for the client: its version, the status, the fields, then the
-/// framing and connection fields serve decides.
-fn response_head<'a>(
-    http10: bool,
-    status: StatusCode,
-    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-    chunked: bool,
-    keep: bool,
-) -> Vec<u8> {
-    let mut b = Vec::with_capacity(512);
-    b.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
-    b.extend_from_slice(status.as_str().as_bytes());
-    b.push(b' ');
-    b.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    b.extend_from_slice(b"\r\n");
-    write_fields(&mut b, fields);
-    if chunked {
-        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    if !keep {
-        b.extend_from_slice(b"connection: close\r\n");
-    } else if http10 {
-        b.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    b.extend_from_slice(b"\r\n");
-    b
-}
-
 /// How waiting for the upstream head failed.
 enum NoHead {
     /// On the worker's side, or by serve's deadline or cut: answered 502 / 503 / 504.
     Upstream(ExchangeError),
-    /// The client went away (before the head, or in the middle of its request body):
-    /// nobody to answer.
+    /// On the client's side: it went away (nobody to answer), framed its body wrong
+    /// (400) or sent it too slowly (408).
     Client(ExchangeError),
 }
 
@@ -159,6 +111,14 @@ pub(super) async fn exchange(
     stopping: bool,
 ) -> bool {
     st.client.wait_backlog().await;
+    if let Some(why) = sh.unrecordable() {
+        // A recorder that failed stops unrecorded traffic (`--on-record-fail stop`).
+        sh.count_refused(StatusCode::SERVICE_UNAVAILABLE);
+        let message = format!("recording failed, so serve forwards nothing more: {why}");
+        let status = (StatusCode::SERVICE_UNAVAILABLE, "recording_failed");
+        answer_json(down, status, &message, head.http10, false).await;
+        return false;
+    }
     let guard = PendingGuard::new(pending);
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
     let started_at_us = clock::wall_now_us();
@@ -175,10 +135,10 @@ pub(super) async fn exchange(
         expect_continue,
         ..
     } = head;
-    let headers = upstream_headers(headers, &st.client, sh);
+    let headers = upstream_headers(headers, &uri, framing, &st.client, sh);
     // The record's URL; the upstream target is its tail.
     let url = upstream_url(sh, &uri);
-    let wire = request_head(&method, &url[sh.origin_len..], &headers, framing);
+    let wire = reframe::request_head(&method, &url[sh.origin_len..], &headers, framing);
     let mut p = InFlight {
         cap,
         started_at_us,
@@ -192,39 +152,66 @@ pub(super) async fn exchange(
         client: st.client.clone(),
     };
     st.next_index += 1;
-    let mut body = BodyUp::new(framing);
+    let mut body = RequestBody::new(framing);
     let mut copy = BodyCopy::new(sh.opts.max_record_body, Some(sh.budget.clone()));
     let mut cut = sh.cut.clone();
+    // Set while serve waits for the client's next body bytes: a deadline passing then is
+    // the client's, not the worker's.
+    let on_client = std::sync::atomic::AtomicBool::new(false);
     let sending = send(
         sh,
         down,
         st,
         wire,
         &mut body,
-        expect_continue,
+        (expect_continue, &on_client),
         &mut copy,
         &mut p,
     );
     let sent = tokio::select! {
         r = tokio::time::timeout(sh.opts.upstream_timeout, sending) => r.unwrap_or_else(|_| {
+            let secs = sh.opts.upstream_timeout.as_secs_f64();
+            if on_client.load(Ordering::Relaxed) {
+                return Err(NoHead::Client(ExchangeError::client_body_timeout(secs)));
+            }
             Err(NoHead::Upstream(ExchangeError::deadline(format!(
-                "upstream {} sent no response head within --upstream-timeout ({} s)",
+                "upstream {} sent no response head within --upstream-timeout ({secs} s)",
                 sh.opts.upstream.authority,
-                sh.opts.upstream_timeout.as_secs_f64()
             ))))
         }),
         _ = cut.wait_for(|c| *c) => Err(NoHead::Upstream(ExchangeError::shutdown_cut())),
     };
     p.tee = copy.take();
+    if body.trailers_dropped() {
+        sh.trailers_dropped.fetch_add(1, Ordering::Relaxed);
+    }
     // The connection can carry another request only if this one was read to its end.
     let keep = keep_alive && body.done() && !stopping;
     match sent {
         Ok((conn, head, head_ns)) => {
-            respond(sh, down, st, p, guard, conn, head, head_ns, http10, keep).await
+            let sent_whole = body.done();
+            respond(
+                sh,
+                down,
+                st,
+                p,
+                guard,
+                (conn, head, head_ns, sent_whole),
+                http10,
+                keep,
+            )
+            .await
         }
         Err(NoHead::Client(e)) => {
             p.cap.finish(clock::now_ns());
-            end::end(sh, p, Some(e), None, guard);
+            // A client still there (it framed its body wrong, or was too slow with it) is
+            // told why, then the connection closes; one that went away gets nothing.
+            let answered = if e.status().0 == StatusCode::BAD_GATEWAY {
+                None
+            } else {
+                Some(answer_error(down, &e, http10, false).await)
+            };
+            end::end(sh, p, Some(e), answered, guard);
             false
         }
         Err(NoHead::Upstream(e)) => {
@@ -238,16 +225,18 @@ pub(super) async fn exchange(
     }
 }
 
-/// Write the request up (its body streamed as the client sends it) and wait for the
-/// response head, watching for the client's close meanwhile.
+/// Write the request up (its body streamed as the client sends it, in serve's own
+/// framing) and wait for the response head, watching for the client's close meanwhile.
+/// A worker that stops taking the body (it answered early, say 413, and closed) still
+/// gets its answer read and passed on, as nginx does.
 #[allow(clippy::too_many_arguments)]
 async fn send(
     sh: &Shared,
     down: &mut Down,
     st: &mut ConnState,
     mut wire: Vec<u8>,
-    body: &mut BodyUp,
-    expect_continue: bool,
+    body: &mut RequestBody,
+    (expect_continue, on_client): (bool, &std::sync::atomic::AtomicBool),
     copy: &mut BodyCopy,
     p: &mut InFlight,
 ) -> Result<(LeanConn, Head, u64), NoHead> {
@@ -255,9 +244,11 @@ async fn send(
         e.message = format!("upstream {}: {}", sh.opts.upstream.authority, e.message);
         NoHead::Upstream(e)
     };
-    let bad_body = |m: String| NoHead::Client(ExchangeError::client_request_body(&m));
+    let bad_body = |m: String| NoHead::Client(ExchangeError::client_malformed_body(&m));
     // Body bytes that came with the head go up with it, in one write.
-    let first = body.take(&mut down.buf, copy).map_err(bad_body)?;
+    let first = body
+        .take(&mut down.buf, |d| copy.push(d))
+        .map_err(bad_body)?;
     wire.extend_from_slice(&first);
     let mut conn = sh
         .engine
@@ -279,20 +270,30 @@ async fn send(
                 ))
             })?;
     }
+    let mut refused = None;
     while !body.done() {
-        match down.read_more().await {
-            Ok(0) | Err(_) => {
-                return Err(NoHead::Client(ExchangeError::client_request_body(
-                    "the client closed its connection",
-                )));
-            }
-            Ok(_) => {}
+        on_client.store(true, Ordering::Relaxed);
+        let read = down.read_more().await;
+        on_client.store(false, Ordering::Relaxed);
+        if matches!(read, Ok(0) | Err(_)) {
+            return Err(NoHead::Client(ExchangeError::client_request_body(
+                "the client closed its connection",
+            )));
         }
-        let more = body.take(&mut down.buf, copy).map_err(bad_body)?;
-        conn.send_more(&more).await.map_err(up)?;
+        let more = body
+            .take(&mut down.buf, |d| copy.push(d))
+            .map_err(bad_body)?;
+        if let Err(e) = conn.send_more(&more).await {
+            refused = Some(e);
+            break;
+        }
     }
     let (head, at) = tokio::select! {
-        r = conn.read_head(&p.method, &mut p.cap) => r.map_err(up)?,
+        r = conn.read_head(&p.method, &mut p.cap) => match (r, refused) {
+            (Ok(h), _) => h,
+            // The worker took neither the body nor wrote an answer: the send's error.
+            (Err(_), Some(e)) | (Err(e), None) => return Err(up(e)),
+        },
         () = down.until_closed(st.limit) => {
             return Err(NoHead::Client(ExchangeError::client_gone_before_head()));
         }
@@ -303,49 +304,42 @@ async fn send(
                 .into(),
         )));
     }
+    if !http1::has_no_body(&p.method, head.status)
+        && let Some(coding) = reframe::foreign_coding(&head.headers)
+    {
+        return Err(up(ExchangeError::upstream_message(format!(
+            "answered with Transfer-Encoding {coding:?}: serve passes only chunked (the client offered no coding in TE)"
+        ))));
+    }
     Ok((conn, head, at))
 }
 
 /// The upstream answered with a head: relay its response to the client, keep the
-/// upstream connection if it may carry another request, and end the exchange.
-#[allow(clippy::too_many_arguments)]
+/// upstream connection if it may carry another request (`sent_whole`: it took the whole
+/// request body), and end the exchange.
 async fn respond(
     sh: &Arc<Shared>,
     down: &mut Down,
     st: &mut ConnState,
     mut p: InFlight,
     guard: PendingGuard,
-    mut conn: LeanConn,
-    head: Head,
-    head_ns: u64,
+    (mut conn, head, head_ns, sent_whole): (LeanConn, Head, u64, bool),
     http10: bool,
     keep: bool,
 ) -> bool {
-    let no_body = http1::has_no_body(&p.method, head.status);
-    // How the client gets the body: as it came, or (a body the close ends, to an HTTP/1.1
-    // client) in chunks, so that a cut can never look complete; an HTTP/1.0 client gets
-    // an unframed body until the close.
-    let out = match head.framing {
-        _ if no_body => Out::AsIs,
-        Framing::Chunked | Framing::Close if http10 => Out::UntilClose,
-        Framing::Close => Out::Rechunk,
-        _ => Out::AsIs,
-    };
-    let keep = keep && out != Out::UntilClose;
-    let chunked = !http10 && matches!(head.framing, Framing::Chunked | Framing::Close) && !no_body;
-    let mut relay_body = BodyRelay::new(
-        &head,
-        head_ns,
-        http10 && head.framing == Framing::Chunked,
-        &mut p.cap,
-    );
+    // serve writes the framing the client gets: the body's length, chunks (a chunked body
+    // or one the close ends, to an HTTP/1.1 client, so that a cut can never look
+    // complete), or until the close (an HTTP/1.0 client).
+    let framing: ResponseFraming = reframe::response_framing(&head, &p.method, http10);
+    let keep = keep && !framing.close;
+    let mut relay_body = BodyRelay::new(&head, head_ns, framing.body, &mut p.cap);
     // The head goes out without the hop-by-hop fields; the record keeps the worker's
     // map as it came (moved, not copied).
-    let wire = response_head(
+    let wire = reframe::response_head(
         http10,
         head.status,
         http1::end_to_end(&head.headers),
-        chunked,
+        &framing,
         keep,
     );
     p.cap.keep_response_headers(head.headers);
@@ -356,11 +350,14 @@ async fn respond(
         &mut relay_body,
         &mut p.cap,
         Bytes::from(wire),
-        out,
         st.limit,
     )
     .await;
+    if relay_body.trailers_dropped() {
+        sh.trailers_dropped.fetch_add(1, Ordering::Relaxed);
+    }
     if r.failure.is_none()
+        && sent_whole
         && relay_body.clean(&conn)
         && head.keep_alive
         && sh.opts.policy == ConnectionPolicy::KeepAlive
@@ -386,26 +383,41 @@ async fn respond(
     keep && ok
 }
 
-/// Answer a request that got no upstream head (502, 503, 504, with a JSON body saying
-/// why); when and whether the answer was handed over whole.
+/// Answer a request that got no upstream head (400, 408, 502, 503, 504, with a JSON body
+/// saying why); when and whether the answer was handed over whole.
 async fn answer_error(
     down: &mut Down,
     e: &ExchangeError,
     http10: bool,
     keep: bool,
 ) -> DownstreamEnd {
-    let (status, kind) = e.status();
+    answer_json(down, e.status(), &e.message, http10, keep).await
+}
+
+/// Answer with `status` and a JSON body `{"error": {"type", "message"}}`.
+async fn answer_json(
+    down: &mut Down,
+    (status, kind): (StatusCode, &str),
+    message: &str,
+    http10: bool,
+    keep: bool,
+) -> DownstreamEnd {
     let body = serde_json::to_vec(&serde_json::json!({
-        "error": {"type": kind, "message": format!("matrix-proxy: {}", e.message)}
+        "error": {"type": kind, "message": format!("matrix-proxy: {message}")}
     }))
     .unwrap_or_default();
-    let mut fields = HeaderMap::with_capacity(2);
-    fields.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+    let framing = ResponseFraming {
+        body: reframe::Reframe::Raw,
+        length: Some(body.len() as u64),
+        close: !keep,
+    };
+    let mut wire = reframe::response_head(
+        http10,
+        status,
+        [("content-type", &b"application/json"[..])],
+        &framing,
+        keep,
     );
-    fields.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let mut wire = response_head(http10, status, all_fields(&fields), false, keep);
     wire.extend_from_slice(&body);
     let complete = down.send(&wire).await.is_ok();
     DownstreamEnd {

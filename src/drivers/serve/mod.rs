@@ -75,11 +75,10 @@ mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::header::HeaderValue;
-use http::{Method, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -93,8 +92,8 @@ use client::ClientConn;
 use down::{Down, DownIo, NextHead};
 use forward::ConnState;
 use live::LiveCounters;
-pub use state::OnRecordFull;
 pub(crate) use state::ServeOptions;
+pub use state::{OnRecordFail, OnRecordFull};
 use state::{Pending, Shared};
 
 /// Serve until `stop` turns true, then drain (bounded by the grace period) and cut what is
@@ -128,6 +127,8 @@ pub(crate) async fn run(
         ),
         origin_len: opts.upstream.scheme.as_str().len() + 3 + opts.upstream.authority.len(),
         upstream_host: HeaderValue::from_str(&opts.upstream.authority).ok(),
+        refused: Default::default(),
+        trailers_dropped: AtomicU64::new(0),
         opts,
     });
     if let Some(t) = shared.run.telemetry() {
@@ -165,6 +166,10 @@ pub(crate) async fn run(
         by_outcome,
         backlog_peak: shared.waiting_rows_peak.load(Ordering::Relaxed).max(0) as u64,
         dropped_rows: shared.run.recorder.dropped(),
+        refused: shared.refused.lock().map(|r| r.clone()).unwrap_or_default(),
+        trailers_dropped: shared.trailers_dropped.load(Ordering::Relaxed),
+        unrecorded: shared.run.recorder.unrecorded(),
+        stopped_by_record_failure: shared.unrecordable(),
         ..ServeStats::default()
     }
 }
@@ -209,6 +214,13 @@ async fn accept_until_stopped(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             _ = tokio::time::sleep(Duration::from_millis(50)) => {
                 if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if let Some(why) = shared.unrecordable() {
+                    // Said at once, whatever --quiet says: traffic stops here.
+                    eprintln!(
+                        "matrix-proxy: recording failed: {why}; serve forwards nothing more (new requests are answered 503), lets the exchanges in flight finish and stops (--on-record-fail forward keeps forwarding)"
+                    );
                     return;
                 }
             }
@@ -277,10 +289,14 @@ async fn serve_conn(
         {
             NextHead::Head(head) => *head,
             NextHead::Closed => return,
-            NextHead::Refuse(status) => return down.refuse(status).await,
+            NextHead::Refuse(status) => {
+                sh.count_refused(status);
+                return down.refuse(status).await;
+            }
         };
-        if head.method == Method::CONNECT {
-            return down.refuse(StatusCode::METHOD_NOT_ALLOWED).await;
+        if let Some(status) = down::refusal(&head) {
+            sh.count_refused(status);
+            return down.refuse(status).await;
         }
         let stop_now = *stopping.borrow();
         if !forward::exchange(&sh, &pending, &mut down, &mut st, head, stop_now).await {
@@ -297,9 +313,15 @@ async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
         let in_flight = sh.in_flight.load(Ordering::Relaxed);
-        let Some((requests, window_n, window, errors)) = sh.live.take_interval() else {
+        let Some((requests, window_n, window, mut errors)) = sh.live.take_interval() else {
             return;
         };
+        if let Some(why) = sh.run.recorder.failure() {
+            errors.push(format!(
+                "RECORDING FAILED ({why}), {} unrecorded",
+                sh.run.recorder.unrecorded()
+            ));
+        }
         drop(sh);
         let p = Percentiles::of(window);
         let ms =

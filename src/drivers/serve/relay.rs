@@ -19,21 +19,10 @@ use tokio::io::AsyncReadExt;
 use super::down::Down;
 use super::state::Shared;
 use crate::clock;
+use crate::engine::http1::reframe::LAST_CHUNK;
 use crate::engine::lean::LeanConn;
 use crate::engine::relay::BodyRelay;
 use crate::engine::{Capture, ExchangeError};
-
-/// How the client gets the body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Out {
-    /// As the worker framed it (a length, or chunks passed through).
-    AsIs,
-    /// In chunks, one per read (a body the worker ends by closing, to an HTTP/1.1
-    /// client: its cut must not look complete).
-    Rechunk,
-    /// Unframed until the close (an HTTP/1.0 client).
-    UntilClose,
-}
 
 /// How a relayed response ended.
 pub(super) struct Relayed {
@@ -56,7 +45,6 @@ pub(super) async fn relay(
     body: &mut BodyRelay,
     cap: &mut Capture,
     head: Bytes,
-    mode: Out,
     limit: usize,
 ) -> Relayed {
     let idle = sh.opts.upstream_idle_timeout;
@@ -68,7 +56,6 @@ pub(super) async fn relay(
         body,
         cap,
         out: VecDeque::from([head]),
-        mode,
         frames: sh.opts.buffer_frames.max(1),
         limit,
         failure: None,
@@ -131,7 +118,6 @@ struct Relay<'a> {
     body: &'a mut BodyRelay,
     cap: &'a mut Capture,
     out: VecDeque<Bytes>,
-    mode: Out,
     frames: usize,
     limit: usize,
     failure: Option<ExchangeError>,
@@ -236,7 +222,7 @@ impl Relay<'_> {
         match self.body.poll_next(self.conn, cx, self.cap) {
             Poll::Ready(Ok(Some(b))) => {
                 if !b.is_empty() {
-                    queue(&mut self.out, b, self.mode);
+                    self.out.push_back(b);
                 }
                 self.last = self.last.max(self.body.last_read_ns());
             }
@@ -245,8 +231,8 @@ impl Relay<'_> {
             Poll::Ready(Ok(None)) => match self.cap.stream_incomplete() {
                 Some(m) => self.failure = Some(ExchangeError::upstream_message(m)),
                 None => {
-                    if self.mode == Out::Rechunk {
-                        self.out.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                    if self.body.last_chunk_pending() {
+                        self.out.push_back(Bytes::from_static(LAST_CHUNK));
                     }
                     self.finished = true;
                 }
@@ -255,16 +241,5 @@ impl Relay<'_> {
             Poll::Pending => return false,
         }
         true
-    }
-}
-
-/// Queue a piece of the body as the client gets it.
-fn queue(out: &mut VecDeque<Bytes>, b: Bytes, mode: Out) {
-    if mode == Out::Rechunk {
-        out.push_back(Bytes::from(format!("{:x}\r\n", b.len())));
-        out.push_back(b);
-        out.push_back(Bytes::from_static(b"\r\n"));
-    } else {
-        out.push_back(b);
     }
 }

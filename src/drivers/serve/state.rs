@@ -4,8 +4,9 @@
 //! flight ([`InFlight`]: everything known about it but its ending). Imports only serve's
 //! leaves (`client`, `live`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::HeaderMap;
@@ -38,6 +39,27 @@ impl OnRecordFull {
     }
 }
 
+/// What to do once the recorder has failed (`serve --on-record-fail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRecordFail {
+    /// Forward nothing more: new requests are answered 503 naming the failure, exchanges
+    /// in flight finish, and serve stops (exit 3). A recording proxy's evidence is its
+    /// point, so traffic it cannot record does not pass by default (mitmproxy's rule).
+    Stop,
+    /// Keep forwarding; every exchange whose row could not be recorded is counted.
+    Forward,
+}
+
+impl OnRecordFail {
+    /// As the command line and config.json name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            OnRecordFail::Stop => "stop",
+            OnRecordFail::Forward => "forward",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct ServeOptions {
     pub(crate) upstream: Endpoint,
@@ -52,6 +74,7 @@ pub(crate) struct ServeOptions {
     pub(crate) rewrite_host: bool,
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     pub(crate) on_record_full: OnRecordFull,
+    pub(crate) on_record_fail: OnRecordFail,
     /// How long in-flight exchanges may finish after a stop before they are cut.
     pub(crate) grace: Duration,
     /// Live counters on stderr every this often; `None` is quiet.
@@ -87,6 +110,29 @@ pub(super) struct Shared {
     pub(super) origin_len: usize,
     /// `Host` for the upstream (its authority), when a request needs one.
     pub(super) upstream_host: Option<HeaderValue>,
+    /// Requests serve answered itself without forwarding (400, 405, 408, 431, 501, 503),
+    /// by status: a few statuses, so a short lock per refusal.
+    pub(super) refused: Mutex<BTreeMap<u16, u64>>,
+    /// Messages whose trailer fields serve dropped (it writes the framing itself).
+    pub(super) trailers_dropped: AtomicU64,
+}
+
+impl Shared {
+    /// Why nothing more may be forwarded: the recorder failed and `--on-record-fail` is
+    /// `stop`.
+    pub(super) fn unrecordable(&self) -> Option<String> {
+        match self.opts.on_record_fail {
+            OnRecordFail::Stop => self.run.recorder.failure().map(str::to_string),
+            OnRecordFail::Forward => None,
+        }
+    }
+
+    /// Count a request serve answered with `status` instead of forwarding it.
+    pub(super) fn count_refused(&self, status: http::StatusCode) {
+        if let Ok(mut r) = self.refused.lock() {
+            *r.entry(status.as_u16()).or_insert(0) += 1;
+        }
+    }
 }
 
 /// Counts exchanges whose row is not yet submitted; the stop waits for zero.

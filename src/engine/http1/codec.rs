@@ -217,6 +217,38 @@ impl Chunked {
         self.state == State::Done
     }
 
+    /// Trailer fields came after the last chunk.
+    pub(crate) fn has_trailers(&self) -> bool {
+        !self.trailers.is_empty()
+    }
+
+    /// The last chunk as serve writes it on (`reframe`): `0`, then the trailer fields as
+    /// hyper reads them, each written again as `name: value` with CRLF, then the empty
+    /// line; and whether trailer bytes were left out (what follows the first empty line,
+    /// which a lenient reader might take for the end of the body and the start of a
+    /// second message). Call it once the body is done.
+    pub(crate) fn last_chunk(&self) -> (Vec<u8>, bool) {
+        let mut out = b"0\r\n".to_vec();
+        let mut left_out = false;
+        if !self.trailers.is_empty() {
+            let mut fields = vec![httparse::EMPTY_HEADER; self.trailer_lines.max(1)];
+            match httparse::parse_headers(&self.trailers, &mut fields) {
+                Ok(httparse::Status::Complete((n, fields))) => {
+                    for f in fields.iter() {
+                        out.extend_from_slice(f.name.as_bytes());
+                        out.extend_from_slice(b": ");
+                        out.extend_from_slice(f.value);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    left_out = n < self.trailers.len();
+                }
+                _ => left_out = true,
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        (out, left_out)
+    }
+
     fn add_digit(&mut self, d: u64) -> Result<(), String> {
         self.size = self
             .size

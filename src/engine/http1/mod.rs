@@ -7,6 +7,7 @@
 //! `request`.
 
 pub(crate) mod codec;
+pub(crate) mod reframe;
 pub(crate) mod request;
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -21,12 +22,20 @@ const HOP_BY_HOP: [&str; 6] = [
     "te",
 ];
 
+/// Fields a `Connection` token never removes: they say where a message goes and how long
+/// it is, and a peer that names them there asks the next hop to read the message
+/// differently from us (`Connection: content-length` once made a worker read a request's
+/// body as a second request). serve writes the framing fields itself
+/// (`engine::http1::reframe`), as nginx's proxy module does.
+const NEVER_BY_TOKEN: [&str; 2] = ["host", "content-length"];
+
 /// A field of `h` named `name` (lower case, as a `HeaderName` spells it) is hop-by-hop
-/// (RFC 9110 section 7.6.1): `Connection` and every field it names, `Keep-Alive`,
-/// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `TE`. No allocation: the one
-/// rule [`strip_hop_by_hop`] and [`end_to_end`] share.
+/// (RFC 9110 section 7.6.1): `Connection` and every field it names (but `Host` and
+/// `Content-Length`), `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`,
+/// `TE`. No allocation: the one rule [`strip_hop_by_hop`] and [`end_to_end`] share.
 fn is_hop_by_hop(h: &HeaderMap, name: &str) -> bool {
-    HOP_BY_HOP.contains(&name) || has_token(h, header::CONNECTION, name)
+    HOP_BY_HOP.contains(&name)
+        || (!NEVER_BY_TOKEN.contains(&name) && has_token(h, header::CONNECTION, name))
 }
 
 /// Remove hop-by-hop headers ([`is_hop_by_hop`]), keeping `TE: trailers` when a `TE`

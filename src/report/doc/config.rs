@@ -239,6 +239,9 @@ pub(crate) struct ServeRecording {
     pub(crate) max_record_body_bytes: usize,
     pub(crate) record_memory_bytes: usize,
     pub(crate) on_record_full: String,
+    /// `stop` or `forward` (runs before the flag have none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub(crate) on_record_fail: String,
     pub(crate) part_rows: usize,
     pub(crate) part_seconds: f64,
     pub(crate) redacted_headers: Vec<String>,

@@ -504,6 +504,15 @@ pub(crate) struct ServeSummary {
     pub(crate) routes: Vec<RouteDoc>,
     #[serde(default)]
     pub(crate) record_error: Option<String>,
+    /// Exchanges forwarded whose row the stopped recorder refused.
+    #[serde(default)]
+    pub(crate) unrecorded_exchanges: u64,
+    /// Requests serve answered itself without forwarding them, by status.
+    #[serde(default)]
+    pub(crate) refused_requests: BTreeMap<u16, u64>,
+    /// Messages whose trailer fields serve did not forward.
+    #[serde(default)]
+    pub(crate) trailers_dropped: u64,
     #[serde(default)]
     pub(crate) definitions: ServeDefinitions,
     /// Only in a summary `summarize` rebuilt from exchanges/.
@@ -522,6 +531,8 @@ pub(crate) enum ServeEnding {
     Stopped,
     /// A rebuild of a run that never stopped (no summary of its own).
     Crashed,
+    /// Stopped by itself because the recorder failed (`--on-record-fail stop`).
+    RecordFailed,
 }
 
 impl ServeEnding {
@@ -529,6 +540,7 @@ impl ServeEnding {
         match self {
             ServeEnding::Stopped => "stopped",
             ServeEnding::Crashed => "crashed",
+            ServeEnding::RecordFailed => "record_failed",
         }
     }
 }
@@ -564,6 +576,9 @@ pub(crate) struct ServeDefinitions {
     pub(crate) dropped_rows: String,
     pub(crate) recorder_backlog_peak_rows: String,
     pub(crate) recorder_longest_slice_us: String,
+    pub(crate) unrecorded_exchanges: String,
+    pub(crate) refused_requests: String,
+    pub(crate) trailers_dropped: String,
 }
 
 /// Either summary a run writes, as a reader finds it.
