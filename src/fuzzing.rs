@@ -3,6 +3,12 @@
 //! keeps are replayed through the same functions as ordinary tests on stable
 //! (`tests/it/fuzz_corpus.rs`), so a finding stays fixed.
 
+mod transducer;
+
+pub use transducer::{
+    serve_request, serve_request_forwarded, serve_response, serve_response_forwarded,
+};
+
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::oracle::{Oracle, Pointer};
@@ -76,13 +82,21 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
 /// The lean client's response codec against hyper's client on the same bytes: both
 /// accept them with the same status and body, or both refuse them. The input is what a
 /// worker sends to a GET, then closes.
+/// Then serve as a transducer of the same answer ([`serve_response`]).
 pub fn http1_response(data: &[u8]) {
+    let _ = http1_response_relayed(data);
+}
+
+/// [`http1_response`], saying whether serve relayed a response (`false`: it would answer
+/// 502 itself), so that a test can count how many inputs were relayed.
+pub fn http1_response_relayed(data: &[u8]) -> bool {
     // One runtime for every view of this input.
     let rt = runtime();
     let theirs = hyper_view(&rt, data);
     same_as_hyper("the lean client", data, &theirs, |step| {
         lean_view(&rt, data, step)
     });
+    serve_response_forwarded(data)
 }
 
 /// The current-thread runtime every view of one fuzz input runs on.
@@ -207,19 +221,22 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
 /// serve's own forwarding core) against hyper's server on the same bytes: both take the
 /// first request with the same method, target, version, header fields, `100 Continue`
 /// and body, or both refuse it. The input is what a client sends before closing its side.
+/// Then serve as a transducer of the same bytes ([`serve_request`]).
 pub fn http1_request(data: &[u8]) {
     let _ = http1_request_accepted(data);
 }
 
 /// [`http1_request`], saying whether the two took a request (`false`: both refused, or
-/// neither saw one), so that a test can count how many inputs compared whole requests.
-pub fn http1_request_accepted(data: &[u8]) -> bool {
+/// neither saw one) and how many requests serve forwarded, so that a test can count how
+/// many inputs compared whole requests.
+pub fn http1_request_accepted(data: &[u8]) -> (bool, usize) {
     let rt = runtime();
     let theirs = hyper_server_view(&rt, data);
     same_as_hyper("our request reader", data, &theirs, |step| {
         request_view(&rt, data, step)
     });
-    matches!(theirs, Ok(Some(_)))
+    drop(rt);
+    (matches!(theirs, Ok(Some(_))), serve_request_forwarded(data))
 }
 
 /// The first request as a server sees it.

@@ -207,3 +207,31 @@ impl BodyRelay {
         Ok(b)
     }
 }
+
+/// The whole relay of a response body that `rest` holds, then the worker's close, with no
+/// socket: the bytes the client gets after the head (in `out`'s framing) and the body's
+/// data as the record keeps it; `Err` where serve would cut the relay (a malformed or cut
+/// body). The same [`BodyRelay`] serve runs; for `fuzzing::serve_response`.
+pub(crate) fn relay_bytes(
+    head: &Head,
+    rest: &[u8],
+    out: Reframe,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let mut cap = Capture::start(1 << 24, None);
+    let mut body = BodyRelay::new(head, 0, out, &mut cap);
+    let mut buf = BytesMut::from(rest);
+    let mut client = Vec::new();
+    if !body.done {
+        let b = body.take(&mut buf, 0, &mut cap).map_err(|e| e.message)?;
+        client.extend_from_slice(&b);
+    }
+    if !body.done {
+        if body.framing != Framing::Close {
+            return Err(lean::closed_early(BODY).message);
+        }
+        if body.last_chunk_pending() {
+            client.extend_from_slice(reframe::LAST_CHUNK);
+        }
+    }
+    Ok((client, cap.into_captured().body.bytes.to_vec()))
+}

@@ -40,9 +40,9 @@ fn every_kept_fuzz_input_passes() {
 }
 
 /// Every seed of `dir` mutated `per_seed` times (byte flips, framing bytes inserted,
-/// bytes deleted), each mutation run through `f`; the number of runs and of those `f`
-/// said were accepted.
-fn mutations(dir: &str, per_seed: usize, f: fn(&[u8]) -> bool) -> (usize, usize) {
+/// bytes deleted), each mutation run through `f`; the number of runs and of those for
+/// which each of `f`'s two answers was yes.
+fn mutations(dir: &str, per_seed: usize, f: fn(&[u8]) -> [bool; 2]) -> (usize, [usize; 2]) {
     let mut seeds = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {
         seeds.push(std::fs::read(e.unwrap().path()).unwrap());
@@ -57,7 +57,7 @@ fn mutations(dir: &str, per_seed: usize, f: fn(&[u8]) -> bool) -> (usize, usize)
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     };
     const SPECIAL: &[u8] = b"\r\n :;0123456789abcdefABCDEF\t,-+xz";
-    let (mut runs, mut accepted) = (0, 0);
+    let (mut runs, mut yes) = (0, [0, 0]);
     for seed in &seeds {
         for _ in 0..per_seed {
             let mut m = seed.clone();
@@ -78,41 +78,53 @@ fn mutations(dir: &str, per_seed: usize, f: fn(&[u8]) -> bool) -> (usize, usize)
             let r = std::panic::catch_unwind(|| f(&m));
             assert!(
                 r.is_ok(),
-                "{dir}: differs from hyper on {:?}",
+                "{dir}: a view differs on {:?}",
                 String::from_utf8_lossy(&m)
             );
             runs += 1;
-            accepted += usize::from(r.unwrap_or(false));
+            let r = r.unwrap_or_default();
+            yes[0] += usize::from(r[0]);
+            yes[1] += usize::from(r[1]);
         }
     }
-    (runs, accepted)
+    (runs, yes)
 }
 
-/// The lean client's response codec against hyper's client on thousands of deterministic
-/// mutations of the seed responses: a bounded, repeatable complement to `bash
-/// fuzz/run.sh`.
+/// The lean client's response codec against hyper's client, and serve's relay of the same
+/// answers read back by hyper, a lenient and a strict client, on thousands of
+/// deterministic mutations of the seed responses: a bounded, repeatable complement to
+/// `bash fuzz/run.sh`.
 #[test]
 fn mutated_responses_frame_as_hyper_frames_them() {
-    let respond = |d: &[u8]| {
-        matrix_proxy::fuzzing::http1_response(d);
-        false
-    };
-    let (runs, _) = mutations("fuzz/seeds/http1_response", 300, respond);
-    eprintln!("{runs} mutated responses framed alike");
+    let respond = |d: &[u8]| [matrix_proxy::fuzzing::http1_response_relayed(d), false];
+    let (runs, [relayed, _]) = mutations("fuzz/seeds/http1_response", 300, respond);
+    eprintln!("{runs} mutated responses framed alike, {relayed} relayed by serve");
+    // Most comparisons must be of relayed responses, not of serve's own 502s.
+    assert!(
+        relayed * 5 >= runs,
+        "only {relayed} of {runs} mutations were relayed"
+    );
 }
 
-/// Our request reader against hyper's server, the same way.
+/// Our request reader against hyper's server, and what serve forwards for the same bytes
+/// read back by hyper, a lenient and a strict server, the same way.
 #[test]
 fn mutated_requests_frame_as_hyper_frames_them() {
-    let (runs, accepted) = mutations(
-        "fuzz/seeds/http1_request",
-        1000,
-        matrix_proxy::fuzzing::http1_request_accepted,
+    let take = |d: &[u8]| {
+        let (accepted, forwarded) = matrix_proxy::fuzzing::http1_request_accepted(d);
+        [accepted, forwarded > 0]
+    };
+    let (runs, [accepted, forwarded]) = mutations("fuzz/seeds/http1_request", 1000, take);
+    eprintln!(
+        "{runs} mutated requests framed alike, {accepted} of them taken by both, {forwarded} forwarded by serve"
     );
-    eprintln!("{runs} mutated requests framed alike, {accepted} of them taken by both");
     // Most comparisons must be of whole requests, not of two refusals.
     assert!(
         accepted * 4 >= runs,
         "only {accepted} of {runs} mutations were requests"
+    );
+    assert!(
+        forwarded * 6 >= runs,
+        "only {forwarded} of {runs} mutations were forwarded by serve"
     );
 }

@@ -1,7 +1,7 @@
 //! A client connection on serve's own HTTP/1 core: its byte stream (plain TCP or TLS),
 //! the bytes read from it and not yet used, request heads read under the limits
-//! (`engine::http1::request`, hyper's server rules), the requests serve refuses after
-//! them ([`refusal`]), and the short answers serve writes itself. Imports nothing else from
+//! (`engine::http1::request`, hyper's server rules), and the short answers serve writes
+//! itself. Imports nothing else from
 //! serve.
 
 use std::time::Duration;
@@ -162,28 +162,6 @@ impl Down {
         };
         let _ = tokio::time::timeout(Duration::from_millis(200), linger).await;
     }
-}
-
-/// The status serve answers a request it read but will not forward, by the rules it
-/// applies after its hyper-parity reader (hyper's server takes all of these):
-/// - `CONNECT`: 405 (no tunnel passes through);
-/// - a transfer coding other than `chunked`: 501, as nginx answers (serve writes the
-///   framing itself and decodes no other coding);
-/// - HTTP/1.1 without `Host`, or more than one `Host`: 400 (RFC 9112 section 3.2);
-/// - the asterisk form (`OPTIONS *`): 400 (it asks about serve itself, and no URL can
-///   record it).
-pub(super) fn refusal(head: &RequestHead) -> Option<StatusCode> {
-    if head.method == http::Method::CONNECT {
-        return Some(StatusCode::METHOD_NOT_ALLOWED);
-    }
-    if crate::engine::http1::reframe::foreign_coding(&head.headers).is_some() {
-        return Some(StatusCode::NOT_IMPLEMENTED);
-    }
-    let hosts = head.headers.get_all(http::header::HOST).iter().count();
-    if hosts > 1 || (hosts == 0 && !head.http10) || head.uri.path() == "*" {
-        return Some(StatusCode::BAD_REQUEST);
-    }
-    None
 }
 
 /// When the client's side of a response ended, and whether completely.

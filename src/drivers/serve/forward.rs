@@ -38,10 +38,10 @@ pub(super) struct ConnState {
     pub(super) limit: usize,
 }
 
-/// The headers sent upstream: hop-by-hop removed, `Expect` answered here (`100 Continue`
-/// once the request head is on its way up), the length serve's own
-/// (`reframe::set_request_length`), forwarding headers added, `Host` kept unless
-/// `rewrite_host` (an absolute-form target's authority replaces it, RFC 9112 section 3.2.2).
+/// The headers sent upstream: serve's own framing and the fields of the request as
+/// `reframe::request_fields` keeps them (`Expect` answered here with `100 Continue` once
+/// the request head is on its way up), forwarding headers added, `Host` kept unless
+/// `rewrite_host`.
 fn upstream_headers(
     mut h: HeaderMap,
     uri: &Uri,
@@ -49,15 +49,7 @@ fn upstream_headers(
     fw: &ClientConn,
     sh: &Shared,
 ) -> HeaderMap {
-    http1::strip_hop_by_hop(&mut h);
-    h.remove(header::EXPECT);
-    reframe::set_request_length(&mut h, framing);
-    if let Some(v) = uri
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    {
-        h.insert(header::HOST, v);
-    }
+    reframe::request_fields(&mut h, uri, framing);
     if sh.opts.policy == ConnectionPolicy::Fresh {
         http1::close_after(&mut h);
     }
@@ -84,7 +76,8 @@ fn upstream_headers(
 /// The upstream URL of a request: the upstream origin, its path prefix, then the
 /// client's path and query. `&url[sh.origin_len..]` is the request target.
 fn upstream_url(sh: &Shared, uri: &Uri) -> String {
-    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let pq = reframe::origin_form(uri);
+    let pq = pq.as_ref();
     let mut url = String::with_capacity(sh.origin_prefix.len() + pq.len());
     url.push_str(&sh.origin_prefix);
     url.push_str(pq);

@@ -294,7 +294,7 @@ async fn serve_conn(
                 return down.refuse(status).await;
             }
         };
-        if let Some(status) = down::refusal(&head) {
+        if let Some(status) = crate::engine::http1::reframe::refusal(&head) {
             sh.count_refused(status);
             return down.refuse(status).await;
         }

@@ -13,10 +13,10 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, StatusCode};
+use http::{Method, StatusCode, Uri};
 
 use super::codec::{Chunked, Framing, Head, digits};
-use super::request::BodyFraming;
+use super::request::{BodyFraming, RequestHead};
 
 /// The last chunk, with no trailer fields (a body the close ended).
 pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
@@ -47,6 +47,55 @@ pub(crate) fn foreign_coding(h: &HeaderMap) -> Option<String> {
             String::from_utf8_lossy(t).trim().to_ascii_lowercase()
         })
         .find(|t| t != "chunked")
+}
+
+/// The status serve answers a request it read but will not forward, by the rules it
+/// applies after its hyper-parity reader (hyper's server takes all of these):
+/// - `CONNECT`: 405 (no tunnel passes through);
+/// - a transfer coding other than `chunked`: 501, as nginx answers (serve writes the
+///   framing itself and decodes no other coding);
+/// - HTTP/1.1 without `Host`, or more than one `Host`: 400 (RFC 9112 section 3.2);
+/// - the asterisk form (`OPTIONS *`): 400 (it asks about serve itself, and no URL can
+///   record it).
+pub(crate) fn refusal(head: &RequestHead) -> Option<StatusCode> {
+    if head.method == Method::CONNECT {
+        return Some(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    if foreign_coding(&head.headers).is_some() {
+        return Some(StatusCode::NOT_IMPLEMENTED);
+    }
+    let hosts = head.headers.get_all(header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && !head.http10) || head.uri.path() == "*" {
+        return Some(StatusCode::BAD_REQUEST);
+    }
+    None
+}
+
+/// The fields of a request as serve forwards them, before the forwarding fields serve
+/// adds: hop-by-hop fields removed, `Expect` left out (serve answers `100 Continue`
+/// itself, as nginx does), the length serve's own ([`set_request_length`]), and an
+/// absolute-form target's authority as `Host` (RFC 9112 section 3.2.2).
+pub(crate) fn request_fields(h: &mut HeaderMap, uri: &Uri, framing: BodyFraming) {
+    super::strip_hop_by_hop(h);
+    h.remove(header::EXPECT);
+    set_request_length(h, framing);
+    if let Some(v) = uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        h.insert(header::HOST, v);
+    }
+}
+
+/// A request's target as serve forwards it: its path and query (origin form), the path
+/// `/` where an absolute-form target had none (`http://a?q` is `/?q`, RFC 9112 section
+/// 3.2.1).
+pub(crate) fn origin_form(uri: &Uri) -> std::borrow::Cow<'_, str> {
+    match uri.path_and_query().map(|p| p.as_str()) {
+        Some(pq) if pq.starts_with('/') => pq.into(),
+        Some(pq) => format!("/{pq}").into(),
+        None => "/".into(),
+    }
 }
 
 /// Set the framing fields of a request as serve sends it, in its map (the record keeps
