@@ -24,8 +24,8 @@ mod serve;
 mod summarize;
 
 pub use args::{
-    Cli, Command, FreezeArgs, LaneArg, MockArgs, MockLatencyArgs, OnRecordFull, PlanConnection,
-    ReplayArgs, RunFlags, ServeArgs, UpstreamConnection,
+    Cli, Command, FreezeArgs, LaneArg, MockArgs, MockLatencyArgs, OnRecordFail, OnRecordFull,
+    PlanConnection, ReplayArgs, RunFlags, ServeArgs, UpstreamConnection,
 };
 use campaign::verdict_cmd;
 use campaign::{CompareArgs, compare_cmd};

@@ -162,12 +162,20 @@ fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>,
         while let Ok((parts, body)) = rx.try_recv() {
             let body = body.map_err(|e| e.to_string())?;
             let target = parts.uri.to_string();
-            out.push((parts.method.to_string(), target, fields(&parts.headers), body));
+            out.push((
+                parts.method.to_string(),
+                target,
+                fields(&parts.headers),
+                body,
+            ));
         }
         if clean {
             Ok(out)
         } else {
-            Err(format!("hyper's server stopped after {} requests", out.len()))
+            Err(format!(
+                "hyper's server stopped after {} requests",
+                out.len()
+            ))
         }
     })
 }
@@ -350,11 +358,17 @@ fn framing(h: &HeaderMap, r: Reader, none: bool, close: Body) -> Result<Body, St
             Err("more than one framing field".into())
         }
         Reader::Strict if !te.is_empty() && te[0] != "chunked" => Err("a coding".into()),
-        Reader::Lenient if te.last().is_some_and(|v| !crate::engine::http1::ends_in_chunked(v)) => {
+        Reader::Lenient
+            if te
+                .last()
+                .is_some_and(|v| !crate::engine::http1::ends_in_chunked(v)) =>
+        {
             Err("chunked is not the last coding".into())
         }
         _ if !te.is_empty() => Ok(Body::Chunked),
-        _ => cl.first().map_or(Ok(close), |v| length(v).map(Body::Length)),
+        _ => cl
+            .first()
+            .map_or(Ok(close), |v| length(v).map(Body::Length)),
     }
 }
 
@@ -398,7 +412,9 @@ fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), String> {
         let l = line(b, &mut i, r)?;
         let digits = l.iter().take_while(|c| c.is_ascii_hexdigit()).count();
         let rest = &l[digits..];
-        if digits == 0 || digits > 15 || (r == Reader::Strict && !rest.is_empty() && rest[0] != b';')
+        if digits == 0
+            || digits > 15
+            || (r == Reader::Strict && !rest.is_empty() && rest[0] != b';')
         {
             return Err(format!("a bad chunk size line {:?}", lossy(l)));
         }
@@ -415,7 +431,10 @@ fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), String> {
                 }
             }
         }
-        let end = i.checked_add(size).filter(|&e| e <= b.len()).ok_or("a short chunk")?;
+        let end = i
+            .checked_add(size)
+            .filter(|&e| e <= b.len())
+            .ok_or("a short chunk")?;
         data.extend_from_slice(&b[i..end]);
         i = end;
         if !line(b, &mut i, r)?.is_empty() {

@@ -13,6 +13,7 @@ mod freeze;
 mod fuzz_corpus;
 mod golden;
 mod hostile;
+mod hostile_peers;
 mod open_loop;
 mod replay;
 mod report;
