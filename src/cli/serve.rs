@@ -183,6 +183,10 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         grace: input.grace,
         stats_interval: (!args.run.quiet).then_some(input.stats_interval),
         buffer_frames: 64,
+        relay_memory: args
+            .relay_memory
+            .unwrap_or_else(crate::record::default_hold_bytes)
+            .max(1),
         max_header_bytes: args.max_header_bytes,
         header_read_timeout: input.header_read_timeout,
         max_connections: input.max_connections,
@@ -311,6 +315,10 @@ fn serve_config_fields(
         recording: ServeRecording {
             max_record_body_bytes: args.run.max_record_body,
             record_memory_bytes: args.record_memory,
+            relay_memory_bytes: args
+                .relay_memory
+                .unwrap_or_else(crate::record::default_hold_bytes)
+                .max(1),
             on_record_full: args.on_record_full.as_str().into(),
             on_record_fail: args.on_record_fail.as_str().into(),
             part_rows: args.run.part_rows,

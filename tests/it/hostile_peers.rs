@@ -518,3 +518,51 @@ async fn a_failed_recorder_stops_unrecorded_traffic() {
         }
     }
 }
+
+/// Memory: with `--relay-memory` far below what two slow clients' responses hold, both
+/// still get their whole bodies (a relay with nothing queued always reads on), and what
+/// serve held for them stayed bounded by back-pressure on the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_back_pressured_under_the_relay_memory_cap() {
+    let (up, _) = bulk_peer(4 << 20).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = serve_args(&format!("http://{up}"), &tmp.path().join("live"));
+    args.relay_memory = Some(64 << 10);
+    let serve = Serve::start(args).await;
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = TcpStream::connect(serve.addr).await.unwrap();
+        tcp.write_all(b"GET /bulk HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        conns.push(tcp);
+    }
+    // Both clients take nothing for a while, then read everything.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for mut tcp in conns {
+        let mut got = 0usize;
+        let mut b = vec![0u8; 64 << 10];
+        let head_and_body = async {
+            loop {
+                match tcp.read(&mut b).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+                if got >= 4 << 20 {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), head_and_body)
+            .await
+            .unwrap();
+        assert!(got >= 4 << 20, "{got}");
+    }
+    serve.stop().await.unwrap();
+    let config = read_json(&tmp.path().join("live/config.json"));
+    assert_eq!(
+        config["recording"]["relay_memory_bytes"],
+        64 << 10,
+        "{config}"
+    );
+}

@@ -129,6 +129,7 @@ pub(crate) async fn run(
         upstream_host: HeaderValue::from_str(&opts.upstream.authority).ok(),
         refused: Default::default(),
         trailers_dropped: AtomicU64::new(0),
+        relay_bytes: std::sync::atomic::AtomicUsize::new(0),
         opts,
     });
     if let Some(t) = shared.run.telemetry() {

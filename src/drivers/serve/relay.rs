@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,6 +34,10 @@ pub(super) struct Relayed {
     pub(super) at_ns: u64,
 }
 
+/// Most bytes queued for one client before serve stops reading its worker (besides the
+/// 64-piece limit): with `--relay-memory`, what a slow client can make serve hold.
+pub(crate) const CONN_BYTES: usize = 1 << 20;
+
 /// Most pieces written in one vectored write.
 const IOV: usize = 32;
 
@@ -50,12 +55,16 @@ pub(super) async fn relay(
     let idle = sh.opts.upstream_idle_timeout;
     let idle_ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
     let last = body.last_read_ns();
+    sh.relay_bytes.fetch_add(head.len(), Ordering::Relaxed);
     let mut r = Relay {
         down,
         conn,
         body,
         cap,
+        queued: head.len(),
         out: VecDeque::from([head]),
+        all: &sh.relay_bytes,
+        all_cap: sh.opts.relay_memory,
         frames: sh.opts.buffer_frames.max(1),
         limit,
         failure: None,
@@ -73,7 +82,7 @@ pub(super) async fn relay(
             }
             // Nothing moved: a worker silent past the idle timeout (or, after a failure,
             // a client that takes nothing more for as long) ends it, and so does the cut.
-            let reading = r.failure.is_none() && !r.finished && r.out.len() < r.frames;
+            let reading = r.failure.is_none() && !r.finished && r.may_read();
             if (reading || r.failure.is_some()) && sleep.as_mut().poll(cx).is_ready() {
                 // The timer is set once and moved on only when it fires early (a read
                 // since it was set): no timer work per read.
@@ -103,6 +112,8 @@ pub(super) async fn relay(
         }
     })
     .await;
+    // What never reached the client leaves the count with the relay.
+    sh.relay_bytes.fetch_sub(r.queued, Ordering::Relaxed);
     Relayed {
         complete: r.finished && !r.gone && r.failure.is_none(),
         failure: r.failure,
@@ -118,6 +129,10 @@ struct Relay<'a> {
     body: &'a mut BodyRelay,
     cap: &'a mut Capture,
     out: VecDeque<Bytes>,
+    /// Bytes queued here, and in all of serve's relays (`--relay-memory` bounds that).
+    queued: usize,
+    all: &'a AtomicUsize,
+    all_cap: usize,
     frames: usize,
     limit: usize,
     failure: Option<ExchangeError>,
@@ -131,6 +146,16 @@ struct Relay<'a> {
 }
 
 impl Relay<'_> {
+    /// The worker may be read on: fewer than `frames` pieces and [`CONN_BYTES`] bytes are
+    /// queued here and the relays of every connection hold less than `--relay-memory`, or
+    /// nothing is queued here at all (so every relay moves, one read at a time).
+    fn may_read(&self) -> bool {
+        self.queued == 0
+            || (self.out.len() < self.frames
+                && self.queued < CONN_BYTES
+                && self.all.load(Ordering::Relaxed) < self.all_cap)
+    }
+
     /// Move what can move without waiting. `Some`: the relay is over; `None`: nothing
     /// can move now.
     fn step(&mut self, cx: &mut Context<'_>) -> Option<Poll<()>> {
@@ -193,9 +218,11 @@ impl Relay<'_> {
                     // The worker's silence counts only while serve could read it: a write
                     // that frees a full queue restarts the count (one clock read then,
                     // none per piece).
-                    if self.out.len() >= self.frames {
+                    if !self.may_read() {
                         self.last = clock::now_ns();
                     }
+                    self.queued -= w;
+                    self.all.fetch_sub(w, Ordering::Relaxed);
                     while w > 0 {
                         let front = &mut self.out[0];
                         let k = w.min(front.len());
@@ -216,12 +243,14 @@ impl Relay<'_> {
     /// Read the worker's body on while the client is at most `frames` pieces behind:
     /// whether anything happened.
     fn read(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.failure.is_some() || self.finished || self.out.len() >= self.frames {
+        if self.failure.is_some() || self.finished || !self.may_read() {
             return false;
         }
         match self.body.poll_next(self.conn, cx, self.cap) {
             Poll::Ready(Ok(Some(b))) => {
                 if !b.is_empty() {
+                    self.queued += b.len();
+                    self.all.fetch_add(b.len(), Ordering::Relaxed);
                     self.out.push_back(b);
                 }
                 self.last = self.last.max(self.body.last_read_ns());
@@ -232,6 +261,8 @@ impl Relay<'_> {
                 Some(m) => self.failure = Some(ExchangeError::upstream_message(m)),
                 None => {
                     if self.body.last_chunk_pending() {
+                        self.queued += LAST_CHUNK.len();
+                        self.all.fetch_add(LAST_CHUNK.len(), Ordering::Relaxed);
                         self.out.push_back(Bytes::from_static(LAST_CHUNK));
                     }
                     self.finished = true;

@@ -81,6 +81,8 @@ pub(crate) struct ServeOptions {
     pub(crate) stats_interval: Option<Duration>,
     /// Frames buffered between the upstream reader and the client.
     pub(crate) buffer_frames: usize,
+    /// Bytes of response bodies queued for clients in all relays at once (`--relay-memory`).
+    pub(crate) relay_memory: usize,
     /// Largest request head accepted from a client (larger: 431).
     pub(crate) max_header_bytes: usize,
     /// Time a client has to send a complete request head (then the connection is closed).
@@ -115,6 +117,9 @@ pub(super) struct Shared {
     pub(super) refused: Mutex<BTreeMap<u16, u64>>,
     /// Messages whose trailer fields serve dropped (it writes the framing itself).
     pub(super) trailers_dropped: AtomicU64,
+    /// Bytes queued for clients in all relays now (bounded by `opts.relay_memory`, past
+    /// which relays read their workers only when their own queue is empty).
+    pub(super) relay_bytes: AtomicUsize,
 }
 
 impl Shared {

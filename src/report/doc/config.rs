@@ -238,6 +238,9 @@ pub(crate) struct Limits {
 pub(crate) struct ServeRecording {
     pub(crate) max_record_body_bytes: usize,
     pub(crate) record_memory_bytes: usize,
+    /// Bytes of response bodies queued for clients at once (`--relay-memory`; 0 in runs
+    /// before the flag).
+    pub(crate) relay_memory_bytes: usize,
     pub(crate) on_record_full: String,
     /// `stop` or `forward` (runs before the flag have none).
     #[serde(skip_serializing_if = "String::is_empty")]
