@@ -310,6 +310,7 @@ async fn send(
 /// The upstream answered with a head: relay its response to the client, keep the
 /// upstream connection if it may carry another request (`sent_whole`: it took the whole
 /// request body), and end the exchange.
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     sh: &Arc<Shared>,
     down: &mut Down,
