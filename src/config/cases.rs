@@ -190,7 +190,18 @@ impl Validator {
         let s = self.string(v, p)?;
         let valid =
             s.starts_with('/') && !s.contains('#') && s.parse::<http::uri::PathAndQuery>().is_ok();
-        if valid {
+        let redaction = crate::redact::Redaction::default();
+        if valid && redaction.has_secret_query(s) {
+            self.err(
+                p,
+                format!(
+                    "'{}' carries a secret query parameter ({}), and the plan is copied into every run directory; use auth.bearer_token_env for a bearer token",
+                    redaction.url(s),
+                    crate::redact::DEFAULT_REDACT_QUERY.join(", ")
+                ),
+            );
+            None
+        } else if valid {
             Some(Some(s.to_string()))
         } else {
             self.err(

@@ -362,7 +362,7 @@ impl Validator {
     /// every run directory), and `parse_as` (the same text, or with a stand-in for a
     /// placeholder such as an arm's `{port}`) a valid endpoint. Messages show `s`.
     pub(super) fn endpoint_str(&mut self, s: &str, parse_as: &str, path: &str) -> Option<Endpoint> {
-        if crate::redact::Redaction::default().url(s) != s {
+        if crate::redact::Redaction::default().has_secret_query(s) {
             self.err(
                 path,
                 format!(

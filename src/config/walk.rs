@@ -851,6 +851,16 @@ mod tests {
                 "http://h/v1?api_key=SECRET",
                 "'http://h/v1?api_key=<redacted>' carries a secret query parameter",
             ),
+            // Names as a server decodes them, and a value already redacted (a plan never
+            // holds one: a frozen plan is checked by this validation).
+            (
+                "http://h/v1?%61pi%5Fkey=SECRET",
+                "'http://h/v1?%61pi%5Fkey=<redacted>' carries a secret query parameter",
+            ),
+            (
+                "http://h/v1?x=1&Token=<redacted>",
+                "'http://h/v1?x=1&Token=<redacted>' carries a secret query parameter",
+            ),
         ] {
             let errs = problems(&format!(
                 r#""endpoint": "{url}", "concurrency": [1], "requests_per_case": 1, "timeout_seconds": 1,
@@ -887,6 +897,28 @@ mod tests {
         assert_eq!(errs.len(), 2, "{errs:?}");
         assert!(errs[0].starts_with("cases[0].headers.Authorization: carries a secret"));
         assert!(errs[1].starts_with("cases[0].headers.Content-Length: is set by the engine"));
+        for name in ["X-Goog-Api-Key", "x-auth-token"] {
+            let errs = problems(&format!(
+                r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}},
+                   "headers": {{"{name}": "k"}}}}]"#
+            ));
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert!(
+                errs[0].starts_with(&format!("cases[0].headers.{name}: carries a secret")),
+                "{errs:?}"
+            );
+        }
+        let errs = problems(&format!(
+            r#"{BASE}, "cases": [{{"name": "a", "request": {{}}, "expected_response": {{}},
+               "path": "/v1/x?api%5Fkey=S"}}]"#
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with(
+                "cases[0].path: '/v1/x?api%5Fkey=<redacted>' carries a secret query parameter"
+            ),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -149,3 +149,127 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Issue 44 item 4: a query name a server decodes to a secret name (`api%5Fkey`,
+/// `%61pi_key`, mixed case) is redacted like the plain one, as are `x-goog-api-key` and
+/// `x-auth-token`; nothing of them is in the run's bytes or its decoded Parquet values,
+/// and a freeze of the run carries neither a secret nor `<redacted>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_query_names_and_vendor_key_headers_never_reach_disk_or_a_plan() {
+    const SECRET: &str = "sk-SECRET-q";
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let out = tmp.path().join("live");
+    let serve = Serve::start(serve_args(&mock.url(), &out)).await;
+    let mut client = Client::connect(serve.addr).await;
+    let queries = [
+        "api_key",
+        "API_Key",
+        "api%5Fkey",
+        "api%5fkey",
+        "%61pi_key",
+        "%41pi%5FKEY",
+        "%61%70%69%5f%6b%65%79",
+        "access%5Ftoken",
+        "t%6Fken",
+    ];
+    let body = || {
+        json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+    };
+    let send = |path: String, headers: Vec<(&'static str, String)>| {
+        let mut req = request("POST", serve.addr, &path, body());
+        req.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        for (k, v) in headers {
+            req.headers_mut().insert(k, v.parse().unwrap());
+        }
+        req
+    };
+    for (i, name) in queries.iter().enumerate() {
+        let path = format!("/v1/chat/completions?x={CANARY}&{name}={SECRET}{i}-end&y=1");
+        let (status, _, _) = client.send(send(path, vec![])).await.unwrap();
+        assert_eq!(status, 200, "{name}");
+    }
+    // Header names are case-insensitive on the wire: the mixed-case spelling is the one sent.
+    for (i, name) in ["X-Goog-Api-Key", "x-auth-token", "X-AUTH-TOKEN"]
+        .iter()
+        .enumerate()
+    {
+        let h = vec![(*name, format!("{SECRET}h{i}-end"))];
+        let (status, _, _) = client
+            .send(send("/v1/chat/completions".into(), h))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{name}");
+    }
+    // One clean request, which a freeze keeps.
+    let path = format!("/v1/chat/completions?x={CANARY}");
+    assert_eq!(client.send(send(path, vec![])).await.unwrap().0, 200);
+    drop(client);
+    serve.stop().await.unwrap();
+
+    // Every URL kept its parameter name as sent, with the value replaced.
+    let rows = Rows::read(&out);
+    let urls: Vec<String> = rows.strs("url").into_iter().flatten().collect();
+    assert_eq!(urls.len(), queries.len() + 4, "{urls:?}");
+    for name in queries {
+        let redacted = format!("&{name}=<redacted>&y=1");
+        assert!(
+            urls.iter().any(|u| u.ends_with(&redacted)),
+            "{name}: {urls:?}"
+        );
+    }
+    for h in &rows.headers("request_headers") {
+        for (k, v) in h {
+            if k == "x-goog-api-key" || k == "x-auth-token" {
+                assert_eq!(v, b"<redacted>", "{k}");
+            }
+        }
+    }
+    // Raw bytes of every file, and every decoded Parquet value.
+    let mut texts = Vec::new();
+    for file in walk(&out) {
+        let raw = std::fs::read(&file).unwrap();
+        let name = file.display().to_string();
+        assert!(
+            !raw.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "{name} holds a secret's bytes"
+        );
+        if name.ends_with(".parquet") {
+            texts.extend(all_text(&read_parquet(&file)));
+        }
+    }
+    let all = texts.join("\n");
+    assert!(all.contains(CANARY), "the search must find the canary");
+    assert!(all.contains("x-goog-api-key"), "the header's name is kept");
+    assert!(!all.contains(SECRET), "a secret reached a Parquet value");
+
+    // freeze leaves every request whose URL held a secret out (counted), and the headers.
+    let args = vec!["freeze".to_string(), out.display().to_string()];
+    let (code, plan, err) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!(
+            "left out: {} exchange(s): a secret query value in the URL",
+            queries.len()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("x-auth-token, x-goog-api-key"), "{err}");
+    assert!(
+        plan.contains(CANARY),
+        "the plan holds the clean request: {plan}"
+    );
+    assert!(!plan.contains(SECRET), "{plan}");
+    assert!(!plan.contains("<redacted>"), "{plan}");
+    assert!(
+        !plan.contains("x-goog-api-key") && !plan.contains("x-auth-token"),
+        "{plan}"
+    );
+}
