@@ -217,18 +217,23 @@ pub(crate) fn stream_metrics(ok: &[&Sample], elapsed_seconds: f64) -> Option<Str
 impl Sample {
     /// Completion time on the run's clock.
     pub(crate) fn end_offset_us(&self) -> i64 {
-        self.start_offset_us + self.total_us.unwrap_or(0)
+        self.start_offset_us
+            .saturating_add(self.total_us.unwrap_or(0))
     }
 
     /// Open loop: how late the send was (actual - intended), µs.
     pub(crate) fn send_lag_us(&self) -> Option<i64> {
-        self.scheduled_offset_us.map(|s| self.start_offset_us - s)
+        self.scheduled_offset_us
+            .map(|s| self.start_offset_us.saturating_sub(s))
     }
 
     /// The user's latency: from the intended send time (open loop) or the actual one
     /// (closed loop) to the last body byte.
     pub(crate) fn latency_from_schedule_us(&self) -> Option<i64> {
-        Some(self.total_us? + self.send_lag_us().unwrap_or(0))
+        Some(
+            self.total_us?
+                .saturating_add(self.send_lag_us().unwrap_or(0)),
+        )
     }
 }
 

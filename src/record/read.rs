@@ -44,6 +44,35 @@ impl RowFacts {
     }
 }
 
+/// The columns [`for_each_row`] reads. `decisions` is read when present: runs recorded
+/// before it existed have none.
+const ROW_COLUMNS: [&str; 24] = [
+    "downstream_done_us",
+    "target_rate_per_second",
+    "scheduled_offset_us",
+    "arm",
+    "method",
+    "url",
+    "status",
+    "exchange_id",
+    "decisions",
+    "phase",
+    "case_name",
+    "concurrency",
+    "repetition",
+    "outcome",
+    "start_offset_us",
+    "total_us",
+    "first_byte_us",
+    "connect_us",
+    "is_stream",
+    "ttft_us",
+    "tpot_us",
+    "output_tokens",
+    "prompt_tokens",
+    "content_offsets_us",
+];
+
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
 /// Left-over `.inprogress` parts are not read (see `recover`).
 pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
@@ -59,36 +88,11 @@ pub(crate) fn for_each_row(
 ) -> Result<(), String> {
     use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
     let parts = closed_parts(exchanges)?;
-    // `decisions` is read when present: runs recorded before it existed have none.
-    const WANT: [&str; 24] = [
-        "downstream_done_us",
-        "target_rate_per_second",
-        "scheduled_offset_us",
-        "arm",
-        "method",
-        "url",
-        "status",
-        "exchange_id",
-        "decisions",
-        "phase",
-        "case_name",
-        "concurrency",
-        "repetition",
-        "outcome",
-        "start_offset_us",
-        "total_us",
-        "first_byte_us",
-        "connect_us",
-        "is_stream",
-        "ttft_us",
-        "tpot_us",
-        "output_tokens",
-        "prompt_tokens",
-        "content_offsets_us",
-    ];
     for part in parts {
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        for batch in read_columns(&part, &WANT)? {
+        // The row's number in its file (from 1), for a refusal to name it.
+        let mut row = 0u64;
+        for batch in read_columns(&part, &ROW_COLUMNS)? {
             let b = batch.map_err(|e| ctx(&e))?;
             let method = column::<StringArray>(&b, "method", &part)?;
             let url = column::<StringArray>(&b, "url", &part)?;
@@ -116,6 +120,7 @@ pub(crate) fn for_each_row(
             let content = column::<ListArray>(&b, "content_offsets_us", &part)?;
             let opt = |a: &Int64Array, i: usize| a.is_valid(i).then(|| a.value(i));
             for i in 0..b.num_rows() {
+                row += 1;
                 let outcome = Outcome::ALL
                     .into_iter()
                     .find(|o| o.as_str() == outcome.value(i))
@@ -127,11 +132,15 @@ pub(crate) fn for_each_row(
                         tpot_us: opt(tpot, i),
                         output_tokens: opt(out_tok, i),
                         prompt_tokens: opt(prompt, i),
-                        gaps_us: offsets.windows(2).map(|w| w[1] - w[0]).collect(),
+                        gaps_us: offsets
+                            .windows(2)
+                            .map(|w| w[1].saturating_sub(w[0]))
+                            .collect(),
                         bundled: crate::model::bundled(&offsets),
                     }
                 });
-                visit(RowFacts {
+                let raw_decisions = decisions.and_then(|d| opt(d, i));
+                let facts = RowFacts {
                     phase: phase.value(i).to_string(),
                     arm: arm
                         .filter(|a| a.is_valid(i))
@@ -146,7 +155,7 @@ pub(crate) fn for_each_row(
                     downstream_done_us: downstream.and_then(|d| opt(d, i)),
                     sample: Sample {
                         exchange_id: exchange_id.value(i),
-                        decisions: decisions.and_then(|d| opt(d, i)).map(|d| d.max(0) as u64),
+                        decisions: raw_decisions.map(|d| d.max(0) as u64),
                         outcome,
                         start_offset_us: start.value(i),
                         total_us: opt(total, i),
@@ -157,11 +166,87 @@ pub(crate) fn for_each_row(
                         failure: None,
                         scheduled_offset_us: scheduled.and_then(|s| opt(s, i)),
                     },
-                });
+                };
+                if let Some(why) = impossible(&facts, raw_decisions) {
+                    let id = facts.sample.exchange_id;
+                    return Err(ctx(&format!(
+                        "row {row} (exchange_id {id}): {why}; no recorder writes it, so the file was damaged or edited after the run: restore the run's files from a copy"
+                    )));
+                }
+                visit(facts);
             }
         }
     }
     Ok(())
+}
+
+/// The longest duration a row may hold, µs (2^42: about 51 days). Every duration of an
+/// exchange (`total_us`, `ttft_us`, a gap between content events, ...) lies in
+/// `0..=MAX_DURATION_US`; sums of them over any run's rows stay far inside an `i64`.
+pub(crate) const MAX_DURATION_US: i64 = 1 << 42;
+/// The latest offset from the run's start a row may hold, µs (2^50: about 35 years).
+pub(crate) const MAX_OFFSET_US: i64 = 1 << 50;
+/// The largest count a row may hold (tokens, decisions): 2^40.
+pub(crate) const MAX_COUNT: i64 = 1 << 40;
+
+/// What makes a row read back impossible (a value no recorder writes: a negative or
+/// absurd duration, offset or count), naming the column; `None` when it is sound. The
+/// reports size nothing by these values, but they sum, subtract and bin them: a value
+/// out of these ranges would overflow or draw nonsense, so the run is refused instead.
+fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
+    let s = &f.sample;
+    let st = s.stream.as_ref();
+    let durations = [
+        ("total_us", s.total_us),
+        ("first_byte_us", s.first_byte_us),
+        ("connect_us", s.connect_us),
+        ("downstream_done_us", f.downstream_done_us),
+        ("ttft_us", st.and_then(|t| t.ttft_us)),
+        ("tpot_us", st.and_then(|t| t.tpot_us)),
+    ];
+    let counts = [
+        ("output_tokens", st.and_then(|t| t.output_tokens)),
+        ("prompt_tokens", st.and_then(|t| t.prompt_tokens)),
+        ("decisions", decisions),
+    ];
+    let out_of = |v: i64, lo: i64, hi: i64| !(lo..=hi).contains(&v);
+    for (column, v) in durations {
+        if let Some(v) = v.filter(|&v| out_of(v, 0, MAX_DURATION_US)) {
+            return Some(format!(
+                "{column} is {v} µs, an impossible duration (0 to {MAX_DURATION_US} µs, about 51 days)"
+            ));
+        }
+    }
+    let offsets = [
+        ("start_offset_us", Some(s.start_offset_us), 0),
+        ("scheduled_offset_us", s.scheduled_offset_us, -MAX_OFFSET_US),
+    ];
+    for (column, v, lo) in offsets {
+        if let Some(v) = v.filter(|&v| out_of(v, lo, MAX_OFFSET_US)) {
+            return Some(format!(
+                "{column} is {v} µs, an impossible offset from the run's start ({lo} to {MAX_OFFSET_US} µs, about 35 years)"
+            ));
+        }
+    }
+    for (column, v) in counts {
+        if let Some(v) = v.filter(|&v| out_of(v, 0, MAX_COUNT)) {
+            return Some(format!(
+                "{column} is {v}, an impossible count (0 to {MAX_COUNT})"
+            ));
+        }
+    }
+    let gaps = st.map_or(&[][..], |t| &t.gaps_us[..]);
+    if let Some((k, g)) = gaps
+        .iter()
+        .enumerate()
+        .find(|(_, g)| out_of(**g, 0, MAX_DURATION_US))
+    {
+        return Some(format!(
+            "content_offsets_us has event {} stamped {g} µs after event {k}, an impossible gap (event stamps never go back; 0 to {MAX_DURATION_US} µs)",
+            k + 1
+        ));
+    }
+    None
 }
 
 /// Column `name` of a batch read from `part`, as Arrow array type `T`.

@@ -380,3 +380,93 @@ async fn serve_json_prints_its_summary_when_stopped() {
         (json!(3), json!("stopped"))
     );
 }
+
+/// Rewrite the run's first exchanges part with `column` of its row `row` (from 0) set to
+/// `value`, every other value and the schema kept: a damaged or edited file.
+fn set_i64(run: &std::path::Path, column: &str, row: usize, value: i64) -> std::path::PathBuf {
+    use arrow_array::{Array, Int64Array, RecordBatch};
+    let part = part_files(run).into_iter().next().unwrap();
+    let batches = read_parquet(&part);
+    let schema = batches[0].schema();
+    let at = schema.index_of(column).unwrap();
+    let tmp = part.with_extension("rewrite");
+    let file = std::fs::File::create(&tmp).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+    let mut first = 0;
+    for b in batches {
+        let old = b.column(at).as_any().downcast_ref::<Int64Array>().unwrap();
+        let new: Int64Array = (0..b.num_rows())
+            .map(|i| match first + i == row {
+                true => Some(value),
+                false => old.is_valid(i).then(|| old.value(i)),
+            })
+            .collect();
+        let mut columns = b.columns().to_vec();
+        columns[at] = std::sync::Arc::new(new);
+        w.write(&RecordBatch::try_new(schema.clone(), columns).unwrap())
+            .unwrap();
+        first += b.num_rows();
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, &part).unwrap();
+    part
+}
+
+/// Issue 44 item 7: `report` on a run whose rows hold impossible values (a negative or
+/// absurd duration or offset) never panics (it did: `capacity overflow`, exit 101, or
+/// gigabytes allocated for a timeline): it refuses, naming the file, the row and the
+/// column. A long but possible duration is drawn, in a timeline of at most 150 bins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_refuses_impossible_values_naming_file_row_and_column() {
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = echo_plan(peer.url("/x"), "keep-alive", 1, 4);
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, matrix_proxy::cli::Exit::Ok);
+    let row = rows_len(&run) - 1;
+    let ids = Rows::read(&run).i64s("exchange_id");
+    let report = || run_bin(vec!["report".into(), run.clone().into()]);
+    for (column, value) in [
+        ("total_us", -5_000_000),
+        ("total_us", 4_000_000_000_000_000_000),
+        ("total_us", i64::MIN),
+        ("first_byte_us", -1),
+        ("start_offset_us", i64::MAX),
+    ] {
+        let part = set_i64(&run, column, row, value);
+        let (code, _, stderr) = report().await;
+        assert_eq!(code, Some(3), "{column} = {value}: {stderr}");
+        let name = part.file_name().unwrap().to_string_lossy().into_owned();
+        let said = format!(
+            "row {} (exchange_id {}): {column} is {value} µs",
+            row + 1,
+            ids[row].unwrap()
+        );
+        assert!(
+            stderr.contains(&name) && stderr.contains(&said),
+            "{said}: {stderr}"
+        );
+        assert!(!run.join("report.html").exists());
+        // A sound value again, for the next case.
+        set_i64(
+            &run,
+            column,
+            row,
+            if column == "start_offset_us" { 0 } else { 1 },
+        );
+    }
+    // Thirty days is long but possible: drawn, with the timeline's bins bounded.
+    set_i64(&run, "total_us", row, 30 * 24 * 3_600_000_000);
+    let (code, _, stderr) = report().await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let charts = chart_blocks(&std::fs::read_to_string(run.join("report.html")).unwrap());
+    let tl = charts
+        .iter()
+        .find(|c| c["kind"] == json!("timeline"))
+        .unwrap();
+    for s in tl["series"].as_array().unwrap() {
+        let bins = s["counts"].as_array().unwrap().len();
+        assert!((1..=150).contains(&bins), "{bins} bins");
+    }
+    assert_eq!(timeline_count(tl, |n| n == "sends"), rows_len(&run) as u64);
+}

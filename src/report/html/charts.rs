@@ -476,7 +476,7 @@ fn serve_charts(runs: &[RunInput]) -> Vec<Chart> {
         }
         let o: Vec<i64> = live
             .iter()
-            .filter_map(|f| Some(f.downstream_done_us? - f.sample.total_us?))
+            .filter_map(|f| Some(f.downstream_done_us?.saturating_sub(f.sample.total_us?)))
             .collect();
         if !o.is_empty() {
             overhead.push(
@@ -519,22 +519,37 @@ const BIN_WIDTHS_US: [i64; 19] = [
 ];
 const MAX_BINS: i64 = 150;
 
+/// A timeline's bins from `first` to `last` (µs): (width, the first bin's index, count).
+/// The count is at most [`MAX_BINS`] whatever the values: past the widest listed width
+/// (an hour) the width is whole hours, as many as the span needs.
+fn bins(first: i64, last: i64) -> (i64, i64, usize) {
+    let last = last.max(first);
+    let fits = |b: i64| last.div_euclid(b) - first.div_euclid(b) < MAX_BINS;
+    let bin = BIN_WIDTHS_US
+        .into_iter()
+        .find(|b| fits(*b))
+        .unwrap_or_else(|| {
+            let hour = BIN_WIDTHS_US[BIN_WIDTHS_US.len() - 1];
+            let span = (i128::from(last) - i128::from(first)) as u128;
+            let hours = span.div_ceil((MAX_BINS - 1) as u128 * hour as u128);
+            i64::try_from(hours * hour as u128).unwrap_or(i64::MAX)
+        });
+    let first_bin = first.div_euclid(bin);
+    let n = (last.div_euclid(bin) - first_bin + 1).clamp(1, MAX_BINS) as usize;
+    (bin, first_bin, n)
+}
+
 fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
     let first = r.facts.iter().map(|f| f.sample.start_offset_us).min()?;
     let last = r.facts.iter().map(|f| f.sample.end_offset_us()).max()?;
-    let bin = BIN_WIDTHS_US
-        .into_iter()
-        .find(|b| last.div_euclid(*b) - first.div_euclid(*b) < MAX_BINS)
-        .unwrap_or(BIN_WIDTHS_US[BIN_WIDTHS_US.len() - 1]);
-    let first_bin = first.div_euclid(bin);
-    let n = (last.div_euclid(bin) - first_bin + 1) as usize;
+    let (bin, first_bin, n) = bins(first, last);
+    let at = |t: i64| (t.div_euclid(bin) - first_bin).clamp(0, n as i64 - 1) as usize;
     let mut series: Vec<(String, Vec<u64>)> = vec![
         ("sends".into(), vec![0; n]),
         ("completed ok".into(), vec![0; n]),
     ];
     for f in &r.facts {
-        let s = (f.sample.start_offset_us.div_euclid(bin) - first_bin) as usize;
-        let e = (f.sample.end_offset_us().div_euclid(bin) - first_bin) as usize;
+        let (s, e) = (at(f.sample.start_offset_us), at(f.sample.end_offset_us()));
         series[0].1[s] += 1;
         let name = match f.sample.outcome {
             Outcome::Ok => "completed ok".to_string(),
@@ -676,6 +691,33 @@ mod tests {
         assert_eq!(p[51], [51, 6]);
         assert_eq!(p[100], [100, 10]);
         assert!(cdf_points(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn timeline_bins_are_bounded_by_the_chart_never_by_the_values() {
+        assert_eq!(bins(0, 0), (1_000, 0, 1));
+        assert_eq!(bins(0, 149_999), (1_000, 0, 150));
+        assert_eq!(bins(0, 150_000), (2_000, 0, 76));
+        // A month: whole hours, as many as keep within the bins.
+        let month = 30 * 24 * 3_600_000_000i64;
+        let (bin, _, n) = bins(0, month);
+        assert_eq!(bin % 3_600_000_000, 0);
+        assert!(n <= MAX_BINS as usize, "{n}");
+        // Values no run holds still give a bounded chart, never an allocation of their size.
+        for (first, last) in [
+            (0, 4_000_000_000_000_000_000),
+            (i64::MIN, i64::MAX),
+            (5_000_000, -5_000_000),
+            (i64::MAX, i64::MAX),
+        ] {
+            let (bin, first_bin, n) = bins(first, last);
+            assert!(
+                bin > 0 && (1..=MAX_BINS as usize).contains(&n),
+                "{first} {last}"
+            );
+            let last_bin = last.max(first).div_euclid(bin) - first_bin;
+            assert!(last_bin < n as i64, "{first} {last}: {last_bin} of {n}");
+        }
     }
 
     #[test]
