@@ -137,45 +137,40 @@ impl Collected {
         *self.skipped.entry(reason.into()).or_insert(0) += 1;
     }
 
-    /// Keep `row` (as a new request or as a repeat of one) or count why not.
-    pub(crate) fn take(&mut self, row: ExchangeRow) {
+    /// Keep `row` (as a new request or as a repeat of one) or count why not. `Err`: the
+    /// row would be frozen but its URL cannot be read (every such row would become one
+    /// path), so the freeze is refused, with the reason.
+    pub(crate) fn take(&mut self, row: ExchangeRow) -> Result<(), String> {
         self.rows += 1;
-        match self.key_and_answer(&row) {
+        let status = match completed(&row) {
+            Ok(s) => s,
+            Err(reason) => {
+                self.skip(reason);
+                return Ok(());
+            }
+        };
+        let path = origin_form(&row.url).ok_or_else(|| {
+            format!(
+                "url {:?} is not an absolute http(s) URL, so the request's path cannot be read from it (a plan's case is its path); no recorder writes it, so the file was damaged or edited: restore the run's files from a copy",
+                row.url
+            )
+        })?;
+        match self.key_and_answer(&row, status, path) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
                 self.add(key, body, answer, row.prompt_tokens_planned);
             }
             Err(reason) => self.skip(reason),
         }
+        Ok(())
     }
 
-    fn key_and_answer(&mut self, row: &ExchangeRow) -> Result<(CaseKey, Body, Answer), String> {
-        let status = match row.status {
-            Some(s @ 200..=299) => s as u16,
-            Some(s) => return Err(format!("status {s} (only 2xx answers are frozen)")),
-            None => return Err(format!("no response (outcome {})", row.outcome)),
-        };
-        if row.outcome == Outcome::Correctness.as_str() {
-            return Err(
-                "answered, but failed the source plan's oracle (outcome correctness): freeze the answers you trust, e.g. a capture plan's run"
-                    .into(),
-            );
-        }
-        if row.outcome != Outcome::Ok.as_str() {
-            return Err(format!("did not complete (outcome {})", row.outcome));
-        }
-        if row.request_body_truncated {
-            return Err("request body truncated by --max-record-body".into());
-        }
-        if row.response_body_truncated {
-            return Err("response body truncated by --max-record-body".into());
-        }
-        if row.url.contains(REDACTED_TEXT) {
-            return Err(
-                "a secret query value in the URL (recorded as <redacted>; a plan never holds one)"
-                    .into(),
-            );
-        }
+    fn key_and_answer(
+        &mut self,
+        row: &ExchangeRow,
+        status: u16,
+        path: String,
+    ) -> Result<(CaseKey, Body, Answer), String> {
         if let Some(enc) = header(&row.response_headers, "content-encoding")
             .filter(|e| !e.eq_ignore_ascii_case("identity"))
         {
@@ -188,7 +183,6 @@ impl Collected {
         {
             return Err(format!("content-encoded request body ({enc})"));
         }
-        let path = origin_form(&row.url).ok_or_else(|| format!("unreadable URL {:?}", row.url))?;
         let content_type = header(&row.request_headers, "content-type");
         let body = body_of(&row.method, &row.request_body, content_type.as_deref())?;
         let answer = answer_of(row)?;
@@ -294,6 +288,38 @@ impl Collected {
     }
 }
 
+/// The status of a row a freeze may keep (answered 2xx, completed, recorded whole, no
+/// secret in its URL), or why it is left out.
+fn completed(row: &ExchangeRow) -> Result<u16, String> {
+    let status = match row.status {
+        Some(s @ 200..=299) => s as u16,
+        Some(s) => return Err(format!("status {s} (only 2xx answers are frozen)")),
+        None => return Err(format!("no response (outcome {})", row.outcome)),
+    };
+    if row.outcome == Outcome::Correctness.as_str() {
+        return Err(
+        "answered, but failed the source plan's oracle (outcome correctness): freeze the answers you trust, e.g. a capture plan's run"
+            .into(),
+        );
+    }
+    if row.outcome != Outcome::Ok.as_str() {
+        return Err(format!("did not complete (outcome {})", row.outcome));
+    }
+    if row.request_body_truncated {
+        return Err("request body truncated by --max-record-body".into());
+    }
+    if row.response_body_truncated {
+        return Err("response body truncated by --max-record-body".into());
+    }
+    if row.url.contains(REDACTED_TEXT) {
+        return Err(
+            "a secret query value in the URL (recorded as <redacted>; a plan never holds one)"
+                .into(),
+        );
+    }
+    Ok(status)
+}
+
 /// How a repeated answer differs from the first.
 fn difference(first: &Answer, again: &Answer, content: &[String]) -> Difference {
     let content_at = |at: &str| Difference {
@@ -335,20 +361,26 @@ fn header(headers: &[(String, Vec<u8>)], name: &str) -> Option<String> {
         .map(|(_, v)| String::from_utf8_lossy(v).trim().to_string())
 }
 
-/// The origin-form target (`/v1/chat/completions?x=1`) of an absolute URL.
+/// The origin-form target (`/v1/chat/completions?x=1`) of an absolute http(s) URL;
+/// `None` when it is not one (no scheme, another scheme, or an authority that does not
+/// parse, such as `http://[::1`), so no unreadable URL is taken for `/`.
 pub(crate) fn origin_form(url: &str) -> Option<String> {
-    if url.is_empty() {
+    let (scheme, rest) = url.split_once("://")?;
+    if !["http", "https"]
+        .iter()
+        .any(|s| scheme.eq_ignore_ascii_case(s))
+    {
         return None;
     }
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let Some(at) = rest.find(['/', '?']) else {
-        return Some("/".into());
-    };
-    let target = &rest[at..];
-    Some(if target.starts_with('?') {
-        format!("/{target}")
-    } else {
-        target.to_string()
+    let at = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, target) = rest.split_at(at);
+    if authority.is_empty() || authority.parse::<http::uri::Authority>().is_err() {
+        return None;
+    }
+    Some(match target.as_bytes().first() {
+        None => "/".into(),
+        Some(b'?') => format!("/{target}"),
+        Some(_) => target.to_string(),
     })
 }
 
@@ -434,6 +466,7 @@ mod tests {
 
     fn row(body: &str, answer: &str) -> ExchangeRow {
         ExchangeRow {
+            exchange_id: 0,
             phase: "live".into(),
             arm: None,
             outcome: "ok".into(),
@@ -464,22 +497,36 @@ mod tests {
         let a = |id: u32, text: &str| {
             json!({"id": format!("c{id}"), "choices": [{"message": {"content": text}}]}).to_string()
         };
-        c.take(row(r#"{"p": 1}"#, &a(1, "x")));
+        c.take(row(r#"{"p": 1}"#, &a(1, "x"))).unwrap();
         // The same JSON written with other spacing is the same request.
-        c.take(row(r#"{ "p" : 1 }"#, &a(2, "x")));
-        c.take(row(r#"{"p": 2}"#, &a(3, "y")));
-        c.take(row(r#"{"p": 2}"#, &a(4, "z")));
+        c.take(row(r#"{ "p" : 1 }"#, &a(2, "x"))).unwrap();
+        c.take(row(r#"{"p": 2}"#, &a(3, "y"))).unwrap();
+        c.take(row(r#"{"p": 2}"#, &a(4, "z"))).unwrap();
         let mut failed = row(r#"{"p": 3}"#, "{}");
         failed.status = Some(500);
-        c.take(failed);
+        c.take(failed).unwrap();
         let mut cut = row(r#"{"p": 3}"#, "{}");
         cut.response_body_truncated = true;
-        c.take(cut);
+        c.take(cut).unwrap();
         let mut secret = row(r#"{"p": 3}"#, "{}");
         secret.url.push_str("?api_key=<redacted>");
-        c.take(secret);
+        c.take(secret).unwrap();
         assert_eq!((c.rows, c.kept), (7, 4));
         assert_eq!(c.cases.len(), 1);
+        // A URL whose path cannot be read refuses the freeze (every such row would have
+        // become the path `/`), unless the row is left out anyway.
+        let mut other = Collected::new(Vec::new());
+        let mut broken = row("{}", "{}");
+        broken.url = "http://[::1".into();
+        let mut broken_failed = broken.clone();
+        broken_failed.status = Some(502);
+        assert_eq!(other.take(broken_failed), Ok(()));
+        let err = other.take(broken).unwrap_err();
+        assert!(
+            err.starts_with("url \"http://[::1\" is not an absolute http(s) URL"),
+            "{err}"
+        );
+        assert_eq!((other.rows, other.kept, other.cases.len()), (2, 0, 0));
         let case = &c.cases[0];
         assert_eq!(case.key.path, "/v1/chat/completions");
         assert_eq!(case.key.content_type, None);
@@ -542,5 +589,17 @@ mod tests {
         );
         assert_eq!(origin_form("http://h:1?x=1").as_deref(), Some("/?x=1"));
         assert_eq!(origin_form("http://h:1").as_deref(), Some("/"));
+        assert_eq!(origin_form("https://[::1]:8/v1").as_deref(), Some("/v1"));
+        for unreadable in [
+            "http://[::1",
+            "http://[::1/v1",
+            "",
+            "/v1/x",
+            "ftp://h/x",
+            "http:///x",
+            "http://h:1:2/x",
+        ] {
+            assert_eq!(origin_form(unreadable), None, "{unreadable}");
+        }
     }
 }

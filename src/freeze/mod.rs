@@ -95,19 +95,30 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         // traffic (a load balancer's, `wait_http`'s) are not frozen either.
         let health_path = s.health_path.as_deref().unwrap_or("/health");
         for dir in exchange_dirs(&s.run) {
-            read::for_each_exchange(&dir, |row| {
-                if s.arm.is_some() && row.arm != s.arm {
+            let mut ids = UniqueIds::default();
+            let mut refused = None;
+            read::for_each_exchange(&dir, |part, row| {
+                let id = row.exchange_id;
+                if refused.is_some() {
+                    return;
+                }
+                if let Err(e) = ids.see(part, id) {
+                    refused = Some(e);
+                } else if s.arm.is_some() && row.arm != s.arm {
                     other_arms += 1;
                 } else if row.phase == "health"
                     || (row.method == "GET"
                         && collect::origin_form(&row.url).as_deref() == Some(health_path))
                 {
                     health += 1;
-                } else {
-                    collected.take(row);
+                } else if let Err(why) = collected.take(row) {
+                    refused = Some(format!("{}: exchange_id {id}: {why}", part.display()));
                 }
             })
             .map_err(ReportError::Rows)?;
+            if let Some(why) = refused {
+                return Err(FreezeError::Refused(why));
+            }
         }
     }
     if collected.cases.is_empty() {
@@ -138,7 +149,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         }
         (env, _) => env,
     };
-    let mut lines = Vec::new();
+    let mut lines: Vec<String> = sources.iter().filter_map(newer_schema).collect();
     let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
     let head = write::Head {
         description: description(&sources),
@@ -161,6 +172,66 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     }
     report(&collected, &mut lines, other_arms, health);
     Ok(Frozen { plan, lines })
+}
+
+/// A warning when a run's config.json says a newer schema than this build writes: a later
+/// version made the run, and what it added (keys, columns) is not read here.
+fn newer_schema(s: &Source) -> Option<String> {
+    let theirs = s.run.config.schema_version.as_str();
+    let ours = crate::record::SCHEMA_VERSION;
+    let newer = match (theirs.parse::<u64>(), ours.parse::<u64>()) {
+        (Ok(t), Ok(o)) => t > o,
+        // Not a number this build knows (a run from before the key has none).
+        _ => !theirs.is_empty() && theirs != ours,
+    };
+    newer.then(|| {
+        format!(
+            "warning: {}: schema_version {theirs:?} is newer than this matrix-proxy's {ours:?}: a later version wrote the run, and what it added is not read here; check the plan, or freeze with the version that made the run",
+            s.run.dir.join(rundir::CONFIG).display()
+        )
+    })
+}
+
+/// The exchange ids of one `exchanges/` folder, as spans of consecutive ids read from one
+/// part (a run's ids mostly come in order, so this holds a few spans, never more than a
+/// span a row). A run records each exchange once: an id read twice means its files were
+/// copied or merged by hand, and its answers would count twice.
+#[derive(Default)]
+struct UniqueIds {
+    parts: Vec<PathBuf>,
+    /// First id -> (last id, index in `parts`).
+    spans: std::collections::BTreeMap<i64, (i64, usize)>,
+}
+
+impl UniqueIds {
+    fn see(&mut self, part: &Path, id: i64) -> Result<(), String> {
+        if self.parts.last().map(PathBuf::as_path) != Some(part) {
+            self.parts.push(part.to_path_buf());
+        }
+        let here = self.parts.len() - 1;
+        let before = self.spans.range_mut(..=id).next_back();
+        match before {
+            Some((_, (last, at))) if id <= *last => {
+                let first = &self.parts[*at];
+                let place = if *at == here {
+                    format!("twice in {}", part.display())
+                } else {
+                    format!("in {} and again in {}", first.display(), part.display())
+                };
+                Err(format!(
+                    "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
+                ))
+            }
+            Some((_, (last, at))) if last.checked_add(1) == Some(id) && *at == here => {
+                *last = id;
+                Ok(())
+            }
+            _ => {
+                self.spans.insert(id, (id, here));
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Open one run and say what of it is frozen.
@@ -458,4 +529,39 @@ fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, heal
         }
     ));
     lines.extend(differed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exchange_id_read_twice_is_refused_wherever_it_repeats() {
+        let (a, b) = (
+            Path::new("x/part-00000.parquet"),
+            Path::new("x/part-00001.parquet"),
+        );
+        let mut ids = UniqueIds::default();
+        // In order, out of order, with gaps and at the ends of the range: all distinct.
+        for id in [0, 1, 2, 5, 4, 3, 9, i64::MAX, i64::MIN, -1] {
+            assert_eq!(ids.see(a, id), Ok(()), "{id}");
+        }
+        assert!(ids.spans.len() < 10, "consecutive ids share a span");
+        for id in [6, 7, 8, 10] {
+            assert_eq!(ids.see(b, id), Ok(()), "{id}");
+        }
+        let again = ids.see(b, 4).unwrap_err();
+        assert!(
+            again.starts_with(
+                "exchange_id 4 is recorded in x/part-00000.parquet and again in x/part-00001.parquet"
+            ),
+            "{again}"
+        );
+        let twice = ids.see(b, 7).unwrap_err();
+        assert!(
+            twice.starts_with("exchange_id 7 is recorded twice in x/part-00001.parquet"),
+            "{twice}"
+        );
+        assert!(ids.see(b, i64::MAX).is_err());
+    }
 }

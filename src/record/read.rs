@@ -404,6 +404,8 @@ pub(crate) fn for_each_measured_answer(
 /// the flags that say whether the recording holds all of it.
 #[derive(Debug, Clone)]
 pub(crate) struct ExchangeRow {
+    /// Unique within a run's (or a shard's) `exchanges/`.
+    pub(crate) exchange_id: i64,
     pub(crate) phase: String,
     pub(crate) arm: Option<String>,
     pub(crate) outcome: String,
@@ -424,14 +426,16 @@ pub(crate) struct ExchangeRow {
     pub(crate) prompt_tokens_planned: Option<i64>,
 }
 
-/// Hand every row of the closed parts to `visit` with its request and response, in file
-/// order (each part's rows in exchange order), without holding more than one batch.
+/// Hand every row of the closed parts to `visit` with its request and response and the
+/// part it is in, in file order (each part's rows in exchange order), without holding
+/// more than one batch.
 pub(crate) fn for_each_exchange(
     exchanges: &Path,
-    mut visit: impl FnMut(ExchangeRow),
+    mut visit: impl FnMut(&Path, ExchangeRow),
 ) -> Result<(), String> {
-    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array};
-    const WANT: [&str; 14] = [
+    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
+    const WANT: [&str; 15] = [
+        "exchange_id",
         "prompt_tokens_planned",
         "phase",
         "arm",
@@ -464,26 +468,33 @@ pub(crate) fn for_each_exchange(
             let resp_b = column::<BinaryArray>(&b, "response_body", &part)?;
             let resp_t = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
             let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
-            let planned = optional_column::<arrow_array::Int64Array>(&b, "prompt_tokens_planned");
+            let planned = optional_column::<Int64Array>(&b, "prompt_tokens_planned");
+            let id = column::<Int64Array>(&b, "exchange_id", &part)?;
             for i in 0..b.num_rows() {
-                visit(ExchangeRow {
-                    prompt_tokens_planned: planned.filter(|p| p.is_valid(i)).map(|p| p.value(i)),
-                    phase: phase.value(i).to_string(),
-                    arm: arm
-                        .filter(|a| a.is_valid(i))
-                        .map(|a| a.value(i).to_string()),
-                    outcome: outcome.value(i).to_string(),
-                    method: method.value(i).to_string(),
-                    url: url.value(i).to_string(),
-                    request_headers: headers(req_h, i).map_err(|e| ctx(&e))?,
-                    request_body: req_b.value(i).to_vec(),
-                    request_body_truncated: req_t.value(i),
-                    status: status.is_valid(i).then(|| status.value(i)),
-                    response_headers: headers(resp_h, i).map_err(|e| ctx(&e))?,
-                    response_body: resp_b.value(i).to_vec(),
-                    response_body_truncated: resp_t.value(i),
-                    is_stream: is_stream.value(i),
-                });
+                visit(
+                    &part,
+                    ExchangeRow {
+                        exchange_id: id.value(i),
+                        prompt_tokens_planned: planned
+                            .filter(|p| p.is_valid(i))
+                            .map(|p| p.value(i)),
+                        phase: phase.value(i).to_string(),
+                        arm: arm
+                            .filter(|a| a.is_valid(i))
+                            .map(|a| a.value(i).to_string()),
+                        outcome: outcome.value(i).to_string(),
+                        method: method.value(i).to_string(),
+                        url: url.value(i).to_string(),
+                        request_headers: headers(req_h, i).map_err(|e| ctx(&e))?,
+                        request_body: req_b.value(i).to_vec(),
+                        request_body_truncated: req_t.value(i),
+                        status: status.is_valid(i).then(|| status.value(i)),
+                        response_headers: headers(resp_h, i).map_err(|e| ctx(&e))?,
+                        response_body: resp_b.value(i).to_vec(),
+                        response_body_truncated: resp_t.value(i),
+                        is_stream: is_stream.value(i),
+                    },
+                );
             }
         }
     }

@@ -592,3 +592,81 @@ fn a_campaign_run_freezes_its_reference_or_the_arm_named() {
         "{err}"
     );
 }
+
+/// Issue 44's freeze minors, on one serve run: a config.json of a newer schema version is
+/// frozen with a warning naming the file and both versions; an exchange id read twice
+/// (a part copied) and a url whose authority does not parse (`http://[::1`, which was
+/// taken for the path `/`) refuse the freeze, naming the id, the files and the url.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freeze_warns_of_a_newer_schema_and_refuses_repeated_ids_and_unreadable_urls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let live = tmp.path().join("live");
+    let serve = Serve::start(serve_args(&mock.url(), &live)).await;
+    let mut client = Client::connect(serve.addr).await;
+    for prompt in ["one", "two"] {
+        let mut req = request(
+            "POST",
+            serve.addr,
+            "/v1/chat/completions",
+            chat(prompt, false),
+        );
+        req.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        assert_eq!(client.send(req).await.unwrap().0, 200);
+    }
+    drop(client);
+    serve.stop().await.unwrap();
+    let freeze = || run_env(args(&["freeze", s(&live)]), &[]);
+
+    // A newer schema: frozen, and said.
+    let config_path = live.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let ours = read_json(&config_path)["schema_version"].clone();
+    assert_eq!(ours, json!("1"));
+    let newer = config.replace(r#""schema_version": "1""#, r#""schema_version": "7""#);
+    assert_ne!(newer, config);
+    std::fs::write(&config_path, newer).unwrap();
+    let (code, plan, err) = freeze().await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(plan.contains("/v1/chat/completions"));
+    let warning = format!(
+        "warning: {}: schema_version \"7\" is newer than this matrix-proxy's \"1\"",
+        config_path.display()
+    );
+    assert!(err.contains(&warning), "{err}");
+    std::fs::write(&config_path, &config).unwrap();
+    let (code, _, err) = freeze().await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("schema_version"), "{err}");
+
+    // A part copied beside itself: every exchange id twice.
+    let parts = part_files(&live);
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    let copy = live.join("exchanges").join("part-00001.parquet");
+    std::fs::copy(&parts[0], &copy).unwrap();
+    let ids = Rows::read_file(&parts[0]).i64s("exchange_id");
+    let (code, plan, err) = freeze().await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(plan.is_empty());
+    let said = format!(
+        "exchange_id {} is recorded in {} and again in {}",
+        ids[0].unwrap(),
+        parts[0].display(),
+        copy.display()
+    );
+    assert!(err.contains(&said), "{said}: {err}");
+    std::fs::remove_file(&copy).unwrap();
+
+    // A url whose authority does not parse.
+    let part = set_str(&live, "url", 1, "http://[::1");
+    let (code, plan, err) = freeze().await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(plan.is_empty());
+    let said = format!(
+        "{}: exchange_id {}: url \"http://[::1\" is not an absolute http(s) URL",
+        part.display(),
+        ids[1].unwrap()
+    );
+    assert!(err.contains(&said), "{said}: {err}");
+}

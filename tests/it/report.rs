@@ -381,37 +381,6 @@ async fn serve_json_prints_its_summary_when_stopped() {
     );
 }
 
-/// Rewrite the run's first exchanges part with `column` of its row `row` (from 0) set to
-/// `value`, every other value and the schema kept: a damaged or edited file.
-fn set_i64(run: &std::path::Path, column: &str, row: usize, value: i64) -> std::path::PathBuf {
-    use arrow_array::{Array, Int64Array, RecordBatch};
-    let part = part_files(run).into_iter().next().unwrap();
-    let batches = read_parquet(&part);
-    let schema = batches[0].schema();
-    let at = schema.index_of(column).unwrap();
-    let tmp = part.with_extension("rewrite");
-    let file = std::fs::File::create(&tmp).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
-    let mut first = 0;
-    for b in batches {
-        let old = b.column(at).as_any().downcast_ref::<Int64Array>().unwrap();
-        let new: Int64Array = (0..b.num_rows())
-            .map(|i| match first + i == row {
-                true => Some(value),
-                false => old.is_valid(i).then(|| old.value(i)),
-            })
-            .collect();
-        let mut columns = b.columns().to_vec();
-        columns[at] = std::sync::Arc::new(new);
-        w.write(&RecordBatch::try_new(schema.clone(), columns).unwrap())
-            .unwrap();
-        first += b.num_rows();
-    }
-    w.close().unwrap();
-    std::fs::rename(&tmp, &part).unwrap();
-    part
-}
-
 /// Issue 44 item 7: `report` on a run whose rows hold impossible values (a negative or
 /// absurd duration or offset) never panics (it did: `capacity overflow`, exit 101, or
 /// gigabytes allocated for a timeline): it refuses, naming the file, the row and the

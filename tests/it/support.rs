@@ -520,6 +520,65 @@ pub fn all_text(batches: &[RecordBatch]) -> Vec<String> {
     out
 }
 
+/// Rewrite the run's first exchanges part with `column` of its row `row` (from 0) made
+/// by `edit` (the batch's column and the row's index in it), every other value and the
+/// schema kept: a damaged or edited file. Its path.
+pub fn set_cell(
+    run: &Path,
+    column: &str,
+    row: usize,
+    edit: impl Fn(&ArrayRef, usize) -> ArrayRef,
+) -> PathBuf {
+    let part = part_files(run).into_iter().next().unwrap();
+    let batches = read_parquet(&part);
+    let schema = batches[0].schema();
+    let at = schema.index_of(column).unwrap();
+    let tmp = part.with_extension("rewrite");
+    let file = std::fs::File::create(&tmp).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+    let mut first = 0;
+    for b in batches {
+        let mut columns = b.columns().to_vec();
+        if (first..first + b.num_rows()).contains(&row) {
+            columns[at] = edit(&columns[at], row - first);
+        }
+        w.write(&RecordBatch::try_new(schema.clone(), columns).unwrap())
+            .unwrap();
+        first += b.num_rows();
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, &part).unwrap();
+    part
+}
+
+/// [`set_cell`] of an Int64 column.
+pub fn set_i64(run: &Path, column: &str, row: usize, value: i64) -> PathBuf {
+    set_cell(run, column, row, |old, at| {
+        let old = old.as_any().downcast_ref::<Int64Array>().unwrap();
+        let new: Int64Array = (0..old.len())
+            .map(|i| match i == at {
+                true => Some(value),
+                false => old.is_valid(i).then(|| old.value(i)),
+            })
+            .collect();
+        Arc::new(new)
+    })
+}
+
+/// [`set_cell`] of a Utf8 column.
+pub fn set_str(run: &Path, column: &str, row: usize, value: &str) -> PathBuf {
+    set_cell(run, column, row, |old, at| {
+        let old = old.as_any().downcast_ref::<StringArray>().unwrap();
+        let new: StringArray = (0..old.len())
+            .map(|i| match i == at {
+                true => Some(value),
+                false => old.is_valid(i).then(|| old.value(i)),
+            })
+            .collect();
+        Arc::new(new)
+    })
+}
+
 pub fn read_json(path: &Path) -> Value {
     serde_json::from_slice(
         &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
