@@ -43,6 +43,27 @@ use crate::config::shape::Shape;
 use crate::mock::MockWorker;
 use crate::report::config_json;
 
+/// `--worker-metrics URL`, with a space: clap reads the URL as another argument and says
+/// only "unexpected argument" (or takes it for the plan). The `=` is on purpose (the flag
+/// alone scrapes the worker's own origin, so it never takes the plan for its URL): say
+/// where the URL goes. Only a next argument holding `://` is taken for a URL, and nothing
+/// after `--`.
+fn worker_metrics_spaced(args: &[OsString]) -> Option<String> {
+    let args: Vec<_> = args
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .take_while(|a| a != "--")
+        .collect();
+    args.windows(2).find_map(|w| {
+        let url = &w[1];
+        (w[0] == "--worker-metrics" && url.contains("://")).then(|| {
+            format!(
+                "--worker-metrics takes its URL after '=', with no space: --worker-metrics={url} (the flag alone scrapes /metrics on the worker's own origin, so with a space '{url}' is read as another argument)"
+            )
+        })
+    })
+}
+
 /// Parse args and run; returns the process exit code.
 pub fn main_with_args(args: Vec<OsString>) -> i32 {
     let _ = ARGV.set(
@@ -50,6 +71,10 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
     );
+    if let Some(message) = worker_metrics_spaced(&args) {
+        eprintln!("matrix-proxy: error: {message}");
+        return Exit::Usage as i32;
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {

@@ -914,3 +914,61 @@ async fn serve_records_its_command_line() {
     assert!(argv.contains(&"--redact-query".to_string()), "{argv:?}");
     assert_eq!(config["upstream"], json!("http://127.0.0.1:9/v1"));
 }
+
+/// Issue 44: `--worker-metrics URL` (a space, as other flags take their value) failed with
+/// clap's bare "unexpected argument". The `=` is on purpose, so the error says where the
+/// URL goes, for replay and serve alike; with `=`, or with no URL, the flag parses.
+#[test]
+fn worker_metrics_with_a_space_says_the_url_goes_after_the_equals_sign() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = write_plan(
+        tmp.path(),
+        "p.json",
+        &echo_plan("http://127.0.0.1:9/x".into(), "fresh", 1, 1),
+    );
+    let url = "http://127.0.0.1:9/metrics";
+    let out = tmp.path().join("run");
+    for args in [
+        vec!["replay", "--worker-metrics", url, s(&plan)],
+        vec![
+            "replay",
+            s(&plan),
+            "--worker-metrics",
+            url,
+            "--out",
+            s(&out),
+        ],
+        vec![
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--worker-metrics",
+            url,
+        ],
+    ] {
+        let (code, stdout, stderr) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(
+            stderr.contains("--worker-metrics takes its URL after '='")
+                && stderr.contains(&format!("--worker-metrics={url}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!out.exists(), "nothing is created");
+    }
+    // With `=`, and with no URL before the plan, the flag parses and the plan is read
+    // (a missing one here: refused for that, not for the flag).
+    let missing = tmp.path().join("missing.json");
+    let with_equals = format!("--worker-metrics={url}");
+    for args in [
+        vec!["replay", with_equals.as_str(), s(&missing)],
+        vec!["replay", "--worker-metrics", s(&missing)],
+    ] {
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("missing.json") && !stderr.contains("takes its URL after"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
