@@ -246,7 +246,7 @@ async fn encoded_query_names_and_vendor_key_headers_never_reach_disk_or_a_plan()
     assert!(!all.contains(SECRET), "a secret reached a Parquet value");
 
     // freeze leaves every request whose URL held a secret out (counted), and the headers.
-    let args = vec!["freeze".to_string(), out.display().to_string()];
+    let args = ["freeze".to_string(), out.display().to_string()];
     let (code, plan, err) = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run(&args)
