@@ -283,9 +283,19 @@ fn request_view(
     })
 }
 
-/// What hyper's HTTP/1 server hands its service for the first request in `data` (the
-/// service reads the whole body), and whether it sent `100 Continue`.
-fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, String> {
+/// Every request hyper's HTTP/1 server hands its service (which reads each whole body)
+/// from `data` sent on one connection, then the client's close: each request's parts and
+/// body, whether the connection ended cleanly, and what the server answered.
+pub(crate) type ServerRun = (
+    Vec<(http::request::Parts, Result<Vec<u8>, String>)>,
+    bool,
+    Vec<u8>,
+);
+
+pub(crate) fn hyper_server_run(
+    rt: &tokio::runtime::Runtime,
+    data: &[u8],
+) -> Result<ServerRun, String> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let data = data.to_vec();
@@ -297,7 +307,7 @@ fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<Reques
             async move {
                 let (parts, body) = req.into_parts();
                 let body = body.collect().await.map(|b| b.to_bytes().to_vec());
-                let _ = tx.send((parts, body));
+                let _ = tx.send((parts, body.map_err(|e| e.to_string())));
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
                     bytes::Bytes,
                 >::new()))
@@ -317,22 +327,33 @@ fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<Reques
         let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
             .await
             .map_err(|_| "hyper did not finish in 5 s".to_string())?;
-        match rx.try_recv() {
-            Ok((parts, Ok(body))) => Ok(Some(SeenRequest {
-                method: parts.method.to_string(),
-                target: parts.uri.to_string(),
-                http10: parts.version == http::Version::HTTP_10,
-                fields: fields(&parts.headers),
-                expect_continue: answer.starts_with(b"HTTP/1.1 100 Continue\r\n"),
-                body,
-            })),
-            Ok((_, Err(e))) => Err(e.to_string()),
-            // No request reached the service: none was sent (the connection closed
-            // cleanly), or hyper refused its head.
-            Err(_) if clean => Ok(None),
-            Err(_) => Err("hyper's server refused the request".into()),
+        let mut seen = Vec::new();
+        while let Ok(one) = rx.try_recv() {
+            seen.push(one);
         }
+        Ok((seen, clean, answer))
     })
+}
+
+/// What hyper's HTTP/1 server hands its service for the first request in `data` (the
+/// service reads the whole body), and whether it sent `100 Continue`.
+fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, String> {
+    let (seen, clean, answer) = hyper_server_run(rt, data)?;
+    match seen.into_iter().next() {
+        Some((parts, Ok(body))) => Ok(Some(SeenRequest {
+            method: parts.method.to_string(),
+            target: parts.uri.to_string(),
+            http10: parts.version == http::Version::HTTP_10,
+            fields: fields(&parts.headers),
+            expect_continue: answer.starts_with(b"HTTP/1.1 100 Continue\r\n"),
+            body,
+        })),
+        Some((_, Err(e))) => Err(e),
+        // No request reached the service: none was sent (the connection closed cleanly),
+        // or hyper refused its head.
+        None if clean => Ok(None),
+        None => Err("hyper's server refused the request".into()),
+    }
 }
 
 /// The Prometheus text reader: total (never panics), and a scrape written back from its

@@ -128,56 +128,25 @@ fn forward_requests(input: &[u8]) -> (Vec<u8>, Vec<Req>) {
 /// Every request hyper's HTTP/1 server hands its service from `wire` on one connection,
 /// or why it stopped.
 fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>, String> {
-    use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let data = wire.to_vec();
-    rt.block_on(async move {
-        let (mut client, server) = tokio::io::duplex(data.len() + (64 << 10));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let tx = tx.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect().await.map(|b| b.to_bytes().to_vec());
-                let _ = tx.send((parts, body));
-                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
-                    bytes::Bytes,
-                >::new()))
-            }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .half_close(true)
-            .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
-        let serving = tokio::spawn(conn);
-        let talk = async {
-            let _ = client.write_all(&data).await;
-            let _ = client.shutdown().await;
-            let _ = client.read_to_end(&mut Vec::new()).await;
-            matches!(serving.await, Ok(Ok(())))
-        };
-        let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
-            .await
-            .map_err(|_| "hyper did not finish in 5 s".to_string())?;
-        let mut out = Vec::new();
-        while let Ok((parts, body)) = rx.try_recv() {
-            let body = body.map_err(|e| e.to_string())?;
-            let target = parts.uri.to_string();
-            out.push((
-                parts.method.to_string(),
-                target,
-                fields(&parts.headers),
-                body,
-            ));
-        }
-        if clean {
-            Ok(out)
-        } else {
-            Err(format!(
-                "hyper's server stopped after {} requests",
-                out.len()
-            ))
-        }
-    })
+    let (seen, clean, _) = super::hyper_server_run(rt, wire)?;
+    let mut out = Vec::new();
+    for (parts, body) in seen {
+        let target = parts.uri.to_string();
+        out.push((
+            parts.method.to_string(),
+            target,
+            fields(&parts.headers),
+            body?,
+        ));
+    }
+    if clean {
+        Ok(out)
+    } else {
+        Err(format!(
+            "hyper's server stopped after {} requests",
+            out.len()
+        ))
+    }
 }
 
 /// serve as a transducer of responses: see [`serve_response_forwarded`].
