@@ -126,7 +126,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
     }
     let worker = match scraping {
         Some(s) => super::scrape::end_scraping(s, &dir, args.run.quiet).await,
-        None => Vec::new(),
+        None => super::scrape::WorkerScrapes::default(),
     };
     let recording = run.finish_recording().await;
     if let Some((m, _)) = input.mock {
@@ -137,7 +137,7 @@ pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<
         &args,
         &dir,
         &mut config,
-        (result, &worker),
+        (result, worker),
         recording,
         (&plan, shape, contract.as_ref()),
     )
@@ -673,11 +673,12 @@ fn reports(
     args: &ReplayArgs,
     dir: &RunDir,
     config: &mut Config,
-    (result, worker): (replay::ReplayResult, &[crate::record::scrapes::ScrapeRow]),
+    (result, scraped): (replay::ReplayResult, super::scrape::WorkerScrapes),
     recording: RecordingEnd,
     (plan, shape, contract): (&Plan, Shape, Option<&Contract>),
 ) -> Result<Exit, CliError> {
     let mut problems = Vec::new();
+    let worker = &scraped.rows[..];
     if let Err(e) = report::write_rounds_parquet(&dir.path.join(rundir::ROUNDS), &result.rounds) {
         problems.push(format!("rounds.parquet: {e}"));
     }
@@ -704,7 +705,10 @@ fn reports(
             notes: &result.notes,
             worker,
         },
-        recording_doc(args, &recording, prompt_tokens_mismatch),
+        Recording {
+            worker_metrics_limits: scraped.limits.clone(),
+            ..recording_doc(args, &recording, prompt_tokens_mismatch)
+        },
     );
     if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
         problems.push(e.to_string());

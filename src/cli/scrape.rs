@@ -11,11 +11,12 @@ use super::io::{CliError, usage};
 use crate::config::flags;
 use crate::drivers::RunContext;
 use crate::drivers::gpu::GpuGathered;
-use crate::drivers::scrape::{Cause, Scraper};
+use crate::drivers::scrape::{Cause, Gathered, Scraper};
 use crate::model::Endpoint;
 use crate::net::tls::TlsOptions;
 use crate::record::rundir::{self, RunDir};
 use crate::record::scrapes::ScrapeRow;
+use crate::report::doc::worker::WorkerLimits;
 
 /// `--gpu-metrics`.
 #[derive(Debug, Clone)]
@@ -194,8 +195,11 @@ pub(super) fn start_scraping(
     (run, dir): (Option<&Arc<RunContext>>, &RunDir),
     run_t0_ns: u64,
 ) -> Result<Scraping, CliError> {
-    let sink = crate::record::scrapes::Sink::start(&dir.path.join(rundir::WORKER_METRICS))
-        .map_err(super::io::tool)?;
+    let sink = crate::record::scrapes::Sink::start(
+        &dir.path.join(rundir::WORKER_METRICS),
+        crate::drivers::scrape::SINK_QUEUE,
+    )
+    .map_err(super::io::tool)?;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let worker = spec.worker.map(|w| {
@@ -246,10 +250,32 @@ pub(super) fn start_scraping(
     })
 }
 
+/// What the scrapes leave the reports: the rows they read (every scraper's, within the
+/// caps) and, when a bound was reached, what was not held or not written.
+#[derive(Debug, Default)]
+pub(super) struct WorkerScrapes {
+    pub(super) rows: Vec<ScrapeRow>,
+    pub(super) limits: Option<WorkerLimits>,
+}
+
+impl WorkerScrapes {
+    fn of(g: Gathered) -> WorkerScrapes {
+        let limits = (g.not_held > 0 || g.not_written > 0).then_some(WorkerLimits {
+            cap_reached: g.cap_reached,
+            samples_not_held: g.not_held,
+            samples_not_written: g.not_written,
+        });
+        WorkerScrapes {
+            rows: g.rows,
+            limits,
+        }
+    }
+}
+
 /// Stop the interval scrapes and the GPU sampler; close `worker_metrics.parquet` and write
 /// `gpu.parquet`; say how many scrapes failed and why there is no GPU telemetry (never
 /// fatal). Returns the rows the reports read (every scraper's).
-pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<ScrapeRow> {
+pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> WorkerScrapes {
     let _ = s.stop.send(true);
     for t in s.tasks {
         let _ = t.await;
@@ -264,11 +290,11 @@ pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
             eprintln!("matrix-proxy: worker metrics not written whole: {e}");
-            return g.rows;
+            return WorkerScrapes::of(g);
         }
         Err(e) => {
             eprintln!("matrix-proxy: worker metrics not written whole: {e}");
-            return g.rows;
+            return WorkerScrapes::of(g);
         }
     };
     let mut failed = match &g.first_failure {
@@ -281,14 +307,27 @@ pub(super) async fn end_scraping(s: Scraping, dir: &RunDir, quiet: bool) -> Vec<
             g.unreadable_lines
         ));
     }
-    if !quiet || g.failed > 0 {
+    if g.not_held > 0 {
+        failed.push_str(&format!(
+            ", {} sample(s) not held for the worker's numbers ({})",
+            g.not_held,
+            g.cap_reached.as_deref().unwrap_or("a cap")
+        ));
+    }
+    if g.not_written > 0 {
+        failed.push_str(&format!(
+            ", {} sample(s) dropped: the file's writer fell behind",
+            g.not_written
+        ));
+    }
+    if !quiet || g.failed > 0 || g.not_held > 0 || g.not_written > 0 {
         eprintln!(
             "matrix-proxy: worker metrics: {} scrape(s){failed}, {rows} sample(s) in {}",
             g.scrapes,
             rundir::WORKER_METRICS
         );
     }
-    g.rows
+    WorkerScrapes::of(g)
 }
 
 /// serve's scraping: the whole run is one window, opened here (awaited, bounded by
@@ -307,9 +346,9 @@ pub(super) async fn serve_start(
 }
 
 /// serve's window closed and everything written: the rows the summary reads.
-pub(super) async fn serve_end(s: Option<Scraping>, dir: &RunDir, quiet: bool) -> Vec<ScrapeRow> {
+pub(super) async fn serve_end(s: Option<Scraping>, dir: &RunDir, quiet: bool) -> WorkerScrapes {
     let Some(s) = s else {
-        return Vec::new();
+        return WorkerScrapes::default();
     };
     s.edge(Cause::RunEnd).await;
     end_scraping(s, dir, quiet).await

@@ -4,8 +4,10 @@
 //! `--scrape-timeout`), each on a fresh connection of its own. A failed scrape (refused,
 //! timed out, not 200, or every line unreadable) is counted, never fatal; every sample is
 //! sent to the run's sink (`worker_metrics.parquet`, written from a thread of its own as
-//! the scrapes arrive), and only what the reports read is held in memory.
+//! the scrapes arrive), and only what the reports read is held in memory, under caps
+//! ([`HoldCaps`]): a worker that invents label sets cannot grow the process without bound.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -42,12 +44,75 @@ impl Cause {
     }
 }
 
+/// The most memory the interval scrapes' rows held for the reports may take, per scraped
+/// worker (about 450 bytes a row of a vLLM worker's gauges: some 600,000 rows, a day and a
+/// half of its five at 1 s). An edge scrape's rows are held past it (at most
+/// [`HOLD_SERIES`] each): a window always has its edges. docs/output.md and
+/// docs/reliability.md give the bounds.
+pub(crate) const HOLD_BYTES: usize = 256 << 20;
+/// The most distinct series (metric and labels) held per scraped worker (vLLM exports
+/// some 500), and per metric name (a histogram's buckets under every label set).
+pub(crate) const HOLD_SERIES: usize = 10_000;
+pub(crate) const HOLD_SERIES_PER_METRIC: usize = 1_000;
+
+/// The caps on what one scraper holds for the reports ([`HOLD_BYTES`], [`HOLD_SERIES`],
+/// [`HOLD_SERIES_PER_METRIC`]; smaller in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldCaps {
+    pub(crate) bytes: usize,
+    pub(crate) series: usize,
+    pub(crate) per_metric: usize,
+}
+
+impl Default for HoldCaps {
+    fn default() -> HoldCaps {
+        HoldCaps {
+            bytes: HOLD_BYTES,
+            series: HOLD_SERIES,
+            per_metric: HOLD_SERIES_PER_METRIC,
+        }
+    }
+}
+
+/// What a scraper holds for the reports: the series it has taken (a hash of metric and
+/// labels each, so the set costs 8 bytes a series), how many per metric, and the bytes
+/// its rows take.
+#[derive(Debug, Default)]
+struct Holding {
+    caps: HoldCaps,
+    series: HashSet<u64>,
+    per_metric: HashMap<String, usize>,
+    bytes: usize,
+}
+
+/// About the memory one held row takes: the row, what its strings and labels hold, and
+/// the allocator's own 16 bytes or so for each of them.
+fn row_bytes(r: &ScrapeRow) -> usize {
+    std::mem::size_of::<ScrapeRow>()
+        + 16 * (3 + 2 * r.labels.len())
+        + r.metric.capacity()
+        + r.kind.capacity()
+        + r.labels.capacity() * std::mem::size_of::<(String, String)>()
+        + r.labels
+            .iter()
+            .map(|(k, v)| k.capacity() + v.capacity())
+            .sum::<usize>()
+}
+
+fn series_key(r: &ScrapeRow) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    r.metric.hash(&mut h);
+    r.labels.hash(&mut h);
+    h.finish()
+}
+
 /// What the scrapes gathered.
 #[derive(Debug, Default)]
 pub(crate) struct Gathered {
     /// The rows the reports read (every row of an edge scrape; of an interval scrape only
     /// the series a window's means and the report's lines read,
-    /// `report::worker::read_between_edges`); every row goes to the sink.
+    /// `report::worker::read_between_edges`), within the caps; every row goes to the sink.
     pub(crate) rows: Vec<ScrapeRow>,
     pub(crate) scrapes: u64,
     pub(crate) failed: u64,
@@ -55,6 +120,13 @@ pub(crate) struct Gathered {
     pub(crate) first_failure: Option<String>,
     /// Lines of answered scrapes that could not be read.
     pub(crate) unreadable_lines: u64,
+    /// Samples the reports would read that were not held: beyond a cap (still written).
+    pub(crate) not_held: u64,
+    /// The first cap reached, in words (said once on stderr when it is reached).
+    pub(crate) cap_reached: Option<String>,
+    /// Samples not written to worker_metrics.parquet either: its writer fell behind.
+    pub(crate) not_written: u64,
+    holding: Holding,
 }
 
 impl Gathered {
@@ -65,14 +137,73 @@ impl Gathered {
         self.scrapes += other.scrapes;
         self.failed += other.failed;
         self.unreadable_lines += other.unreadable_lines;
+        self.not_held += other.not_held;
+        self.not_written += other.not_written;
         if self.first_failure.is_none() {
             self.first_failure = other.first_failure;
+        }
+        if self.cap_reached.is_none() {
+            self.cap_reached = other.cap_reached;
+        }
+    }
+
+    /// One scrape's rows the reports read, held while the caps allow: a series already
+    /// held always is (an interval scrape's until the bytes run out); a new one only while
+    /// there is room for it, overall and under its metric. Returns the first cap reached,
+    /// the first time any is (to be said once).
+    fn hold(&mut self, rows: Vec<ScrapeRow>) -> Option<String> {
+        let before = self.cap_reached.is_some();
+        let h = &mut self.holding;
+        for r in rows {
+            let key = series_key(&r);
+            let known = h.series.contains(&key);
+            let room = known
+                || (h.series.len() < h.caps.series
+                    && h.per_metric.get(&r.metric).copied().unwrap_or(0) < h.caps.per_metric);
+            let bytes = row_bytes(&r);
+            let why = if !room {
+                Some(if h.series.len() >= h.caps.series {
+                    format!("more than {} series", h.caps.series)
+                } else {
+                    format!(
+                        "more than {} series of one metric ({})",
+                        h.caps.per_metric, r.metric
+                    )
+                })
+            } else if r.cause == "interval" && h.bytes + bytes > h.caps.bytes {
+                Some(match h.caps.bytes >> 20 {
+                    0 => format!("more than {} bytes of rows", h.caps.bytes),
+                    mib => format!("more than {mib} MiB of rows"),
+                })
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.not_held += 1;
+                self.cap_reached.get_or_insert(why);
+                continue;
+            }
+            if !known {
+                h.series.insert(key);
+                *h.per_metric.entry(r.metric.clone()).or_insert(0) += 1;
+            }
+            h.bytes += bytes;
+            self.rows.push(r);
+        }
+        match (&self.cap_reached, before) {
+            (Some(why), false) => Some(why.clone()),
+            _ => None,
         }
     }
 }
 
+/// Scrapes that may wait for the writer of worker_metrics.parquet: past them, a scrape's
+/// rows are dropped and counted (a worker whose scrapes come faster than they are written
+/// never grows the queue without bound).
+pub(crate) const SINK_QUEUE: usize = 8;
+
 /// Where a scrape's rows are written (`record::scrapes::Sink`).
-pub(crate) type SinkTx = std::sync::mpsc::Sender<Vec<ScrapeRow>>;
+pub(crate) type SinkTx = std::sync::mpsc::SyncSender<Vec<ScrapeRow>>;
 
 /// How a campaign's arms scrape their workers (`--scrape-interval`, `--scrape-timeout`,
 /// `--ca-cert`, the run's sink).
@@ -93,8 +224,11 @@ pub(crate) struct Scraper {
     /// The campaign arm whose worker this is (`None` for a plain plan or serve).
     arm: Option<Arc<str>>,
     gathered: Mutex<Gathered>,
-    /// Where every row goes; `None`: every row is held (a DCGM exporter's, small).
+    /// Where every row goes; `None`: every row is held (a DCGM exporter's), within the
+    /// same caps.
     sink: Option<SinkTx>,
+    /// Whether reaching a cap is said on stderr (not in tests).
+    say: bool,
 }
 
 impl Scraper {
@@ -123,6 +257,19 @@ impl Scraper {
             arm: None,
             gathered: Mutex::new(Gathered::default()),
             sink,
+            say: true,
+        }
+    }
+
+    /// This scraper holds within `caps` and says nothing on stderr (tests).
+    #[cfg(test)]
+    pub(crate) fn with_caps(self, caps: HoldCaps) -> Scraper {
+        let mut g = Gathered::default();
+        g.holding.caps = caps;
+        Scraper {
+            gathered: Mutex::new(g),
+            say: false,
+            ..self
         }
     }
 
@@ -177,7 +324,8 @@ impl Scraper {
                 .collect(),
             Err(_) => Vec::new(),
         };
-        // What the reports read stays; everything goes to the file.
+        // What the reports read stays (within the caps); everything goes to the file.
+        let mut not_written = 0u64;
         let kept: Vec<ScrapeRow> = match (&self.sink, cause) {
             (None, _) => rows,
             (Some(sink), c) => {
@@ -189,8 +337,9 @@ impl Scraper {
                         .collect(),
                     _ => rows.clone(),
                 };
-                if !rows.is_empty() {
-                    let _ = sink.send(rows);
+                let n = rows.len() as u64;
+                if n > 0 && sink.try_send(rows).is_err() {
+                    not_written = n;
                 }
                 kept
             }
@@ -199,10 +348,18 @@ impl Scraper {
             return;
         };
         g.scrapes += 1;
+        g.not_written += not_written;
         match outcome {
             Ok(scrape) => {
                 g.unreadable_lines += scrape.errors.len() as u64;
-                g.rows.extend(kept);
+                if let Some(why) = g.hold(kept)
+                    && self.say
+                {
+                    eprintln!(
+                        "matrix-proxy: worker metrics of {}: {why} held for the reports; samples past the cap are still written to worker_metrics.parquet but not held, and counted (summary.json worker_metrics_limits)",
+                        self.url.authority
+                    );
+                }
             }
             Err(why) => {
                 g.failed += 1;
@@ -274,5 +431,169 @@ impl Scraper {
             .unwrap_or_default();
         g.rows.sort_by_key(|r| r.offset_us);
         g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(scrape: i64, metric: &str, id: usize) -> ScrapeRow {
+        ScrapeRow {
+            offset_us: scrape,
+            wall_time_us: scrape,
+            cause: "interval",
+            round: None,
+            arm: None,
+            metric: metric.into(),
+            labels: vec![("id".into(), format!("{id}"))],
+            value: 1.0,
+            kind: "gauge".into(),
+        }
+    }
+
+    fn gathered(caps: HoldCaps) -> Gathered {
+        let mut g = Gathered::default();
+        g.holding.caps = caps;
+        g
+    }
+
+    #[test]
+    fn held_series_stop_at_the_caps_and_what_is_left_out_is_counted() {
+        let caps = HoldCaps {
+            bytes: usize::MAX,
+            series: 30,
+            per_metric: 20,
+        };
+        let mut g = gathered(caps);
+        // A worker that invents 100 label sets of one gauge every scrape, beside an honest
+        // series it repeats.
+        let mut said = Vec::new();
+        for scrape in 0..4 {
+            let mut rows = vec![row(scrape, "honest", 0)];
+            rows.extend((0..100).map(|i| row(scrape, "running", scrape as usize * 100 + i)));
+            said.extend(g.hold(rows));
+        }
+        // The honest series is held at every scrape; the inventive gauge up to its cap.
+        assert_eq!(g.rows.iter().filter(|r| r.metric == "honest").count(), 4);
+        assert_eq!(g.rows.iter().filter(|r| r.metric == "running").count(), 20);
+        assert_eq!(g.not_held, 4 * 101 - 24);
+        assert_eq!(
+            said,
+            ["more than 20 series of one metric (running)".to_string()],
+            "said once, when first reached"
+        );
+        // Other metrics fill the rest of the overall cap, then are counted too.
+        let more: Vec<ScrapeRow> = (0..20).map(|i| row(9, &format!("m{i}"), 0)).collect();
+        assert!(g.hold(more).is_none(), "a cap is said once");
+        assert_eq!(g.holding.series.len(), 30);
+        assert_eq!(g.rows.len(), 24 + 9);
+        assert_eq!(g.not_held, 4 * 101 - 24 + 11);
+    }
+
+    #[test]
+    fn held_rows_stop_at_the_byte_cap() {
+        let one = row_bytes(&row(0, "honest", 0));
+        let mut g = gathered(HoldCaps {
+            bytes: one * 10,
+            series: 100,
+            per_metric: 100,
+        });
+        for scrape in 0..25 {
+            g.hold(vec![row(scrape, "honest", 0)]);
+        }
+        assert_eq!(g.rows.len(), 10);
+        assert_eq!(g.not_held, 15);
+        assert!(g.holding.bytes <= one * 10);
+        // A window's edge is held past it (the series cap still bounds it).
+        let mut edge = row(30, "honest", 0);
+        edge.cause = "round_end";
+        assert!(g.hold(vec![edge.clone(), edge]).is_none());
+        assert_eq!((g.rows.len(), g.not_held), (12, 15));
+        assert_eq!(
+            g.cap_reached.as_deref(),
+            Some(&*format!("more than {} bytes of rows", one * 10))
+        );
+    }
+
+    /// A worker whose `/metrics` has `per_scrape` new label sets of vLLM's running gauge
+    /// at every scrape (as a hostile or broken exporter's may): its address.
+    async fn inventive_worker(per_scrape: usize) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            for scrape in 0usize.. {
+                let Ok((mut c, _)) = l.accept().await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let mut body = String::from("# TYPE vllm:num_requests_running gauge\n");
+                for i in 0..per_scrape {
+                    body.push_str(&format!(
+                        "vllm:num_requests_running{{model_name=\"m\",id=\"{scrape}-{i}\"}} 1\n"
+                    ));
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = c.write_all(answer.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_worker_inventing_series_is_held_within_the_cap_and_written_whole() {
+        let addr = inventive_worker(300).await;
+        let url =
+            Endpoint::parse(&format!("http://{addr}/metrics")).unwrap_or_else(|e| panic!("{e}"));
+        let engine = Scraper::engine_for(&url, &crate::net::tls::TlsOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("worker_metrics.parquet");
+        let sink = crate::record::scrapes::Sink::start(&path, SINK_QUEUE)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let caps = HoldCaps {
+            bytes: HOLD_BYTES,
+            series: 500,
+            per_metric: 100,
+        };
+        let s = Scraper::new(
+            (url, engine),
+            clock::now_ns(),
+            Duration::from_secs(5),
+            Some(sink.sender()),
+        )
+        .with_caps(caps);
+        for _ in 0..4 {
+            s.scrape(Cause::Interval).await;
+        }
+        let g = s.take();
+        assert_eq!((g.scrapes, g.failed), (4, 0), "{:?}", g.first_failure);
+        assert_eq!(g.rows.len(), 100, "held rows stop at the cap");
+        assert_eq!(g.not_held, 4 * 300 - 100);
+        assert!(
+            g.cap_reached
+                .is_some_and(|w| w.contains("100 series of one metric"))
+        );
+        assert_eq!(g.not_written, 0);
+        let written = tokio::task::spawn_blocking(move || sink.finish())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(written, Ok(4 * 300), "every sample is still written");
+        let back =
+            crate::record::scrapes::read(&path, |_, _| true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back.len(), 1200);
     }
 }

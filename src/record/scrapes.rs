@@ -50,7 +50,7 @@ const ROW_GROUP: usize = 16_384;
 /// each scrape's rows; [`Sink::finish`] writes the rest and closes the file. The rows are
 /// in the order the scrapes ended (sort by `offset_us` to read them in time order).
 pub(crate) struct Sink {
-    tx: std::sync::mpsc::Sender<Vec<ScrapeRow>>,
+    tx: std::sync::mpsc::SyncSender<Vec<ScrapeRow>>,
     thread: std::thread::JoinHandle<Result<u64, String>>,
 }
 
@@ -58,11 +58,13 @@ pub(crate) struct Sink {
 const END: Vec<ScrapeRow> = Vec::new();
 
 impl Sink {
-    /// Create the file (under its temporary name) and start the writer thread.
-    pub(crate) fn start(path: &Path) -> Result<Sink, String> {
+    /// Create the file (under its temporary name) and start the writer thread; at most
+    /// `queue` scrapes wait for it (a sender's `try_send` fails past them: the caller drops
+    /// and counts the rows rather than hold them).
+    pub(crate) fn start(path: &Path, queue: usize) -> Result<Sink, String> {
         let mut file = super::rundir::WholeFile::create(path, batch(&[])?.schema())?;
         let tmp = file.temporary().to_path_buf();
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<ScrapeRow>>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<ScrapeRow>>(queue);
         let thread = std::thread::Builder::new()
             .name("worker-metrics".into())
             .spawn(move || {
@@ -101,7 +103,7 @@ impl Sink {
     }
 
     /// Where a scraper sends each scrape's rows.
-    pub(crate) fn sender(&self) -> std::sync::mpsc::Sender<Vec<ScrapeRow>> {
+    pub(crate) fn sender(&self) -> std::sync::mpsc::SyncSender<Vec<ScrapeRow>> {
         self.tx.clone()
     }
 
@@ -305,7 +307,7 @@ mod tests {
     fn the_sink_writes_row_groups_as_rows_arrive_and_reads_back_whole() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().join("worker_metrics.parquet");
-        let sink = Sink::start(&path).unwrap_or_else(|e| panic!("{e}"));
+        let sink = Sink::start(&path, 4).unwrap_or_else(|e| panic!("{e}"));
         let n = 2 * ROW_GROUP + 100;
         let all: Vec<ScrapeRow> = (0..n).map(row).collect();
         let tx = sink.sender();

@@ -292,6 +292,7 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
         record_error: recording.record_error,
         rebuilt_from_exchanges: recording.rebuilt_from_exchanges,
         shards: recording.shards,
+        worker_metrics_limits: recording.worker_metrics_limits,
     }
 }
 
@@ -376,5 +377,6 @@ pub(crate) fn serve_summary(
         },
         rebuilt_from_exchanges: rebuilt.map(|_| true),
         worker: None,
+        worker_metrics_limits: None,
     }
 }

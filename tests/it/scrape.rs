@@ -250,6 +250,72 @@ async fn a_worker_whose_metrics_hang_or_are_garbage_costs_the_run_nothing() {
     }
 }
 
+/// Scrapes the inventive worker below answered.
+static INVENTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// 1,500 new label sets of vLLM's running gauge at every scrape (past the 1,000 series of
+/// one metric held for the reports).
+fn inventive_metrics(_: &str) -> Vec<u8> {
+    let k = INVENTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut body = String::from("# TYPE vllm:num_requests_running gauge\n");
+    for i in 0..1500 {
+        body.push_str(&format!(
+            "vllm:num_requests_running{{model_name=\"m\",id=\"{k}-{i}\"}} 1\n"
+        ));
+    }
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_inventing_label_sets_is_held_within_the_cap_said_once_and_written_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let metrics = raw_peer(inventive_metrics).await;
+    let out = tmp.path().join("run");
+    let plan = tmp.path().join("plan.json");
+    let tiny = json!({
+        "name": "tiny",
+        "endpoint": "http://127.0.0.1:8000/v1/chat/completions",
+        "cases": [{"name": "chat",
+                   "request": {"model": "mock", "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 2}}],
+        "concurrency": [1], "requests_per_case": 2, "repetitions": 2, "warmup_per_case": 2,
+        "timeout_seconds": 5, "metadata": metadata(),
+    });
+    std::fs::write(&plan, tiny.to_string()).unwrap();
+    let flag = format!("--worker-metrics=http://{metrics}/metrics");
+    let (code, _, err) = run(&[
+        "replay",
+        s(&plan),
+        "--mock-worker",
+        "--quiet",
+        &flag,
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    // Said once when reached, and counted at the end.
+    assert_eq!(err.matches("held for the reports").count(), 1, "{err}");
+    assert!(err.contains("not held for the worker's numbers"), "{err}");
+    let summary = read_json(&out.join("summary.json"));
+    let limits = &summary["worker_metrics_limits"];
+    assert!(
+        limits["cap_reached"]
+            .as_str()
+            .is_some_and(|w| w.contains("1000 series of one metric")),
+        "{summary}"
+    );
+    let not_held = limits["samples_not_held"].as_u64().unwrap();
+    // Every sample is still in the file; of every scrape's 1,500 only 1,000 series held.
+    let rows = scrape_rows(&out).len();
+    assert!(rows >= 2 * 1500 && rows.is_multiple_of(1500), "{rows}");
+    assert_eq!(not_held as usize, rows - 1000, "{summary}");
+    assert_eq!(limits["samples_not_written"], 0);
+}
+
 #[test]
 fn the_scraper_reads_our_own_metrics_listen_and_a_bad_url_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

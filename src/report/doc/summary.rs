@@ -82,6 +82,9 @@ pub(crate) struct Summary {
     /// Only in a sharded run's merged summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shards: Option<ShardsNote>,
+    /// Only when the worker's scrapes reached a bound (rows not held or not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
 }
 
 /// What a replay wrote beside the measurements (`rows_written` and after).
@@ -93,6 +96,7 @@ pub(crate) struct Recording {
     pub(crate) record_error: Option<String>,
     pub(crate) rebuilt_from_exchanges: Option<bool>,
     pub(crate) shards: Option<ShardsNote>,
+    pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
 }
 
 /// summary.json's `load`: the mode, `--sweep`, and what the sweep noted (only when it did).
@@ -521,6 +525,9 @@ pub(crate) struct ServeSummary {
     /// The worker's own numbers over the whole run (only with `--worker-metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) worker: Option<super::worker::WorkerDoc>,
+    /// Only when the worker's scrapes reached a bound (rows not held or not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
 }
 
 /// How a serve run ended.

@@ -65,3 +65,17 @@ pub(crate) struct WorkerTiming {
     /// The width of the worker's p50 bucket (`null` when it fell in `+Inf`).
     pub(crate) bucket_width_seconds: Option<f64>,
 }
+
+/// What the worker's scrapes could not keep (summary.json `worker_metrics_limits`, only
+/// when a bound was reached): the rows held for the worker's numbers are capped per
+/// scraped worker (docs/output.md), and at most a few scrapes wait for the file's writer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WorkerLimits {
+    /// The first cap reached, in words; null when only the writer fell behind.
+    pub(crate) cap_reached: Option<String>,
+    /// Samples the worker's numbers would read that were not held (still written to
+    /// worker_metrics.parquet): the numbers are over the rest.
+    pub(crate) samples_not_held: u64,
+    /// Samples not written to worker_metrics.parquet either (its writer fell behind).
+    pub(crate) samples_not_written: u64,
+}
