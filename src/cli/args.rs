@@ -200,9 +200,10 @@ pub struct SyntheticArgs {
     /// Add `"min_tokens"` = --output-tokens (vLLM, SGLang).
     #[arg(long)]
     pub min_tokens: bool,
-    /// The API the prompts are written for.
-    #[arg(long, value_enum, default_value_t = PromptApi::Completions)]
-    pub api: PromptApi,
+    /// The API the prompts are written for. Default: the one --endpoint's path names
+    /// (`.../chat/completions`: chat, `.../completions`: completions), else completions.
+    #[arg(long, value_enum)]
+    pub api: Option<PromptApi>,
     #[command(flatten)]
     pub out: PlanOutArgs,
 }

@@ -90,13 +90,8 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
             _ => String::new(),
         }
     );
-    write(
-        &a.out,
-        &endpoint,
-        read.format.api(),
-        &read.prompts,
-        (description, lines),
-    )
+    let api = read.format.api();
+    write(&a.out, &endpoint, api, read.prompts, (description, lines))
 }
 
 fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
@@ -126,9 +121,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
             "--prefix-groups goes with --shared-prefix-tokens P (the tokens each group shares)",
         ));
     }
-    if !a.input_stddev.is_finite() || a.input_stddev < 0.0 {
-        return Err(usage("--input-stddev must be a number >= 0"));
-    }
+    check_stddev(a)?;
     if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= a.input_tokens {
         return Err(usage(format!(
             "--shared-prefix-tokens {} must be below --input-tokens {}",
@@ -145,10 +138,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
             a.shared_prefix_tokens, counter.lead
         )));
     }
-    let api = match a.api {
-        PromptApi::Completions => Api::Completions,
-        PromptApi::Chat => Api::Chat,
-    };
+    let api = synthetic_api(a, &endpoint)?;
     let opts = synthetic::Options {
         input_tokens: a.input_tokens,
         input_stddev: a.input_stddev,
@@ -199,7 +189,48 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
             ""
         }
     );
-    write(&a.out, &endpoint, api, &prompts, (description, lines))
+    write(&a.out, &endpoint, api, prompts, (description, lines))
+}
+
+/// `--api`, or the API `--endpoint`'s path names, else completions; an `--api` the path
+/// contradicts is refused.
+fn synthetic_api(a: &SyntheticArgs, endpoint: &crate::model::Endpoint) -> Result<Api, CliError> {
+    let from_path = Api::of_endpoint(endpoint);
+    let Some(given) = a.api else {
+        return Ok(from_path.unwrap_or(Api::Completions));
+    };
+    let given = match given {
+        PromptApi::Completions => Api::Completions,
+        PromptApi::Chat => Api::Chat,
+    };
+    if let Some(p) = from_path.filter(|p| *p != given) {
+        return Err(usage(format!(
+            "--api {} does not match --endpoint {}, a path of the {} API: drop --api (the endpoint's path decides) or give --endpoint an origin or the {} API's path",
+            given.name(),
+            a.out.endpoint,
+            p.name(),
+            given.name()
+        )));
+    }
+    Ok(given)
+}
+
+/// `--input-stddev` from 0 to `--input-tokens`: a wider spread would only clamp.
+fn check_stddev(a: &SyntheticArgs) -> Result<(), CliError> {
+    if !a.input_stddev.is_finite() || a.input_stddev < 0.0 || a.input_stddev > a.input_tokens as f64
+    {
+        // As typed, near enough: 1e300 in full would be 301 digits.
+        let given = if a.input_stddev.abs() >= 1e15 {
+            format!("{:e}", a.input_stddev)
+        } else {
+            a.input_stddev.to_string()
+        };
+        return Err(usage(format!(
+            "--input-stddev {given} is out of range: give a number from 0 to --input-tokens ({}); a wider spread would clamp most lengths to the shortest or the longest prompt instead of drawing them",
+            a.input_tokens
+        )));
+    }
+    Ok(())
 }
 
 /// What both commands check before reading or making anything: `--out`, `--endpoint`,
@@ -229,7 +260,7 @@ fn write(
     o: &PlanOutArgs,
     endpoint: &crate::model::Endpoint,
     api: Api,
-    prompts: &[Prompt],
+    prompts: Vec<Prompt>,
     (description, mut lines): (String, Vec<String>),
 ) -> Result<Exit, CliError> {
     if prompts.is_empty() {
@@ -254,9 +285,9 @@ fn write(
         bearer_token_env: None,
         metadata,
     };
+    let n = prompts.len();
     let (bytes, plan) =
         dataset::capture_plan(head, &budget, endpoint, api, prompts).map_err(usage)?;
-    let n = prompts.len();
     lines.push(format!(
         "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",
         Shape::Plain.planned_requests(&plan),

@@ -15,6 +15,10 @@ use super::load::{Load, Mode};
 use crate::model::{ConnectionPolicy, Endpoint, JudgedBy, Level, Slo};
 use crate::oracle::{Oracle, Pointer};
 
+/// Largest plan file accepted (`validate`, `replay`, `report`): a plan describes
+/// requests; it does not carry bulk data. `freeze` and `plan` refuse to write a larger one.
+pub(crate) const MAX_PLAN_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnFailure {
     /// The first failure stops new dispatch; admitted requests drain; later phases are skipped.

@@ -93,6 +93,9 @@ struct Line {
     max_tokens: Option<u64>,
 }
 
+/// UTF-8's byte order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// Read `path` into prompts.
 pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, String> {
     let name = path.display();
@@ -112,13 +115,21 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
             break;
         }
         number += 1;
-        let at = offset;
+        // A UTF-8 byte order mark before the first line (as Windows editors save) is not
+        // part of the JSON.
+        let bom = if number == 1 && buf.starts_with(BOM) {
+            BOM.len()
+        } else {
+            0
+        };
+        let line = &buf[bom..];
+        let at = offset + bom as u64;
         offset += n as u64;
-        if buf.iter().all(u8::is_ascii_whitespace) {
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match parse(&buf, &mut format, opts) {
-            Ok(_) => good.push((number, at, n)),
+        match parse(line, &mut format, opts) {
+            Ok(_) => good.push((number, at, n - bom)),
             Err(why) if opts.skip_bad => {
                 skipped += 1;
                 if first_skipped.len() < 5 {
@@ -256,4 +267,45 @@ fn first_human_turn(conversations: &Value) -> Result<String, String> {
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .ok_or_else(|| "conversations has no human turn with a non-empty value".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_byte_order_mark_before_the_first_line_is_not_json() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("bom.jsonl");
+        let mut bytes = BOM.to_vec();
+        bytes.extend_from_slice(b"{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n");
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        let opts = Options {
+            format: None,
+            limit: None,
+            seed: None,
+            skip_bad: false,
+            output_len_from: None,
+        };
+        let ask = Ask {
+            model: None,
+            max_tokens: None,
+            stream: false,
+            temperature: None,
+            ignore_eos: false,
+            min_tokens: false,
+        };
+        let d = read(&path, &opts, &ask).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.format, Format::Completion);
+        let prompts: Vec<&Value> = d.prompts.iter().map(|p| &p.body["prompt"]).collect();
+        assert_eq!(prompts, [&json!("one"), &json!("two")]);
+        // Only before the first line: elsewhere it is a bad line, named.
+        let path = dir.path().join("mid.jsonl");
+        let mut bytes = b"{\"prompt\": \"one\"}\n".to_vec();
+        bytes.extend_from_slice(BOM);
+        bytes.extend_from_slice(b"{\"prompt\": \"two\"}\n");
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        let err = read(&path, &opts, &ask).err().unwrap_or_default();
+        assert!(err.contains("mid.jsonl:2: not valid JSON"), "{err}");
+    }
 }

@@ -27,6 +27,28 @@ pub(crate) enum Api {
 }
 
 impl Api {
+    /// The API an endpoint's path names (`.../chat/completions`, `.../completions`), if
+    /// any.
+    pub(crate) fn of_endpoint(endpoint: &Endpoint) -> Option<Api> {
+        let path = endpoint.path_and_query.split('?').next().unwrap_or("");
+        let path = path.trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            Some(Api::Chat)
+        } else if path.ends_with("/completions") {
+            Some(Api::Completions)
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Raw => "raw request",
+        }
+    }
+
     fn default_path(self) -> Option<&'static str> {
         match self {
             Api::Chat => Some("/v1/chat/completions"),
@@ -103,15 +125,38 @@ pub(crate) struct Prompt {
 }
 
 /// A capture plan of one case holding every prompt as a variant. The endpoint's path
-/// is the API's default when `--endpoint` names only an origin.
+/// is the API's default when `--endpoint` names only an origin. A plan past
+/// [`MAX_PLAN_BYTES`](crate::config::plan::MAX_PLAN_BYTES) is refused before it is whole.
 pub(crate) fn capture_plan(
-    mut head: Head,
+    head: Head,
     budget: &Budget,
     endpoint: &Endpoint,
     api: Api,
-    prompts: &[Prompt],
+    prompts: Vec<Prompt>,
+) -> Result<(Vec<u8>, Plan), String> {
+    let limit = crate::config::plan::MAX_PLAN_BYTES;
+    capture_plan_within(head, budget, (endpoint, api), prompts, limit)
+}
+
+/// [`capture_plan`] with the plan's size limit given (tests lower it).
+fn capture_plan_within(
+    mut head: Head,
+    budget: &Budget,
+    (endpoint, api): (&Endpoint, Api),
+    prompts: Vec<Prompt>,
+    limit: u64,
 ) -> Result<(Vec<u8>, Plan), String> {
     let origin_only = endpoint.path_and_query == "/";
+    if let Some(p) = Api::of_endpoint(endpoint).filter(|p| api != Api::Raw && *p != api) {
+        return Err(format!(
+            "--endpoint {} is a path of the {} API, but the prompts are written for the {} API: give --endpoint an origin or the {} API's path ({})",
+            endpoint.url(),
+            p.name(),
+            api.name(),
+            api.name(),
+            api.default_path().unwrap_or("")
+        ));
+    }
     let url = match (origin_only, api.default_path()) {
         (true, Some(p)) => endpoint.with_path(p).url(),
         (true, None) => {
@@ -124,12 +169,14 @@ pub(crate) fn capture_plan(
     };
     head.endpoint = url;
     let mut plan = head_map(&head, budget);
+    let count = prompts.len();
+    // The prompts move into the plan (never two copies of every body).
     let variants: Vec<Value> = prompts
-        .iter()
+        .into_iter()
         .map(|p| {
             let mut v = Map::new();
             v.insert("name".into(), json!(p.name));
-            v.insert("request".into(), p.body.clone());
+            v.insert("request".into(), p.body);
             if let Some(n) = p.prompt_tokens {
                 v.insert("prompt_tokens".into(), json!(n));
             }
@@ -140,9 +187,13 @@ pub(crate) fn capture_plan(
         "cases".into(),
         json!([{"name": api.case_name(), "variants": variants}]),
     );
-    let mut bytes = serde_json::to_vec_pretty(&Value::Object(plan))
-        .map_err(|e| format!("cannot write the plan: {e}"))?;
-    bytes.push(b'\n');
+    let plan = Value::Object(plan);
+    let bytes = crate::freeze::plan_bytes(&plan, limit).map_err(|e| {
+        format!(
+            "{e}: its {count} prompts take more; ask for fewer (--limit, --count) or shorter ones"
+        )
+    })?;
+    drop(plan);
     let plan = Plan::from_json_bytes(&bytes)
         .map_err(|e| format!("the plan does not validate, so it is not written: {e}"))?;
     Ok((bytes, plan))
@@ -204,6 +255,121 @@ impl Seeded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn head() -> Head {
+        let mut metadata = Map::new();
+        crate::freeze::fill_metadata(&mut metadata, &mut Vec::new());
+        Head {
+            description: "d".into(),
+            endpoint: String::new(),
+            health_endpoint: None,
+            bearer_token_env: None,
+            metadata,
+        }
+    }
+
+    fn budget() -> Budget {
+        Budget {
+            concurrency: vec![1],
+            requests_per_case: 4,
+            repetitions: 2,
+            warmup_per_case: 2,
+            timeout_seconds: 60.0,
+            connection: crate::model::ConnectionPolicy::KeepAlive,
+        }
+    }
+
+    fn prompts(n: usize, api: Api) -> Vec<Prompt> {
+        let ask = Ask {
+            model: Some("m".into()),
+            max_tokens: Some(4),
+            stream: false,
+            temperature: Some(0.0),
+            ignore_eos: false,
+            min_tokens: false,
+        };
+        (0..n)
+            .map(|i| Prompt {
+                name: format!("p-{i}"),
+                body: ask.body(
+                    api,
+                    json!(format!("prompt number {i} {}", "x".repeat(200))),
+                    None,
+                ),
+                prompt_tokens: None,
+            })
+            .collect()
+    }
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint::parse(url).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_plan_past_the_size_limit_is_refused_naming_the_limit() {
+        let e = endpoint("http://127.0.0.1:8000");
+        let at = (&e, Api::Completions);
+        let (bytes, plan) = capture_plan_within(
+            head(),
+            &budget(),
+            at,
+            prompts(40, Api::Completions),
+            1 << 20,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plan.cases.len(), 1);
+        let size = bytes.len() as u64;
+        assert_eq!(
+            capture_plan_within(head(), &budget(), at, prompts(40, Api::Completions), size)
+                .map(|(b, _)| b.len() as u64)
+                .ok(),
+            Some(size),
+            "a plan of exactly the limit is written"
+        );
+        let err = capture_plan_within(
+            head(),
+            &budget(),
+            at,
+            prompts(40, Api::Completions),
+            size - 1,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(
+            err.contains(&format!("larger than {} bytes", size - 1))
+                && err.contains("not written")
+                && err.contains("its 40 prompts"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn prompts_for_one_api_are_refused_at_the_other_apis_path() {
+        let chat = endpoint("http://h:1/v1/chat/completions");
+        assert_eq!(Api::of_endpoint(&chat), Some(Api::Chat));
+        assert_eq!(
+            Api::of_endpoint(&endpoint("http://h:1/v1/completions/")),
+            Some(Api::Completions)
+        );
+        assert_eq!(Api::of_endpoint(&endpoint("http://h:1/generate")), None);
+        assert_eq!(Api::of_endpoint(&endpoint("http://h:1")), None);
+        let err = capture_plan(
+            head(),
+            &budget(),
+            &chat,
+            Api::Completions,
+            prompts(1, Api::Completions),
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(
+            err.contains(
+                "is a path of the chat API, but the prompts are written for the completions API"
+            ) && err.contains("/v1/completions"),
+            "{err}"
+        );
+        assert!(capture_plan(head(), &budget(), &chat, Api::Chat, prompts(1, Api::Chat)).is_ok());
+    }
 
     #[test]
     fn a_seeded_sample_is_fixed_distinct_and_in_range() {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
-pub(crate) use write::{Budget, Head, fill_metadata, head_map};
+pub(crate) use write::{Budget, Head, fill_metadata, head_map, plan_bytes};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;
@@ -162,9 +162,12 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         metadata,
     };
     let value = write::plan_json(&head, &opts.budget, &collected.cases);
-    let mut plan = serde_json::to_vec_pretty(&value)
-        .map_err(|e| FreezeError::Refused(format!("cannot write the plan: {e}")))?;
-    plan.push(b'\n');
+    let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES).map_err(|e| {
+        FreezeError::Refused(format!(
+            "{e}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
+        ))
+    })?;
+    drop(value);
     if let Err(e) = Plan::from_json_bytes(&plan) {
         return Err(FreezeError::Refused(format!(
             "the frozen plan does not validate, so it is not written: {e}"

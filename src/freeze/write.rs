@@ -32,6 +32,52 @@ pub(crate) struct Head {
     pub(crate) metadata: Map<String, Value>,
 }
 
+/// `plan` pretty-printed with a final newline, refused as soon as it passes `limit` bytes
+/// (never a plan `validate` would refuse to read, and never more than `limit` bytes held
+/// for it). The refusal names the limit; the caller adds what to do.
+pub(crate) fn plan_bytes(plan: &Value, limit: u64) -> Result<Vec<u8>, String> {
+    /// A buffer that refuses to grow past its limit.
+    struct Bounded {
+        bytes: Vec<u8>,
+        limit: usize,
+    }
+    impl std::io::Write for Bounded {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.bytes.len() + b.len() > self.limit {
+                return Err(std::io::Error::other(PAST_LIMIT));
+            }
+            self.bytes.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    const PAST_LIMIT: &str = "past the limit";
+    let mut w = Bounded {
+        bytes: Vec::new(),
+        limit: usize::try_from(limit).unwrap_or(usize::MAX),
+    };
+    let too_big = || {
+        let limit = match limit >> 20 {
+            0 => format!("{limit} bytes"),
+            mib => format!("{mib} MiB"),
+        };
+        format!(
+            "the plan would be larger than {limit}, the most `validate` and `replay` read, so it is not written"
+        )
+    };
+    serde_json::to_writer_pretty(&mut w, plan).map_err(|e| {
+        if e.io_error_kind().is_some() {
+            too_big()
+        } else {
+            format!("cannot write the plan: {e}")
+        }
+    })?;
+    std::io::Write::write_all(&mut w, b"\n").map_err(|_| too_big())?;
+    Ok(w.bytes)
+}
+
 /// What a written plan says before its cases, in this order: description, endpoint,
 /// health endpoint and auth (when given), the budget, metadata. `freeze` and `plan`
 /// (datasets) both lay a plan out this way.
@@ -321,6 +367,31 @@ mod tests {
             panic!("{e}\n{v:#}");
         }
         v
+    }
+
+    #[test]
+    fn a_plan_past_the_limit_is_refused_before_it_is_whole() {
+        let v = json!({"a": "x".repeat(1000)});
+        let whole = plan_bytes(&v, 10_000).unwrap_or_default();
+        assert!(whole.ends_with(b"\n") && whole.len() > 1000);
+        assert_eq!(plan_bytes(&v, whole.len() as u64).ok(), Some(whole.clone()));
+        let err = plan_bytes(&v, whole.len() as u64 - 1)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains(&format!("larger than {} bytes", whole.len() - 1)),
+            "{err}"
+        );
+        let err = plan_bytes(&v, 500).err().unwrap_or_default();
+        assert!(
+            err.contains("the most `validate` and `replay` read"),
+            "{err}"
+        );
+        assert!(plan_bytes(&json!({}), 64 << 20).is_ok());
+        let err = plan_bytes(&json!({"a": "x".repeat(2 << 20)}), 1 << 20)
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("larger than 1 MiB"), "{err}");
     }
 
     fn list(v: Option<&Value>) -> Vec<&str> {

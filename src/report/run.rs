@@ -20,8 +20,7 @@ use crate::config::shape::Shape;
 use crate::record::read::{RowFacts, read_row_facts};
 use crate::record::rundir::{self, CAMPAIGN, CONFIG, EXCHANGES, PLAN, SUMMARY};
 
-/// Largest plan file accepted.
-pub(crate) const MAX_PLAN_BYTES: u64 = 64 << 20;
+pub(crate) use crate::config::plan::MAX_PLAN_BYTES;
 
 /// Why a finished run (or a file of one) cannot be read or used.
 #[derive(Debug, Clone, thiserror::Error)]

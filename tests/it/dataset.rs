@@ -636,3 +636,67 @@ fn a_dataset_is_captured_frozen_and_replayed_green() {
     assert_eq!(again_m["differing"], again_m["compared"], "{again_m}");
     assert_eq!(again_m["max_abs_diff"], m["max_abs_diff"], "{again_m}");
 }
+
+#[test]
+fn synthetic_takes_the_api_from_the_endpoint_and_refuses_what_it_cannot_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = test_tokenizer(tmp.path());
+    let base = |endpoint: &str, extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "synthetic",
+            "--tokenizer",
+            s(&path),
+            "--input-tokens",
+            "16",
+            "--output-tokens",
+            "2",
+            "--count",
+            "2",
+            "--endpoint",
+        ];
+        a.push(endpoint);
+        a.extend(extra);
+        a.iter().map(|x| x.to_string()).collect::<Vec<String>>()
+    };
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    // A chat endpoint without --api: chat messages, not a completion prompt.
+    let a = base("http://127.0.0.1:9/v1/chat/completions", &[]);
+    let (p, _) = plan(&args(&a)[1..]);
+    let v = &variants(&p)[0]["request"];
+    assert!(
+        v["messages"][0]["content"].is_string() && v["prompt"].is_null(),
+        "{v}"
+    );
+    // A completions endpoint, and an origin, keep completions.
+    for e in ["http://127.0.0.1:9/v1/completions", "http://127.0.0.1:9"] {
+        let a = base(e, &[]);
+        let (p, _) = plan(&args(&a)[1..]);
+        assert!(variants(&p)[0]["request"]["prompt"].is_string(), "{e}");
+    }
+    // --api against the endpoint's path is refused, naming both.
+    let a = base(
+        "http://127.0.0.1:9/v1/chat/completions",
+        &["--api", "completions"],
+    );
+    let (code, _, err) = run(&args(&a));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--api completions does not match --endpoint http://127.0.0.1:9/v1/chat/completions, a path of the chat API"),
+        "{err}"
+    );
+    // A spread wider than the lengths themselves is refused, naming the flag and the range.
+    for spread in ["1e300", "17", "-1", "NaN"] {
+        let flag = format!("--input-stddev={spread}");
+        let a = base("http://127.0.0.1:9", &[&flag]);
+        let (code, _, err) = run(&args(&a));
+        assert_eq!(code, Some(2), "{spread}: {err}");
+        assert!(
+            err.contains(&format!("--input-stddev {spread} is out of range"))
+                && err.contains("from 0 to --input-tokens (16)"),
+            "{spread}: {err}"
+        );
+    }
+}
