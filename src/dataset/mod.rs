@@ -207,10 +207,6 @@ impl Seeded {
         Seeded(ChaCha8Rng::seed_from_u64(seed))
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-
     /// Uniform in `0..n` (`n > 0`), without modulo bias.
     pub(crate) fn below(&mut self, n: u64) -> u64 {
         let zone = u64::MAX - u64::MAX % n;

@@ -5,8 +5,10 @@
 //! bounded number of tries: a count is never approximate. Counts include the special
 //! tokens the tokenizer's post-processor adds (a BOS), as a server counts a completion
 //! prompt. Shared prefixes (prefix-cache studies) make every prompt of a group start with
-//! the same `P` tokens; `--cache-bust` starts every prompt with its own seeded tag, so no
-//! two share a cached prefix.
+//! the same `P` tokens; `--cache-bust` starts every prompt with its own seeded tag of words
+//! from the tokenizer's own vocabulary, checked to differ from every other tag in its
+//! first token ids (text that differs can still encode alike: hex digits a vocabulary
+//! lacks are all its unknown token), so no two share a cached prefix.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -26,6 +28,11 @@ const ADJUSTMENTS: usize = 8;
 /// The most prompts, and the most tokens in one prompt, a plan may ask for.
 pub(crate) const MAX_COUNT: u64 = 1_000_000;
 pub(crate) const MAX_TOKENS: u64 = 1 << 20;
+/// Vocabulary words a cache-bust tag is drawn from (at most), words in one tag, and draws
+/// of one tag before giving up.
+const TAG_WORDS: usize = 4096;
+const TAG_LEN: usize = 4;
+const TAG_TRIES: usize = 1000;
 
 /// What `plan synthetic` was asked for.
 #[derive(Debug, Clone)]
@@ -86,6 +93,61 @@ impl Counter {
             sentences,
             tk,
         })
+    }
+
+    /// Words of the vocabulary a cache-bust tag is drawn from: in id order, the tokens
+    /// that decode to a plain ASCII word (letters or digits) which encodes back to that
+    /// one token alone; at most [`TAG_WORDS`].
+    fn tag_words(&self) -> Result<Vec<String>, String> {
+        let mut words = Vec::new();
+        let mut seen = HashSet::new();
+        for id in 0..self.tk.get_vocab_size(true) as u32 {
+            let Ok(text) = self.tk.decode(&[id], true) else {
+                continue;
+            };
+            let w = text.trim();
+            if w.is_empty() || w.len() > 16 || !w.chars().all(|c| c.is_ascii_alphanumeric()) {
+                continue;
+            }
+            let alone = self.tk.encode(w, false).map_err(|e| e.to_string())?;
+            if alone.get_ids() == [id] && seen.insert(w.to_string()) {
+                words.push(w.to_string());
+                if words.len() >= TAG_WORDS {
+                    break;
+                }
+            }
+        }
+        if words.len() < 2 {
+            return Err("--cache-bust: the tokenizer's vocabulary has fewer than 2 plain words (ASCII letters or digits that encode to one token) to draw tags from".into());
+        }
+        Ok(words)
+    }
+
+    /// A cache-bust tag whose first token ids no earlier tag had (`taken`): words of
+    /// `words` drawn by `rng`, redrawn a bounded number of times.
+    fn tag(
+        &self,
+        words: &[String],
+        taken: &mut HashSet<Vec<u32>>,
+        rng: &mut Seeded,
+    ) -> Result<String, String> {
+        // The first tokens a server's prefix cache would share: the leading specials and
+        // the tag's first words.
+        let key_len = 4.max(self.lead + 2);
+        for _ in 0..TAG_TRIES {
+            let drawn: Vec<&str> = (0..TAG_LEN)
+                .map(|_| words[rng.below(words.len() as u64) as usize].as_str())
+                .collect();
+            let tag = format!("{} ", drawn.join(" "));
+            let ids = self.ids(&tag)?;
+            if taken.insert(ids[..ids.len().min(key_len)].to_vec()) {
+                return Ok(tag);
+            }
+        }
+        Err(format!(
+            "--cache-bust: no tag with first tokens unlike every earlier prompt's after {TAG_TRIES} draws from {} words of the vocabulary; ask for fewer prompts",
+            words.len()
+        ))
     }
 
     /// Tokens of `text` as a server counts a prompt (special tokens included).
@@ -191,6 +253,11 @@ pub(crate) fn generate(
     let prefixes: Vec<(String, Vec<u32>)> = (0..groups)
         .map(|_| counter.prefix(p, &mut rng))
         .collect::<Result<_, String>>()?;
+    let tag_words = if opts.cache_bust && p == 0 {
+        counter.tag_words()?
+    } else {
+        Vec::new()
+    };
     let mut tags = HashSet::new();
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(opts.count.min(1 << 16) as usize);
@@ -199,12 +266,7 @@ pub(crate) fn generate(
         let head = if let Some((text, _)) = group {
             text.clone()
         } else if opts.cache_bust {
-            loop {
-                let t = format!("[{:016x}] ", rng.next_u64());
-                if tags.insert(t.clone()) {
-                    break t;
-                }
-            }
+            counter.tag(&tag_words, &mut tags, &mut rng)?
         } else {
             String::new()
         };

@@ -180,17 +180,17 @@ fn synthetic_prompts_count_exactly_under_the_tokenizer() {
         .collect();
     assert!(lens.len() > 5, "{lens:?}");
 
-    // Cache busting: every prompt starts with its own tag.
+    // Cache busting: every prompt starts with its own first four tokens.
     let (p, _) = with(&["--input-tokens", "48", "--count", "50", "--cache-bust"]);
-    let tags: HashSet<String> = variants(&p)
+    let heads: HashSet<Vec<u32>> = variants(&p)
         .iter()
         .map(|v| {
-            let text = v["request"]["prompt"].as_str().unwrap();
-            assert_eq!(ids(&tk, text).len(), 48);
-            text.split(']').next().unwrap().to_string()
+            let ids = ids(&tk, v["request"]["prompt"].as_str().unwrap());
+            assert_eq!(ids.len(), 48);
+            ids[..4].to_vec()
         })
         .collect();
-    assert_eq!(tags.len(), 50, "{tags:?}");
+    assert_eq!(heads.len(), 50, "{heads:?}");
 
     // Shared prefixes: the prompts of a group share exactly their first P tokens.
     let (p, _) = with(&[
@@ -699,4 +699,75 @@ fn synthetic_takes_the_api_from_the_endpoint_and_refuses_what_it_cannot_do() {
             "{spread}: {err}"
         );
     }
+}
+
+/// A word-level tokenizer.json over the corpus's words and punctuation, with no digit in
+/// its vocabulary (numbers are its unknown token), written to `dir`.
+fn word_tokenizer(dir: &Path) -> PathBuf {
+    let corpus = include_str!("../../src/dataset/corpus.txt");
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), json!(0));
+    let mut piece = String::new();
+    let add = |p: &mut String, vocab: &mut serde_json::Map<String, Value>| {
+        if !p.is_empty() && !p.chars().any(|c| c.is_ascii_digit()) && !vocab.contains_key(p) {
+            let id = vocab.len();
+            vocab.insert(p.clone(), json!(id));
+        }
+        p.clear();
+    };
+    let mut word = None;
+    for c in corpus.chars() {
+        let is_word = c.is_alphanumeric() || c == '_';
+        if c.is_whitespace() || word.is_some_and(|w| w != is_word) {
+            add(&mut piece, &mut vocab);
+        }
+        word = (!c.is_whitespace()).then_some(is_word);
+        if !c.is_whitespace() {
+            piece.push(c);
+        }
+    }
+    add(&mut piece, &mut vocab);
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let path = dir.join("words.json");
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    path
+}
+
+/// Cache-bust tags differ as tokens, not only as text: under a vocabulary without hex
+/// digits, 40 prompts have 40 distinct first-four-token heads (hex tags once gave 22).
+#[test]
+fn cache_bust_tags_differ_in_their_first_tokens_under_any_vocabulary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = word_tokenizer(tmp.path());
+    let tk = tokenizers::Tokenizer::from_file(&path).unwrap();
+    let (p, _) = plan(&[
+        "synthetic",
+        "--tokenizer",
+        s(&path),
+        "--input-tokens",
+        "40",
+        "--output-tokens",
+        "8",
+        "--count",
+        "40",
+        "--cache-bust",
+        "--endpoint",
+        "http://127.0.0.1:9/v1/completions",
+    ]);
+    let heads: HashSet<Vec<u32>> = variants(&p)
+        .iter()
+        .map(|v| {
+            let ids = ids(&tk, v["request"]["prompt"].as_str().unwrap());
+            assert!(!ids[..4].contains(&0), "an unknown token in a tag: {ids:?}");
+            ids[..4].to_vec()
+        })
+        .collect();
+    assert_eq!(heads.len(), 40, "{heads:?}");
 }
