@@ -4,6 +4,7 @@
 //! (`tests/it/fuzz_corpus.rs`), so a finding stays fixed.
 
 mod transducer;
+mod views;
 
 pub use transducer::{
     serve_request, serve_request_forwarded, serve_response, serve_response_forwarded,
@@ -13,6 +14,7 @@ use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::oracle::{Oracle, Pointer};
 use crate::sse::{Event, SseParser};
+use views::{hyper_server_run, runtime};
 
 /// Plan parsing and validation: an error or a plan, never a panic.
 pub fn plan(data: &[u8]) {
@@ -97,14 +99,6 @@ pub fn http1_response_relayed(data: &[u8]) -> bool {
         lean_view(&rt, data, step)
     });
     serve_response_forwarded(data)
-}
-
-/// The current-thread runtime every view of one fuzz input runs on.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the fuzz target")
 }
 
 /// Our reading of `data` (in one read, and split into reads of 1 and 7 bytes) against
@@ -280,58 +274,6 @@ fn request_view(
             expect_continue: h.expect_continue,
             body,
         }))
-    })
-}
-
-/// Every request hyper's HTTP/1 server hands its service (which reads each whole body)
-/// from `data` sent on one connection, then the client's close: each request's parts and
-/// body, whether the connection ended cleanly, and what the server answered.
-pub(crate) type ServerRun = (
-    Vec<(http::request::Parts, Result<Vec<u8>, String>)>,
-    bool,
-    Vec<u8>,
-);
-
-pub(crate) fn hyper_server_run(
-    rt: &tokio::runtime::Runtime,
-    data: &[u8],
-) -> Result<ServerRun, String> {
-    use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let data = data.to_vec();
-    rt.block_on(async move {
-        let (mut client, server) = tokio::io::duplex(data.len() + (64 << 10));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-            let tx = tx.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect().await.map(|b| b.to_bytes().to_vec());
-                let _ = tx.send((parts, body.map_err(|e| e.to_string())));
-                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
-                    bytes::Bytes,
-                >::new()))
-            }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .half_close(true)
-            .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
-        let serving = tokio::spawn(conn);
-        let mut answer = Vec::new();
-        let talk = async {
-            let _ = client.write_all(&data).await;
-            let _ = client.shutdown().await;
-            let _ = client.read_to_end(&mut answer).await;
-            matches!(serving.await, Ok(Ok(())))
-        };
-        let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
-            .await
-            .map_err(|_| "hyper did not finish in 5 s".to_string())?;
-        let mut seen = Vec::new();
-        while let Ok(one) = rx.try_recv() {
-            seen.push(one);
-        }
-        Ok((seen, clean, answer))
     })
 }
 

@@ -202,22 +202,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let recording = run.finish_recording().await;
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
-    let mut table = report::routes::RouteTable::default();
-    let mut rows_read = 0u64;
-    let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
-        rows_read += 1;
-        table.add(&r.method, &r.url, r.status, r.sample)
-    });
-    // A writer that failed reports nothing: what it kept is what reads back.
-    let rows = if recording.problems.is_empty() {
-        recording.stats.rows
-    } else {
-        rows_read
-    };
-    if let Err(e) = read {
-        problems.push(format!("reading the recorded rows back: {e}"));
-    }
-    (stats.routes, stats.ok_total, stats.ok_ttft) = table.finish();
+    let rows = read_back(&dir, &recording, &mut stats, &mut problems);
     // Unknown (null) when the writer failed: its measurement did not come back.
     let slice = recording
         .problems
@@ -241,6 +226,31 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         problems.push(e.to_string());
     }
     serve_stopped(&args, (&stats, &summary), rows, &dir, problems)
+}
+
+/// The closed parts read back into `stats`' routes and percentiles; the rows recorded (a
+/// writer that failed reports nothing: what it kept is what reads back).
+fn read_back(
+    dir: &RunDir,
+    recording: &crate::drivers::RecordingEnd,
+    stats: &mut ServeStats,
+    problems: &mut Vec<String>,
+) -> u64 {
+    let mut table = report::routes::RouteTable::default();
+    let mut rows_read = 0u64;
+    let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
+        rows_read += 1;
+        table.add(&r.method, &r.url, r.status, r.sample)
+    });
+    if let Err(e) = read {
+        problems.push(format!("reading the recorded rows back: {e}"));
+    }
+    (stats.routes, stats.ok_total, stats.ok_ttft) = table.finish();
+    if recording.problems.is_empty() {
+        recording.stats.rows
+    } else {
+        rows_read
+    }
 }
 
 /// What a stopped serve prints, and its exit: 130 (stopped by a signal) unless writing

@@ -54,7 +54,7 @@ pub fn serve_request(data: &[u8]) {
 /// the strict reader, as exactly the requests serve recorded, then one more. Panics
 /// otherwise; returns how many requests serve forwarded.
 pub fn serve_request_forwarded(data: &[u8]) -> usize {
-    let rt = super::runtime();
+    let rt = super::views::runtime();
     let mut most = 0;
     for input in [data.to_vec(), [data, SECOND].concat()] {
         let (wire, recorded) = forward_requests(&input);
@@ -128,7 +128,7 @@ fn forward_requests(input: &[u8]) -> (Vec<u8>, Vec<Req>) {
 /// Every request hyper's HTTP/1 server hands its service from `wire` on one connection,
 /// or why it stopped.
 fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>, String> {
-    let (seen, clean, _) = super::hyper_server_run(rt, wire)?;
+    let (seen, clean, _) = super::views::hyper_server_run(rt, wire)?;
     let mut out = Vec::new();
     for (parts, body) in seen {
         let target = parts.uri.to_string();
@@ -162,7 +162,7 @@ pub fn serve_response_forwarded(data: &[u8]) -> bool {
     let Some((client, recorded)) = relay_response(data) else {
         return false;
     };
-    let rt = super::runtime();
+    let rt = super::views::runtime();
     let wire = [client.as_slice(), NEXT_RESPONSE].concat();
     let want = vec![recorded, (200, b"next".to_vec())];
     let views = [

@@ -105,12 +105,7 @@ pub(super) async fn exchange(
 ) -> bool {
     st.client.wait_backlog().await;
     if let Some(why) = sh.unrecordable() {
-        // A recorder that failed stops unrecorded traffic (`--on-record-fail stop`).
-        sh.count_refused(StatusCode::SERVICE_UNAVAILABLE);
-        let message = format!("recording failed, so serve forwards nothing more: {why}");
-        let status = (StatusCode::SERVICE_UNAVAILABLE, "recording_failed");
-        answer_json(down, status, &message, head.http10, false).await;
-        return false;
+        return refuse_unrecorded(sh, down, &why, head.http10).await;
     }
     let guard = PendingGuard::new(pending);
     let cap = Capture::start(sh.opts.max_record_body, Some(sh.budget.clone()));
@@ -216,6 +211,16 @@ pub(super) async fn exchange(
             keep && complete
         }
     }
+}
+
+/// A recorder that failed stops unrecorded traffic (`--on-record-fail stop`): the request
+/// is answered 503 naming the failure, counted, and its connection closed (`false`).
+async fn refuse_unrecorded(sh: &Shared, down: &mut Down, why: &str, http10: bool) -> bool {
+    sh.count_refused(StatusCode::SERVICE_UNAVAILABLE);
+    let message = format!("recording failed, so serve forwards nothing more: {why}");
+    let status = (StatusCode::SERVICE_UNAVAILABLE, "recording_failed");
+    answer_json(down, status, &message, http10, false).await;
+    false
 }
 
 /// Write the request up (its body streamed as the client sends it, in serve's own
