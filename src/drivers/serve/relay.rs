@@ -37,6 +37,10 @@ pub(super) struct Relayed {
 /// Most bytes queued for one client before serve stops reading its worker (besides the
 /// 64-piece limit): with `--relay-memory`, what a slow client can make serve hold.
 pub(crate) const CONN_BYTES: usize = 1 << 20;
+/// Bytes a connection may queue before they count against `--relay-memory`: a small
+/// answer is queued and written at once and touches no shared counter (so `--relay-memory`
+/// bounds what is queued past 16 KiB per connection).
+const FREE_BYTES: usize = 16 << 10;
 
 /// Most pieces written in one vectored write.
 const IOV: usize = 32;
@@ -55,14 +59,14 @@ pub(super) async fn relay(
     let idle = sh.opts.upstream_idle_timeout;
     let idle_ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
     let last = body.last_read_ns();
-    sh.relay_bytes.fetch_add(head.len(), Ordering::Relaxed);
     let mut r = Relay {
         down,
         conn,
         body,
         cap,
-        queued: head.len(),
-        out: VecDeque::from([head]),
+        queued: 0,
+        counted: 0,
+        out: VecDeque::new(),
         all: &sh.relay_bytes,
         all_cap: sh.opts.relay_memory,
         frames: sh.opts.buffer_frames.max(1),
@@ -72,6 +76,7 @@ pub(super) async fn relay(
         finished: false,
         last,
     };
+    r.queue(head);
     let mut cut = sh.cut.clone();
     let mut cut_wait = pin!(cut.wait_for(|c| *c));
     let mut sleep = pin!(tokio::time::sleep(idle));
@@ -113,7 +118,7 @@ pub(super) async fn relay(
     })
     .await;
     // What never reached the client leaves the count with the relay.
-    sh.relay_bytes.fetch_sub(r.queued, Ordering::Relaxed);
+    r.account(0);
     Relayed {
         complete: r.finished && !r.gone && r.failure.is_none(),
         failure: r.failure,
@@ -129,8 +134,10 @@ struct Relay<'a> {
     body: &'a mut BodyRelay,
     cap: &'a mut Capture,
     out: VecDeque<Bytes>,
-    /// Bytes queued here, and in all of serve's relays (`--relay-memory` bounds that).
+    /// Bytes queued here; of them, those past [`FREE_BYTES`] counted in all of serve's
+    /// relays (`--relay-memory` bounds that count).
     queued: usize,
+    counted: usize,
     all: &'a AtomicUsize,
     all_cap: usize,
     frames: usize,
@@ -153,7 +160,26 @@ impl Relay<'_> {
         self.queued == 0
             || (self.out.len() < self.frames
                 && self.queued < CONN_BYTES
-                && self.all.load(Ordering::Relaxed) < self.all_cap)
+                && (self.queued < FREE_BYTES || self.all.load(Ordering::Relaxed) < self.all_cap))
+    }
+
+    /// Queue a piece for the client.
+    fn queue(&mut self, b: Bytes) {
+        self.account(self.queued + b.len());
+        self.out.push_back(b);
+    }
+
+    /// Set this relay's queued bytes to `queued`, and the shared count by what changed past
+    /// [`FREE_BYTES`] (a small answer, queued and written at once, never touches it).
+    fn account(&mut self, queued: usize) {
+        self.queued = queued;
+        let counted = queued.saturating_sub(FREE_BYTES);
+        if counted > self.counted {
+            self.all.fetch_add(counted - self.counted, Ordering::Relaxed);
+        } else if counted < self.counted {
+            self.all.fetch_sub(self.counted - counted, Ordering::Relaxed);
+        }
+        self.counted = counted;
     }
 
     /// Move what can move without waiting. `Some`: the relay is over; `None`: nothing
@@ -221,8 +247,7 @@ impl Relay<'_> {
                     if !self.may_read() {
                         self.last = clock::now_ns();
                     }
-                    self.queued -= w;
-                    self.all.fetch_sub(w, Ordering::Relaxed);
+                    self.account(self.queued - w);
                     while w > 0 {
                         let front = &mut self.out[0];
                         let k = w.min(front.len());
@@ -249,9 +274,7 @@ impl Relay<'_> {
         match self.body.poll_next(self.conn, cx, self.cap) {
             Poll::Ready(Ok(Some(b))) => {
                 if !b.is_empty() {
-                    self.queued += b.len();
-                    self.all.fetch_add(b.len(), Ordering::Relaxed);
-                    self.out.push_back(b);
+                    self.queue(b);
                 }
                 self.last = self.last.max(self.body.last_read_ns());
             }
@@ -261,9 +284,7 @@ impl Relay<'_> {
                 Some(m) => self.failure = Some(ExchangeError::upstream_message(m)),
                 None => {
                     if self.body.last_chunk_pending() {
-                        self.queued += LAST_CHUNK.len();
-                        self.all.fetch_add(LAST_CHUNK.len(), Ordering::Relaxed);
-                        self.out.push_back(Bytes::from_static(LAST_CHUNK));
+                        self.queue(Bytes::from_static(LAST_CHUNK));
                     }
                     self.finished = true;
                 }

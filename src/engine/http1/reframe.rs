@@ -309,7 +309,8 @@ pub(crate) fn response_head<'a>(
             .filter(|(n, _)| *n != "content-length" && *n != "transfer-encoding"),
     );
     if let Some(n) = framing.length {
-        b.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+        use std::io::Write;
+        let _ = write!(b, "content-length: {n}\r\n");
     }
     if framing.body == Reframe::Chunks {
         b.extend_from_slice(b"transfer-encoding: chunked\r\n");
