@@ -414,8 +414,8 @@ pub struct ServeArgs {
     /// Bytes of recorded bodies held in memory at once, across all exchanges.
     #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
     pub record_memory: usize,
-    /// Bytes of response bodies queued for slow clients at once, across all connections
-    /// (each connection also holds at most 64 pieces and 1 MiB); past it, relays read
+    /// Bytes of response bodies queued for slow clients at once, across all connections,
+    /// past 16 KiB each (each connection also holds at most 64 pieces and 1 MiB); past it, relays read
     /// their workers only as their clients take what is queued. Default: an eighth of the
     /// memory this process may use, at most 1 GiB.
     #[arg(long, value_name = "BYTES")]

@@ -175,9 +175,11 @@ impl Relay<'_> {
         self.queued = queued;
         let counted = queued.saturating_sub(FREE_BYTES);
         if counted > self.counted {
-            self.all.fetch_add(counted - self.counted, Ordering::Relaxed);
+            self.all
+                .fetch_add(counted - self.counted, Ordering::Relaxed);
         } else if counted < self.counted {
-            self.all.fetch_sub(self.counted - counted, Ordering::Relaxed);
+            self.all
+                .fetch_sub(self.counted - counted, Ordering::Relaxed);
         }
         self.counted = counted;
     }
