@@ -79,10 +79,12 @@ pub(crate) fn request_fields(h: &mut HeaderMap, uri: &Uri, framing: BodyFraming)
     super::strip_hop_by_hop(h);
     h.remove(header::EXPECT);
     set_request_length(h, framing);
-    if let Some(v) = uri
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    {
+    // Host and port only: an authority's userinfo (`user:password@`) is a secret, never a
+    // field that goes up or is recorded.
+    if let Some(v) = uri.authority().and_then(|a| {
+        let hostport = a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h);
+        HeaderValue::from_str(hostport).ok()
+    }) {
         h.insert(header::HOST, v);
     }
 }
@@ -366,6 +368,15 @@ mod tests {
             h.append(*n, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn an_absolute_form_userinfo_never_becomes_host() {
+        let mut h = map(&[("host", "client.example")]);
+        let uri: Uri = "http://user:s3cret@target.example:8080/p".parse().unwrap();
+        request_fields(&mut h, &uri, BodyFraming::Length(0));
+        assert_eq!(h[header::HOST], "target.example:8080");
+        assert_eq!(origin_form(&uri), "/p");
     }
 
     #[test]
