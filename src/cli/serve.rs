@@ -203,6 +203,12 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
     let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
     stats.record_error = run.record_error();
     let rows = read_back(&dir, &recording, &mut stats, &mut problems);
+    // Every exchange forwarded and neither recorded nor dropped went unrecorded, whether
+    // the stopped writer refused its row or lost it from its queue or open part.
+    stats.unrecorded = stats
+        .requests
+        .saturating_sub(rows + stats.dropped_rows)
+        .max(stats.unrecorded);
     // Unknown (null) when the writer failed: its measurement did not come back.
     let slice = recording
         .problems
@@ -267,7 +273,7 @@ fn serve_stopped(
     {
         problems.push(e);
     }
-    let unrecorded = stats.requests.saturating_sub(rows + stats.dropped_rows);
+    let unrecorded = stats.unrecorded;
     if !args.run.quiet || stats.dropped_rows > 0 || unrecorded > 0 {
         eprintln!(
             "matrix-proxy: stopped: {} forwarded, {} recorded, {} unrecorded, {} dropped (--on-record-full drop), {} refused unforwarded, in {}",

@@ -188,6 +188,11 @@ async fn accept_until_stopped(
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.opts.max_connections.max(1),
     ));
+    // One timer for the whole loop: a sleep made anew each turn never fires while accepts
+    // and closing connections keep the loop busy, and the stop would go unseen.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failure_said = false;
     loop {
         tokio::select! {
             accepted = async {
@@ -213,7 +218,7 @@ async fn accept_until_stopped(
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {
+            _ = tick.tick() => {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
@@ -223,6 +228,12 @@ async fn accept_until_stopped(
                         "matrix-proxy: recording failed: {why}; serve forwards nothing more (new requests are answered 503), lets the exchanges in flight finish and stops (--on-record-fail forward keeps forwarding)"
                     );
                     return;
+                }
+                if !failure_said && let Some(why) = shared.run.recorder.failure() {
+                    failure_said = true;
+                    eprintln!(
+                        "matrix-proxy: recording failed: {why}; serve keeps forwarding (--on-record-fail forward) and counts every unrecorded exchange"
+                    );
                 }
             }
         }

@@ -112,7 +112,7 @@ pub(super) struct Shared {
     pub(super) origin_len: usize,
     /// `Host` for the upstream (its authority), when a request needs one.
     pub(super) upstream_host: Option<HeaderValue>,
-    /// Requests serve answered itself without forwarding (400, 405, 408, 431, 501, 503),
+    /// Requests serve answered itself without forwarding (400, 405, 431, 501, 503),
     /// by status: a few statuses, so a short lock per refusal.
     pub(super) refused: Mutex<BTreeMap<u16, u64>>,
     /// Messages whose trailer fields serve dropped (it writes the framing itself).
