@@ -298,7 +298,10 @@ mod tests {
         let d = read(&path, &opts, &ask).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.format, Format::Completion);
         let bodies: Vec<&Value> = d.prompts.iter().map(|p| &p.body).collect();
-        assert_eq!(bodies, [&json!({"prompt": "one"}), &json!({"prompt": "two"})]);
+        assert_eq!(
+            bodies,
+            [&json!({"prompt": "one"}), &json!({"prompt": "two"})]
+        );
         // Only before the first line: elsewhere it is a bad line, named.
         let path = dir.path().join("mid.jsonl");
         let mut bytes = b"{\"prompt\": \"one\"}\n".to_vec();
