@@ -96,6 +96,8 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         oracle_mismatch_pointer: None,
         decisions: None,
         prompt_tokens_planned: None,
+        answer_usage: None,
+        oracle_passed: None,
         memory: None,
     }
 }

@@ -30,9 +30,9 @@ pub(crate) struct Sample {
     /// The answer's decisions (the seed's domain unit); `None` when it was not judged as
     /// JSON, which counts as 0.
     pub(crate) decisions: Option<u64>,
-    /// `usage` of a JSON answer: (prompt tokens, output tokens), when it reported them
-    /// (campaign runs read it; streams carry theirs in `stream`).
-    pub(crate) usage_tokens: Option<(i64, i64)>,
+    /// `usage` of a JSON answer: (prompt tokens if reported, output tokens), when it
+    /// reported them (streams carry theirs in `stream`).
+    pub(crate) usage_tokens: Option<(Option<i64>, i64)>,
     /// A failure's message (campaign cells list the distinct ones).
     pub(crate) failure: Option<String>,
     /// Open loop: the intended send time on the run's clock (`start_offset_us` is the

@@ -401,3 +401,26 @@ pub(crate) fn url_path(url: &str) -> &str {
     let rest = rest.split(['?', '#']).next().unwrap_or("");
     rest.find('/').map_or("/", |i| &rest[i..])
 }
+
+/// What a JSON answer's `usage` says, (prompt tokens when reported, completion tokens),
+/// read from its bytes without building the document (serde skips every other member). `None` when the body is
+/// not a JSON object or reports no completion tokens.
+pub(crate) fn answer_usage(body: &[u8]) -> Option<(Option<i64>, i64)> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        usage: Option<Usage>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        prompt_tokens: Option<serde_json::Value>,
+        completion_tokens: Option<serde_json::Value>,
+    }
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let u = serde_json::from_slice::<Answer>(body).ok()?.usage?;
+    Some((
+        u.prompt_tokens.as_ref().and_then(serde_json::Value::as_i64),
+        u.completion_tokens.as_ref()?.as_i64()?,
+    ))
+}

@@ -121,15 +121,15 @@ pub(crate) struct Judged {
     /// Entries of its decisions container (`None`: not a JSON oracle, or not asked).
     pub(crate) decisions: Option<u64>,
     /// Its `usage`: (prompt tokens, completion tokens).
-    pub(crate) usage: Option<(i64, i64)>,
+    pub(crate) usage: Option<(Option<i64>, i64)>,
 }
 
 /// `usage` of an OpenAI-style JSON answer: (prompt tokens, completion tokens), when it
 /// reports completion tokens.
-pub(crate) fn usage_tokens(answer: &Value) -> Option<(i64, i64)> {
+pub(crate) fn usage_tokens(answer: &Value) -> Option<(Option<i64>, i64)> {
     let u = answer.get("usage")?;
     Some((
-        u.get("prompt_tokens").and_then(Value::as_i64).unwrap_or(0),
+        u.get("prompt_tokens").and_then(Value::as_i64),
         u.get("completion_tokens")?.as_i64()?,
     ))
 }

@@ -80,9 +80,13 @@ pub(crate) struct Verdict {
     /// Entries of the answer's decisions container, for an exchange judged `ok` by a JSON
     /// oracle; `None` otherwise.
     pub(crate) decisions: Option<u64>,
-    /// The answer's `usage` (prompt, completion tokens), where it was read (replay: a JSON
-    /// oracle's answer, or any JSON answer in a campaign); not a column.
-    pub(crate) usage_tokens: Option<(i64, i64)>,
+    /// The answer's `usage` (prompt, completion tokens), where it was read (replay: every
+    /// JSON answer with the expected status; a stream's comes from its events): the row's
+    /// `output_tokens` and `prompt_tokens` of a JSON answer.
+    pub(crate) usage_tokens: Option<(Option<i64>, i64)>,
+    /// The oracle's judgment, whatever the lane made of it: `Some(false)` for a
+    /// performance-fit arm's mismatch that stays `ok`; `None` when nothing was judged.
+    pub(crate) oracle_passed: Option<bool>,
 }
 
 /// How a run's recording ended: rows written, and every problem (the writer's error, then
@@ -200,6 +204,7 @@ impl RunContext {
         got: Captured,
         verdict: Verdict,
     ) -> ExchangeRecord {
+        let got_stream_is_none = got.stream.is_none();
         ExchangeRecord {
             run_id: self.run_id.clone(),
             exchange_id: ids.exchange_id,
@@ -236,6 +241,8 @@ impl RunContext {
             oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
             decisions: verdict.decisions.map(|d| d as i64),
             prompt_tokens_planned: ids.prompt_tokens_planned,
+            answer_usage: verdict.usage_tokens.filter(|_| got_stream_is_none),
+            oracle_passed: verdict.oracle_passed,
             memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }
     }

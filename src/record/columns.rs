@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 53] = [
+pub(crate) static COLUMNS: [Column; 54] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -258,7 +258,7 @@ pub(crate) static COLUMNS: [Column; 53] = [
     column!("downstream_done_us", Int64, NULLABLE, "us", |r: &R| r.timings.downstream_done_us,
         "serve only: last response byte handed to the client connection; null in replay and when the client's response did not complete (`client_aborted`, or a body the upstream cut); for `ok` never below `total_us`"),
     column!("is_stream", Boolean, REQUIRED, "", |r: &R| Some(r.stream.is_some()),
-        "the response was `text/event-stream` (the stream columns below are null otherwise)"),
+        "the response was `text/event-stream` (the stream columns below are null otherwise, but for a JSON answer's `usage` in `output_tokens`, `output_tokens_source` and `prompt_tokens`)"),
     column!("event_count", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.event_count),
         "events received"),
     column!("event_offsets_us", Int64List, NULLABLE, "us", |r: &R| r.stream.as_ref().map(|s| &s.event_offsets_us[..]),
@@ -269,12 +269,12 @@ pub(crate) static COLUMNS: [Column; 53] = [
         "first content event"),
     column!("tpot_us", Int64, NULLABLE, "us", |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us),
         "`(total_us - ttft_us) / (output_tokens - 1)` when output_tokens > 1"),
-    column!("output_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().and_then(|s| s.output_tokens),
-        "`usage.completion_tokens` if the stream reported it, else the content events"),
-    column!("output_tokens_source", Utf8, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source),
-        "`usage` or `events`"),
-    column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().and_then(|s| s.prompt_tokens),
-        "`usage.prompt_tokens`, when reported"),
+    column!("output_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.map(|u| u.1), |s| s.output_tokens),
+        "a stream: `usage.completion_tokens` if it reported it, else its content events; a JSON answer (replay): its `usage.completion_tokens`; null when neither (and for JSON answers in serve: readers take it from `response_body`)"),
+    column!("output_tokens_source", Utf8, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source).or(r.answer_usage.map(|_| "usage")),
+        "where `output_tokens` came from: `usage` (the answer's or the stream's usage object) or `events` (a stream's content events); null when `output_tokens` is"),
+    column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.and_then(|u| u.0), |s| s.prompt_tokens),
+        "`usage.prompt_tokens` of a stream or a JSON answer, when reported"),
     column!("stream_done_seen", Boolean, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.done_seen),
         "an event's data was exactly `[DONE]` (not required for `ok` unless the oracle sets `require_done`)"),
     column!("outcome", Utf8, REQUIRED, "", |r: &R| Some(r.outcome.as_str()),
@@ -289,6 +289,8 @@ pub(crate) static COLUMNS: [Column; 53] = [
         "the input tokens the plan expected (the variant's `prompt_tokens`, from the tokenizer that made or counted the prompt); null without one and in serve; compare with the server's `usage.prompt_tokens`"),
     column!("stream_bundled", Boolean, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.bundled()),
         "the stream's tokens after its first arrived bundled: at least two content events after the first, more than half of them in one read (one arrival stamp); its decode time is then how a buffer flushed, not the worker's pace, and v2 decode gates leave it out; null for non-streams"),
+    column!("oracle_passed", Boolean, NULLABLE, "", |r: &R| r.oracle_passed,
+        "the oracle's judgment of the answer, whatever the lane made of it: false for a `correctness` failure and for a performance-fit arm's mismatch that stays `ok`; null when nothing was judged (no oracle, `unjudged`, a failure before the body was judged, serve); McNemar counts it"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -455,7 +457,43 @@ mod tests {
         r.oracle_mismatch_pointer = Some("/pointer".into());
         r.decisions = Some(39);
         r.prompt_tokens_planned = Some(40);
+        r.answer_usage = Some((Some(41), 42));
+        r.oracle_passed = Some(true);
         r
+    }
+
+    /// A JSON answer's usage fills the token columns a stream's events fill, with its
+    /// source; a stream's own counts win over it, and a row with neither has nulls.
+    #[test]
+    fn a_json_answers_usage_is_its_token_count() {
+        let schema = exchange_schema();
+        let mut json = row(1, b"req");
+        json.answer_usage = Some((Some(5), 9));
+        let mut no_prompt = row(2, b"req");
+        no_prompt.answer_usage = Some((None, 4));
+        let stream = distinct_row();
+        let neither = row(3, b"req");
+        let b = to_batch(
+            &[json, no_prompt, stream, neither],
+            &Redaction::default(),
+            &schema,
+        )
+        .unwrap();
+        let ints = |n: &str| {
+            let c = b.column_by_name(n).unwrap();
+            let a = c.as_any().downcast_ref::<Int64Array>().unwrap();
+            (0..4)
+                .map(|i| a.is_valid(i).then(|| a.value(i)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ints("output_tokens"), [Some(9), Some(4), Some(37), None]);
+        assert_eq!(ints("prompt_tokens"), [Some(5), None, Some(38), None]);
+        let c = b.column_by_name("output_tokens_source").unwrap();
+        let src = c.as_any().downcast_ref::<StringArray>().unwrap();
+        let src: Vec<Option<&str>> = (0..4)
+            .map(|i| src.is_valid(i).then(|| src.value(i)))
+            .collect();
+        assert_eq!(src, [Some("usage"), Some("usage"), Some("usage"), None]);
     }
 
     /// Every Int64 column by name, as written. The expected values are written out here,
@@ -543,10 +581,11 @@ mod tests {
                 "response_body_truncated",
                 "tls_resumed",
                 "is_stream",
-                "stream_done_seen"
+                "stream_done_seen",
+                "oracle_passed"
             ]
             .map(flag),
-            [true, false, true, false, true, true, true]
+            [true, false, true, false, true, true, true, true]
         );
         let rate = b.column_by_name("target_rate_per_second").unwrap();
         assert_eq!(

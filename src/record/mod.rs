@@ -88,6 +88,8 @@ pub(crate) mod tests_support {
             oracle_mismatch_pointer: None,
             decisions: None,
             prompt_tokens_planned: None,
+            answer_usage: None,
+            oracle_passed: None,
             memory: None,
         }
     }

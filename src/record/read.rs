@@ -92,6 +92,11 @@ pub(crate) fn for_each_row(
         let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
         // The row's number in its file (from 1), for a refusal to name it.
         let mut row = 0u64;
+        // The part's rows, held until the JSON answers without a recorded count have
+        // theirs read from `response_body` (serve's, and runs recorded before replay
+        // wrote a JSON answer's usage).
+        let mut held: Vec<RowFacts> = Vec::new();
+        let mut uncounted: Vec<usize> = Vec::new();
         for batch in read_columns(&part, &ROW_COLUMNS)? {
             let b = batch.map_err(|e| ctx(&e))?;
             let method = column::<StringArray>(&b, "method", &part)?;
@@ -140,6 +145,13 @@ pub(crate) fn for_each_row(
                     }
                 });
                 let raw_decisions = decisions.and_then(|d| opt(d, i));
+                // A JSON answer's usage, as recorded in the token columns.
+                let usage_tokens = (!is_stream.value(i))
+                    .then(|| opt(out_tok, i).map(|n| (opt(prompt, i), n)))
+                    .flatten();
+                if usage_tokens.is_none() && !is_stream.value(i) && outcome == Outcome::Ok {
+                    uncounted.push(held.len());
+                }
                 let facts = RowFacts {
                     phase: phase.value(i).to_string(),
                     arm: arm
@@ -162,7 +174,7 @@ pub(crate) fn for_each_row(
                         first_byte_us: opt(fb, i),
                         connect_us: opt(connect, i),
                         stream,
-                        usage_tokens: None,
+                        usage_tokens,
                         failure: None,
                         scheduled_offset_us: scheduled.and_then(|s| opt(s, i)),
                     },
@@ -173,9 +185,39 @@ pub(crate) fn for_each_row(
                         "row {row} (exchange_id {id}): {why}; no recorder writes it, so the file was damaged or edited after the run: restore the run's files from a copy"
                     )));
                 }
-                visit(facts);
+                held.push(facts);
             }
         }
+        if !uncounted.is_empty() {
+            count_from_bodies(&part, &mut held, &uncounted)?;
+        }
+        held.into_iter().for_each(&mut visit);
+    }
+    Ok(())
+}
+
+/// Read the `usage` of the JSON answers at `rows` (indices into the part's rows, in
+/// order) from their recorded `response_body`: one more pass over that column alone.
+fn count_from_bodies(part: &Path, held: &mut [RowFacts], rows: &[usize]) -> Result<(), String> {
+    use arrow_array::{Array, BinaryArray};
+    let mut want = rows.iter().copied().peekable();
+    let mut base = 0usize;
+    for batch in read_columns(part, &["response_body"])? {
+        let b = batch.map_err(|e| format!("{}: {e}", part.display()))?;
+        let body = column::<BinaryArray>(&b, "response_body", part)?;
+        while let Some(&r) = want.peek() {
+            if r >= base + b.num_rows() {
+                break;
+            }
+            want.next();
+            if body.is_valid(r - base) {
+                let tokens = crate::model::answer_usage(body.value(r - base)).filter(|(p, n)| {
+                    (0..=MAX_COUNT).contains(n) && p.is_none_or(|p| (0..=MAX_COUNT).contains(&p))
+                });
+                held[r].sample.usage_tokens = tokens;
+            }
+        }
+        base += b.num_rows();
     }
     Ok(())
 }
@@ -205,8 +247,14 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
         ("tpot_us", st.and_then(|t| t.tpot_us)),
     ];
     let counts = [
-        ("output_tokens", st.and_then(|t| t.output_tokens)),
-        ("prompt_tokens", st.and_then(|t| t.prompt_tokens)),
+        (
+            "output_tokens",
+            st.map_or(s.usage_tokens.map(|u| u.1), |t| t.output_tokens),
+        ),
+        (
+            "prompt_tokens",
+            st.map_or(s.usage_tokens.and_then(|u| u.0), |t| t.prompt_tokens),
+        ),
         ("decisions", decisions),
     ];
     let out_of = |v: i64, lo: i64, hi: i64| !(lo..=hi).contains(&v);
@@ -333,6 +381,10 @@ pub(crate) struct AnswerRow {
     pub(crate) truncated: bool,
     /// `ok`; else the row failed its oracle (`correctness`).
     pub(crate) ok: bool,
+    /// The oracle passed the answer, whatever the lane made of it (a performance-fit
+    /// arm's mismatch is `ok` but did not pass): `oracle_passed`, or in runs recorded
+    /// before that column `ok` without an `oracle_mismatch_pointer`.
+    pub(crate) passed: bool,
 }
 
 /// Hand each measured-phase row of the closed parts that was `ok` or failed its oracle
@@ -342,8 +394,10 @@ pub(crate) fn for_each_measured_answer(
     mut visit: impl FnMut(AnswerRow),
 ) -> Result<(), String> {
     use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
-    const WANT: [&str; 11] = [
+    const WANT: [&str; 13] = [
         "arm",
+        "oracle_passed",
+        "oracle_mismatch_pointer",
         "phase",
         "outcome",
         "case_name",
@@ -370,8 +424,15 @@ pub(crate) fn for_each_measured_answer(
             let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
             let body = column::<BinaryArray>(&b, "response_body", &part)?;
             let truncated = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
+            let judged = optional_column::<BooleanArray>(&b, "oracle_passed");
+            let pointer = column::<StringArray>(&b, "oracle_mismatch_pointer", &part)?;
             for i in 0..b.num_rows() {
                 let ok = outcome.value(i) == "ok";
+                let passed = match judged {
+                    Some(j) if j.is_valid(i) => j.value(i),
+                    Some(_) => ok,
+                    None => ok && !pointer.is_valid(i),
+                };
                 if phase.value(i) != "measured"
                     || !(ok || outcome.value(i) == "correctness")
                     || !case.is_valid(i)
@@ -393,6 +454,7 @@ pub(crate) fn for_each_measured_answer(
                     body: body.value(i).to_vec(),
                     truncated: truncated.value(i),
                     ok,
+                    passed,
                 });
             }
         }
@@ -572,4 +634,41 @@ pub(crate) fn for_each_prompt_count(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests_support::{row, run_dir};
+    use crate::record::{Recorder, RecorderOptions};
+
+    /// A JSON answer's usage reaches the reports: from the token columns where the row
+    /// holds it, else (serve, runs recorded before) from its response body; a stream's
+    /// count stays its own and a failure's body is not read.
+    #[test]
+    fn a_json_answers_tokens_come_from_its_columns_or_its_body() {
+        let (_run, ex) = run_dir();
+        let rec = Recorder::start(RecorderOptions::new(ex.clone())).unwrap();
+        let answer: &'static [u8] =
+            br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#;
+        let mut recorded = row(0, b"");
+        recorded.answer_usage = Some((Some(5), 11));
+        let mut from_body = row(1, b"");
+        from_body.response_body = bytes::Bytes::from_static(answer);
+        let mut failed = row(2, b"");
+        failed.response_body = bytes::Bytes::from_static(answer);
+        failed.outcome = Outcome::Http;
+        let mut not_json = row(3, b"");
+        not_json.response_body = bytes::Bytes::from_static(b"usage: 7");
+        for r in [recorded, from_body, failed, not_json] {
+            assert!(rec.submit_now(r).unwrap().is_none());
+        }
+        rec.finish().unwrap();
+        let usage: Vec<_> = read_row_facts(&ex)
+            .unwrap()
+            .into_iter()
+            .map(|f| f.sample.usage_tokens)
+            .collect();
+        assert_eq!(usage, [Some((Some(5), 11)), Some((Some(3), 7)), None, None]);
+    }
 }

@@ -60,6 +60,12 @@ pub struct ExchangeRecord {
     pub decisions: Option<i64>,
     /// The input tokens the plan expected (its variant's `prompt_tokens`); `None` in serve.
     pub prompt_tokens_planned: Option<i64>,
+    /// A JSON answer's `usage`: (prompt tokens if reported, completion tokens), written to
+    /// `output_tokens` / `prompt_tokens` with source `usage`; `None` for streams (their
+    /// counts are in `stream`), in serve and where the answer reported none.
+    pub answer_usage: Option<(Option<i64>, i64)>,
+    /// The oracle's judgment whatever the lane made of it (`None`: nothing was judged).
+    pub oracle_passed: Option<bool>,
     /// Recorded bytes held in serve's memory budget, released once the row is encoded.
     pub memory: Option<BudgetHold>,
 }

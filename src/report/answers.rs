@@ -29,10 +29,11 @@ pub(crate) fn read_answers(
             repetition: row.repetition,
             dispatch_index: row.dispatch_index,
         };
-        // Pass / fail of an oracle-judged answer (the McNemar test's pairs).
+        // Pass / fail of an oracle-judged answer (the McNemar test's pairs): the oracle's
+        // judgment, also where a performance-fit arm's mismatch stayed `ok`.
         let case = plan.cases.iter().find(|c| c.name == key.case);
         if case.is_some_and(|c| c.judged(plan.campaign.is_some()) == JudgedBy::Oracle) {
-            side.judged.insert(key.clone(), row.ok);
+            side.judged.insert(key.clone(), row.passed);
         }
         if !row.ok {
             return;

@@ -257,7 +257,7 @@ mod tests {
         // A JSON answer's usage counts toward the aggregate, never toward per-request decode.
         let level = Level {
             samples: vec![Sample {
-                usage_tokens: Some((3, 30)),
+                usage_tokens: Some((Some(3), 30)),
                 ..ok(100)
             }],
             elapsed_seconds: 1.0,

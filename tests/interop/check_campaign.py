@@ -39,7 +39,7 @@ def main(run: Path) -> int:
     glob = str(run / "exchanges" / "*.parquet")
     rows = con.execute(
         f"""select arm, concurrency, outcome, total_us, is_stream, ttft_us, output_tokens,
-                   decode(response_body) as body
+                   decode(response_body) as body, output_tokens_source
             from '{glob}' where phase = 'measured'"""
     ).fetchall()
     elapsed = dict(
@@ -73,7 +73,10 @@ def main(run: Path) -> int:
                     tokens += r[6] or 0
                 else:
                     usage = json.loads(r[7]).get("usage") or {}
-                    tokens += usage.get("completion_tokens", 0)
+                    n = usage.get("completion_tokens")
+                    # A JSON answer's row holds its usage, with its source.
+                    assert (r[6], r[8]) == ((n, "usage") if n is not None else (None, None)), r
+                    tokens += n or 0
             assert cell["output_tokens"] == tokens, (arm["name"], c)
             assert close(cell["aggregate_decode_tokens_per_sec"], tokens / elapsed[(arm["name"], c)])
             checks += 5
@@ -149,19 +152,21 @@ def mcnemar_p(b: int, c: int) -> float:
 
 
 def check_mcnemar(con, glob: str, campaign: dict) -> int:
-    """Each drift entry's McNemar counts and p-value from the rows' outcomes (ok = the
-    oracle passed, correctness = it failed), paired by answer slot."""
+    """Each drift entry's McNemar counts and p-value from the rows' oracle_passed (the
+    oracle's judgment, also where a performance-fit arm's mismatch stayed ok), paired by
+    answer slot."""
     rows = con.execute(
-        f"""select arm, case_name, variant, concurrency, repetition, dispatch_index, outcome
+        f"""select arm, case_name, variant, concurrency, repetition, dispatch_index,
+                   coalesce(oracle_passed, outcome = 'ok')
             from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')"""
     ).fetchall()
     # Only cases judged by an oracle (summary.json's cases[].judged) are McNemar items.
     summary = json.loads((Path(glob).parent.parent / "summary.json").read_text())
     oracle_cases = {c["name"] for c in summary["cases"] if c["judged"] == "oracle"}
     judged: dict = {}
-    for arm, *key, outcome in rows:
+    for arm, *key, passed in rows:
         if key[0] in oracle_cases:
-            judged.setdefault(arm, {})[tuple(key)] = outcome == "ok"
+            judged.setdefault(arm, {})[tuple(key)] = passed
     ref = judged.get(campaign["reference_arm"], {})
     checks = 0
     for e in campaign["drift"]:
@@ -225,23 +230,42 @@ class ChaCha8:
 
 
 def check_interval(con, glob: str, campaign: dict) -> int:
-    """One bootstrap interval recomputed: the first arm's latency p95 ratio at its first
-    level, rounds resampled within each case (paired under the interleaved schedule)."""
+    """Bootstrap intervals recomputed: the first arm's latency p95 ratio at its first level
+    and the first aggregate decode ratio (every ok answer's tokens, a JSON answer's from
+    its body's usage, over the rounds' spans), rounds resampled within each case (paired
+    under the interleaved schedule)."""
     iv = campaign.get("intervals")
     if not iv:
         return 0
-    entry = next((e for e in iv["entries"] if e["metric"] == "latency_p95_ms"
-                  and e["interval"] is not None), None)
-    if entry is None:
-        return 0
+    checks = 0
+    for metric in ("latency_p95_ms", "aggregate_decode_tokens_per_sec"):
+        entry = next((e for e in iv["entries"] if e["metric"] == metric
+                      and e["interval"] is not None), None)
+        if entry is not None:
+            checks += check_one_interval(con, glob, campaign, iv, entry)
+    return checks
+
+
+def check_one_interval(con, glob: str, campaign: dict, iv: dict, entry: dict) -> int:
     rows = con.execute(
-        f"""select arm, case_name, repetition, total_us
-            from '{glob}' where phase = 'measured' and outcome = 'ok' and concurrency = ?""",
+        f"""select arm, case_name, repetition, outcome, start_offset_us, total_us, is_stream,
+                   output_tokens, decode(response_body)
+            from '{glob}' where phase = 'measured' and concurrency = ?""",
         [entry["concurrency"]],
     ).fetchall()
+    def tokens(outcome, is_stream, output_tokens, body):
+        if outcome != "ok":
+            return 0
+        if is_stream:
+            return output_tokens or 0
+        return ((json.loads(body).get("usage") or {}).get("completion_tokens")) or 0
+
+    # Each row as (ok, start, end, total, tokens).
     rounds: dict = {}
-    for arm, case, rep, total in rows:
-        rounds.setdefault(arm, {}).setdefault(case, {}).setdefault(rep, []).append(total)
+    for arm, case, rep, outcome, start, total, is_stream, output_tokens, body in rows:
+        row = (outcome == "ok", start, start + (total or 0), total,
+               tokens(outcome, is_stream, output_tokens, body))
+        rounds.setdefault(arm, {}).setdefault(case, {}).setdefault(rep, []).append(row)
     ref, arm = rounds[campaign["reference_arm"]], rounds[entry["arm"]]
     paired = iv["paired"]
     groups = []
@@ -255,10 +279,13 @@ def check_interval(con, glob: str, campaign: dict) -> int:
             groups.append(([ref[case][r] for r in sorted(ref[case])],
                            [arm[case][r] for r in sorted(arm[case])]))
 
-    def p95_ms(drawn):
-        return nearest_rank(sorted(x for rnd in drawn for x in rnd), 95) / 1000
+    def value(drawn):
+        if entry["metric"] == "latency_p95_ms":
+            return nearest_rank(sorted(r[3] for rnd in drawn for r in rnd if r[0]), 95) / 1000
+        span = sum((max(r[2] for r in rnd) - min(r[1] for r in rnd)) / 1e6 for rnd in drawn)
+        return sum(r[4] for rnd in drawn for r in rnd) / span
 
-    point = p95_ms([r for g in groups for r in g[1]]) / p95_ms([r for g in groups for r in g[0]])
+    point = value([r for g in groups for r in g[1]]) / value([r for g in groups for r in g[0]])
     assert close(entry["ratio"], point), (entry["ratio"], point)
     rng = ChaCha8(iv["seed"])
     stats = []
@@ -273,13 +300,13 @@ def check_interval(con, glob: str, campaign: dict) -> int:
             else:
                 xa += [ga[rng.next_u64() % len(ga)] for _ in ga]
                 xb += [gb[rng.next_u64() % len(gb)] for _ in gb]
-        stats.append(p95_ms(xb) / p95_ms(xa))
+        stats.append(value(xb) / value(xa))
     stats.sort()
     n = len(stats)
     low, high = stats[math.ceil(0.025 * n) - 1], stats[math.ceil(0.975 * n) - 1]
     got = entry["interval"]
     assert close(got["low"], low) and close(got["high"], high), (got, low, high)
-    print(f"interval recomputed: {entry['arm']} c={entry['concurrency']} latency p95 ratio "
+    print(f"interval recomputed: {entry['arm']} c={entry['concurrency']} {entry['metric']} ratio "
           f"{point:.4f} [{low:.4f}, {high:.4f}] from {n} resamples")
     return 2
 

@@ -594,3 +594,98 @@ async fn an_exact_bytes_oracle_still_counts_the_answers_usage() {
         "{cell}"
     );
 }
+
+/// An OpenAI-style JSON answer saying `content`, with its usage.
+fn answer(content: &str) -> Value {
+    json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 6}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_answers_get_decode_intervals_and_mcnemar_counts_a_fit_arms_mismatches() {
+    // Two servers answering JSON (no streams): the reference echoes each prompt; the
+    // performance-fit arm echoes the first two prompts and answers the other two wrongly.
+    // Before: no aggregate decode interval (JSON answers counted 0 tokens) and McNemar
+    // counted the fit arm's `ok` mismatches as passes.
+    let echo = |wrong_from: usize| -> Handler {
+        std::sync::Arc::new(move |_, seen: &Seen| {
+            let Ok(v) = serde_json::from_slice::<Value>(&seen.body) else {
+                return Reply::json(200, &json!({})); // the health check
+            };
+            let prompt = v["messages"][0]["content"].as_str().unwrap().to_string();
+            let n: usize = prompt[1..].parse().unwrap();
+            let content = if n >= wrong_from { "wrong" } else { &prompt };
+            let mut r = Reply::json(200, &answer(content));
+            r.delay = std::time::Duration::from_millis(2);
+            r
+        })
+    };
+    let (reference, fit) = (Peer::start(echo(99)).await, Peer::start(echo(2)).await);
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = json!([
+        {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
+         "endpoint": reference.url("/v1/chat/completions")},
+        {"name": "fit", "lane": "performance-fit", "recipe": recipe("q4"),
+         "endpoint": fit.url("/v1/chat/completions")}
+    ]);
+    let variants: Vec<Value> = (0..4)
+        .map(|n| {
+            let p = format!("p{n}");
+            json!({"name": p, "request": {"messages": [{"role": "user", "content": p}], "max_tokens": 6},
+                   "expected_response": answer(&p)})
+        })
+        .collect();
+    let mut p = plan(arms);
+    p["cases"][0]["variants"] = json!(variants);
+    p["cases"][0].as_object_mut().unwrap().remove("request");
+    p["concurrency"] = json!([1]);
+    p["repetitions"] = json!(5);
+    let dir = tmp.path().to_path_buf();
+    let (code, stderr) = tokio::task::spawn_blocking(move || replay(&dir, &p))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let run = tmp.path().join("run");
+    let c = read_json(&run.join("campaign.json"));
+    let entry = c["intervals"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["arm"] == "fit" && e["metric"] == "aggregate_decode_tokens_per_sec")
+        .unwrap_or_else(|| panic!("no aggregate decode interval: {}", c["intervals"]))
+        .clone();
+    assert!(entry["interval"].is_object(), "{entry}");
+    assert_eq!(entry["rounds_arm"], json!(5), "{entry}");
+    let fit_drift = c["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["arm"] == "fit")
+        .unwrap()
+        .clone();
+    let m = &fit_drift["mcnemar"];
+    assert_eq!(m["pairs"], json!(4), "{m}");
+    assert_eq!(m["both_passed"], json!(2), "{m}");
+    assert_eq!(m["only_reference_passed"], json!(2), "{m}");
+    // The rows: JSON answers carry their usage and the oracle's judgment.
+    let rows = Rows::read(&run);
+    let (arm, phase) = (rows.strs("arm"), rows.strs("phase"));
+    let (tokens, source) = (
+        rows.i64s("output_tokens"),
+        rows.strs("output_tokens_source"),
+    );
+    let passed = rows.bools("oracle_passed");
+    let mut fit_rows = (0, 0);
+    for i in (0..rows.len()).filter(|&i| phase[i].as_deref() == Some("measured")) {
+        assert_eq!((tokens[i], source[i].as_deref()), (Some(6), Some("usage")));
+        if arm[i].as_deref() == Some("fit") {
+            fit_rows.0 += 1;
+            fit_rows.1 += usize::from(passed[i] == Some(false));
+        }
+    }
+    assert_eq!(
+        fit_rows,
+        (20, 10),
+        "fit rows measured, and judged mismatches"
+    );
+}

@@ -46,7 +46,7 @@ use crate::drivers::{RowIds, SentRequest, Verdict};
 use crate::engine::{BodyCopy, Capture, Captured};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::Outcome;
-use crate::oracle::{self, Oracle};
+use crate::oracle::Oracle;
 use crate::record::ExchangeRecord;
 
 /// Finished rows on their way to the recorder, handed over `batch` at a time: a measured
@@ -288,14 +288,14 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
             format!("status {status}, expected {expected_status}"),
         );
     }
-    // A campaign reads every JSON answer's usage (aggregate tok/s; a stream's comes from
-    // its events); a JSON oracle reads it from its own parse, any other oracle's answer is
-    // parsed here, once, only in a campaign.
+    // Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a
+    // stream's comes from its events): a JSON oracle reads it from its own parse, any
+    // other answer is read here, once, by a parse that builds nothing but the usage.
     let usage_here = || {
-        (ctx.arm.is_some() && got.stream.is_none())
-            .then(|| serde_json::from_slice(&got.body.bytes).ok())
+        got.stream
+            .is_none()
+            .then(|| crate::model::answer_usage(&got.body.bytes))
             .flatten()
-            .and_then(|v| oracle::usage_tokens(&v))
     };
     let oracle = match oracle {
         None | Some(Oracle::Unjudged) => {
@@ -317,27 +317,31 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
     }
     let (judged, verdict) =
         oracle.judge_and_read(&got.body.bytes, Some(&ctx.plan.decisions_pointer));
-    let usage_tokens = || match oracle {
+    let usage_tokens = match oracle {
         Oracle::Json { .. } => judged.usage,
         _ => usage_here(),
     };
     match verdict {
         Ok(()) => Verdict {
             decisions: judged.decisions,
-            usage_tokens: usage_tokens(),
+            usage_tokens,
+            oracle_passed: Some(true),
             ..Verdict::default()
         },
         // A performance-fit arm answering differently is what is measured, not a fault:
-        // the difference is recorded, the exchange stays `ok`.
+        // the difference is recorded (oracle_passed false), the exchange stays `ok`.
         Err(m) if ctx.performance_fit => Verdict {
             oracle_mismatch_pointer: m.pointer,
-            usage_tokens: usage_tokens(),
+            usage_tokens,
+            oracle_passed: Some(false),
             ..Verdict::default()
         },
         Err(m) => Verdict {
             outcome: Outcome::Correctness,
             error_message: Some(format!("oracle mismatch {m}")),
             oracle_mismatch_pointer: m.pointer,
+            usage_tokens,
+            oracle_passed: Some(false),
             ..Verdict::default()
         },
     }
