@@ -237,7 +237,7 @@ pub struct PlanOutArgs {
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub concurrency: Vec<usize>,
     /// Requests per case and level. Default: the number of prompts (each round sends
-    /// every prompt once).
+    /// every prompt once), or its smallest multiple at least the highest concurrency.
     #[arg(long)]
     pub requests_per_case: Option<usize>,
     /// Measured rounds per level; at least 2.
@@ -297,9 +297,10 @@ pub struct FreezeArgs {
     /// Concurrency levels of the plan.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub concurrency: Vec<usize>,
-    /// Requests per case and level.
-    #[arg(long, default_value_t = 16)]
-    pub requests_per_case: usize,
+    /// Requests per case and level. Default: the smallest multiple of the variant count
+    /// at least the highest concurrency, so every measured round sends every variant.
+    #[arg(long)]
+    pub requests_per_case: Option<usize>,
     /// Measured rounds per (case, level); at least 2.
     #[arg(long, default_value_t = 2)]
     pub repetitions: usize,

@@ -100,7 +100,7 @@ fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
 /// bad value is exit 2 before anything is read.
 pub(super) fn budget(
     concurrency: &[usize],
-    requests_per_case: usize,
+    requests_per_case: Option<usize>,
     (repetitions, warmup_per_case): (usize, usize),
     timeout_seconds: f64,
     connection: PlanConnection,
@@ -108,9 +108,11 @@ pub(super) fn budget(
     if concurrency.is_empty() || concurrency.contains(&0) {
         return Err(usage("--concurrency: give levels of at least 1, e.g. 1,4"));
     }
-    if let Some(c) = concurrency.iter().find(|c| **c > requests_per_case) {
+    if let Some(n) = requests_per_case
+        && let Some(c) = concurrency.iter().find(|c| **c > n)
+    {
         return Err(usage(format!(
-            "--concurrency {c} is above --requests-per-case {requests_per_case}: a round could never fill it"
+            "--concurrency {c} is above --requests-per-case {n}: a round could never fill it"
         )));
     }
     if repetitions < 2 || warmup_per_case < 2 {

@@ -229,6 +229,9 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
             plan.connection.as_str()
         );
         capture_line(&plan);
+        for w in plan.unmeasured_variants() {
+            eprintln!("  {w}");
+        }
         return Ok(Exit::Ok);
     }
     eprintln!(
@@ -243,6 +246,9 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.connection.as_str()
     );
     capture_line(&plan);
+    for w in plan.unmeasured_variants() {
+        eprintln!("  {w}");
+    }
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",

@@ -266,9 +266,12 @@ fn write(
     if prompts.is_empty() {
         return Err(usage("no prompt to write a plan of"));
     }
+    let highest = o.concurrency.iter().copied().max().unwrap_or(1);
     let budget = budget(
         &o.concurrency,
-        o.requests_per_case.unwrap_or(prompts.len()),
+        Some(o.requests_per_case.unwrap_or_else(|| {
+            crate::config::plan::covering_requests_per_case(&[prompts.len()], highest)
+        })),
         (o.repetitions, o.warmup_per_case),
         o.timeout_seconds,
         o.connection,
@@ -293,7 +296,7 @@ fn write(
         Shape::Plain.planned_requests(&plan),
         n * budget.warmup_per_case,
         budget.repetitions,
-        budget.requests_per_case,
+        budget.requests_per_case.unwrap_or_default(),
     ));
     for line in &lines {
         eprintln!("matrix-proxy: {line}");

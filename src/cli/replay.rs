@@ -511,6 +511,10 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
             dir.path.display()
         );
     }
+    // Said even under --quiet: a verdict on a fraction of the prompts is a finding.
+    for w in plan.unmeasured_variants() {
+        eprintln!("matrix-proxy: {w}");
+    }
     Ok(Created {
         dir,
         run_id: rid,

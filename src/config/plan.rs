@@ -126,7 +126,52 @@ pub(crate) struct Plan {
 /// The seed tool's decisions container.
 pub(crate) const DEFAULT_DECISIONS_POINTER: &str = "/answers";
 
+/// The smallest `requests_per_case` at which every measured round sends each variant of
+/// every case equally often (a multiple of each case's variant count: round `r` sends
+/// dispatch index `i` as variant `i % variants`) and fills the highest concurrency (a
+/// plan needs `concurrency <= requests_per_case`). When the counts' least common
+/// multiple passes 4 times the largest count, the largest count's multiple is taken:
+/// every variant is still reached, some twice as often as others.
+pub(crate) fn covering_requests_per_case(variant_counts: &[usize], highest: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    let largest = variant_counts.iter().copied().max().unwrap_or(1).max(1);
+    let lcm = variant_counts
+        .iter()
+        .filter(|&&n| n > 0)
+        .try_fold(1usize, |l, &n| {
+            let next = l / gcd(l, n) * n;
+            (next <= largest.saturating_mul(4)).then_some(next)
+        })
+        .unwrap_or(largest);
+    lcm * highest.max(1).div_ceil(lcm)
+}
+
 impl Plan {
+    /// What validate and replay warn of: each case whose measured rounds cannot send
+    /// every variant (more variants than `requests_per_case`), so the rest are sent only
+    /// in readiness and warm-up and never measured.
+    pub(crate) fn unmeasured_variants(&self) -> Vec<String> {
+        let counts: Vec<usize> = self.cases.iter().map(|c| c.variants.len()).collect();
+        let highest = self.concurrency.iter().copied().max().unwrap_or(1);
+        let fix = covering_requests_per_case(&counts, highest);
+        self.cases
+            .iter()
+            .filter(|c| c.variants.len() > self.requests_per_case)
+            .map(|c| {
+                format!(
+                    "warning: case '{}' has {} variants but a measured round sends {} requests: variants {} to {} are sent only in readiness and warm-up, never measured (not in latency, drift, the floor or McNemar); set requests_per_case to {fix} (the smallest multiple of the variant counts at least the highest concurrency)",
+                    c.name,
+                    c.variants.len(),
+                    self.requests_per_case,
+                    self.requests_per_case + 1,
+                    c.variants.len(),
+                )
+            })
+            .collect()
+    }
+
     /// This plan sent to `url` (`--endpoint`): its origin and path replace the
     /// endpoint's; the health endpoint keeps its path on the new origin, and cases with
     /// their own `path` keep it. The plan is otherwise the one validated.
@@ -200,5 +245,25 @@ impl Plan {
                 .map(|&r| Level::Rate(r))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covering_requests_per_case as covering;
+
+    #[test]
+    fn the_covering_budget_is_the_smallest_multiple_of_the_variants_that_fills_the_levels() {
+        // The 40 prompts at levels 1 and 4; 3 prompts at level 4; one request.
+        assert_eq!(covering(&[40], 4), 40);
+        assert_eq!(covering(&[3], 4), 6);
+        assert_eq!(covering(&[1], 4), 4);
+        assert_eq!(covering(&[1], 1), 1);
+        // Two cases: a multiple of both, while it stays small.
+        assert_eq!(covering(&[2, 3], 1), 6);
+        assert_eq!(covering(&[40, 3], 4), 120);
+        // 7 and 40 would need 280 per case: the larger count's multiple instead.
+        assert_eq!(covering(&[7, 40], 4), 40);
+        assert_eq!(covering(&[7, 40], 50), 80);
     }
 }

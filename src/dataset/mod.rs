@@ -267,7 +267,7 @@ mod tests {
     fn budget() -> Budget {
         Budget {
             concurrency: vec![1],
-            requests_per_case: 4,
+            requests_per_case: Some(4),
             repetitions: 2,
             warmup_per_case: 2,
             timeout_seconds: 60.0,

@@ -161,17 +161,31 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         bearer_token_env,
         metadata,
     };
-    let value = write::plan_json(&head, &opts.budget, &collected.cases);
+    let mut budget = opts.budget.clone();
+    if budget.requests_per_case.is_none() {
+        let counts: Vec<usize> = collected.cases.iter().map(|c| c.variants.len()).collect();
+        let highest = budget.concurrency.iter().copied().max().unwrap_or(1);
+        let n = crate::config::plan::covering_requests_per_case(&counts, highest);
+        budget.requests_per_case = Some(n);
+        lines.push(format!(
+            "requests_per_case {n}: every measured round sends each of the {} distinct request(s) (the smallest multiple of the variant count at least the highest concurrency, {highest}); --requests-per-case sets another",
+            counts.iter().sum::<usize>()
+        ));
+    }
+    let value = write::plan_json(&head, &budget, &collected.cases);
     let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES).map_err(|e| {
         FreezeError::Refused(format!(
             "{e}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
         ))
     })?;
     drop(value);
-    if let Err(e) = Plan::from_json_bytes(&plan) {
-        return Err(FreezeError::Refused(format!(
-            "the frozen plan does not validate, so it is not written: {e}"
-        )));
+    match Plan::from_json_bytes(&plan) {
+        Err(e) => {
+            return Err(FreezeError::Refused(format!(
+                "the frozen plan does not validate, so it is not written: {e}"
+            )));
+        }
+        Ok(p) => lines.extend(p.unmeasured_variants()),
     }
     report(&collected, &mut lines, other_arms, health);
     Ok(Frozen { plan, lines })

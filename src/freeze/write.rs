@@ -15,7 +15,9 @@ use crate::model::ConnectionPolicy;
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
     pub(crate) concurrency: Vec<usize>,
-    pub(crate) requests_per_case: usize,
+    /// `None` until the variants are known: then the smallest multiple of their count
+    /// that fills the highest level (`config::plan::covering_requests_per_case`).
+    pub(crate) requests_per_case: Option<usize>,
     pub(crate) repetitions: usize,
     pub(crate) warmup_per_case: usize,
     pub(crate) timeout_seconds: f64,
@@ -355,7 +357,7 @@ mod tests {
         };
         let budget = Budget {
             concurrency: vec![1],
-            requests_per_case: 2,
+            requests_per_case: Some(2),
             repetitions: 2,
             warmup_per_case: 2,
             timeout_seconds: 5.0,

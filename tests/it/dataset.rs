@@ -635,6 +635,54 @@ fn a_dataset_is_captured_frozen_and_replayed_green() {
     let again_m = &summary["prompt_tokens_mismatch"];
     assert_eq!(again_m["differing"], again_m["compared"], "{again_m}");
     assert_eq!(again_m["max_abs_diff"], m["max_abs_diff"], "{again_m}");
+    // The frozen budget measures every prompt: 3 prompts at levels up to 4 (freeze's
+    // default 1,4) need 6 requests a round; the replay measured all 3.
+    assert_eq!(p["requests_per_case"], json!(6));
+    let measured = Rows::read(&again);
+    let mut seen: Vec<String> = (0..measured.len())
+        .filter(|&i| measured.strs("phase")[i].as_deref() == Some("measured"))
+        .filter_map(|i| measured.strs("variant")[i].clone())
+        .collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    // A budget that cannot reach every prompt is said by freeze and by validate.
+    let short = tmp.path().join("short.json");
+    let (code, _, err) = run(&[
+        "freeze",
+        s(&run_dir),
+        "--requests-per-case",
+        "2",
+        "--concurrency",
+        "1",
+        "--out",
+        s(&short),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let warning = "has 3 variants but a measured round sends 2 requests: variants 3 to 3 are sent only in readiness and warm-up, never measured";
+    assert!(err.contains(warning), "{err}");
+    let (code, _, err) = run(&["validate", s(&short)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(warning) && err.contains("set requests_per_case to 3"),
+        "{err}"
+    );
+    // plan from-jsonl: one pass over the prompts, or its smallest multiple that fills
+    // the highest level.
+    let (code, stdout, err) = run(&[
+        "plan",
+        "from-jsonl",
+        s(&file),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--max-tokens",
+        "5",
+        "--concurrency",
+        "1,4",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let p: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(p["requests_per_case"], json!(6));
 }
 
 #[test]

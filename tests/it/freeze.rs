@@ -176,6 +176,12 @@ async fn live_traffic_through_serve_freezes_into_a_plan_that_replays_green() {
     let (code, stdout, err) = run_env(restated, &[]).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("unknown: not recorded"), "{err}");
+    assert!(
+        err.contains(
+            "requests_per_case 6: every measured round sends each of the 4 distinct request(s)"
+        ),
+        "{err}"
+    );
     let restated: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(restated["metadata"], metadata());
     assert_eq!(restated["endpoint"], json!("http://localhost:9/v9"));
@@ -191,7 +197,9 @@ async fn live_traffic_through_serve_freezes_into_a_plan_that_replays_green() {
     assert_eq!(p["endpoint"], json!(mock.url() + "/"));
     assert_eq!(p["auth"], json!({"bearer_token_env": "FREEZE_TOKEN"}));
     assert_eq!(p["concurrency"], json!([1, 4]));
-    assert_eq!(p["requests_per_case"], json!(16));
+    // Every measured round sends every distinct request: 3 chat variants and 1
+    // completion, at levels up to 4, need 6 per round (a multiple of 3 and of 1).
+    assert_eq!(p["requests_per_case"], json!(6));
     let names: Vec<&str> = p["cases"]
         .as_array()
         .unwrap()
