@@ -162,25 +162,30 @@ pub(crate) fn decision_flips(a: &Value, b: &Value, at: &Pointer) -> Option<u64> 
     }
 }
 
-/// Running totals of a set of pairs.
+/// Running totals of a set of pairs, and the distinct requests (case, variant) they
+/// answer.
 #[derive(Default)]
-struct Tally {
+struct Tally<'a> {
     pairs: u64,
     equal: u64,
     similarity: f64,
+    requests: std::collections::BTreeSet<(&'a str, Option<&'a str>)>,
 }
 
-impl Tally {
-    fn add(&mut self, equal: bool, similarity: f64) {
+impl<'a> Tally<'a> {
+    fn add(&mut self, key: &'a Key, equal: bool, similarity: f64) {
         self.pairs += 1;
         self.equal += u64::from(equal);
         self.similarity += similarity;
+        self.requests
+            .insert((key.case.as_str(), key.variant.as_deref()));
     }
 
     fn level(&self) -> LevelDrift {
         let rate = |x: f64| (self.pairs > 0).then(|| x / self.pairs as f64);
         LevelDrift {
             compared_prompts: self.pairs,
+            distinct_requests: self.requests.len() as u64,
             exact_match_rate: rate(self.equal as f64),
             mean_similarity: rate(self.similarity),
         }
@@ -193,6 +198,9 @@ impl Tally {
 #[serde(default)]
 pub(crate) struct Drift {
     pub(crate) compared_prompts: u64,
+    /// The distinct requests (case, variant) the pairs answer: repeats of one request
+    /// are not independent evidence, so the gates' minimums count these.
+    pub(crate) distinct_requests: u64,
     pub(crate) exact_match_rate: Option<f64>,
     pub(crate) mean_similarity: Option<f64>,
     /// By concurrency level, in numeric order (string keys: a drift entry is flattened
@@ -213,6 +221,7 @@ pub(crate) struct Drift {
 #[serde(default)]
 pub(crate) struct LevelDrift {
     pub(crate) compared_prompts: u64,
+    pub(crate) distinct_requests: u64,
     pub(crate) exact_match_rate: Option<f64>,
     pub(crate) mean_similarity: Option<f64>,
 }
@@ -259,8 +268,11 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
         lossy += u64::from(a.lossy) + u64::from(b.lossy);
         let equal = a.text == b.text;
         let sim = similarity(&a.text, &b.text);
-        all.add(equal, sim);
-        by_level.entry(key.concurrency).or_default().add(equal, sim);
+        all.add(key, equal, sim);
+        by_level
+            .entry(key.concurrency)
+            .or_default()
+            .add(key, equal, sim);
         let mut pair_flips = None;
         if let (Some(x), Some(y)) = (&a.json, &b.json) {
             pair_flips = decision_flips(x, y, opts.decisions_pointer);
@@ -304,6 +316,7 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
     let totals = all.level();
     Drift {
         compared_prompts: totals.compared_prompts,
+        distinct_requests: totals.distinct_requests,
         exact_match_rate: totals.exact_match_rate,
         mean_similarity: totals.mean_similarity,
         concurrency: by_level
@@ -335,6 +348,7 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Definitions {
     pub(crate) pairs: String,
+    pub(crate) distinct_requests: String,
     pub(crate) answer: String,
     pub(crate) exact_match_rate: String,
     pub(crate) mean_similarity: String,
@@ -348,6 +362,7 @@ pub(crate) struct Definitions {
 pub(crate) fn definitions() -> Definitions {
     Definitions {
         pairs: "measured exchanges both sides answered ok at the same (case, variant, concurrency, repetition, dispatch_index)".into(),
+        distinct_requests: "the distinct requests (case, variant) the pairs answer; repeats of one request are not independent, so a gate's minimum counts these, not pairs".into(),
         answer: "a stream's assembled content; an OpenAI-style JSON answer's first choice message content (or text); else the response as canonical JSON (keys sorted, the request's ignore_paths taken out); a non-JSON body as UTF-8, lossy (counted in lossy_utf8_answers)".into(),
         exact_match_rate: "equal pairs / pairs".into(),
         mean_similarity: "mean over pairs of 1 - levenshtein(a, b) / max(len(a), len(b)), in Unicode scalar values; 1.0 for two empty answers".into(),

@@ -10,9 +10,11 @@ use super::json::{PlanError, Validator, join, read_document};
 /// meant).
 pub(crate) const CONTRACT_VERSION: u64 = 2;
 
-/// A v2 floor-relative gate reads a floor measured on at least this many pairs of the
-/// reference's answers at the level; fewer make it inconclusive, never a pass.
-pub(crate) const MIN_FLOOR_PAIRS: u64 = 30;
+/// A v2 floor-relative gate reads a floor, and an arm's drift, measured on at least this
+/// many distinct requests (case, variant) at the level: repeats of one prompt are not
+/// independent evidence, so 3 prompts x 15 pairs of repetitions count 3. Fewer make the
+/// gate inconclusive, never a pass.
+pub(crate) const MIN_DISTINCT_REQUESTS: u64 = 30;
 
 /// What a fit arm's similarity must reach under v2 unless the contract says otherwise, and
 /// what a v1 verdict warns below.

@@ -229,9 +229,10 @@ pub(crate) fn floor_text(f: &DriftFloor) -> String {
     match &f.reason {
         Some(why) => format!("drift floor ({} vs itself): none, {why}\n", f.reference_arm),
         None => format!(
-            "drift floor ({} vs itself, pairs of repetitions): {} pairs, exact match {}, mean similarity {}\n",
+            "drift floor ({} vs itself, pairs of repetitions): {} pairs of {} distinct requests, exact match {}, mean similarity {}\n",
             f.reference_arm,
             d.compared_prompts,
+            d.distinct_requests,
             d.exact_match_rate
                 .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
             d.mean_similarity
@@ -246,12 +247,13 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
     for e in entries {
         let d = &e.drift;
         out.push_str(&format!(
-            "drift {} vs {} ({}{}): {} pairs, exact match {}{}, mean similarity {}{}\n",
+            "drift {} vs {} ({}{}): {} pairs of {} distinct requests, exact match {}{}, mean similarity {}{}\n",
             e.arm,
             e.reference_arm,
             e.lane.map_or("?", Lane::as_str),
             if e.advisory { ", advisory" } else { "" },
             d.compared_prompts,
+            d.distinct_requests,
             d.exact_match_rate
                 .map_or("n/a".into(), |x| format!("{:.1} %", x * 100.0)),
             e.exact_match_rate_minus_floor
@@ -332,7 +334,7 @@ mod tests {
             let text = drift_text([&none, &one]);
             let lines: Vec<&str> = text.lines().collect();
             assert!(
-                lines[0].starts_with("drift q4 vs ref (performance-fit, advisory): 0 pairs, exact match n/a")
+                lines[0].starts_with("drift q4 vs ref (performance-fit, advisory): 0 pairs of 0 distinct requests, exact match n/a")
                     && lines[0].contains("(no answer of this arm was paired with one of the reference's: a pair is both ok at the same case, variant, level, repetition and dispatch)"),
                 "{text}"
             );

@@ -7,7 +7,7 @@
 use super::doc::campaign::{ArmDoc, CampaignDoc, Cell, DriftEntry, DriftFloor, Intervals};
 use super::doc::verdict::{ArmGate, GateLevel};
 use crate::config::campaign::Lane;
-use crate::config::contract::MIN_FLOOR_PAIRS;
+use crate::config::contract::MIN_DISTINCT_REQUESTS;
 use crate::stats::MIN_DISCORDANT;
 
 /// Relative tolerance of the inclusive comparisons.
@@ -183,6 +183,7 @@ pub(super) fn drift_gate(
                     concurrency: c.parse::<u64>().ok(),
                     measured: Some(value),
                     compared_prompts: Some(t.compared_prompts),
+                    distinct_requests: Some(t.distinct_requests),
                     limit: Some(min),
                     pass: Some(ge(value, min)),
                     ..GateLevel::default()
@@ -201,7 +202,8 @@ pub(super) fn drift_gate(
 /// v2's floor-relative quality gates at every level: the arm's exact-match rate at least
 /// the floor's minus `x` (`Answered::ExactMatch`), or its mean similarity at least `x`
 /// times the floor's (`Answered::Similarity`). A level whose floor rests on fewer than
-/// [`MIN_FLOOR_PAIRS`] pairs has nothing to read.
+/// [`MIN_DISTINCT_REQUESTS`] distinct requests, or whose arm's drift does, has nothing
+/// to read.
 pub(super) fn floor_gate(
     arm: &ArmView<'_>,
     drift: Option<&DriftEntry>,
@@ -222,26 +224,36 @@ pub(super) fn floor_gate(
         for (c, t) in &d.drift.concurrency {
             let Some(value) = what.of(t) else { continue };
             let f = floor.drift.concurrency.get(c);
-            let pairs = f.map_or(0, |f| f.compared_prompts);
+            let (pairs, floor_requests) =
+                f.map_or((0, 0), |f| (f.compared_prompts, f.distinct_requests));
             let fv = f.and_then(|f| what.of(f));
             let limit = fv.map(|fv| match what {
                 Answered::ExactMatch => fv - x,
                 Answered::Similarity => x * fv,
             });
-            let short = pairs < MIN_FLOOR_PAIRS;
+            let short = if floor_requests < MIN_DISTINCT_REQUESTS {
+                Some(format!(
+                    "the floor here rests on {pairs} pair(s) of the reference's answers from {floor_requests} distinct request(s), fewer than {MIN_DISTINCT_REQUESTS} distinct requests (repeats of one request are not independent): too few to judge against"
+                ))
+            } else if t.distinct_requests < MIN_DISTINCT_REQUESTS {
+                Some(format!(
+                    "the arm's answers here were compared in {} pair(s) from {} distinct request(s), fewer than {MIN_DISTINCT_REQUESTS} distinct requests (repeats of one request are not independent): too few to judge",
+                    t.compared_prompts, t.distinct_requests
+                ))
+            } else {
+                None
+            };
             levels.push(GateLevel {
                 concurrency: c.parse::<u64>().ok(),
                 measured: Some(value),
                 compared_prompts: Some(t.compared_prompts),
+                distinct_requests: Some(t.distinct_requests),
                 floor: fv,
                 floor_pairs: Some(pairs),
+                floor_distinct_requests: Some(floor_requests),
                 limit,
-                pass: limit.filter(|_| !short).map(|l| ge(value, l)),
-                note: short.then(|| {
-                    format!(
-                        "the floor here rests on {pairs} pair(s) of the reference's answers, fewer than {MIN_FLOOR_PAIRS}: too few to judge against"
-                    )
-                }),
+                pass: limit.filter(|_| short.is_none()).map(|l| ge(value, l)),
+                note: short,
                 ..GateLevel::default()
             });
         }
@@ -254,10 +266,19 @@ pub(super) fn floor_gate(
     })
 }
 
-/// v2's `quality_min_mcnemar_p`: the exact McNemar p-value of the arm's oracle-judged
-/// answers against the reference's at least `min` (no difference shown); fewer than
-/// [`MIN_DISCORDANT`] discordant pairs have nothing to read.
-pub(super) fn mcnemar_gate(arm: &ArmView<'_>, drift: Option<&DriftEntry>, min: f64) -> ArmGate {
+/// v2's `quality_min_mcnemar_p`, decided from the evidence: a fail whenever the exact
+/// McNemar p-value of the arm's oracle-judged answers against the reference's is below
+/// `min` (a lopsided split shows a difference even with few discordant requests: 0 vs 6
+/// gives p = 0.031); a pass when p >= `min` on at least [`MIN_DISCORDANT`] discordant
+/// requests, or on none at all when the one-sided bound on the arm's disagreement rate,
+/// `1 - min^(1/n)` over n distinct requests (about 3/n at 0.05), is below the contract's
+/// allowed exact-match drop; otherwise nothing to read.
+pub(super) fn mcnemar_gate(
+    arm: &ArmView<'_>,
+    drift: Option<&DriftEntry>,
+    min: f64,
+    allowed_drop: Option<f64>,
+) -> ArmGate {
     arm_gate(arm, || {
         let d =
             drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
@@ -265,32 +286,78 @@ pub(super) fn mcnemar_gate(arm: &ArmView<'_>, drift: Option<&DriftEntry>, min: f
             "no answer was judged by an oracle on both sides (cases without an oracle are judged by drift alone)",
         )?;
         let discordant = m.discordant();
-        let enough = discordant >= MIN_DISCORDANT;
+        let (pass, why) = mcnemar_decision(m, min, allowed_drop);
         Ok(Compared {
             levels: vec![GateLevel {
                 measured: Some(m.p_value),
                 compared_prompts: Some(m.pairs),
+                distinct_requests: Some(m.pairs),
                 limit: Some(min),
-                pass: enough.then(|| ge(m.p_value, min)),
+                pass,
                 ..GateLevel::default()
             }],
-            pass: enough.then(|| ge(m.p_value, min)),
+            pass,
             note: Some(format!(
-                "{} judged pairs: the reference alone passed {}, the arm alone {}; p = {:.4}{}",
-                m.pairs,
-                m.only_reference_passed,
-                m.only_arm_passed,
-                m.p_value,
-                if enough {
-                    String::new()
-                } else {
-                    format!(
-                        "; {discordant} discordant pair(s), fewer than {MIN_DISCORDANT}: the test cannot show a difference"
-                    )
-                }
+                "{} distinct judged requests: the reference alone passed {}, the arm alone {} ({discordant} discordant); p = {:.4}{why}",
+                m.pairs, m.only_reference_passed, m.only_arm_passed, m.p_value,
             )),
         })
     })
+}
+
+/// The McNemar gate's decision and what the note adds to say why.
+fn mcnemar_decision(
+    m: &crate::stats::McNemar,
+    min: f64,
+    allowed_drop: Option<f64>,
+) -> (Option<bool>, String) {
+    let discordant = m.discordant();
+    if m.p_value < min {
+        return (Some(false), String::new());
+    }
+    if discordant >= MIN_DISCORDANT {
+        return (Some(true), String::new());
+    }
+    if discordant > 0 {
+        return (
+            None,
+            format!(
+                "; {discordant} discordant request(s), fewer than {MIN_DISCORDANT}: the split shows no difference and too few disagree to vouch for its absence"
+            ),
+        );
+    }
+    let bound = 1.0 - min.powf(1.0 / m.pairs.max(1) as f64);
+    match allowed_drop {
+        Some(drop) if bound < drop => (
+            Some(true),
+            format!(
+                "; no discordant request of {}: the arm's disagreement rate is below {:.2} % (one-sided {:.0} % bound 1 - {min}^(1/{})), within the allowed drop {:.2} %",
+                m.pairs,
+                bound * 100.0,
+                (1.0 - min) * 100.0,
+                m.pairs,
+                drop * 100.0
+            ),
+        ),
+        Some(drop) => (
+            None,
+            format!(
+                "; no discordant request of {}, but {} requests bound the disagreement rate only below {:.2} % (1 - {min}^(1/{})), not within the allowed drop {:.2} %: judge more distinct requests",
+                m.pairs,
+                m.pairs,
+                bound * 100.0,
+                m.pairs,
+                drop * 100.0
+            ),
+        ),
+        None => (
+            None,
+            format!(
+                "; no discordant request of {}: agreement is bounded only by the allowed drop, and the contract has no quality_max_exact_match_drop_vs_floor",
+                m.pairs
+            ),
+        ),
+    }
 }
 
 /// Which measured value a ratio gate reads from a cell pair, and its name; `None` when the

@@ -15,7 +15,9 @@ use super::gates::{
     failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
 };
 use crate::config::campaign::Lane;
-use crate::config::contract::{Contract, FIT_SIMILARITY_DEFAULT, MIN_FLOOR_PAIRS, Thresholds};
+use crate::config::contract::{
+    Contract, FIT_SIMILARITY_DEFAULT, MIN_DISTINCT_REQUESTS, Thresholds,
+};
 
 fn gate(name: &str, threshold: Threshold, passes_when: &str, results: Vec<ArmGate>) -> Gate {
     Gate {
@@ -128,7 +130,7 @@ fn quality_gates(campaign: &CampaignDoc, t: &Thresholds, quality: &[&ArmView<'_>
         out.push((
             "quality_max_exact_match_drop_vs_floor",
             Threshold::Ratio(x),
-            format!("at every level, a quality arm's exact-match rate >= the reference's floor (drift_floor, the reference against its own repetitions) - threshold; a floor on fewer than {MIN_FLOOR_PAIRS} pairs has nothing to read{pooled}"),
+            format!("at every level, a quality arm's exact-match rate >= the reference's floor (drift_floor, the reference against its own repetitions) - threshold; a floor or an arm's drift on fewer than {MIN_DISTINCT_REQUESTS} distinct requests at a level has nothing to read{pooled}"),
             each(&|a| floor_gate(a, drift(a.name), floor, Answered::ExactMatch, x)),
         ));
     }
@@ -136,7 +138,7 @@ fn quality_gates(campaign: &CampaignDoc, t: &Thresholds, quality: &[&ArmView<'_>
         out.push((
             "quality_min_similarity_vs_floor",
             Threshold::Ratio(x),
-            format!("at every level, a quality arm's mean similarity >= threshold x the floor's; a floor on fewer than {MIN_FLOOR_PAIRS} pairs has nothing to read{pooled}"),
+            format!("at every level, a quality arm's mean similarity >= threshold x the floor's; a floor or an arm's drift on fewer than {MIN_DISTINCT_REQUESTS} distinct requests at a level has nothing to read{pooled}"),
             each(&|a| floor_gate(a, drift(a.name), floor, Answered::Similarity, x)),
         ));
     }
@@ -144,8 +146,8 @@ fn quality_gates(campaign: &CampaignDoc, t: &Thresholds, quality: &[&ArmView<'_>
         out.push((
             "quality_min_mcnemar_p",
             Threshold::Ratio(min),
-            format!("the exact McNemar p-value of a quality arm's oracle-judged answers against the reference's >= threshold (no difference shown); fewer than {} discordant pairs have nothing to read", crate::stats::MIN_DISCORDANT),
-            each(&|a| mcnemar_gate(a, drift(a.name), min)),
+            format!("the exact McNemar p-value of a quality arm's oracle-judged answers (one item per distinct request) against the reference's >= threshold: fails whenever p < threshold; passes with p >= threshold and at least {} discordant requests, or with none when the one-sided bound 1 - threshold^(1/n) on n distinct requests is below quality_max_exact_match_drop_vs_floor; else nothing to read", crate::stats::MIN_DISCORDANT),
+            each(&|a| mcnemar_gate(a, drift(a.name), min, t.quality_max_exact_match_drop_vs_floor)),
         ));
     }
     out
@@ -623,7 +625,7 @@ mod tests {
     }
 
     fn drift(name: &str, rate: f64) -> Value {
-        json!({"arm": name, "concurrency": {"1": {"compared_prompts": 2, "exact_match_rate": rate}}})
+        json!({"arm": name, "concurrency": {"1": {"compared_prompts": 80, "distinct_requests": 40, "exact_match_rate": rate}}})
     }
 
     /// The reference (4 GB, 100 tok/s, p95 100 ms), a twin with `twin_rate` exact match,
@@ -945,10 +947,12 @@ mod tests {
         t
     }
 
-    /// The reference's floor at level 1: `pairs` pairs, exact match 0.7, similarity 0.9.
-    fn with_floor(c: &Value, pairs: u64) -> CampaignDoc {
+    /// The reference's floor at level 1: `pairs` pairs of `requests` distinct requests,
+    /// exact match 0.7, similarity 0.9.
+    fn with_floor(c: &Value, (pairs, requests): (u64, u64)) -> CampaignDoc {
         let level = crate::drift::LevelDrift {
             compared_prompts: pairs,
+            distinct_requests: requests,
             exact_match_rate: Some(0.7),
             mean_similarity: Some(0.9),
         };
@@ -958,6 +962,7 @@ mod tests {
             reason: None,
             drift: crate::drift::Drift {
                 compared_prompts: pairs,
+                distinct_requests: requests,
                 exact_match_rate: Some(0.7),
                 mean_similarity: Some(0.9),
                 concurrency: [("1".to_string(), level)].into_iter().collect(),
@@ -987,7 +992,7 @@ mod tests {
     fn a_twin_at_the_floor_passes_the_relative_gate_the_absolute_one_rejects() {
         // The twin matches the reference 70 % of the time, as the reference matches
         // itself: the absolute gate (1.0) rejects it, the floor-relative gate passes it.
-        let mut c = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 60);
+        let mut c = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), (60, 30));
         level_1(entry_mut(&mut c, 0)).mean_similarity = Some(0.9);
         let abs = gates(&c, &Thresholds::v2(), None);
         assert_eq!(abs.verdict, "reject");
@@ -1021,8 +1026,9 @@ mod tests {
             t.quality_max_exact_match_drop_vs_floor = Some(0.05);
         });
         assert_eq!(gates(&below, &t2, None).verdict, "reject");
-        // A floor on too few pairs: inconclusive, never a pass.
-        let few = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), 12);
+        // A floor on too few distinct requests: inconclusive, never a pass, however many
+        // pairs their repetitions make (3 prompts x 15 pairs of 6 repetitions).
+        let few = with_floor(&campaign(0.7, cell(1000.0, 200.0, 90.0, 0)), (45, 3));
         let g = gates(&few, &t2, None);
         assert_eq!(
             (g.quality_lane_pass, g.verdict.as_str()),
@@ -1030,7 +1036,20 @@ mod tests {
         );
         let note = g.missing_evidence[0].reason.clone();
         assert!(
-            note.contains("12 pair(s)") && note.contains("fewer than 30"),
+            note.contains("45 pair(s)")
+                && note.contains("3 distinct request(s)")
+                && note.contains("fewer than 30 distinct requests"),
+            "{note}"
+        );
+        // A floor on enough requests, but the twin's drift on 18 pairs of 3 requests.
+        let mut thin = c.clone();
+        let l = level_1(entry_mut(&mut thin, 0));
+        (l.compared_prompts, l.distinct_requests) = (18, 3);
+        let g = gates(&thin, &t2, None);
+        assert_eq!(g.quality_lane_pass, None);
+        let note = g.missing_evidence[0].reason.clone();
+        assert!(
+            note.contains("18 pair(s) from 3 distinct request(s)"),
             "{note}"
         );
         // No floor at all (one repetition): nothing to read either.
@@ -1044,13 +1063,16 @@ mod tests {
 
     #[test]
     fn mcnemar_gates_on_discordant_pairs_and_needs_enough_of_them() {
-        let t = v2(|t| t.quality_min_mcnemar_p = Some(0.05));
-        let with = |only_ref: u64, only_arm: u64| {
+        let gate = |pairs: u64, only_ref: u64, only_arm: u64, drop: Option<f64>| {
+            let t = v2(|t| {
+                t.quality_min_mcnemar_p = Some(0.05);
+                t.quality_max_exact_match_drop_vs_floor = drop;
+            });
             let mut d = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
             if let Some(e) = d.drift.as_mut().and_then(|x| x.as_mut()) {
                 e[0].mcnemar = Some(crate::stats::McNemar {
-                    pairs: 100,
-                    both_passed: 100 - only_ref - only_arm,
+                    pairs,
+                    both_passed: pairs - only_ref - only_arm,
                     only_reference_passed: only_ref,
                     only_arm_passed: only_arm,
                     both_failed: 0,
@@ -1058,15 +1080,31 @@ mod tests {
                 });
             }
             let g = gates(&d, &t, None);
-            gate_of(&g, "quality_min_mcnemar_p").arms[0].pass
+            let a = &gate_of(&g, "quality_min_mcnemar_p").arms[0];
+            (a.pass, a.note.clone().unwrap_or_default())
         };
+        let with = |only_ref, only_arm| gate(100, only_ref, only_arm, Some(0.02)).0;
         // 12 answers the reference got right and the twin wrong, 1 the other way:
         // p = 2 x 14/8192 = 0.0034: a difference.
         assert_eq!(with(12, 1), Some(false));
         // 7 vs 5: p = 0.77, no difference shown.
         assert_eq!(with(7, 5), Some(true));
-        // 3 discordant pairs cannot show anything: nothing to read.
+        // 3 discordant requests show no difference and cannot vouch for its absence.
         assert_eq!(with(3, 0), None);
+        // A lopsided split fails below the minimum of discordant requests: 0 vs 6 gives
+        // p = 2/64 = 0.031 < 0.05.
+        assert_eq!(with(6, 0), Some(false));
+        assert_eq!(with(0, 6), Some(false));
+        // No discordant request: the one-sided bound 1 - 0.05^(1/n) against the allowed
+        // drop: 2.0 % at 150 requests passes a 5 % drop, 9.5 % at 30 does not.
+        let (pass, note) = gate(150, 0, 0, Some(0.05));
+        assert_eq!(pass, Some(true), "{note}");
+        assert!(note.contains("below 1.98 %"), "{note}");
+        let (pass, note) = gate(30, 0, 0, Some(0.05));
+        assert_eq!(pass, None, "{note}");
+        assert!(note.contains("only below 9.50 %"), "{note}");
+        assert_eq!(gate(30, 0, 0, Some(0.10)).0, Some(true));
+        assert_eq!(gate(150, 0, 0, None).0, None);
     }
 
     #[test]

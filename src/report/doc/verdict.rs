@@ -204,6 +204,9 @@ pub(crate) struct GateLevel {
     pub(crate) measured: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) compared_prompts: Option<u64>,
+    /// The distinct requests (case, variant) behind `compared_prompts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) distinct_requests: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reference: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,6 +218,8 @@ pub(crate) struct GateLevel {
     pub(crate) floor: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) floor_pairs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) floor_distinct_requests: Option<u64>,
     /// `require_interval`: the ratio's 95 % bootstrap interval `[low, high]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) interval: Option<[f64; 2]>,
