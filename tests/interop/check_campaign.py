@@ -360,6 +360,10 @@ def check_drift(con, glob: str, campaign: dict) -> int:
         mine = answers.get(arm["name"], {})
         keys = sorted(k for k in mine if k in ref)
         assert e["compared_prompts"] == len(keys), (arm["name"], e["compared_prompts"], len(keys))
+        # The distinct requests (case, variant) behind the pairs, in all and per level.
+        assert e["distinct_requests"] == len({k[:2] for k in keys}), e["arm"]
+        for level, lv in e["concurrency"].items():
+            assert lv["distinct_requests"] == len({k[:2] for k in keys if k[2] == int(level)}), level
         sims, equal = [], 0
         for k in keys:
             a, b = ref[k], mine[k]
@@ -394,6 +398,8 @@ def check_drift(con, glob: str, campaign: dict) -> int:
                 sims.append(1.0 if longest == 0 else 1 - levenshtein(a, b) / longest)
     floor = campaign["drift_floor"]
     assert floor["compared_prompts"] == pairs, (floor["compared_prompts"], pairs)
+    repeated = {k[:2] for k, reps in slots.items() if len(reps) > 1}
+    assert floor["distinct_requests"] == len(repeated), (floor["distinct_requests"], len(repeated))
     assert close(floor["exact_match_rate"], equal / pairs if pairs else None), floor
     assert close(floor["mean_similarity"], sum(sims) / pairs if pairs else None), floor
     for e in campaign["drift"]:
@@ -429,9 +435,13 @@ def check_verdict_v2(campaign: dict, verdict: dict) -> int:
                     f = floor[str(c)]
                     limit = f[key] - t[name] if "exact" in name else t[name] * f[key]
                     assert lv["floor"] == f[key] and lv["floor_pairs"] == f["compared_prompts"], lv
+                    assert lv["floor_distinct_requests"] == f["distinct_requests"], lv
                     assert close(lv["limit"], limit), (lv, limit)
-                    assert lv["measured"] == drift[entry["arm"]]["concurrency"][str(c)][key]
-                    want = ge(lv["measured"], limit) if f["compared_prompts"] >= 30 else None
+                    mine = drift[entry["arm"]]["concurrency"][str(c)]
+                    assert lv["measured"] == mine[key]
+                    # The minimum counts distinct requests, the floor's and the arm's.
+                    enough = f["distinct_requests"] >= 30 and mine["distinct_requests"] >= 30
+                    want = ge(lv["measured"], limit) if enough else None
                     assert lv.get("pass") == want, (name, lv, want)
                     checks += 4
                 elif lv.get("interval") is not None:

@@ -16,9 +16,10 @@ fn arm(name: &str, lane: &str, reference: bool, mock_flags: &[&str]) -> Value {
            "start": {"command": command}})
 }
 
-/// A campaign of `arms` over 20 prompts, each sent once a round, 3 rounds.
+/// A campaign of `arms` over 30 prompts (the floor-relative gates' minimum of distinct
+/// requests), each sent once a round, 3 rounds.
 fn campaign(arms: Value) -> Value {
-    let variants: Vec<Value> = (0..20)
+    let variants: Vec<Value> = (0..30)
         .map(|i| {
             json!({"name": format!("p{i}"),
                    "request": {"messages": [{"role": "user", "content": format!("prompt number {i}")}],
@@ -27,7 +28,7 @@ fn campaign(arms: Value) -> Value {
         .collect();
     json!({"name": "floor", "arms": arms,
            "cases": [{"name": "chat", "variants": variants}],
-           "concurrency": [1], "requests_per_case": 20, "repetitions": 3,
+           "concurrency": [1], "requests_per_case": 30, "repetitions": 3,
            "timeout_seconds": 10, "metadata": metadata()})
 }
 
@@ -54,9 +55,10 @@ fn a_twin_of_a_nondeterministic_reference_is_at_its_floor() {
     let floor = &c["drift_floor"];
     assert_eq!(floor["reference_arm"], json!("ref"));
     assert_eq!(floor["reason"], Value::Null);
-    // 20 prompts, 3 repetitions: 3 pairs of repetitions each.
-    assert_eq!(floor["compared_prompts"], json!(60));
-    assert_eq!(floor["concurrency"]["1"]["compared_prompts"], json!(60));
+    // 30 prompts, 3 repetitions: 3 pairs of repetitions each.
+    assert_eq!(floor["compared_prompts"], json!(90));
+    assert_eq!(floor["concurrency"]["1"]["compared_prompts"], json!(90));
+    assert_eq!(floor["distinct_requests"], json!(30));
     let rate = floor["exact_match_rate"].as_f64().unwrap();
     // The prompts answered differently every time are a fixed share (seeded): the
     // floor is the others' share, well below 1 and above 0.
@@ -81,7 +83,7 @@ fn a_twin_of_a_nondeterministic_reference_is_at_its_floor() {
     let below = other["exact_match_rate_minus_floor"].as_f64().unwrap();
     assert!(below < -0.3, "{other}");
     assert!(
-        text.contains("drift floor (ref vs itself, pairs of repetitions): 60 pairs"),
+        text.contains("drift floor (ref vs itself, pairs of repetitions): 90 pairs of 30 distinct requests"),
         "{text}"
     );
     assert!(
@@ -165,7 +167,8 @@ fn a_relative_gate_passes_a_twin_at_the_floor_that_the_absolute_gate_rejects() {
         json!("quality_max_exact_match_drop_vs_floor")
     );
     assert_eq!(level["floor"].as_f64(), Some(rate));
-    assert_eq!(level["floor_pairs"], json!(60));
+    assert_eq!(level["floor_pairs"], json!(90));
+    assert_eq!(level["floor_distinct_requests"], json!(30));
     assert!(
         v["rules"]["quality"]
             .as_str()

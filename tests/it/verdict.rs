@@ -38,8 +38,8 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     assert_eq!(config["contract"]["sha256"], json!(sha256_file(contract)));
     assert_eq!(config["workload_sha256"].as_str().map(str::len), Some(64));
 
-    // Drift: one entry per non-reference arm; 2 cases x 8 requests x 2 levels x 5
-    // repetitions = 160 pairs each.
+    // Drift: one entry per non-reference arm; 2 cases x 30 requests x 2 levels x 5
+    // repetitions = 600 pairs each, of 32 distinct requests (30 prompts and 2 streamed).
     let c = read_json(&run_dir.join("campaign.json"));
     let drift = c["drift"].as_array().unwrap();
     assert_eq!(drift.len(), 2);
@@ -54,7 +54,7 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         ),
         (
             &json!("twin"),
-            &json!(160),
+            &json!(600),
             &json!(1.0),
             &json!(1.0),
             &json!(false)
@@ -68,21 +68,25 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     let sim = fit["mean_similarity"].as_f64().unwrap();
     assert!(sim > 0.0 && sim < 1.0, "{sim}");
     let prompts = fit["prompts"].as_array().unwrap();
-    assert_eq!(prompts.len(), 160);
+    assert_eq!(prompts.len(), 600);
+    assert_eq!(twin["distinct_requests"], json!(32));
+    assert_eq!(fit["concurrency"]["1"]["distinct_requests"], json!(32));
     assert!(
         prompts
             .iter()
             .all(|p| p["first_divergence_char"].is_u64() && p["equal"] == json!(false))
     );
-    assert_eq!(fit["concurrency"]["4"]["compared_prompts"], json!(80));
-    // Every case weighs the same here (8 requests each): the case mean is the pooled rate.
+    assert_eq!(fit["concurrency"]["4"]["compared_prompts"], json!(300));
+    // Every case weighs the same here (30 requests each): the case mean is the pooled rate.
     assert_eq!(fit["weights"]["by_case"].as_array().map(Vec::len), Some(2));
     assert_eq!(
         twin["weights"]["case_mean_exact_match_rate"],
         twin["exact_match_rate"]
     );
-    // The reference against itself: 2 cases x 8 x 2 levels x 10 pairs of repetitions.
-    assert_eq!(c["drift_floor"]["compared_prompts"], json!(320));
+    // The reference against itself: 2 cases x 30 x 2 levels x 10 pairs of repetitions,
+    // of the same 32 distinct requests.
+    assert_eq!(c["drift_floor"]["compared_prompts"], json!(1200));
+    assert_eq!(c["drift_floor"]["distinct_requests"], json!(32));
     // Intervals, paired (interleaved): five rounds a side give one for every value; the
     // fast arm's pooled decode is well clear of the reference's.
     assert_eq!(c["intervals"]["paired"], json!(true));
@@ -467,7 +471,8 @@ async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_differen
     assert_eq!(l["a"]["values"].as_array().map(Vec::len), Some(5));
     assert!(stdout.contains("no difference shown"), "{stdout}");
     // A v2 contract's floor-relative gate reads the floor of A's side (its answers
-    // against its own repetitions: 4 slots x 10 pairs of repetitions).
+    // against its own repetitions: 4 slots x 10 pairs of repetitions), all of one request:
+    // 40 pairs of 1 distinct request are too few to judge against.
     let contract = json!({"contract_version": 2, "locked_at": "2026-01-01T00:00:00Z",
         "locked_by": "test", "plan_id": "any-text",
         "thresholds": {"quality_max_exact_match_drop_vs_floor": 0.0}});
@@ -483,8 +488,19 @@ async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_differen
         json!("quality_max_exact_match_drop_vs_floor")
     );
     assert_eq!(
-        (&level["floor_pairs"], &level["pass"]),
-        (&json!(40), &json!(true)),
+        (
+            &level["floor_pairs"],
+            &level["floor_distinct_requests"],
+            &level["pass"]
+        ),
+        (&json!(40), &json!(1), &Value::Null),
+        "{v:#}"
+    );
+    assert!(
+        level["note"]
+            .as_str()
+            .unwrap()
+            .contains("40 pair(s) of the reference's answers from 1 distinct request(s)"),
         "{v:#}"
     );
     // A server 55 ms slower to its first byte: shown, the interval well above 0.
