@@ -98,9 +98,11 @@ pub enum Command {
         /// The lane of run B when it is not a campaign (a campaign arm keeps its own).
         #[arg(long, value_enum, default_value_t = LaneArg::PerformanceFit)]
         lane: LaneArg,
-        /// Where to write compare.json.
-        #[arg(long, value_name = "FILE", default_value = "compare.json")]
-        out: PathBuf,
+        /// Where to write the comparison (refused if it exists). Default: compare.json
+        /// in the current folder, or compare-2.json, -3, ... beside the last one: a
+        /// comparison is never written over.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
         /// Compare only this arm of run A (a campaign run); with a contract it is the
         /// reference. Default: every available arm, paired with B's by name.
         #[arg(long = "arm-a", value_name = "NAME")]

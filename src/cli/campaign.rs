@@ -5,9 +5,9 @@
 //! `report`'s (`report::answers`, `report::compare`, `report::verdict`); this file reads
 //! the arguments, writes the files and prints.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::io::{CliError, Exit, print_stdout, report_error, tool, usage};
+use super::io::{CliError, Exit, print_stdout, report_error, tool, usage, write_new};
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
 use crate::record::rundir::{self, VERDICT, VERDICT_POST_HOC};
@@ -145,13 +145,17 @@ pub(crate) fn verdict_cmd(
             post_hoc: post_hoc.clone(),
         },
     );
-    let default = if post_hoc.is_some() {
-        VERDICT_POST_HOC
-    } else {
-        VERDICT
+    // The pre-registered verdict is the run's own and is written anew by its contract; a
+    // post-hoc one, or one to --out, is never written over.
+    let path = match (out, post_hoc.is_some()) {
+        (None, false) => {
+            let path = dir.join(VERDICT);
+            write_json(&path, &v)?;
+            path
+        }
+        (None, true) => write_never_over(None, &dir.join(VERDICT_POST_HOC), &v, "a verdict")?,
+        (Some(out), _) => write_never_over(Some(out), out, &v, "a verdict")?,
     };
-    let path = out.map_or_else(|| dir.join(default), Path::to_path_buf);
-    write_json(&path, &v)?;
     print_stdout(&verdict::verdict_text(&v), "the verdict", dir).map_err(tool)?;
     eprintln!("matrix-proxy: verdict written to {}", path.display());
     Ok(Exit::Ok)
@@ -187,7 +191,9 @@ pub(crate) struct CompareArgs<'a> {
     pub(crate) contract: Option<&'a Path>,
     /// The lane of B's side when B is not a campaign (a campaign arm keeps its own).
     pub(crate) lane: Lane,
-    pub(crate) out: &'a Path,
+    /// `--out` (refused if it exists); `None`: the first free of `compare.json`,
+    /// `compare-2.json`, ... in the current folder.
+    pub(crate) out: Option<&'a Path>,
     /// `--arm-a` / `--arm-b`: the side of each run to compare.
     pub(crate) arms: (Option<&'a str>, Option<&'a str>),
 }
@@ -227,9 +233,56 @@ pub(crate) fn compare_cmd(args: &CompareArgs<'_>) -> Result<Exit, CliError> {
     {
         eprintln!("matrix-proxy: warning: post-hoc verdict: {why}");
     }
-    let out = args.out;
-    write_json(out, &doc)?;
-    print_stdout(&text, "the comparison", out).map_err(tool)?;
+    let out = write_never_over(args.out, Path::new("compare.json"), &doc, "a comparison")?;
+    print_stdout(&text, "the comparison", &out).map_err(tool)?;
     eprintln!("matrix-proxy: comparison written to {}", out.display());
     Ok(Exit::Ok)
+}
+
+/// Write `v` as a new file: `out` when given (refused if it exists), else `default`, or
+/// the first free of `NAME-2.EXT`, `NAME-3.EXT`, ... beside it; whole or not at all. The
+/// path written.
+fn write_never_over<T: serde::Serialize>(
+    out: Option<&Path>,
+    default: &Path,
+    v: &T,
+    what: &str,
+) -> Result<PathBuf, CliError> {
+    let bytes = rundir::json_bytes(v);
+    if let Some(out) = out {
+        if out.exists() {
+            return Err(usage(format!(
+                "--out {}: exists; {what} is never written over: remove it, name another file, or leave --out out for a new name",
+                out.display()
+            )));
+        }
+        write_new(out, &bytes)?;
+        return Ok(out.to_path_buf());
+    }
+    let stem = default
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = default
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    for n in 1..=10_000u32 {
+        let path = match n {
+            1 => default.to_path_buf(),
+            n => default.with_file_name(format!("{stem}-{n}{ext}")),
+        };
+        if path.exists() {
+            continue;
+        }
+        match write_new(&path, &bytes) {
+            // Made meanwhile by another command: the next name.
+            Err(_) if path.exists() => continue,
+            r => return r.map(|()| path),
+        }
+    }
+    Err(usage(format!(
+        "{}: 10,000 earlier files of its name exist; name the file with --out",
+        default.display()
+    )))
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::args::{FreezeArgs, PlanConnection};
-use super::io::{CliError, Exit, report_error, tool, usage};
+use super::io::{CliError, Exit, report_error, tool, usage, write_new};
 use crate::config::flags;
 use crate::freeze::{self, Budget, FreezeError, Options};
 use crate::model::ConnectionPolicy;
@@ -67,33 +67,6 @@ pub(super) fn emit(out: Option<&Path>, plan: &[u8]) -> Result<(), CliError> {
             .write_all(plan)
             .map_err(|e| tool(format!("stdout: {e}"))),
     }
-}
-
-/// Write `bytes` to `out`, which must not exist: whole or not at all (a temporary file
-/// beside it, linked to its name only once written and synced, so a full disk or a
-/// Ctrl-C never leaves half a plan, and a file made meanwhile is never replaced).
-fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "plan.json".into());
-    let tmp = out.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    let linked = written.and_then(|()| std::fs::hard_link(&tmp, out));
-    let _ = std::fs::remove_file(&tmp);
-    linked.map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => usage(format!(
-            "--out {}: exists; a written plan is edited by hand, so it is never replaced",
-            out.display()
-        )),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-            usage(format!("--out {}: {e}", out.display()))
-        }
-        _ => tool(format!("--out {}: {e}", out.display())),
-    })
 }
 
 /// A written plan's budget from flags (`freeze`, `plan`), checked as a plan would be: a

@@ -171,6 +171,33 @@ pub(crate) fn without_huge_pages() {
     }
 }
 
+/// Write `bytes` to `out`, which must not exist: whole or not at all (a temporary file
+/// beside it, linked to its name only once written and synced, so a full disk or a
+/// Ctrl-C never leaves half a plan, and a file made meanwhile is never replaced).
+pub(crate) fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plan.json".into());
+    let tmp = out.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()
+    });
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, out));
+    let _ = std::fs::remove_file(&tmp);
+    linked.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => usage(format!(
+            "--out {}: exists (made meanwhile); it is never replaced",
+            out.display()
+        )),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+            usage(format!("--out {}: {e}", out.display()))
+        }
+        _ => tool(format!("--out {}: {e}", out.display())),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,7 +125,7 @@ pub fn main_with_args(args: Vec<OsString>) -> i32 {
                 LaneArg::Quality => crate::config::campaign::Lane::Quality,
                 LaneArg::PerformanceFit => crate::config::campaign::Lane::PerformanceFit,
             },
-            out: &out,
+            out: out.as_deref(),
             arms: (arm_a.as_deref(), arm_b.as_deref()),
         }),
     };

@@ -327,6 +327,21 @@ fn lanes(
 }
 
 /// The rules `t`'s version applies, said in verdict.json.
+/// A rule's label for the terminal: its text up to the first colon outside parentheses
+/// (`point (require_interval: false)`, never `point (require_interval`).
+fn rule_label(rule: &str) -> &str {
+    let mut depth = 0usize;
+    for (i, c) in rule.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ':' if depth == 0 => return &rule[..i],
+            _ => {}
+        }
+    }
+    rule
+}
+
 fn rules(t: &Thresholds) -> Rules {
     let floor = [
         t.quality_max_exact_match_drop_vs_floor
@@ -537,8 +552,8 @@ pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
         out.push_str(&format!(
             "  rules (contract v{}): quality {}; ratio gates {}\n",
             g.rules.contract_version,
-            g.rules.quality.split(':').next().unwrap_or_default(),
-            g.rules.ratio.split(':').next().unwrap_or_default(),
+            rule_label(&g.rules.quality),
+            rule_label(&g.rules.ratio),
         ));
         for w in &g.warnings {
             out.push_str(&format!("  warning: {w}\n"));
@@ -1059,6 +1074,23 @@ mod tests {
         }
         let g = gates(&none, &t2, None);
         assert_eq!(g.quality_lane_pass, None);
+    }
+
+    #[test]
+    fn a_rules_label_is_never_cut_inside_its_parentheses() {
+        let mut t = Thresholds::v2();
+        t.require_interval = Some(false);
+        let r = rules(&t);
+        assert_eq!(rule_label(&r.ratio), "point (require_interval: false)");
+        assert_eq!(
+            rule_label(&rules(&Thresholds::v2()).ratio),
+            "interval (require_interval)"
+        );
+        assert_eq!(
+            rule_label(&rules(&Thresholds::default()).ratio),
+            "point (contract v1)"
+        );
+        assert_eq!(rule_label("none on answers"), "none on answers");
     }
 
     #[test]

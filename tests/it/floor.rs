@@ -83,7 +83,9 @@ fn a_twin_of_a_nondeterministic_reference_is_at_its_floor() {
     let below = other["exact_match_rate_minus_floor"].as_f64().unwrap();
     assert!(below < -0.3, "{other}");
     assert!(
-        text.contains("drift floor (ref vs itself, pairs of repetitions): 90 pairs of 30 distinct requests"),
+        text.contains(
+            "drift floor (ref vs itself, pairs of repetitions): 90 pairs of 30 distinct requests"
+        ),
         "{text}"
     );
     assert!(

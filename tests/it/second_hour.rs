@@ -318,10 +318,10 @@ fn verdict_never_writes_over_the_pre_registered_verdict() {
         "--contract",
         DEMO_CONTRACT,
         "--out",
-        s(&c),
+        s(&tmp.path().join("c2.json")),
     ]);
     assert_eq!(code, Some(0), "{stderr}");
-    let cmp = read_json(&c);
+    let cmp = read_json(&tmp.path().join("c2.json"));
     assert_eq!(
         cmp["verdict"]["verdict"],
         json!("inconclusive"),

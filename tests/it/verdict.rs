@@ -230,6 +230,15 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         (&late["post_hoc"], &late["verdict"]),
         (&json!(true), &json!("optimize"))
     );
+    // A second post-hoc verdict gets a name of its own; the first is kept.
+    let first = std::fs::read(run_dir.join("verdict.post-hoc.json")).unwrap();
+    let (code, _, stderr) = run(&["verdict", s(&run_dir), "--contract", s(&strict_path)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("verdict.post-hoc-2.json"), "{stderr}");
+    assert_eq!(
+        std::fs::read(run_dir.join("verdict.post-hoc.json")).unwrap(),
+        first
+    );
     assert_eq!(
         read_json(&run_dir.join("verdict.json"))["verdict"],
         json!("adopt")
@@ -377,17 +386,25 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
     let contract = json!({"contract_version": 1, "locked_at": "2026-01-01T00:00:00Z",
                           "locked_by": "test", "plan_id": "any-text"});
     let cpath = write_plan(tmp.path(), "contract.json", &contract);
-    let (code, stdout, stderr) = run(&[
-        "compare",
-        s(&a),
-        s(&other),
-        "--contract",
-        s(&cpath),
-        "--out",
-        s(&out),
-    ]);
-    assert_eq!(code, Some(0), "{stderr}");
-    let doc = read_json(&out);
+    let args = ["compare", s(&a), s(&other), "--contract", s(&cpath)];
+    // A comparison is never written over: an --out that exists is refused, and without
+    // --out the next free name beside compare.json is taken.
+    let (code, _, stderr) = run(&[&args[..], &["--out", s(&out)]].concat());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("exists; a comparison is never written over"),
+        "{stderr}"
+    );
+    let before = std::fs::read(&out).unwrap();
+    let done = bin().args(args).current_dir(tmp.path()).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&done.stdout).into_owned(),
+        String::from_utf8_lossy(&done.stderr).into_owned(),
+    );
+    assert_eq!(done.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("written to compare-2.json"), "{stderr}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    let doc = read_json(&tmp.path().join("compare-2.json"));
     let d = &doc["drift"][0];
     assert_eq!(
         (&d["compared_prompts"], &d["advisory"]),
@@ -418,6 +435,7 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
 
     // Another workload is refused, naming the first difference.
     let bigger = replay_against(tmp.path(), "bigger", &any_text_plan(5), 0, false).await;
+    let out = tmp.path().join("bigger.json");
     let (code, _, stderr) = run(&["compare", s(&a), s(&bigger), "--out", s(&out)]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
@@ -428,6 +446,7 @@ async fn compare_puts_two_runs_of_one_workload_side_by_side_and_refuses_two_work
 
     // A run without recorded answers has nothing to compare: refused, not a reject.
     let norec = replay_against(tmp.path(), "norec", &plan, 0, true).await;
+    let out = tmp.path().join("norec.json");
     let (code, _, stderr) = run(&["compare", s(&a), s(&norec), "--out", s(&out)]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("was made with --no-record"), "{stderr}");
@@ -478,6 +497,7 @@ async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_differen
         "thresholds": {"quality_max_exact_match_drop_vs_floor": 0.0}});
     let cpath = write_plan(tmp.path(), "v2.json", &contract);
     let args = ["compare", s(&fast), s(&fast), "--lane", "quality"];
+    let out = tmp.path().join("compare-v2.json");
     let (code, _, stderr) =
         run(&[&args[..], &["--contract", s(&cpath), "--out", s(&out)]].concat());
     assert_eq!(code, Some(0), "{stderr}");
@@ -504,6 +524,7 @@ async fn compare_gives_each_delta_an_interval_and_says_when_it_shows_no_differen
         "{v:#}"
     );
     // A server 55 ms slower to its first byte: shown, the interval well above 0.
+    let out = tmp.path().join("compare-slow.json");
     let (code, stdout, stderr) = run(&["compare", s(&fast), s(&slow), "--out", s(&out)]);
     assert_eq!(code, Some(0), "{stderr}");
     let l = latency(&read_json(&out));
