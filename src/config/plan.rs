@@ -149,10 +149,14 @@ pub(crate) fn covering_requests_per_case(variant_counts: &[usize], highest: usiz
 }
 
 impl Plan {
-    /// What validate and replay warn of: each case whose measured rounds cannot send
-    /// every variant (more variants than `requests_per_case`), so the rest are sent only
+    /// What validate and replay warn of: each case of a closed loop whose measured rounds
+    /// cannot send every variant (more variants than `requests_per_case`), so the rest are sent only
     /// in readiness and warm-up and never measured.
     pub(crate) fn unmeasured_variants(&self) -> Vec<String> {
+        // An open loop's rounds are its arrivals, not requests_per_case (0 there).
+        if self.load.mode == super::load::Mode::Open {
+            return Vec::new();
+        }
         let counts: Vec<usize> = self.cases.iter().map(|c| c.variants.len()).collect();
         let highest = self.concurrency.iter().copied().max().unwrap_or(1);
         let fix = covering_requests_per_case(&counts, highest);
