@@ -286,6 +286,13 @@ pub struct FreezeArgs {
     /// The plan's endpoint. Default: serve's --upstream, or the replay run's endpoint.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// The plan's `name` (the plan id a contract names; `plan campaign` takes it).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The plan's `on_failure`: stop dispatch at the first failure (the default when
+    /// not given) or record failures and run the whole budget.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub on_failure: Option<PlanOnFailure>,
     /// Environment variable replay reads a bearer token from; required when the captured
     /// requests carried an Authorization header (the plan records only the name).
     #[arg(long, value_name = "NAME")]
@@ -320,6 +327,13 @@ pub struct FreezeArgs {
 pub enum PlanConnection {
     KeepAlive,
     Fresh,
+}
+
+/// A plan's `on_failure` on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum PlanOnFailure {
+    Stop,
+    Continue,
 }
 
 /// A lane on the command line.

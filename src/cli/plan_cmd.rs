@@ -282,6 +282,7 @@ fn write(
     };
     fill_metadata(&mut metadata, &mut lines);
     let head = Head {
+        name: None,
         description,
         endpoint: String::new(),
         health_endpoint: None,
