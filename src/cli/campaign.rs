@@ -18,7 +18,7 @@ use crate::report::run::FinishedRun;
 use crate::report::verdict::{self, Provenance};
 
 /// Contracts are small; a larger file is not one.
-const MAX_CONTRACT_BYTES: u64 = 1 << 20;
+pub(super) const MAX_CONTRACT_BYTES: u64 = 1 << 20;
 
 /// Read and validate a contract file (exit 2 with the file's name on any problem).
 pub(crate) fn load_contract(path: &Path) -> Result<Contract, CliError> {

@@ -15,6 +15,7 @@ mod campaign;
 mod freeze;
 mod io;
 mod metrics_http;
+mod plan_campaign;
 mod plan_cmd;
 mod recover;
 mod replay;
