@@ -114,8 +114,10 @@ pub enum Command {
     /// Turn recorded exchanges (a serve run of live traffic, a replay run of a capture
     /// plan, a campaign arm) into a frozen plan whose oracles are the recorded answers.
     Freeze(FreezeArgs),
-    /// Write a capture plan (no oracles) from a prompt dataset or synthetic prompts of
-    /// exact token counts; replay it, then `freeze` the run. Sends nothing.
+    /// Write plans: a capture plan (no oracles) from a prompt dataset or synthetic prompts
+    /// of exact token counts (replay it, then `freeze` the run); a campaign plan and its
+    /// contract from a frozen plan and the arms' start commands; lock a contract. Sends
+    /// nothing.
     #[command(subcommand)]
     Plan(PlanCommand),
 }
@@ -130,6 +132,92 @@ pub enum PlanCommand {
     /// Prompts of an exact token count under a model's tokenizer.json, cut from a corpus
     /// embedded in the binary.
     Synthetic(SyntheticArgs),
+    /// A campaign plan from a frozen plan: its cases, budget and metadata, with arms
+    /// started by the commands given (`{port}`: a free port the tool chooses; `{self}`:
+    /// this binary), and optionally an unlocked version 2 contract for it.
+    Campaign(CampaignPlanArgs),
+    /// Lock a contract once its thresholds are final: stamp `locked_at` (now, UTC) and
+    /// `locked_by` into it (replay and verdict refuse an unlocked contract).
+    Lock(LockArgs),
+}
+
+/// `plan campaign`'s flags: the frozen plan, the arms, their settings and the files
+/// written.
+#[derive(Args, Debug, Clone)]
+pub struct CampaignPlanArgs {
+    /// The frozen plan (`freeze`'s output, or any plain plan): its cases, budget and
+    /// metadata become the campaign's.
+    #[arg(value_name = "FROZEN")]
+    pub plan: PathBuf,
+    /// The campaign's name: the plan id its contract names. Default: the frozen plan's
+    /// `name`.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The reference arm (exactly one, in the quality lane): NAME=COMMAND, the command
+    /// split as a shell would, e.g. 'ref=vllm serve ./model --port {port}'.
+    #[arg(long, value_name = "NAME=COMMAND", required = true)]
+    pub reference: Vec<String>,
+    /// An arm compared with the reference (repeatable): NAME=COMMAND in the quality
+    /// lane, NAME:fit=COMMAND in the performance-fit lane (NAME:quality=COMMAND too).
+    #[arg(long = "arm", value_name = "NAME[:LANE]=COMMAND", required = true)]
+    pub arms: Vec<String>,
+    /// An environment variable set for every arm's server (KEY=VALUE), or for one arm
+    /// (ARM:KEY=VALUE); repeatable. `{port}` is substituted.
+    #[arg(long, value_name = "[ARM:]KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The health check's path on every arm's origin (/v1/models), or on one arm's
+    /// (ARM:/v1/models). Default: the frozen plan's health path, else /health.
+    #[arg(long, value_name = "[ARM:]PATH")]
+    pub health: Vec<String>,
+    /// Seconds a started server has to answer its health check, for every arm (300) or
+    /// for one (ARM:300). Default: 600.
+    #[arg(long, value_name = "[ARM:]SECONDS")]
+    pub health_timeout: Vec<String>,
+    /// What the numbers are: `measured` (real models; the default) or `synthetic` (mocks
+    /// and test servers; the default when every arm is the built-in mock).
+    #[arg(long, value_enum)]
+    pub evidence_class: Option<EvidenceArg>,
+    /// The order arms run in: interleaved (one at a time, in rotation) or sequential (each
+    /// arm start to stop, then the next: arms that cannot share one GPU).
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Interleaved)]
+    pub schedule: ScheduleArg,
+    /// Measured rounds per (case, level) and arm; at least 2, and 5 for the intervals a
+    /// version 2 contract's ratio gates read.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Where to write the campaign plan (refused if it exists). Default: stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Also write a version 2 contract for the plan, every threshold at its default and
+    /// unlocked: edit it, then `matrix-proxy plan lock FILE --by NAME` (refused if it
+    /// exists).
+    #[arg(long, value_name = "FILE")]
+    pub contract_out: Option<PathBuf>,
+}
+
+/// `plan lock`'s flags.
+#[derive(Args, Debug, Clone)]
+pub struct LockArgs {
+    /// The contract (contract.json), rewritten in place with `locked_at` and `locked_by`.
+    #[arg(value_name = "CONTRACT")]
+    pub contract: PathBuf,
+    /// Who fixes the thresholds (a name or a team), recorded as `locked_by`.
+    #[arg(long, value_name = "NAME")]
+    pub by: String,
+}
+
+/// A campaign's evidence class on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum EvidenceArg {
+    Measured,
+    Synthetic,
+}
+
+/// A campaign's schedule on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum ScheduleArg {
+    Interleaved,
+    Sequential,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -288,6 +376,13 @@ pub struct FreezeArgs {
     /// The plan's endpoint. Default: serve's --upstream, or the replay run's endpoint.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// The plan's `name` (the plan id a contract names; `plan campaign` takes it).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The plan's `on_failure`: stop dispatch at the first failure (the default when
+    /// not given) or record failures and run the whole budget.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub on_failure: Option<PlanOnFailure>,
     /// Environment variable replay reads a bearer token from; required when the captured
     /// requests carried an Authorization header (the plan records only the name).
     #[arg(long, value_name = "NAME")]
@@ -322,6 +417,13 @@ pub struct FreezeArgs {
 pub enum PlanConnection {
     KeepAlive,
     Fresh,
+}
+
+/// A plan's `on_failure` on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum PlanOnFailure {
+    Stop,
+    Continue,
 }
 
 /// A lane on the command line.

@@ -18,7 +18,7 @@ use crate::report::run::FinishedRun;
 use crate::report::verdict::{self, Provenance};
 
 /// Contracts are small; a larger file is not one.
-const MAX_CONTRACT_BYTES: u64 = 1 << 20;
+pub(super) const MAX_CONTRACT_BYTES: u64 = 1 << 20;
 
 /// Read and validate a contract file (exit 2 with the file's name on any problem).
 pub(crate) fn load_contract(path: &Path) -> Result<Contract, CliError> {
@@ -256,7 +256,7 @@ fn write_never_over<T: serde::Serialize>(
                 out.display()
             )));
         }
-        write_new(out, &bytes)?;
+        write_new("--out", out, &bytes)?;
         return Ok(out.to_path_buf());
     }
     let stem = default
@@ -275,7 +275,7 @@ fn write_never_over<T: serde::Serialize>(
         if path.exists() {
             continue;
         }
-        match write_new(&path, &bytes) {
+        match write_new("--out", &path, &bytes) {
             // Made meanwhile by another command: the next name.
             Err(_) if path.exists() => continue,
             r => return r.map(|()| path),

@@ -7,9 +7,10 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::args::{FreezeArgs, PlanConnection};
+use super::args::{FreezeArgs, PlanConnection, PlanOnFailure};
 use super::io::{CliError, Exit, report_error, tool, usage, write_new};
 use crate::config::flags;
+use crate::config::plan::OnFailure;
 use crate::freeze::{self, Budget, FreezeError, Options};
 use crate::model::ConnectionPolicy;
 use crate::report::run::read_bounded;
@@ -33,10 +34,15 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
 
 /// Refuse an `--out` that exists or whose folder does not, before anything is read.
 pub(super) fn check_out(out: Option<&Path>) -> Result<(), CliError> {
+    check_new("--out", out)
+}
+
+/// Refuse a file to be written (given with `flag`) that exists or whose folder does not.
+pub(super) fn check_new(flag: &str, out: Option<&Path>) -> Result<(), CliError> {
     let Some(out) = out else { return Ok(()) };
     if out.exists() {
         return Err(usage(format!(
-            "--out {}: exists; a written plan is edited by hand, so it is never replaced: remove it or choose another file",
+            "{flag} {}: exists; a written plan is edited by hand, so it is never replaced: remove it or choose another file",
             out.display()
         )));
     }
@@ -45,7 +51,7 @@ pub(super) fn check_out(out: Option<&Path>) -> Result<(), CliError> {
         && !dir.is_dir()
     {
         return Err(usage(format!(
-            "--out: {} is not a directory; create it first",
+            "{flag}: {} is not a directory; create it first",
             dir.display()
         )));
     }
@@ -56,7 +62,7 @@ pub(super) fn check_out(out: Option<&Path>) -> Result<(), CliError> {
 pub(super) fn emit(out: Option<&Path>, plan: &[u8]) -> Result<(), CliError> {
     match out {
         Some(out) => {
-            write_new(out, plan)?;
+            write_new("--out", out, plan)?;
             eprintln!(
                 "matrix-proxy: wrote {}; check it with `matrix-proxy validate {0}`, replay it with `matrix-proxy replay {0}`",
                 out.display()
@@ -104,6 +110,7 @@ pub(super) fn budget(
             PlanConnection::KeepAlive => ConnectionPolicy::KeepAlive,
             PlanConnection::Fresh => ConnectionPolicy::Fresh,
         },
+        on_failure: None,
     })
 }
 
@@ -115,13 +122,24 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         .map(|u| flags::endpoint("--endpoint", u))
         .transpose()
         .map_err(usage)?;
-    let budget = budget(
+    let mut budget = budget(
         &args.concurrency,
         args.requests_per_case,
         (args.repetitions, args.warmup_per_case),
         args.timeout_seconds,
         args.connection,
     )?;
+    budget.on_failure = args.on_failure.map(|p| match p {
+        PlanOnFailure::Stop => OnFailure::Stop,
+        PlanOnFailure::Continue => OnFailure::Continue,
+    });
+    if let Some(name) = &args.name
+        && name.trim().is_empty()
+    {
+        return Err(usage(
+            "--name: give the plan a non-blank name (the plan id a contract names)",
+        ));
+    }
     if let Some(name) = &args.bearer_token_env
         && !flags::is_env_name(name)
     {
@@ -135,6 +153,7 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         arm: args.arm.clone(),
         endpoint,
         bearer_token_env: args.bearer_token_env.clone(),
+        name: args.name.clone(),
         metadata,
         budget,
     })

@@ -171,10 +171,11 @@ pub(crate) fn without_huge_pages() {
     }
 }
 
-/// Write `bytes` to `out`, which must not exist: whole or not at all (a temporary file
-/// beside it, linked to its name only once written and synced, so a full disk or a
-/// Ctrl-C never leaves half a plan, and a file made meanwhile is never replaced).
-pub(crate) fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
+/// Write `bytes` to `out` (given with `flag`), which must not exist: whole or not at all
+/// (a temporary file beside it, linked to its name only once written and synced, so a
+/// full disk or a Ctrl-C never leaves half a file, and a file made meanwhile is never
+/// replaced).
+pub(crate) fn write_new(flag: &str, out: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -188,14 +189,22 @@ pub(crate) fn write_new(out: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let _ = std::fs::remove_file(&tmp);
     linked.map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => usage(format!(
-            "--out {}: exists (made meanwhile); it is never replaced",
+            "{flag} {}: exists (made meanwhile); it is never replaced",
             out.display()
         )),
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-            usage(format!("--out {}: {e}", out.display()))
+            usage(format!("{flag} {}: {e}", out.display()))
         }
-        _ => tool(format!("--out {}: {e}", out.display())),
+        _ => tool(format!("{flag} {}: {e}", out.display())),
     })
+}
+
+/// Each case whose measured rounds cannot reach every variant, one warning line each
+/// after `prefix` (`validate`, `replay`).
+pub(crate) fn say_unmeasured(plan: &Plan, prefix: &str) {
+    for w in plan.unmeasured_variants() {
+        eprintln!("{prefix}{w}");
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod campaign;
 mod freeze;
 mod io;
 mod metrics_http;
+mod plan_campaign;
 mod plan_cmd;
 mod recover;
 mod replay;
@@ -246,9 +247,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.connection.as_str()
     );
     capture_line(&plan);
-    for w in plan.unmeasured_variants() {
-        eprintln!("  {w}");
-    }
+    io::say_unmeasured(&plan, "  ");
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",

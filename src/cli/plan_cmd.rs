@@ -1,6 +1,7 @@
 //! `matrix-proxy plan from-jsonl FILE ...` and `matrix-proxy plan synthetic ...`: the
 //! flags checked, the prompts made (`crate::dataset`), the capture plan written or
-//! printed, and what it will send said on stderr. Sends nothing.
+//! printed, and what it will send said on stderr. Sends nothing. `plan campaign` and
+//! `plan lock` are `plan_campaign.rs`'s.
 
 use serde_json::Map;
 
@@ -9,6 +10,7 @@ use super::args::{
 };
 use super::freeze::{budget, check_out, emit, read_metadata};
 use super::io::{CliError, Exit, usage};
+use super::plan_campaign::{campaign_cmd, lock_cmd};
 use crate::config::flags;
 use crate::config::shape::Shape;
 use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic};
@@ -18,6 +20,8 @@ pub fn plan_cmd(cmd: &PlanCommand) -> Result<Exit, CliError> {
     match cmd {
         PlanCommand::FromJsonl(a) => from_jsonl(a),
         PlanCommand::Synthetic(a) => synthetic_cmd(a),
+        PlanCommand::Campaign(a) => campaign_cmd(a),
+        PlanCommand::Lock(a) => lock_cmd(a),
     }
 }
 
@@ -282,6 +286,7 @@ fn write(
     };
     fill_metadata(&mut metadata, &mut lines);
     let head = Head {
+        name: None,
         description,
         endpoint: String::new(),
         health_endpoint: None,

@@ -512,9 +512,7 @@ fn create_run(args: &ReplayArgs, input: &ReplayRun) -> Result<Created, CliError>
         );
     }
     // Said even under --quiet: a verdict on a fraction of the prompts is a finding.
-    for w in plan.unmeasured_variants() {
-        eprintln!("matrix-proxy: {w}");
-    }
+    super::io::say_unmeasured(plan, "matrix-proxy: ");
     Ok(Created {
         dir,
         run_id: rid,

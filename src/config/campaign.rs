@@ -175,6 +175,17 @@ impl Campaign {
     }
 }
 
+/// What an arm's name must be, as messages say it after the name.
+pub(crate) const ARM_NAME_RULE: &str = "must be letters, digits, '.', '_' or '-' (not first '.'): it names the arm's files in the run directory";
+
+/// Whether `s` may name an arm ([`ARM_NAME_RULE`]).
+pub(crate) fn is_arm_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !s.starts_with('.')
+}
+
 const ARM_FIELDS: &[&str] = &[
     "name",
     "lane",
@@ -382,17 +393,10 @@ impl Validator {
                 None
             }
             Some(n) => self.nonblank(n, &join(path, "name")).and_then(|s| {
-                let ok = s
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-                    && !s.starts_with('.');
-                if ok {
+                if is_arm_name(s) {
                     Some(s.to_string())
                 } else {
-                    self.err(
-                        join(path, "name"),
-                        format!("'{s}' must be letters, digits, '.', '_' or '-' (not first '.'): it names the arm's files in the run directory"),
-                    );
+                    self.err(join(path, "name"), format!("'{s}' {ARM_NAME_RULE}"));
                     None
                 }
             }),

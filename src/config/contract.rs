@@ -4,7 +4,8 @@
 
 use serde_json::{Map, Value};
 
-use super::json::{PlanError, Validator, join, read_document};
+use super::json::{PlanError, Problem, Validator, join, read_document};
+use crate::oracle::json_kind;
 
 /// The newest contract version this build reads (1 is read too, and means what it always
 /// meant).
@@ -240,6 +241,86 @@ impl Contract {
     }
 }
 
+/// A version 2 contract for the plan named `plan_id`, every threshold that has a default
+/// written out with it (the ones "not applied" by default are left out: written, they
+/// apply), and unlocked: no `locked_at` or `locked_by` until [`lock`] stamps them.
+pub(crate) fn unlocked_v2(plan_id: &str, reference: &str) -> Value {
+    let thresholds = serde_json::to_value(Thresholds::v2()).unwrap_or(Value::Null);
+    serde_json::json!({
+        "contract_version": CONTRACT_VERSION,
+        "plan_id": plan_id,
+        "thresholds": thresholds,
+        "baseline": format!("the reference arm '{reference}'"),
+        "stop_condition": "the whole plan, once",
+    })
+}
+
+/// Why a contract cannot be locked.
+#[derive(Debug)]
+pub(crate) enum LockRefusal {
+    /// It already has `locked_at` or `locked_by`: the message says when and by whom.
+    Locked(String),
+    /// The stamped contract does not validate (every problem with its path).
+    Invalid(PlanError),
+}
+
+/// The contract `bytes` with `locked_at` and `locked_by` stamped right after
+/// `contract_version` (every other key kept, in its order), pretty-printed with a final
+/// newline, and the contract it validates as. A contract that has either already is
+/// refused; so is one that does not validate once stamped.
+pub(crate) fn lock(
+    bytes: &[u8],
+    locked_at: &str,
+    locked_by: &str,
+) -> Result<(Vec<u8>, Contract), LockRefusal> {
+    let root = read_document(bytes, "contract").map_err(LockRefusal::Invalid)?;
+    let top = match root {
+        Value::Object(top) => top,
+        other => {
+            return Err(LockRefusal::Invalid(PlanError {
+                problems: vec![Problem {
+                    path: String::new(),
+                    message: format!(
+                        "must be a JSON object (contract_version, plan_id, thresholds, ...), found {}",
+                        json_kind(&other)
+                    ),
+                }],
+            }));
+        }
+    };
+    if top.contains_key("locked_at") || top.contains_key("locked_by") {
+        let said = |k: &str| match top.get(k) {
+            Some(Value::String(s)) => format!("'{s}'"),
+            Some(other) => other.to_string(),
+            None => "nobody said".to_string(),
+        };
+        return Err(LockRefusal::Locked(format!(
+            "already locked: locked_at {}, locked_by {}; a locked contract is not stamped again (to change its thresholds before any run used it, remove locked_at and locked_by, edit, and lock it again)",
+            said("locked_at"),
+            said("locked_by")
+        )));
+    }
+    let stamp = |m: &mut Map<String, Value>| {
+        m.insert("locked_at".into(), Value::from(locked_at));
+        m.insert("locked_by".into(), Value::from(locked_by));
+    };
+    let mut out = Map::new();
+    if !top.contains_key("contract_version") {
+        stamp(&mut out);
+    }
+    for (k, val) in top {
+        let version = k == "contract_version";
+        out.insert(k, val);
+        if version {
+            stamp(&mut out);
+        }
+    }
+    let mut bytes = serde_json::to_vec_pretty(&Value::Object(out)).unwrap_or_default();
+    bytes.push(b'\n');
+    let c = Contract::from_json_bytes(&bytes, String::new()).map_err(LockRefusal::Invalid)?;
+    Ok((bytes, c))
+}
+
 fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract> {
     let top = v.object(root, "")?;
     v.unknown_fields(top, "", &[FIELDS]);
@@ -270,7 +351,7 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
     let locked_at = required(
         v,
         "locked_at",
-        "when the thresholds were fixed, in RFC 3339 with a zone, e.g. \"2026-11-30T09:00:00Z\"",
+        "when the thresholds were fixed, in RFC 3339 with a zone, e.g. \"2026-11-30T09:00:00Z\"; an unlocked contract is locked once its thresholds are final with `matrix-proxy plan lock FILE --by NAME`",
     )
     .and_then(|x| v.nonblank(x, "locked_at"))
     .and_then(|s| match crate::clock::parse_rfc3339_us(s) {
@@ -283,9 +364,13 @@ fn contract(v: &mut Validator, root: &Value, sha256: String) -> Option<Contract>
             None
         }
     });
-    let locked_by = required(v, "locked_by", "who fixed the thresholds")
-        .and_then(|x| v.nonblank(x, "locked_by"))
-        .map(str::to_string);
+    let locked_by = required(
+        v,
+        "locked_by",
+        "who fixed the thresholds (`matrix-proxy plan lock FILE --by NAME` stamps it)",
+    )
+    .and_then(|x| v.nonblank(x, "locked_by"))
+    .map(str::to_string);
     let plan_id = required(v, "plan_id", "the `name` of the plan the contract is for")
         .and_then(|x| v.nonblank(x, "plan_id"))
         .map(str::to_string);
@@ -449,6 +534,66 @@ mod tests {
             1,
             "a repeated key is refused before anything else"
         );
+    }
+
+    #[test]
+    fn an_unlocked_contract_is_refused_until_lock_stamps_it() {
+        let doc = unlocked_v2("p", "ref");
+        let bytes = serde_json::to_vec_pretty(&doc).unwrap();
+        let got = problems(std::str::from_utf8(&bytes).unwrap());
+        assert_eq!(got.len(), 2, "{got:#?}");
+        assert!(
+            got[0].starts_with("locked_at: is required") && got[0].contains("plan lock"),
+            "{got:#?}"
+        );
+        assert!(got[1].starts_with("locked_by: is required"), "{got:#?}");
+        // Every threshold with a default is written out with it.
+        let t = doc["thresholds"].as_object().unwrap();
+        assert_eq!(t.len(), 8, "{t:?}");
+        assert_eq!(t["require_interval"], Value::Bool(true));
+        assert_eq!(t["fit_min_mean_similarity"], serde_json::json!(0.5));
+        let (stamped, c) = lock(&bytes, "2026-12-01T09:00:00Z", "ana").expect("locks");
+        assert_eq!((c.version, c.thresholds), (2, Thresholds::v2()));
+        assert_eq!((c.plan_id.as_str(), c.locked_by.as_str()), ("p", "ana"));
+        let v: Value = serde_json::from_slice(&stamped).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "contract_version",
+                "locked_at",
+                "locked_by",
+                "plan_id",
+                "thresholds",
+                "baseline",
+                "stop_condition"
+            ]
+        );
+        match lock(&stamped, "2026-12-02T09:00:00Z", "bo") {
+            Err(LockRefusal::Locked(m)) => assert!(
+                m.contains("'2026-12-01T09:00:00Z'") && m.contains("'ana'"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let mut bad = doc.clone();
+        bad["thresholds"]["min_decode_ratio"] = serde_json::json!(-1);
+        match lock(
+            &serde_json::to_vec(&bad).unwrap(),
+            "2026-12-01T09:00:00Z",
+            "ana",
+        ) {
+            Err(LockRefusal::Invalid(e)) => assert!(
+                e.to_string()
+                    .contains("thresholds.min_decode_ratio: must be >= 0, found -1"),
+                "{e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            lock(b"[1]", "2026-12-01T09:00:00Z", "ana"),
+            Err(LockRefusal::Invalid(_))
+        ));
     }
 
     fn contract(version: u64, thresholds: &str) -> Result<Contract, Vec<String>> {

@@ -256,6 +256,7 @@ mod tests {
         let mut metadata = Map::new();
         crate::freeze::fill_metadata(&mut metadata, &mut Vec::new());
         Head {
+            name: None,
             description: "d".into(),
             endpoint: String::new(),
             health_endpoint: None,
@@ -272,6 +273,7 @@ mod tests {
             warmup_per_case: 2,
             timeout_seconds: 60.0,
             connection: crate::model::ConnectionPolicy::KeepAlive,
+            on_failure: None,
         }
     }
 

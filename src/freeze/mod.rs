@@ -34,6 +34,8 @@ pub(crate) struct Options {
     /// Replaces the recorded endpoint.
     pub(crate) endpoint: Option<Endpoint>,
     pub(crate) bearer_token_env: Option<String>,
+    /// The plan's `name` (`--name`).
+    pub(crate) name: Option<String>,
     /// `--metadata FILE`, read.
     pub(crate) metadata: Option<Map<String, Value>>,
     pub(crate) budget: Budget,
@@ -152,6 +154,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     let mut lines: Vec<String> = sources.iter().filter_map(newer_schema).collect();
     let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
     let head = write::Head {
+        name: opts.name.clone(),
         description: description(&sources),
         endpoint: endpoint.url(),
         health_endpoint: sources

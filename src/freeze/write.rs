@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::collect::{Answer, Body, Case, Variant};
 use super::evidence::volatile_present;
+use crate::config::plan::OnFailure;
 use crate::model::ConnectionPolicy;
 
 /// The budget a frozen plan starts with (`freeze`'s flags).
@@ -22,11 +23,15 @@ pub(crate) struct Budget {
     pub(crate) warmup_per_case: usize,
     pub(crate) timeout_seconds: f64,
     pub(crate) connection: ConnectionPolicy,
+    /// `on_failure` as given (`None`: left out, the plan's default `stop`).
+    pub(crate) on_failure: Option<OnFailure>,
 }
 
 /// The plan's own fields besides the budget and the cases.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
+    /// The plan's `name` (the plan id a contract names), when given.
+    pub(crate) name: Option<String>,
     pub(crate) description: String,
     pub(crate) endpoint: String,
     pub(crate) health_endpoint: Option<String>,
@@ -80,11 +85,15 @@ pub(crate) fn plan_bytes(plan: &Value, limit: u64) -> Result<Vec<u8>, String> {
     Ok(w.bytes)
 }
 
-/// What a written plan says before its cases, in this order: description, endpoint,
-/// health endpoint and auth (when given), the budget, metadata. `freeze` and `plan`
-/// (datasets) both lay a plan out this way.
+/// What a written plan says before its cases, in this order: name (when given),
+/// description, endpoint, health endpoint and auth (when given), connection, on_failure
+/// (when given), the budget, metadata. `freeze` and `plan` (datasets) both lay a plan out
+/// this way.
 pub(crate) fn head_map(head: &Head, budget: &Budget) -> Map<String, Value> {
     let mut plan = Map::new();
+    if let Some(name) = &head.name {
+        plan.insert("name".into(), json!(name));
+    }
     plan.insert("description".into(), json!(head.description));
     plan.insert("endpoint".into(), json!(head.endpoint));
     if let Some(h) = &head.health_endpoint {
@@ -94,6 +103,9 @@ pub(crate) fn head_map(head: &Head, budget: &Budget) -> Map<String, Value> {
         plan.insert("auth".into(), json!({"bearer_token_env": env}));
     }
     plan.insert("connection".into(), json!(budget.connection.as_str()));
+    if let Some(on_failure) = budget.on_failure {
+        plan.insert("on_failure".into(), json!(on_failure.as_str()));
+    }
     plan.insert("concurrency".into(), json!(budget.concurrency));
     plan.insert("requests_per_case".into(), json!(budget.requests_per_case));
     plan.insert("repetitions".into(), json!(budget.repetitions));
@@ -346,6 +358,7 @@ mod tests {
 
     fn plan(cases: &[Case]) -> Value {
         let head = Head {
+            name: None,
             description: "d".into(),
             endpoint: "http://127.0.0.1:1/".into(),
             health_endpoint: None,
@@ -362,6 +375,7 @@ mod tests {
             warmup_per_case: 2,
             timeout_seconds: 5.0,
             connection: ConnectionPolicy::KeepAlive,
+            on_failure: None,
         };
         let v = plan_json(&head, &budget, cases);
         let bytes = serde_json::to_vec(&v).unwrap();

@@ -15,6 +15,7 @@ mod golden;
 mod hostile;
 mod hostile_peers;
 mod open_loop;
+mod plan_campaign;
 mod replay;
 mod report;
 mod scrape;
