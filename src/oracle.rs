@@ -480,6 +480,42 @@ fn byte_window(s: &[u8], at: usize) -> String {
     )
 }
 
+/// Characters of a refused answer an error message shows.
+const REASON_CHARS: usize = 200;
+
+/// What an answer with an unexpected status says, quoted for an error message: the
+/// `error.message`, `error`, `detail` or `message` string of a JSON object (OpenAI, TGI,
+/// FastAPI), else the body's start; at most [`REASON_CHARS`] characters, `…` where cut,
+/// control characters escaped. `None` for a body of white space only.
+pub(crate) fn answer_reason(body: &[u8]) -> Option<String> {
+    let json = (body.trim_ascii_start().first() == Some(&b'{'))
+        .then(|| serde_json::from_slice::<Value>(body).ok())
+        .flatten();
+    let said = json.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("error"),
+            v.get("detail"),
+            v.get("message"),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(Value::as_str)
+    });
+    let start = &body[..body.len().min(4 * REASON_CHARS)];
+    let text = match said {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => String::from_utf8_lossy(start),
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let end = (text.char_indices().nth(REASON_CHARS)).map_or(text.len(), |(i, _)| i);
+    let cut = end < text.len() || (said.is_none() && start.len() < body.len());
+    Some(format!("\"{}\"", windowed(&text[..end], false, cut)))
+}
+
 /// `text` escaped for a quoted message, with `…` before and after where it was cut.
 fn windowed(text: &str, cut_before: bool, cut_after: bool) -> String {
     let mut out = String::with_capacity(text.len() + 8);
@@ -1006,6 +1042,48 @@ mod tests {
             o.check(b"\xff\xfeabd").unwrap_err().reason,
             "bytes differ at offset 4 (expected 5 bytes, got 5): expected \"\u{fffd}\u{fffd}abc\", \
              found \"\u{fffd}\u{fffd}abd\""
+        );
+    }
+
+    #[test]
+    fn a_refused_answer_says_its_reason_bounded_and_escaped() {
+        let pinned = br#"{"detail": "Server is pinned to './model'; requested 'model'"}"#;
+        assert_eq!(
+            answer_reason(pinned).as_deref(),
+            Some(r#""Server is pinned to './model'; requested 'model'""#)
+        );
+        let openai = br#"{"error": {"message": "no such model", "type": "invalid_request_error"}}"#;
+        assert_eq!(answer_reason(openai).as_deref(), Some(r#""no such model""#));
+        let tgi = br#"{"error": "Input validation error", "error_type": "validation"}"#;
+        assert_eq!(
+            answer_reason(tgi).as_deref(),
+            Some(r#""Input validation error""#)
+        );
+        // Not one of those shapes: the body's start, control characters escaped.
+        assert_eq!(
+            answer_reason(b"Not Found\r\n").as_deref(),
+            Some(r#""Not Found""#)
+        );
+        assert_eq!(
+            answer_reason(b"bad\x01 \xffthing").as_deref(),
+            Some("\"bad\\u{1} \u{fffd}thing\"")
+        );
+        assert_eq!(
+            answer_reason(br#"{"detail": [{"msg": "field required"}]}"#).as_deref(),
+            Some(r#""{\"detail\": [{\"msg\": \"field required\"}]}""#)
+        );
+        assert_eq!(answer_reason(b"  \n"), None);
+        assert_eq!(answer_reason(b""), None);
+        // Bounded: 200 characters of a long body, cut on a character boundary.
+        let long = "é".repeat(1000);
+        assert_eq!(
+            answer_reason(long.as_bytes()),
+            Some(format!("\"{}…\"", "é".repeat(200)))
+        );
+        let long = json!({"detail": "x".repeat(1000)}).to_string();
+        assert_eq!(
+            answer_reason(long.as_bytes()),
+            Some(format!("\"{}…\"", "x".repeat(200)))
         );
     }
 

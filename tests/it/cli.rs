@@ -452,6 +452,16 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
         }
     }))
     .await;
+    // A worker refusing the request says why (transformers serve pinned to another model).
+    let pinned = Peer::start(Arc::new(|_, s: &Seen| {
+        if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            let why = "Server is pinned to './model'; requested 'model'";
+            Reply::json(400, &json!({"detail": why}))
+        }
+    }))
+    .await;
     let junk = raw_peer(junk_status).await;
     let cases = [
         (
@@ -461,7 +471,12 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
         ),
         (
             not_found.url("/v1"),
-            "matrix-proxy: first failure: health -> http: status 404, expected 200".to_string(),
+            "matrix-proxy: first failure: health -> http: status 404, expected 200; the answer says \"{}\"".to_string(),
+            "http 1",
+        ),
+        (
+            pinned.url("/v1"),
+            "matrix-proxy: first failure: readiness case 'c' -> http: status 400, expected 200; the answer says \"Server is pinned to './model'; requested 'model'\"".to_string(),
             "http 1",
         ),
         (

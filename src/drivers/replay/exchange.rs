@@ -283,10 +283,11 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
         return failed(Outcome::Transport, why);
     }
     if status != i32::from(expected_status) {
-        return failed(
-            Outcome::Http,
-            format!("status {status}, expected {expected_status}"),
-        );
+        let mut message = format!("status {status}, expected {expected_status}");
+        if let Some(said) = crate::oracle::answer_reason(&got.body.bytes) {
+            message.push_str(&format!("; the answer says {said}"));
+        }
+        return failed(Outcome::Http, message);
     }
     // Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a
     // stream's comes from its events): a JSON oracle reads it from its own parse, any
