@@ -570,7 +570,9 @@ pub struct ReplayArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub scrape: ScrapeArgs,
-    /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
+    /// Replace the plan's endpoint (origin and path) and its health endpoint's origin; a URL
+    /// with no path at all (http://host:8000, not even /) replaces only the origin of
+    /// every endpoint and keeps the plan's paths.
     #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]
     pub endpoint: Option<String>,
     /// Start the built-in mock worker on 127.0.0.1 and send the plan there.
