@@ -64,6 +64,8 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
     }
     if read.format == jsonl::Format::Request {
         lines.push("raw request bodies are sent as they are: --model, --max-tokens, --stream and --temperature do not apply".into());
+    } else if a.out.max_tokens.is_none() && a.output_len_from.is_none() {
+        lines.push("warning: no --max-tokens: the requests ask for no max_tokens, so each answer runs to the server's own limit and its length varies from run to run; give --max-tokens N (or --output-len-from FIELD) so the answers can be frozen and decode compared".into());
     }
     if let Some(c) = &counter {
         if read.format == jsonl::Format::Request {

@@ -323,6 +323,10 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         json!(2),
         "one pass over the prompts per round"
     );
+    assert!(
+        !err.contains("no --max-tokens"),
+        "--output-len-from bounds them: {err}"
+    );
     let mut written = vec![p.clone()];
 
     let completion = write_lines(
@@ -330,7 +334,7 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         "prompts.jsonl",
         &[json!({"prompt": "once upon"}).to_string()],
     );
-    let (p, _) = plan(&[
+    let (p, err) = plan(&[
         "from-jsonl",
         s(&completion),
         "--endpoint",
@@ -340,6 +344,7 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         "--max-tokens",
         "4",
     ]);
+    assert!(!err.contains("no --max-tokens"), "{err}");
     assert_eq!(p["endpoint"], json!("http://127.0.0.1:9/v1/completions"));
     assert_eq!(
         variants(&p)[0]["request"],
@@ -367,6 +372,12 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
     assert_eq!(
         variants(&p)[0]["request"]["messages"],
         json!([{"role": "user", "content": "first question"}])
+    );
+    // No --max-tokens: unbounded answers cannot be frozen or their decode compared.
+    assert_eq!(variants(&p)[0]["request"].get("max_tokens"), None);
+    assert!(
+        err.contains("matrix-proxy: warning: no --max-tokens: the requests ask for no max_tokens"),
+        "{err}"
     );
     written.push(p.clone());
 
