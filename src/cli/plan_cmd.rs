@@ -47,17 +47,24 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
     };
     let ask = ask(&a.out, false, false);
     let mut read = jsonl::read(&a.file, &opts, &ask).map_err(usage)?;
+    let unit = if read.array { "item" } else { "line" };
     let mut lines = vec![format!(
-        "{} prompts ({} format{}) of {} good lines in {}",
+        "{} prompts ({} format{}) of {} good {unit}s in {}",
         read.prompts.len(),
         read.format.as_str(),
         if a.format.is_none() { ", detected" } else { "" },
         read.good,
         a.file.display()
     )];
+    if read.array {
+        lines.push(format!(
+            "{} starts with '[': read as one JSON array of objects (as ShareGPT_V3 is distributed), not one object a line; its prompts are named item-N",
+            a.file.display()
+        ));
+    }
     if read.skipped > 0 {
         lines.push(format!(
-            "skipped {} bad line(s) (--skip-bad): {}",
+            "skipped {} bad {unit}(s) (--skip-bad): {}",
             read.skipped,
             read.first_skipped.join("; ")
         ));

@@ -499,6 +499,117 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
 }
 
 #[test]
+fn a_file_that_is_one_json_array_is_read_item_by_item() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // As ShareGPT_V3 is distributed: one array, pretty-printed, after a byte order mark;
+    // strings hold the array's own punctuation, quotes and backslashes.
+    let items = json!([
+        {"id": "a", "conversations": [
+            {"from": "human", "value": "first, [with] {brackets} and \"quotes\" \\ ,"},
+            {"from": "gpt", "value": "x"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "second \\"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "third ]"}]},
+    ]);
+    let human = |i: usize| items[i]["conversations"][0]["value"].clone();
+    let mut bytes = b"\xEF\xBB\xBF  \n".to_vec();
+    bytes.extend(serde_json::to_vec_pretty(&items).unwrap());
+    bytes.extend(b"\n");
+    let path = d.join("sharegpt.json");
+    std::fs::write(&path, &bytes).unwrap();
+    let base = [
+        "from-jsonl",
+        s(&path),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--max-tokens",
+        "8",
+    ];
+    let (p, err) = plan(&base);
+    assert!(
+        err.contains("3 prompts (sharegpt format, detected) of 3 good items"),
+        "{err}"
+    );
+    assert!(
+        err.contains("starts with '[': read as one JSON array of objects"),
+        "{err}"
+    );
+    let vs = variants(&p);
+    let names: Vec<&str> = vs.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["item-1", "item-2", "item-3"]);
+    for (i, v) in vs.iter().enumerate() {
+        assert_eq!(
+            v["request"]["messages"],
+            json!([{"role": "user", "content": human(i)}])
+        );
+    }
+    // A seeded sample reads the chosen items again, by their offsets.
+    let mut sample = base.to_vec();
+    sample.extend(["--limit", "2", "--seed", "1"]);
+    let (p, _) = plan(&sample);
+    assert_eq!(variants(&p).len(), 2);
+    for v in variants(&p) {
+        let n: usize = v["name"].as_str().unwrap()["item-".len()..]
+            .parse()
+            .unwrap();
+        assert_eq!(v["request"]["messages"][0]["content"], human(n - 1));
+    }
+
+    // A bad item is named by its number; --skip-bad counts and skips it.
+    let bad = d.join("bad.json");
+    std::fs::write(&bad, r#"[{"prompt": "a"}, 5, {"prompt": "b"}]"#).unwrap();
+    let flags = [
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+        "--max-tokens",
+        "4",
+    ];
+    let mut args = vec!["plan", "from-jsonl", s(&bad)];
+    args.extend(flags);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "bad.json: item 2: not a JSON object (--skip-bad counts and skips bad items instead)"
+        ),
+        "{err}"
+    );
+    args.push("--skip-bad");
+    let (p, err) = plan(&args[1..]);
+    assert!(
+        err.contains("skipped 1 bad item(s) (--skip-bad): item 2: not a JSON object"),
+        "{err}"
+    );
+    let names: Vec<Value> = variants(&p).iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, [json!("item-1"), json!("item-3")]);
+
+    // An array cut short, with a stray comma or with data after it is refused.
+    for (text, says) in [
+        (
+            r#"[{"prompt": "a"}, {"prompt": "#,
+            "the file ends before the array's closing ']'",
+        ),
+        (r#"[{"prompt": "a"},]"#, "item 2 is empty (a stray ',')"),
+        (
+            r#"[{"prompt": "a"}] x"#,
+            "data after the array's closing ']'",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, Some(2), "{text}: {err}");
+        assert!(
+            err.contains(&format!("bad.json: not a JSON array of objects: {says}")),
+            "{text}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_seeded_sample_is_the_same_every_time() {
     let tmp = tempfile::tempdir().unwrap();
     let lines: Vec<String> = (0..500)
