@@ -913,6 +913,62 @@ fn word_tokenizer(dir: &Path) -> PathBuf {
 /// Cache-bust tags differ as tokens, not only as text: under a vocabulary without hex
 /// digits, 40 prompts have 40 distinct first-four-token heads (hex tags once gave 22).
 #[test]
+fn synthetic_names_a_vocabulary_that_does_not_cover_the_corpus_and_its_help_has_its_own_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A word-level vocabulary of one English word: the corpus is almost all [UNK].
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "the": 1}, "unk_token": "[UNK]"}
+    });
+    let path = tmp.path().join("unk.json");
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let (code, _, err) = run(&[
+        "plan",
+        "synthetic",
+        "--tokenizer",
+        s(&path),
+        "--input-tokens",
+        "16",
+        "--output-tokens",
+        "2",
+        "--count",
+        "1",
+        "--endpoint",
+        "http://127.0.0.1:9",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("cannot make prompt 1 of exactly 16 tokens under this tokenizer"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "% of the embedded corpus (English prose) encodes to its unknown token \"[UNK]\""
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("the vocabulary does not cover the corpus; give the tokenizer.json of the model the plan is for"),
+        "{err}"
+    );
+    assert!(!err.contains("merges keep changing the count"), "{err}");
+
+    // Each command's help names its own flags: --output-len-from is from-jsonl's.
+    let help = |cmd: &str| run(&["plan", cmd, "--help"]);
+    let (code, synthetic, _) = help("synthetic");
+    assert_eq!(code, Some(0));
+    assert!(!synthetic.contains("--output-len-from"), "{synthetic}");
+    assert!(synthetic.contains("--output-tokens"), "{synthetic}");
+    let (code, from_jsonl, _) = help("from-jsonl");
+    assert_eq!(code, Some(0));
+    assert!(from_jsonl.contains("--output-len-from"), "{from_jsonl}");
+}
+
+#[test]
 fn cache_bust_tags_differ_in_their_first_tokens_under_any_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();
     let path = word_tokenizer(tmp.path());
