@@ -754,6 +754,17 @@ fn a_dataset_is_captured_frozen_and_replayed_green() {
         .map(|v| v["prompt_tokens"].clone())
         .collect();
     assert_eq!(carried, counted);
+    // The variants keep the capture plan's names (the dataset's lines).
+    let names: Vec<&Value> = p["cases"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| &v["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [&json!("line-1"), &json!("line-2"), &json!("line-3")]
+    );
     let again_m = &summary["prompt_tokens_mismatch"];
     assert_eq!(again_m["differing"], again_m["compared"], "{again_m}");
     assert_eq!(again_m["max_abs_diff"], m["max_abs_diff"], "{again_m}");
