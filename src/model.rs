@@ -338,6 +338,13 @@ impl Endpoint {
         )
     }
 
+    /// Whether `url` names only an origin: nothing after its authority, not even `/`
+    /// (`http://host:8000`, not `http://host:8000/` nor `http://host:8000?x=1`).
+    pub(crate) fn names_only_origin(url: &str) -> bool {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        !rest.contains(['/', '?'])
+    }
+
     /// The same origin with another origin-form target.
     pub(crate) fn with_path(&self, path_and_query: &str) -> Endpoint {
         Endpoint {

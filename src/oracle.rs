@@ -397,14 +397,146 @@ fn same_bytes(expected: &[u8], body: &[u8]) -> Result<(), Mismatch> {
         .zip(body)
         .position(|(a, b)| a != b)
         .unwrap_or(expected.len().min(body.len()));
+    let shown = match (std::str::from_utf8(expected), std::str::from_utf8(body)) {
+        (Ok(e), Ok(b)) => text_difference(e, b).1,
+        _ => format!(
+            "expected \"{}\", found \"{}\"",
+            byte_window(expected, at),
+            byte_window(body, at)
+        ),
+    };
     Err(Mismatch {
         pointer: None,
         reason: format!(
-            "bytes differ at offset {at} (expected {} bytes, got {})",
+            "bytes differ at offset {at} (expected {} bytes, got {}): {shown}",
             expected.len(),
             body.len()
         ),
     })
+}
+
+/// Characters a difference shows of each side before its first differing character, and
+/// from it on: a window, so that a long answer's difference is seen and not cut away.
+const BEFORE: usize = 24;
+const AFTER: usize = 40;
+
+/// Where two texts first differ (in characters) and `expected "…", found "…"`: a window of
+/// each around that character, on character boundaries, `…` where a side is cut, control
+/// characters, quotes and backslashes escaped.
+fn text_difference(expected: &str, found: &str) -> (usize, String) {
+    let first = (expected.char_indices().zip(found.char_indices()))
+        .enumerate()
+        .find(|(_, ((_, e), (_, f)))| e != f);
+    let (at, e_at, f_at) = match first {
+        Some((n, ((ei, _), (fi, _)))) => (n, ei, fi),
+        None => {
+            // One is a prefix of the other: the difference starts where the shorter ends.
+            let common = expected.len().min(found.len());
+            (expected[..common].chars().count(), common, common)
+        }
+    };
+    let shown = format!(
+        "expected \"{}\", found \"{}\"",
+        char_window(expected, e_at),
+        char_window(found, f_at)
+    );
+    (at, shown)
+}
+
+/// `s` from [`BEFORE`] characters before byte `at` (a character boundary) to [`AFTER`]
+/// characters after it, escaped, with `…` on a cut side.
+fn char_window(s: &str, at: usize) -> String {
+    let (head, tail) = s.split_at(at);
+    let start = head
+        .char_indices()
+        .rev()
+        .nth(BEFORE - 1)
+        .map_or(0, |(i, _)| i);
+    let end = tail
+        .char_indices()
+        .nth(AFTER)
+        .map_or(s.len(), |(i, _)| at + i);
+    windowed(&s[start..end], start > 0, end < s.len())
+}
+
+/// The bytes around `at` of a body that is not UTF-8, widened to whole UTF-8 sequences
+/// where there are any; what is not UTF-8 shows as U+FFFD.
+fn byte_window(s: &[u8], at: usize) -> String {
+    let continuation = |i: usize| s.get(i).is_some_and(|b| b & 0xC0 == 0x80);
+    let mut start = at.saturating_sub(BEFORE);
+    let mut end = (at + AFTER).min(s.len());
+    for _ in 0..3 {
+        if start > 0 && continuation(start) {
+            start -= 1;
+        }
+        if end < s.len() && continuation(end) {
+            end += 1;
+        }
+    }
+    windowed(
+        &String::from_utf8_lossy(&s[start..end]),
+        start > 0,
+        end < s.len(),
+    )
+}
+
+/// Characters of a refused answer an error message shows.
+const REASON_CHARS: usize = 200;
+
+/// What an answer with an unexpected status says, quoted for an error message: the
+/// `error.message`, `error`, `detail` or `message` string of a JSON object (OpenAI, TGI,
+/// FastAPI), else the body's start; at most [`REASON_CHARS`] characters, `…` where cut,
+/// control characters escaped. `None` for a body of white space only.
+pub(crate) fn answer_reason(body: &[u8]) -> Option<String> {
+    let json = (body.trim_ascii_start().first() == Some(&b'{'))
+        .then(|| serde_json::from_slice::<Value>(body).ok())
+        .flatten();
+    let said = json.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("error"),
+            v.get("detail"),
+            v.get("message"),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(Value::as_str)
+    });
+    let start = &body[..body.len().min(4 * REASON_CHARS)];
+    let text = match said {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => String::from_utf8_lossy(start),
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let end = (text.char_indices().nth(REASON_CHARS)).map_or(text.len(), |(i, _)| i);
+    let cut = end < text.len() || (said.is_none() && start.len() < body.len());
+    Some(format!("\"{}\"", windowed(&text[..end], false, cut)))
+}
+
+/// `text` escaped for a quoted message, with `…` before and after where it was cut.
+fn windowed(text: &str, cut_before: bool, cut_after: bool) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    if cut_before {
+        out.push('…');
+    }
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    if cut_after {
+        out.push('…');
+    }
+    out
 }
 
 impl StreamOracle {
@@ -470,12 +602,10 @@ impl StreamOracle {
                 match exp {
                     EventExpect::Text(t) if *t == got.data => {}
                     EventExpect::Text(t) => {
+                        let (at, shown) = text_difference(t, &got.data);
                         return Err(Mismatch {
                             pointer: Some(format!("/events/{i}")),
-                            reason: format!(
-                                "expected data {t:?}, found {:?}",
-                                short_str(&got.data)
-                            ),
+                            reason: format!("event data differs at character {at}: {shown}"),
                         });
                     }
                     EventExpect::Json(v, trie) => {
@@ -503,18 +633,10 @@ impl StreamOracle {
         if let Some(t) = &self.text
             && *t != tracker.text
         {
-            let at = t
-                .chars()
-                .zip(tracker.text.chars())
-                .position(|(a, b)| a != b)
-                .unwrap_or(t.chars().count().min(tracker.text.chars().count()));
+            let (at, shown) = text_difference(t, &tracker.text);
             return Err(Mismatch {
                 pointer: Some("/text".into()),
-                reason: format!(
-                    "generated text differs at character {at}: expected {:?}, found {:?}",
-                    short_str(t),
-                    short_str(&tracker.text)
-                ),
+                reason: format!("generated text differs at character {at}: {shown}"),
             });
         }
         if let Some((v, trie)) = &self.usage {
@@ -535,14 +657,6 @@ impl StreamOracle {
             });
         }
         Ok(())
-    }
-}
-
-fn short_str(s: &str) -> String {
-    if s.chars().count() > 80 {
-        format!("{}...", s.chars().take(77).collect::<String>())
-    } else {
-        s.to_string()
     }
 }
 
@@ -668,6 +782,13 @@ fn compare<'a>(
             }
         }
         (Value::String(e), Value::String(a)) if e == a => Ok(()),
+        (Value::String(e), Value::String(a)) => {
+            let (at, shown) = text_difference(e, a);
+            Err(fail(
+                path,
+                format!("{shown} (first difference at char {at})"),
+            ))
+        }
         (Value::Bool(e), Value::Bool(a)) if e == a => Ok(()),
         (Value::Null, Value::Null) => Ok(()),
         _ if json_kind(expected) == json_kind(actual) => Err(fail(
@@ -846,11 +967,123 @@ mod tests {
         assert_eq!(m.pointer, None);
         assert_eq!(
             m.reason,
-            "bytes differ at offset 3 (expected 5 bytes, got 4)"
+            r#"bytes differ at offset 3 (expected 5 bytes, got 4): expected "hello", found "help""#
         );
         assert_eq!(
             o.check(b"hello!").unwrap_err().reason,
-            "bytes differ at offset 5 (expected 5 bytes, got 6)"
+            r#"bytes differ at offset 5 (expected 5 bytes, got 6): expected "hello", found "hello!""#
+        );
+    }
+
+    #[test]
+    fn a_long_string_mismatch_shows_both_sides_around_the_first_difference() {
+        let a = "a".repeat(1225);
+        let content = |s: &str| json!({"choices": [{"message": {"content": format!("{a}{s}")}}]});
+        let o = oracle(content("publicly, outside the walls, at noon"), &[]);
+        let body = content("publicly, inside the walls, at noon").to_string();
+        let m = o.check(body.as_bytes()).unwrap_err();
+        let w = "a".repeat(14);
+        assert_eq!(
+            m.to_string(),
+            format!(
+                "at /choices/0/message/content: expected \"…{w}publicly, outside the walls, at noon\", \
+                 found \"…{w}publicly, inside the walls, at noon\" (first difference at char 1235)"
+            )
+        );
+        // A long tail is cut as well: each side is a window of 24 + 40 characters.
+        let o = oracle(json!(format!("{a}x{a}")), &[]);
+        let m = o
+            .check(json!(format!("{a}y{a}")).to_string().as_bytes())
+            .unwrap_err();
+        let (before, after) = ("a".repeat(24), "a".repeat(39));
+        assert_eq!(
+            m.reason,
+            format!(
+                "expected \"…{before}x{after}…\", found \"…{before}y{after}…\" (first difference at char 1225)"
+            )
+        );
+        // One side a prefix of the other: the difference is where the shorter one ends.
+        let o = oracle(json!("abc"), &[]);
+        assert_eq!(
+            check(&o, r#""abcd""#).unwrap_err().1,
+            r#"expected "abc", found "abcd" (first difference at char 3)"#
+        );
+    }
+
+    #[test]
+    fn mismatch_windows_keep_characters_whole_and_escape_control_characters() {
+        let e = "é".repeat(24);
+        let o = oracle(json!(format!("{}{e}\n\"x\"\u{1}", "é".repeat(6))), &[]);
+        let body = json!(format!("{}{e}\t\"x\"\u{1}", "é".repeat(6))).to_string();
+        assert_eq!(
+            check(&o, &body).unwrap_err().1,
+            format!(
+                r#"expected "…{e}\n\"x\"\u{{1}}", found "…{e}\t\"x\"\u{{1}}" (first difference at char 30)"#
+            )
+        );
+        // A body that is not UTF-8: its window is widened to whole characters, and what is
+        // not UTF-8 shows as U+FFFD.
+        let body = |last: &[u8]| {
+            let mut b = vec![0xff];
+            b.extend_from_slice("é".repeat(40).as_bytes());
+            b.extend_from_slice(last);
+            b
+        };
+        let o = Oracle::Bytes(Bytes::from(body(b"ab")));
+        let e = "é".repeat(12);
+        assert_eq!(
+            o.check(&body(b"ac")).unwrap_err().reason,
+            format!(
+                r#"bytes differ at offset 82 (expected 83 bytes, got 83): expected "…{e}ab", found "…{e}ac""#
+            )
+        );
+        let o = Oracle::Bytes(Bytes::from_static(b"\xff\xfeabc"));
+        assert_eq!(
+            o.check(b"\xff\xfeabd").unwrap_err().reason,
+            "bytes differ at offset 4 (expected 5 bytes, got 5): expected \"\u{fffd}\u{fffd}abc\", \
+             found \"\u{fffd}\u{fffd}abd\""
+        );
+    }
+
+    #[test]
+    fn a_refused_answer_says_its_reason_bounded_and_escaped() {
+        let pinned = br#"{"detail": "Server is pinned to './model'; requested 'model'"}"#;
+        assert_eq!(
+            answer_reason(pinned).as_deref(),
+            Some(r#""Server is pinned to './model'; requested 'model'""#)
+        );
+        let openai = br#"{"error": {"message": "no such model", "type": "invalid_request_error"}}"#;
+        assert_eq!(answer_reason(openai).as_deref(), Some(r#""no such model""#));
+        let tgi = br#"{"error": "Input validation error", "error_type": "validation"}"#;
+        assert_eq!(
+            answer_reason(tgi).as_deref(),
+            Some(r#""Input validation error""#)
+        );
+        // Not one of those shapes: the body's start, control characters escaped.
+        assert_eq!(
+            answer_reason(b"Not Found\r\n").as_deref(),
+            Some(r#""Not Found""#)
+        );
+        assert_eq!(
+            answer_reason(b"bad\x01 \xffthing").as_deref(),
+            Some("\"bad\\u{1} \u{fffd}thing\"")
+        );
+        assert_eq!(
+            answer_reason(br#"{"detail": [{"msg": "field required"}]}"#).as_deref(),
+            Some(r#""{\"detail\": [{\"msg\": \"field required\"}]}""#)
+        );
+        assert_eq!(answer_reason(b"  \n"), None);
+        assert_eq!(answer_reason(b""), None);
+        // Bounded: 200 characters of a long body, cut on a character boundary.
+        let long = "é".repeat(1000);
+        assert_eq!(
+            answer_reason(long.as_bytes()),
+            Some(format!("\"{}…\"", "é".repeat(200)))
+        );
+        let long = json!({"detail": "x".repeat(1000)}).to_string();
+        assert_eq!(
+            answer_reason(long.as_bytes()),
+            Some(format!("\"{}…\"", "x".repeat(200)))
         );
     }
 
@@ -911,11 +1144,9 @@ mod tests {
         let o = stream_oracle(Some("Help"), None, None, &[]);
         let m = o.check(STREAM.as_bytes()).unwrap_err();
         assert_eq!(m.pointer.as_deref(), Some("/text"));
-        assert!(
-            m.reason
-                .starts_with("generated text differs at character 3"),
-            "{}",
-            m.reason
+        assert_eq!(
+            m.reason,
+            r#"generated text differs at character 3: expected "Help", found "Hello""#
         );
         let o = stream_oracle(
             Some("Hello"),

@@ -234,7 +234,8 @@ pub struct FromJsonlArgs {
     /// Seed of the sample (ChaCha8: the same prompts on every platform).
     #[arg(long, value_name = "S", requires = "limit")]
     pub seed: Option<u64>,
-    /// A top-level integer field of each line that becomes its max_tokens.
+    /// A top-level integer field of each line that becomes its max_tokens (over
+    /// --max-tokens).
     #[arg(long, value_name = "FIELD")]
     pub output_len_from: Option<String>,
     /// Count and skip bad lines instead of refusing the file.
@@ -308,7 +309,8 @@ pub struct PlanOutArgs {
     /// The model every request names.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
-    /// max_tokens of every request (a line's --output-len-from wins).
+    /// max_tokens of every request (plan from-jsonl; plan synthetic asks for
+    /// --output-tokens instead).
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<u64>,
     /// Ask for event streams (with stream_options.include_usage).
@@ -674,7 +676,9 @@ pub struct ReplayArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub scrape: ScrapeArgs,
-    /// Replace the plan's endpoint (origin and path) and its health endpoint's origin.
+    /// Replace the plan's endpoint (origin and path) and its health endpoint's origin; a URL
+    /// with no path at all (http://host:8000, not even /) replaces only the origin of
+    /// every endpoint and keeps the plan's paths.
     #[arg(long, value_name = "URL", conflicts_with = "mock_worker")]
     pub endpoint: Option<String>,
     /// Start the built-in mock worker on 127.0.0.1 and send the plan there.

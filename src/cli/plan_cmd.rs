@@ -51,23 +51,32 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
     };
     let ask = ask(&a.out, false, false);
     let mut read = jsonl::read(&a.file, &opts, &ask).map_err(usage)?;
+    let unit = if read.array { "item" } else { "line" };
     let mut lines = vec![format!(
-        "{} prompts ({} format{}) of {} good lines in {}",
+        "{} prompts ({} format{}) of {} good {unit}s in {}",
         read.prompts.len(),
         read.format.as_str(),
         if a.format.is_none() { ", detected" } else { "" },
         read.good,
         a.file.display()
     )];
+    if read.array {
+        lines.push(format!(
+            "{} starts with '[': read as one JSON array of objects (as ShareGPT_V3 is distributed), not one object a line; its prompts are named item-N",
+            a.file.display()
+        ));
+    }
     if read.skipped > 0 {
         lines.push(format!(
-            "skipped {} bad line(s) (--skip-bad): {}",
+            "skipped {} bad {unit}(s) (--skip-bad): {}",
             read.skipped,
             read.first_skipped.join("; ")
         ));
     }
     if read.format == jsonl::Format::Request {
         lines.push("raw request bodies are sent as they are: --model, --max-tokens, --stream and --temperature do not apply".into());
+    } else if a.out.max_tokens.is_none() && a.output_len_from.is_none() {
+        lines.push("warning: no --max-tokens: the requests ask for no max_tokens, so each answer runs to the server's own limit and its length varies from run to run; give --max-tokens N (or --output-len-from FIELD) so the answers can be frozen and decode compared".into());
     }
     if let Some(c) = &counter {
         if read.format == jsonl::Format::Request {

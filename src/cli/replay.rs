@@ -170,9 +170,9 @@ impl ReplayRun {
         };
         // Hash the binary off the runtime's threads (config.json records it).
         let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-        let endpoint_override = match &args.endpoint {
-            Some(url) => Some(flags::endpoint("--endpoint", url).map_err(usage)?),
-            None => None,
+        let plan = match &args.endpoint {
+            Some(url) => plan.sent_to(&flags::endpoint_override(url).map_err(usage)?),
+            None => plan,
         };
         let (token_env, token_source) = match (&args.bearer_token_env, &plan.bearer_token_env) {
             (Some(n), _) => (Some(n.clone()), "--bearer-token-env"),
@@ -182,10 +182,6 @@ impl ReplayRun {
         let bearer_token = match &token_env {
             Some(n) => Some(read_token(n, token_source)?),
             None => None,
-        };
-        let plan = match &endpoint_override {
-            Some(ep) => plan.with_endpoint(ep),
-            None => plan,
         };
         // A CA file is checked even for an http endpoint: a wrong path is a mistake now.
         let arms_https = plan.campaign.as_ref().is_some_and(|c| {

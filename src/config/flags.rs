@@ -85,6 +85,15 @@ pub(crate) fn endpoint(flag: &str, url: &str) -> Result<Endpoint, String> {
     Endpoint::parse(url).map_err(|m| format!("{flag} '{url}' {m}"))
 }
 
+/// replay's `--endpoint`: the URL, and whether it names only an origin (no path, not
+/// even `/`), which then keeps the plan's paths ([`crate::config::plan::Plan::sent_to`]).
+pub(crate) fn endpoint_override(url: &str) -> Result<(Endpoint, bool), String> {
+    Ok((
+        endpoint("--endpoint", url)?,
+        Endpoint::names_only_origin(url),
+    ))
+}
+
 /// `--upstream`: the worker's origin and an optional path prefix, without a query.
 pub(crate) fn upstream(url: &str) -> Result<Endpoint, String> {
     let ep = endpoint("--upstream", url)?;
@@ -194,6 +203,24 @@ mod tests {
         let r = redaction(&["x-secret".into()], &["SIG".into()]).unwrap();
         assert!(r.headers.iter().any(|h| h == "x-secret"));
         assert!(r.query.iter().any(|q| q == "sig"));
+    }
+
+    #[test]
+    fn an_endpoint_with_no_path_at_all_names_only_an_origin() {
+        let origin_only = |u: &str| endpoint_override(u).map(|(_, o)| o);
+        assert_eq!(origin_only("http://127.0.0.1:8000"), Ok(true));
+        assert_eq!(origin_only("https://example.com"), Ok(true));
+        assert_eq!(origin_only("http://[::1]:8000"), Ok(true));
+        // A slash is a path: `/` is sent to.
+        assert_eq!(origin_only("http://127.0.0.1:8000/"), Ok(false));
+        assert_eq!(origin_only("http://127.0.0.1:8000/v1"), Ok(false));
+        let (ep, _) = endpoint_override("http://127.0.0.1:8000").unwrap();
+        assert_eq!(ep.path_and_query, "/");
+        assert!(
+            endpoint_override("http://127.0.0.1:abc")
+                .unwrap_err()
+                .starts_with("--endpoint 'http://127.0.0.1:abc' has an invalid port")
+        );
     }
 
     #[test]

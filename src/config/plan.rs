@@ -191,8 +191,20 @@ impl Plan {
         self
     }
 
+    /// This plan sent where replay's `--endpoint` says: a URL that names only an origin
+    /// (`origin_only`: no path, not even `/`) replaces the origin of every endpoint and
+    /// keeps their paths ([`Plan::with_origin`]); any other replaces the endpoint
+    /// ([`Plan::with_endpoint`]).
+    pub(crate) fn sent_to(self, (url, origin_only): &(Endpoint, bool)) -> Plan {
+        if *origin_only {
+            self.with_origin(url)
+        } else {
+            self.with_endpoint(url)
+        }
+    }
+
     /// This plan with only the origin (scheme, host, port) of every endpoint replaced
-    /// (`--mock-worker`).
+    /// (`--mock-worker`, and `--endpoint` with an origin alone).
     pub(crate) fn with_origin(mut self, origin: &Endpoint) -> Plan {
         self.endpoint = self.endpoint.on_origin_of(origin);
         self.health_endpoint = self.health_endpoint.on_origin_of(origin);

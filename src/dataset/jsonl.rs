@@ -1,11 +1,13 @@
 //! Prompts from a JSONL dataset, one JSON object a line, in one of four formats
 //! (detected from the first good line, or given): OpenAI chat (`messages`), completion
 //! prompts (`prompt`), ShareGPT (`conversations` of `from`/`value`: the first human turn,
-//! as vLLM's benchmark takes it) and raw request bodies (`request`). A bad line is refused
-//! with its number and reason, or counted and skipped. With `--limit` and `--seed` the
-//! prompts are a seeded sample, the same on every platform; the file is read twice (the
-//! offsets of good lines, then the chosen lines), so memory holds the chosen prompts and
-//! 24 bytes per good line.
+//! as vLLM's benchmark takes it) and raw request bodies (`request`). A file whose first
+//! byte past white space is `[` is one JSON array of the same objects (ShareGPT_V3's
+//! layout): its items are found by following strings and nesting, and each is read as a
+//! line is. A bad line or item is refused with its number and reason, or counted and
+//! skipped. With `--limit` and `--seed` the prompts are a seeded sample, the same on every
+//! platform; the file is read twice (the offsets of good lines or items, then the chosen
+//! ones), so memory holds the chosen prompts, one line or item, and 24 bytes per good one.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -85,6 +87,8 @@ pub(crate) struct Dataset {
     /// Bad lines skipped (`--skip-bad`), with the first few reasons.
     pub(crate) skipped: u64,
     pub(crate) first_skipped: Vec<String>,
+    /// The file was one JSON array, not one object a line.
+    pub(crate) array: bool,
 }
 
 /// One line's prompt and its own output length.
@@ -96,56 +100,59 @@ struct Line {
 /// UTF-8's byte order mark.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
-/// Read `path` into prompts.
+/// How one source entry is named: a line of a JSONL file, or an item of a file that is
+/// one JSON array.
+fn unit(array: bool) -> &'static str {
+    if array { "item" } else { "line" }
+}
+
+/// Read `path` into prompts: one JSON object a line, or, when its first byte past a byte
+/// order mark and white space is `[`, one JSON array of the same objects (as ShareGPT_V3
+/// is distributed), read item by item as lines are: memory holds the chosen prompts, one
+/// item and 24 bytes per good item, never the whole file.
 pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, String> {
     let name = path.display();
     let open = || File::open(path).map_err(|e| format!("{name}: cannot read the dataset: {e}"));
     let mut format = opts.format;
-    // Pass 1: every line checked; the good ones' (number, offset, length) kept.
+    // Pass 1: every entry checked; the good ones' (number, offset, length) kept.
     let mut good: Vec<(u64, u64, usize)> = Vec::new();
     let (mut skipped, mut first_skipped) = (0u64, Vec::new());
     let mut reader = BufReader::new(open()?);
-    let (mut offset, mut number, mut buf) = (0u64, 0u64, Vec::new());
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| format!("{name}: {e}"))?;
-        if n == 0 {
-            break;
+    let array = array_start(&mut reader).map_err(|e| format!("{name}: {e}"))?;
+    let place = |number: u64| match array {
+        Some(_) => format!("{name}: item {number}"),
+        None => format!("{name}:{number}"),
+    };
+    let mut each = |number: u64, at: u64, entry: &[u8]| match parse(entry, &mut format, opts) {
+        Ok(_) => {
+            good.push((number, at, entry.len()));
+            Ok(())
         }
-        number += 1;
-        // A UTF-8 byte order mark before the first line (as Windows editors save) is not
-        // part of the JSON.
-        let bom = if number == 1 && buf.starts_with(BOM) {
-            BOM.len()
-        } else {
-            0
-        };
-        let line = &buf[bom..];
-        let at = offset + bom as u64;
-        offset += n as u64;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match parse(line, &mut format, opts) {
-            Ok(_) => good.push((number, at, n - bom)),
-            Err(why) if opts.skip_bad => {
-                skipped += 1;
-                if first_skipped.len() < 5 {
-                    first_skipped.push(format!("line {number}: {why}"));
-                }
+        Err(why) if opts.skip_bad => {
+            skipped += 1;
+            if first_skipped.len() < 5 {
+                first_skipped.push(format!("{} {number}: {why}", unit(array.is_some())));
             }
-            Err(why) => {
-                return Err(format!(
-                    "{name}:{number}: {why} (--skip-bad counts and skips bad lines instead)"
-                ));
-            }
+            Ok(())
         }
+        Err(why) => Err(format!(
+            "{}: {why} (--skip-bad counts and skips bad {}s instead)",
+            place(number),
+            unit(array.is_some())
+        )),
+    };
+    match array {
+        Some(at) => scan_array(&mut reader, at, &mut each),
+        None => scan_lines(BufReader::new(open()?), &mut each),
     }
+    .map_err(|e| match e {
+        Scan::Io(e) => format!("{name}: {e}"),
+        Scan::Array(why) => format!("{name}: not a JSON array of objects: {why}"),
+        Scan::Entry(e) => e,
+    })?;
     let Some(format) = format else {
         return Err(format!(
-            "{name}: no prompt in the file (one JSON object a line with messages, prompt, conversations or request)"
+            "{name}: no prompt in the file (one JSON object a line, or one JSON array of objects, with messages, prompt, conversations or request)"
         ));
     };
     let count = good.len() as u64;
@@ -158,7 +165,7 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
         (Some(k), None) => (0..count.min(k) as usize).collect(),
         (None, _) => (0..good.len()).collect(),
     };
-    // Pass 2: the chosen lines, read again.
+    // Pass 2: the chosen entries, read again.
     let mut file = open()?;
     let mut prompts = Vec::with_capacity(chosen.len());
     let mut line = Vec::new();
@@ -168,12 +175,15 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
         file.seek(SeekFrom::Start(at))
             .and_then(|_| file.read_exact(&mut line))
             .map_err(|e| {
-                format!("{name}:{number}: {e} (did the file change while it was read?)")
+                format!(
+                    "{}: {e} (did the file change while it was read?)",
+                    place(number)
+                )
             })?;
         let mut f = Some(format);
-        let l = parse(&line, &mut f, opts).map_err(|why| format!("{name}:{number}: {why}"))?;
+        let l = parse(&line, &mut f, opts).map_err(|why| format!("{}: {why}", place(number)))?;
         prompts.push(Prompt {
-            name: format!("line-{number}"),
+            name: format!("{}-{number}", unit(array.is_some())),
             body: match format {
                 Format::Request => l.prompt,
                 _ => ask.body(format.api(), l.prompt, l.max_tokens),
@@ -187,7 +197,155 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
         good: count,
         skipped,
         first_skipped,
+        array: array.is_some(),
     })
+}
+
+/// Why a pass over the file stopped: the file could not be read, the array around the
+/// items is not one, or an entry is wrong (said in full).
+enum Scan {
+    Io(std::io::Error),
+    Array(String),
+    Entry(String),
+}
+
+impl From<std::io::Error> for Scan {
+    fn from(e: std::io::Error) -> Scan {
+        Scan::Io(e)
+    }
+}
+
+/// One entry's number, offset in the file and bytes, handed to the pass.
+type Each<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<(), String> + 'a;
+
+/// Pass 1 over a JSONL file: each line that is not blank, numbered from 1. A UTF-8 byte
+/// order mark before the first line (as Windows editors save) is not part of the JSON.
+fn scan_lines(mut reader: impl BufRead, each: &mut Each<'_>) -> Result<(), Scan> {
+    let (mut offset, mut number, mut buf) = (0u64, 0u64, Vec::new());
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let bom = if number == 1 && buf.starts_with(BOM) {
+            BOM.len()
+        } else {
+            0
+        };
+        let line = &buf[bom..];
+        let at = offset + bom as u64;
+        offset += n as u64;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        each(number, at, line).map_err(Scan::Entry)?;
+    }
+}
+
+/// Whether the file is one JSON array: its first byte past a byte order mark and white
+/// space is `[`. Then the reader is left just past that `[`, whose offset + 1 is returned.
+fn array_start(reader: &mut impl BufRead) -> std::io::Result<Option<u64>> {
+    let mut at = 0u64;
+    if reader.fill_buf()?.starts_with(BOM) {
+        reader.consume(BOM.len());
+        at = BOM.len() as u64;
+    }
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(i) if buf[i] == b'[' => {
+                reader.consume(i + 1);
+                return Ok(Some(at + i as u64 + 1));
+            }
+            Some(_) => return Ok(None),
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+                at += n as u64;
+            }
+        }
+    }
+}
+
+/// Pass 1 over a file that is one JSON array, from just past its `[` (at offset `at`):
+/// each item's bytes, numbered from 1, found by following strings and nesting (the item
+/// itself is parsed as a line is). Nothing but white space may follow the closing `]`.
+fn scan_array(reader: &mut impl BufRead, mut at: u64, each: &mut Each<'_>) -> Result<(), Scan> {
+    let bad = |why: String| Err(Scan::Array(why));
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut item, mut start, mut number) = (Vec::new(), None::<u64>, 0u64);
+    let (mut after_comma, mut closed) = (false, false);
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return if closed {
+                Ok(())
+            } else {
+                bad("the file ends before the array's closing ']'".into())
+            };
+        }
+        for (i, &b) in buf.iter().enumerate() {
+            let pos = at + i as u64;
+            if closed {
+                if !b.is_ascii_whitespace() {
+                    return bad(format!("data after the array's closing ']' at byte {pos}"));
+                }
+                continue;
+            }
+            if in_string {
+                item.push(b);
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_string = false;
+                }
+                continue;
+            }
+            match b {
+                b',' | b']' if depth == 0 => {
+                    match start.take() {
+                        Some(s) => {
+                            number += 1;
+                            each(number, s, &item).map_err(Scan::Entry)?;
+                            item.clear();
+                        }
+                        None if b == b',' || after_comma => {
+                            return bad(format!("item {} is empty (a stray ',')", number + 1));
+                        }
+                        None => {}
+                    }
+                    after_comma = b == b',';
+                    closed = b == b']';
+                }
+                _ if start.is_none() && b.is_ascii_whitespace() => {}
+                _ => {
+                    start.get_or_insert(pos);
+                    item.push(b);
+                    match b {
+                        b'"' => in_string = true,
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => match depth.checked_sub(1) {
+                            Some(d) => depth = d,
+                            None => {
+                                return bad(format!("an unmatched '{}' at byte {pos}", b as char));
+                            }
+                        },
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let n = buf.len();
+        reader.consume(n);
+        at += n as u64;
+    }
 }
 
 /// One line: its prompt in the file's format (detected from the first good line when not

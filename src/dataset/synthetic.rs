@@ -235,7 +235,7 @@ impl Counter {
                 return Ok((format!("{text} "), own[..p].to_vec()));
             }
         }
-        Err(too_hard(p as u64, "a shared prefix"))
+        Err(self.too_hard(p as u64, "a shared prefix"))
     }
 }
 
@@ -333,13 +333,86 @@ fn prompt_text(
             return Ok(text);
         }
     }
-    Err(too_hard(n as u64, &format!("prompt {}", i + 1)))
+    Err(counter.too_hard(n as u64, &format!("prompt {}", i + 1)))
 }
 
-fn too_hard(n: u64, what: &str) -> String {
-    format!(
-        "cannot make {what} of exactly {n} tokens under this tokenizer after {OFFSETS} source texts of {ADJUSTMENTS} adjustments each (its merges keep changing the count); try another --seed or a nearby length"
-    )
+/// The share of the corpus's tokens above which the tokenizer is said not to cover it.
+const UNKNOWN_SHARE: f64 = 0.5;
+
+impl Counter {
+    /// Why no prompt of exactly `n` tokens was made, with the fix: the tokenizer does not
+    /// cover the corpus (most of it is the unknown token) or does not give back what it
+    /// decoded (the corpus's tokens decode to text that encodes to other tokens); else its
+    /// merges kept changing the count.
+    fn too_hard(&self, n: u64, what: &str) -> String {
+        let tried = format!(
+            "cannot make {what} of exactly {n} tokens under this tokenizer after {OFFSETS} source texts of {ADJUSTMENTS} adjustments each"
+        );
+        let fix = "give the tokenizer.json of the model the plan is for (one whose vocabulary covers plain English text), or write the prompts yourself and use plan from-jsonl";
+        match self.corpus_cover() {
+            Ok(Cover::Unknown { share, token }) => format!(
+                "{tried}: {:.0}% of the embedded corpus (English prose) encodes to its unknown token {token:?}, which does not decode back to the text it stood for, so text cut from the corpus cannot keep its count: the vocabulary does not cover the corpus; {fix}",
+                share * 100.0
+            ),
+            Ok(Cover::NoRoundTrip { tokens, again }) => format!(
+                "{tried}: the corpus's {tokens} tokens decode to text that encodes to {again} tokens (the tokenizer does not give back what it decoded), so text cut from the corpus cannot keep its count; {fix}"
+            ),
+            Ok(Cover::Covered) | Err(_) => format!(
+                "{tried} (its merges keep changing the count); try another --seed or a nearby length"
+            ),
+        }
+    }
+
+    /// How the tokenizer takes the embedded corpus.
+    fn corpus_cover(&self) -> Result<Cover, String> {
+        let ids = self.tk.encode(CORPUS, false).map_err(|e| e.to_string())?;
+        let ids = ids.get_ids();
+        if let Some((unk, token)) = unknown_token(&self.tk) {
+            let unknown = ids.iter().filter(|&&i| i == unk).count();
+            let share = unknown as f64 / ids.len().max(1) as f64;
+            if share > UNKNOWN_SHARE {
+                return Ok(Cover::Unknown { share, token });
+            }
+        }
+        let text = self.tk.decode(ids, true).map_err(|e| e.to_string())?;
+        let again = self.tk.encode(text, false).map_err(|e| e.to_string())?;
+        if again.get_ids() != ids {
+            return Ok(Cover::NoRoundTrip {
+                tokens: ids.len(),
+                again: again.get_ids().len(),
+            });
+        }
+        Ok(Cover::Covered)
+    }
+}
+
+/// How a tokenizer takes the embedded corpus.
+#[derive(Debug, PartialEq)]
+enum Cover {
+    /// Most of it (`share`) encodes to the unknown token.
+    Unknown {
+        share: f64,
+        token: String,
+    },
+    /// Its tokens decode to text that encodes to `again` tokens, not the same `tokens`.
+    NoRoundTrip {
+        tokens: usize,
+        again: usize,
+    },
+    Covered,
+}
+
+/// The model's unknown token and its id, when it names one (a Unigram model keeps its id
+/// private: `<unk>`, as SentencePiece names it, when the vocabulary has it).
+fn unknown_token(tk: &Tokenizer) -> Option<(u32, String)> {
+    use tokenizers::models::ModelWrapper;
+    let token = match tk.get_model() {
+        ModelWrapper::BPE(m) => m.unk_token.clone()?,
+        ModelWrapper::WordPiece(m) => m.unk_token.clone(),
+        ModelWrapper::WordLevel(m) => m.unk_token.clone(),
+        ModelWrapper::Unigram(_) => "<unk>".to_string(),
+    };
+    Some((tk.token_to_id(&token)?, token))
 }
 
 fn prompt_value(api: Api, text: String) -> serde_json::Value {

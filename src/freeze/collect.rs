@@ -93,6 +93,9 @@ pub(crate) struct Variant {
     pub(crate) first_difference: Option<String>,
     /// The source plan's `prompt_tokens` for this request, carried into the frozen plan.
     pub(crate) prompt_tokens: Option<i64>,
+    /// The replayed plan's name for this request (its first row's `variant`; `None` in
+    /// serve), which the frozen variant keeps.
+    pub(crate) source_name: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -158,7 +161,8 @@ impl Collected {
         match self.key_and_answer(&row, status, path) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
-                self.add(key, body, answer, row.prompt_tokens_planned);
+                let source = (row.prompt_tokens_planned, row.variant);
+                self.add(key, body, answer, source);
             }
             Err(reason) => self.skip(reason),
         }
@@ -243,7 +247,15 @@ impl Collected {
         kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
     }
 
-    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, prompt_tokens: Option<i64>) {
+    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: the
+    /// replayed plan's `prompt_tokens` and variant name for it.
+    fn add(
+        &mut self,
+        key: CaseKey,
+        body: Body,
+        answer: Answer,
+        (prompt_tokens, source_name): (Option<i64>, Option<String>),
+    ) {
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
             None => {
@@ -271,6 +283,7 @@ impl Collected {
                     differed: 0,
                     first_difference: None,
                     prompt_tokens,
+                    source_name,
                 });
                 self.index.insert((case, identity), variants.len() - 1);
             }
@@ -488,6 +501,7 @@ mod tests {
             response_body_truncated: false,
             is_stream: false,
             prompt_tokens_planned: None,
+            variant: None,
         }
     }
 

@@ -498,7 +498,8 @@ fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, heal
     let mut differed = Vec::new();
     let mut single_defaults = false;
     for (case, name) in c.cases.iter().zip(&names) {
-        for (i, v) in case.variants.iter().enumerate() {
+        let variant_names = write::variant_names(case);
+        for (v, variant_name) in case.variants.iter().zip(&variant_names) {
             if v.answers > 1 {
                 repeated += 1;
             } else if !write::variant_ignore(v).is_empty() {
@@ -506,7 +507,7 @@ fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, heal
             }
             if v.differed > 0 {
                 let variant = if case.variants.len() > 1 {
-                    format!(" variant 'v{}'", i + 1)
+                    format!(" variant '{variant_name}'")
                 } else {
                     String::new()
                 };

@@ -140,6 +140,27 @@ pub(crate) fn fill_metadata(m: &mut Map<String, Value>, lines: &mut Vec<String>)
     }
 }
 
+/// Variant names of a case: the replayed plan's own (`line-17`, a capture plan's from
+/// `plan from-jsonl`), else `v1`, `v2`, ... by the order first seen (serve records none);
+/// unique within the case (`-2`, `-3` after a name already taken).
+pub(crate) fn variant_names(c: &Case) -> Vec<String> {
+    let mut used = HashSet::new();
+    c.variants
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let base = (v.source_name.clone()).unwrap_or_else(|| format!("v{}", i + 1));
+            let mut name = base.clone();
+            let mut n = 1;
+            while !used.insert(name.clone()) {
+                n += 1;
+                name = format!("{base}-{n}");
+            }
+            name
+        })
+        .collect()
+}
+
 /// The ignore paths of one variant: what its repeats showed to be volatile, and the
 /// documented volatile leaves its answer has. Only a JSON oracle takes any.
 pub(crate) fn variant_ignore(v: &Variant) -> BTreeSet<String> {
@@ -271,14 +292,15 @@ fn case_json(
     if !case_ignore.is_empty() {
         m.insert("ignore_paths".into(), json!(case_ignore));
     }
+    let names = variant_names(c);
     let variants: Vec<Value> = c
         .variants
         .iter()
         .zip(variant_ignore)
-        .enumerate()
-        .map(|(i, (v, ignore))| {
+        .zip(names)
+        .map(|((v, ignore), name)| {
             let mut vm = Map::new();
-            vm.insert("name".into(), json!(format!("v{}", i + 1)));
+            vm.insert("name".into(), json!(name));
             request_and_oracle(&mut vm, v, has_body, c.key.content_type.as_deref());
             if !ignore.is_empty() {
                 vm.insert("ignore_paths".into(), json!(ignore));
@@ -340,6 +362,7 @@ mod tests {
             differed: 0,
             first_difference: None,
             prompt_tokens: None,
+            source_name: None,
         }
     }
 
@@ -383,6 +406,28 @@ mod tests {
             panic!("{e}\n{v:#}");
         }
         v
+    }
+
+    #[test]
+    fn variants_keep_their_source_names_unique_within_the_case() {
+        let named = |n: Option<&str>| Variant {
+            source_name: n.map(str::to_string),
+            ..variant(Answer::Text("a".into()), &[])
+        };
+        let c = case(
+            "/v1/completions",
+            vec![
+                named(Some("line-3")),
+                named(None),
+                named(Some("line-3")),
+                named(Some("v2")),
+                named(None),
+            ],
+        );
+        assert_eq!(
+            variant_names(&c),
+            ["line-3", "v2", "line-3-2", "v2-2", "v5"]
+        );
     }
 
     #[test]

@@ -486,6 +486,9 @@ pub(crate) struct ExchangeRow {
     /// The replayed plan's `prompt_tokens` for this request (`None` in serve, and in
     /// runs recorded before the column).
     pub(crate) prompt_tokens_planned: Option<i64>,
+    /// The replayed plan's variant name (`None` in serve, and for a case without
+    /// variants).
+    pub(crate) variant: Option<String>,
 }
 
 /// Hand every row of the closed parts to `visit` with its request and response and the
@@ -496,9 +499,10 @@ pub(crate) fn for_each_exchange(
     mut visit: impl FnMut(&Path, ExchangeRow),
 ) -> Result<(), String> {
     use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
-    const WANT: [&str; 15] = [
+    const WANT: [&str; 16] = [
         "exchange_id",
         "prompt_tokens_planned",
+        "variant",
         "phase",
         "arm",
         "outcome",
@@ -531,6 +535,7 @@ pub(crate) fn for_each_exchange(
             let resp_t = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
             let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
             let planned = optional_column::<Int64Array>(&b, "prompt_tokens_planned");
+            let variant = optional_column::<StringArray>(&b, "variant");
             let id = column::<Int64Array>(&b, "exchange_id", &part)?;
             for i in 0..b.num_rows() {
                 visit(
@@ -540,6 +545,9 @@ pub(crate) fn for_each_exchange(
                         prompt_tokens_planned: planned
                             .filter(|p| p.is_valid(i))
                             .map(|p| p.value(i)),
+                        variant: variant
+                            .filter(|v| v.is_valid(i))
+                            .map(|v| v.value(i).to_string()),
                         phase: phase.value(i).to_string(),
                         arm: arm
                             .filter(|a| a.is_valid(i))

@@ -452,6 +452,16 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
         }
     }))
     .await;
+    // A worker refusing the request says why (transformers serve pinned to another model).
+    let pinned = Peer::start(Arc::new(|_, s: &Seen| {
+        if s.method == "GET" {
+            Reply::json(200, &json!({}))
+        } else {
+            let why = "Server is pinned to './model'; requested 'model'";
+            Reply::json(400, &json!({"detail": why}))
+        }
+    }))
+    .await;
     let junk = raw_peer(junk_status).await;
     let cases = [
         (
@@ -461,7 +471,18 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
         ),
         (
             not_found.url("/v1"),
-            "matrix-proxy: first failure: health -> http: status 404, expected 200".to_string(),
+            format!(
+                "matrix-proxy: first failure: health -> http: status 404 from http://{}/health, expected 200; the answer says \"{{}}\"",
+                not_found.addr
+            ),
+            "http 1",
+        ),
+        (
+            pinned.url("/v1"),
+            format!(
+                "matrix-proxy: first failure: readiness case 'c' -> http: status 400 from http://{}/v1, expected 200; the answer says \"Server is pinned to './model'; requested 'model'\"",
+                pinned.addr
+            ),
             "http 1",
         ),
         (
@@ -488,6 +509,61 @@ async fn a_failed_run_says_its_first_failure_and_the_failures_by_kind() {
             "{endpoint}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_with_only_an_origin_keeps_the_plans_paths_and_a_slash_is_the_path_slash() {
+    // Answers the plan's path; anything else is a 404, as a worker's router answers.
+    let peer = Peer::start(Arc::new(|_, s: &Seen| {
+        match (s.method.as_str(), s.path.as_str()) {
+            ("GET", "/health") => Reply::json(200, &json!({})),
+            ("POST", "/v1/echo") => Reply::json(200, &json!({"echo": {"q": 1}})),
+            _ => Reply::json(404, &json!({"detail": "Not Found"})),
+        }
+    }))
+    .await;
+    // The plan's own origin has nobody listening: only --endpoint's can answer.
+    let plan = echo_plan("http://127.0.0.1:9/v1/echo".into(), "keep-alive", 1, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let replay_to = |endpoint: String, out: &str| {
+        let (path, out) = (path.clone(), tmp.path().join(out));
+        tokio::task::spawn_blocking(move || {
+            let o = bin()
+                .args(["replay", "--quiet", "--endpoint", &endpoint, "--out"])
+                .arg(&out)
+                .arg(&path)
+                .output()
+                .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })
+    };
+    let origin = format!("http://{}", peer.addr);
+    let (code, stderr) = replay_to(origin.clone(), "origin").await.unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let seen = peer.seen();
+    assert!(!seen.is_empty());
+    for s in &seen {
+        let want = if s.method == "GET" {
+            "/health"
+        } else {
+            "/v1/echo"
+        };
+        assert_eq!(s.path, want, "{} went to {}", s.method, s.path);
+    }
+    // With a slash the path is `/`: the worker's 404 names the URL it came from.
+    let (code, stderr) = replay_to(format!("{origin}/"), "slash").await.unwrap();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "first failure: readiness case 'a' -> http: status 404 from {origin}/, expected 200; the answer says \"Not Found\""
+        )),
+        "{stderr}"
+    );
+    assert_eq!(peer.seen().last().map(|s| s.path.clone()), Some("/".into()));
 }
 
 /// Whether util-linux's `prlimit` can run here (it is part of every Debian base system,

@@ -323,6 +323,10 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         json!(2),
         "one pass over the prompts per round"
     );
+    assert!(
+        !err.contains("no --max-tokens"),
+        "--output-len-from bounds them: {err}"
+    );
     let mut written = vec![p.clone()];
 
     let completion = write_lines(
@@ -330,7 +334,7 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         "prompts.jsonl",
         &[json!({"prompt": "once upon"}).to_string()],
     );
-    let (p, _) = plan(&[
+    let (p, err) = plan(&[
         "from-jsonl",
         s(&completion),
         "--endpoint",
@@ -340,6 +344,7 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         "--max-tokens",
         "4",
     ]);
+    assert!(!err.contains("no --max-tokens"), "{err}");
     assert_eq!(p["endpoint"], json!("http://127.0.0.1:9/v1/completions"));
     assert_eq!(
         variants(&p)[0]["request"],
@@ -367,6 +372,12 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
     assert_eq!(
         variants(&p)[0]["request"]["messages"],
         json!([{"role": "user", "content": "first question"}])
+    );
+    // No --max-tokens: unbounded answers cannot be frozen or their decode compared.
+    assert_eq!(variants(&p)[0]["request"].get("max_tokens"), None);
+    assert!(
+        err.contains("matrix-proxy: warning: no --max-tokens: the requests ask for no max_tokens"),
+        "{err}"
     );
     written.push(p.clone());
 
@@ -485,6 +496,117 @@ fn every_jsonl_format_becomes_a_capture_plan_and_bad_lines_are_named() {
         err.contains("--output-len-from does not apply to raw request lines"),
         "{err}"
     );
+}
+
+#[test]
+fn a_file_that_is_one_json_array_is_read_item_by_item() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // As ShareGPT_V3 is distributed: one array, pretty-printed, after a byte order mark;
+    // strings hold the array's own punctuation, quotes and backslashes.
+    let items = json!([
+        {"id": "a", "conversations": [
+            {"from": "human", "value": "first, [with] {brackets} and \"quotes\" \\ ,"},
+            {"from": "gpt", "value": "x"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "second \\"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "third ]"}]},
+    ]);
+    let human = |i: usize| items[i]["conversations"][0]["value"].clone();
+    let mut bytes = b"\xEF\xBB\xBF  \n".to_vec();
+    bytes.extend(serde_json::to_vec_pretty(&items).unwrap());
+    bytes.extend(b"\n");
+    let path = d.join("sharegpt.json");
+    std::fs::write(&path, &bytes).unwrap();
+    let base = [
+        "from-jsonl",
+        s(&path),
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--max-tokens",
+        "8",
+    ];
+    let (p, err) = plan(&base);
+    assert!(
+        err.contains("3 prompts (sharegpt format, detected) of 3 good items"),
+        "{err}"
+    );
+    assert!(
+        err.contains("starts with '[': read as one JSON array of objects"),
+        "{err}"
+    );
+    let vs = variants(&p);
+    let names: Vec<&str> = vs.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["item-1", "item-2", "item-3"]);
+    for (i, v) in vs.iter().enumerate() {
+        assert_eq!(
+            v["request"]["messages"],
+            json!([{"role": "user", "content": human(i)}])
+        );
+    }
+    // A seeded sample reads the chosen items again, by their offsets.
+    let mut sample = base.to_vec();
+    sample.extend(["--limit", "2", "--seed", "1"]);
+    let (p, _) = plan(&sample);
+    assert_eq!(variants(&p).len(), 2);
+    for v in variants(&p) {
+        let n: usize = v["name"].as_str().unwrap()["item-".len()..]
+            .parse()
+            .unwrap();
+        assert_eq!(v["request"]["messages"][0]["content"], human(n - 1));
+    }
+
+    // A bad item is named by its number; --skip-bad counts and skips it.
+    let bad = d.join("bad.json");
+    std::fs::write(&bad, r#"[{"prompt": "a"}, 5, {"prompt": "b"}]"#).unwrap();
+    let flags = [
+        "--endpoint",
+        "http://h:1",
+        "--model",
+        "m",
+        "--max-tokens",
+        "4",
+    ];
+    let mut args = vec!["plan", "from-jsonl", s(&bad)];
+    args.extend(flags);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "bad.json: item 2: not a JSON object (--skip-bad counts and skips bad items instead)"
+        ),
+        "{err}"
+    );
+    args.push("--skip-bad");
+    let (p, err) = plan(&args[1..]);
+    assert!(
+        err.contains("skipped 1 bad item(s) (--skip-bad): item 2: not a JSON object"),
+        "{err}"
+    );
+    let names: Vec<Value> = variants(&p).iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, [json!("item-1"), json!("item-3")]);
+
+    // An array cut short, with a stray comma or with data after it is refused.
+    for (text, says) in [
+        (
+            r#"[{"prompt": "a"}, {"prompt": "#,
+            "the file ends before the array's closing ']'",
+        ),
+        (r#"[{"prompt": "a"},]"#, "item 2 is empty (a stray ',')"),
+        (
+            r#"[{"prompt": "a"}] x"#,
+            "data after the array's closing ']'",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, Some(2), "{text}: {err}");
+        assert!(
+            err.contains(&format!("bad.json: not a JSON array of objects: {says}")),
+            "{text}: {err}"
+        );
+    }
 }
 
 #[test]
@@ -632,6 +754,17 @@ fn a_dataset_is_captured_frozen_and_replayed_green() {
         .map(|v| v["prompt_tokens"].clone())
         .collect();
     assert_eq!(carried, counted);
+    // The variants keep the capture plan's names (the dataset's lines).
+    let names: Vec<&Value> = p["cases"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| &v["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [&json!("line-1"), &json!("line-2"), &json!("line-3")]
+    );
     let again_m = &summary["prompt_tokens_mismatch"];
     assert_eq!(again_m["differing"], again_m["compared"], "{again_m}");
     assert_eq!(again_m["max_abs_diff"], m["max_abs_diff"], "{again_m}");
@@ -790,6 +923,62 @@ fn word_tokenizer(dir: &Path) -> PathBuf {
 
 /// Cache-bust tags differ as tokens, not only as text: under a vocabulary without hex
 /// digits, 40 prompts have 40 distinct first-four-token heads (hex tags once gave 22).
+#[test]
+fn synthetic_names_a_vocabulary_that_does_not_cover_the_corpus_and_its_help_has_its_own_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A word-level vocabulary of one English word: the corpus is almost all [UNK].
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "the": 1}, "unk_token": "[UNK]"}
+    });
+    let path = tmp.path().join("unk.json");
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let (code, _, err) = run(&[
+        "plan",
+        "synthetic",
+        "--tokenizer",
+        s(&path),
+        "--input-tokens",
+        "16",
+        "--output-tokens",
+        "2",
+        "--count",
+        "1",
+        "--endpoint",
+        "http://127.0.0.1:9",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("cannot make prompt 1 of exactly 16 tokens under this tokenizer"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "% of the embedded corpus (English prose) encodes to its unknown token \"[UNK]\""
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("the vocabulary does not cover the corpus; give the tokenizer.json of the model the plan is for"),
+        "{err}"
+    );
+    assert!(!err.contains("merges keep changing the count"), "{err}");
+
+    // Each command's help names its own flags: --output-len-from is from-jsonl's.
+    let help = |cmd: &str| run(&["plan", cmd, "--help"]);
+    let (code, synthetic, _) = help("synthetic");
+    assert_eq!(code, Some(0));
+    assert!(!synthetic.contains("--output-len-from"), "{synthetic}");
+    assert!(synthetic.contains("--output-tokens"), "{synthetic}");
+    let (code, from_jsonl, _) = help("from-jsonl");
+    assert_eq!(code, Some(0));
+    assert!(from_jsonl.contains("--output-len-from"), "{from_jsonl}");
+}
+
 #[test]
 fn cache_bust_tags_differ_in_their_first_tokens_under_any_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();

@@ -99,7 +99,11 @@ async fn each_mock_fault_is_recorded_with_its_outcome() {
         match case[i].as_deref() {
             Some("http500") => {
                 assert_eq!(status[i], Some(500));
-                assert_eq!(err[i].as_deref(), Some("status 500, expected 200"));
+                let says = format!(
+                    r#"status 500 from {}/v1/chat/completions, expected 200; the answer says "mock fault: internal error""#,
+                    mock.url()
+                );
+                assert_eq!(err[i].as_deref(), Some(says.as_str()));
                 assert!(
                     String::from_utf8_lossy(&body[i]).contains("mock fault"),
                     "the error body is kept"

@@ -283,10 +283,16 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
         return failed(Outcome::Transport, why);
     }
     if status != i32::from(expected_status) {
-        return failed(
-            Outcome::Http,
-            format!("status {status}, expected {expected_status}"),
-        );
+        // The URL as the row records it (secret query values redacted): a 404 or 405 is
+        // most often a wrong path.
+        let url = crate::redact::Redaction::default()
+            .url(&ctx.urls[d.case.map_or(0, |c| c + 1)])
+            .into_owned();
+        let mut message = format!("status {status} from {url}, expected {expected_status}");
+        if let Some(said) = crate::oracle::answer_reason(&got.body.bytes) {
+            message.push_str(&format!("; the answer says {said}"));
+        }
+        return failed(Outcome::Http, message);
     }
     // Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a
     // stream's comes from its events): a JSON oracle reads it from its own parse, any
