@@ -275,9 +275,43 @@ fn scoped<'a>(
     Ok(specs.iter_mut().filter(|s| s.name == arm).collect())
 }
 
-/// `--env`, `--health` and `--health-timeout` onto the arms: the settings for every arm
-/// first, then each arm's own over them; one setting given twice for the same arms is
-/// refused.
+/// One `[ARM:]...` setting as given: the flag's text, the arm it names (`None`: every
+/// arm), what it sets (said when it is given twice) and its value.
+struct Setting<'a, T> {
+    raw: &'a str,
+    arm: Option<&'a str>,
+    what: String,
+    value: T,
+}
+
+/// Apply `given` to the arms: the settings for every arm first, then each arm's own over
+/// them; the same setting given twice for the same arms is refused.
+fn apply<T>(
+    flag: &str,
+    mut given: Vec<Setting<'_, T>>,
+    specs: &mut [ArmSpec],
+    set: impl Fn(&mut ArmSpec, &T),
+) -> Result<(), CliError> {
+    given.sort_by_key(|g| g.arm.is_some());
+    let mut seen = std::collections::HashSet::new();
+    for g in &given {
+        if !seen.insert((g.arm, g.what.as_str())) {
+            return Err(usage(format!(
+                "{flag} '{}': {} is given twice for {}",
+                g.raw,
+                g.what,
+                g.arm
+                    .map_or("every arm".to_string(), |a| format!("arm '{a}'"))
+            )));
+        }
+        for s in scoped(flag, g.raw, g.arm, specs)? {
+            set(s, &g.value);
+        }
+    }
+    Ok(())
+}
+
+/// `--env`, `--health` and `--health-timeout` onto the arms (see [`apply`]).
 fn settings(a: &CampaignPlanArgs, specs: &mut [ArmSpec]) -> Result<(), CliError> {
     let mut envs = Vec::new();
     for raw in &a.env {
@@ -295,95 +329,74 @@ fn settings(a: &CampaignPlanArgs, specs: &mut [ArmSpec]) -> Result<(), CliError>
                 "--env '{raw}': '{key}' is not an environment variable name (letters, digits and '_', not first a digit)"
             )));
         }
-        envs.push((raw, arm, key, value));
+        envs.push(Setting {
+            raw,
+            arm,
+            what: key.to_string(),
+            value: (key, value),
+        });
     }
-    // Every arm's first, so an arm's own value wins.
-    envs.sort_by_key(|(_, arm, _, _)| arm.is_some());
-    let mut seen = std::collections::HashSet::new();
-    for (raw, arm, key, value) in envs {
-        if !seen.insert((arm, key)) {
-            return Err(usage(format!(
-                "--env '{raw}': {key} is given twice for {}",
-                arm.map_or("every arm".to_string(), |a| format!("arm '{a}'"))
-            )));
-        }
-        for s in scoped("--env", raw, arm, specs)? {
-            s.env.insert(key.to_string(), Value::from(value));
-        }
-    }
-    health_paths(&a.health, specs)?;
-    health_timeouts(&a.health_timeout, specs)
+    apply("--env", envs, specs, |s, (key, value)| {
+        s.env.insert(key.to_string(), Value::from(*value));
+    })?;
+    apply("--health", health_paths(&a.health)?, specs, |s, path| {
+        s.health = Some(path.to_string());
+    })?;
+    apply(
+        "--health-timeout",
+        health_timeouts(&a.health_timeout)?,
+        specs,
+        |s, t| s.health_timeout = Some(t.clone()),
+    )
 }
 
 /// `--health [ARM:]PATH`.
-fn health_paths(given: &[String], specs: &mut [ArmSpec]) -> Result<(), CliError> {
-    let mut parsed = Vec::new();
-    for raw in given {
-        let (arm, path) = match raw.split_once(':') {
-            _ if raw.starts_with('/') => (None, raw.as_str()),
-            Some((arm, path)) if path.starts_with('/') => (Some(arm), path),
-            _ => {
-                return Err(usage(format!(
-                    "--health '{raw}': give a path on the arms' origin starting with '/' (e.g. /v1/models), or ARM:PATH for one arm"
-                )));
-            }
-        };
-        parsed.push((raw, arm, path));
-    }
-    parsed.sort_by_key(|(_, arm, _)| arm.is_some());
-    let mut seen = std::collections::HashSet::new();
-    for (raw, arm, path) in parsed {
-        if !seen.insert(arm) {
-            return Err(usage(format!(
-                "--health '{raw}': a health path is given twice for {}",
-                arm.map_or("every arm".to_string(), |a| format!("arm '{a}'"))
-            )));
-        }
-        for s in scoped("--health", raw, arm, specs)? {
-            s.health = Some(path.to_string());
-        }
-    }
-    Ok(())
+fn health_paths(given: &[String]) -> Result<Vec<Setting<'_, &str>>, CliError> {
+    given
+        .iter()
+        .map(|raw| {
+            let (arm, path) = match raw.split_once(':') {
+                _ if raw.starts_with('/') => (None, raw.as_str()),
+                Some((arm, path)) if path.starts_with('/') => (Some(arm), path),
+                _ => {
+                    return Err(usage(format!(
+                        "--health '{raw}': give a path on the arms' origin starting with '/' (e.g. /v1/models), or ARM:PATH for one arm"
+                    )));
+                }
+            };
+            let what = "a health path".to_string();
+            Ok(Setting { raw, arm, what, value: path })
+        })
+        .collect()
 }
 
 /// `--health-timeout [ARM:]SECONDS`.
-fn health_timeouts(given: &[String], specs: &mut [ArmSpec]) -> Result<(), CliError> {
-    let mut parsed = Vec::new();
-    for raw in given {
-        let (arm, secs) = match raw.split_once(':') {
-            Some((arm, secs)) => (Some(arm), secs),
-            None => (None, raw.as_str()),
-        };
-        let value = match secs.trim().parse::<f64>() {
-            Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => {
-                if t.fract() == 0.0 {
-                    json!(t as u64)
-                } else {
-                    json!(t)
+fn health_timeouts(given: &[String]) -> Result<Vec<Setting<'_, Value>>, CliError> {
+    given
+        .iter()
+        .map(|raw| {
+            let (arm, secs) = match raw.split_once(':') {
+                Some((arm, secs)) => (Some(arm), secs),
+                None => (None, raw.as_str()),
+            };
+            let value = match secs.trim().parse::<f64>() {
+                Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => {
+                    if t.fract() == 0.0 {
+                        json!(t as u64)
+                    } else {
+                        json!(t)
+                    }
                 }
-            }
-            _ => {
-                return Err(usage(format!(
-                    "--health-timeout '{raw}': give seconds > 0 (at most a day), for every arm (300) or for one (ARM:300)"
-                )));
-            }
-        };
-        parsed.push((raw, arm, value));
-    }
-    parsed.sort_by_key(|(_, arm, _)| arm.is_some());
-    let mut seen = std::collections::HashSet::new();
-    for (raw, arm, value) in parsed {
-        if !seen.insert(arm) {
-            return Err(usage(format!(
-                "--health-timeout '{raw}': a health timeout is given twice for {}",
-                arm.map_or("every arm".to_string(), |a| format!("arm '{a}'"))
-            )));
-        }
-        for s in scoped("--health-timeout", raw, arm, specs)? {
-            s.health_timeout = Some(value.clone());
-        }
-    }
-    Ok(())
+                _ => {
+                    return Err(usage(format!(
+                        "--health-timeout '{raw}': give seconds > 0 (at most a day), for every arm (300) or for one (ARM:300)"
+                    )));
+                }
+            };
+            let what = "a health timeout".to_string();
+            Ok(Setting { raw, arm, what, value })
+        })
+        .collect()
 }
 
 /// The campaign plan: `name`, the frozen plan's `description`, `evidence_class`,

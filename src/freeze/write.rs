@@ -150,15 +150,20 @@ pub(crate) fn variant_names(c: &Case) -> Vec<String> {
         .enumerate()
         .map(|(i, v)| {
             let base = (v.source_name.clone()).unwrap_or_else(|| format!("v{}", i + 1));
-            let mut name = base.clone();
-            let mut n = 1;
-            while !used.insert(name.clone()) {
-                n += 1;
-                name = format!("{base}-{n}");
-            }
-            name
+            unique(base, &mut used)
         })
         .collect()
+}
+
+/// `base`, or `base-2`, `base-3`, ... when it is in `used`; the name is added to it.
+fn unique(base: String, used: &mut HashSet<String>) -> String {
+    let mut name = base.clone();
+    let mut n = 1;
+    while !used.insert(name.clone()) {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
+    name
 }
 
 /// The ignore paths of one variant: what its repeats showed to be volatile, and the
@@ -185,13 +190,7 @@ pub(crate) fn case_names(cases: &[Case]) -> Vec<String> {
                 "" => "root".to_string(),
                 p => p.to_string(),
             };
-            let mut name = base.clone();
-            let mut n = 1;
-            while !used.insert(name.clone()) {
-                n += 1;
-                name = format!("{base}-{n}");
-            }
-            name
+            unique(base, &mut used)
         })
         .collect()
 }
