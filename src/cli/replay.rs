@@ -705,6 +705,7 @@ fn reports(
         },
         Recording {
             worker_metrics_limits: scraped.limits.clone(),
+            worker_metrics_scrapes: scraped.health.clone(),
             ..recording_doc(args, &recording, prompt_tokens_mismatch)
         },
     );
@@ -713,7 +714,8 @@ fn reports(
     }
     let mut campaign_text = String::new();
     if let Some(c) = &plan.campaign {
-        let doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms);
+        let doc = report::campaign::campaign_doc(plan.name.as_deref(), c, &result.arms)
+            .with_scrapes(scraped.health.as_deref());
         campaign_text = campaign_reports(
             args,
             dir,

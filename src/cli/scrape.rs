@@ -256,6 +256,8 @@ pub(super) fn start_scraping(
 pub(super) struct WorkerScrapes {
     pub(super) rows: Vec<ScrapeRow>,
     pub(super) limits: Option<WorkerLimits>,
+    /// How each scraped worker answered; `None` without `--worker-metrics`.
+    pub(super) health: Option<Vec<crate::report::doc::worker::ScrapeHealth>>,
 }
 
 impl WorkerScrapes {
@@ -268,6 +270,7 @@ impl WorkerScrapes {
         WorkerScrapes {
             rows: g.rows,
             limits,
+            health: (!g.health.is_empty()).then_some(g.health),
         }
     }
 }

@@ -216,6 +216,7 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Ex
         .then_some(recording.stats.longest_slice_us);
     let mut summary = report::serve_summary(&stats, rows, slice, None);
     summary.worker_metrics_limits = worker.limits;
+    summary.worker_metrics_scrapes = worker.health;
     summary.worker = report::worker::whole_run(&worker.rows).map(|mut w| {
         w.two_sided = Some(report::worker::two_sided(
             report::doc::secs(stats.ok_ttft.p50),

@@ -21,6 +21,11 @@ use crate::record::scrapes::{RoundId, ScrapeRow};
 /// The most bytes of one scrape that are read (vLLM's text is tens of kilobytes).
 const SCRAPE_LIMIT: usize = 16 << 20;
 
+/// Scrapes in a row answered 404 or 410 after which a worker is not scraped again: it
+/// serves no metrics at that URL (a server started without them), and a campaign's
+/// servers would otherwise be asked hundreds of times.
+const GIVE_UP_AFTER: u32 = 3;
+
 /// Why a scrape was taken (the `cause` column), and at a round's edge, which round.
 #[derive(Debug, Clone)]
 pub(crate) enum Cause {
@@ -126,6 +131,12 @@ pub(crate) struct Gathered {
     pub(crate) cap_reached: Option<String>,
     /// Samples not written to worker_metrics.parquet either: its writer fell behind.
     pub(crate) not_written: u64,
+    /// How each scraped worker answered (one entry per scraper, filled by `take`).
+    pub(crate) health: Vec<crate::report::doc::worker::ScrapeHealth>,
+    /// Scrapes in a row that answered 404 or 410.
+    missing_in_a_row: u32,
+    /// Why scraping this worker stopped early (it serves no metrics there).
+    stopped: Option<String>,
     holding: Holding,
 }
 
@@ -139,6 +150,7 @@ impl Gathered {
         self.unreadable_lines += other.unreadable_lines;
         self.not_held += other.not_held;
         self.not_written += other.not_written;
+        self.health.extend(other.health);
         if self.first_failure.is_none() {
             self.first_failure = other.first_failure;
         }
@@ -279,31 +291,39 @@ impl Scraper {
         self
     }
 
-    /// One scrape, bounded by the timeout; its samples (or its failure) are kept.
+    /// One scrape, bounded by the timeout; its samples (or its failure) are kept. None
+    /// once scraping stopped on a worker that serves no metrics there.
     pub(crate) async fn scrape(&self, cause: Cause) {
+        if self.gathered.lock().is_ok_and(|g| g.stopped.is_some()) {
+            return;
+        }
         let started_ns = clock::now_ns();
         let wall_us = clock::wall_now_us();
         let result = tokio::time::timeout(self.timeout, self.get()).await;
         let offset_us = clock::us_between(self.run_t0_ns, started_ns);
         // Read outside the lock: a round-edge scrape never waits behind another's parse.
         let outcome = match result {
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Err(_) => Err((format!("no answer within {:?}", self.timeout), None)),
             Ok(Ok(text)) => {
                 // Read off the runtime's threads: a big answer (up to 16 MiB) takes a
                 // while, and exchanges run on them.
                 let parsed = tokio::task::spawn_blocking(move || crate::prom::parse(&text)).await;
                 match parsed {
-                    Err(e) => Err(format!("the answer could not be read: {e}")),
+                    Err(e) => Err((format!("the answer could not be read: {e}"), None)),
                     Ok(scrape) => match (scrape.samples.is_empty(), scrape.errors.first()) {
                         (true, Some((line, why))) => {
-                            Err(format!("no line could be read (line {line}: {why})"))
+                            Err((format!("no line could be read (line {line}: {why})"), None))
                         }
-                        (true, None) => Err("an answer with no sample".into()),
+                        (true, None) => Err(("an answer with no sample".into(), None)),
                         (false, _) => Ok(scrape),
                     },
                 }
             }
             Ok(Err(why)) => Err(why),
+        };
+        let (outcome, status) = match outcome {
+            Ok(s) => (Ok(s), None),
+            Err((why, status)) => (Err(why), status),
         };
         let (cause, round) = cause.split();
         let rows: Vec<ScrapeRow> = match &outcome {
@@ -351,6 +371,7 @@ impl Scraper {
         g.not_written += not_written;
         match outcome {
             Ok(scrape) => {
+                g.missing_in_a_row = 0;
                 g.unreadable_lines += scrape.errors.len() as u64;
                 if let Some(why) = g.hold(kept)
                     && self.say
@@ -361,15 +382,46 @@ impl Scraper {
                     );
                 }
             }
-            Err(why) => {
-                g.failed += 1;
-                g.first_failure.get_or_insert(why);
-            }
+            Err(why) => self.failed(&mut g, why, status),
         }
     }
 
-    /// GET the URL on a fresh connection: its body as text, or why not.
-    async fn get(&self) -> Result<String, String> {
+    /// A failed scrape counted; the first said on stderr; after [`GIVE_UP_AFTER`] in a
+    /// row answered 404 or 410, this worker is not scraped again (said once).
+    fn failed(&self, g: &mut Gathered, why: String, status: Option<u16>) {
+        g.failed += 1;
+        let whose = match &self.arm {
+            Some(a) => format!("arm {a}'s worker metrics"),
+            None => "worker metrics".to_string(),
+        };
+        if g.first_failure.is_none() && self.say {
+            eprintln!(
+                "matrix-proxy: {whose}: the scrape of {} failed: {why}; failed scrapes are counted (summary.json worker_metrics_scrapes)",
+                self.url.url()
+            );
+        }
+        g.first_failure.get_or_insert(why);
+        g.missing_in_a_row = match status {
+            Some(404 | 410) => g.missing_in_a_row + 1,
+            _ => 0,
+        };
+        if g.missing_in_a_row >= GIVE_UP_AFTER && g.stopped.is_none() {
+            let stopped = format!(
+                "stopped after {} scrapes in a row answered status {}: the worker serves no metrics at {}",
+                g.missing_in_a_row,
+                status.unwrap_or_default(),
+                self.url.url()
+            );
+            if self.say {
+                eprintln!("matrix-proxy: {whose}: {stopped}; not scraped again this run");
+            }
+            g.stopped = Some(stopped);
+        }
+    }
+
+    /// GET the URL on a fresh connection: its body as text, or why not (with the
+    /// answer's status when there was one).
+    async fn get(&self) -> Result<String, (String, Option<u16>)> {
         let mut headers = http::HeaderMap::new();
         if let Ok(h) = http::HeaderValue::from_str(&self.url.authority) {
             headers.insert(http::header::HOST, h);
@@ -391,18 +443,22 @@ impl Scraper {
                 &mut cap,
             )
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| (e.message, None))?;
         let c = cap.into_captured();
+        let status = c.status.and_then(|s| u16::try_from(s).ok());
         if c.body.truncated {
-            return Err(format!(
-                "the answer passed {} MiB, the most a scrape reads",
-                SCRAPE_LIMIT >> 20
+            return Err((
+                format!(
+                    "the answer passed {} MiB, the most a scrape reads",
+                    SCRAPE_LIMIT >> 20
+                ),
+                status,
             ));
         }
         match c.status {
             Some(200) => Ok(String::from_utf8_lossy(&c.body.bytes).into_owned()),
-            Some(s) => Err(format!("status {s}")),
-            None => Err("no status".into()),
+            Some(s) => Err((format!("status {s}"), status)),
+            None => Err(("no status".into(), None)),
         }
     }
 
@@ -422,7 +478,8 @@ impl Scraper {
         }
     }
 
-    /// What was gathered, taken out (the rows sorted by offset).
+    /// What was gathered, taken out (the rows sorted by offset), with this worker's
+    /// entry in `health`.
     pub(crate) fn take(&self) -> Gathered {
         let mut g = self
             .gathered
@@ -430,6 +487,14 @@ impl Scraper {
             .map(|mut g| std::mem::take(&mut *g))
             .unwrap_or_default();
         g.rows.sort_by_key(|r| r.offset_us);
+        g.health.push(crate::report::doc::worker::ScrapeHealth {
+            arm: self.arm.as_deref().map(str::to_string),
+            url: self.url.url(),
+            scrapes: g.scrapes,
+            failed: g.failed,
+            first_failure: g.first_failure.clone(),
+            stopped: g.stopped.clone(),
+        });
         g
     }
 }

@@ -145,6 +145,7 @@ pub(crate) fn campaign_doc(
                     .iter()
                     .map(|(c, level)| (*c as u64, cell(level, a.rss_scope)))
                     .collect(),
+                worker_metrics_scrapes: None,
             }
         })
         .collect();

@@ -607,6 +607,7 @@ fn arm_view(
             load: None,
             metadata: serde_json::Map::new(),
             concurrency: plain_cells(run)?,
+            worker_metrics_scrapes: None,
         },
     };
     arm.name = name;

@@ -293,6 +293,7 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
         rebuilt_from_exchanges: recording.rebuilt_from_exchanges,
         shards: recording.shards,
         worker_metrics_limits: recording.worker_metrics_limits,
+        worker_metrics_scrapes: recording.worker_metrics_scrapes,
     }
 }
 
@@ -378,5 +379,6 @@ pub(crate) fn serve_summary(
         rebuilt_from_exchanges: rebuilt.map(|_| true),
         worker: None,
         worker_metrics_limits: None,
+        worker_metrics_scrapes: None,
     }
 }

@@ -609,6 +609,9 @@ async fn json_answers_get_decode_intervals_and_mcnemar_counts_a_fit_arms_mismatc
     // counted the fit arm's `ok` mismatches as passes.
     let echo = |wrong_from: usize| -> Handler {
         std::sync::Arc::new(move |_, seen: &Seen| {
+            if seen.path == "/metrics" {
+                return Reply::bytes(404, b"no metrics here".to_vec());
+            }
             let Ok(v) = serde_json::from_slice::<Value>(&seen.body) else {
                 return Reply::json(200, &json!({})); // the health check
             };
@@ -624,9 +627,9 @@ async fn json_answers_get_decode_intervals_and_mcnemar_counts_a_fit_arms_mismatc
     let tmp = tempfile::tempdir().unwrap();
     let arms = json!([
         {"name": "ref", "lane": "quality", "reference": true, "recipe": recipe("none"),
-         "endpoint": reference.url("/v1/chat/completions")},
+         "endpoint": reference.url("/v1/chat/completions"), "worker_metrics": true},
         {"name": "fit", "lane": "performance-fit", "recipe": recipe("q4"),
-         "endpoint": fit.url("/v1/chat/completions")}
+         "endpoint": fit.url("/v1/chat/completions"), "worker_metrics": true}
     ]);
     let variants: Vec<Value> = (0..4)
         .map(|n| {
@@ -647,6 +650,29 @@ async fn json_answers_get_decode_intervals_and_mcnemar_counts_a_fit_arms_mismatc
     assert_eq!(code, Some(0), "{stderr}");
     let run = tmp.path().join("run");
     let c = read_json(&run.join("campaign.json"));
+    // Servers without /metrics: said at the first failure per arm, kept per arm, and
+    // not asked again after 3 answers of 404 (5 rounds would scrape 10 times or more).
+    for (i, arm) in ["ref", "fit"].into_iter().enumerate() {
+        let h = &c["arms"][i]["worker_metrics_scrapes"];
+        assert_eq!(
+            (&h["arm"], &h["scrapes"], &h["failed"], &h["first_failure"]),
+            (&json!(arm), &json!(3), &json!(3), &json!("status 404")),
+            "{h}"
+        );
+        assert!(h["stopped"].as_str().unwrap().contains("3 scrapes in a row answered status 404"));
+        let said = format!("arm {arm}'s worker metrics: the scrape of http://");
+        assert_eq!(stderr.matches(&said).count(), 1, "{stderr}");
+    }
+    let asked = |p: &Peer| p.seen().iter().filter(|s| s.path == "/metrics").count();
+    assert_eq!((asked(&reference), asked(&fit)), (3, 3));
+    let summary = read_json(&run.join("summary.json"));
+    let failed: Vec<&Value> = summary["worker_metrics_scrapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["failed"])
+        .collect();
+    assert_eq!(failed, [&json!(3), &json!(3)]);
     let entry = c["intervals"]["entries"]
         .as_array()
         .unwrap()

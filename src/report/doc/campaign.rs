@@ -75,6 +75,9 @@ pub(crate) struct ArmDoc {
     /// By concurrency level.
     #[serde(default)]
     pub(crate) concurrency: BTreeMap<u64, Cell>,
+    /// How its worker answered `--worker-metrics` scrapes (only when scraped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker_metrics_scrapes: Option<super::worker::ScrapeHealth>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -296,6 +299,21 @@ pub(crate) struct RatioInterval {
     pub(crate) reason: Option<String>,
     pub(crate) rounds_arm: usize,
     pub(crate) rounds_reference: usize,
+}
+
+impl CampaignDoc {
+    /// Each arm with how its worker answered `--worker-metrics` scrapes (`health`: every
+    /// scraped worker, by arm).
+    pub(crate) fn with_scrapes(mut self, health: Option<&[super::worker::ScrapeHealth]>) -> Self {
+        for a in &mut self.arms {
+            a.worker_metrics_scrapes = health
+                .unwrap_or_default()
+                .iter()
+                .find(|h| h.arm.as_deref() == Some(a.name.as_str()))
+                .cloned();
+        }
+        self
+    }
 }
 
 impl Intervals {

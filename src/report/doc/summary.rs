@@ -85,6 +85,9 @@ pub(crate) struct Summary {
     /// Only when the worker's scrapes reached a bound (rows not held or not written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
+    /// Only with `--worker-metrics`: how each scraped worker answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker_metrics_scrapes: Option<Vec<super::worker::ScrapeHealth>>,
 }
 
 /// What a replay wrote beside the measurements (`rows_written` and after).
@@ -97,6 +100,7 @@ pub(crate) struct Recording {
     pub(crate) rebuilt_from_exchanges: Option<bool>,
     pub(crate) shards: Option<ShardsNote>,
     pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
+    pub(crate) worker_metrics_scrapes: Option<Vec<super::worker::ScrapeHealth>>,
 }
 
 /// summary.json's `load`: the mode, `--sweep`, and what the sweep noted (only when it did).
@@ -528,6 +532,9 @@ pub(crate) struct ServeSummary {
     /// Only when the worker's scrapes reached a bound (rows not held or not written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) worker_metrics_limits: Option<super::worker::WorkerLimits>,
+    /// Only with `--worker-metrics`: how each scraped worker answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) worker_metrics_scrapes: Option<Vec<super::worker::ScrapeHealth>>,
 }
 
 /// How a serve run ended.

@@ -66,6 +66,24 @@ pub(crate) struct WorkerTiming {
     pub(crate) bucket_width_seconds: Option<f64>,
 }
 
+/// How one scraped worker answered (summary.json `worker_metrics_scrapes`, one entry per
+/// scraped worker; campaign.json's arm `worker_metrics_scrapes`): scrapes taken, failed
+/// and the first failure, and why scraping stopped early when it did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct ScrapeHealth {
+    /// The campaign arm whose worker it is (null outside campaigns).
+    pub(crate) arm: Option<String>,
+    /// The metrics URL.
+    pub(crate) url: String,
+    pub(crate) scrapes: u64,
+    pub(crate) failed: u64,
+    pub(crate) first_failure: Option<String>,
+    /// Set when scraping gave up on a worker that serves no metrics there (3 scrapes in a
+    /// row answered 404 or 410); null otherwise.
+    pub(crate) stopped: Option<String>,
+}
+
 /// What the worker's scrapes could not keep (summary.json `worker_metrics_limits`, only
 /// when a bound was reached): the rows held for the worker's numbers are capped per
 /// scraped worker (docs/output.md), and at most a few scrapes wait for the file's writer.
