@@ -507,6 +507,32 @@ pub(crate) fn verdict_doc(campaign: &CampaignDoc, p: &Provenance<'_>) -> Verdict
 }
 
 /// The verdict for a terminal: one line per gate and arm, then the verdict.
+/// One gate's result for one arm in words: each level's measured value against its
+/// limit (a ratio with its interval and bound under `require_interval`), then the note.
+pub(crate) fn arm_detail(a: &ArmGate) -> String {
+    let levels = a
+        .levels
+        .iter()
+        .filter_map(|l| match (l.concurrency, l.measured, l.limit, l.interval) {
+            (Some(c), _, Some(lim), Some([lo, hi])) => Some(format!(
+                "c={c}: ratio {} [{lo:.3}, {hi:.3}] (bound {:.3})",
+                short(l.ratio.unwrap_or(f64::NAN)),
+                lim / l.reference.unwrap_or(f64::NAN)
+            )),
+            (Some(c), Some(m), Some(lim), None) => {
+                Some(format!("c={c}: {} (limit {})", short(m), short(lim)))
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    match (levels.is_empty(), a.note.as_deref()) {
+        (_, None) => levels,
+        (true, Some(n)) => n.to_string(),
+        (false, Some(n)) => format!("{levels} ({n})"),
+    }
+}
+
 pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     let mut out = String::new();
     let yes = |b: Option<bool>| match b {
@@ -519,27 +545,7 @@ pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     let width = all.iter().map(|g| g.gate.len()).max().unwrap_or(0).max(26);
     for g in all {
         for a in &g.arms {
-            let worst = a
-                .levels
-                .iter()
-                .filter_map(|l| match (l.concurrency, l.measured, l.limit, l.interval) {
-                    (Some(c), _, Some(lim), Some([lo, hi])) => Some(format!(
-                        "c={c}: ratio {} [{lo:.3}, {hi:.3}] (bound {:.3})",
-                        short(l.ratio.unwrap_or(f64::NAN)),
-                        lim / l.reference.unwrap_or(f64::NAN)
-                    )),
-                    (Some(c), Some(m), Some(lim), None) => {
-                        Some(format!("c={c}: {} (limit {})", short(m), short(lim)))
-                    }
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let detail = match (worst.is_empty(), a.note.as_deref()) {
-                (_, None) => worst,
-                (true, Some(n)) => n.to_string(),
-                (false, Some(n)) => format!("{worst} ({n})"),
-            };
+            let detail = arm_detail(a);
             out.push_str(&format!(
                 "  {:<width$} {:<14} {}  {detail}\n",
                 g.gate,

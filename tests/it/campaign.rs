@@ -659,7 +659,12 @@ async fn json_answers_get_decode_intervals_and_mcnemar_counts_a_fit_arms_mismatc
             (&json!(arm), &json!(3), &json!(3), &json!("status 404")),
             "{h}"
         );
-        assert!(h["stopped"].as_str().unwrap().contains("3 scrapes in a row answered status 404"));
+        assert!(
+            h["stopped"]
+                .as_str()
+                .unwrap()
+                .contains("3 scrapes in a row answered status 404")
+        );
         let said = format!("arm {arm}'s worker metrics: the scrape of http://");
         assert_eq!(stderr.matches(&said).count(), 1, "{stderr}");
     }

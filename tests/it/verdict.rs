@@ -34,6 +34,24 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         stdout.contains("verdict: adopt (quality lane pass, fit benefit yes)"),
         "{stdout}"
     );
+    // The report puts the verdict first, each failing gate with its numbers (the mock
+    // arms save no memory: the memory gate fails), before any chart; the arms' table has
+    // the peak RSS the gate read.
+    let html_path = tmp.path().join("report.html");
+    let (code, _, stderr) = run(&["report", s(&run_dir), "--out", s(&html_path)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    let first_gate = html
+        .find("<b>fit_min_memory_reduction</b> fast-fit")
+        .unwrap();
+    let charts = html.find("id=\"charts\"").unwrap();
+    assert!(first_gate < charts && html.find("Verdict of").unwrap() < first_gate);
+    let gate_line = &html[first_gate..first_gate + html[first_gate..].find("</li>").unwrap()];
+    assert!(
+        gate_line.contains("c=1: ") && gate_line.contains("(limit "),
+        "{gate_line}"
+    );
+    assert!(html.contains("<th>peak RSS MiB</th>"), "peak RSS column");
     let config = read_json(&run_dir.join("config.json"));
     assert_eq!(config["contract"]["sha256"], json!(sha256_file(contract)));
     assert_eq!(config["workload_sha256"].as_str().map(str::len), Some(64));

@@ -45,6 +45,9 @@ pub(crate) fn render(runs: &[RunInput], generated_at: &str) -> String {
         esc(generated_at),
         env!("CARGO_PKG_VERSION")
     ));
+    for r in runs {
+        h.push_str(&verdict_first(r));
+    }
     h.push_str("<section id=\"provenance\">\n<h2>Provenance and denominators</h2>\n");
     h.push_str(&provenance_table(runs));
     h.push_str("</section>\n");
@@ -332,7 +335,7 @@ fn campaign_tables(r: &RunInput) -> String {
         esc(&text(k.evidence_class.as_deref())),
         esc(&k.schedule)
     ));
-    h.push_str("<table class=\"grid\" id=\"campaign-arms\">\n<tr><th>arm</th><th>lane</th><th>available</th><th>c</th><th>latency p50 ms</th><th>latency p95 ms</th><th>TTFT p50 ms</th><th>decode tok/s</th><th>aggregate tok/s</th><th>failed / attempted</th></tr>\n");
+    h.push_str("<table class=\"grid\" id=\"campaign-arms\">\n<tr><th>arm</th><th>lane</th><th>available</th><th>c</th><th>latency p50 ms</th><th>latency p95 ms</th><th>TTFT p50 ms</th><th>decode tok/s</th><th>aggregate tok/s</th><th>peak RSS MiB</th><th>peak VRAM MiB</th><th>failed / attempted</th></tr>\n");
     for arm in &k.arms {
         let name = format!(
             "{}{}",
@@ -342,7 +345,7 @@ fn campaign_tables(r: &RunInput) -> String {
         let lane = arm.lane.as_str();
         if arm.concurrency.is_empty() {
             h.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td colspan=\"7\">{}</td></tr>\n",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td colspan=\"9\">{}</td></tr>\n",
                 esc(&name),
                 esc(lane),
                 arm.available,
@@ -351,8 +354,9 @@ fn campaign_tables(r: &RunInput) -> String {
         }
         for (c, cell) in &arm.concurrency {
             let f = |v: Option<f64>| esc(&fmt_num(v));
+            let mib = |b: Option<u64>| f(b.map(|b| b as f64 / f64::from(1u32 << 20)));
             h.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>\n",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>\n",
                 esc(&name),
                 esc(lane),
                 arm.available,
@@ -362,6 +366,8 @@ fn campaign_tables(r: &RunInput) -> String {
                 f(cell.ttft_p50_ms),
                 f(cell.decode_tokens_per_sec),
                 f(cell.aggregate_decode_tokens_per_sec),
+                mib(cell.peak_rss_bytes),
+                mib(cell.peak_vram_bytes),
                 text(cell.failed_requests),
                 cell.attempted_requests
             ));
@@ -432,6 +438,48 @@ fn drift_table(k: &CampaignDoc) -> String {
             esc(&crate::report::intervals::intervals_text(iv))
         ));
     }
+    h
+}
+
+/// A run's verdict first on the page: the word, why, and each gate an arm failed or could
+/// not read, with its numbers (the full table comes with the campaign's tables).
+fn verdict_first(r: &RunInput) -> String {
+    let Some(v) = &r.verdict else {
+        return String::new();
+    };
+    let gates = v.gates();
+    let mut h = format!(
+        "<section class=\"verdict-first\">\n<h2>Verdict of {}: <span class=\"verdict\">{}</span>{}</h2>\n<p>{}</p>\n",
+        esc(&r.label),
+        esc(&text(gates.map(|g| &g.verdict))),
+        if v.post_hoc { " (post hoc)" } else { "" },
+        esc(&text(gates.map(|g| &g.verdict_reason)))
+    );
+    let short: Vec<String> = gates
+        .map_or(&[][..], |g| g.gates.as_slice())
+        .iter()
+        .flat_map(|g| {
+            g.arms
+                .iter()
+                .filter(|a| a.pass != Some(true))
+                .map(move |a| {
+                    format!(
+                        "<li><b>{}</b> {} <span class=\"{}\">{}</span>: {}</li>",
+                        esc(&g.gate),
+                        esc(&a.arm),
+                        pass_text(a.pass).replace('/', ""),
+                        pass_text(a.pass),
+                        esc(&crate::report::verdict::arm_detail(a))
+                    )
+                })
+        })
+        .collect();
+    if !short.is_empty() {
+        h.push_str("<p>Gates an arm failed or had nothing to read for, with their numbers:</p>\n<ul class=\"failing-gates\">\n");
+        h.push_str(&short.join("\n"));
+        h.push_str("\n</ul>\n");
+    }
+    h.push_str("</section>\n");
     h
 }
 
