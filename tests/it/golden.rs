@@ -83,8 +83,10 @@ const MASKED_KEYS: &[&str] = &[
     "tpot",
     "e2e",
     // The worker's own view: how many scrapes fell in a window, which bucket held a
-    // quantile.
+    // quantile; how many scrapes an arm's worker got (its interval against the run's
+    // length).
     "scrapes_in_window",
+    "scrapes",
     "p50_bucket",
     "p95_bucket",
 ];
