@@ -119,7 +119,7 @@ pub(crate) fn answer_tokens(ok: &[&Sample]) -> i64 {
             Some(st) => st.output_tokens.unwrap_or(0),
             None => s.usage_tokens.map_or(0, |(_, out)| out),
         })
-        .sum()
+        .fold(0i64, i64::saturating_add)
 }
 
 /// Decode speed over a set of ok streams, and every stream each estimator leaves out.
@@ -636,7 +636,7 @@ fn usage_tokens_per_second(ok: &[&Sample], elapsed_seconds: f64) -> Option<f64> 
     if reported.is_empty() || elapsed_seconds <= 0.0 {
         return None;
     }
-    Some(reported.iter().sum::<i64>() as f64 / elapsed_seconds)
+    Some(reported.iter().fold(0i64, |a, &b| a.saturating_add(b)) as f64 / elapsed_seconds)
 }
 
 #[cfg(test)]

@@ -410,8 +410,8 @@ pub(crate) fn url_path(url: &str) -> &str {
 }
 
 /// What a JSON answer's `usage` says, (prompt tokens when reported, completion tokens),
-/// read from its bytes without building the document (serde skips every other member). `None` when the body is
-/// not a JSON object or reports no completion tokens.
+/// read from its bytes without building the document (serde skips every other member).
+/// `None` when the body is not a JSON object or reports no completion tokens.
 pub(crate) fn answer_usage(body: &[u8]) -> Option<(Option<i64>, i64)> {
     #[derive(serde::Deserialize)]
     struct Answer {
@@ -426,8 +426,42 @@ pub(crate) fn answer_usage(body: &[u8]) -> Option<(Option<i64>, i64)> {
         return None;
     }
     let u = serde_json::from_slice::<Answer>(body).ok()?.usage?;
-    Some((
-        u.prompt_tokens.as_ref().and_then(serde_json::Value::as_i64),
-        u.completion_tokens.as_ref()?.as_i64()?,
-    ))
+    // A count a worker could mean: 0 to 2^40. A negative or absurd value from a broken or
+    // hostile worker is no count (a row holding one would be refused when read back).
+    let count = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .and_then(serde_json::Value::as_i64)
+            .filter(|n| (0..=MAX_TOKEN_COUNT).contains(n))
+    };
+    Some((count(&u.prompt_tokens), count(&u.completion_tokens)?))
+}
+
+/// The largest token count an answer's usage may report and be recorded (2^40, the
+/// largest count a row may hold).
+pub(crate) const MAX_TOKEN_COUNT: i64 = 1 << 40;
+
+#[cfg(test)]
+mod usage_tests {
+    use super::answer_usage;
+
+    #[test]
+    fn a_json_answers_usage_is_read_and_impossible_counts_are_none() {
+        let u = |b: &str| answer_usage(b.as_bytes());
+        assert_eq!(
+            u(r#"{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":7}}"#),
+            Some((Some(3), 7))
+        );
+        assert_eq!(u(r#" {"usage":{"completion_tokens":7}}"#), Some((None, 7)));
+        // A hostile worker: negative, absurd or non-integer counts are no count.
+        assert_eq!(u(r#"{"usage":{"completion_tokens":-1}}"#), None);
+        assert_eq!(u(r#"{"usage":{"completion_tokens":1e15}}"#), None);
+        assert_eq!(u(r#"{"usage":{"completion_tokens":1099511627777}}"#), None);
+        assert_eq!(
+            u(r#"{"usage":{"prompt_tokens":-5,"completion_tokens":2}}"#),
+            Some((None, 2))
+        );
+        assert_eq!(u(r#"{"usage":"many"}"#), None);
+        assert_eq!(u("[1,2]"), None);
+        assert_eq!(u("not json"), None);
+    }
 }

@@ -128,10 +128,13 @@ pub(crate) struct Judged {
 /// reports completion tokens.
 pub(crate) fn usage_tokens(answer: &Value) -> Option<(Option<i64>, i64)> {
     let u = answer.get("usage")?;
-    Some((
-        u.get("prompt_tokens").and_then(Value::as_i64),
-        u.get("completion_tokens")?.as_i64()?,
-    ))
+    // 0 to 2^40 (model::MAX_TOKEN_COUNT): a negative or absurd value is no count.
+    let count = |k: &str| {
+        u.get(k)
+            .and_then(Value::as_i64)
+            .filter(|n| (0..=1i64 << 40).contains(n))
+    };
+    Some((count("prompt_tokens"), count("completion_tokens")?))
 }
 
 /// The seed's decisions of one answer: the entries of the container at `at` (array

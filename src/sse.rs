@@ -327,8 +327,12 @@ impl StreamTracker {
     }
 
     /// `usage.<field>` as an integer.
+    /// A count in the stream's usage object, when it is one a worker could mean: 0 to
+    /// 2^40 (a negative or absurd value from a broken or hostile worker is not a count,
+    /// and a row holding one would be refused when read back).
     pub(crate) fn usage_field(&self, field: &str) -> Option<i64> {
-        self.usage.as_ref()?.get(field)?.as_i64()
+        let n = self.usage.as_ref()?.get(field)?.as_i64()?;
+        (0..=1i64 << 40).contains(&n).then_some(n)
     }
 }
 

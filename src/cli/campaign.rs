@@ -98,7 +98,15 @@ pub(crate) fn verdict_cmd(
     })?;
     // Runs made before drift existed (or under --no-record, refused): computed from the
     // recorded answers.
-    if campaign.drift.as_ref().is_none_or(Option::is_none) {
+    // A campaign.json written before drift counted distinct requests reads them as 0, which
+    // every floor-relative gate would take for too few: its drift is recomputed too.
+    let before_distinct = campaign
+        .drift_entries()
+        .iter()
+        .map(|e| &e.drift)
+        .chain(campaign.drift_floor.as_ref().map(|f| &f.drift))
+        .any(|d| d.compared_prompts > 0 && d.distinct_requests == 0);
+    if before_distinct || campaign.drift.as_ref().is_none_or(Option::is_none) {
         run.refuse_unrecorded("drift, and the gates that read it, need them")
             .map_err(report_error)?;
         answers::add_drift(&mut campaign, &run.exchanges(), plan).map_err(tool)?;

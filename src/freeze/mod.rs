@@ -171,7 +171,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         let n = crate::config::plan::covering_requests_per_case(&counts, highest);
         budget.requests_per_case = Some(n);
         lines.push(format!(
-            "requests_per_case {n}: every measured round sends each of the {} distinct request(s) (the smallest multiple of the variant count at least the highest concurrency, {highest}); --requests-per-case sets another",
+            "requests_per_case {n}: every measured round sends each of the {} distinct request(s) (a multiple of each case's variant count, or of the largest where their common multiple would be over 4 times it, at least the highest concurrency, {highest}); --requests-per-case sets another",
             counts.iter().sum::<usize>()
         ));
     }

@@ -381,10 +381,11 @@ pub(crate) struct AnswerRow {
     pub(crate) truncated: bool,
     /// `ok`; else the row failed its oracle (`correctness`).
     pub(crate) ok: bool,
-    /// The oracle passed the answer, whatever the lane made of it (a performance-fit
-    /// arm's mismatch is `ok` but did not pass): `oracle_passed`, or in runs recorded
-    /// before that column `ok` without an `oracle_mismatch_pointer`.
-    pub(crate) passed: bool,
+    /// The oracle's judgment, whatever the lane made of it (a performance-fit arm's
+    /// mismatch is `ok` but did not pass): `oracle_passed` (`None` where nothing was
+    /// judged, e.g. a body cut by `--max-record-body`), or in runs recorded before that
+    /// column `ok` without an `oracle_mismatch_pointer`.
+    pub(crate) passed: Option<bool>,
 }
 
 /// Hand each measured-phase row of the closed parts that was `ok` or failed its oracle
@@ -429,9 +430,8 @@ pub(crate) fn for_each_measured_answer(
             for i in 0..b.num_rows() {
                 let ok = outcome.value(i) == "ok";
                 let passed = match judged {
-                    Some(j) if j.is_valid(i) => j.value(i),
-                    Some(_) => ok,
-                    None => ok && !pointer.is_valid(i),
+                    Some(j) => j.is_valid(i).then(|| j.value(i)),
+                    None => Some(ok && !pointer.is_valid(i)),
                 };
                 if phase.value(i) != "measured"
                     || !(ok || outcome.value(i) == "correctness")

@@ -32,8 +32,10 @@ pub(crate) fn read_answers(
         // Pass / fail of an oracle-judged answer (the McNemar test's pairs): the oracle's
         // judgment, also where a performance-fit arm's mismatch stayed `ok`.
         let case = plan.cases.iter().find(|c| c.name == key.case);
-        if case.is_some_and(|c| c.judged(plan.campaign.is_some()) == JudgedBy::Oracle) {
-            side.judged.insert(key.clone(), row.passed);
+        if case.is_some_and(|c| c.judged(plan.campaign.is_some()) == JudgedBy::Oracle)
+            && let Some(passed) = row.passed
+        {
+            side.judged.insert(key.clone(), passed);
         }
         if !row.ok {
             return;

@@ -164,11 +164,13 @@ impl Answered {
 
 /// An arm's drift value at every level it was paired with the reference, at least `min`
 /// (`quality_min_exact_match`; v2's `fit_min_mean_similarity`, `fit_min_exact_match`).
+/// Under v2 (`distinct`), a level whose pairs answer fewer than [`MIN_DISTINCT_REQUESTS`]
+/// distinct requests has nothing to read; v1 keeps its rule.
 pub(super) fn drift_gate(
     arm: &ArmView<'_>,
     drift: Option<&DriftEntry>,
     what: Answered,
-    min: f64,
+    (min, distinct): (f64, bool),
 ) -> ArmGate {
     arm_gate(arm, || {
         let d =
@@ -179,13 +181,20 @@ pub(super) fn drift_gate(
             .iter()
             .filter_map(|(c, t)| {
                 let value = what.of(t)?;
+                let short = (distinct && t.distinct_requests < MIN_DISTINCT_REQUESTS).then(|| {
+                    format!(
+                        "compared in {} pair(s) from {} distinct request(s), fewer than {MIN_DISTINCT_REQUESTS} distinct requests (repeats of one request are not independent): too few to judge",
+                        t.compared_prompts, t.distinct_requests
+                    )
+                });
                 Some(GateLevel {
                     concurrency: c.parse::<u64>().ok(),
                     measured: Some(value),
                     compared_prompts: Some(t.compared_prompts),
                     distinct_requests: Some(t.distinct_requests),
                     limit: Some(min),
-                    pass: Some(ge(value, min)),
+                    pass: short.is_none().then(|| ge(value, min)),
+                    note: short,
                     ..GateLevel::default()
                 })
             })

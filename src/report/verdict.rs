@@ -123,7 +123,7 @@ fn quality_gates(campaign: &CampaignDoc, t: &Thresholds, quality: &[&ArmView<'_>
             "quality_min_exact_match",
             Threshold::Ratio(min),
             format!("every non-reference quality-lane arm's exact-match rate >= threshold at every level{pooled}"),
-            each(&|a| drift_gate(a, drift(a.name), Answered::ExactMatch, min)),
+            each(&|a| drift_gate(a, drift(a.name), Answered::ExactMatch, (min, t.version() >= 2))),
         ));
     }
     if let Some(x) = t.quality_max_exact_match_drop_vs_floor {
@@ -189,7 +189,7 @@ fn fit_gates(
     let answers = |min: Option<f64>, what: Answered| -> Option<Vec<ArmGate>> {
         min.map(|m| {
             fit.iter()
-                .map(|a| drift_gate(a, drift(a.name), what, m))
+                .map(|a| drift_gate(a, drift(a.name), what, (m, true)))
                 .collect()
         })
     };
@@ -326,7 +326,6 @@ fn lanes(
     }
 }
 
-/// The rules `t`'s version applies, said in verdict.json.
 /// A rule's label for the terminal: its text up to the first colon outside parentheses
 /// (`point (require_interval: false)`, never `point (require_interval`).
 fn rule_label(rule: &str) -> &str {
@@ -342,6 +341,7 @@ fn rule_label(rule: &str) -> &str {
     rule
 }
 
+/// The rules `t`'s version applies, said in verdict.json.
 fn rules(t: &Thresholds) -> Rules {
     let floor = [
         t.quality_max_exact_match_drop_vs_floor
@@ -506,7 +506,6 @@ pub(crate) fn verdict_doc(campaign: &CampaignDoc, p: &Provenance<'_>) -> Verdict
     }
 }
 
-/// The verdict for a terminal: one line per gate and arm, then the verdict.
 /// One gate's result for one arm in words: each level's measured value against its
 /// limit (a ratio with its interval and bound under `require_interval`), then the note.
 pub(crate) fn arm_detail(a: &ArmGate) -> String {
@@ -533,6 +532,7 @@ pub(crate) fn arm_detail(a: &ArmGate) -> String {
     }
 }
 
+/// The verdict for a terminal: one line per gate and arm, then the verdict.
 pub(crate) fn verdict_text(v: &VerdictDoc) -> String {
     let mut out = String::new();
     let yes = |b: Option<bool>| match b {
@@ -1080,6 +1080,26 @@ mod tests {
         }
         let g = gates(&none, &t2, None);
         assert_eq!(g.quality_lane_pass, None);
+    }
+
+    #[test]
+    fn under_v2_three_prompts_never_carry_a_drift_gate() {
+        let mut c = doc(&campaign(1.0, cell(1000.0, 200.0, 90.0, 0)));
+        let l = level_1(entry_mut(&mut c, 0));
+        (l.compared_prompts, l.distinct_requests) = (45, 3);
+        let exact = |t: &Thresholds| {
+            let g = gates(&c, t, None);
+            let a = gate_of(&g, "quality_min_exact_match").arms[0].clone();
+            (a.pass, a.levels[0].note.clone().unwrap_or_default())
+        };
+        let (pass, note) = exact(&v2(|_| {}));
+        assert_eq!(pass, None, "{note}");
+        assert!(
+            note.contains("45 pair(s) from 3 distinct request(s)"),
+            "{note}"
+        );
+        // v1 keeps its rule.
+        assert_eq!(exact(&Thresholds::default()).0, Some(true));
     }
 
     #[test]

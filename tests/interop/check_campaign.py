@@ -157,8 +157,9 @@ def check_mcnemar(con, glob: str, campaign: dict) -> int:
     answer slot."""
     rows = con.execute(
         f"""select arm, case_name, variant, concurrency, repetition, dispatch_index,
-                   coalesce(oracle_passed, outcome = 'ok')
-            from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')"""
+                   oracle_passed
+            from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')
+              and oracle_passed is not null"""
     ).fetchall()
     # Only cases judged by an oracle (summary.json's cases[].judged) are McNemar items.
     summary = json.loads((Path(glob).parent.parent / "summary.json").read_text())

@@ -195,6 +195,37 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
     );
     assert_eq!(v2["fit_arms"][0]["fit_min_mean_similarity"], json!(false));
     assert_eq!(v2["fit_arms"][0]["fit_min_decode_speedup"], json!(true));
+    // A campaign.json written before drift counted distinct requests: its drift is
+    // recomputed from the rows, never read as 0 requests (every floor gate n/a).
+    let cpath = run_dir.join("campaign.json");
+    let saved = std::fs::read(&cpath).unwrap();
+    let mut old: Value = serde_json::from_slice(&saved).unwrap();
+    for e in old["drift"].as_array_mut().unwrap() {
+        e.as_object_mut().unwrap().remove("distinct_requests");
+        for l in e["concurrency"].as_object_mut().unwrap().values_mut() {
+            l.as_object_mut().unwrap().remove("distinct_requests");
+        }
+    }
+    old["drift_floor"]
+        .as_object_mut()
+        .unwrap()
+        .remove("distinct_requests");
+    std::fs::write(&cpath, serde_json::to_vec(&old).unwrap()).unwrap();
+    let again_out = tmp.path().join("v2-again.json");
+    let args = [
+        "verdict",
+        s(&run_dir),
+        "--contract",
+        "plans/campaign-demo.contract-v2.json",
+    ];
+    let (code, _, stderr) = run(&[&args[..], &["--out", s(&again_out)]].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    let again = read_json(&again_out);
+    assert_eq!(
+        (&again["verdict"], &again["quality_lane_pass"]),
+        (&json!("keep-reference"), &json!(true))
+    );
+    std::fs::write(&cpath, saved).unwrap();
     let speed = v2["gates"]
         .as_array()
         .unwrap()
