@@ -155,7 +155,7 @@ impl Plan {
     pub(crate) fn unmeasured_variants(&self) -> Vec<String> {
         // An open loop's rounds are its arrivals, not requests_per_case (0 there).
         if self.load.mode == super::load::Mode::Open {
-            return Vec::new();
+            return self.unmeasured_open();
         }
         let counts: Vec<usize> = self.cases.iter().map(|c| c.variants.len()).collect();
         let highest = self.concurrency.iter().copied().max().unwrap_or(1);
@@ -171,6 +171,43 @@ impl Plan {
                     self.requests_per_case,
                     self.requests_per_case + 1,
                     c.variants.len(),
+                )
+            })
+            .collect()
+    }
+
+    /// [`Self::unmeasured_variants`] of an open loop: arrival `i` of a round is variant
+    /// `i mod variants`, so a round of fewer arrivals (`load.requests`, or the lowest
+    /// rate x `duration_seconds` on average) never measures the rest.
+    fn unmeasured_open(&self) -> Vec<String> {
+        use crate::arrival::Extent;
+        let lowest = self
+            .load
+            .rates_per_second
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        let (arrivals, what) = match self.load.extent {
+            Extent::Requests(n) => (n as f64, format!("{n} arrivals (load.requests)")),
+            Extent::DurationUs(d) => {
+                let n = lowest * d as f64 / 1e6;
+                (
+                    n,
+                    format!(
+                        "about {n:.0} arrivals (the lowest rate, {lowest}/s, x load.duration_seconds)"
+                    ),
+                )
+            }
+        };
+        self.cases
+            .iter()
+            .filter(|c| (c.variants.len() as f64) > arrivals.floor())
+            .map(|c| {
+                format!(
+                    "warning: case '{}' has {} variants but an open round sends {what}: the variants past them are sent only in readiness and warm-up, never measured (not in latency, drift, the floor or McNemar); give each round at least {} arrivals",
+                    c.name,
+                    c.variants.len(),
+                    c.variants.len()
                 )
             })
             .collect()

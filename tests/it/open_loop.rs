@@ -479,3 +479,29 @@ async fn three_shards_merged_give_the_unsharded_schedule_and_the_same_rounds() {
     assert_eq!(code, Some(2));
     assert!(err.contains("shard(s) 2 of 3 missing"), "{err}");
 }
+
+#[test]
+fn validate_warns_of_an_open_round_too_short_to_reach_every_variant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plan = open_plan(
+        "http://127.0.0.1:9/x".into(),
+        json!({"mode": "open", "rates_per_second": [5, 10], "requests": 2}),
+    );
+    plan["cases"][0] = json!({"name": "a", "variants": [
+        {"name": "v1", "request": {"q": 1}, "expected_response": {"echo": {"q": 1}}},
+        {"name": "v2", "request": {"q": 2}, "expected_response": {"echo": {"q": 2}}},
+        {"name": "v3", "request": {"q": 3}, "expected_response": {"echo": {"q": 3}}}]});
+    let path = write_plan(tmp.path(), "open.json", &plan);
+    let (code, _, err) = run(&["validate", s(&path)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("case 'a' has 3 variants but an open round sends 2 arrivals (load.requests)"),
+        "{err}"
+    );
+    // Long enough rounds: every variant is reached, nothing said.
+    plan["load"] = json!({"mode": "open", "rates_per_second": [5, 10], "duration_seconds": 1});
+    let path = write_plan(tmp.path(), "open2.json", &plan);
+    let (code, _, err) = run(&["validate", s(&path)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("never measured"), "{err}");
+}
