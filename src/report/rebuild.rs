@@ -204,7 +204,7 @@ pub(crate) fn original_summary<T: serde::de::DeserializeOwned>(dir: &std::path::
 /// what the rows do not hold, memory samples and load times: it is left as the run
 /// wrote it; rounds and the summary are rebuilt per arm). What the rows cannot hold is
 /// carried over from the run's own summary: each round's generator load, the sweep's
-/// notes, and the ending.
+/// notes, the ending, and the worker's numbers with how its scrapes went.
 pub(crate) fn rebuild_replay(
     plan: &Plan,
     shape: Shape,
@@ -227,9 +227,12 @@ pub(crate) fn rebuild_replay(
         (None, prompt_tokens),
         facts.len(),
     );
-    // The worker's numbers came from its scrapes, which the rows do not hold.
+    // The worker's numbers came from its scrapes, which the rows do not hold; so did how
+    // its scrapes went.
     if let Some(o) = original {
         super::worker::carry(&mut r.summary.rounds, &o.rounds);
+        r.summary.worker_metrics_scrapes = o.worker_metrics_scrapes.clone();
+        r.summary.worker_metrics_limits = o.worker_metrics_limits.clone();
     }
     r
 }
@@ -309,7 +312,8 @@ fn rebuilt(
     }
 }
 /// A serve run's summary rebuilt from its rows, with what only the live run knew (rows
-/// dropped, the recorder's longest slice, the ending) carried over from its own summary.
+/// dropped, the recorder's longest slice, the ending, the worker's numbers and scrapes)
+/// carried over from its own summary.
 pub(crate) fn rebuild_serve(
     facts: &[RowFacts],
     original: Option<&ServeSummary>,
@@ -342,5 +346,7 @@ pub(crate) fn rebuild_serve(
         }
         w
     });
+    summary.worker_metrics_scrapes = original.and_then(|o| o.worker_metrics_scrapes.clone());
+    summary.worker_metrics_limits = original.and_then(|o| o.worker_metrics_limits.clone());
     (summary, all_ok)
 }
