@@ -595,7 +595,8 @@ pub struct ScrapeArgs {
     /// measured round (serve: at its start and its end), on connections of their own.
     /// Without a URL: /metrics on the worker's origin (replay: the plan's endpoint or the
     /// mock's under --mock-worker; serve: --upstream). The URL goes after `=`:
-    /// --worker-metrics=http://127.0.0.1:8000/metrics.
+    /// --worker-metrics=http://127.0.0.1:8000/metrics. A failed scrape is counted, never
+    /// fatal; after 3 answers of 404 or 410 in a row the worker is not scraped again.
     #[arg(
         long,
         value_name = "URL",

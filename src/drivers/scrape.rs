@@ -2,7 +2,9 @@
 //! run's clock, off the data path — every `--scrape-interval` from a task of its own, and
 //! once just before and once just after each measured round (awaited, bounded by
 //! `--scrape-timeout`), each on a fresh connection of its own. A failed scrape (refused,
-//! timed out, not 200, or every line unreadable) is counted, never fatal; every sample is
+//! timed out, not 200, or every line unreadable) is counted, never fatal, the first said
+//! on stderr; after 3 answers of 404 or 410 in a row the URL is not scraped again (it
+//! serves no metrics: a server started without them). Every sample is
 //! sent to the run's sink (`worker_metrics.parquet`, written from a thread of its own as
 //! the scrapes arrive), and only what the reports read is held in memory, under caps
 //! ([`HoldCaps`]): a worker that invents label sets cannot grow the process without bound.

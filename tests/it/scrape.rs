@@ -522,3 +522,101 @@ async fn serve_scrapes_the_upstreams_metrics_over_the_whole_run_as_one_window() 
         "{two}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_metrics_is_said_once_counted_and_not_asked_again() {
+    // A worker that answers everything but /metrics (404): a server started without its
+    // metrics. Six measured rounds would scrape it twelve times at their edges alone.
+    let echo = echo_handler();
+    let handler: Handler = std::sync::Arc::new(move |i: usize, seen: &Seen| {
+        if seen.path == "/metrics" {
+            return Reply::bytes(404, b"not found".to_vec());
+        }
+        echo(i, seen)
+    });
+    let peer = Peer::start(handler).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plan = echo_plan(peer.url("/echo"), "keep-alive", 1, 4);
+    plan["concurrency"] = json!([1, 2]);
+    plan["repetitions"] = json!(3);
+    let path = write_plan(tmp.path(), "p.json", &plan);
+    let out = tmp.path().join("run");
+    let args: Vec<String> = vec![
+        "replay".into(),
+        s(&path).into(),
+        "--quiet".into(),
+        "--worker-metrics".into(),
+        "--gpu-metrics".into(),
+        "off".into(),
+        "--out".into(),
+        s(&out).into(),
+    ];
+    // The binary runs off the runtime's threads: the peer answers on them meanwhile.
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    // Said at the first failure, and when scraping gave up: once each.
+    let url = peer.url("/metrics");
+    let first = format!("matrix-proxy: worker metrics: the scrape of {url} failed: status 404");
+    assert_eq!(err.matches(&first).count(), 1, "{err}");
+    assert_eq!(
+        err.matches("not scraped again this run").count(),
+        1,
+        "{err}"
+    );
+    // Asked 3 times; a 4th only when an interval scrape was already on its way beside a
+    // round's edge scrape as the third 404 came (it is counted too).
+    let asked = peer
+        .seen()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/metrics")
+        .count();
+    assert!((3..=4).contains(&asked), "{asked} scrapes of /metrics");
+    let summary = read_json(&out.join("summary.json"));
+    let all = summary["worker_metrics_scrapes"].as_array().unwrap();
+    assert_eq!(all.len(), 1, "one scraped worker: {summary}");
+    let h = &all[0];
+    assert_eq!(
+        (
+            &h["arm"],
+            &h["url"],
+            &h["scrapes"],
+            &h["failed"],
+            &h["first_failure"]
+        ),
+        (
+            &Value::Null,
+            &json!(url),
+            &json!(asked),
+            &json!(asked),
+            &json!("status 404")
+        ),
+        "{h}"
+    );
+    assert!(
+        h["stopped"]
+            .as_str()
+            .is_some_and(|w| w.contains("3 scrapes in a row answered status 404")),
+        "{h}"
+    );
+    // The missing metrics cost the run nothing: every round ran whole.
+    let rounds = summary["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 6, "{summary}");
+    for r in rounds {
+        assert_eq!(r["successful_requests"], r["planned_requests"], "{r}");
+    }
+    assert!(scrape_rows(&out).is_empty());
+    // summarize rebuilds summary.json from the rows, which do not hold the scrapes: they
+    // are carried over from the run's own summary.
+    let (code, err) = summarize(&out);
+    assert_eq!(code, Some(0), "{err}");
+    let rebuilt = read_json(&out.join("summary.json"));
+    assert_eq!(
+        rebuilt["worker_metrics_scrapes"], summary["worker_metrics_scrapes"],
+        "{rebuilt}"
+    );
+}
