@@ -220,7 +220,7 @@ pub(super) fn start_scraping(
     let mut dcgm = None;
     match (spec.gpu, spec.dcgm_engine) {
         (GpuFlag::Dcgm(url), Some(engine)) => {
-            let s = Arc::new(Scraper::new((url, engine), run_t0_ns, spec.timeout, None));
+            let s = Arc::new(Scraper::new((url, engine), run_t0_ns, spec.timeout, None).for_gpu());
             tasks.push(tokio::spawn(s.clone().every(spec.every, rx)));
             dcgm = Some(s);
         }

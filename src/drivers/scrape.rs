@@ -243,6 +243,9 @@ pub(crate) struct Scraper {
     sink: Option<SinkTx>,
     /// Whether reaching a cap is said on stderr (not in tests).
     say: bool,
+    /// A DCGM exporter's scraper (`--gpu-metrics URL`), not a worker's: its failures are
+    /// said as the GPU's and counted in the GPU telemetry line, not in summary.json.
+    gpu: bool,
 }
 
 impl Scraper {
@@ -272,6 +275,7 @@ impl Scraper {
             gathered: Mutex::new(Gathered::default()),
             sink,
             say: true,
+            gpu: false,
         }
     }
 
@@ -285,6 +289,12 @@ impl Scraper {
             say: false,
             ..self
         }
+    }
+
+    /// This scraper reads a DCGM exporter (`--gpu-metrics URL`), not a worker.
+    pub(crate) fn for_gpu(mut self) -> Scraper {
+        self.gpu = true;
+        self
     }
 
     /// This scraper's rows name `arm` (a campaign arm's worker).
@@ -392,13 +402,26 @@ impl Scraper {
     /// row answered 404 or 410, this worker is not scraped again (said once).
     fn failed(&self, g: &mut Gathered, why: String, status: Option<u16>) {
         g.failed += 1;
-        let whose = match &self.arm {
-            Some(a) => format!("arm {a}'s worker metrics"),
-            None => "worker metrics".to_string(),
+        let (whose, server, counted) = match (&self.arm, self.gpu) {
+            (_, true) => (
+                "GPU metrics (DCGM exporter)".to_string(),
+                "the exporter",
+                "said with the GPU telemetry at the end",
+            ),
+            (Some(a), false) => (
+                format!("arm {a}'s worker metrics"),
+                "the worker",
+                "summary.json worker_metrics_scrapes",
+            ),
+            (None, false) => (
+                "worker metrics".to_string(),
+                "the worker",
+                "summary.json worker_metrics_scrapes",
+            ),
         };
         if g.first_failure.is_none() && self.say {
             eprintln!(
-                "matrix-proxy: {whose}: the scrape of {} failed: {why}; failed scrapes are counted (summary.json worker_metrics_scrapes)",
+                "matrix-proxy: {whose}: the scrape of {} failed: {why}; failed scrapes are counted ({counted})",
                 self.url.url()
             );
         }
@@ -409,7 +432,7 @@ impl Scraper {
         };
         if g.missing_in_a_row >= GIVE_UP_AFTER && g.stopped.is_none() {
             let stopped = format!(
-                "stopped after {} scrapes in a row answered status {}: the worker serves no metrics at {}",
+                "stopped after {} scrapes in a row answered status {}: {server} serves no metrics at {}",
                 g.missing_in_a_row,
                 status.unwrap_or_default(),
                 self.url.url()
