@@ -52,6 +52,44 @@ fn the_demo_campaign_with_its_contract_gives_drift_and_a_pre_registered_verdict(
         "{gate_line}"
     );
     assert!(html.contains("<th>peak RSS MiB</th>"), "peak RSS column");
+    // The number the gate read at c=1 (VRAM when both arms sampled it, else RSS) is the
+    // arm's cell in campaign.json, and the table shows that cell's peaks in MiB.
+    let k = read_json(&run_dir.join("campaign.json"));
+    let arm = k["arms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "fast-fit")
+        .unwrap();
+    let cell = &arm["concurrency"]["1"];
+    let (rss, vram) = (
+        cell["peak_rss_bytes"].as_u64(),
+        cell["peak_vram_bytes"].as_u64(),
+    );
+    assert!(
+        [rss, vram]
+            .into_iter()
+            .flatten()
+            .any(|b| gate_line.contains(&format!("c=1: {b} (limit "))),
+        "{gate_line} {cell}"
+    );
+    let mib = |b: Option<u64>| match b {
+        Some(b) => {
+            let t = format!("{:.4}", b as f64 / 1048576.0);
+            t.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
+        None => "—".to_string(),
+    };
+    let row = html
+        .lines()
+        .find(|l| {
+            l.starts_with("<tr><td>fast-fit</td><td>performance-fit</td><td>true</td><td>1</td>")
+        })
+        .unwrap_or_else(|| panic!("no fast-fit row at c=1"));
+    assert!(
+        row.contains(&format!("<td>{}</td><td>{}</td>", mib(rss), mib(vram))),
+        "{row} {cell}"
+    );
     let config = read_json(&run_dir.join("config.json"));
     assert_eq!(config["contract"]["sha256"], json!(sha256_file(contract)));
     assert_eq!(config["workload_sha256"].as_str().map(str::len), Some(64));
