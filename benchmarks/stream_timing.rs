@@ -7,7 +7,6 @@
 //! tests/it/streaming.rs, with a 1 ms bound on the median error).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use arrow_array::{Array, BinaryArray, Int64Array, ListArray};
 use matrix_proxy::cli::{self, ReplayArgs};
@@ -88,7 +87,7 @@ async fn run(requests: u64) {
     let out = tmp.path().join("run");
     let exit = cli::replay_cmd(
         replay_args(&plan_path, &out),
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(matrix_proxy::Shutdown::default()),
     )
     .await;
     assert!(matches!(exit, Ok(cli::Exit::Ok)), "replay failed: {exit:?}");

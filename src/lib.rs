@@ -41,6 +41,8 @@ pub mod fuzzing;
 
 /// The monotonic clock every duration is measured on (nanoseconds; never 0).
 pub use clock::now_ns;
+/// A run's stop request (what Ctrl-C asks for), for running a command in-process.
+pub use drivers::shutdown::Shutdown;
 /// The built-in OpenAI-compatible mock worker, its latency model, its deterministic text.
 pub use mock::{MockConfig, MockWorker, generate_text};
 /// The shared vocabulary of a recorded row: its phase, its outcome, its timing columns.

@@ -3,10 +3,10 @@
 //! code. It prints the table (stdout) and every message (stderr); the drivers print only
 //! their progress (replay's bar and failure lines, serve's live counters).
 
+use crate::drivers::shutdown::Shutdown;
 use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
@@ -155,7 +155,7 @@ fn with_runtime<F, Fut>(
     f: F,
 ) -> Result<Exit, CliError>
 where
-    F: FnOnce(Arc<AtomicBool>) -> Fut,
+    F: FnOnce(Arc<Shutdown>) -> Fut,
     Fut: std::future::Future<Output = Result<Exit, CliError>>,
 {
     if threads == Some(0) {
@@ -167,14 +167,14 @@ where
         .build()
         .map_err(|e| tool(format!("cannot start the async runtime: {e}")))?;
     rt.block_on(async move {
-        let interrupt = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::new(Shutdown::default());
         spawn_signal_watcher(interrupt.clone(), stopping);
         f(interrupt).await
     })
 }
 
-/// Ctrl-C or SIGTERM set `flag`; a second one exits at once with 130.
-fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
+/// Ctrl-C or SIGTERM request `flag`; a second one exits at once with 130.
+fn spawn_signal_watcher(flag: Arc<Shutdown>, stopping: &'static str) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut term =
@@ -193,7 +193,7 @@ fn spawn_signal_watcher(flag: Arc<AtomicBool>, stopping: &'static str) {
             if !got {
                 return;
             }
-            if flag.swap(true, Ordering::SeqCst) {
+            if flag.request() {
                 // Servers a campaign started run in their own process groups: they would
                 // outlive an exit that does not take them along.
                 crate::drivers::replay::kill_started_servers();
@@ -296,7 +296,7 @@ fn completions(shell: clap_complete::Shell) -> Result<Exit, CliError> {
     .map_err(tool)
 }
 
-pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+pub async fn mock_cmd(args: MockArgs, interrupt: Arc<Shutdown>) -> Result<Exit, CliError> {
     let m = MockWorker::start(args.listen, args.config()?)
         .await
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
@@ -304,9 +304,7 @@ pub async fn mock_cmd(args: MockArgs, interrupt: Arc<AtomicBool>) -> Result<Exit
         "matrix-proxy: mock worker listening on {} (POST /v1/chat/completions, POST /v1/completions, GET /health, GET /v1/models); Ctrl-C to stop",
         m.url()
     );
-    while !interrupt.load(Ordering::Relaxed) {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    interrupt.requested().await;
     m.shutdown().await;
     Ok(Exit::Interrupted)
 }

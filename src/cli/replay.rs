@@ -2,9 +2,9 @@
 //! start the mock worker when asked, create the run directory and config.json, run, and
 //! write the reports (each even if an earlier one failed, so nothing is lost).
 
+use crate::drivers::shutdown::Shutdown;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use super::args::{REPLAY_GRACE_SECONDS, ReplayArgs};
 use super::io::{
@@ -60,8 +60,8 @@ struct ReplayRun {
     scrape: Option<super::scrape::ScrapeSpec>,
 }
 
-/// The `replay` command. `interrupt` turns true on Ctrl-C / SIGTERM.
-pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+/// The `replay` command. `interrupt` is requested on Ctrl-C / SIGTERM.
+pub async fn replay_cmd(args: ReplayArgs, interrupt: Arc<Shutdown>) -> Result<Exit, CliError> {
     let mut input = ReplayRun::resolve(&args).await?;
     if input.plan.campaign.is_none() {
         super::io::without_huge_pages();

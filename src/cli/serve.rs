@@ -2,10 +2,10 @@
 //! bound and the run directory created, the driver run until Ctrl-C / SIGTERM, then drained,
 //! its parts closed and config.json and summary.json written.
 
+use crate::drivers::shutdown::Shutdown;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use super::args::{SERVE_GRACE_SECONDS, ServeArgs};
 use super::io::{
@@ -117,7 +117,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
 const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 /// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
-pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<AtomicBool>) -> Result<Exit, CliError> {
+pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<Shutdown>) -> Result<Exit, CliError> {
     use crate::drivers::serve::{self, ServeOptions};
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let mut input = check_serve(&args)?;

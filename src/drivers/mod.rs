@@ -7,6 +7,7 @@ pub(crate) mod gpu;
 pub(crate) mod replay;
 pub(crate) mod scrape;
 pub(crate) mod serve;
+pub(crate) mod shutdown;
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use matrix_proxy::Shutdown;
 use matrix_proxy::cli::{self, CliError, Exit, ReplayArgs};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
@@ -276,7 +277,7 @@ pub async fn replay_plan(dir: &Path, plan: &Value) -> (PathBuf, Exit) {
 pub async fn replay(args: ReplayArgs) -> Result<Exit, CliError> {
     tokio::time::timeout(
         Duration::from_secs(120),
-        cli::replay_cmd(args, Arc::new(AtomicBool::new(false))),
+        cli::replay_cmd(args, Arc::new(Shutdown::default())),
     )
     .await
     .expect("replay finished within 120 s")
@@ -677,7 +678,7 @@ pub fn request(
 pub struct Serve {
     pub addr: SocketAddr,
     pub out: PathBuf,
-    pub stop: Arc<AtomicBool>,
+    pub stop: Arc<Shutdown>,
     pub task: tokio::task::JoinHandle<Result<Exit, CliError>>,
 }
 
@@ -727,7 +728,7 @@ pub async fn start_mock(config: matrix_proxy::MockConfig) -> matrix_proxy::MockW
 impl Serve {
     pub async fn start(args: cli::ServeArgs) -> Serve {
         let out = args.run.out.clone().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Shutdown::default());
         let task = tokio::spawn(cli::serve_cmd(args, stop.clone()));
         let addr = serve_address(&out).await;
         Serve {
@@ -740,7 +741,7 @@ impl Serve {
 
     /// Stop as Ctrl-C would, and wait for the files to be closed.
     pub async fn stop(self) -> Result<Exit, CliError> {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.request();
         tokio::time::timeout(Duration::from_secs(60), self.task)
             .await
             .expect("serve stopped within 60 s")

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::ctx::{Base, Ctx, Slot};
 use super::launch::{self, Sampler, Server, Who};
@@ -387,7 +386,7 @@ pub(super) async fn run_arms(
         .campaign
         .as_ref()
         .map_or(Schedule::Interleaved, |c| c.schedule);
-    let interrupted = || base.interrupted.load(Ordering::Relaxed);
+    let interrupted = || base.interrupted.is_requested();
     match schedule {
         Schedule::Interleaved => {
             for a in runs.iter_mut() {

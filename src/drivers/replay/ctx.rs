@@ -78,7 +78,7 @@ impl Ctx {
 
     pub(super) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
-            || self.base.interrupted.load(Ordering::Relaxed)
+            || self.base.interrupted.is_requested()
             || self.base.halted.load(Ordering::Relaxed)
     }
 
@@ -101,7 +101,7 @@ pub(super) struct Base {
     pub(super) max_record_body: usize,
     pub(super) record_exchanges: bool,
     /// Set by the CLI's signal watcher on Ctrl-C / SIGTERM.
-    pub(super) interrupted: Arc<AtomicBool>,
+    pub(super) interrupted: Arc<crate::drivers::shutdown::Shutdown>,
     /// Turns true `grace` after the interrupt: in-flight exchanges are cut.
     pub(super) cut: tokio::sync::watch::Receiver<bool>,
     pub(super) grace: std::time::Duration,

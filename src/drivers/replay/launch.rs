@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::clock;
 use crate::config::campaign::Start;
+use crate::drivers::shutdown::Shutdown;
 use crate::engine::lean::LeanRequest;
 use crate::engine::{Capture, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
@@ -294,7 +295,7 @@ impl Server {
         health: &Endpoint,
         started_ns: u64,
         timeout: Duration,
-        interrupted: &AtomicBool,
+        interrupted: &Shutdown,
     ) -> Result<f64, String> {
         let deadline = started_ns + timeout.as_nanos() as u64;
         let mut last: Option<u16>;
@@ -304,7 +305,7 @@ impl Server {
                     "the server exited ({status}) before its health endpoint answered"
                 ));
             }
-            if interrupted.load(Ordering::Relaxed) {
+            if interrupted.is_requested() {
                 return Err(
                     "not measured: the run was interrupted while the server started".into(),
                 );

@@ -28,6 +28,7 @@ use http::HeaderValue;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::RunContext;
+use super::shutdown::Shutdown;
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::engine::Engine;
@@ -119,7 +120,7 @@ async fn live_line(pb: ProgressBar, t: Arc<crate::telemetry::Telemetry>) {
     }
 }
 
-/// Run the plan, recording into `run`. `interrupt` flips to true on Ctrl-C / SIGTERM.
+/// Run the plan, recording into `run`. `interrupt` is requested on Ctrl-C / SIGTERM.
 /// The caller finishes the recording ([`RunContext::finish_recording`]). A campaign plan
 /// runs its arms (started in `env` when they have a start command) in the plan's
 /// schedule.
@@ -127,7 +128,7 @@ pub(crate) async fn run(
     opts: ReplayOptions,
     engine: Engine,
     run: Arc<RunContext>,
-    interrupt: Arc<AtomicBool>,
+    interrupt: Arc<Shutdown>,
     env: arms::ArmEnv,
 ) -> ReplayResult {
     let plan = opts.plan;
@@ -177,7 +178,7 @@ pub(crate) async fn run(
 
     let failures = base.failures.load(Ordering::Relaxed);
     let unavailable = runs.iter().any(|a| a.unavailable.is_some());
-    let ending = if base.interrupted.load(Ordering::Relaxed) {
+    let ending = if base.interrupted.is_requested() {
         Ending::Interrupted
     } else if failures > 0 || unavailable {
         Ending::Failed
@@ -205,13 +206,11 @@ pub(crate) async fn run(
 /// Wait for the interrupt, then give in-flight exchanges `grace` to finish before they
 /// are cut. (A second Ctrl-C exits the process at once: the CLI's signal watcher.)
 async fn cut_after_grace(
-    interrupt: Arc<AtomicBool>,
+    interrupt: Arc<Shutdown>,
     grace: std::time::Duration,
     cut: tokio::sync::watch::Sender<bool>,
 ) {
-    while !interrupt.load(Ordering::Relaxed) {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    interrupt.requested().await;
     tokio::time::sleep(grace).await;
     let _ = cut.send(true);
 }

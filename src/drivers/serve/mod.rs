@@ -75,7 +75,7 @@ mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -84,6 +84,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::RunContext;
+use super::shutdown::Shutdown;
 use crate::budget::MemoryBudget;
 use crate::engine::Engine;
 use crate::metrics::Percentiles;
@@ -96,14 +97,14 @@ pub(crate) use state::ServeOptions;
 pub use state::{OnRecordFail, OnRecordFull};
 use state::{Pending, Shared};
 
-/// Serve until `stop` turns true, then drain (bounded by the grace period) and cut what is
+/// Serve until `stop` is requested, then drain (bounded by the grace period) and cut what is
 /// left. The caller finishes the recording ([`RunContext::finish_recording`]).
 pub(crate) async fn run(
     listener: TcpListener,
     opts: ServeOptions,
     engine: Engine,
     run: Arc<RunContext>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Shutdown>,
 ) -> ServeStats {
     let (cut_tx, cut_rx) = watch::channel(false);
     let (stopping_tx, stopping_rx) = watch::channel(false);
@@ -175,31 +176,45 @@ pub(crate) async fn run(
     }
 }
 
+/// The first wait after a failed accept; it doubles on each failure in a row up to
+/// [`ACCEPT_BACKOFF_MAX`], and a successful accept resets it.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
 /// Accept clients (at most `--max-connections` at once; more wait in the accept queue)
-/// until `stop` turns true.
+/// until `stop` is requested.
 async fn accept_until_stopped(
     listener: &TcpListener,
     shared: &Arc<Shared>,
     pending: &Arc<Pending>,
     stopping: &watch::Receiver<bool>,
     conns: &mut JoinSet<()>,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.opts.max_connections.max(1),
     ));
-    // One timer for the whole loop: a sleep made anew each turn never fires while accepts
-    // and closing connections keep the loop busy, and the stop would go unseen.
+    // The recorder's health is looked at on one timer for the whole loop: a sleep made
+    // anew each turn never fires while accepts and closing connections keep the loop busy.
+    // The stop needs no timer: it wakes the loop.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failure_said = false;
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         tokio::select! {
             accepted = async {
                 let permit = slots.clone().acquire_owned().await;
                 (permit, listener.accept().await)
             } => {
-                let (Ok(permit), Ok((tcp, peer))) = accepted else { continue };
+                let (Ok(permit), Ok((tcp, peer))) = accepted else {
+                    // Out of file descriptors (EMFILE) or memory, accept fails at once
+                    // again: wait before the next try instead of spinning a core.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
+                };
+                backoff = ACCEPT_BACKOFF_MIN;
                 let _ = tcp.set_nodelay(true);
                 let sh = shared.clone();
                 let pending = pending.clone();
@@ -218,10 +233,8 @@ async fn accept_until_stopped(
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = stop.requested() => return,
             _ = tick.tick() => {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
                 if let Some(why) = shared.unrecordable() {
                     // Said at once, whatever --quiet says: traffic stops here.
                     eprintln!(
