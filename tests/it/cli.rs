@@ -566,21 +566,20 @@ async fn endpoint_with_only_an_origin_keeps_the_plans_paths_and_a_slash_is_the_p
     assert_eq!(peer.seen().last().map(|s| s.path.clone()), Some("/".into()));
 }
 
-/// Whether util-linux's `prlimit` can run here (it is part of every Debian base system,
-/// which CI uses; elsewhere the tests that need it say they were skipped).
-fn have_prlimit() -> bool {
-    let ok = Command::new("prlimit").arg("--version").output().is_ok();
-    if !ok {
-        eprintln!("skipped: prlimit (util-linux) is not installed");
+/// util-linux's `prlimit` must run here (it is part of every Debian base system, and
+/// `.ci/run` installs it): without it the open-file tests would measure nothing, so they
+/// fail, saying what to install.
+fn require_prlimit() {
+    if let Err(e) = Command::new("prlimit").arg("--version").output() {
+        panic!(
+            "prlimit cannot run ({e}): install util-linux (apt-get install util-linux), which the open-file limit tests need"
+        );
     }
-    ok
 }
 
 #[test]
 fn a_concurrency_the_open_file_limit_cannot_hold_is_refused_naming_what_it_can() {
-    if !have_prlimit() {
-        return;
-    }
+    require_prlimit();
     let tmp = tempfile::tempdir().unwrap();
     let plan = |c: u64| {
         json!({
@@ -958,9 +957,7 @@ async fn serve_banner(extra: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_file_warning_is_for_a_configured_cap_the_limit_cannot_meet() {
-    if !have_prlimit() {
-        return;
-    }
+    require_prlimit();
     // The default cap fits itself to the limit, silently.
     let quiet = serve_banner(&[]).await;
     assert!(!quiet.contains("warning"), "{quiet}");

@@ -448,9 +448,14 @@ async fn serve_aborts_the_clients_response_when_a_close_delimited_stream_is_cut_
     let whole = client("/close-clean").await.expect("a whole stream");
     assert_eq!(&whole[..], NO_DONE.as_bytes());
     // Cut mid-event: the client's response is aborted, never complete-looking.
+    let cut = client("/close-cut")
+        .await
+        .expect_err("the cut must reach the client");
+    // The body ended by the connection, not by its framing (hyper's `Body` kind, or
+    // `IncompleteMessage` when the connection task ended first).
     assert!(
-        client("/close-cut").await.is_err(),
-        "the cut must reach the client"
+        cut.is_incomplete_message() || cut.to_string() == "error reading a body from connection",
+        "the cut must reach the client as a body cut short: {cut:?}"
     );
     let out = serve.out.clone();
     serve.stop().await.unwrap();
