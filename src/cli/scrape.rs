@@ -11,7 +11,7 @@ use super::io::{CliError, usage};
 use crate::config::flags;
 use crate::drivers::RunContext;
 use crate::drivers::gpu::GpuGathered;
-use crate::drivers::scrape::{Cause, Gathered, Scraper};
+use crate::drivers::scrape::{Cause, Gathered, ScrapeTarget, Scraper};
 use crate::model::Endpoint;
 use crate::net::tls::TlsOptions;
 use crate::record::rundir::{self, RunDir};
@@ -116,7 +116,7 @@ pub(super) fn scrape_flags(
 /// its engine (a bad CA file is a usage error now), the interval, the timeout, the GPU's
 /// source with its engine, and the TLS options an arm's scraper is built with.
 pub(super) struct ScrapeSpec {
-    worker: Option<(Endpoint, crate::engine::Engine)>,
+    worker: Option<ScrapeTarget>,
     every: Duration,
     timeout: Duration,
     gpu: GpuFlag,
@@ -137,7 +137,7 @@ pub(super) fn spec(
             let url = url.unwrap_or_else(|| origin.with_path("/metrics"));
             let engine = Scraper::engine_for(&url, &tls)
                 .map_err(|e| usage(format!("--worker-metrics {}: {e}", url.path_and_query)))?;
-            Some((url, engine))
+            Some(ScrapeTarget { url, engine })
         }
     };
     let dcgm_engine = match &f.gpu {
@@ -220,7 +220,9 @@ pub(super) fn start_scraping(
     let mut dcgm = None;
     match (spec.gpu, spec.dcgm_engine) {
         (GpuFlag::Dcgm(url), Some(engine)) => {
-            let s = Arc::new(Scraper::new((url, engine), run_t0_ns, spec.timeout, None).for_gpu());
+            let s = Arc::new(
+                Scraper::new(ScrapeTarget { url, engine }, run_t0_ns, spec.timeout, None).for_gpu(),
+            );
             tasks.push(tokio::spawn(s.clone().every(spec.every, rx)));
             dcgm = Some(s);
         }

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use crate::clock;
 use crate::engine::lean::LeanRequest;
-use crate::engine::{Capture, Engine};
+use crate::engine::{Capture, Engine, ExchangeError};
 use crate::model::{ConnectionPolicy, Endpoint};
+use crate::prom::Scrape;
 use crate::record::scrapes::{RoundId, ScrapeRow};
 
 /// The most bytes of one scrape that are read (vLLM's text is tens of kilobytes).
@@ -27,6 +28,48 @@ const SCRAPE_LIMIT: usize = 16 << 20;
 /// serves no metrics at that URL (a server started without them), and a campaign's
 /// servers would otherwise be asked hundreds of times.
 const GIVE_UP_AFTER: u32 = 3;
+
+/// Why a scraper cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ScrapeError {
+    /// The TLS configuration for an `https` URL (`--ca-cert`) could not be built.
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// Why one scrape failed (said and kept as `first_failure`).
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    /// The parse off the runtime's threads did not finish.
+    #[error("the answer could not be read: {0}")]
+    Unread(#[source] tokio::task::JoinError),
+    #[error("no line could be read (line {line}: {why})")]
+    NoLine { line: usize, why: String },
+    #[error("an answer with no sample")]
+    NoSample,
+    /// The exchange itself failed (connect, TLS, a cut answer).
+    #[error("{}", .0.message)]
+    Exchange(ExchangeError),
+    #[error("the answer passed {} MiB, the most a scrape reads", SCRAPE_LIMIT >> 20)]
+    TooBig { status: Option<u16> },
+    #[error("status {0}")]
+    Status(i32),
+    #[error("no status")]
+    NoStatus,
+}
+
+impl Failure {
+    /// The answer's status, when one came with the failure.
+    fn status(&self) -> Option<u16> {
+        match self {
+            Failure::TooBig { status } => *status,
+            Failure::Status(s) => u16::try_from(*s).ok(),
+            _ => None,
+        }
+    }
+}
 
 /// Why a scrape was taken (the `cause` column), and at a round's edge, which round.
 #[derive(Debug, Clone)]
@@ -229,6 +272,21 @@ pub(crate) struct Settings {
     pub(crate) sink: SinkTx,
 }
 
+/// What a scraper reads: `url` (checked by the caller, `Endpoint::parse`) through
+/// `engine` (from [`Scraper::engine_for`]).
+pub(crate) struct ScrapeTarget {
+    pub(crate) url: Endpoint,
+    pub(crate) engine: Engine,
+}
+
+/// When a scrape was taken and why: the columns its rows share.
+struct Stamp {
+    offset_us: i64,
+    wall_time_us: i64,
+    cause: &'static str,
+    round: Option<RoundId>,
+}
+
 /// Scrapes one URL on the run's clock.
 pub(crate) struct Scraper {
     engine: Engine,
@@ -254,18 +312,18 @@ impl Scraper {
     pub(crate) fn engine_for(
         url: &Endpoint,
         tls: &crate::net::tls::TlsOptions,
-    ) -> Result<Engine, String> {
-        Engine::new(url.scheme == crate::model::Scheme::Https, tls)
+    ) -> Result<Engine, ScrapeError> {
+        Engine::new(url.scheme == crate::model::Scheme::Https, tls).map_err(ScrapeError::Tls)
     }
 
-    /// `url` is checked by the caller (`Endpoint::parse`); `engine` from [`Self::engine_for`];
-    /// every row goes to `sink` (without one, every row is held).
+    /// Scrape `target`; every row goes to `sink` (without one, every row is held).
     pub(crate) fn new(
-        (url, engine): (Endpoint, Engine),
+        target: ScrapeTarget,
         run_t0_ns: u64,
         timeout: Duration,
         sink: Option<SinkTx>,
     ) -> Scraper {
+        let ScrapeTarget { url, engine } = target;
         Scraper {
             engine,
             url,
@@ -310,72 +368,75 @@ impl Scraper {
             return;
         }
         let started_ns = clock::now_ns();
-        let wall_us = clock::wall_now_us();
+        let wall_time_us = clock::wall_now_us();
         let result = tokio::time::timeout(self.timeout, self.get()).await;
         let offset_us = clock::us_between(self.run_t0_ns, started_ns);
         // Read outside the lock: a round-edge scrape never waits behind another's parse.
         let outcome = match result {
-            Err(_) => Err((format!("no answer within {:?}", self.timeout), None)),
-            Ok(Ok(text)) => {
-                // Read off the runtime's threads: a big answer (up to 16 MiB) takes a
-                // while, and exchanges run on them.
-                let parsed = tokio::task::spawn_blocking(move || crate::prom::parse(&text)).await;
-                match parsed {
-                    Err(e) => Err((format!("the answer could not be read: {e}"), None)),
-                    Ok(scrape) => match (scrape.samples.is_empty(), scrape.errors.first()) {
-                        (true, Some((line, why))) => {
-                            Err((format!("no line could be read (line {line}: {why})"), None))
-                        }
-                        (true, None) => Err(("an answer with no sample".into(), None)),
-                        (false, _) => Ok(scrape),
-                    },
-                }
-            }
+            Err(_) => Err(Failure::NoAnswer(self.timeout)),
+            Ok(Ok(text)) => read_answer(text).await,
             Ok(Err(why)) => Err(why),
         };
-        let (outcome, status) = match outcome {
-            Ok(s) => (Ok(s), None),
-            Err((why, status)) => (Err(why), status),
-        };
         let (cause, round) = cause.split();
-        let rows: Vec<ScrapeRow> = match &outcome {
-            Ok(scrape) => scrape
-                .samples
-                .iter()
-                .map(|s| ScrapeRow {
-                    offset_us,
-                    wall_time_us: wall_us,
-                    cause,
-                    round: round.clone(),
-                    arm: self.arm.clone(),
-                    metric: s.name.clone(),
-                    labels: s.labels.clone(),
-                    value: s.value,
-                    kind: s.kind.clone(),
-                })
-                .collect(),
+        let stamp = Stamp {
+            offset_us,
+            wall_time_us,
+            cause,
+            round,
+        };
+        let rows = match &outcome {
+            Ok(scrape) => self.rows(scrape, stamp),
             Err(_) => Vec::new(),
         };
-        // What the reports read stays (within the caps); everything goes to the file.
-        let mut not_written = 0u64;
-        let kept: Vec<ScrapeRow> = match (&self.sink, cause) {
-            (None, _) => rows,
-            (Some(sink), c) => {
-                let kept = match c {
-                    "interval" => rows
-                        .iter()
-                        .filter(|r| crate::report::worker::read_between_edges(&r.metric))
-                        .cloned()
-                        .collect(),
-                    _ => rows.clone(),
-                };
-                let n = rows.len() as u64;
-                if n > 0 && sink.try_send(rows).is_err() {
-                    not_written = n;
-                }
-                kept
-            }
+        let (kept, not_written) = self.send_rows(rows, cause);
+        self.count(outcome, kept, not_written);
+    }
+
+    /// A scrape's samples as rows.
+    fn rows(&self, scrape: &Scrape, stamp: Stamp) -> Vec<ScrapeRow> {
+        scrape
+            .samples
+            .iter()
+            .map(|s| ScrapeRow {
+                offset_us: stamp.offset_us,
+                wall_time_us: stamp.wall_time_us,
+                cause: stamp.cause,
+                round: stamp.round.clone(),
+                arm: self.arm.clone(),
+                metric: s.name.clone(),
+                labels: s.labels.clone(),
+                value: s.value,
+                kind: s.kind.clone(),
+            })
+            .collect()
+    }
+
+    /// Every row to the sink (counted when its writer fell behind); the rows the reports
+    /// read are returned to be held, and how many were not written.
+    fn send_rows(&self, rows: Vec<ScrapeRow>, cause: &str) -> (Vec<ScrapeRow>, u64) {
+        let Some(sink) = &self.sink else {
+            return (rows, 0);
         };
+        let kept = match cause {
+            "interval" => rows
+                .iter()
+                .filter(|r| crate::report::worker::read_between_edges(&r.metric))
+                .cloned()
+                .collect(),
+            _ => rows.clone(),
+        };
+        let n = rows.len() as u64;
+        let not_written = if n > 0 && sink.try_send(rows).is_err() {
+            n
+        } else {
+            0
+        };
+        (kept, not_written)
+    }
+
+    /// A scrape counted: its `kept` rows held within the caps (the first cap reached
+    /// said on stderr), or its failure.
+    fn count(&self, outcome: Result<Scrape, Failure>, kept: Vec<ScrapeRow>, not_written: u64) {
         let Ok(mut g) = self.gathered.lock() else {
             return;
         };
@@ -394,13 +455,14 @@ impl Scraper {
                     );
                 }
             }
-            Err(why) => self.failed(&mut g, why, status),
+            Err(why) => self.failed(&mut g, why),
         }
     }
 
     /// A failed scrape counted; the first said on stderr; after [`GIVE_UP_AFTER`] in a
     /// row answered 404 or 410, this worker is not scraped again (said once).
-    fn failed(&self, g: &mut Gathered, why: String, status: Option<u16>) {
+    fn failed(&self, g: &mut Gathered, why: Failure) {
+        let (status, why) = (why.status(), why.to_string());
         g.failed += 1;
         let (whose, server, counted) = match (&self.arm, self.gpu) {
             (_, true) => (
@@ -446,7 +508,7 @@ impl Scraper {
 
     /// GET the URL on a fresh connection: its body as text, or why not (with the
     /// answer's status when there was one).
-    async fn get(&self) -> Result<String, (String, Option<u16>)> {
+    async fn get(&self) -> Result<String, Failure> {
         let mut headers = http::HeaderMap::new();
         if let Ok(h) = http::HeaderValue::from_str(&self.url.authority) {
             headers.insert(http::header::HOST, h);
@@ -468,22 +530,16 @@ impl Scraper {
                 &mut cap,
             )
             .await
-            .map_err(|e| (e.message, None))?;
+            .map_err(Failure::Exchange)?;
         let c = cap.into_captured();
         let status = c.status.and_then(|s| u16::try_from(s).ok());
         if c.body.truncated {
-            return Err((
-                format!(
-                    "the answer passed {} MiB, the most a scrape reads",
-                    SCRAPE_LIMIT >> 20
-                ),
-                status,
-            ));
+            return Err(Failure::TooBig { status });
         }
         match c.status {
             Some(200) => Ok(String::from_utf8_lossy(&c.body.bytes).into_owned()),
-            Some(s) => Err((format!("status {s}"), status)),
-            None => Err(("no status".into(), None)),
+            Some(s) => Err(Failure::Status(s)),
+            None => Err(Failure::NoStatus),
         }
     }
 
@@ -521,6 +577,21 @@ impl Scraper {
             stopped: g.stopped.clone(),
         });
         g
+    }
+}
+
+/// A scrape's answer read (off the runtime's threads: a big answer, up to 16 MiB, takes a
+/// while, and exchanges run on them); a failure when no line of it could be.
+async fn read_answer(text: String) -> Result<Scrape, Failure> {
+    let parsed = tokio::task::spawn_blocking(move || crate::prom::parse(&text)).await;
+    let scrape = parsed.map_err(Failure::Unread)?;
+    match (scrape.samples.is_empty(), scrape.errors.first()) {
+        (true, Some((line, why))) => Err(Failure::NoLine {
+            line: *line,
+            why: why.clone(),
+        }),
+        (true, None) => Err(Failure::NoSample),
+        (false, _) => Ok(scrape),
     }
 }
 
@@ -660,7 +731,7 @@ mod tests {
             per_metric: 100,
         };
         let s = Scraper::new(
-            (url, engine),
+            ScrapeTarget { url, engine },
             clock::now_ns(),
             Duration::from_secs(5),
             Some(sink.sender()),

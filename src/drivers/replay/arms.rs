@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::ctx::{Base, Ctx, Slot};
-use super::launch::{self, Sampler, Server, Who};
+use super::launch::{self, GpuSample, LaunchError, Sampler, Server, Who};
 use super::open::OpenPool;
 use super::phases::{At, Senders, feasibility, measured_round, prelude};
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;
-use crate::drivers::scrape::Scraper;
+use crate::drivers::scrape::{ScrapeError, ScrapeTarget, Scraper};
 use crate::metrics::PhaseCounts;
 use crate::metrics::RoundMetrics;
 use crate::model::{Level, Phase};
@@ -31,12 +31,56 @@ pub(crate) struct ArmEnv {
     pub(crate) scrape: Option<crate::drivers::scrape::Settings>,
 }
 
+/// Why an arm could not be brought up (its `unavailable_reason`), or why its worker's
+/// metrics are not scraped.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ArmError {
+    /// Its artifact could not be measured.
+    #[error("artifact {0}")]
+    Artifact(#[source] LaunchError),
+    /// Its server could not be started, or did not become healthy.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// Its endpoint, health endpoint or worker-metrics URL is not a URL (`{port}`
+    /// substituted).
+    #[error("{0}")]
+    Endpoint(String),
+    /// A server the tool did not start did not answer its health check.
+    #[error(
+        "its health endpoint {url} did not answer 200 (it answered {}); a server whose health check is elsewhere needs the arm's health_endpoint",
+        answered(.answer)
+    )]
+    NotHealthy { url: String, answer: Option<u16> },
+    /// Its worker's scraper could not be built.
+    #[error(transparent)]
+    Scraper(#[from] ScrapeError),
+}
+
+/// A health probe's answer, in words.
+fn answered(answer: &Option<u16>) -> String {
+    answer.map_or("nothing".to_string(), |s| format!("HTTP {s}"))
+}
+
 /// An arm's worker scraped every interval while the arm is up, and how to stop it.
-type ArmScraping = (
-    Arc<Scraper>,
-    tokio::sync::watch::Sender<bool>,
-    tokio::task::JoinHandle<()>,
-);
+struct ArmScraping {
+    scraper: Arc<Scraper>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// When a measured round of a level ran (for the level's peak memory).
+struct Window {
+    concurrency: usize,
+    from_ns: u64,
+    to_ns: u64,
+}
+
+impl Window {
+    /// Whether a sample at `t_ns` falls within this window, `slack_ns` either side.
+    fn holds(&self, t_ns: u64, slack_ns: u64) -> bool {
+        t_ns + slack_ns >= self.from_ns && t_ns <= self.to_ns + slack_ns
+    }
+}
 
 /// One arm's run.
 pub(super) struct ArmRun {
@@ -56,7 +100,7 @@ pub(super) struct ArmRun {
     artifact_bytes: Option<u64>,
     /// Per concurrency: the measured samples, their rounds' elapsed time, their windows.
     levels: BTreeMap<usize, CampaignLevel>,
-    windows: Vec<(usize, u64, u64)>,
+    windows: Vec<Window>,
     /// The arm's worker's `/metrics`, scraped while it is up.
     scraping: Option<ArmScraping>,
 }
@@ -106,7 +150,7 @@ impl ArmRun {
             // not measured is never silent.
             let line = format!("matrix-proxy: arm {} unavailable: {why}", arm.name);
             base.progress.suspend(|| eprintln!("{line}"));
-            self.unavailable = Some(why);
+            self.unavailable = Some(why.to_string());
         }
     }
 
@@ -116,38 +160,36 @@ impl ArmRun {
         plan: &Plan,
         env: &ArmEnv,
         arm: &Arm,
-    ) -> Result<(), String> {
+    ) -> Result<(), ArmError> {
         if let Some(path) = &arm.artifact {
             self.artifact_bytes = Some(
-                launch::artifact_bytes(std::path::Path::new(path))
-                    .map_err(|e| format!("artifact {e}"))?,
+                launch::artifact_bytes(std::path::Path::new(path)).map_err(ArmError::Artifact)?,
             );
         }
         let port = match &arm.start {
             Some(_) => launch::free_port()?,
             None => 0,
         };
-        let (endpoint, health) = arm.endpoints(port.max(1))?;
+        let (endpoint, health) = arm.endpoints(port.max(1)).map_err(ArmError::Endpoint)?;
         if let Some(start) = &arm.start {
             let launch = |logs_as: String| launch_healthy(base, start, port, env, logs_as, &health);
             if start.warm_start {
                 // Started once and stopped, so the measured start finds the page cache
                 // warm (its model files read once already), as every later arm would.
-                let (warm, _) = launch(format!("{}.warm", arm.name)).await?;
-                warm.stop(start.stop_grace).await;
+                let warm = launch(format!("{}.warm", arm.name)).await?;
+                warm.server.stop(start.stop_grace).await;
             }
-            let (server, ms) = launch(arm.name.clone()).await?;
-            self.load_ms = Some(ms);
-            self.server = Some(server);
+            let up = launch(arm.name.clone()).await?;
+            self.load_ms = Some(up.load_ms);
+            self.server = Some(up.server);
         }
         if arm.start.is_none() {
             let answer = launch::probe(&base.engine, &health).await;
             if answer != Some(200) {
-                return Err(format!(
-                    "its health endpoint {} did not answer 200 (it answered {}); a server whose health check is elsewhere needs the arm's health_endpoint",
-                    health.url(),
-                    answer.map_or("nothing".to_string(), |s| format!("HTTP {s}"))
-                ));
+                return Err(ArmError::NotHealthy {
+                    url: health.url(),
+                    answer,
+                });
             }
         }
         if let Some(pid) = arm.resources_pid {
@@ -173,15 +215,18 @@ impl ArmRun {
         port: u16,
     ) -> Option<Arc<Scraper>> {
         let settings = env.scrape.as_ref()?;
-        let built = arm.worker_metrics_url(port.max(1))?.and_then(|url| {
-            let engine = Scraper::engine_for(&url, &settings.tls)?;
-            Ok(Scraper::new(
-                (url, engine),
-                base.run.run_t0_ns,
-                settings.timeout,
-                Some(settings.sink.clone()),
-            ))
-        });
+        let built = arm
+            .worker_metrics_url(port.max(1))?
+            .map_err(ArmError::Endpoint)
+            .and_then(|url| {
+                let engine = Scraper::engine_for(&url, &settings.tls)?;
+                Ok::<_, ArmError>(Scraper::new(
+                    ScrapeTarget { url, engine },
+                    base.run.run_t0_ns,
+                    settings.timeout,
+                    Some(settings.sink.clone()),
+                ))
+            });
         let scraper = match built {
             Ok(s) => Arc::new(s.with_arm(&arm.name)),
             Err(why) => {
@@ -195,7 +240,11 @@ impl ArmRun {
         };
         let (stop, rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(scraper.clone().every(settings.every, rx));
-        self.scraping = Some((scraper.clone(), stop, task));
+        self.scraping = Some(ArmScraping {
+            scraper: scraper.clone(),
+            stop,
+            task,
+        });
         Some(scraper)
     }
 
@@ -243,7 +292,12 @@ impl ArmRun {
     async fn shut_down(&mut self, sequential: bool) {
         self.slots.clear();
         self.pool.clear();
-        if let Some((scraper, stop, task)) = self.scraping.take() {
+        if let Some(ArmScraping {
+            scraper,
+            stop,
+            task,
+        }) = self.scraping.take()
+        {
             let _ = stop.send(true);
             let _ = task.await;
             if let Some(ctx) = &self.ctx {
@@ -279,15 +333,15 @@ impl ArmRun {
             }
         }
         let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
-        for (c, from, to) in &self.windows {
+        for w in &self.windows {
             // The edge samples are taken just outside the round's own clock reads.
             let slack = 50_000_000;
             let peak = samples
                 .iter()
-                .filter(|(t, _)| *t + slack >= *from && *t <= to + slack)
+                .filter(|(t, _)| w.holds(*t, slack))
                 .map(|(_, b)| *b)
                 .max();
-            if let Some(level) = self.levels.get_mut(c) {
+            if let Some(level) = self.levels.get_mut(&w.concurrency) {
                 level.peak_rss_bytes = level.peak_rss_bytes.max(peak);
             }
         }
@@ -303,23 +357,27 @@ impl ArmRun {
 }
 
 impl ArmRun {
-    /// Each level's peak GPU memory from `gpu` samples `(ns, group bytes, device bytes)`
-    /// taken within a second of its rounds: the group's own when nvidia-smi lists any of
-    /// its processes; the whole device's only under `sequential` (one server up at a
-    /// time); else null with the reason.
-    fn gpu_peaks(&mut self, gpu: &[(u64, u64, u64)], sequential: bool) {
+    /// Each level's peak GPU memory from `gpu` samples taken within a second of its
+    /// rounds: the group's own when nvidia-smi lists any of its processes; the whole
+    /// device's only under `sequential` (one server up at a time); else null with the
+    /// reason.
+    fn gpu_peaks(&mut self, gpu: &[GpuSample], sequential: bool) {
         let slack = 1_000_000_000;
         for (&c, level) in self.levels.iter_mut() {
-            let within: Vec<&(u64, u64, u64)> = gpu
+            let within: Vec<&GpuSample> = gpu
                 .iter()
-                .filter(|(t, _, _)| {
+                .filter(|s| {
                     self.windows
                         .iter()
-                        .any(|(wc, from, to)| *wc == c && *t + slack >= *from && *t <= to + slack)
+                        .any(|w| w.concurrency == c && w.holds(s.at_ns, slack))
                 })
                 .collect();
-            let group = within.iter().map(|s| s.1).max().filter(|&b| b > 0);
-            let device = within.iter().map(|s| s.2).max();
+            let group = within
+                .iter()
+                .map(|s| s.group_bytes)
+                .max()
+                .filter(|&b| b > 0);
+            let device = within.iter().map(|s| s.device_bytes).max();
             (level.peak_vram_bytes, level.vram_scope) = match (group, device) {
                 (Some(b), _) => (
                     Some(b),
@@ -342,6 +400,12 @@ impl ArmRun {
     }
 }
 
+/// A started server whose health endpoint answered 200, and its load time.
+struct Healthy {
+    server: Server,
+    load_ms: f64,
+}
+
 /// Start an arm's server (its logs named `logs_as`) and wait for its health endpoint:
 /// the server and its load time, or why not (a server that failed is stopped).
 async fn launch_healthy(
@@ -351,7 +415,7 @@ async fn launch_healthy(
     env: &ArmEnv,
     logs_as: String,
     health: &crate::model::Endpoint,
-) -> Result<(Server, f64), String> {
+) -> Result<Healthy, LaunchError> {
     let started_ns = clock::now_ns();
     let mut server = launch::spawn(start, port, &env.self_exe, &env.logs, &logs_as)?;
     base.progress
@@ -366,7 +430,7 @@ async fn launch_healthy(
         )
         .await;
     match healthy {
-        Ok(ms) => Ok((server, ms)),
+        Ok(load_ms) => Ok(Healthy { server, load_ms }),
         Err(why) => {
             server.stop(start.stop_grace).await;
             Err(why)
@@ -589,7 +653,11 @@ async fn measure_level(
                 level.attempted_rounds += usize::from(m.round.fully_attempted());
                 level.elapsed_seconds += m.round.elapsed_seconds;
                 level.samples.extend(m.samples);
-                a.windows.push((c, m.window_ns.0, m.window_ns.1));
+                a.windows.push(Window {
+                    concurrency: c,
+                    from_ns: m.window_ns.0,
+                    to_ns: m.window_ns.1,
+                });
             }
             rounds.push(m.round);
         }

@@ -11,8 +11,10 @@
 //! 2. `Capture::start` stamps t0. `Engine::exchange_lean` (the lean client: its connection
 //!    slot, keep-alive rule and one retry are `engine/lean.rs`'s `//!`) writes the frozen
 //!    bytes with one call and reads the response into the connection's one reused buffer
-//!    (`http1::codec` frames it). Every replay request takes this path; serve's take hyper's
-//!    (`Engine::send`, `Engine::next_frame`).
+//!    (`http1::codec` frames it). Every replay request takes this path. Serve's requests go
+//!    through the same lean client another way: `Engine::lean_send` writes the head, then
+//!    `engine/relay.rs` streams the rest of the body up and reads the response back
+//!    (`drivers/serve`'s `//!`).
 //! 3. `TimedIo`, wrapped around the stream above TLS, stores the time of each write and of the
 //!    first read into atomics; after the head arrives they become `request_sent_us` and
 //!    `first_byte_us`. Each read's bytes go to the capture as they arrive, stamped when the
@@ -39,11 +41,11 @@
 //!    encodes them after the round (`Recorder::hold`, `record/writer.rs`), so the round's
 //!    requests do not share a core with the encoding of their own rows.
 
-use super::ctx::{Ctx, Dispatch, Slot};
+use super::ctx::{Ctx, Dispatch, Frozen, Slot};
 use crate::clock;
 use crate::config::plan::OnFailure;
 use crate::drivers::{RowIds, SentRequest, Verdict};
-use crate::engine::{BodyCopy, Capture, Captured};
+use crate::engine::{BodyCopy, Capture, Captured, ExchangeError};
 use crate::metrics::{Sample, StreamSample};
 use crate::model::Outcome;
 use crate::oracle::Oracle;
@@ -99,6 +101,10 @@ impl Rows {
     }
 }
 
+/// How a sent exchange ended, before it is judged: cut by the stop (`None`), past the
+/// plan's deadline (`Some(Err(_))`), or the engine's own end.
+type Ended = Option<Result<Result<(), ExchangeError>, tokio::time::error::Elapsed>>;
+
 /// Run, judge and record one exchange (its row goes to `rows`). Returns what the
 /// metrics need.
 pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut Rows) -> Sample {
@@ -117,7 +123,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     let start_offset_us = clock::us_between(ctx.base.run.run_t0_ns, cap.t0_ns());
     let policy = ctx.plan.connection;
     let mut cut = ctx.base.cut.clone();
-    let result = tokio::select! {
+    let result: Ended = tokio::select! {
         r = tokio::time::timeout(
             ctx.plan.timeout,
             ctx.base.engine.exchange_lean(slot, ep, policy, &frozen.lean, &mut cap),
@@ -130,7 +136,43 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         _ => None,
     };
     let got = cap.into_captured();
-    let verdict = match result {
+    let verdict = verdict_of(ctx, slot, &d, result, &got, incomplete);
+    let outcome = verdict.outcome;
+    drop(in_flight);
+    ctx.base.run.observe(|_| ctx.route(d.case), &got, outcome);
+    let exchange_id = ctx.base.run.next_exchange_id();
+    let sample = sample_of(&d, exchange_id, start_offset_us, &got, &verdict);
+    // A failure stops dispatch before anything else happens (recording may wait).
+    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
+        ctx.stop();
+    }
+    if ctx.base.record_exchanges {
+        let ids = row_ids(ctx, &d, exchange_id);
+        let started = Started {
+            at_us: started_at_us.unwrap_or_default(),
+            offset_us: start_offset_us,
+        };
+        let request = sent_request(ctx, &d, frozen, started);
+        rows.push(ctx, ctx.base.run.row(ids, request, got, verdict))
+            .await;
+    }
+    if outcome != Outcome::Ok {
+        note_failure(ctx, &d, outcome, sample.failure.as_deref());
+    }
+    sample
+}
+
+/// The verdict on an exchange that ended as `result` says (a cut or timed-out one's
+/// connection is not kept).
+fn verdict_of(
+    ctx: &Ctx,
+    slot: &mut Slot,
+    d: &Dispatch,
+    result: Ended,
+    got: &Captured,
+    incomplete: Option<String>,
+) -> Verdict {
+    match result {
         None => {
             *slot = None;
             Verdict {
@@ -158,13 +200,20 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
             error_message: Some(e.message),
             ..Verdict::default()
         },
-        Some(Ok(Ok(()))) => judge(ctx, &d, &got, incomplete),
-    };
+        Some(Ok(Ok(()))) => judge(ctx, d, got, incomplete),
+    }
+}
+
+/// What the metrics need of an exchange judged `verdict`.
+fn sample_of(
+    d: &Dispatch,
+    exchange_id: i64,
+    start_offset_us: i64,
+    got: &Captured,
+    verdict: &Verdict,
+) -> Sample {
     let outcome = verdict.outcome;
-    drop(in_flight);
-    ctx.base.run.observe(|_| ctx.route(d.case), &got, outcome);
-    let exchange_id = ctx.base.run.next_exchange_id();
-    let sample = Sample {
+    Sample {
         exchange_id,
         decisions: verdict.decisions,
         usage_tokens: verdict.usage_tokens,
@@ -178,29 +227,26 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         connect_us: got.timings.connect_us,
         stream: got.stream.as_ref().map(StreamSample::from_columns),
         scheduled_offset_us: d.scheduled_offset_us,
-    };
-    // A failure stops dispatch before anything else happens (recording may wait).
-    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
-        ctx.stop();
     }
-    if ctx.base.record_exchanges {
-        let ids = row_ids(ctx, &d, exchange_id);
-        let request = SentRequest {
-            started_at_us: started_at_us.unwrap_or_default(),
-            start_offset_us,
-            scheduled_offset_us: d.scheduled_offset_us,
-            method: frozen.lean.method.clone(),
-            url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
-            headers: frozen.headers.clone(),
-            body: BodyCopy::of_whole(&frozen.body, ctx.base.max_record_body),
-        };
-        rows.push(ctx, ctx.base.run.row(ids, request, got, verdict))
-            .await;
+}
+
+/// When an exchange started: the wall clock (for the row) and the run's clock.
+struct Started {
+    at_us: i64,
+    offset_us: i64,
+}
+
+/// The frozen request as its row records it.
+fn sent_request(ctx: &Ctx, d: &Dispatch, frozen: &Frozen, started: Started) -> SentRequest {
+    SentRequest {
+        started_at_us: started.at_us,
+        start_offset_us: started.offset_us,
+        scheduled_offset_us: d.scheduled_offset_us,
+        method: frozen.lean.method.clone(),
+        url: ctx.urls[d.case.map_or(0, |c| c + 1)].clone(),
+        headers: frozen.headers.clone(),
+        body: BodyCopy::of_whole(&frozen.body, ctx.base.max_record_body),
     }
-    if outcome != Outcome::Ok {
-        note_failure(ctx, &d, outcome, sample.failure.as_deref());
-    }
-    sample
 }
 
 /// Where a replayed exchange sits in the plan, as its row says.
@@ -294,23 +340,31 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
         }
         return failed(Outcome::Http, message);
     }
-    // Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a
-    // stream's comes from its events): a JSON oracle reads it from its own parse, any
-    // other answer is read here, once, by a parse that builds nothing but the usage.
-    let usage_here = || {
-        got.stream
-            .is_none()
-            .then(|| crate::model::answer_usage(&got.body.bytes))
-            .flatten()
-    };
-    let oracle = match oracle {
-        None | Some(Oracle::Unjudged) => {
-            return Verdict {
-                usage_tokens: usage_here(),
-                ..Verdict::default()
-            };
-        }
-        Some(o) => o,
+    match oracle {
+        None | Some(Oracle::Unjudged) => Verdict {
+            usage_tokens: usage_here(got),
+            ..Verdict::default()
+        },
+        Some(o) => judged_by(ctx, o, got),
+    }
+}
+
+/// Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a stream's
+/// comes from its events): a JSON oracle reads it from its own parse, any other answer is
+/// read here, once, by a parse that builds nothing but the usage.
+fn usage_here(got: &Captured) -> Option<(Option<i64>, i64)> {
+    got.stream
+        .is_none()
+        .then(|| crate::model::answer_usage(&got.body.bytes))
+        .flatten()
+}
+
+/// The oracle's verdict over the whole body of an answer with the expected status.
+fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
+    let failed = |outcome, message: String| Verdict {
+        outcome,
+        error_message: Some(message),
+        ..Verdict::default()
     };
     if got.body.truncated && !ctx.performance_fit {
         return failed(
@@ -325,7 +379,7 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
         oracle.judge_and_read(&got.body.bytes, Some(&ctx.plan.decisions_pointer));
     let usage_tokens = match oracle {
         Oracle::Json { .. } => judged.usage,
-        _ => usage_here(),
+        _ => usage_here(got),
     };
     match verdict {
         Ok(()) => Verdict {

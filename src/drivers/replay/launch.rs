@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +16,59 @@ use crate::drivers::shutdown::Shutdown;
 use crate::engine::lean::LeanRequest;
 use crate::engine::{Capture, Engine};
 use crate::model::{ConnectionPolicy, Endpoint};
+
+/// Why a server could not be started or measured, or a sampler or an artifact could not
+/// be read. Each says what an arm's `unavailable_reason` says.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LaunchError {
+    #[error("cannot start the memory sampler: {0}")]
+    Sampler(#[source] std::io::Error),
+    #[error("no free loopback port: {0}")]
+    NoPort(#[source] std::io::Error),
+    /// A log file, its folder, or an artifact.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start {program:?}: its cwd {cwd:?} is not a directory")]
+    NoCwd { program: String, cwd: String },
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the server exited at once")]
+    ExitedAtOnce,
+    #[error("pid out of range")]
+    PidOutOfRange,
+    #[error("the server exited ({0}) before its health endpoint answered")]
+    ExitedBeforeHealthy(ExitStatus),
+    #[error("not measured: the run was interrupted while the server started")]
+    Interrupted,
+    /// A 200 came, but the server had exited: another listener answered.
+    #[error("the server exited ({0}); something else answered on its port")]
+    NotOurs(ExitStatus),
+    #[error(
+        "{url} did not answer 200 within health_timeout_seconds ({seconds} s): its last answer was {}; a server whose health check is elsewhere (llama.cpp's is not /health) needs the arm's health_endpoint",
+        last_answer(.last)
+    )]
+    NotHealthy {
+        url: String,
+        seconds: f64,
+        last: Option<u16>,
+    },
+}
+
+/// A health probe's last answer, in words.
+fn last_answer(last: &Option<u16>) -> String {
+    last.map_or(
+        "none (no connection, or no response head)".to_string(),
+        |s| format!("HTTP {s}"),
+    )
+}
 
 /// How often the group's resident memory is sampled.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -54,22 +108,32 @@ pub(crate) enum Who {
     Tree(u32),
 }
 
+/// One sample of GPU memory, as `nvidia-smi` lists it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GpuSample {
+    /// When, on the monotonic clock.
+    pub(crate) at_ns: u64,
+    /// Bytes of the sampled processes that `nvidia-smi` lists.
+    pub(crate) group_bytes: u64,
+    /// Bytes in use on every GPU.
+    pub(crate) device_bytes: u64,
+}
+
 /// Memory samples of a set of processes, taken by a thread of its own.
 pub(crate) struct Sampler {
     who: Who,
     on: Arc<AtomicBool>,
     /// `(monotonic ns, resident bytes of every member)`.
     pub(crate) samples: Arc<Mutex<Vec<(u64, u64)>>>,
-    /// GPU memory, every second while `nvidia-smi` answers: `(monotonic ns, bytes of the
-    /// members it lists, bytes in use on every GPU)`.
-    pub(crate) gpu_samples: Arc<Mutex<Vec<(u64, u64, u64)>>>,
+    /// GPU memory, every second while `nvidia-smi` answers.
+    pub(crate) gpu_samples: Arc<Mutex<Vec<GpuSample>>>,
     /// `nvidia-smi` answered when sampling started.
     pub(crate) gpu_visible: bool,
 }
 
 impl Sampler {
     /// Sample `who` every [`SAMPLE_EVERY`] (GPU memory every second) until stopped.
-    pub(crate) fn start(who: Who, name: &str) -> Result<Sampler, String> {
+    pub(crate) fn start(who: Who, name: &str) -> Result<Sampler, LaunchError> {
         let on = Arc::new(AtomicBool::new(true));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let gpu_samples = Arc::new(Mutex::new(Vec::new()));
@@ -95,13 +159,17 @@ impl Sampler {
                         && let Some((mine, device)) = gpu_bytes(&pids)
                         && let Ok(mut v) = gpu_out.lock()
                     {
-                        v.push((clock::now_ns(), mine, device));
+                        v.push(GpuSample {
+                            at_ns: clock::now_ns(),
+                            group_bytes: mine,
+                            device_bytes: device,
+                        });
                     }
                     tick += 1;
                     std::thread::sleep(SAMPLE_EVERY);
                 }
             })
-            .map_err(|e| format!("cannot start the memory sampler: {e}"))?;
+            .map_err(LaunchError::Sampler)?;
         Ok(Sampler {
             who,
             on,
@@ -224,11 +292,11 @@ pub(crate) fn gpu_bytes(pids: &[u32]) -> Option<(u64, u64)> {
 }
 
 /// A free loopback port (bound and released; the server binds it next).
-pub(crate) fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, LaunchError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("no free loopback port: {e}"))
+        .map_err(LaunchError::NoPort)
 }
 
 /// Start `command` (`{port}` and `{self}` substituted) in its own process group, with
@@ -239,16 +307,16 @@ pub(crate) fn spawn(
     self_exe: &Path,
     logs: &Path,
     arm: &str,
-) -> Result<Server, String> {
+) -> Result<Server, LaunchError> {
     let sub = |a: &str| {
         a.replace("{port}", &port.to_string())
             .replace("{self}", &self_exe.to_string_lossy())
     };
     let argv: Vec<String> = start.command.iter().map(|a| sub(a)).collect();
-    std::fs::create_dir_all(logs).map_err(|e| format!("{}: {e}", logs.display()))?;
-    let log = |ext: &str| -> Result<File, String> {
+    std::fs::create_dir_all(logs).map_err(|e| file_error(logs, e))?;
+    let log = |ext: &str| -> Result<File, LaunchError> {
         let p: PathBuf = logs.join(format!("{arm}.{ext}.log"));
-        File::create(&p).map_err(|e| format!("{}: {e}", p.display()))
+        File::create(&p).map_err(|e| file_error(&p, e))
     };
     let (out, err) = (log("stdout")?, log("stderr")?);
     let mut cmd = tokio::process::Command::new(&argv[0]);
@@ -264,17 +332,18 @@ pub(crate) fn spawn(
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| match &start.cwd {
-            Some(dir) if !Path::new(dir).is_dir() => {
-                format!(
-                    "cannot start {:?}: its cwd {dir:?} is not a directory",
-                    argv[0]
-                )
-            }
-            _ => format!("cannot start {:?}: {e}", argv[0]),
+        .map_err(|source| match &start.cwd {
+            Some(dir) if !Path::new(dir).is_dir() => LaunchError::NoCwd {
+                program: argv[0].clone(),
+                cwd: dir.clone(),
+            },
+            _ => LaunchError::Spawn {
+                program: argv[0].clone(),
+                source,
+            },
         })?;
-    let pid = child.id().ok_or("the server exited at once")?;
-    let pgid = i32::try_from(pid).map_err(|_| "pid out of range".to_string())?;
+    let pid = child.id().ok_or(LaunchError::ExitedAtOnce)?;
+    let pgid = i32::try_from(pid).map_err(|_| LaunchError::PidOutOfRange)?;
     if let Ok(mut g) = LIVE_GROUPS.lock() {
         g.push(pgid);
     }
@@ -296,41 +365,31 @@ impl Server {
         started_ns: u64,
         timeout: Duration,
         interrupted: &Shutdown,
-    ) -> Result<f64, String> {
+    ) -> Result<f64, LaunchError> {
         let deadline = started_ns + timeout.as_nanos() as u64;
         let mut last: Option<u16>;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!(
-                    "the server exited ({status}) before its health endpoint answered"
-                ));
+                return Err(LaunchError::ExitedBeforeHealthy(status));
             }
             if interrupted.is_requested() {
-                return Err(
-                    "not measured: the run was interrupted while the server started".into(),
-                );
+                return Err(LaunchError::Interrupted);
             }
             last = probe(engine, health).await;
             if last == Some(200) {
                 // Our server must still be the one running: a 200 from another listener
                 // that took the port would measure the wrong server.
                 if let Ok(Some(status)) = self.child.try_wait() {
-                    return Err(format!(
-                        "the server exited ({status}); something else answered on its port"
-                    ));
+                    return Err(LaunchError::NotOurs(status));
                 }
                 return Ok((clock::now_ns() - started_ns) as f64 / 1e6);
             }
             if clock::now_ns() >= deadline {
-                return Err(format!(
-                    "{} did not answer 200 within health_timeout_seconds ({} s): its last answer was {}; a server whose health check is elsewhere (llama.cpp's is not /health) needs the arm's health_endpoint",
-                    health.url(),
-                    timeout.as_secs_f64(),
-                    last.map_or(
-                        "none (no connection, or no response head)".to_string(),
-                        |s| format!("HTTP {s}")
-                    )
-                ));
+                return Err(LaunchError::NotHealthy {
+                    url: health.url(),
+                    seconds: timeout.as_secs_f64(),
+                    last,
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -431,15 +490,56 @@ pub(crate) async fn probe(engine: &Engine, health: &Endpoint) -> Option<u16> {
 }
 
 /// Bytes of a file, or of every file under a directory.
-pub(crate) fn artifact_bytes(path: &Path) -> Result<u64, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub(crate) fn artifact_bytes(path: &Path) -> Result<u64, LaunchError> {
+    let meta = std::fs::metadata(path).map_err(|e| file_error(path, e))?;
     if meta.is_file() {
         return Ok(meta.len());
     }
     let mut total = 0;
-    let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let entries = std::fs::read_dir(path).map_err(|e| file_error(path, e))?;
     for e in entries.flatten() {
         total += artifact_bytes(&e.path())?;
     }
     Ok(total)
+}
+
+/// `path` could not be created or read.
+fn file_error(path: &Path, source: std::io::Error) -> LaunchError {
+    LaunchError::File {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LaunchError;
+
+    #[test]
+    fn launch_errors_say_what_the_strings_said() {
+        let not_healthy = LaunchError::NotHealthy {
+            url: "http://127.0.0.1:9/health".into(),
+            seconds: 1.5,
+            last: None,
+        };
+        assert_eq!(
+            not_healthy.to_string(),
+            "http://127.0.0.1:9/health did not answer 200 within health_timeout_seconds (1.5 s): its last answer was none (no connection, or no response head); a server whose health check is elsewhere (llama.cpp's is not /health) needs the arm's health_endpoint"
+        );
+        let cwd = LaunchError::NoCwd {
+            program: "vllm".into(),
+            cwd: "/nowhere".into(),
+        };
+        assert_eq!(
+            cwd.to_string(),
+            "cannot start \"vllm\": its cwd \"/nowhere\" is not a directory"
+        );
+        let missing = super::artifact_bytes(std::path::Path::new("/nonexistent/model.gguf"));
+        assert!(
+            matches!(&missing, Err(LaunchError::File { path, .. }) if path.ends_with("model.gguf")),
+            "{missing:?}"
+        );
+        let said = missing.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(said.starts_with("/nonexistent/model.gguf: "), "{said}");
+    }
 }

@@ -195,6 +195,20 @@ pub(super) async fn wait_until(ctx: &Ctx, ns: u64) {
     }
 }
 
+/// What a measured round sends: an open level's wave, or a closed level's concurrency.
+enum Work {
+    Open(OpenWave),
+    Closed(usize),
+}
+
+/// What the generator spent over a round: CPU time of the whole process, and the round's
+/// time on the monotonic clock (from `from_ns` to `to_ns`).
+struct Spent {
+    cpu_ns: u64,
+    from_ns: u64,
+    to_ns: u64,
+}
+
 /// One measured round of a level, with the tool's own CPU time and the runtime's
 /// dispatch lag over the round, and goodput against the plan's `slo`.
 pub(super) async fn measured_round(
@@ -203,12 +217,10 @@ pub(super) async fn measured_round(
     at: At,
     rep: usize,
 ) -> Measured {
-    let case = &ctx.plan.cases[at.ci];
     let recorder = &ctx.base.run.recorder;
-    // An open round's wave (closed: its concurrency).
     let work = match at.level {
-        Level::Rate(r) => Ok(at.open_wave(ctx, r, Some(rep))),
-        Level::Concurrency(c) => Err(c),
+        Level::Rate(r) => Work::Open(at.open_wave(ctx, r, Some(rep))),
+        Level::Concurrency(c) => Work::Closed(c),
     };
     // The worker's own view of the round starts here, when the run scrapes it.
     let edges = round_edges(ctx, &work, at, rep);
@@ -217,7 +229,7 @@ pub(super) async fn measured_round(
     }
     // A shard's wave has its place in the timetable: the round's measurements (the
     // generator's CPU and lag, the held rows) start just before it, not at the wait.
-    if let Ok(OpenWave {
+    if let Work::Open(OpenWave {
         start_ns: Some(start),
         ..
     }) = &work
@@ -231,11 +243,11 @@ pub(super) async fn measured_round(
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
     let (samples, planned) = match work {
-        Ok(w) => {
+        Work::Open(w) => {
             let planned = w.planned();
             (open_wave(ctx, senders.pool, w).await, planned)
         }
-        Err(c) => {
+        Work::Closed(c) => {
             let n = ctx.plan.requests_per_case;
             let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
             (s, n as u64)
@@ -252,17 +264,42 @@ pub(super) async fn measured_round(
         ctx.base.run.record_failed(e);
         ctx.halt();
     }
-    let mut round = metrics::level_round_metrics(&case.name, at.level, rep, planned, &samples);
+    let spent = Spent {
+        cpu_ns: cpu1.saturating_sub(cpu0),
+        from_ns: wall0,
+        to_ns: wall1,
+    };
+    let round = round_metrics(ctx, at, rep, planned, &samples, spent, lags);
+    Measured {
+        round,
+        samples,
+        window_ns: (wall0, wall1),
+    }
+}
+
+/// A measured round's metrics from its `planned` sends and `samples`: goodput, its arm,
+/// and the generator's load over it (its warnings said, and a saturated open round's).
+fn round_metrics(
+    ctx: &Ctx,
+    at: At,
+    rep: usize,
+    planned: u64,
+    samples: &[Sample],
+    spent: Spent,
+    lags: Vec<i64>,
+) -> RoundMetrics {
+    let case = &ctx.plan.cases[at.ci];
+    let mut round = metrics::level_round_metrics(&case.name, at.level, rep, planned, samples);
     round.goodput = ctx
         .plan
         .slo
         .as_ref()
-        .map(|slo| metrics::goodput(&samples, slo, round.elapsed_seconds));
+        .map(|slo| metrics::goodput(samples, slo, round.elapsed_seconds));
     round.arm = ctx.arm.as_deref().map(str::to_string);
     let load = GeneratorLoad::new(
         (
-            cpu1.saturating_sub(cpu0),
-            wall1.saturating_sub(wall0),
+            spent.cpu_ns,
+            spent.to_ns.saturating_sub(spent.from_ns),
             cores(),
         ),
         lags,
@@ -293,19 +330,15 @@ pub(super) async fn measured_round(
         ));
     }
     round.generator = Some(load);
-    Measured {
-        round,
-        samples,
-        window_ns: (wall0, wall1),
-    }
+    round
 }
 
 /// The round a round-edge scrape of the worker's metrics belongs to, or `None` when no
 /// edge scrape is taken: a shard's wave keeps its timetable (its scrapes are the
 /// interval's), and a stopping run does not wait for one.
-fn round_edges(ctx: &Ctx, work: &Result<OpenWave, usize>, at: At, rep: usize) -> Option<RoundId> {
+fn round_edges(ctx: &Ctx, work: &Work, at: At, rep: usize) -> Option<RoundId> {
     match work {
-        Ok(OpenWave {
+        Work::Open(OpenWave {
             start_ns: Some(_), ..
         }) => None,
         _ if ctx.stopped() => None,
