@@ -923,6 +923,7 @@ fn one_exchange_is_one_exchange() {
 
 /// serve's first stderr lines (up to its banner) under an open-file limit of 1024.
 async fn serve_banner(extra: &[&str]) -> String {
+    require_prlimit();
     let tmp = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new("prlimit")
         .arg("--nofile=1024")
