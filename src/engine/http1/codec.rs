@@ -1,6 +1,7 @@
 //! The lean client's HTTP/1.1 response codec, without I/O: the response head (httparse),
-//! its framing (RFC 9112 section 6.3), and a chunked-body decoder that hands out slices
-//! of the bytes it is given (no copy). The I/O around it is `engine::lean`.
+//! its framing (RFC 9112 section 6.3), a chunked-body decoder that hands out slices of
+//! the bytes it is given (no copy), and why a message is refused ([`CodecError`], which
+//! the request side shares). The I/O around it is `engine::lean` and `engine::upstream`.
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
