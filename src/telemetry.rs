@@ -143,7 +143,8 @@ pub(crate) struct Telemetry {
     /// slots, each set once before `routes_len` counts it, so a lookup takes no lock.
     routes: Vec<OnceLock<(String, String)>>,
     routes_len: AtomicUsize,
-    /// Held while a new route is added (at most [`MAX_ROUTES`] times a run).
+    /// Held only while a route not yet kept is added: once the table is full, or a route
+    /// kept, nothing takes it.
     routes_add: Mutex<()>,
     /// `[route][status class][outcome]`; route index [`MAX_ROUTES`] is `other`.
     requests: Vec<AtomicU64>,
