@@ -265,7 +265,9 @@ fn request_view(
     rt.block_on(async {
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
-        let got = crate::engine::http1::request::read_request(&mut io, &mut buf).await?;
+        let got = crate::engine::http1::request::read_request(&mut io, &mut buf)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(got.map(|(h, body)| SeenRequest {
             method: h.method.to_string(),
             target: h.uri.to_string(),

@@ -1,15 +1,18 @@
-//! Live metrics: what `--metrics-listen` serves and replay's progress line shows. Counters
+//! Live metrics: what `--metrics-listen` serves, replay's progress line shows and serve's
+//! live line and end-of-run counts read: the one live count of each exchange. Counters
 //! and fixed-bucket histograms updated with relaxed atomics as each exchange ends, so
-//! the cost per exchange is a few atomic adds and no state is kept per request; route
-//! labels are capped ([`MAX_ROUTES`], then `other`). Rendered in Prometheus' text
-//! exposition format 0.0.4 with conventional names and base units (seconds).
+//! the cost per exchange is a few atomic adds, no lock and no state kept per request;
+//! route labels are capped ([`MAX_ROUTES`], then `other`) and looked up without a lock.
+//! Rendered in Prometheus' text exposition format 0.0.4 with conventional names and base
+//! units (seconds).
 //!
 //! These numbers are approximate by construction (a histogram's quantile is a bucket's
 //! upper bound) and cover every phase; the run's reported metrics come from the rows.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::model::Outcome;
 
@@ -27,6 +30,10 @@ const ITL_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Most buckets a histogram has (its bounds and `+Inf`): room for a batch of observations
+/// counted on the stack ([`Histogram::observe_all_us`]).
+const MAX_BUCKETS: usize = 24;
+
 /// A histogram with fixed buckets: a count per bucket (not cumulative) and the sum.
 pub(crate) struct Histogram {
     bounds: &'static [f64],
@@ -37,6 +44,10 @@ pub(crate) struct Histogram {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
+        assert!(
+            bounds.len() < MAX_BUCKETS,
+            "a histogram has at most {MAX_BUCKETS} buckets"
+        );
         Histogram {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -44,12 +55,37 @@ impl Histogram {
         }
     }
 
-    pub(crate) fn observe_us(&self, us: i64) {
+    /// The bucket of `us` (negative counts as 0) and the value added to the sum.
+    fn bucket(&self, us: i64) -> (usize, u64) {
         let us = us.max(0);
         let s = us as f64 / 1e6;
-        let i = self.bounds.partition_point(|b| *b < s);
+        (self.bounds.partition_point(|b| *b < s), us as u64)
+    }
+
+    pub(crate) fn observe_us(&self, us: i64) {
+        let (i, us) = self.bucket(us);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us as u64, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Observe every value of `all`, counted on the stack first: one atomic add per bucket
+    /// touched and one for the sum, however many values (an event stream's gaps).
+    fn observe_all_us(&self, all: impl Iterator<Item = i64>) {
+        let mut local = [0u64; MAX_BUCKETS];
+        let mut sum = 0u64;
+        for us in all {
+            let (i, us) = self.bucket(us);
+            local[i.min(MAX_BUCKETS - 1)] += 1;
+            sum += us;
+        }
+        for (c, n) in self.counts.iter().zip(local) {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        if sum > 0 {
+            self.sum_us.fetch_add(sum, Ordering::Relaxed);
+        }
     }
 
     /// Cumulative counts per bound and for `+Inf` (which is also the count), read once
@@ -103,8 +139,13 @@ type Source = Box<dyn Fn() -> f64 + Send + Sync>;
 
 /// The live metrics of one process.
 pub(crate) struct Telemetry {
-    /// `(method, path)` of each route kept apart, in first-seen order.
-    routes: RwLock<Vec<(String, String)>>,
+    /// `(method, path)` of each route kept apart, in first-seen order: [`MAX_ROUTES`]
+    /// slots, each set once before `routes_len` counts it, so a lookup takes no lock.
+    routes: Vec<OnceLock<(String, String)>>,
+    routes_len: AtomicUsize,
+    /// Held only while a route not yet kept is added: once the table is full, or a route
+    /// kept, nothing takes it.
+    routes_add: Mutex<()>,
     /// `[route][status class][outcome]`; route index [`MAX_ROUTES`] is `other`.
     requests: Vec<AtomicU64>,
     pub(crate) duration: Histogram,
@@ -112,7 +153,8 @@ pub(crate) struct Telemetry {
     itl: Histogram,
     /// Exchanges begun and not yet ended, counted by [`Telemetry::begin`] (replay).
     in_flight: AtomicI64,
-    /// Where the in-flight gauge is read instead (serve's own live counter).
+    /// Where the in-flight gauge is read instead (serve's own count of its exchanges in
+    /// flight).
     in_flight_source: std::sync::OnceLock<Source>,
     sources: Mutex<Vec<(&'static str, &'static str, Kind, Source)>>,
 }
@@ -139,7 +181,9 @@ impl Telemetry {
     pub(crate) fn new() -> Telemetry {
         let cells = (MAX_ROUTES + 1) * STATUS_CLASSES.len() * Outcome::ALL.len();
         Telemetry {
-            routes: RwLock::new(Vec::new()),
+            routes: (0..MAX_ROUTES).map(|_| OnceLock::new()).collect(),
+            routes_len: AtomicUsize::new(0),
+            routes_add: Mutex::new(()),
             requests: (0..cells).map(|_| AtomicU64::new(0)).collect(),
             duration: Histogram::new(LATENCY_BUCKETS),
             ttft: Histogram::new(LATENCY_BUCKETS),
@@ -171,28 +215,39 @@ impl Telemetry {
 
     /// The route's index for [`Observed::route`]: a kept route, a new one while fewer
     /// than [`MAX_ROUTES`] are kept, else `other`. Replay asks once per request of its
-    /// plan; serve once per request.
+    /// plan; serve once per request, so a route already kept (or a full table) is found
+    /// without a lock.
     pub(crate) fn route_id(&self, method: &str, url: &str) -> usize {
         let path = crate::model::url_path(url);
-        let find = |r: &[(String, String)]| r.iter().position(|(m, p)| m == method && p == path);
-        if let Some(i) = self.routes.read().ok().and_then(|r| find(&r)) {
+        let find = |n: usize| {
+            self.routes[..n]
+                .iter()
+                .position(|r| r.get().is_some_and(|(m, p)| m == method && p == path))
+        };
+        let n = self.routes_len.load(Ordering::Acquire);
+        if let Some(i) = find(n) {
             return i;
         }
-        let Ok(mut r) = self.routes.write() else {
+        if n >= MAX_ROUTES {
+            return MAX_ROUTES;
+        }
+        let Ok(_adding) = self.routes_add.lock() else {
             return MAX_ROUTES;
         };
-        if let Some(i) = find(&r) {
+        let n = self.routes_len.load(Ordering::Acquire);
+        if let Some(i) = find(n) {
             return i;
         }
-        if r.len() < MAX_ROUTES {
-            r.push((method.to_string(), path.to_string()));
-            return r.len() - 1;
+        if n >= MAX_ROUTES {
+            return MAX_ROUTES;
         }
-        MAX_ROUTES
+        let _ = self.routes[n].set((method.to_string(), path.to_string()));
+        self.routes_len.store(n + 1, Ordering::Release);
+        n
     }
 
     /// One exchange in flight until the guard is dropped (replay's exchanges; serve
-    /// counts its own with its live counter).
+    /// counts its own exchanges in flight).
     pub(crate) fn begin(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(&self.in_flight)
@@ -217,17 +272,36 @@ impl Telemetry {
         if let Some(t) = o.ttft_us {
             self.ttft.observe_us(t);
         }
-        for w in o.content_offsets_us.windows(2) {
-            self.itl.observe_us(w[1] - w[0]);
-        }
+        self.itl
+            .observe_all_us(o.content_offsets_us.windows(2).map(|w| w[1] - w[0]));
     }
 
-    /// Exchanges ended so far, and those of each failure kind (`ok` left out).
-    pub(crate) fn totals(&self) -> (u64, Vec<(Outcome, u64)>) {
+    /// Exchanges ended so far of each outcome, in [`Outcome::ALL`]'s order.
+    fn per_outcome(&self) -> Vec<u64> {
         let mut by = vec![0u64; Outcome::ALL.len()];
         for (i, c) in self.requests.iter().enumerate() {
             by[i % Outcome::ALL.len()] += c.load(Ordering::Relaxed);
         }
+        by
+    }
+
+    /// Exchanges ended so far, and how many of each outcome that has any (`ok`
+    /// included): serve's live line and its end-of-run counts.
+    pub(crate) fn by_outcome(&self) -> (u64, BTreeMap<Outcome, u64>) {
+        let by = self.per_outcome();
+        let total = by.iter().sum();
+        let seen = Outcome::ALL
+            .iter()
+            .zip(by)
+            .filter(|(_, n)| *n > 0)
+            .map(|(o, n)| (*o, n))
+            .collect();
+        (total, seen)
+    }
+
+    /// Exchanges ended so far, and those of each failure kind (`ok` left out).
+    pub(crate) fn totals(&self) -> (u64, Vec<(Outcome, u64)>) {
+        let by = self.per_outcome();
         let total = by.iter().sum();
         let failures = Outcome::ALL
             .iter()
@@ -268,7 +342,6 @@ impl Telemetry {
     pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(8 << 10);
         out.push_str("# HELP matrix_proxy_requests_total Exchanges ended, by route (method and path without the query; the first 32, later ones as other), the worker's status class (none: no response head) and outcome.\n# TYPE matrix_proxy_requests_total counter\n");
-        let routes = self.routes.read().map(|r| r.clone()).unwrap_or_default();
         let n_out = Outcome::ALL.len();
         for (cell, c) in self.requests.iter().enumerate() {
             let v = c.load(Ordering::Relaxed);
@@ -279,8 +352,10 @@ impl Telemetry {
                 cell / (STATUS_CLASSES.len() * n_out),
                 cell % (STATUS_CLASSES.len() * n_out),
             );
-            let label = routes
+            let label = self
+                .routes
                 .get(route)
+                .and_then(OnceLock::get)
                 .map_or_else(|| "other".to_string(), |(m, p)| format!("{m} {p}"));
             let _ = writeln!(
                 out,
@@ -409,6 +484,21 @@ mod tests {
             t.live_text(12.34),
             "12.3 req/s (last second); latency p50 <= 2.5 ms, p95 <= 50 ms (histogram buckets, every phase so far); failures: timeout 2"
         );
+    }
+
+    #[test]
+    fn a_batch_of_gaps_counts_as_each_gap_alone() {
+        let (one, all) = (Histogram::new(ITL_BUCKETS), Histogram::new(ITL_BUCKETS));
+        let gaps = [-3, 0, 400, 1_000, 1_001, 60_000, 3_000_000, 700];
+        for g in gaps {
+            one.observe_us(g);
+        }
+        all.observe_all_us(gaps.into_iter());
+        let (mut a, mut b) = (String::new(), String::new());
+        one.render(&mut a, "x", "h");
+        all.render(&mut b, "x", "h");
+        assert_eq!(a, b);
+        assert!(b.contains("x_count 8\n"), "{b}");
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub(crate) struct Capture {
     pub(super) end_ns: Option<u64>,
     pub(super) status: Option<StatusCode>,
     response_headers: HeaderMap,
-    /// Response body bytes kept (copied out of hyper's buffers) within the limits.
+    /// Response body bytes kept (copied out of the connection's read buffer) within the
+    /// limits.
     body: BodyCopy,
     pub(super) stamps: Option<Arc<IoStamps>>,
     sse: Option<Box<SseState>>,

@@ -1,7 +1,7 @@
 //! Why an exchange failed and on which side (Pingora's `ErrorSource`). One type for both
 //! drivers, and the one mapping from a side and a cause onto the `outcome` column
-//! ([`ExchangeError::outcome`]) and onto the status serve answers with
-//! ([`ExchangeError::status`]: 502, 503, 504).
+//! ([`ExchangeError::outcome`]) and onto what serve answers with
+//! ([`ExchangeError::answer`]: 400, 408, 502, 503, 504).
 
 use http::StatusCode;
 
@@ -26,6 +26,14 @@ pub(crate) struct ExchangeError {
     pub(crate) side: Side,
     pub(crate) cause: Cause,
     pub(crate) message: String,
+}
+
+/// What serve answers a client whose exchange failed before the response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    /// The error `type` of the JSON body.
+    pub(crate) kind: &'static str,
 }
 
 /// The message of an exchange cut at the end of the shutdown grace period.
@@ -131,10 +139,10 @@ impl ExchangeError {
         }
     }
 
-    /// What serve answers a client whose exchange failed before the response head, and the
-    /// error `type` of its JSON body.
-    pub(crate) fn status(&self) -> (StatusCode, &'static str) {
-        match (self.side, self.cause) {
+    /// What serve answers a client whose exchange failed before the response head: the
+    /// status and the error `type` of its JSON body.
+    pub(crate) fn answer(&self) -> Answer {
+        let (status, kind) = match (self.side, self.cause) {
             (Side::Downstream, Cause::Deadline) => {
                 (StatusCode::REQUEST_TIMEOUT, "client_body_timeout")
             }
@@ -142,7 +150,8 @@ impl ExchangeError {
             (_, Cause::Deadline) => (StatusCode::GATEWAY_TIMEOUT, "gateway_timeout"),
             (_, Cause::Shutdown) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             (_, Cause::Transport | Cause::Malformed) => (StatusCode::BAD_GATEWAY, "bad_gateway"),
-        }
+        };
+        Answer { status, kind }
     }
 }
 
@@ -195,7 +204,7 @@ mod tests {
         ];
         for (e, outcome, status) in cases {
             assert_eq!(
-                (e.outcome(), e.status().0.as_u16()),
+                (e.outcome(), e.answer().status.as_u16()),
                 (outcome, status),
                 "{e:?}"
             );

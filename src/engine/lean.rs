@@ -1,8 +1,10 @@
-//! The lean client: replay's frozen requests, serialised once ([`LeanRequest`]) and
-//! written with one call, and responses read through one reused buffer per connection
-//! and framed by `http1::codec`. Same connections (TCP, rustls), socket stamps, capture
-//! hooks and keep-alive rule as the hyper path serve uses; no task per connection, no
-//! request or response objects, no copy of body bytes besides the capture's own.
+//! The lean client, the one way both drivers reach the worker: replay's frozen requests,
+//! serialised once ([`LeanRequest`], its head by `http1::write`) and written with one
+//! call, and responses read through one reused buffer per connection and framed by
+//! `http1::codec`. serve writes its requests with [`Engine::lean_send`] on the same
+//! connections (TCP, rustls), socket stamps, capture hooks and keep-alive rule, and reads
+//! the rest through `engine::upstream`. No task per connection, no request or response
+//! objects, no copy of body bytes besides the capture's own.
 //!
 //! Keep-alive rule: before a reused connection carries a request it is polled once; if
 //! the worker closed it (or sent something unasked) while it was idle, a new one is
@@ -42,21 +44,10 @@ pub(crate) struct LeanRequest {
 }
 
 impl LeanRequest {
-    /// `METHOD target HTTP/1.1`, the headers as given (lower-case names, in order), the
-    /// body.
+    /// The head as [`http1::write::request_head`] writes it (`METHOD target HTTP/1.1`, the
+    /// headers as given, lower-case names, in order), then the body, in one allocation.
     pub(crate) fn new(method: Method, target: &str, headers: &HeaderMap, body: &[u8]) -> Self {
-        let mut b = Vec::with_capacity(64 + target.len() + 48 * headers.len() + body.len());
-        b.extend_from_slice(method.as_str().as_bytes());
-        b.push(b' ');
-        b.extend_from_slice(target.as_bytes());
-        b.extend_from_slice(b" HTTP/1.1\r\n");
-        for (name, value) in headers {
-            b.extend_from_slice(name.as_str().as_bytes());
-            b.extend_from_slice(b": ");
-            b.extend_from_slice(value.as_bytes());
-            b.extend_from_slice(b"\r\n");
-        }
-        b.extend_from_slice(b"\r\n");
+        let mut b = http1::write::request_head(&method, target, headers, false, body.len());
         b.extend_from_slice(body);
         LeanRequest {
             method,
@@ -111,8 +102,8 @@ async fn read_some<R: AsyncRead + Unpin>(
     }
 }
 
-/// The step named in errors up to the response head (as the hyper path names it: a
-/// head that never comes fails the request's send).
+/// The step named in errors up to the response head (as hyper's client named it, kept for
+/// the records: a head that never comes fails the request's send).
 pub(super) const SEND: &str = "send request";
 pub(super) const BODY: &str = "read response body";
 

@@ -1,9 +1,10 @@
 //! The exchange engine: send one request to the worker and measure it at the boundary.
 //!
 //! Both drivers send every request through its lean client (`lean.rs`, framed by
-//! `http1::codec`): replay with `Engine::exchange_lean` (frozen request bytes), serve
-//! with `Engine::lean_send` and then `relay.rs` (the rest of the request streamed up, the
-//! response head, and the body read for forwarding, each read stamped). It owns
+//! `http1::codec`, its heads written by `http1::write`): replay with
+//! `Engine::exchange_lean` (frozen request bytes), serve with `Engine::lean_send` and
+//! then `upstream.rs` (the rest of the request streamed up, the response head, and the
+//! body read for forwarding, each read stamped). It owns
 //! connecting (TCP, then TLS through rustls), the keep-alive reconnection rule, and the
 //! timing hooks. Timing state lives in a [`Capture`] that the caller owns and passes by
 //! `&mut`, *outside* the future: when a deadline cancels the exchange, everything that
@@ -20,7 +21,7 @@ pub(crate) mod capture;
 pub(crate) mod error;
 pub(crate) mod http1;
 pub(crate) mod lean;
-pub(crate) mod relay;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -6,7 +6,8 @@
 //! obs-fold). Each must read exactly the messages serve recorded, followed by one more on
 //! the same connection: so nothing serve forwards can be read as a second, unrecorded
 //! message, and nothing recorded can be read differently. The steps are the functions
-//! serve runs (`engine::http1::reframe`, `engine::relay::relay_bytes`), without sockets.
+//! serve runs (`engine::http1::reframe`, `engine::http1::write`,
+//! `engine::upstream::whole_body`), without sockets.
 
 use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -14,9 +15,10 @@ use http::{Method, StatusCode};
 
 use crate::engine::http1::codec::parse_head;
 use crate::engine::http1::reframe::{self, RequestBody};
-use crate::engine::http1::request::parse_request_head;
+use crate::engine::http1::request::{BodyFraming, parse_request_head};
+use crate::engine::http1::write::{request_head, response_head};
 use crate::engine::http1::{end_to_end, has_no_body};
-use crate::engine::relay::relay_bytes;
+use crate::engine::upstream::whole_body;
 
 /// A request as a server hands it on: method, target, fields (without
 /// `Transfer-Encoding`, which serve writes and does not record), body data.
@@ -106,7 +108,8 @@ fn forward_requests(input: &[u8]) -> (Vec<u8>, Vec<Req>) {
             h.insert(header::HOST, HeaderValue::from_static(UPSTREAM_HOST));
         }
         let target = reframe::origin_form(&head.uri).to_string();
-        let mut one = reframe::request_head(&head.method, &target, &h, head.framing);
+        let chunked = head.framing == BodyFraming::Chunked;
+        let mut one = request_head(&head.method, &target, &h, chunked, 0);
         let mut body = RequestBody::new(head.framing);
         let mut data = Vec::new();
         let Ok(b) = body.take(&mut buf, |d| data.extend_from_slice(d)) else {
@@ -201,14 +204,14 @@ fn relay_response(data: &[u8]) -> Option<(Vec<u8>, Resp)> {
         return None;
     }
     let framing = reframe::response_framing(&head, &get, false);
-    let mut client = reframe::response_head(
+    let mut client = response_head(
         false,
         head.status,
         end_to_end(&head.headers),
         &framing,
         !framing.close,
     );
-    let (body, recorded) = relay_bytes(&head, &data[at..], framing.body).ok()?;
+    let (body, recorded) = whole_body(&head, &data[at..], framing.body).ok()?;
     client.extend_from_slice(&body);
     Some((client, (head.status.as_u16(), recorded)))
 }

@@ -1,8 +1,7 @@
 //! A client connection on serve's own HTTP/1 core: its byte stream (plain TCP or TLS),
 //! the bytes read from it and not yet used, request heads read under the limits
-//! (`engine::http1::request`, hyper's server rules), and the short answers serve writes
-//! itself. Imports nothing else from
-//! serve.
+//! (`engine::http1::request`, hyper's server rules), and the refusals serve answers itself
+//! (their heads written by `engine::http1::write`). Imports nothing else from serve.
 
 use std::time::Duration;
 
@@ -11,8 +10,9 @@ use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::engine::http1::codec::TOO_LARGE;
+use crate::engine::http1::codec::CodecError;
 use crate::engine::http1::request::{RequestHead, parse_request_head};
+use crate::engine::http1::write;
 
 /// A client's byte stream: plain TCP or rustls over TCP.
 pub(super) trait DownIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -89,7 +89,7 @@ impl Down {
                         return NextHead::Refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
                     }
                     Ok(None) => {}
-                    Err(m) if m == TOO_LARGE => {
+                    Err(CodecError::TooLarge) => {
                         return NextHead::Refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
                     }
                     Err(_) => return NextHead::Refuse(StatusCode::BAD_REQUEST),
@@ -138,12 +138,7 @@ impl Down {
     /// do not turn the close into a reset that could destroy the answer before the client
     /// reads it (nginx's lingering close).
     pub(super) async fn refuse(mut self, status: StatusCode) {
-        let head = format!(
-            "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or("")
-        );
-        if self.send(head.as_bytes()).await.is_ok() {
+        if self.send(&write::refusal_head(status)).await.is_ok() {
             self.close().await;
         }
     }

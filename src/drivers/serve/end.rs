@@ -1,9 +1,10 @@
 //! The one end of a served exchange ([`end`]), as Pingora's `logging()` is the one place a
-//! finished request is seen: every path that finishes an exchange (the response body's
-//! end, the upstream reader, a generated error response, a request dropped before its
-//! head) reports here what it saw, and only here is the outcome decided ([`verdict`]), the
-//! exchange counted in the live counters and the telemetry, and its row built and handed
-//! to the recorder under the loss policy.
+//! finished request is seen: every path of `forward` that finishes an exchange (the
+//! response delivered to the client, whole or not; no upstream head, and an answer serve
+//! wrote itself or a client that had left) reports here what it saw, and only here is the
+//! outcome decided ([`verdict`]), the exchange counted (once, in the run's `Telemetry`;
+//! its latency kept for the live line), and its row built and handed to the recorder
+//! under the loss policy.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,16 +16,16 @@ use super::state::{InFlight, OnRecordFull, PendingGuard, Shared};
 use crate::clock;
 use crate::drivers::{RowIds, SentRequest, Verdict};
 use crate::engine::{CopiedBody, ExchangeError};
-use crate::model::Phase;
+use crate::model::{Outcome, Phase};
 use crate::record::ExchangeRecord;
 
-/// The end of a served exchange, whichever side saw it end: the response body as the
-/// client's side ended, the upstream reader after the client's side, the task of a
-/// generated error response, or a request dropped before its head. `failure`: how the
-/// upstream side failed (or the proxy's deadline or cut); `downstream`: when and how the
-/// client's side ended (`None`: it never did). Decides the outcome ([`verdict`]), counts the
-/// exchange and records it without waiting when the recorder's queue has room; otherwise
-/// hands the wait to a task. The row is submitted, dropped and counted, or its loss noted, before
+/// The end of a served exchange, however it ended: its response delivered (after
+/// `deliver`, when the client's side ended), or no upstream head came (after serve's own
+/// answer, or with none for a client that had left). `failure`: how the upstream side
+/// failed (or the proxy's deadline or cut); `downstream`: when and how the client's side
+/// ended (`None`: it never did). Decides the outcome ([`verdict`]), counts the exchange
+/// and records it without waiting when the recorder's queue has room; otherwise hands the
+/// wait to a task. The row is submitted, dropped and counted, or its loss noted, before
 /// `guard` is released, so a stop that waits for no pending exchange loses no row.
 pub(super) fn end(
     sh: &Arc<Shared>,
@@ -110,7 +111,8 @@ fn queue_row(
     None
 }
 
-/// The row of a finished exchange; also counts it in the live counters.
+/// The row of a finished exchange; also counts it (the run's `Telemetry`) and keeps its
+/// latency for the live line.
 fn build_record(
     sh: &Shared,
     p: InFlight,
@@ -128,11 +130,13 @@ fn build_record(
         .as_ref()
         .filter(|e| e.complete)
         .map(|e| clock::us_between(t0_ns, e.at_ns));
-    sh.live.count(
-        verdict.outcome,
-        got.timings.total_us,
-        sh.opts.stats_interval.is_some(),
-    );
+    if let Some(latencies) = &sh.latencies
+        && verdict.outcome == Outcome::Ok
+        && let Some(t) = got.timings.total_us
+    {
+        latencies.keep(t);
+    }
+    // The exchange's one live count (serve's run always has a `Telemetry`).
     sh.run.observe(
         |t| t.route_id(p.method.as_str(), &p.url),
         &got,

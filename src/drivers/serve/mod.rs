@@ -17,12 +17,12 @@
 //!
 //! Files, each importing only those below it: this one accepts connections, runs each
 //! one and stops; `forward` turns a client request into an upstream one and answers;
-//! `relay` moves a response body from the worker to the client; `end` is the one end of
+//! `deliver` moves a response body from the worker to the client; `end` is the one end of
 //! every exchange (the outcome decided, the row built and recorded); `state` holds the
 //! options and what every connection shares; `down` the client connection (heads, the
 //! request body, serve's own short answers), `client` a client connection's forwarding
-//! headers and back-pressure gate, and `live` the counters, which import nothing else
-//! from serve.
+//! headers and back-pressure gate, and `live` the live line's interval, which import
+//! nothing else from serve.
 //!
 //! # The life of a served exchange
 //!
@@ -31,29 +31,31 @@
 //!    (a `CONNECT` 405) and the connection closed, never forwarded. `forward::exchange`
 //!    first waits on the connection's back-pressure gate (`ClientConn::wait_backlog`: set
 //!    only while the connection's previous row waits for room in the recorder's queue
-//!    under `block`). `Capture::start` stamps t0 (drawing recorded bytes from the
-//!    `--record-memory` budget), the wall clock is read once, and the upstream request is
-//!    made: hop-by-hop headers removed (`engine::http1`), forwarding headers added
-//!    (`upstream_headers`, built once per client connection in `ClientConn`), the URL and
-//!    target made once (`upstream_url`).
+//!    under `block`). In `forward::begin`, `Capture::start` stamps t0 (drawing recorded
+//!    bytes from the `--record-memory` budget), the wall clock is read once, and the
+//!    upstream request is made: hop-by-hop headers removed (`engine::http1`), forwarding
+//!    headers added (`upstream_headers`, built once per client connection in `ClientConn`),
+//!    the URL and target made once (`upstream_url`), the head written by
+//!    `engine::http1::write`.
 //! 2. `Engine::lean_send` writes the head (and the body bytes that came with it) on the
 //!    connection kept from the previous request, or a new one, under the keep-alive rule;
 //!    the rest of the body follows as the client sends it (`100 Continue` first when the
 //!    client asked), copied into a `BodyCopy`. Then the response head is read while the
 //!    client's side is watched for its close (`Down::until_closed`). All of this runs
 //!    under `--upstream-timeout` and the stop's cut. With no head, `answer_error` answers
-//!    502, 503 or 504 (`ExchangeError::status`); a client that left is recorded
+//!    502, 503 or 504 (`ExchangeError::answer`); a client that left is recorded
 //!    `client_aborted` with nothing answered.
 //! 3. With a head, `respond` decides the client's framing (as the worker framed it; in
 //!    chunks for a body the close ends, so a cut never looks complete; unframed for an
-//!    HTTP/1.0 client) and `relay::relay` moves the body: one poll loop writes the queued
+//!    HTTP/1.0 client) and `deliver::deliver` moves the body: one poll loop writes the queued
 //!    pieces (vectored, the head with the first bytes), reads on from the worker (each
 //!    read stamped by the engine, under `--upstream-idle-timeout`), and watches the
 //!    client's close. The upstream connection goes back to the client connection's slot
 //!    when the body ended cleanly and both sides allow it.
 //! 4. `end::end` is the one place an exchange ends, and its `verdict` the one place an
 //!    outcome is decided (the rule is in `end.rs`).
-//! 5. `end::build_record` counts the exchange in the live counters, sets `downstream_done_us` (only
+//! 5. `end::build_record` counts the exchange (once, in the run's `Telemetry`, which the live
+//!    line, `--metrics-listen` and the end-of-run counts all read), sets `downstream_done_us` (only
 //!    when the client's response completed), takes the exchange id, and builds the row with
 //!    `RunContext::row`; the two bodies' holds on the memory budget become
 //!    the row's (released when the writer has encoded it). `end::queue_row` applies the loss
@@ -66,33 +68,31 @@
 //!    summary.json's `routes` and the end-of-run lines.
 
 mod client;
+mod deliver;
 mod down;
 mod end;
 mod forward;
 mod live;
-mod relay;
 mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use http::header::HeaderValue;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::RunContext;
 use super::shutdown::Shutdown;
-use crate::budget::MemoryBudget;
 use crate::engine::Engine;
 use crate::metrics::Percentiles;
 use crate::report::ServeStats;
 use client::ClientConn;
 use down::{Down, DownIo, NextHead};
 use forward::ConnState;
-use live::LiveCounters;
+use live::Window;
 pub(crate) use state::ServeOptions;
 pub use state::{OnRecordFail, OnRecordFull};
 use state::{Pending, Shared};
@@ -108,43 +108,18 @@ pub(crate) async fn run(
 ) -> ServeStats {
     let (cut_tx, cut_rx) = watch::channel(false);
     let (stopping_tx, stopping_rx) = watch::channel(false);
-    let proto = if opts.tls.is_some() { "https" } else { "http" };
-    let shared = Arc::new(Shared {
-        engine,
-        budget: MemoryBudget::new(opts.record_memory),
-        run,
-        next_conn: AtomicI64::new(0),
-        in_flight: AtomicI64::new(0),
-        cut: cut_rx,
-        live: LiveCounters::default(),
-        waiting_rows: AtomicI64::new(0),
-        waiting_rows_peak: AtomicI64::new(0),
-        proto,
-        origin_prefix: format!(
-            "{}://{}{}",
-            opts.upstream.scheme.as_str(),
-            opts.upstream.authority,
-            opts.upstream.path_and_query.trim_end_matches('/')
-        ),
-        origin_len: opts.upstream.scheme.as_str().len() + 3 + opts.upstream.authority.len(),
-        upstream_host: HeaderValue::from_str(&opts.upstream.authority).ok(),
-        refused: Default::default(),
-        trailers_dropped: AtomicU64::new(0),
-        relay_bytes: std::sync::atomic::AtomicUsize::new(0),
-        opts,
-    });
-    if let Some(t) = shared.run.telemetry() {
-        let sh = Arc::downgrade(&shared);
-        t.in_flight_from(move || {
-            sh.upgrade()
-                .map_or(0.0, |s| s.in_flight.load(Ordering::Relaxed) as f64)
-        });
-    }
+    let (latencies, window) = match opts.stats_interval {
+        Some(every) => {
+            let (latencies, window) = live::window();
+            (Some(latencies), Some((every, window)))
+        }
+        None => (None, None),
+    };
+    let shared = Arc::new(Shared::new(engine, opts, run, cut_rx, latencies));
+    count_once(&shared);
     let pending = Arc::new(Pending::default());
-    let stats_task = shared
-        .opts
-        .stats_interval
-        .map(|every| tokio::spawn(stats_loop(every, Arc::downgrade(&shared))));
+    let stats_task = window
+        .map(|(every, window)| tokio::spawn(stats_loop(every, window, Arc::downgrade(&shared))));
     let mut conns = JoinSet::new();
     accept_until_stopped(
         &listener,
@@ -162,7 +137,7 @@ pub(crate) async fn run(
     if let Some(t) = stats_task {
         t.abort();
     }
-    let (requests, by_outcome) = shared.live.totals();
+    let (requests, by_outcome) = shared.counts();
     ServeStats {
         requests,
         by_outcome,
@@ -173,6 +148,22 @@ pub(crate) async fn run(
         unrecorded: shared.run.recorder.unrecorded(),
         stopped_by_record_failure: shared.unrecordable(),
         ..ServeStats::default()
+    }
+}
+
+/// Every exchange is counted once, in the run's live metrics (`end::build_record`): the
+/// ones `--metrics-listen` serves when it was given, else serve's own; their in-flight
+/// gauge reads serve's count.
+fn count_once(shared: &Arc<Shared>) {
+    if shared.run.telemetry().is_none() {
+        shared.run.set_telemetry(Arc::default());
+    }
+    if let Some(t) = shared.run.telemetry() {
+        let sh = Arc::downgrade(shared);
+        t.in_flight_from(move || {
+            sh.upgrade()
+                .map_or(0.0, |s| s.in_flight.load(Ordering::Relaxed) as f64)
+        });
     }
 }
 
@@ -330,17 +321,21 @@ async fn serve_conn(
     }
 }
 
-/// Live counters on stderr every `every`.
-async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
+/// The live line on stderr every `every`.
+async fn stats_loop(every: Duration, mut window: Window, shared: std::sync::Weak<Shared>) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {
         tick.tick().await;
         let Some(sh) = shared.upgrade() else { return };
         let in_flight = sh.in_flight.load(Ordering::Relaxed);
-        let Some((requests, window_n, window, mut errors)) = sh.live.take_interval() else {
-            return;
-        };
+        let (requests, by_outcome) = sh.counts();
+        let live::Interval {
+            requests,
+            ended,
+            latencies,
+            mut errors,
+        } = window.take(requests, &by_outcome);
         if let Some(why) = sh.run.recorder.failure() {
             errors.push(format!(
                 "RECORDING FAILED ({why}), {} unrecorded",
@@ -348,11 +343,11 @@ async fn stats_loop(every: Duration, shared: std::sync::Weak<Shared>) {
             ));
         }
         drop(sh);
-        let p = Percentiles::of(window);
+        let p = Percentiles::of(latencies);
         let ms =
             |v: Option<i64>| v.map_or("-".to_string(), |us| format!("{:.1}", us as f64 / 1000.0));
         eprintln!(
-            "live: {requests} requests (+{window_n}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
+            "live: {requests} requests (+{ended}), {in_flight} in flight, errors: {}; last interval p50 {} ms, p99 {} ms",
             if errors.is_empty() {
                 "none".into()
             } else {

@@ -14,11 +14,11 @@ use http::header::HeaderValue;
 use tokio::sync::{Notify, watch};
 
 use super::client::ClientConn;
-use super::live::LiveCounters;
+use super::live::Latencies;
 use crate::budget::MemoryBudget;
 use crate::drivers::RunContext;
 use crate::engine::{Capture, CopiedBody, Engine};
-use crate::model::{ConnectionPolicy, Endpoint};
+use crate::model::{ConnectionPolicy, Endpoint, Outcome};
 
 /// What to do when the recorder's queue is full (`serve --on-record-full`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,11 +77,12 @@ pub(crate) struct ServeOptions {
     pub(crate) on_record_fail: OnRecordFail,
     /// How long in-flight exchanges may finish after a stop before they are cut.
     pub(crate) grace: Duration,
-    /// Live counters on stderr every this often; `None` is quiet.
+    /// The live line on stderr every this often; `None` is quiet.
     pub(crate) stats_interval: Option<Duration>,
     /// Frames buffered between the upstream reader and the client.
     pub(crate) buffer_frames: usize,
-    /// Bytes of response bodies queued for clients in all relays at once (`--relay-memory`).
+    /// Bytes of response bodies queued for clients in all deliveries at once
+    /// (`--relay-memory`).
     pub(crate) relay_memory: usize,
     /// Largest request head accepted from a client (larger: 431).
     pub(crate) max_header_bytes: usize,
@@ -100,7 +101,9 @@ pub(super) struct Shared {
     pub(super) next_conn: AtomicI64,
     pub(super) in_flight: AtomicI64,
     pub(super) cut: watch::Receiver<bool>,
-    pub(super) live: LiveCounters,
+    /// Where each successful exchange's latency goes for the live line (`None`: no line,
+    /// `--quiet`). The exchange itself is counted once, in the run's `Telemetry`.
+    pub(super) latencies: Option<Latencies>,
     /// Finished exchanges waiting for room in the recorder's queue (at most one per
     /// client connection, by the connection's backlog gate); its peak is reported.
     pub(super) waiting_rows: AtomicI64,
@@ -117,12 +120,48 @@ pub(super) struct Shared {
     pub(super) refused: Mutex<BTreeMap<u16, u64>>,
     /// Messages whose trailer fields serve dropped (it writes the framing itself).
     pub(super) trailers_dropped: AtomicU64,
-    /// Bytes queued for clients in all relays now (bounded by `opts.relay_memory`, past
-    /// which relays read their workers only when their own queue is empty).
+    /// Bytes queued for clients in all deliveries now (bounded by `opts.relay_memory`,
+    /// past which deliveries read their workers only when their own queue is empty).
     pub(super) relay_bytes: AtomicUsize,
 }
 
 impl Shared {
+    /// What the connections of a run with `opts` share; `cut` turns true when the stop
+    /// cuts what is left, `latencies` is where the live line's go (`None`: no line).
+    pub(super) fn new(
+        engine: Engine,
+        opts: ServeOptions,
+        run: Arc<RunContext>,
+        cut: watch::Receiver<bool>,
+        latencies: Option<Latencies>,
+    ) -> Shared {
+        let up = &opts.upstream;
+        Shared {
+            engine,
+            budget: MemoryBudget::new(opts.record_memory),
+            run,
+            next_conn: AtomicI64::new(0),
+            in_flight: AtomicI64::new(0),
+            cut,
+            latencies,
+            waiting_rows: AtomicI64::new(0),
+            waiting_rows_peak: AtomicI64::new(0),
+            proto: if opts.tls.is_some() { "https" } else { "http" },
+            origin_prefix: format!(
+                "{}://{}{}",
+                up.scheme.as_str(),
+                up.authority,
+                up.path_and_query.trim_end_matches('/')
+            ),
+            origin_len: up.scheme.as_str().len() + 3 + up.authority.len(),
+            upstream_host: HeaderValue::from_str(&up.authority).ok(),
+            refused: Mutex::default(),
+            trailers_dropped: AtomicU64::new(0),
+            relay_bytes: AtomicUsize::new(0),
+            opts,
+        }
+    }
+
     /// Why nothing more may be forwarded: the recorder failed and `--on-record-fail` is
     /// `stop`.
     pub(super) fn unrecordable(&self) -> Option<String> {
@@ -130,6 +169,16 @@ impl Shared {
             OnRecordFail::Stop => self.run.recorder.failure().map(str::to_string),
             OnRecordFail::Forward => None,
         }
+    }
+
+    /// Exchanges ended so far, and how many of each outcome seen: the run's one live
+    /// count of each exchange ([`crate::telemetry::Telemetry`], which serve's run always
+    /// has).
+    pub(super) fn counts(&self) -> (u64, BTreeMap<Outcome, u64>) {
+        self.run
+            .telemetry()
+            .map(|t| t.by_outcome())
+            .unwrap_or_default()
     }
 
     /// Count a request serve answered with `status` instead of forwarding it.

@@ -1,6 +1,7 @@
 //! The lean client's HTTP/1.1 response codec, without I/O: the response head (httparse),
-//! its framing (RFC 9112 section 6.3), and a chunked-body decoder that hands out slices
-//! of the bytes it is given (no copy). The I/O around it is `engine::lean`.
+//! its framing (RFC 9112 section 6.3), a chunked-body decoder that hands out slices of
+//! the bytes it is given (no copy), and why a message is refused ([`CodecError`], which
+//! the request side shares). The I/O around it is `engine::lean` and `engine::upstream`.
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
@@ -12,19 +13,99 @@ pub(crate) const MAX_HEADERS: usize = 100;
 /// The largest response head read (hyper's default buffer limit).
 pub(crate) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
-/// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields.
-pub(crate) const TOO_LARGE: &str = "message head is too large";
-pub(super) const BAD_HEADER: &str = "invalid HTTP header parsed";
-pub(super) const BAD_LENGTH: &str = "invalid content-length parsed";
+/// Why the codec refused a message: in hyper's words where hyper has them (runs recorded
+/// before the lean client used them, and users search for them). The request side
+/// (`request`) refuses with the same kinds, and adds its own.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CodecError {
+    /// A head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`] fields, or a
+    /// length past hyper's largest.
+    #[error("message head is too large")]
+    TooLarge,
+    #[error("invalid HTTP version parsed")]
+    Version,
+    #[error("invalid HTTP status-code parsed")]
+    Status,
+    #[error("invalid HTTP method parsed")]
+    Method,
+    #[error("invalid URI")]
+    Uri,
+    /// A request target past hyper's longest.
+    #[error("URI too long")]
+    UriTooLong,
+    /// A header line that does not parse, or a name or value that is not one.
+    #[error("invalid HTTP header parsed")]
+    Header,
+    /// A `Content-Length` value that is not text.
+    #[error("invalid content-length parsed")]
+    Length,
+    /// A `Content-Length` value that is not a plain run of digits (the value as it came).
+    #[error("invalid content-length parsed: {0:?}")]
+    LengthValue(String),
+    /// Two `Content-Length` values that disagree.
+    #[error("invalid content-length parsed: conflicting values {0} and {1}")]
+    LengthConflict(u64, u64),
+    /// A transfer coding in an HTTP/1.0 message.
+    #[error("unexpected transfer-encoding parsed")]
+    CodingInHttp10,
+    /// A request whose last transfer coding is not `chunked`.
+    #[error("invalid transfer-encoding parsed")]
+    CodingNotChunked,
+    /// A chunk size past a u64.
+    #[error("invalid chunk size: overflow")]
+    ChunkSizeOverflow,
+    /// A chunked body framed wrong.
+    #[error("invalid chunk: {0}")]
+    Chunk(ChunkFault),
+    /// `request::read_request`: the connection closed inside a request head.
+    #[error("connection closed before the request head was complete")]
+    ClosedInHead,
+    /// `request::read_request`: the connection closed inside a request body.
+    #[error("connection closed before the request body was complete")]
+    ClosedInBody,
+    /// `request::read_request`: reading failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
-/// A parse error in hyper's words (runs recorded before the lean client used them, and
-/// users search for them).
-pub(super) fn parse_error(e: httparse::Error) -> &'static str {
+/// How a chunked body was framed wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ChunkFault {
+    #[error("size line without a size digit")]
+    NoSizeDigit,
+    #[error("invalid size")]
+    BadSize,
+    #[error("invalid whitespace after the size")]
+    BadSizeWhitespace,
+    #[error("extension contains a newline")]
+    ExtensionNewline,
+    #[error("extensions over 16 KiB")]
+    ExtensionsTooLong,
+    #[error("size line without LF after CR")]
+    SizeLineWithoutLf,
+    #[error("data longer than its size")]
+    DataTooLong,
+    #[error("no LF after a chunk's data")]
+    DataWithoutLf,
+    #[error("more than 100 trailer lines")]
+    TooManyTrailerLines,
+    #[error("trailer line without LF after CR")]
+    TrailerLineWithoutLf,
+    #[error("no LF at the end")]
+    EndWithoutLf,
+    #[error("trailers over 16 KiB")]
+    TrailersTooLong,
+    #[error("trailer fields do not parse")]
+    TrailersDoNotParse,
+}
+
+/// An httparse error as the codec's kind (hyper's words).
+pub(super) fn parse_error(e: httparse::Error) -> CodecError {
     match e {
-        httparse::Error::Version => "invalid HTTP version parsed",
-        httparse::Error::Status => "invalid HTTP status-code parsed",
-        httparse::Error::TooManyHeaders => TOO_LARGE,
-        _ => BAD_HEADER,
+        httparse::Error::Version => CodecError::Version,
+        httparse::Error::Status => CodecError::Status,
+        httparse::Error::TooManyHeaders => CodecError::TooLarge,
+        _ => CodecError::Header,
     }
 }
 
@@ -54,23 +135,23 @@ pub(crate) struct Head {
 
 /// Parse a response head at the start of `buf`: `Ok(None)` when more bytes are needed,
 /// else the head and its length in bytes. `method` is the request's (a HEAD has no body).
-pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, String> {
+pub(crate) fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, CodecError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut fields);
     let n = match res.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
-            return Err(TOO_LARGE.into());
+            return Err(CodecError::TooLarge);
         }
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(parse_error(e).into()),
+        Err(e) => return Err(parse_error(e)),
     };
     let code = res.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| parse_error(httparse::Error::Status))?;
     let mut headers = HeaderMap::with_capacity(res.headers.len());
     for h in res.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD_HEADER)?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| CodecError::Header)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| CodecError::Header)?;
         headers.append(name, value);
     }
     let http10 = res.version != Some(1);
@@ -107,13 +188,13 @@ fn framing(
     method: &Method,
     status: StatusCode,
     http10: bool,
-) -> Result<Framing, String> {
+) -> Result<Framing, CodecError> {
     if has_no_body(method, status) {
         return Ok(Framing::Empty);
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         if http10 {
-            return Err("unexpected transfer-encoding parsed".into());
+            return Err(CodecError::CodingInHttp10);
         }
         return Ok(if super::is_close_delimited(headers) {
             Framing::Close
@@ -123,20 +204,19 @@ fn framing(
     }
     let mut length: Option<u64> = None;
     for v in headers.get_all(header::CONTENT_LENGTH) {
-        let s = v.to_str().map_err(|_| BAD_LENGTH.to_string())?;
+        let s = v.to_str().map_err(|_| CodecError::Length)?;
         for part in s.split(',') {
-            let n = digits(part.trim().as_bytes()).ok_or_else(|| format!("{BAD_LENGTH}: {s:?}"))?;
+            let n = digits(part.trim().as_bytes())
+                .ok_or_else(|| CodecError::LengthValue(s.to_string()))?;
             match length {
-                Some(m) if m != n => {
-                    return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
-                }
+                Some(m) if m != n => return Err(CodecError::LengthConflict(m, n)),
                 _ => length = Some(n),
             }
         }
     }
     match length {
         // hyper's largest length (the two values above it mean chunked and close).
-        Some(n) if n > u64::MAX - 2 => Err(TOO_LARGE.into()),
+        Some(n) if n > u64::MAX - 2 => Err(CodecError::TooLarge),
         Some(n) => Ok(Framing::Length(n)),
         None => Ok(Framing::Close),
     }
@@ -249,12 +329,12 @@ impl Chunked {
         (out, left_out)
     }
 
-    fn add_digit(&mut self, d: u64) -> Result<(), String> {
+    fn add_digit(&mut self, d: u64) -> Result<(), CodecError> {
         self.size = self
             .size
             .checked_mul(16)
             .and_then(|s| s.checked_add(d))
-            .ok_or("invalid chunk size: overflow")?;
+            .ok_or(CodecError::ChunkSizeOverflow)?;
         Ok(())
     }
 
@@ -264,7 +344,7 @@ impl Chunked {
         &mut self,
         buf: &[u8],
         mut data: impl FnMut(&[u8]),
-    ) -> Result<usize, String> {
+    ) -> Result<usize, CodecError> {
         let mut at = 0;
         while at < buf.len() {
             if let State::Data(left) = self.state {
@@ -290,8 +370,8 @@ impl Chunked {
     }
 
     /// One framing byte.
-    fn step(&mut self, b: u8) -> Result<State, String> {
-        let bad = |what: &str| Err(format!("invalid chunk: {what}"));
+    fn step(&mut self, b: u8) -> Result<State, CodecError> {
+        let bad = |fault| Err(CodecError::Chunk(fault));
         Ok(match (self.state, b) {
             (State::Start, _) => match hex(b) {
                 Some(d) => {
@@ -299,7 +379,7 @@ impl Chunked {
                     self.add_digit(d)?;
                     State::Size
                 }
-                None => return bad("size line without a size digit"),
+                None => return bad(ChunkFault::NoSizeDigit),
             },
             (State::Size, _) if hex(b).is_some() => {
                 self.add_digit(hex(b).unwrap_or(0))?;
@@ -308,23 +388,23 @@ impl Chunked {
             (State::Size | State::SizeLws, b' ' | b'\t') => State::SizeLws,
             (State::Size | State::SizeLws, b';') => State::Extension,
             (State::Size | State::SizeLws | State::Extension, b'\r') => State::SizeLf,
-            (State::Size, _) => return bad("invalid size"),
-            (State::SizeLws, _) => return bad("invalid whitespace after the size"),
-            (State::Extension, b'\n') => return bad("extension contains a newline"),
+            (State::Size, _) => return bad(ChunkFault::BadSize),
+            (State::SizeLws, _) => return bad(ChunkFault::BadSizeWhitespace),
+            (State::Extension, b'\n') => return bad(ChunkFault::ExtensionNewline),
             (State::Extension, _) => {
                 self.extension_bytes += 1;
                 if self.extension_bytes >= MAX_EXTENSION_BYTES {
-                    return bad("extensions over 16 KiB");
+                    return bad(ChunkFault::ExtensionsTooLong);
                 }
                 State::Extension
             }
             (State::SizeLf, b'\n') if self.size == 0 => State::EndCr,
             (State::SizeLf, b'\n') => State::Data(self.size),
-            (State::SizeLf, _) => return bad("size line without LF after CR"),
+            (State::SizeLf, _) => return bad(ChunkFault::SizeLineWithoutLf),
             (State::BodyCr, b'\r') => State::BodyLf,
-            (State::BodyCr, _) => return bad("data longer than its size"),
+            (State::BodyCr, _) => return bad(ChunkFault::DataTooLong),
             (State::BodyLf, b'\n') => State::Start,
-            (State::BodyLf, _) => return bad("no LF after a chunk's data"),
+            (State::BodyLf, _) => return bad(ChunkFault::DataWithoutLf),
             (State::EndCr, b'\r') => {
                 if !self.trailers.is_empty() {
                     self.trailer_byte(b)?;
@@ -345,13 +425,13 @@ impl Chunked {
             }
             (State::TrailerLf, b'\n') => {
                 if self.trailer_lines >= MAX_HEADERS {
-                    return bad("more than 100 trailer lines");
+                    return bad(ChunkFault::TooManyTrailerLines);
                 }
                 self.trailer_lines += 1;
                 self.trailer_byte(b)?;
                 State::EndCr
             }
-            (State::TrailerLf, _) => return bad("trailer line without LF after CR"),
+            (State::TrailerLf, _) => return bad(ChunkFault::TrailerLineWithoutLf),
             (State::EndLf, b'\n') => {
                 if !self.trailers.is_empty() {
                     self.trailer_byte(b)?;
@@ -359,22 +439,22 @@ impl Chunked {
                 self.check_trailers()?;
                 State::Done
             }
-            (State::EndLf, _) => return bad("no LF at the end"),
+            (State::EndLf, _) => return bad(ChunkFault::EndWithoutLf),
             (State::Data(_) | State::Done, _) => self.state,
         })
     }
 
     /// Keep one trailer byte; like hyper, the limit is checked after adding it.
-    fn trailer_byte(&mut self, b: u8) -> Result<(), String> {
+    fn trailer_byte(&mut self, b: u8) -> Result<(), CodecError> {
         self.trailers.push(b);
         if self.trailers.len() >= MAX_TRAILER_BYTES {
-            return Err("invalid chunk: trailers over 16 KiB".into());
+            return Err(CodecError::Chunk(ChunkFault::TrailersTooLong));
         }
         Ok(())
     }
 
     /// Trailer lines must parse as header fields with valid names and values.
-    fn check_trailers(&self) -> Result<(), String> {
+    fn check_trailers(&self) -> Result<(), CodecError> {
         if self.trailers.is_empty() {
             return Ok(());
         }
@@ -388,7 +468,7 @@ impl Chunked {
             {
                 Ok(())
             }
-            _ => Err("invalid chunk: trailer fields do not parse".into()),
+            _ => Err(CodecError::Chunk(ChunkFault::TrailersDoNotParse)),
         }
     }
 }
@@ -397,7 +477,7 @@ impl Chunked {
 mod tests {
     use super::*;
 
-    fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, String> {
+    fn head(text: &str, method: &Method) -> Result<Option<(Head, usize)>, CodecError> {
         parse_head(text.as_bytes(), method)
     }
 
@@ -516,7 +596,56 @@ mod tests {
         assert!(head(&huge, &get).is_err());
     }
 
-    fn chunked(parts: &[&[u8]]) -> Result<(Vec<u8>, bool, Vec<u8>), String> {
+    #[test]
+    fn errors_keep_their_kind_and_hypers_words() {
+        let cases = [
+            (CodecError::TooLarge, "message head is too large"),
+            (CodecError::Header, "invalid HTTP header parsed"),
+            (
+                CodecError::LengthValue("+5".into()),
+                "invalid content-length parsed: \"+5\"",
+            ),
+            (
+                CodecError::LengthConflict(5, 6),
+                "invalid content-length parsed: conflicting values 5 and 6",
+            ),
+            (
+                CodecError::ChunkSizeOverflow,
+                "invalid chunk size: overflow",
+            ),
+            (
+                CodecError::Chunk(ChunkFault::BadSize),
+                "invalid chunk: invalid size",
+            ),
+            (
+                CodecError::Chunk(ChunkFault::TrailersTooLong),
+                "invalid chunk: trailers over 16 KiB",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
+        // More fields than hyper takes is a head too large, by its kind (serve: 431).
+        let many = format!(
+            "HTTP/1.1 200 OK\r\n{}\r\n",
+            "x: 1\r\n".repeat(MAX_HEADERS + 1)
+        );
+        assert!(matches!(
+            head(&many, &Method::GET),
+            Err(CodecError::TooLarge)
+        ));
+        let conflict = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n";
+        assert!(matches!(
+            head(conflict, &Method::GET),
+            Err(CodecError::LengthConflict(5, 6))
+        ));
+        assert!(matches!(
+            chunked(&[b"zz\r\n"]),
+            Err(CodecError::Chunk(ChunkFault::NoSizeDigit))
+        ));
+    }
+
+    fn chunked(parts: &[&[u8]]) -> Result<(Vec<u8>, bool, Vec<u8>), CodecError> {
         let mut d = Chunked::default();
         let mut body = Vec::new();
         let mut pending = Vec::new();

@@ -1,14 +1,16 @@
-//! HTTP/1 message rules both drivers share, below hyper: which headers are hop-by-hop
-//! (RFC 9110 section 7.6.1), how a request says it is its connection's only one, whether
-//! a response is an event stream, which responses have no body; (`codec`) the lean
-//! client's response codec without I/O: the head, its framing, chunked bodies; and
-//! (`request`) its request side by hyper's server rules. Both drivers' exchanges go
-//! through the codec (`engine::lean`, `engine::relay`); serve reads client requests with
-//! `request`.
+//! Our own HTTP/1 core's message rules, which both drivers share: which headers are
+//! hop-by-hop (RFC 9110 section 7.6.1), how a request says it is its connection's only
+//! one, whether a response is an event stream, which responses have no body; (`codec`)
+//! the lean client's response codec without I/O: the head, its framing, chunked bodies;
+//! (`request`) its request side by hyper's server rules; (`reframe`) the framing serve
+//! writes of what it forwards; and (`write`) the one writer of request and response
+//! heads. Both drivers' exchanges go through the codec (`engine::lean`,
+//! `engine::upstream`); serve reads client requests with `request`.
 
 pub(crate) mod codec;
 pub(crate) mod reframe;
 pub(crate) mod request;
+pub(crate) mod write;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};

@@ -15,24 +15,11 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 
-use super::codec::{Chunked, Framing, Head, digits};
+use super::codec::{Chunked, CodecError, Framing, Head, digits};
 use super::request::{BodyFraming, RequestHead};
 
 /// The last chunk, with no trailer fields (a body the close ended).
 pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
-
-/// Header fields as `name: value` lines.
-pub(crate) fn write_fields<'a>(
-    b: &mut Vec<u8>,
-    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-) {
-    for (name, value) in fields {
-        b.extend_from_slice(name.as_bytes());
-        b.extend_from_slice(b": ");
-        b.extend_from_slice(value);
-        b.extend_from_slice(b"\r\n");
-    }
-}
 
 /// The first transfer coding of `h` that is not `chunked` (lower case), if any. serve
 /// passes only `chunked`, which it writes itself: a request with another coding is
@@ -115,34 +102,6 @@ pub(crate) fn set_request_length(h: &mut HeaderMap, framing: BodyFraming) {
     }
 }
 
-/// The request head as it goes up: the request line with `target`, the fields of
-/// `headers` (their length set by [`set_request_length`]), and `transfer-encoding:
-/// chunked` for a chunked body.
-pub(crate) fn request_head(
-    method: &Method,
-    target: &str,
-    headers: &HeaderMap,
-    framing: BodyFraming,
-) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + target.len() + 48 * headers.len());
-    b.extend_from_slice(method.as_str().as_bytes());
-    b.push(b' ');
-    b.extend_from_slice(target.as_bytes());
-    b.extend_from_slice(b" HTTP/1.1\r\n");
-    write_fields(
-        &mut b,
-        headers
-            .iter()
-            .filter(|(n, _)| **n != header::TRANSFER_ENCODING)
-            .map(|(n, v)| (n.as_str(), v.as_bytes())),
-    );
-    if framing == BodyFraming::Chunked {
-        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    b.extend_from_slice(b"\r\n");
-    b
-}
-
 /// `data` as one chunk (nothing for no data).
 fn put_chunk(out: &mut BytesMut, data: &[u8]) {
     if data.is_empty() {
@@ -200,7 +159,7 @@ impl RequestBody {
         &mut self,
         buf: &mut BytesMut,
         mut data: impl FnMut(&[u8]),
-    ) -> Result<Bytes, String> {
+    ) -> Result<Bytes, CodecError> {
         match &mut self.chunked {
             Some(c) => {
                 let mut out = BytesMut::new();
@@ -288,44 +247,6 @@ fn declared_length(h: &HeaderMap) -> Option<u64> {
     length
 }
 
-/// A response head for the client: its version, the status, the end-to-end `fields`
-/// without any framing field of the worker's, then the framing and connection fields
-/// serve decides (`keep`: the client's connection stays open after it).
-pub(crate) fn response_head<'a>(
-    http10: bool,
-    status: StatusCode,
-    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-    framing: &ResponseFraming,
-    keep: bool,
-) -> Vec<u8> {
-    let mut b = Vec::with_capacity(512);
-    b.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
-    b.extend_from_slice(status.as_str().as_bytes());
-    b.push(b' ');
-    b.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    b.extend_from_slice(b"\r\n");
-    write_fields(
-        &mut b,
-        fields
-            .into_iter()
-            .filter(|(n, _)| *n != "content-length" && *n != "transfer-encoding"),
-    );
-    if let Some(n) = framing.length {
-        use std::io::Write;
-        let _ = write!(b, "content-length: {n}\r\n");
-    }
-    if framing.body == Reframe::Chunks {
-        b.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    if !keep {
-        b.extend_from_slice(b"connection: close\r\n");
-    } else if http10 {
-        b.extend_from_slice(b"connection: keep-alive\r\n");
-    }
-    b.extend_from_slice(b"\r\n");
-    b
-}
-
 /// A piece of a response body as the client gets it: `raw` is a close-delimited body's
 /// bytes as read, chunked again under [`Reframe::Chunks`].
 pub(crate) fn close_delimited_piece(raw: Bytes, body: Reframe) -> Bytes {
@@ -409,7 +330,7 @@ mod tests {
         assert!(!h.contains_key(header::CONTENT_LENGTH));
         let mut h = map(&[("transfer-encoding", "chunked")]);
         set_request_length(&mut h, BodyFraming::Chunked);
-        let head = request_head(&Method::POST, "/p", &h, BodyFraming::Chunked);
+        let head = super::super::write::request_head(&Method::POST, "/p", &h, true, 0);
         assert_eq!(
             String::from_utf8(head).unwrap(),
             "POST /p HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -481,7 +402,7 @@ mod tests {
             let h = head(worker, &get);
             let f = response_framing(&h, &get, http10);
             let keep = !f.close;
-            let wire = response_head(
+            let wire = super::super::write::response_head(
                 http10,
                 h.status,
                 super::super::end_to_end(&h.headers),

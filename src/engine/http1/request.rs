@@ -7,13 +7,8 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Uri};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::codec::{
-    BAD_HEADER, BAD_LENGTH, Chunked, MAX_HEAD_BYTES, MAX_HEADERS, TOO_LARGE, digits, parse_error,
-};
+use super::codec::{Chunked, CodecError, MAX_HEAD_BYTES, MAX_HEADERS, digits, parse_error};
 use super::{ends_in_chunked, value_has_token};
-
-/// hyper's words for a transfer coding that is not chunked last.
-const BAD_TE: &str = "invalid transfer-encoding parsed";
 
 /// How a request body ends. A request has no "until the close" body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +34,7 @@ pub(crate) struct RequestHead {
     pub(crate) expect_continue: bool,
     /// `Upgrade` on HTTP/1.1, or `CONNECT`: the connection would change protocol. serve
     /// passes no upgrade through (it refuses `CONNECT` and sends the request up without
-    /// its hop-by-hop `Upgrade`), so only the unit tests and the fuzz view read it.
+    /// its hop-by-hop `Upgrade`), so only this file's tests read it.
     #[allow(dead_code)]
     pub(crate) wants_upgrade: bool,
 }
@@ -49,35 +44,37 @@ const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
 
 /// Parse a request head at the start of `buf`: `Ok(None)` when more bytes are needed,
 /// else the head and its length in bytes (empty lines before the request line included).
-pub(crate) fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, String> {
+pub(crate) fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, CodecError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);
     let n = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) if n > MAX_HEAD_BYTES => return Err(TOO_LARGE.into()),
+        Ok(httparse::Status::Complete(n)) if n > MAX_HEAD_BYTES => {
+            return Err(CodecError::TooLarge);
+        }
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
-            return Err(TOO_LARGE.into());
+            return Err(CodecError::TooLarge);
         }
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(parse_error(e).into()),
+        Err(e) => return Err(parse_error(e)),
     };
     let target = req.path.unwrap_or_default();
     if target.len() > MAX_URI_LEN {
-        return Err("URI too long".into());
+        return Err(CodecError::UriTooLong);
     }
     let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
-        .map_err(|_| "invalid HTTP method parsed")?;
-    let uri = Uri::try_from(target).map_err(|_| "invalid URI")?;
+        .map_err(|_| CodecError::Method)?;
+    let uri = Uri::try_from(target).map_err(|_| CodecError::Uri)?;
     let http10 = req.version != Some(1);
     let mut f = Fields::new(http10, method == Method::CONNECT, req.headers.len());
     for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD_HEADER)?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| BAD_HEADER)?;
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| CodecError::Header)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| CodecError::Header)?;
         f.add(name, value)?;
     }
     let framing = match (f.transfer_encoding, f.chunked) {
         (true, true) => BodyFraming::Chunked,
-        (true, false) => return Err(BAD_TE.into()),
+        (true, false) => return Err(CodecError::CodingNotChunked),
         _ => BodyFraming::Length(f.length.unwrap_or(0)),
     };
     let head = RequestHead {
@@ -135,10 +132,10 @@ impl Fields {
         }
     }
 
-    fn add(&mut self, name: HeaderName, value: HeaderValue) -> Result<(), String> {
+    fn add(&mut self, name: HeaderName, value: HeaderValue) -> Result<(), CodecError> {
         if name == header::TRANSFER_ENCODING {
             if self.http10 {
-                return Err("unexpected transfer-encoding parsed".into());
+                return Err(CodecError::CodingInHttp10);
             }
             self.transfer_encoding = true;
             if self.length.take().is_some() {
@@ -152,14 +149,12 @@ impl Fields {
             }
             let b = value.as_bytes();
             let n = digits(b)
-                .ok_or_else(|| format!("{BAD_LENGTH}: {:?}", String::from_utf8_lossy(b)))?;
+                .ok_or_else(|| CodecError::LengthValue(String::from_utf8_lossy(b).into_owned()))?;
             match self.length {
-                Some(m) if m != n => {
-                    return Err(format!("{BAD_LENGTH}: conflicting values {m} and {n}"));
-                }
+                Some(m) if m != n => return Err(CodecError::LengthConflict(m, n)),
                 Some(_) => return Ok(()),
                 // hyper's largest length (the two values above it mean chunked and close).
-                None if n > u64::MAX - 2 => return Err(TOO_LARGE.into()),
+                None if n > u64::MAX - 2 => return Err(CodecError::TooLarge),
                 None => self.length = Some(n),
             }
         } else if name == header::CONNECTION {
@@ -181,30 +176,31 @@ impl Fields {
 
 /// Read one whole request from `io` (bytes already read are in `buf`; what follows the
 /// request stays there): `Ok(None)` when the connection closed before a request began.
-/// The body is buffered whole (the fuzz view and tests); serve's core will stream it.
+/// The body is buffered whole: for the fuzz view and tests (serve reads heads with
+/// [`parse_request_head`] and streams each body up as it comes).
 pub(crate) async fn read_request<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
-) -> Result<Option<(RequestHead, Vec<u8>)>, String> {
+) -> Result<Option<(RequestHead, Vec<u8>)>, CodecError> {
     let head = loop {
         if let Some((head, n)) = parse_request_head(buf)? {
             buf.advance(n);
             break head;
         }
-        if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+        if io.read_buf(buf).await? == 0 {
             // Bare line ends before a request line are skipped (RFC 9112 section 2.2),
             // so a close after only those is a clean close, as hyper's server has it.
             return if buf.iter().all(|&b| b == b'\r' || b == b'\n') {
                 Ok(None)
             } else {
-                Err("connection closed before the request head was complete".into())
+                Err(CodecError::ClosedInHead)
             };
         }
     };
     let mut body = Vec::new();
     match head.framing {
         BodyFraming::Length(n) => {
-            let mut left = usize::try_from(n).map_err(|_| TOO_LARGE)?;
+            let mut left = usize::try_from(n).map_err(|_| CodecError::TooLarge)?;
             loop {
                 let take = left.min(buf.len());
                 body.extend_from_slice(&buf[..take]);
@@ -213,8 +209,8 @@ pub(crate) async fn read_request<R: AsyncRead + Unpin>(
                 if left == 0 {
                     break;
                 }
-                if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
-                    return Err("connection closed before the request body was complete".into());
+                if io.read_buf(buf).await? == 0 {
+                    return Err(CodecError::ClosedInBody);
                 }
             }
         }
@@ -226,8 +222,8 @@ pub(crate) async fn read_request<R: AsyncRead + Unpin>(
                 if dec.done() {
                     break;
                 }
-                if io.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
-                    return Err("connection closed before the request body was complete".into());
+                if io.read_buf(buf).await? == 0 {
+                    return Err(CodecError::ClosedInBody);
                 }
             }
         }
@@ -240,7 +236,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str) -> Result<Option<(RequestHead, usize)>, String> {
-        parse_request_head(text.as_bytes())
+        parse_request_head(text.as_bytes()).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -355,6 +351,25 @@ mod tests {
         assert!(head(&big).unwrap_err().contains("too large"));
     }
 
+    #[test]
+    fn heads_past_the_limits_are_too_large_by_kind() {
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "x: 1\r\n".repeat(MAX_HEADERS + 1)
+        );
+        let big = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD_BYTES));
+        for text in [many, big] {
+            assert!(matches!(
+                parse_request_head(text.as_bytes()),
+                Err(CodecError::TooLarge)
+            ));
+        }
+        assert!(matches!(
+            parse_request_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            Err(CodecError::CodingNotChunked)
+        ));
+    }
+
     /// A reader that hands out `data` at most `step` bytes per read, then ends.
     struct Pieces(Vec<u8>, usize);
 
@@ -379,6 +394,7 @@ mod tests {
             &mut Pieces(data.as_bytes().to_vec(), step),
             &mut BytesMut::new(),
         ))
+        .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! serve's upstream side, on the lean client's connections: the rest of a request after
 //! the head [`Engine::lean_send`](super::Engine::lean_send) wrote ([`LeanConn::send_more`]),
 //! the response head ([`LeanConn::read_head`]), and the response body read for forwarding
-//! ([`BodyRelay`]): each read stamped into the capture when it returns and handed on in
+//! ([`ResponseBody`]): each read stamped into the capture when it returns and handed on in
 //! the framing serve writes (`http1::reframe`): a length's bytes split off the
-//! connection's buffer without a copy, a chunked body's data chunked again.
+//! connection's buffer without a copy, a chunked body's data chunked again. Writing those
+//! pieces to the client is serve's (`drivers::serve::deliver`).
 
 use std::future::Future;
 use std::task::{Context, Poll};
@@ -12,7 +13,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::http1::codec::{Chunked, Framing, Head};
+use super::http1::codec::{Chunked, CodecError, Framing, Head};
 use super::http1::reframe::{self, Reframe};
 use super::lean::{self, BODY, LeanConn, READ_CHUNK, SEND};
 use super::{Capture, ExchangeError, http1};
@@ -45,9 +46,10 @@ impl LeanConn {
     }
 }
 
-/// A response body read for forwarding, framed as its head says.
+/// A response body read from the worker for forwarding, framed as its head says, and
+/// handed on in serve's framing (the response side of `reframe::RequestBody`).
 #[derive(Debug)]
-pub(crate) struct BodyRelay {
+pub(crate) struct ResponseBody {
     framing: Framing,
     left: u64,
     chunked: Chunked,
@@ -62,11 +64,11 @@ pub(crate) struct BodyRelay {
     done: bool,
 }
 
-impl BodyRelay {
+impl ResponseBody {
     /// The body after `head`, whose read returned at `head_ns` (bytes that came with the
     /// head are the body's first), handed on as `out` says. A body that is empty by its
     /// framing ends at `head_ns`.
-    pub(crate) fn new(head: &Head, head_ns: u64, out: Reframe, cap: &mut Capture) -> BodyRelay {
+    pub(crate) fn new(head: &Head, head_ns: u64, out: Reframe, cap: &mut Capture) -> ResponseBody {
         let left = match head.framing {
             Framing::Length(n) => n,
             _ => 0,
@@ -75,7 +77,7 @@ impl BodyRelay {
         if done {
             cap.on_body_end(head_ns);
         }
-        BodyRelay {
+        ResponseBody {
             framing: head.framing,
             left,
             chunked: Chunked::default(),
@@ -178,7 +180,7 @@ impl BodyRelay {
                 b
             }
             Framing::Chunked => {
-                let bad = |m: String| ExchangeError::upstream_message(format!("{BODY}: {m}"));
+                let bad = |m: CodecError| ExchangeError::upstream_message(format!("{BODY}: {m}"));
                 let mut data = BytesMut::new();
                 let out = self.out;
                 let used = self
@@ -208,26 +210,26 @@ impl BodyRelay {
     }
 }
 
-/// The whole relay of a response body that `rest` holds, then the worker's close, with no
+/// A whole response body that `rest` holds, then the worker's close, forwarded with no
 /// socket: the bytes the client gets after the head (in `out`'s framing) and the body's
-/// data as the record keeps it; `Err` where serve would cut the relay (a malformed or cut
-/// body). The same [`BodyRelay`] serve runs; for `fuzzing::serve_response`.
-pub(crate) fn relay_bytes(
+/// data as the record keeps it; `Err` where serve would cut the response (a malformed or
+/// cut body). The same [`ResponseBody`] serve runs; for `fuzzing::serve_response`.
+pub(crate) fn whole_body(
     head: &Head,
     rest: &[u8],
     out: Reframe,
-) -> Result<(Vec<u8>, Vec<u8>), String> {
+) -> Result<(Vec<u8>, Vec<u8>), ExchangeError> {
     let mut cap = Capture::start(1 << 24, None);
-    let mut body = BodyRelay::new(head, 0, out, &mut cap);
+    let mut body = ResponseBody::new(head, 0, out, &mut cap);
     let mut buf = BytesMut::from(rest);
     let mut client = Vec::new();
     if !body.done {
-        let b = body.take(&mut buf, 0, &mut cap).map_err(|e| e.message)?;
+        let b = body.take(&mut buf, 0, &mut cap)?;
         client.extend_from_slice(&b);
     }
     if !body.done {
         if body.framing != Framing::Close {
-            return Err(lean::closed_early(BODY).message);
+            return Err(lean::closed_early(BODY));
         }
         if body.last_chunk_pending() {
             client.extend_from_slice(reframe::LAST_CHUNK);

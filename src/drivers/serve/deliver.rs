@@ -1,10 +1,11 @@
-//! The upstream response relayed to the client by the client connection's own task: one
-//! poll loop writes what is queued to the client, reads the upstream body into the queue
-//! (each read stamped by the engine when it returns, up to 64 frames ahead of
-//! the client, so a slow client neither stalls the worker's reads nor makes serve hold
-//! unbounded data), watches the client's side for its close, and bounds the worker's
-//! silences by `--upstream-idle-timeout`. Pieces are the `Bytes` split off the upstream
-//! connection's buffer: no copy between the two sockets.
+//! The upstream response delivered to the client by the client connection's own task
+//! ([`deliver`]): one poll loop writes what is queued to the client, reads the upstream
+//! body into the queue (through `engine::upstream::ResponseBody`, each read stamped by
+//! the engine when it returns, up to 64 frames ahead of the client, so a slow client
+//! neither stalls the worker's reads nor makes serve hold unbounded data), watches the
+//! client's side for its close, and bounds the worker's silences by
+//! `--upstream-idle-timeout`. Pieces are the `Bytes` split off the upstream connection's
+//! buffer: no copy between the two sockets.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -22,11 +23,11 @@ use super::state::Shared;
 use crate::clock;
 use crate::engine::http1::reframe::LAST_CHUNK;
 use crate::engine::lean::LeanConn;
-use crate::engine::relay::BodyRelay;
+use crate::engine::upstream::ResponseBody;
 use crate::engine::{Capture, ExchangeError};
 
-/// How a relayed response ended.
-pub(super) struct Relayed {
+/// How a delivered response ended.
+pub(super) struct Delivered {
     /// How the upstream side failed (or serve's deadline or cut).
     pub(super) failure: Option<ExchangeError>,
     /// The client got the whole response.
@@ -45,21 +46,28 @@ const FREE_BYTES: usize = 16 << 10;
 /// Most pieces written in one vectored write.
 const IOV: usize = 32;
 
-/// Relay the response whose `head` is ready and whose body `body` reads from `conn`.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn relay(
+/// The worker's side of a response: its connection, the body read from it, and the
+/// exchange's capture that each read is stamped into.
+pub(super) struct Upstream<'a> {
+    pub(super) conn: &'a mut LeanConn,
+    pub(super) body: &'a mut ResponseBody,
+    pub(super) cap: &'a mut Capture,
+}
+
+/// Deliver the response whose `head` is ready and whose body `from.body` reads from
+/// `from.conn`; what the client sends meanwhile is kept up to `limit` bytes.
+pub(super) async fn deliver(
     sh: &Shared,
     down: &mut Down,
-    conn: &mut LeanConn,
-    body: &mut BodyRelay,
-    cap: &mut Capture,
+    from: Upstream<'_>,
     head: Bytes,
     limit: usize,
-) -> Relayed {
+) -> Delivered {
+    let Upstream { conn, body, cap } = from;
     let idle = sh.opts.upstream_idle_timeout;
     let idle_ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
     let last = body.last_read_ns();
-    let mut r = Relay {
+    let mut r = Delivery {
         down,
         conn,
         body,
@@ -117,9 +125,9 @@ pub(super) async fn relay(
         }
     })
     .await;
-    // What never reached the client leaves the count with the relay.
+    // What never reached the client leaves the count with the delivery.
     r.account(0);
-    Relayed {
+    Delivered {
         complete: r.finished && !r.gone && r.failure.is_none(),
         failure: r.failure,
         at_ns: clock::now_ns(),
@@ -128,14 +136,14 @@ pub(super) async fn relay(
 
 /// A response on its way: the two sides, the pieces queued for the client, and how far
 /// it got.
-struct Relay<'a> {
+struct Delivery<'a> {
     down: &'a mut Down,
     conn: &'a mut LeanConn,
-    body: &'a mut BodyRelay,
+    body: &'a mut ResponseBody,
     cap: &'a mut Capture,
     out: VecDeque<Bytes>,
     /// Bytes queued here; of them, those past [`FREE_BYTES`] counted in all of serve's
-    /// relays (`--relay-memory` bounds that count).
+    /// deliveries (`--relay-memory` bounds that count).
     queued: usize,
     counted: usize,
     all: &'a AtomicUsize,
@@ -152,10 +160,10 @@ struct Relay<'a> {
     last: u64,
 }
 
-impl Relay<'_> {
+impl Delivery<'_> {
     /// The worker may be read on: fewer than `frames` pieces and [`CONN_BYTES`] bytes are
-    /// queued here and the relays of every connection hold less than `--relay-memory`, or
-    /// nothing is queued here at all (so every relay moves, one read at a time).
+    /// queued here and the deliveries of every connection hold less than `--relay-memory`,
+    /// or nothing is queued here at all (so every delivery moves, one read at a time).
     fn may_read(&self) -> bool {
         self.queued == 0
             || (self.out.len() < self.frames
@@ -169,7 +177,7 @@ impl Relay<'_> {
         self.out.push_back(b);
     }
 
-    /// Set this relay's queued bytes to `queued`, and the shared count by what changed past
+    /// Set this delivery's queued bytes to `queued`, and the shared count by what changed past
     /// [`FREE_BYTES`] (a small answer, queued and written at once, never touches it).
     fn account(&mut self, queued: usize) {
         self.queued = queued;
@@ -184,7 +192,7 @@ impl Relay<'_> {
         self.counted = counted;
     }
 
-    /// Move what can move without waiting. `Some`: the relay is over; `None`: nothing
+    /// Move what can move without waiting. `Some`: the delivery is over; `None`: nothing
     /// can move now.
     fn step(&mut self, cx: &mut Context<'_>) -> Option<Poll<()>> {
         loop {
