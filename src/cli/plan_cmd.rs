@@ -41,7 +41,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         .as_deref()
         .map(synthetic::Counter::open)
         .transpose()
-        .map_err(usage)?;
+        .map_err(|e| usage(e.to_string()))?;
     let opts = jsonl::Options {
         format,
         limit: a.limit,
@@ -50,7 +50,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         output_len_from: a.output_len_from.clone(),
     };
     let ask = ask(&a.out, false, false);
-    let mut read = jsonl::read(&a.file, &opts, &ask).map_err(usage)?;
+    let mut read = jsonl::read(&a.file, &opts, &ask).map_err(|e| usage(e.to_string()))?;
     let unit = if read.array { "item" } else { "line" };
     let mut lines = vec![format!(
         "{} prompts ({} format{}) of {} good {unit}s in {}",
@@ -85,7 +85,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
             for p in &mut read.prompts {
                 let text = p.body.pointer("/prompt").and_then(|v| v.as_str());
                 p.prompt_tokens = match text {
-                    Some(t) => Some(c.count(t).map_err(usage)? as u64),
+                    Some(t) => Some(c.count(t).map_err(|e| usage(e.to_string()))? as u64),
                     None => None,
                 };
             }
@@ -144,7 +144,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     if a.prefix_groups == 0 {
         return Err(usage("--prefix-groups must be at least 1"));
     }
-    let counter = synthetic::Counter::open(&a.tokenizer).map_err(usage)?;
+    let counter = synthetic::Counter::open(&a.tokenizer).map_err(|e| usage(e.to_string()))?;
     if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
         return Err(usage(format!(
             "--shared-prefix-tokens {}: this tokenizer starts every prompt with {} special token(s), so a shared prefix must be longer",
@@ -164,7 +164,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         api,
     };
     let ask = ask(&a.out, a.ignore_eos, a.min_tokens);
-    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(usage)?;
+    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(|e| usage(e.to_string()))?;
     let mut lines = vec![format!(
         "{} prompts of {} input tokens{} under {} (exact, special tokens included), {} output tokens",
         prompts.len(),
