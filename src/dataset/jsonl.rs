@@ -117,7 +117,7 @@ pub(crate) enum DatasetError {
         place: String,
         unit: &'static str,
         #[source]
-        why: EntryError,
+        why: Box<EntryError>,
     },
     /// No entry holds a prompt.
     #[error(
@@ -136,7 +136,7 @@ pub(crate) enum DatasetError {
     Reread {
         place: String,
         #[source]
-        why: EntryError,
+        why: Box<EntryError>,
     },
 }
 
@@ -237,7 +237,7 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
         Err(why) => Err(DatasetError::Entry {
             place: place(number),
             unit: unit(array.is_some()),
-            why,
+            why: Box::new(why),
         }),
     };
     match array {
@@ -281,7 +281,7 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
         let mut f = Some(format);
         let l = parse(&line, &mut f, opts).map_err(|why| DatasetError::Reread {
             place: place(number),
-            why,
+            why: Box::new(why),
         })?;
         prompts.push(Prompt {
             name: format!("{}-{number}", unit(array.is_some())),
@@ -563,13 +563,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
         let err = read(&path, &opts, &ask).err();
         assert!(
-            matches!(
-                &err,
-                Some(DatasetError::Entry {
-                    why: EntryError::Json(_),
-                    ..
-                })
-            ),
+            matches!(&err, Some(DatasetError::Entry { why, .. }) if matches!(**why, EntryError::Json(_))),
             "{err:?}"
         );
         let err = err.map(|e| e.to_string()).unwrap_or_default();

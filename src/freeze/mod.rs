@@ -59,6 +59,19 @@ pub(crate) enum FreezeError {
     /// A run cannot be read.
     #[error(transparent)]
     Run(#[from] ReportError),
+    /// A row that would be frozen has a URL no recorder writes (`part` names the file).
+    #[error("{part}: exchange_id {id}: {source}")]
+    Damaged {
+        part: String,
+        id: i64,
+        #[source]
+        source: collect::UnreadableUrl,
+    },
+    /// An exchange id is recorded twice (`place` says where): files copied by hand.
+    #[error(
+        "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
+    )]
+    DuplicateId { id: i64, place: String },
 }
 
 /// One source run as the freeze reads it.
@@ -113,13 +126,17 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
                         && collect::origin_form(&row.url).as_deref() == Some(health_path))
                 {
                     health += 1;
-                } else if let Err(why) = collected.take(row) {
-                    refused = Some(format!("{}: exchange_id {id}: {why}", part.display()));
+                } else if let Err(source) = collected.take(row) {
+                    refused = Some(FreezeError::Damaged {
+                        part: part.display().to_string(),
+                        id,
+                        source,
+                    });
                 }
             })
             .map_err(ReportError::Rows)?;
-            if let Some(why) = refused {
-                return Err(FreezeError::Refused(why));
+            if let Some(e) = refused {
+                return Err(e);
             }
         }
     }
@@ -224,7 +241,7 @@ struct UniqueIds {
 }
 
 impl UniqueIds {
-    fn see(&mut self, part: &Path, id: i64) -> Result<(), String> {
+    fn see(&mut self, part: &Path, id: i64) -> Result<(), FreezeError> {
         if self.parts.last().map(PathBuf::as_path) != Some(part) {
             self.parts.push(part.to_path_buf());
         }
@@ -238,9 +255,7 @@ impl UniqueIds {
                 } else {
                     format!("in {} and again in {}", first.display(), part.display())
                 };
-                Err(format!(
-                    "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
-                ))
+                Err(FreezeError::DuplicateId { id, place })
             }
             Some((_, (last, at))) if last.checked_add(1) == Some(id) && *at == here => {
                 *last = id;
@@ -565,24 +580,29 @@ mod tests {
         let mut ids = UniqueIds::default();
         // In order, out of order, with gaps and at the ends of the range: all distinct.
         for id in [0, 1, 2, 5, 4, 3, 9, i64::MAX, i64::MIN, -1] {
-            assert_eq!(ids.see(a, id), Ok(()), "{id}");
+            assert!(ids.see(a, id).is_ok(), "{id}");
         }
         assert!(ids.spans.len() < 10, "consecutive ids share a span");
         for id in [6, 7, 8, 10] {
-            assert_eq!(ids.see(b, id), Ok(()), "{id}");
+            assert!(ids.see(b, id).is_ok(), "{id}");
         }
         let again = ids.see(b, 4).unwrap_err();
+        assert!(matches!(again, FreezeError::DuplicateId { id: 4, .. }));
+        let again = again.to_string();
         assert!(
             again.starts_with(
                 "exchange_id 4 is recorded in x/part-00000.parquet and again in x/part-00001.parquet"
             ),
             "{again}"
         );
-        let twice = ids.see(b, 7).unwrap_err();
+        let twice = ids.see(b, 7).unwrap_err().to_string();
         assert!(
             twice.starts_with("exchange_id 7 is recorded twice in x/part-00001.parquet"),
             "{twice}"
         );
-        assert!(ids.see(b, i64::MAX).is_err());
+        assert!(matches!(
+            ids.see(b, i64::MAX),
+            Err(FreezeError::DuplicateId { id: i64::MAX, .. })
+        ));
     }
 }
