@@ -303,8 +303,8 @@ fn write(
         metadata,
     };
     let n = prompts.len();
-    let (bytes, plan) =
-        dataset::capture_plan(head, &budget, endpoint, api, prompts).map_err(usage)?;
+    let (bytes, plan) = dataset::capture_plan(head, &budget, endpoint, api, prompts)
+        .map_err(|e| usage(e.to_string()))?;
     lines.push(format!(
         "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",
         Shape::Plain.planned_requests(&plan),

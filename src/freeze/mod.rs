@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
-pub(crate) use write::{Budget, Head, fill_metadata, head_map, plan_bytes};
+pub(crate) use write::{Budget, Head, PlanBytesError, fill_metadata, head_map, plan_bytes};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;
@@ -72,6 +72,14 @@ pub(crate) enum FreezeError {
         "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
     )]
     DuplicateId { id: i64, place: String },
+    /// The frozen plan would pass the size `validate` and `replay` read.
+    #[error(
+        "{0}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
+    )]
+    TooLarge(#[source] PlanBytesError),
+    /// The frozen plan does not validate.
+    #[error("the frozen plan does not validate, so it is not written: {0}")]
+    Invalid(#[source] crate::config::json::PlanError),
 }
 
 /// One source run as the freeze reads it.
@@ -193,18 +201,11 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         ));
     }
     let value = write::plan_json(&head, &budget, &collected.cases);
-    let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES).map_err(|e| {
-        FreezeError::Refused(format!(
-            "{e}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
-        ))
-    })?;
+    let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES)
+        .map_err(FreezeError::TooLarge)?;
     drop(value);
     match Plan::from_json_bytes(&plan) {
-        Err(e) => {
-            return Err(FreezeError::Refused(format!(
-                "the frozen plan does not validate, so it is not written: {e}"
-            )));
-        }
+        Err(e) => return Err(FreezeError::Invalid(e)),
         Ok(p) => lines.extend(p.unmeasured_variants()),
     }
     report(&collected, &mut lines, other_arms, health);
