@@ -104,46 +104,13 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         }
     );
     let api = read.format.api();
-    write(&a.out, &endpoint, api, read.prompts, (description, lines))
+    let said = Said { description, lines };
+    write(&a.out, &endpoint, api, read.prompts, said)
 }
 
 fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     let endpoint = check_flags(&a.out)?;
-    if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
-        return Err(usage(
-            "--count, --input-tokens and --output-tokens must be at least 1",
-        ));
-    }
-    if a.count > synthetic::MAX_COUNT
-        || a.input_tokens > synthetic::MAX_TOKENS
-        || a.output_tokens > synthetic::MAX_TOKENS
-    {
-        return Err(usage(format!(
-            "--count is at most {} and --input-tokens and --output-tokens at most {} (a plan holds every prompt)",
-            synthetic::MAX_COUNT,
-            synthetic::MAX_TOKENS
-        )));
-    }
-    if a.out.max_tokens.is_some() {
-        return Err(usage(
-            "--max-tokens: plan synthetic asks every request for --output-tokens",
-        ));
-    }
-    if a.prefix_groups != 1 && a.shared_prefix_tokens == 0 {
-        return Err(usage(
-            "--prefix-groups goes with --shared-prefix-tokens P (the tokens each group shares)",
-        ));
-    }
-    check_stddev(a)?;
-    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= a.input_tokens {
-        return Err(usage(format!(
-            "--shared-prefix-tokens {} must be below --input-tokens {}",
-            a.shared_prefix_tokens, a.input_tokens
-        )));
-    }
-    if a.prefix_groups == 0 {
-        return Err(usage("--prefix-groups must be at least 1"));
-    }
+    check_synthetic_sizes(a)?;
     let counter = synthetic::Counter::open(&a.tokenizer).map_err(|e| usage(e.to_string()))?;
     if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
         return Err(usage(format!(
@@ -180,7 +147,55 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     if api == Api::Chat {
         lines.push("--api chat: each message's text has the exact count; the server's chat template adds its own tokens, so the plan records no prompt_tokens".into());
     }
-    let description = format!(
+    let description = synthetic_description(a);
+    let said = Said { description, lines };
+    write(&a.out, &endpoint, api, prompts, said)
+}
+
+/// The counts and token lengths `plan synthetic` is asked for, checked before the
+/// tokenizer is read: each at least 1 and within the limits, the prefix flags together.
+fn check_synthetic_sizes(a: &SyntheticArgs) -> Result<(), CliError> {
+    if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
+        return Err(usage(
+            "--count, --input-tokens and --output-tokens must be at least 1",
+        ));
+    }
+    if a.count > synthetic::MAX_COUNT
+        || a.input_tokens > synthetic::MAX_TOKENS
+        || a.output_tokens > synthetic::MAX_TOKENS
+    {
+        return Err(usage(format!(
+            "--count is at most {} and --input-tokens and --output-tokens at most {} (a plan holds every prompt)",
+            synthetic::MAX_COUNT,
+            synthetic::MAX_TOKENS
+        )));
+    }
+    if a.out.max_tokens.is_some() {
+        return Err(usage(
+            "--max-tokens: plan synthetic asks every request for --output-tokens",
+        ));
+    }
+    if a.prefix_groups != 1 && a.shared_prefix_tokens == 0 {
+        return Err(usage(
+            "--prefix-groups goes with --shared-prefix-tokens P (the tokens each group shares)",
+        ));
+    }
+    check_stddev(a)?;
+    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= a.input_tokens {
+        return Err(usage(format!(
+            "--shared-prefix-tokens {} must be below --input-tokens {}",
+            a.shared_prefix_tokens, a.input_tokens
+        )));
+    }
+    if a.prefix_groups == 0 {
+        return Err(usage("--prefix-groups must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The capture plan's description: what `plan synthetic` made, from which flags.
+fn synthetic_description(a: &SyntheticArgs) -> String {
+    format!(
         "Capture plan written by matrix-proxy plan synthetic: {} prompts of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
         a.count,
         a.input_tokens,
@@ -201,8 +216,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         } else {
             ""
         }
-    );
-    write(&a.out, &endpoint, api, prompts, (description, lines))
+    )
 }
 
 /// `--api`, or the API `--endpoint`'s path names, else completions; an `--api` the path
@@ -268,14 +282,24 @@ fn ask(o: &PlanOutArgs, ignore_eos: bool, min_tokens: bool) -> Ask {
     }
 }
 
+/// What a written plan says of itself: its description, and the lines for stderr.
+struct Said {
+    description: String,
+    lines: Vec<String>,
+}
+
 /// The capture plan, checked, written or printed, with what it will send.
 fn write(
     o: &PlanOutArgs,
     endpoint: &crate::model::Endpoint,
     api: Api,
     prompts: Vec<Prompt>,
-    (description, mut lines): (String, Vec<String>),
+    said: Said,
 ) -> Result<Exit, CliError> {
+    let Said {
+        description,
+        mut lines,
+    } = said;
     if prompts.is_empty() {
         return Err(usage("no prompt to write a plan of"));
     }
