@@ -166,17 +166,25 @@ pub(crate) fn capture_plan(
     prompts: Vec<Prompt>,
 ) -> Result<(Vec<u8>, Plan), CapturePlanError> {
     let limit = crate::config::plan::MAX_PLAN_BYTES;
-    capture_plan_within(head, budget, (endpoint, api), prompts, limit)
+    capture_plan_within(head, budget, Target { endpoint, api }, prompts, limit)
+}
+
+/// Where a capture plan's prompts go and the API they are written for.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    endpoint: &'a Endpoint,
+    api: Api,
 }
 
 /// [`capture_plan`] with the plan's size limit given (tests lower it).
 fn capture_plan_within(
     mut head: Head,
     budget: &Budget,
-    (endpoint, api): (&Endpoint, Api),
+    target: Target<'_>,
     prompts: Vec<Prompt>,
     limit: u64,
 ) -> Result<(Vec<u8>, Plan), CapturePlanError> {
+    let Target { endpoint, api } = target;
     let origin_only = endpoint.path_and_query == "/";
     if let Some(p) = Api::of_endpoint(endpoint).filter(|p| api != Api::Raw && *p != api) {
         return Err(CapturePlanError::OtherApi {
@@ -327,7 +335,10 @@ mod tests {
     #[test]
     fn a_plan_past_the_size_limit_is_refused_naming_the_limit() {
         let e = endpoint("http://127.0.0.1:8000");
-        let at = (&e, Api::Completions);
+        let at = Target {
+            endpoint: &e,
+            api: Api::Completions,
+        };
         let (bytes, plan) = capture_plan_within(
             head(),
             &budget(),

@@ -363,7 +363,11 @@ pub(crate) fn generate(
             opts.input_tokens
         };
         let shared = group.map(|(_, ids)| &ids[..]);
-        let text = prompt_text(counter, (&head, shared), n as usize, i, &mut seen, &mut rng)?;
+        let start = Start {
+            head: &head,
+            shared,
+        };
+        let text = prompt_text(counter, start, n as usize, i, &mut seen, &mut rng)?;
         let tokens = counter.count(&text)? as u64;
         out.push(Prompt {
             name: format!("prompt-{}", i + 1),
@@ -379,16 +383,25 @@ pub(crate) fn generate(
     Ok(out)
 }
 
+/// How a prompt starts: its head (a shared prefix, a cache-bust tag or nothing) and, with
+/// a shared prefix, the group's first P token ids.
+#[derive(Clone, Copy)]
+struct Start<'a> {
+    head: &'a str,
+    shared: Option<&'a [u32]>,
+}
+
 /// One prompt of exactly `n` tokens starting with `head`, unlike every prompt `seen`
 /// before it; with a shared prefix its first P tokens are checked against its group's.
 fn prompt_text(
     counter: &Counter,
-    (head, shared): (&str, Option<&[u32]>),
+    start: Start<'_>,
     n: usize,
     i: u64,
     seen: &mut HashSet<String>,
     rng: &mut Seeded,
 ) -> Result<String, SyntheticError> {
+    let Start { head, shared } = start;
     for _ in 0..OFFSETS {
         let Some(text) = counter.exact(head, n, rng)? else {
             break;

@@ -128,6 +128,12 @@ pub(crate) struct Collected {
     pub(crate) content: Vec<String>,
 }
 
+/// What the replayed plan said of a request: its `prompt_tokens` and variant name.
+struct Planned {
+    prompt_tokens: Option<i64>,
+    source_name: Option<String>,
+}
+
 /// Why a recorded row is left out of a freeze (counted by this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum LeftOut {
@@ -200,7 +206,10 @@ impl Collected {
         match self.key_and_answer(&row, status, path) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
-                let source = (row.prompt_tokens_planned, row.variant);
+                let source = Planned {
+                    prompt_tokens: row.prompt_tokens_planned,
+                    source_name: row.variant,
+                };
                 self.add(key, body, answer, source);
             }
             Err(reason) => self.skip(reason),
@@ -284,15 +293,13 @@ impl Collected {
         kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
     }
 
-    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: the
-    /// replayed plan's `prompt_tokens` and variant name for it.
-    fn add(
-        &mut self,
-        key: CaseKey,
-        body: Body,
-        answer: Answer,
-        (prompt_tokens, source_name): (Option<i64>, Option<String>),
-    ) {
+    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: what
+    /// the replayed plan said of it.
+    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, source: Planned) {
+        let Planned {
+            prompt_tokens,
+            source_name,
+        } = source;
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
             None => {
