@@ -266,11 +266,48 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
         (None, _) => (0..good.len()).collect(),
     };
     // Pass 2: the chosen entries, read again.
-    let mut file = open()?;
-    let mut prompts = Vec::with_capacity(chosen.len());
+    let picked = chosen.into_iter().map(|i| good[i]);
+    let entries = Entries {
+        format,
+        array: array.is_some(),
+        place: &place,
+    };
+    let prompts = reread(&mut open()?, picked, &entries, opts, ask)?;
+    Ok(Dataset {
+        format,
+        prompts,
+        good: count,
+        skipped,
+        first_skipped,
+        array: array.is_some(),
+    })
+}
+
+/// How pass 2 takes the chosen entries: the file's format, whether it is one JSON array,
+/// and how an entry's place is named (by its number).
+struct Entries<'a> {
+    format: Format,
+    array: bool,
+    place: &'a dyn Fn(u64) -> String,
+}
+
+/// Pass 2: the `picked` entries (number, offset, length), read again from `file` into
+/// prompts.
+fn reread(
+    file: &mut File,
+    picked: impl ExactSizeIterator<Item = (u64, u64, usize)>,
+    entries: &Entries<'_>,
+    opts: &Options,
+    ask: &Ask,
+) -> Result<Vec<Prompt>, DatasetError> {
+    let Entries {
+        format,
+        array,
+        place,
+    } = *entries;
+    let mut prompts = Vec::with_capacity(picked.len());
     let mut line = Vec::new();
-    for i in chosen {
-        let (number, at, len) = good[i];
+    for (number, at, len) in picked {
         line.resize(len, 0);
         file.seek(SeekFrom::Start(at))
             .and_then(|_| file.read_exact(&mut line))
@@ -284,7 +321,7 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
             why: Box::new(why),
         })?;
         prompts.push(Prompt {
-            name: format!("{}-{number}", unit(array.is_some())),
+            name: format!("{}-{number}", unit(array)),
             body: match format {
                 Format::Request => l.prompt,
                 _ => ask.body(format.api(), l.prompt, l.max_tokens),
@@ -292,14 +329,7 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
             prompt_tokens: None,
         });
     }
-    Ok(Dataset {
-        format,
-        prompts,
-        good: count,
-        skipped,
-        first_skipped,
-        array: array.is_some(),
-    })
+    Ok(prompts)
 }
 
 /// Why a pass over the file stopped: the file could not be read, the array around the
