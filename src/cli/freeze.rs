@@ -22,8 +22,8 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     check_out(args.out.as_deref())?;
     let opts = options(args)?;
     let frozen = freeze::freeze(&opts).map_err(|e| match e {
-        FreezeError::Refused(m) => usage(m),
         FreezeError::Run(e) => report_error(e),
+        refused => usage(refused.to_string()),
     })?;
     for line in &frozen.lines {
         eprintln!("matrix-proxy: {line}");

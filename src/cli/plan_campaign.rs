@@ -114,7 +114,8 @@ pub(super) fn campaign_cmd(a: &CampaignPlanArgs) -> Result<Exit, CliError> {
     };
     let mut lines = Vec::new();
     let (plan, unknown) = campaign_json(a, &name, &top, &frozen, &specs, &mut lines);
-    let written = plan_bytes(&Value::Object(plan), MAX_PLAN_BYTES).map_err(usage)?;
+    let written =
+        plan_bytes(&Value::Object(plan), MAX_PLAN_BYTES).map_err(|e| usage(e.to_string()))?;
     match Plan::from_json_bytes(&written) {
         Ok(p) => lines.extend(p.unmeasured_variants()),
         Err(e) => {

@@ -41,7 +41,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         .as_deref()
         .map(synthetic::Counter::open)
         .transpose()
-        .map_err(usage)?;
+        .map_err(|e| usage(e.to_string()))?;
     let opts = jsonl::Options {
         format,
         limit: a.limit,
@@ -50,7 +50,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         output_len_from: a.output_len_from.clone(),
     };
     let ask = ask(&a.out, false, false);
-    let mut read = jsonl::read(&a.file, &opts, &ask).map_err(usage)?;
+    let mut read = jsonl::read(&a.file, &opts, &ask).map_err(|e| usage(e.to_string()))?;
     let unit = if read.array { "item" } else { "line" };
     let mut lines = vec![format!(
         "{} prompts ({} format{}) of {} good {unit}s in {}",
@@ -85,7 +85,7 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
             for p in &mut read.prompts {
                 let text = p.body.pointer("/prompt").and_then(|v| v.as_str());
                 p.prompt_tokens = match text {
-                    Some(t) => Some(c.count(t).map_err(usage)? as u64),
+                    Some(t) => Some(c.count(t).map_err(|e| usage(e.to_string()))? as u64),
                     None => None,
                 };
             }
@@ -104,11 +104,57 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         }
     );
     let api = read.format.api();
-    write(&a.out, &endpoint, api, read.prompts, (description, lines))
+    let said = Said { description, lines };
+    write(&a.out, &endpoint, api, read.prompts, said)
 }
 
 fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     let endpoint = check_flags(&a.out)?;
+    check_synthetic_sizes(a)?;
+    let counter = synthetic::Counter::open(&a.tokenizer).map_err(|e| usage(e.to_string()))?;
+    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
+        return Err(usage(format!(
+            "--shared-prefix-tokens {}: this tokenizer starts every prompt with {} special token(s), so a shared prefix must be longer",
+            a.shared_prefix_tokens, counter.lead
+        )));
+    }
+    let api = synthetic_api(a, &endpoint)?;
+    let opts = synthetic::Options {
+        input_tokens: a.input_tokens,
+        input_stddev: a.input_stddev,
+        output_tokens: a.output_tokens,
+        count: a.count,
+        seed: a.seed,
+        shared_prefix_tokens: a.shared_prefix_tokens,
+        prefix_groups: a.prefix_groups,
+        cache_bust: a.cache_bust,
+        api,
+    };
+    let ask = ask(&a.out, a.ignore_eos, a.min_tokens);
+    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(|e| usage(e.to_string()))?;
+    let mut lines = vec![format!(
+        "{} prompts of {} input tokens{} under {} (exact, special tokens included), {} output tokens",
+        prompts.len(),
+        a.input_tokens,
+        if a.input_stddev > 0.0 {
+            format!(" (stddev {})", a.input_stddev)
+        } else {
+            String::new()
+        },
+        a.tokenizer.display(),
+        a.output_tokens
+    )];
+    if api == Api::Chat {
+        lines.push("--api chat: each message's text has the exact count; the server's chat template adds its own tokens, so the plan records no prompt_tokens".into());
+    }
+    let description = synthetic_description(a);
+    let said = Said { description, lines };
+    write(&a.out, &endpoint, api, prompts, said)
+}
+
+/// The counts and token lengths `plan synthetic` is asked for, checked before the
+/// tokenizer is read: each at least 1 and within the limits, the prefix flags together.
+fn check_synthetic_sizes(a: &SyntheticArgs) -> Result<(), CliError> {
     if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
         return Err(usage(
             "--count, --input-tokens and --output-tokens must be at least 1",
@@ -144,43 +190,12 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     if a.prefix_groups == 0 {
         return Err(usage("--prefix-groups must be at least 1"));
     }
-    let counter = synthetic::Counter::open(&a.tokenizer).map_err(usage)?;
-    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
-        return Err(usage(format!(
-            "--shared-prefix-tokens {}: this tokenizer starts every prompt with {} special token(s), so a shared prefix must be longer",
-            a.shared_prefix_tokens, counter.lead
-        )));
-    }
-    let api = synthetic_api(a, &endpoint)?;
-    let opts = synthetic::Options {
-        input_tokens: a.input_tokens,
-        input_stddev: a.input_stddev,
-        output_tokens: a.output_tokens,
-        count: a.count,
-        seed: a.seed,
-        shared_prefix_tokens: a.shared_prefix_tokens,
-        prefix_groups: a.prefix_groups,
-        cache_bust: a.cache_bust,
-        api,
-    };
-    let ask = ask(&a.out, a.ignore_eos, a.min_tokens);
-    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(usage)?;
-    let mut lines = vec![format!(
-        "{} prompts of {} input tokens{} under {} (exact, special tokens included), {} output tokens",
-        prompts.len(),
-        a.input_tokens,
-        if a.input_stddev > 0.0 {
-            format!(" (stddev {})", a.input_stddev)
-        } else {
-            String::new()
-        },
-        a.tokenizer.display(),
-        a.output_tokens
-    )];
-    if api == Api::Chat {
-        lines.push("--api chat: each message's text has the exact count; the server's chat template adds its own tokens, so the plan records no prompt_tokens".into());
-    }
-    let description = format!(
+    Ok(())
+}
+
+/// The capture plan's description: what `plan synthetic` made, from which flags.
+fn synthetic_description(a: &SyntheticArgs) -> String {
+    format!(
         "Capture plan written by matrix-proxy plan synthetic: {} prompts of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
         a.count,
         a.input_tokens,
@@ -201,8 +216,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         } else {
             ""
         }
-    );
-    write(&a.out, &endpoint, api, prompts, (description, lines))
+    )
 }
 
 /// `--api`, or the API `--endpoint`'s path names, else completions; an `--api` the path
@@ -268,14 +282,24 @@ fn ask(o: &PlanOutArgs, ignore_eos: bool, min_tokens: bool) -> Ask {
     }
 }
 
+/// What a written plan says of itself: its description, and the lines for stderr.
+struct Said {
+    description: String,
+    lines: Vec<String>,
+}
+
 /// The capture plan, checked, written or printed, with what it will send.
 fn write(
     o: &PlanOutArgs,
     endpoint: &crate::model::Endpoint,
     api: Api,
     prompts: Vec<Prompt>,
-    (description, mut lines): (String, Vec<String>),
+    said: Said,
 ) -> Result<Exit, CliError> {
+    let Said {
+        description,
+        mut lines,
+    } = said;
     if prompts.is_empty() {
         return Err(usage("no prompt to write a plan of"));
     }
@@ -303,8 +327,8 @@ fn write(
         metadata,
     };
     let n = prompts.len();
-    let (bytes, plan) =
-        dataset::capture_plan(head, &budget, endpoint, api, prompts).map_err(usage)?;
+    let (bytes, plan) = dataset::capture_plan(head, &budget, endpoint, api, prompts)
+        .map_err(|e| usage(e.to_string()))?;
     lines.push(format!(
         "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",
         Shape::Plain.planned_requests(&plan),

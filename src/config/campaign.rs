@@ -387,41 +387,8 @@ impl Validator {
     ) -> Option<Arm> {
         let m = self.object(v, path)?;
         self.unknown_fields(m, path, &[ARM_FIELDS]);
-        let name = match m.get("name") {
-            None => {
-                self.err(join(path, "name"), "is required");
-                None
-            }
-            Some(n) => self.nonblank(n, &join(path, "name")).and_then(|s| {
-                if is_arm_name(s) {
-                    Some(s.to_string())
-                } else {
-                    self.err(join(path, "name"), format!("'{s}' {ARM_NAME_RULE}"));
-                    None
-                }
-            }),
-        };
-        let lane = match m.get("lane") {
-            None => {
-                self.err(
-                    join(path, "lane"),
-                    "is required: \"quality\" or \"performance-fit\"",
-                );
-                None
-            }
-            Some(v) => match self.string(v, &join(path, "lane")) {
-                Some("quality") => Some(Lane::Quality),
-                Some("performance-fit") => Some(Lane::PerformanceFit),
-                Some(other) => {
-                    self.err(
-                        join(path, "lane"),
-                        format!("'{other}' is not a lane; use \"quality\" (must answer like the reference) or \"performance-fit\" (may answer differently)"),
-                    );
-                    None
-                }
-                None => None,
-            },
-        };
+        let name = self.arm_name(m, path);
+        let lane = self.arm_lane(m, path);
         let reference = match m.get("reference") {
             None => Some(false),
             Some(Value::Bool(b)) => Some(*b),
@@ -459,17 +426,7 @@ impl Validator {
             None => Some(None),
             Some(v) => self.resources(v, &join(path, "resources"), matches!(start, Some(Some(_)))),
         };
-        let mut metadata = plan_metadata.cloned().unwrap_or_default();
-        if let Some(v) = m.get("metadata") {
-            let p = join(path, "metadata");
-            if let Some(own) = self.object(v, &p) {
-                for (k, val) in own {
-                    if self.nonblank(val, &join(&p, k)).is_some() {
-                        metadata.insert(k.clone(), val.clone());
-                    }
-                }
-            }
-        }
+        let metadata = self.arm_metadata(m, path, plan_metadata);
         Some(Arm {
             name: name?,
             lane: lane?,
@@ -483,6 +440,70 @@ impl Validator {
             metadata,
             worker_metrics: worker_metrics?,
         })
+    }
+
+    /// An arm's `name`: required, a valid arm name.
+    fn arm_name(&mut self, m: &Map<String, Value>, path: &str) -> Option<String> {
+        match m.get("name") {
+            None => {
+                self.err(join(path, "name"), "is required");
+                None
+            }
+            Some(n) => self.nonblank(n, &join(path, "name")).and_then(|s| {
+                if is_arm_name(s) {
+                    Some(s.to_string())
+                } else {
+                    self.err(join(path, "name"), format!("'{s}' {ARM_NAME_RULE}"));
+                    None
+                }
+            }),
+        }
+    }
+
+    /// An arm's `lane`: required, "quality" or "performance-fit".
+    fn arm_lane(&mut self, m: &Map<String, Value>, path: &str) -> Option<Lane> {
+        match m.get("lane") {
+            None => {
+                self.err(
+                    join(path, "lane"),
+                    "is required: \"quality\" or \"performance-fit\"",
+                );
+                None
+            }
+            Some(v) => match self.string(v, &join(path, "lane")) {
+                Some("quality") => Some(Lane::Quality),
+                Some("performance-fit") => Some(Lane::PerformanceFit),
+                Some(other) => {
+                    self.err(
+                        join(path, "lane"),
+                        format!("'{other}' is not a lane; use \"quality\" (must answer like the reference) or \"performance-fit\" (may answer differently)"),
+                    );
+                    None
+                }
+                None => None,
+            },
+        }
+    }
+
+    /// The plan's metadata with the arm's own `metadata` over it.
+    fn arm_metadata(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        plan_metadata: Option<&Map<String, Value>>,
+    ) -> Map<String, Value> {
+        let mut metadata = plan_metadata.cloned().unwrap_or_default();
+        if let Some(v) = m.get("metadata") {
+            let p = join(path, "metadata");
+            if let Some(own) = self.object(v, &p) {
+                for (k, val) in own {
+                    if self.nonblank(val, &join(&p, k)).is_some() {
+                        metadata.insert(k.clone(), val.clone());
+                    }
+                }
+            }
+        }
+        metadata
     }
 
     /// `resources`: `{"pid": N}`, for an arm the tool does not start.

@@ -1,7 +1,7 @@
 //! The commands' flag values, checked: durations, counts, URLs, redaction names and a
 //! bearer token's value. Pure functions over the values the CLI hands over (it reads the
-//! environment, the files and binds the sockets); each error names the flag and says what
-//! a valid value looks like, and the CLI turns it into exit code 2.
+//! environment, the files and binds the sockets); each error ([`FlagError`]) names the
+//! flag and says what a valid value looks like, and the CLI turns it into exit code 2.
 
 use std::time::Duration;
 
@@ -10,47 +10,127 @@ use http::HeaderName;
 use crate::model::Endpoint;
 use crate::redact::Redaction;
 
-/// A number of seconds > 0 for `flag`.
-pub(crate) fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("{flag} must be a number of seconds > 0, got {v}"));
+/// Which rule a flag's value broke; its text names the flag and what a valid value
+/// looks like.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum FlagError {
+    /// A duration that must be > 0 seconds is not.
+    #[error("{flag} must be a number of seconds > 0, got {value}")]
+    NotPositiveSeconds { flag: String, value: f64 },
+    /// A duration that must be >= 0 seconds is not.
+    #[error("{flag} must be a number of seconds >= 0, got {value}")]
+    NegativeSeconds { flag: String, value: f64 },
+    /// A number of seconds too large for a [`Duration`].
+    #[error("{flag} {value} is too large")]
+    TooLarge { flag: String, value: f64 },
+    /// A number of milliseconds outside 0 ..= 3600000.
+    #[error("{flag} must be a number of milliseconds from 0 to 3600000, got {value}")]
+    Milliseconds { flag: String, value: f64 },
+    /// A count that must be at least 1 is 0.
+    #[error("{flag} must be at least 1")]
+    Zero { flag: String },
+    /// `--shard` is not I/N with 0 <= I < N and 2 <= N <= 10000.
+    #[error(
+        "--shard '{0}' must be I/N: this shard's index from 0 and the number of shards (0/3, 1/3, 2/3), N >= 2"
+    )]
+    Shard(String),
+    /// `--start-at` is not an RFC 3339 instant.
+    #[error("--start-at '{value}' is not an RFC 3339 instant (2026-12-01T12:00:00Z): {reason}")]
+    StartAtSyntax { value: String, reason: String },
+    /// `--start-at` is not in the future.
+    #[error(
+        "--start-at {value} is already {late_s:.1} s past: every shard would start late; give an instant far enough ahead for every shard to be up and warmed up"
+    )]
+    StartAtPast { value: String, late_s: f64 },
+    /// `--start-at` is more than a day ahead.
+    #[error("--start-at {0} is more than a day ahead")]
+    StartAtTooFar(String),
+    /// A URL flag's value is not an http(s) URL; `reason` says why.
+    #[error("{flag} '{url}' {reason}")]
+    Url {
+        flag: String,
+        url: String,
+        reason: String,
+    },
+    /// `--upstream` has a query.
+    #[error("--upstream '{0}' must not have a query")]
+    UpstreamQuery(String),
+    /// A `--redact-header` value is not a header name.
+    #[error("--redact-header '{0}' is not a header name")]
+    RedactHeader(String),
+    /// A bearer token's environment variable (`what` names it and its source) is unset.
+    #[error("{what} is not set; export it, or leave out the bearer token")]
+    TokenUnset { what: String },
+    /// A bearer token's value is not UTF-8.
+    #[error("{what} is not valid UTF-8")]
+    TokenNotUtf8 { what: String },
+    /// A bearer token's value is empty.
+    #[error("{what} is empty")]
+    TokenEmpty { what: String },
+    /// A bearer token's value has spaces, control or non-ASCII characters.
+    #[error("{what} must hold printable ASCII without spaces or control characters")]
+    TokenNotPrintable { what: String },
+}
+
+/// The CLI's usage errors are its message (exit code 2).
+impl From<FlagError> for String {
+    fn from(e: FlagError) -> String {
+        e.to_string()
     }
-    Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
+}
+
+/// A number of seconds > 0 for `flag`.
+pub(crate) fn seconds(flag: &str, v: f64) -> Result<Duration, FlagError> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(FlagError::NotPositiveSeconds {
+            flag: flag.into(),
+            value: v,
+        });
+    }
+    whole_seconds(flag, v)
 }
 
 /// A number of seconds >= 0 for `flag` (0: at once).
-pub(crate) fn seconds_or_zero(flag: &str, v: f64) -> Result<Duration, String> {
+pub(crate) fn seconds_or_zero(flag: &str, v: f64) -> Result<Duration, FlagError> {
     if !v.is_finite() || v < 0.0 {
-        return Err(format!("{flag} must be a number of seconds >= 0, got {v}"));
+        return Err(FlagError::NegativeSeconds {
+            flag: flag.into(),
+            value: v,
+        });
     }
-    Duration::try_from_secs_f64(v).map_err(|_| format!("{flag} {v} is too large"))
+    whole_seconds(flag, v)
+}
+
+/// A finite number of seconds >= 0 as a [`Duration`], unless too large for one.
+fn whole_seconds(flag: &str, v: f64) -> Result<Duration, FlagError> {
+    Duration::try_from_secs_f64(v).map_err(|_| FlagError::TooLarge {
+        flag: flag.into(),
+        value: v,
+    })
 }
 
 /// A duration in milliseconds >= 0 (at most an hour) for `flag`.
-pub(crate) fn milliseconds(flag: &str, v: f64) -> Result<f64, String> {
+pub(crate) fn milliseconds(flag: &str, v: f64) -> Result<f64, FlagError> {
     if !v.is_finite() || !(0.0..=3_600_000.0).contains(&v) {
-        return Err(format!(
-            "{flag} must be a number of milliseconds from 0 to 3600000, got {v}"
-        ));
+        return Err(FlagError::Milliseconds {
+            flag: flag.into(),
+            value: v,
+        });
     }
     Ok(v)
 }
 
 /// A count of at least 1 for `flag`.
-pub(crate) fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
+pub(crate) fn at_least_one(flag: &str, v: usize) -> Result<usize, FlagError> {
     if v == 0 {
-        return Err(format!("{flag} must be at least 1"));
+        return Err(FlagError::Zero { flag: flag.into() });
     }
     Ok(v)
 }
 
 /// `--shard I/N`: this process is shard I (from 0) of N (at least 2).
-pub(crate) fn shard(v: &str) -> Result<(usize, usize), String> {
-    let usage = || {
-        format!(
-            "--shard '{v}' must be I/N: this shard's index from 0 and the number of shards (0/3, 1/3, 2/3), N >= 2"
-        )
-    };
+pub(crate) fn shard(v: &str) -> Result<(usize, usize), FlagError> {
+    let usage = || FlagError::Shard(v.to_string());
     let (i, n) = v.split_once('/').ok_or_else(usage)?;
     let (i, n): (usize, usize) = (
         i.trim().parse().map_err(|_| usage())?,
@@ -64,30 +144,35 @@ pub(crate) fn shard(v: &str) -> Result<(usize, usize), String> {
 
 /// `--start-at`: an RFC 3339 instant (`2026-12-01T12:00:00Z`) after `now_us` (wall
 /// clock, µs since the epoch), at most a day ahead; microseconds since the epoch.
-pub(crate) fn start_at(v: &str, now_us: i64) -> Result<i64, String> {
-    let at = crate::clock::parse_rfc3339_us(v).map_err(|e| {
-        format!("--start-at '{v}' is not an RFC 3339 instant (2026-12-01T12:00:00Z): {e}")
+pub(crate) fn start_at(v: &str, now_us: i64) -> Result<i64, FlagError> {
+    let at = crate::clock::parse_rfc3339_us(v).map_err(|reason| FlagError::StartAtSyntax {
+        value: v.to_string(),
+        reason,
     })?;
     if at <= now_us {
-        return Err(format!(
-            "--start-at {v} is already {:.1} s past: every shard would start late; give an instant far enough ahead for every shard to be up and warmed up",
-            (now_us - at) as f64 / 1e6
-        ));
+        return Err(FlagError::StartAtPast {
+            value: v.to_string(),
+            late_s: (now_us - at) as f64 / 1e6,
+        });
     }
     if at - now_us > 86_400_000_000 {
-        return Err(format!("--start-at {v} is more than a day ahead"));
+        return Err(FlagError::StartAtTooFar(v.to_string()));
     }
     Ok(at)
 }
 
 /// `--endpoint`: an http(s) URL replacing the plan's endpoint.
-pub(crate) fn endpoint(flag: &str, url: &str) -> Result<Endpoint, String> {
-    Endpoint::parse(url).map_err(|m| format!("{flag} '{url}' {m}"))
+pub(crate) fn endpoint(flag: &str, url: &str) -> Result<Endpoint, FlagError> {
+    Endpoint::parse(url).map_err(|reason| FlagError::Url {
+        flag: flag.into(),
+        url: url.into(),
+        reason,
+    })
 }
 
 /// replay's `--endpoint`: the URL, and whether it names only an origin (no path, not
 /// even `/`), which then keeps the plan's paths ([`crate::config::plan::Plan::sent_to`]).
-pub(crate) fn endpoint_override(url: &str) -> Result<(Endpoint, bool), String> {
+pub(crate) fn endpoint_override(url: &str) -> Result<(Endpoint, bool), FlagError> {
     Ok((
         endpoint("--endpoint", url)?,
         Endpoint::names_only_origin(url),
@@ -95,20 +180,20 @@ pub(crate) fn endpoint_override(url: &str) -> Result<(Endpoint, bool), String> {
 }
 
 /// `--upstream`: the worker's origin and an optional path prefix, without a query.
-pub(crate) fn upstream(url: &str) -> Result<Endpoint, String> {
+pub(crate) fn upstream(url: &str) -> Result<Endpoint, FlagError> {
     let ep = endpoint("--upstream", url)?;
     if ep.path_and_query.contains('?') {
-        return Err(format!("--upstream '{url}' must not have a query"));
+        return Err(FlagError::UpstreamQuery(url.to_string()));
     }
     Ok(ep)
 }
 
 /// The default redaction plus `--redact-header` names and `--redact-query` parameters.
-pub(crate) fn redaction(headers: &[String], query: &[String]) -> Result<Redaction, String> {
+pub(crate) fn redaction(headers: &[String], query: &[String]) -> Result<Redaction, FlagError> {
     let mut r = Redaction::default();
     for h in headers {
-        let name = HeaderName::from_bytes(h.as_bytes())
-            .map_err(|_| format!("--redact-header '{h}' is not a header name"))?;
+        let name =
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| FlagError::RedactHeader(h.clone()))?;
         r.headers.push(name);
     }
     r.query.extend(query.iter().map(|q| q.to_ascii_lowercase()));
@@ -121,20 +206,19 @@ pub(crate) fn bearer_token(
     name: &str,
     source: &str,
     value: Option<&std::ffi::OsStr>,
-) -> Result<String, String> {
+) -> Result<String, FlagError> {
     let what = format!("environment variable {name} (named by {source})");
-    let value = value
-        .ok_or_else(|| format!("{what} is not set; export it, or leave out the bearer token"))?;
-    let s = value
-        .to_str()
-        .ok_or_else(|| format!("{what} is not valid UTF-8"))?;
+    let Some(value) = value else {
+        return Err(FlagError::TokenUnset { what });
+    };
+    let Some(s) = value.to_str() else {
+        return Err(FlagError::TokenNotUtf8 { what });
+    };
     if s.is_empty() {
-        return Err(format!("{what} is empty"));
+        return Err(FlagError::TokenEmpty { what });
     }
     if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        return Err(format!(
-            "{what} must hold printable ASCII without spaces or control characters"
-        ));
+        return Err(FlagError::TokenNotPrintable { what });
     }
     Ok(s.to_string())
 }
@@ -161,24 +245,32 @@ mod tests {
             assert!(
                 shard(bad)
                     .unwrap_err()
+                    .to_string()
                     .starts_with(&format!("--shard '{bad}' must be I/N"))
             );
         }
         let now = crate::clock::parse_rfc3339_us("2026-12-01T12:00:00Z").unwrap();
         assert_eq!(start_at("2026-12-01T12:00:05Z", now), Ok(now + 5_000_000));
+        assert!(matches!(
+            start_at("2026-12-01T11:59:00Z", now),
+            Err(FlagError::StartAtPast { .. })
+        ));
         assert!(
             start_at("2026-12-01T11:59:00Z", now)
                 .unwrap_err()
+                .to_string()
                 .contains("already 60.0 s past")
         );
         assert!(
             start_at("2026-12-03T12:00:00Z", now)
                 .unwrap_err()
+                .to_string()
                 .contains("more than a day")
         );
         assert!(
             start_at("noon", now)
                 .unwrap_err()
+                .to_string()
                 .contains("not an RFC 3339 instant")
         );
     }
@@ -186,20 +278,25 @@ mod tests {
     #[test]
     fn flag_errors_name_the_flag_and_the_rule() {
         assert_eq!(
-            seconds("--grace-seconds", 0.0).unwrap_err(),
+            seconds("--grace-seconds", 0.0).unwrap_err().to_string(),
             "--grace-seconds must be a number of seconds > 0, got 0"
         );
         assert!(seconds("--x", f64::NAN).is_err());
         assert_eq!(seconds("--x", 1.5).unwrap(), Duration::from_millis(1500));
         assert_eq!(
-            at_least_one("--part-rows", 0).unwrap_err(),
+            at_least_one("--part-rows", 0).unwrap_err().to_string(),
             "--part-rows must be at least 1"
         );
         assert_eq!(
-            upstream("http://127.0.0.1:8000/v1?x=1").unwrap_err(),
+            upstream("http://127.0.0.1:8000/v1?x=1")
+                .unwrap_err()
+                .to_string(),
             "--upstream 'http://127.0.0.1:8000/v1?x=1' must not have a query"
         );
-        assert!(redaction(&["bad name".into()], &[]).is_err());
+        assert_eq!(
+            redaction(&["bad name".into()], &[]).unwrap_err(),
+            FlagError::RedactHeader("bad name".into())
+        );
         let r = redaction(&["x-secret".into()], &["SIG".into()]).unwrap();
         assert!(r.headers.iter().any(|h| h == "x-secret"));
         assert!(r.query.iter().any(|q| q == "sig"));
@@ -219,6 +316,7 @@ mod tests {
         assert!(
             endpoint_override("http://127.0.0.1:abc")
                 .unwrap_err()
+                .to_string()
                 .starts_with("--endpoint 'http://127.0.0.1:abc' has an invalid port")
         );
     }
@@ -227,11 +325,16 @@ mod tests {
     fn bearer_tokens_are_printable_ascii() {
         let check = |v: &str| bearer_token("T", "--bearer-token-env", Some(v.as_ref()));
         assert_eq!(check("abc.DEF-123").unwrap(), "abc.DEF-123");
-        assert!(check("").unwrap_err().ends_with("is empty"));
-        assert!(check("a b").is_err());
+        assert!(matches!(check(""), Err(FlagError::TokenEmpty { .. })));
+        assert!(check("").unwrap_err().to_string().ends_with("is empty"));
+        assert!(matches!(
+            check("a b"),
+            Err(FlagError::TokenNotPrintable { .. })
+        ));
         assert!(
             bearer_token("T", "--bearer-token-env", None)
                 .unwrap_err()
+                .to_string()
                 .contains("is not set")
         );
     }

@@ -86,54 +86,11 @@ impl Validator {
                 );
                 None
             }
-            ["expected_response"] => {
-                let asks_stream = m
-                    .get("request")
-                    .and_then(|r| r.get("stream"))
-                    .and_then(Value::as_bool)
-                    == Some(true);
-                if asks_stream {
-                    self.err(
-                        join(path, "expected_response"),
-                        "the request asks for a stream (\"stream\": true), so the answer is an event stream, not one JSON document: use expected_stream_text (with optional expected_usage) or expected_events",
-                    );
-                    None
-                } else {
-                    let expected = m.get("expected_response").cloned().unwrap_or(Value::Null);
-                    match Oracle::json(expected, inherited_ignore.to_vec()) {
-                        Ok(o) => Some(o),
-                        Err(msgs) => {
-                            for msg in msgs {
-                                self.err(join(path, "expected_response"), msg);
-                            }
-                            None
-                        }
-                    }
-                }
-            }
+            ["expected_response"] => self.json_oracle(m, path, inherited_ignore),
             ["expected_response_text"] => {
-                let p = join(path, "expected_response_text");
-                let t = m
-                    .get("expected_response_text")
-                    .and_then(|v| self.string(v, &p));
-                if has_ignore {
-                    self.err(
-                        join(path, "ignore_paths"),
-                        "ignore_paths only applies to JSON oracles (expected_response, expected_events, expected_usage); an exact-bytes oracle compares every byte",
-                    );
-                    ok = false;
-                }
-                if !inherited.top.is_empty() {
-                    self.err(
-                        "ignore_paths",
-                        format!(
-                            "the top-level ignore_paths applies to every case's JSON oracle, but case '{}' ({path}) has an exact-bytes oracle (expected_response_text), which compares every byte; move the pointers into the cases that need them",
-                            inherited.case_name
-                        ),
-                    );
-                    ok = false;
-                }
-                t.map(|t| Oracle::Bytes(Bytes::copy_from_slice(t.as_bytes())))
+                let (o, rules_held) = self.bytes_oracle(m, path, inherited, has_ignore);
+                ok &= rules_held;
+                o
             }
             _ => self.stream_oracle(m, path, inherited_ignore),
         };
@@ -145,6 +102,75 @@ impl Validator {
             so.require_done = m.get("require_done").and_then(Value::as_bool) == Some(true);
         }
         (oracle, ok)
+    }
+
+    /// `expected_response`: a JSON oracle, refused for a request that asks for a stream.
+    fn json_oracle(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        inherited_ignore: &[Pointer],
+    ) -> Option<Oracle> {
+        let asks_stream = m
+            .get("request")
+            .and_then(|r| r.get("stream"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if asks_stream {
+            self.err(
+                join(path, "expected_response"),
+                "the request asks for a stream (\"stream\": true), so the answer is an event stream, not one JSON document: use expected_stream_text (with optional expected_usage) or expected_events",
+            );
+            return None;
+        }
+        let expected = m.get("expected_response").cloned().unwrap_or(Value::Null);
+        match Oracle::json(expected, inherited_ignore.to_vec()) {
+            Ok(o) => Some(o),
+            Err(msgs) => {
+                for msg in msgs {
+                    self.err(join(path, "expected_response"), msg);
+                }
+                None
+            }
+        }
+    }
+
+    /// `expected_response_text`: an exact-bytes oracle, which no ignore path (the
+    /// request's, its case's or the top level's) may go with. The flag is false when such
+    /// a rule failed.
+    fn bytes_oracle(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        inherited: Inherited<'_>,
+        has_ignore: bool,
+    ) -> (Option<Oracle>, bool) {
+        let mut ok = true;
+        let p = join(path, "expected_response_text");
+        let t = m
+            .get("expected_response_text")
+            .and_then(|v| self.string(v, &p));
+        if has_ignore {
+            self.err(
+                join(path, "ignore_paths"),
+                "ignore_paths only applies to JSON oracles (expected_response, expected_events, expected_usage); an exact-bytes oracle compares every byte",
+            );
+            ok = false;
+        }
+        if !inherited.top.is_empty() {
+            self.err(
+                "ignore_paths",
+                format!(
+                    "the top-level ignore_paths applies to every case's JSON oracle, but case '{}' ({path}) has an exact-bytes oracle (expected_response_text), which compares every byte; move the pointers into the cases that need them",
+                    inherited.case_name
+                ),
+            );
+            ok = false;
+        }
+        (
+            t.map(|t| Oracle::Bytes(Bytes::copy_from_slice(t.as_bytes()))),
+            ok,
+        )
     }
 
     /// `require_done`: a boolean, with a streaming oracle only. False when a rule failed.

@@ -24,34 +24,72 @@ pub(crate) enum Shape {
     Merged { count: usize },
 }
 
+/// Why `--sweep` or `--shard` does not go with a plan (with the fix).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ShapeError {
+    /// `--sweep 0`.
+    #[error(
+        "--sweep 0: give the number of open-loop rates to place between the synchronous rate and the throughput probe (1 or more; GuideLLM's default is 10)"
+    )]
+    SweepZero,
+    /// `--sweep N` with N over 100.
+    #[error("--sweep {0}: at most 100 rates (each runs the plan's repetitions)")]
+    SweepTooMany(usize),
+    /// `--sweep` with a campaign plan.
+    #[error(
+        "--sweep does not go with a campaign plan: sweep each arm's endpoint with a plain plan"
+    )]
+    SweepCampaign,
+    /// `--sweep` with an open-loop plan.
+    #[error(
+        "--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates"
+    )]
+    SweepOpenLoop,
+    /// `--sweep` with a plan whose highest concurrency is 1.
+    #[error(
+        "--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1"
+    )]
+    SweepLowConcurrency,
+    /// `--shard` with a closed-loop plan.
+    #[error(
+        "--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round"
+    )]
+    ShardClosedLoop,
+}
+
+/// The CLI's usage errors are its message (exit code 2).
+impl From<ShapeError> for String {
+    fn from(e: ShapeError) -> String {
+        e.to_string()
+    }
+}
+
 impl Shape {
     /// `--sweep N` for `plan`: refused (with the reason and the fix) unless `plan` is a
     /// plain closed-loop plan whose highest concurrency is 2 or more, and N is 1 to 100.
-    pub(crate) fn sweep(plan: &Plan, n: usize) -> Result<Shape, String> {
+    pub(crate) fn sweep(plan: &Plan, n: usize) -> Result<Shape, ShapeError> {
         if n == 0 {
-            return Err("--sweep 0: give the number of open-loop rates to place between the synchronous rate and the throughput probe (1 or more; GuideLLM's default is 10)".into());
+            return Err(ShapeError::SweepZero);
         }
         if n > 100 {
-            return Err(format!(
-                "--sweep {n}: at most 100 rates (each runs the plan's repetitions)"
-            ));
+            return Err(ShapeError::SweepTooMany(n));
         }
         if plan.campaign.is_some() {
-            return Err("--sweep does not go with a campaign plan: sweep each arm's endpoint with a plain plan".into());
+            return Err(ShapeError::SweepCampaign);
         }
         if plan.load.mode == Mode::Open {
-            return Err("--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates".into());
+            return Err(ShapeError::SweepOpenLoop);
         }
         if plan.concurrency.iter().all(|&c| c < 2) {
-            return Err("--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1".into());
+            return Err(ShapeError::SweepLowConcurrency);
         }
         Ok(Shape::Sweep(n))
     }
 
     /// Shard `index` of `count` for `plan`: refused unless `plan` is an open loop.
-    pub(crate) fn shard(plan: &Plan, index: usize, count: usize) -> Result<Shape, String> {
+    pub(crate) fn shard(plan: &Plan, index: usize, count: usize) -> Result<Shape, ShapeError> {
         if plan.load.mode != Mode::Open {
-            return Err("--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round".into());
+            return Err(ShapeError::ShardClosedLoop);
         }
         Ok(Shape::Shard { index, count })
     }

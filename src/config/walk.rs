@@ -85,41 +85,14 @@ impl Validator {
         } else {
             Some(None)
         };
-        let (endpoint, health_endpoint) = match &campaign {
-            // A campaign plan: the reference arm's endpoints with a stand-in port; each
-            // arm's run replaces them (Plan::for_arm).
-            Some(Some(c)) => match c.reference().endpoints(1) {
-                Ok((e, h)) => (Some(e), Some(h)),
-                Err(_) => (None, None),
-            },
-            _ if is_campaign => (None, None),
-            _ => self.endpoints(top),
-        };
+        let (endpoint, health_endpoint) = self.plan_endpoints(top, campaign.as_ref(), is_campaign);
 
         let load = self.load(top.get("load"));
         let slo = self.slo(top.get("slo"));
         let worker_metrics = self.plan_worker_metrics(top, is_campaign);
-        // As written, so an open load with a mistake elsewhere is still judged as open.
-        let open = top
-            .get("load")
-            .and_then(|l| l.get("mode"))
-            .and_then(Value::as_str)
-            == Some("open");
-        let (requests_per_case, concurrency) = if open {
-            self.open_refusals(top, is_campaign);
-            (Some(0), Some(Vec::new()))
-        } else {
-            let n = self.requests_per_case(top.get("requests_per_case"));
-            (n, self.concurrency(top.get("concurrency"), n))
-        };
-        let repetitions = match top.get("repetitions") {
-            None => Some(2),
-            Some(v) => self.integer(v, "repetitions", 2),
-        };
-        let warmup_per_case = match top.get("warmup_per_case") {
-            None => Some(2),
-            Some(v) => self.integer(v, "warmup_per_case", 2),
-        };
+        let (requests_per_case, concurrency) = self.rounds(top, is_campaign);
+        let repetitions = self.at_least_two(top, "repetitions");
+        let warmup_per_case = self.at_least_two(top, "warmup_per_case");
         let timeout = self.timeout(top.get("timeout_seconds"));
         let (connection, on_failure) = self.policies(top);
         let bearer_token_env = self.auth(top.get("auth"));
@@ -135,14 +108,7 @@ impl Validator {
             None => Some(Vec::new()),
             Some(v) => self.pointers(v, "ignore_paths"),
         };
-        let decisions_pointer = match top.get("decisions_pointer") {
-            None => Pointer::parse(DEFAULT_DECISIONS_POINTER).ok(),
-            Some(v) => self.string(v, "decisions_pointer").and_then(|s| {
-                Pointer::parse(s)
-                    .map_err(|m| self.err("decisions_pointer", format!("'{s}': {m}")))
-                    .ok()
-            }),
-        };
+        let decisions_pointer = self.decisions_pointer(top);
         let cases = self.cases(
             top.get("cases"),
             endpoint.as_ref(),
@@ -186,6 +152,67 @@ impl Validator {
             p.workload = super::workload::workload(root, &p);
             p
         })
+    }
+
+    /// The plan's endpoint and health endpoint: a plain plan's own; a campaign plan's
+    /// reference arm's with a stand-in port (each arm's run replaces them,
+    /// [`Plan::for_arm`]); none when the campaign is wrong.
+    fn plan_endpoints(
+        &mut self,
+        top: &Map<String, Value>,
+        campaign: Option<&Option<super::campaign::Campaign>>,
+        is_campaign: bool,
+    ) -> (Option<Endpoint>, Option<Endpoint>) {
+        match campaign {
+            Some(Some(c)) => match c.reference().endpoints(1) {
+                Ok((e, h)) => (Some(e), Some(h)),
+                Err(_) => (None, None),
+            },
+            _ if is_campaign => (None, None),
+            _ => self.endpoints(top),
+        }
+    }
+
+    /// `requests_per_case` and `concurrency`: a closed loop's; an open loop has neither
+    /// (refused when given) and gets 0 and none.
+    fn rounds(
+        &mut self,
+        top: &Map<String, Value>,
+        is_campaign: bool,
+    ) -> (Option<usize>, Option<Vec<usize>>) {
+        // As written, so an open load with a mistake elsewhere is still judged as open.
+        let open = top
+            .get("load")
+            .and_then(|l| l.get("mode"))
+            .and_then(Value::as_str)
+            == Some("open");
+        if open {
+            self.open_refusals(top, is_campaign);
+            (Some(0), Some(Vec::new()))
+        } else {
+            let n = self.requests_per_case(top.get("requests_per_case"));
+            (n, self.concurrency(top.get("concurrency"), n))
+        }
+    }
+
+    /// A count `key` of at least 2 (`repetitions`, `warmup_per_case`), 2 when not given.
+    fn at_least_two(&mut self, top: &Map<String, Value>, key: &str) -> Option<usize> {
+        match top.get(key) {
+            None => Some(2),
+            Some(v) => self.integer(v, key, 2),
+        }
+    }
+
+    /// `decisions_pointer`: a JSON pointer, [`DEFAULT_DECISIONS_POINTER`] when not given.
+    fn decisions_pointer(&mut self, top: &Map<String, Value>) -> Option<Pointer> {
+        match top.get("decisions_pointer") {
+            None => Pointer::parse(DEFAULT_DECISIONS_POINTER).ok(),
+            Some(v) => self.string(v, "decisions_pointer").and_then(|s| {
+                Pointer::parse(s)
+                    .map_err(|m| self.err("decisions_pointer", format!("'{s}': {m}")))
+                    .ok()
+            }),
+        }
     }
 
     /// A plain plan's `worker_metrics` (a campaign's arms have their own).

@@ -91,6 +91,96 @@ pub(crate) struct Dataset {
     pub(crate) array: bool,
 }
 
+/// Why a dataset file gives no prompts: which file or entry, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DatasetError {
+    /// The file cannot be opened.
+    #[error("{file}: cannot read the dataset: {source}")]
+    Open {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file cannot be read through.
+    #[error("{file}: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file starts as a JSON array but is not one of objects.
+    #[error("{file}: not a JSON array of objects: {why}")]
+    NotArray { file: String, why: String },
+    /// An entry (at `place`) is wrong and bad entries are not skipped.
+    #[error("{place}: {why} (--skip-bad counts and skips bad {unit}s instead)")]
+    Entry {
+        place: String,
+        unit: &'static str,
+        #[source]
+        why: Box<EntryError>,
+    },
+    /// No entry holds a prompt.
+    #[error(
+        "{file}: no prompt in the file (one JSON object a line, or one JSON array of objects, with messages, prompt, conversations or request)"
+    )]
+    NoPrompt { file: String },
+    /// A chosen entry cannot be read again.
+    #[error("{place}: {source} (did the file change while it was read?)")]
+    Changed {
+        place: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A chosen entry, read again, is no longer good.
+    #[error("{place}: {why}")]
+    Reread {
+        place: String,
+        #[source]
+        why: Box<EntryError>,
+    },
+}
+
+/// What is wrong with one entry (a line, or an item of an array).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EntryError {
+    #[error("not valid JSON ({0})")]
+    Json(#[source] serde_json::Error),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error(
+        "no messages, prompt, conversations or request: not a chat, completion, ShareGPT or raw request line"
+    )]
+    NoFormat,
+    /// The entry lacks the field of the file's format; `other` names the format it
+    /// looks like (with its leading space), if any.
+    #[error(
+        "has no {key}: the file is read as {format}{other}; give --format if the first line misled detection"
+    )]
+    NoField {
+        key: &'static str,
+        format: &'static str,
+        other: String,
+    },
+    #[error("messages must be a non-empty list of message objects")]
+    Messages,
+    #[error("prompt must be a non-empty string")]
+    Prompt,
+    #[error("request must be a JSON object (the body to send)")]
+    Request,
+    #[error(
+        "--output-len-from does not apply to raw request lines (they are sent as they are: put max_tokens in the request)"
+    )]
+    OutputLenOfRequest,
+    #[error("{key} (--output-len-from) must be a positive integer, found {found}")]
+    OutputLenNotPositive { key: String, found: Value },
+    #[error("has no {key} (--output-len-from)")]
+    OutputLenMissing { key: String },
+    #[error("conversations must be a list of {{from, value}} turns")]
+    Conversations,
+    #[error("conversations has no human turn with a non-empty value")]
+    NoHumanTurn,
+}
+
 /// One line's prompt and its own output length.
 struct Line {
     prompt: Value,
@@ -110,15 +200,24 @@ fn unit(array: bool) -> &'static str {
 /// order mark and white space is `[`, one JSON array of the same objects (as ShareGPT_V3
 /// is distributed), read item by item as lines are: memory holds the chosen prompts, one
 /// item and 24 bytes per good item, never the whole file.
-pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, String> {
+pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, DatasetError> {
     let name = path.display();
-    let open = || File::open(path).map_err(|e| format!("{name}: cannot read the dataset: {e}"));
+    let file = || name.to_string();
+    let open = || {
+        File::open(path).map_err(|source| DatasetError::Open {
+            file: file(),
+            source,
+        })
+    };
     let mut format = opts.format;
     // Pass 1: every entry checked; the good ones' (number, offset, length) kept.
     let mut good: Vec<(u64, u64, usize)> = Vec::new();
     let (mut skipped, mut first_skipped) = (0u64, Vec::new());
     let mut reader = BufReader::new(open()?);
-    let array = array_start(&mut reader).map_err(|e| format!("{name}: {e}"))?;
+    let array = array_start(&mut reader).map_err(|source| DatasetError::Read {
+        file: file(),
+        source,
+    })?;
     let place = |number: u64| match array {
         Some(_) => format!("{name}: item {number}"),
         None => format!("{name}:{number}"),
@@ -135,25 +234,26 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
             }
             Ok(())
         }
-        Err(why) => Err(format!(
-            "{}: {why} (--skip-bad counts and skips bad {}s instead)",
-            place(number),
-            unit(array.is_some())
-        )),
+        Err(why) => Err(DatasetError::Entry {
+            place: place(number),
+            unit: unit(array.is_some()),
+            why: Box::new(why),
+        }),
     };
     match array {
         Some(at) => scan_array(&mut reader, at, &mut each),
         None => scan_lines(BufReader::new(open()?), &mut each),
     }
     .map_err(|e| match e {
-        Scan::Io(e) => format!("{name}: {e}"),
-        Scan::Array(why) => format!("{name}: not a JSON array of objects: {why}"),
+        Scan::Io(source) => DatasetError::Read {
+            file: file(),
+            source,
+        },
+        Scan::Array(why) => DatasetError::NotArray { file: file(), why },
         Scan::Entry(e) => e,
     })?;
     let Some(format) = format else {
-        return Err(format!(
-            "{name}: no prompt in the file (one JSON object a line, or one JSON array of objects, with messages, prompt, conversations or request)"
-        ));
+        return Err(DatasetError::NoPrompt { file: file() });
     };
     let count = good.len() as u64;
     let chosen: Vec<usize> = match (opts.limit, opts.seed) {
@@ -166,31 +266,13 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
         (None, _) => (0..good.len()).collect(),
     };
     // Pass 2: the chosen entries, read again.
-    let mut file = open()?;
-    let mut prompts = Vec::with_capacity(chosen.len());
-    let mut line = Vec::new();
-    for i in chosen {
-        let (number, at, len) = good[i];
-        line.resize(len, 0);
-        file.seek(SeekFrom::Start(at))
-            .and_then(|_| file.read_exact(&mut line))
-            .map_err(|e| {
-                format!(
-                    "{}: {e} (did the file change while it was read?)",
-                    place(number)
-                )
-            })?;
-        let mut f = Some(format);
-        let l = parse(&line, &mut f, opts).map_err(|why| format!("{}: {why}", place(number)))?;
-        prompts.push(Prompt {
-            name: format!("{}-{number}", unit(array.is_some())),
-            body: match format {
-                Format::Request => l.prompt,
-                _ => ask.body(format.api(), l.prompt, l.max_tokens),
-            },
-            prompt_tokens: None,
-        });
-    }
+    let picked = chosen.into_iter().map(|i| good[i]);
+    let entries = Entries {
+        format,
+        array: array.is_some(),
+        place: &place,
+    };
+    let prompts = reread(&mut open()?, picked, &entries, opts, ask)?;
     Ok(Dataset {
         format,
         prompts,
@@ -201,12 +283,61 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, St
     })
 }
 
+/// How pass 2 takes the chosen entries: the file's format, whether it is one JSON array,
+/// and how an entry's place is named (by its number).
+struct Entries<'a> {
+    format: Format,
+    array: bool,
+    place: &'a dyn Fn(u64) -> String,
+}
+
+/// Pass 2: the `picked` entries (number, offset, length), read again from `file` into
+/// prompts.
+fn reread(
+    file: &mut File,
+    picked: impl ExactSizeIterator<Item = (u64, u64, usize)>,
+    entries: &Entries<'_>,
+    opts: &Options,
+    ask: &Ask,
+) -> Result<Vec<Prompt>, DatasetError> {
+    let Entries {
+        format,
+        array,
+        place,
+    } = *entries;
+    let mut prompts = Vec::with_capacity(picked.len());
+    let mut line = Vec::new();
+    for (number, at, len) in picked {
+        line.resize(len, 0);
+        file.seek(SeekFrom::Start(at))
+            .and_then(|_| file.read_exact(&mut line))
+            .map_err(|source| DatasetError::Changed {
+                place: place(number),
+                source,
+            })?;
+        let mut f = Some(format);
+        let l = parse(&line, &mut f, opts).map_err(|why| DatasetError::Reread {
+            place: place(number),
+            why: Box::new(why),
+        })?;
+        prompts.push(Prompt {
+            name: format!("{}-{number}", unit(array)),
+            body: match format {
+                Format::Request => l.prompt,
+                _ => ask.body(format.api(), l.prompt, l.max_tokens),
+            },
+            prompt_tokens: None,
+        });
+    }
+    Ok(prompts)
+}
+
 /// Why a pass over the file stopped: the file could not be read, the array around the
 /// items is not one, or an entry is wrong (said in full).
 enum Scan {
     Io(std::io::Error),
     Array(String),
-    Entry(String),
+    Entry(DatasetError),
 }
 
 impl From<std::io::Error> for Scan {
@@ -216,7 +347,7 @@ impl From<std::io::Error> for Scan {
 }
 
 /// One entry's number, offset in the file and bytes, handed to the pass.
-type Each<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<(), String> + 'a;
+type Each<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<(), DatasetError> + 'a;
 
 /// Pass 1 over a JSONL file: each line that is not blank, numbered from 1. A UTF-8 byte
 /// order mark before the first line (as Windows editors save) is not part of the JSON.
@@ -350,59 +481,55 @@ fn scan_array(reader: &mut impl BufRead, mut at: u64, each: &mut Each<'_>) -> Re
 
 /// One line: its prompt in the file's format (detected from the first good line when not
 /// given).
-fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Line, String> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON ({e})"))?;
+fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Line, EntryError> {
+    let v: Value = serde_json::from_slice(bytes).map_err(EntryError::Json)?;
     let Value::Object(m) = v else {
-        return Err("not a JSON object".into());
+        return Err(EntryError::NotObject);
     };
     // The file's format: given, or detected from the first line that turns out good.
     let f = match *format {
         Some(f) => f,
-        None => Format::detect(&m).ok_or(
-            "no messages, prompt, conversations or request: not a chat, completion, ShareGPT or raw request line",
-        )?,
+        None => Format::detect(&m).ok_or(EntryError::NoFormat)?,
     };
     let field = m.get(f.key()).ok_or_else(|| {
         let other = Format::detect(&m).map_or(String::new(), |o| {
             format!(" (it looks like a {} line)", o.as_str())
         });
-        format!(
-            "has no {}: the file is read as {}{other}; give --format if the first line misled detection",
-            f.key(),
-            f.as_str()
-        )
+        EntryError::NoField {
+            key: f.key(),
+            format: f.as_str(),
+            other,
+        }
     })?;
     let prompt = match f {
         Format::Chat => match field {
             Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_object) => field.clone(),
-            _ => return Err("messages must be a non-empty list of message objects".into()),
+            _ => return Err(EntryError::Messages),
         },
         Format::Completion => match field {
             Value::String(s) if !s.is_empty() => field.clone(),
-            _ => return Err("prompt must be a non-empty string".into()),
+            _ => return Err(EntryError::Prompt),
         },
         Format::ShareGpt => json!([{"role": "user", "content": first_human_turn(field)?}]),
         Format::Request => match field {
             Value::Object(_) => field.clone(),
-            _ => return Err("request must be a JSON object (the body to send)".into()),
+            _ => return Err(EntryError::Request),
         },
     };
     let max_tokens = match &opts.output_len_from {
         None => None,
         Some(_) if f == Format::Request => {
-            return Err(
-                "--output-len-from does not apply to raw request lines (they are sent as they are: put max_tokens in the request)"
-                    .into(),
-            );
+            return Err(EntryError::OutputLenOfRequest);
         }
         Some(key) => match m.get(key) {
             Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => n.as_u64(),
             Some(other) => {
-                return Err(format!(
-                    "{key} (--output-len-from) must be a positive integer, found {other}"
-                ));
+                return Err(EntryError::OutputLenNotPositive {
+                    key: key.clone(),
+                    found: other.clone(),
+                });
             }
-            None => return Err(format!("has no {key} (--output-len-from)")),
+            None => return Err(EntryError::OutputLenMissing { key: key.clone() }),
         },
     };
     *format = Some(f);
@@ -410,10 +537,8 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
 }
 
 /// ShareGPT: the first turn `from` a human (`human` or `user`).
-fn first_human_turn(conversations: &Value) -> Result<String, String> {
-    let turns = conversations
-        .as_array()
-        .ok_or("conversations must be a list of {from, value} turns")?;
+fn first_human_turn(conversations: &Value) -> Result<String, EntryError> {
+    let turns = conversations.as_array().ok_or(EntryError::Conversations)?;
     turns
         .iter()
         .find(|t| {
@@ -424,7 +549,7 @@ fn first_human_turn(conversations: &Value) -> Result<String, String> {
         .and_then(|t| t.pointer("/value").and_then(Value::as_str))
         .filter(|s| !s.is_empty())
         .map(str::to_string)
-        .ok_or_else(|| "conversations has no human turn with a non-empty value".into())
+        .ok_or(EntryError::NoHumanTurn)
 }
 
 #[cfg(test)]
@@ -466,7 +591,12 @@ mod tests {
         bytes.extend_from_slice(BOM);
         bytes.extend_from_slice(b"{\"prompt\": \"two\"}\n");
         std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
-        let err = read(&path, &opts, &ask).err().unwrap_or_default();
+        let err = read(&path, &opts, &ask).err();
+        assert!(
+            matches!(&err, Some(DatasetError::Entry { why, .. }) if matches!(**why, EntryError::Json(_))),
+            "{err:?}"
+        );
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("mid.jsonl:2: not valid JSON"), "{err}");
     }
 }

@@ -124,6 +124,37 @@ pub(crate) struct Prompt {
     pub(crate) prompt_tokens: Option<u64>,
 }
 
+/// Why a capture plan is not made (with the fix).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CapturePlanError {
+    /// `--endpoint` is a path of another API than the prompts'.
+    #[error(
+        "--endpoint {url} is a path of the {} API, but the prompts are written for the {} API: give --endpoint an origin or the {} API's path ({})",
+        at.name(),
+        api.name(),
+        api.name(),
+        api.default_path().unwrap_or("")
+    )]
+    OtherApi { url: String, at: Api, api: Api },
+    /// Raw request bodies and an `--endpoint` without a path.
+    #[error(
+        "raw request bodies go where --endpoint says: give it with its path (http://host:8000/v1/chat/completions)"
+    )]
+    RawWithoutPath,
+    /// The plan's bytes are not made (too large) for its `count` prompts.
+    #[error(
+        "{source}: its {count} prompts take more; ask for fewer (--limit, --count) or shorter ones"
+    )]
+    Bytes {
+        count: usize,
+        #[source]
+        source: crate::freeze::PlanBytesError,
+    },
+    /// The plan made does not validate.
+    #[error("the plan does not validate, so it is not written: {0}")]
+    Invalid(#[source] crate::config::json::PlanError),
+}
+
 /// A capture plan of one case holding every prompt as a variant. The endpoint's path
 /// is the API's default when `--endpoint` names only an origin. A plan past
 /// [`MAX_PLAN_BYTES`](crate::config::plan::MAX_PLAN_BYTES) is refused before it is whole.
@@ -133,37 +164,39 @@ pub(crate) fn capture_plan(
     endpoint: &Endpoint,
     api: Api,
     prompts: Vec<Prompt>,
-) -> Result<(Vec<u8>, Plan), String> {
+) -> Result<(Vec<u8>, Plan), CapturePlanError> {
     let limit = crate::config::plan::MAX_PLAN_BYTES;
-    capture_plan_within(head, budget, (endpoint, api), prompts, limit)
+    capture_plan_within(head, budget, Target { endpoint, api }, prompts, limit)
+}
+
+/// Where a capture plan's prompts go and the API they are written for.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    endpoint: &'a Endpoint,
+    api: Api,
 }
 
 /// [`capture_plan`] with the plan's size limit given (tests lower it).
 fn capture_plan_within(
     mut head: Head,
     budget: &Budget,
-    (endpoint, api): (&Endpoint, Api),
+    target: Target<'_>,
     prompts: Vec<Prompt>,
     limit: u64,
-) -> Result<(Vec<u8>, Plan), String> {
+) -> Result<(Vec<u8>, Plan), CapturePlanError> {
+    let Target { endpoint, api } = target;
     let origin_only = endpoint.path_and_query == "/";
     if let Some(p) = Api::of_endpoint(endpoint).filter(|p| api != Api::Raw && *p != api) {
-        return Err(format!(
-            "--endpoint {} is a path of the {} API, but the prompts are written for the {} API: give --endpoint an origin or the {} API's path ({})",
-            endpoint.url(),
-            p.name(),
-            api.name(),
-            api.name(),
-            api.default_path().unwrap_or("")
-        ));
+        return Err(CapturePlanError::OtherApi {
+            url: endpoint.url(),
+            at: p,
+            api,
+        });
     }
     let url = match (origin_only, api.default_path()) {
         (true, Some(p)) => endpoint.with_path(p).url(),
         (true, None) => {
-            return Err(
-                "raw request bodies go where --endpoint says: give it with its path (http://host:8000/v1/chat/completions)"
-                    .into(),
-            );
+            return Err(CapturePlanError::RawWithoutPath);
         }
         (false, _) => endpoint.url(),
     };
@@ -188,14 +221,10 @@ fn capture_plan_within(
         json!([{"name": api.case_name(), "variants": variants}]),
     );
     let plan = Value::Object(plan);
-    let bytes = crate::freeze::plan_bytes(&plan, limit).map_err(|e| {
-        format!(
-            "{e}: its {count} prompts take more; ask for fewer (--limit, --count) or shorter ones"
-        )
-    })?;
+    let bytes = crate::freeze::plan_bytes(&plan, limit)
+        .map_err(|source| CapturePlanError::Bytes { count, source })?;
     drop(plan);
-    let plan = Plan::from_json_bytes(&bytes)
-        .map_err(|e| format!("the plan does not validate, so it is not written: {e}"))?;
+    let plan = Plan::from_json_bytes(&bytes).map_err(CapturePlanError::Invalid)?;
     Ok((bytes, plan))
 }
 
@@ -306,7 +335,10 @@ mod tests {
     #[test]
     fn a_plan_past_the_size_limit_is_refused_naming_the_limit() {
         let e = endpoint("http://127.0.0.1:8000");
-        let at = (&e, Api::Completions);
+        let at = Target {
+            endpoint: &e,
+            api: Api::Completions,
+        };
         let (bytes, plan) = capture_plan_within(
             head(),
             &budget(),
@@ -332,6 +364,7 @@ mod tests {
             size - 1,
         )
         .err()
+        .map(|e| e.to_string())
         .unwrap_or_default();
         assert!(
             err.contains(&format!("larger than {} bytes", size - 1))
@@ -358,8 +391,16 @@ mod tests {
             Api::Completions,
             prompts(1, Api::Completions),
         )
-        .err()
-        .unwrap_or_default();
+        .err();
+        assert!(matches!(
+            err,
+            Some(CapturePlanError::OtherApi {
+                at: Api::Chat,
+                api: Api::Completions,
+                ..
+            })
+        ));
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(
             err.contains(
                 "is a path of the chat API, but the prompts are written for the completions API"

@@ -34,6 +34,63 @@ const TAG_WORDS: usize = 4096;
 const TAG_LEN: usize = 4;
 const TAG_TRIES: usize = 1000;
 
+/// Why synthetic prompts cannot be made: the tokenizer, or the ask, with the fix.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyntheticError {
+    /// The tokenizer file cannot be read.
+    #[error("{file}: cannot read the tokenizer (a Hugging Face tokenizer.json): {source}")]
+    Open {
+        file: String,
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The tokenizer cannot encode the embedded corpus.
+    #[error("{file}: cannot encode the corpus: {source}")]
+    Corpus {
+        file: String,
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The corpus encodes to too few tokens: not a text tokenizer.
+    #[error(
+        "{file}: the corpus encodes to {tokens} tokens under this tokenizer; it is not a text tokenizer"
+    )]
+    NotText { file: String, tokens: usize },
+    /// The tokenizer cannot encode a probe text.
+    #[error("{file}: {source}")]
+    Probe {
+        file: String,
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The tokenizer failed to encode or decode while prompts were made.
+    #[error("{0}")]
+    Tokenizer(#[source] tokenizers::Error),
+    /// The vocabulary has too few plain words for cache-bust tags.
+    #[error(
+        "--cache-bust: the tokenizer's vocabulary has fewer than 2 plain words (ASCII letters or digits that encode to one token) to draw tags from"
+    )]
+    FewTagWords,
+    /// No new cache-bust tag after [`TAG_TRIES`] draws from `words` words.
+    #[error(
+        "--cache-bust: no tag with first tokens unlike every earlier prompt's after {TAG_TRIES} draws from {words} words of the vocabulary; ask for fewer prompts"
+    )]
+    TagDraws { words: usize },
+    /// No text of the exact count was found; `why` says what was tried and the fix
+    /// ([`Counter::too_hard`]).
+    #[error("{why}")]
+    TooHard { why: String },
+    /// `--input-tokens` leaves no room after the head (`head` tokens of `what`).
+    #[error(
+        "--input-tokens {input_tokens} leaves no room for text after {head} tokens ({what}); ask for more"
+    )]
+    NoRoom {
+        input_tokens: u64,
+        head: u64,
+        what: &'static str,
+    },
+}
+
 /// What `plan synthetic` was asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -61,20 +118,25 @@ pub(crate) struct Counter {
 }
 
 impl Counter {
-    pub(crate) fn open(path: &Path) -> Result<Counter, String> {
-        let name = path.display();
-        let tk = Tokenizer::from_file(path).map_err(|e| {
-            format!("{name}: cannot read the tokenizer (a Hugging Face tokenizer.json): {e}")
+    pub(crate) fn open(path: &Path) -> Result<Counter, SyntheticError> {
+        let file = || path.display().to_string();
+        let tk = Tokenizer::from_file(path).map_err(|source| SyntheticError::Open {
+            file: file(),
+            source,
         })?;
         let corpus = tk
             .encode(CORPUS, false)
-            .map_err(|e| format!("{name}: cannot encode the corpus: {e}"))?
+            .map_err(|source| SyntheticError::Corpus {
+                file: file(),
+                source,
+            })?
             .get_ids()
             .len();
         if corpus < 64 {
-            return Err(format!(
-                "{name}: the corpus encodes to {corpus} tokens under this tokenizer; it is not a text tokenizer"
-            ));
+            return Err(SyntheticError::NotText {
+                file: file(),
+                tokens: corpus,
+            });
         }
         let sentences: Vec<&'static str> = CORPUS
             .split_inclusive(". ")
@@ -84,7 +146,10 @@ impl Counter {
             .collect();
         let probe = tk
             .encode("probe", true)
-            .map_err(|e| format!("{name}: {e}"))?;
+            .map_err(|source| SyntheticError::Probe {
+                file: file(),
+                source,
+            })?;
         let mask = probe.get_special_tokens_mask();
         Ok(Counter {
             lead: mask.iter().take_while(|m| **m == 1).count(),
@@ -98,7 +163,7 @@ impl Counter {
     /// Words of the vocabulary a cache-bust tag is drawn from: in id order, the tokens
     /// that decode to a plain ASCII word (letters or digits) which encodes back to that
     /// one token alone; at most [`TAG_WORDS`].
-    fn tag_words(&self) -> Result<Vec<String>, String> {
+    fn tag_words(&self) -> Result<Vec<String>, SyntheticError> {
         let mut words = Vec::new();
         let mut seen = HashSet::new();
         for id in 0..self.tk.get_vocab_size(true) as u32 {
@@ -109,7 +174,10 @@ impl Counter {
             if w.is_empty() || w.len() > 16 || !w.chars().all(|c| c.is_ascii_alphanumeric()) {
                 continue;
             }
-            let alone = self.tk.encode(w, false).map_err(|e| e.to_string())?;
+            let alone = self
+                .tk
+                .encode(w, false)
+                .map_err(SyntheticError::Tokenizer)?;
             if alone.get_ids() == [id] && seen.insert(w.to_string()) {
                 words.push(w.to_string());
                 if words.len() >= TAG_WORDS {
@@ -118,7 +186,7 @@ impl Counter {
             }
         }
         if words.len() < 2 {
-            return Err("--cache-bust: the tokenizer's vocabulary has fewer than 2 plain words (ASCII letters or digits that encode to one token) to draw tags from".into());
+            return Err(SyntheticError::FewTagWords);
         }
         Ok(words)
     }
@@ -130,7 +198,7 @@ impl Counter {
         words: &[String],
         taken: &mut HashSet<Vec<u32>>,
         rng: &mut Seeded,
-    ) -> Result<String, String> {
+    ) -> Result<String, SyntheticError> {
         // The first tokens a server's prefix cache would share: the leading specials and
         // the tag's first words.
         let key_len = 4.max(self.lead + 2);
@@ -144,22 +212,19 @@ impl Counter {
                 return Ok(tag);
             }
         }
-        Err(format!(
-            "--cache-bust: no tag with first tokens unlike every earlier prompt's after {TAG_TRIES} draws from {} words of the vocabulary; ask for fewer prompts",
-            words.len()
-        ))
+        Err(SyntheticError::TagDraws { words: words.len() })
     }
 
     /// Tokens of `text` as a server counts a prompt (special tokens included).
-    pub(crate) fn count(&self, text: &str) -> Result<usize, String> {
+    pub(crate) fn count(&self, text: &str) -> Result<usize, SyntheticError> {
         Ok(self.ids(text)?.len())
     }
 
-    fn ids(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn ids(&self, text: &str) -> Result<Vec<u32>, SyntheticError> {
         Ok(self
             .tk
             .encode(text, true)
-            .map_err(|e| e.to_string())?
+            .map_err(SyntheticError::Tokenizer)?
             .get_ids()
             .to_vec())
     }
@@ -167,7 +232,7 @@ impl Counter {
     /// At least `need` tokens of corpus text: seeded sentences in a seeded order, started
     /// a seeded few tokens into the first, so prompts differ from their first token (the
     /// corpus is small; the order of its sentences is not).
-    fn source(&self, need: usize, rng: &mut Seeded) -> Result<Vec<u32>, String> {
+    fn source(&self, need: usize, rng: &mut Seeded) -> Result<Vec<u32>, SyntheticError> {
         let skip = rng.below(8) as usize;
         let want = need + skip + 16;
         let mut text = String::new();
@@ -182,7 +247,7 @@ impl Counter {
             let ids = self
                 .tk
                 .encode(text.as_str(), false)
-                .map_err(|e| e.to_string())?
+                .map_err(SyntheticError::Tokenizer)?
                 .get_ids()
                 .to_vec();
             if ids.len() >= want {
@@ -194,7 +259,12 @@ impl Counter {
 
     /// `head` followed by corpus text such that the whole counts exactly `n` tokens;
     /// `None` when no source tried reaches it.
-    fn exact(&self, head: &str, n: usize, rng: &mut Seeded) -> Result<Option<String>, String> {
+    fn exact(
+        &self,
+        head: &str,
+        n: usize,
+        rng: &mut Seeded,
+    ) -> Result<Option<String>, SyntheticError> {
         let base = self.count(head)?.max(self.specials);
         if n <= base {
             return Ok(None);
@@ -206,7 +276,7 @@ impl Counter {
                 let piece = self
                     .tk
                     .decode(&src[..k.min(src.len())], true)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(SyntheticError::Tokenizer)?;
                 let text = format!("{head}{piece}");
                 let got = self.count(&text)?;
                 if got == n {
@@ -224,7 +294,7 @@ impl Counter {
     /// A group's shared prefix: text whose encoding starts with exactly `p` tokens that
     /// stay the same whatever follows it after a space (checked: a merge across the join
     /// would change the group's last prefix token), and those tokens.
-    fn prefix(&self, p: usize, rng: &mut Seeded) -> Result<(String, Vec<u32>), String> {
+    fn prefix(&self, p: usize, rng: &mut Seeded) -> Result<(String, Vec<u32>), SyntheticError> {
         for _ in 0..OFFSETS {
             let Some(text) = self.exact("", p + self.specials - self.lead, rng)? else {
                 continue;
@@ -244,7 +314,7 @@ pub(crate) fn generate(
     counter: &Counter,
     opts: &Options,
     ask: &Ask,
-) -> Result<Vec<Prompt>, String> {
+) -> Result<Vec<Prompt>, SyntheticError> {
     let mut rng = Seeded::new(opts.seed);
     let p = opts.shared_prefix_tokens as usize;
     // Each group's prefix: exactly P tokens as the prompt starts (its leading special
@@ -252,7 +322,7 @@ pub(crate) fn generate(
     let groups = if p > 0 { opts.prefix_groups.max(1) } else { 0 };
     let prefixes: Vec<(String, Vec<u32>)> = (0..groups)
         .map(|_| counter.prefix(p, &mut rng))
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, SyntheticError>>()?;
     let tag_words = if opts.cache_bust && p == 0 {
         counter.tag_words()?
     } else {
@@ -278,23 +348,26 @@ pub(crate) fn generate(
                 .round();
             (x.max(1.0) as u64).clamp(above, MAX_TOKENS.max(above))
         } else if opts.input_tokens < above {
-            return Err(format!(
-                "--input-tokens {} leaves no room for text after {} tokens ({}); ask for more",
-                opts.input_tokens,
-                above - 1,
-                if p > 0 {
+            return Err(SyntheticError::NoRoom {
+                input_tokens: opts.input_tokens,
+                head: above - 1,
+                what: if p > 0 {
                     "the shared prefix"
                 } else if opts.cache_bust {
                     "the cache-bust tag and the special tokens"
                 } else {
                     "the tokenizer's special tokens"
-                }
-            ));
+                },
+            });
         } else {
             opts.input_tokens
         };
         let shared = group.map(|(_, ids)| &ids[..]);
-        let text = prompt_text(counter, (&head, shared), n as usize, i, &mut seen, &mut rng)?;
+        let start = Start {
+            head: &head,
+            shared,
+        };
+        let text = prompt_text(counter, start, n as usize, i, &mut seen, &mut rng)?;
         let tokens = counter.count(&text)? as u64;
         out.push(Prompt {
             name: format!("prompt-{}", i + 1),
@@ -310,16 +383,25 @@ pub(crate) fn generate(
     Ok(out)
 }
 
+/// How a prompt starts: its head (a shared prefix, a cache-bust tag or nothing) and, with
+/// a shared prefix, the group's first P token ids.
+#[derive(Clone, Copy)]
+struct Start<'a> {
+    head: &'a str,
+    shared: Option<&'a [u32]>,
+}
+
 /// One prompt of exactly `n` tokens starting with `head`, unlike every prompt `seen`
 /// before it; with a shared prefix its first P tokens are checked against its group's.
 fn prompt_text(
     counter: &Counter,
-    (head, shared): (&str, Option<&[u32]>),
+    start: Start<'_>,
     n: usize,
     i: u64,
     seen: &mut HashSet<String>,
     rng: &mut Seeded,
-) -> Result<String, String> {
+) -> Result<String, SyntheticError> {
+    let Start { head, shared } = start;
     for _ in 0..OFFSETS {
         let Some(text) = counter.exact(head, n, rng)? else {
             break;
@@ -344,12 +426,12 @@ impl Counter {
     /// cover the corpus (most of it is the unknown token) or does not give back what it
     /// decoded (the corpus's tokens decode to text that encodes to other tokens); else its
     /// merges kept changing the count.
-    fn too_hard(&self, n: u64, what: &str) -> String {
+    fn too_hard(&self, n: u64, what: &str) -> SyntheticError {
         let tried = format!(
             "cannot make {what} of exactly {n} tokens under this tokenizer after {OFFSETS} source texts of {ADJUSTMENTS} adjustments each"
         );
         let fix = "give the tokenizer.json of the model the plan is for (one whose vocabulary covers plain English text), or write the prompts yourself and use plan from-jsonl";
-        match self.corpus_cover() {
+        let why = match self.corpus_cover() {
             Ok(Cover::Unknown { share, token }) => format!(
                 "{tried}: {:.0}% of the embedded corpus (English prose) encodes to its unknown token {token:?}, which does not decode back to the text it stood for, so text cut from the corpus cannot keep its count: the vocabulary does not cover the corpus; {fix}",
                 share * 100.0
@@ -360,12 +442,16 @@ impl Counter {
             Ok(Cover::Covered) | Err(_) => format!(
                 "{tried} (its merges keep changing the count); try another --seed or a nearby length"
             ),
-        }
+        };
+        SyntheticError::TooHard { why }
     }
 
     /// How the tokenizer takes the embedded corpus.
-    fn corpus_cover(&self) -> Result<Cover, String> {
-        let ids = self.tk.encode(CORPUS, false).map_err(|e| e.to_string())?;
+    fn corpus_cover(&self) -> Result<Cover, SyntheticError> {
+        let ids = self
+            .tk
+            .encode(CORPUS, false)
+            .map_err(SyntheticError::Tokenizer)?;
         let ids = ids.get_ids();
         if let Some((unk, token)) = unknown_token(&self.tk) {
             let unknown = ids.iter().filter(|&&i| i == unk).count();
@@ -374,8 +460,14 @@ impl Counter {
                 return Ok(Cover::Unknown { share, token });
             }
         }
-        let text = self.tk.decode(ids, true).map_err(|e| e.to_string())?;
-        let again = self.tk.encode(text, false).map_err(|e| e.to_string())?;
+        let text = self
+            .tk
+            .decode(ids, true)
+            .map_err(SyntheticError::Tokenizer)?;
+        let again = self
+            .tk
+            .encode(text, false)
+            .map_err(SyntheticError::Tokenizer)?;
         if again.get_ids() != ids {
             return Ok(Cover::NoRoundTrip {
                 tokens: ids.len(),

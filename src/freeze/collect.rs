@@ -128,6 +128,54 @@ pub(crate) struct Collected {
     pub(crate) content: Vec<String>,
 }
 
+/// What the replayed plan said of a request: its `prompt_tokens` and variant name.
+struct Planned {
+    prompt_tokens: Option<i64>,
+    source_name: Option<String>,
+}
+
+/// Why a recorded row is left out of a freeze (counted by this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LeftOut {
+    #[error("status {0} (only 2xx answers are frozen)")]
+    Status(i32),
+    #[error("no response (outcome {outcome})")]
+    NoResponse { outcome: String },
+    #[error(
+        "answered, but failed the source plan's oracle (outcome correctness): freeze the answers you trust, e.g. a capture plan's run"
+    )]
+    FailedOracle,
+    #[error("did not complete (outcome {outcome})")]
+    NotCompleted { outcome: String },
+    #[error("request body truncated by --max-record-body")]
+    RequestTruncated,
+    #[error("response body truncated by --max-record-body")]
+    ResponseTruncated,
+    #[error("a secret query value in the URL (recorded as <redacted>; a plan never holds one)")]
+    SecretInUrl,
+    #[error("content-encoded response ({0}): the recorded bytes are not the answer")]
+    EncodedResponse(String),
+    #[error("content-encoded request body ({0})")]
+    EncodedRequest(String),
+    #[error("a {0} request with a body (a plan's {0} case sends none)")]
+    BodyWithoutCase(String),
+    #[error("request body is not UTF-8 text (a plan holds JSON or text)")]
+    RequestNotText,
+    #[error("response is not a readable event stream ({0})")]
+    NotEventStream(#[source] crate::sse::LineTooLong),
+    #[error("response body is not UTF-8 text (a plan's oracle holds JSON or text)")]
+    ResponseNotText,
+}
+
+/// A row a freeze would keep whose URL cannot be read: the run's files were damaged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "url {url:?} is not an absolute http(s) URL, so the request's path cannot be read from it (a plan's case is its path); no recorder writes it, so the file was damaged or edited: restore the run's files from a copy"
+)]
+pub(crate) struct UnreadableUrl {
+    pub(crate) url: String,
+}
+
 impl Collected {
     pub(crate) fn new(content: Vec<String>) -> Collected {
         Collected {
@@ -136,14 +184,14 @@ impl Collected {
         }
     }
 
-    fn skip(&mut self, reason: impl Into<String>) {
-        *self.skipped.entry(reason.into()).or_insert(0) += 1;
+    fn skip(&mut self, reason: LeftOut) {
+        *self.skipped.entry(reason.to_string()).or_insert(0) += 1;
     }
 
     /// Keep `row` (as a new request or as a repeat of one) or count why not. `Err`: the
     /// row would be frozen but its URL cannot be read (every such row would become one
     /// path), so the freeze is refused, with the reason.
-    pub(crate) fn take(&mut self, row: ExchangeRow) -> Result<(), String> {
+    pub(crate) fn take(&mut self, row: ExchangeRow) -> Result<(), UnreadableUrl> {
         self.rows += 1;
         let status = match completed(&row) {
             Ok(s) => s,
@@ -152,16 +200,16 @@ impl Collected {
                 return Ok(());
             }
         };
-        let path = origin_form(&row.url).ok_or_else(|| {
-            format!(
-                "url {:?} is not an absolute http(s) URL, so the request's path cannot be read from it (a plan's case is its path); no recorder writes it, so the file was damaged or edited: restore the run's files from a copy",
-                row.url
-            )
+        let path = origin_form(&row.url).ok_or_else(|| UnreadableUrl {
+            url: row.url.clone(),
         })?;
         match self.key_and_answer(&row, status, path) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
-                let source = (row.prompt_tokens_planned, row.variant);
+                let source = Planned {
+                    prompt_tokens: row.prompt_tokens_planned,
+                    source_name: row.variant,
+                };
                 self.add(key, body, answer, source);
             }
             Err(reason) => self.skip(reason),
@@ -174,18 +222,16 @@ impl Collected {
         row: &ExchangeRow,
         status: u16,
         path: String,
-    ) -> Result<(CaseKey, Body, Answer), String> {
+    ) -> Result<(CaseKey, Body, Answer), LeftOut> {
         if let Some(enc) = header(&row.response_headers, "content-encoding")
             .filter(|e| !e.eq_ignore_ascii_case("identity"))
         {
-            return Err(format!(
-                "content-encoded response ({enc}): the recorded bytes are not the answer"
-            ));
+            return Err(LeftOut::EncodedResponse(enc));
         }
         if let Some(enc) = header(&row.request_headers, "content-encoding")
             .filter(|e| !e.eq_ignore_ascii_case("identity"))
         {
-            return Err(format!("content-encoded request body ({enc})"));
+            return Err(LeftOut::EncodedRequest(enc));
         }
         let content_type = header(&row.request_headers, "content-type");
         let body = body_of(&row.method, &row.request_body, content_type.as_deref())?;
@@ -247,15 +293,13 @@ impl Collected {
         kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
     }
 
-    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: the
-    /// replayed plan's `prompt_tokens` and variant name for it.
-    fn add(
-        &mut self,
-        key: CaseKey,
-        body: Body,
-        answer: Answer,
-        (prompt_tokens, source_name): (Option<i64>, Option<String>),
-    ) {
+    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: what
+    /// the replayed plan said of it.
+    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, source: Planned) {
+        let Planned {
+            prompt_tokens,
+            source_name,
+        } = source;
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
             None => {
@@ -303,32 +347,32 @@ impl Collected {
 
 /// The status of a row a freeze may keep (answered 2xx, completed, recorded whole, no
 /// secret in its URL), or why it is left out.
-fn completed(row: &ExchangeRow) -> Result<u16, String> {
+fn completed(row: &ExchangeRow) -> Result<u16, LeftOut> {
     let status = match row.status {
         Some(s @ 200..=299) => s as u16,
-        Some(s) => return Err(format!("status {s} (only 2xx answers are frozen)")),
-        None => return Err(format!("no response (outcome {})", row.outcome)),
+        Some(s) => return Err(LeftOut::Status(s)),
+        None => {
+            return Err(LeftOut::NoResponse {
+                outcome: row.outcome.clone(),
+            });
+        }
     };
     if row.outcome == Outcome::Correctness.as_str() {
-        return Err(
-        "answered, but failed the source plan's oracle (outcome correctness): freeze the answers you trust, e.g. a capture plan's run"
-            .into(),
-        );
+        return Err(LeftOut::FailedOracle);
     }
     if row.outcome != Outcome::Ok.as_str() {
-        return Err(format!("did not complete (outcome {})", row.outcome));
+        return Err(LeftOut::NotCompleted {
+            outcome: row.outcome.clone(),
+        });
     }
     if row.request_body_truncated {
-        return Err("request body truncated by --max-record-body".into());
+        return Err(LeftOut::RequestTruncated);
     }
     if row.response_body_truncated {
-        return Err("response body truncated by --max-record-body".into());
+        return Err(LeftOut::ResponseTruncated);
     }
     if row.url.contains(REDACTED_TEXT) {
-        return Err(
-            "a secret query value in the URL (recorded as <redacted>; a plan never holds one)"
-                .into(),
-        );
+        return Err(LeftOut::SecretInUrl);
     }
     Ok(status)
 }
@@ -398,14 +442,12 @@ pub(crate) fn origin_form(url: &str) -> Option<String> {
 }
 
 /// What the request sent, as a plan holds it.
-fn body_of(method: &str, body: &[u8], content_type: Option<&str>) -> Result<Body, String> {
+fn body_of(method: &str, body: &[u8], content_type: Option<&str>) -> Result<Body, LeftOut> {
     if body.is_empty() {
         return Ok(Body::Empty);
     }
     if matches!(method, "GET" | "HEAD") {
-        return Err(format!(
-            "a {method} request with a body (a plan's {method} case sends none)"
-        ));
+        return Err(LeftOut::BodyWithoutCase(method.to_string()));
     }
     let json_type = content_type.is_some_and(is_json_type);
     if json_type && let Ok(v) = serde_json::from_slice::<Value>(body) {
@@ -413,7 +455,7 @@ fn body_of(method: &str, body: &[u8], content_type: Option<&str>) -> Result<Body
     }
     match std::str::from_utf8(body) {
         Ok(t) => Ok(Body::Text(t.to_string())),
-        Err(_) => Err("request body is not UTF-8 text (a plan holds JSON or text)".into()),
+        Err(_) => Err(LeftOut::RequestNotText),
     }
 }
 
@@ -428,11 +470,10 @@ fn is_json_type(ct: &str) -> bool {
 }
 
 /// The oracle the recorded answer becomes.
-fn answer_of(row: &ExchangeRow) -> Result<Answer, String> {
+fn answer_of(row: &ExchangeRow) -> Result<Answer, LeftOut> {
     let body = &row.response_body;
     if row.is_stream {
-        let events = crate::sse::parse_all(body)
-            .map_err(|e| format!("response is not a readable event stream ({e})"))?;
+        let events = crate::sse::parse_all(body).map_err(LeftOut::NotEventStream)?;
         let mut t = crate::sse::StreamTracker::default();
         for e in &events {
             t.on_event(e);
@@ -465,9 +506,7 @@ fn answer_of(row: &ExchangeRow) -> Result<Answer, String> {
     }
     match std::str::from_utf8(body) {
         Ok(t) => Ok(Answer::Text(t.to_string())),
-        Err(_) => {
-            Err("response body is not UTF-8 text (a plan's oracle holds JSON or text)".into())
-        }
+        Err(_) => Err(LeftOut::ResponseNotText),
     }
 }
 
@@ -537,7 +576,8 @@ mod tests {
         assert_eq!(other.take(broken_failed), Ok(()));
         let err = other.take(broken).unwrap_err();
         assert!(
-            err.starts_with("url \"http://[::1\" is not an absolute http(s) URL"),
+            err.to_string()
+                .starts_with("url \"http://[::1\" is not an absolute http(s) URL"),
             "{err}"
         );
         assert_eq!((other.rows, other.kept, other.cases.len()), (2, 0, 0));

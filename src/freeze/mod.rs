@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
-pub(crate) use write::{Budget, Head, fill_metadata, head_map, plan_bytes};
+pub(crate) use write::{Budget, Head, PlanBytesError, fill_metadata, head_map, plan_bytes};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;
@@ -59,6 +59,27 @@ pub(crate) enum FreezeError {
     /// A run cannot be read.
     #[error(transparent)]
     Run(#[from] ReportError),
+    /// A row that would be frozen has a URL no recorder writes (`part` names the file).
+    #[error("{part}: exchange_id {id}: {source}")]
+    Damaged {
+        part: String,
+        id: i64,
+        #[source]
+        source: collect::UnreadableUrl,
+    },
+    /// An exchange id is recorded twice (`place` says where): files copied by hand.
+    #[error(
+        "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
+    )]
+    DuplicateId { id: i64, place: String },
+    /// The frozen plan would pass the size `validate` and `replay` read.
+    #[error(
+        "{0}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
+    )]
+    TooLarge(#[source] PlanBytesError),
+    /// The frozen plan does not validate.
+    #[error("the frozen plan does not validate, so it is not written: {0}")]
+    Invalid(#[source] crate::config::json::PlanError),
 }
 
 /// One source run as the freeze reads it.
@@ -90,9 +111,59 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     let mut content: Vec<String> = sources.iter().map(|s| s.decisions.clone()).collect();
     content.dedup();
     let mut collected = collect::Collected::new(content);
-    let mut other_arms = 0u64;
-    let mut health = 0u64;
-    for s in &sources {
+    let passed = collect_rows(&sources, &mut collected)?;
+    if collected.cases.is_empty() {
+        return Err(FreezeError::Refused(format!(
+            "no exchange of {} can be frozen ({} read; {}): a plan needs at least one request answered 2xx with its whole body recorded",
+            runs_named(&sources),
+            collected.rows,
+            skipped_text(&collected)
+        )));
+    }
+    let bearer_token_env = bearer_env(opts, &sources, &collected)?;
+    let mut lines: Vec<String> = sources.iter().filter_map(newer_schema).collect();
+    let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
+    let head = write::Head {
+        name: opts.name.clone(),
+        description: description(&sources),
+        endpoint: endpoint.url(),
+        health_endpoint: sources
+            .iter()
+            .find_map(|s| s.health_path.as_deref())
+            .map(|p| endpoint.with_path(p).url()),
+        bearer_token_env,
+        metadata,
+    };
+    let budget = budget(opts, &collected, &mut lines);
+    let value = write::plan_json(&head, &budget, &collected.cases);
+    let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES)
+        .map_err(FreezeError::TooLarge)?;
+    drop(value);
+    match Plan::from_json_bytes(&plan) {
+        Err(e) => return Err(FreezeError::Invalid(e)),
+        Ok(p) => lines.extend(p.unmeasured_variants()),
+    }
+    report(&collected, &mut lines, passed);
+    Ok(Frozen { plan, lines })
+}
+
+/// Rows read but passed over as no workload of the frozen arm.
+#[derive(Debug, Clone, Copy, Default)]
+struct Passed {
+    /// Exchanges of another arm of a campaign run.
+    other_arms: u64,
+    /// Health checks (replay's own, or live probes of the health path).
+    health: u64,
+}
+
+/// Every row of every source into `collected`, or the refusal a damaged run earns (an
+/// exchange id read twice, a URL no recorder writes); the rows passed over, counted.
+fn collect_rows(
+    sources: &[Source],
+    collected: &mut collect::Collected,
+) -> Result<Passed, FreezeError> {
+    let mut passed = Passed::default();
+    for s in sources {
         // The health endpoint is replay's own check, not workload: probes of it in live
         // traffic (a load balancer's, `wait_http`'s) are not frozen either.
         let health_path = s.health_path.as_deref().unwrap_or("/health");
@@ -107,31 +178,36 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
                 if let Err(e) = ids.see(part, id) {
                     refused = Some(e);
                 } else if s.arm.is_some() && row.arm != s.arm {
-                    other_arms += 1;
+                    passed.other_arms += 1;
                 } else if row.phase == "health"
                     || (row.method == "GET"
                         && collect::origin_form(&row.url).as_deref() == Some(health_path))
                 {
-                    health += 1;
-                } else if let Err(why) = collected.take(row) {
-                    refused = Some(format!("{}: exchange_id {id}: {why}", part.display()));
+                    passed.health += 1;
+                } else if let Err(source) = collected.take(row) {
+                    refused = Some(FreezeError::Damaged {
+                        part: part.display().to_string(),
+                        id,
+                        source,
+                    });
                 }
             })
             .map_err(ReportError::Rows)?;
-            if let Some(why) = refused {
-                return Err(FreezeError::Refused(why));
+            if let Some(e) = refused {
+                return Err(e);
             }
         }
     }
-    if collected.cases.is_empty() {
-        return Err(FreezeError::Refused(format!(
-            "no exchange of {} can be frozen ({} read; {}): a plan needs at least one request answered 2xx with its whole body recorded",
-            runs_named(&sources),
-            collected.rows,
-            skipped_text(&collected)
-        )));
-    }
-    // The flag, else the variable the replayed plans named (when they agree).
+    Ok(passed)
+}
+
+/// The bearer token's variable: the flag, else the one the replayed plans named (when
+/// they agree); refused when the requests carried a token and none is named.
+fn bearer_env(
+    opts: &Options,
+    sources: &[Source],
+    collected: &collect::Collected,
+) -> Result<Option<String>, FreezeError> {
     let from_plans = sources
         .first()
         .and_then(|f| f.bearer_env.clone())
@@ -140,30 +216,20 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
                 .iter()
                 .all(|s| s.bearer_env.as_deref() == Some(e.as_str()))
         });
-    let bearer_token_env = match (
+    match (
         opts.bearer_token_env.clone().or(from_plans),
         collected.bearer,
     ) {
-        (None, true) => {
-            return Err(FreezeError::Refused(
-                "the captured requests carried an Authorization header (recorded as <redacted>, so the token is not in the run): name the environment variable replay reads the token from with --bearer-token-env NAME; the plan records only that name".into(),
-            ));
-        }
-        (env, _) => env,
-    };
-    let mut lines: Vec<String> = sources.iter().filter_map(newer_schema).collect();
-    let metadata = metadata(opts.metadata.as_ref(), &sources, &mut lines);
-    let head = write::Head {
-        name: opts.name.clone(),
-        description: description(&sources),
-        endpoint: endpoint.url(),
-        health_endpoint: sources
-            .iter()
-            .find_map(|s| s.health_path.as_deref())
-            .map(|p| endpoint.with_path(p).url()),
-        bearer_token_env,
-        metadata,
-    };
+        (None, true) => Err(FreezeError::Refused(
+            "the captured requests carried an Authorization header (recorded as <redacted>, so the token is not in the run): name the environment variable replay reads the token from with --bearer-token-env NAME; the plan records only that name".into(),
+        )),
+        (env, _) => Ok(env),
+    }
+}
+
+/// The flags' budget, with a covering `requests_per_case` when none is given (said in
+/// `lines`).
+fn budget(opts: &Options, collected: &collect::Collected, lines: &mut Vec<String>) -> Budget {
     let mut budget = opts.budget.clone();
     if budget.requests_per_case.is_none() {
         let counts: Vec<usize> = collected.cases.iter().map(|c| c.variants.len()).collect();
@@ -175,23 +241,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
             counts.iter().sum::<usize>()
         ));
     }
-    let value = write::plan_json(&head, &budget, &collected.cases);
-    let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES).map_err(|e| {
-        FreezeError::Refused(format!(
-            "{e}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
-        ))
-    })?;
-    drop(value);
-    match Plan::from_json_bytes(&plan) {
-        Err(e) => {
-            return Err(FreezeError::Refused(format!(
-                "the frozen plan does not validate, so it is not written: {e}"
-            )));
-        }
-        Ok(p) => lines.extend(p.unmeasured_variants()),
-    }
-    report(&collected, &mut lines, other_arms, health);
-    Ok(Frozen { plan, lines })
+    budget
 }
 
 /// A warning when a run's config.json says a newer schema than this build writes: a later
@@ -224,7 +274,7 @@ struct UniqueIds {
 }
 
 impl UniqueIds {
-    fn see(&mut self, part: &Path, id: i64) -> Result<(), String> {
+    fn see(&mut self, part: &Path, id: i64) -> Result<(), FreezeError> {
         if self.parts.last().map(PathBuf::as_path) != Some(part) {
             self.parts.push(part.to_path_buf());
         }
@@ -238,9 +288,7 @@ impl UniqueIds {
                 } else {
                     format!("in {} and again in {}", first.display(), part.display())
                 };
-                Err(format!(
-                    "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
-                ))
+                Err(FreezeError::DuplicateId { id, place })
             }
             Some((_, (last, at))) if last.checked_add(1) == Some(id) && *at == here => {
                 *last = id;
@@ -457,7 +505,8 @@ fn skipped_text(c: &collect::Collected) -> String {
 }
 
 /// The lines that say what was frozen, left out and found nondeterministic.
-fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, health: u64) {
+fn report(c: &collect::Collected, lines: &mut Vec<String>, passed: Passed) {
+    let Passed { other_arms, health } = passed;
     let variants: usize = c.cases.iter().map(|k| k.variants.len()).sum();
     lines.insert(
         0,
@@ -493,6 +542,12 @@ fn report(c: &collect::Collected, lines: &mut Vec<String>, other_arms: u64, heal
             names.join(", ")
         ));
     }
+    report_repeats(c, lines);
+}
+
+/// Say which requests were answered more than once and differed, and the ignore paths
+/// learnt from the repeats (or, for requests answered once, the defaults).
+fn report_repeats(c: &collect::Collected, lines: &mut Vec<String>) {
     let names = write::case_names(&c.cases);
     let mut repeated = 0;
     let mut differed = Vec::new();
@@ -565,24 +620,29 @@ mod tests {
         let mut ids = UniqueIds::default();
         // In order, out of order, with gaps and at the ends of the range: all distinct.
         for id in [0, 1, 2, 5, 4, 3, 9, i64::MAX, i64::MIN, -1] {
-            assert_eq!(ids.see(a, id), Ok(()), "{id}");
+            assert!(ids.see(a, id).is_ok(), "{id}");
         }
         assert!(ids.spans.len() < 10, "consecutive ids share a span");
         for id in [6, 7, 8, 10] {
-            assert_eq!(ids.see(b, id), Ok(()), "{id}");
+            assert!(ids.see(b, id).is_ok(), "{id}");
         }
         let again = ids.see(b, 4).unwrap_err();
+        assert!(matches!(again, FreezeError::DuplicateId { id: 4, .. }));
+        let again = again.to_string();
         assert!(
             again.starts_with(
                 "exchange_id 4 is recorded in x/part-00000.parquet and again in x/part-00001.parquet"
             ),
             "{again}"
         );
-        let twice = ids.see(b, 7).unwrap_err();
+        let twice = ids.see(b, 7).unwrap_err().to_string();
         assert!(
             twice.starts_with("exchange_id 7 is recorded twice in x/part-00001.parquet"),
             "{twice}"
         );
-        assert!(ids.see(b, i64::MAX).is_err());
+        assert!(matches!(
+            ids.see(b, i64::MAX),
+            Err(FreezeError::DuplicateId { id: i64::MAX, .. })
+        ));
     }
 }

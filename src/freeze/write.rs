@@ -39,10 +39,32 @@ pub(crate) struct Head {
     pub(crate) metadata: Map<String, Value>,
 }
 
+/// Why a plan's bytes are not made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PlanBytesError {
+    /// The plan would pass `limit` bytes.
+    #[error(
+        "the plan would be larger than {}, the most `validate` and `replay` read, so it is not written",
+        size_text(*limit)
+    )]
+    TooBig { limit: u64 },
+    /// The plan cannot be serialized.
+    #[error("cannot write the plan: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
+/// A size limit as a refusal says it: whole MiB, or bytes under one.
+fn size_text(limit: u64) -> String {
+    match limit >> 20 {
+        0 => format!("{limit} bytes"),
+        mib => format!("{mib} MiB"),
+    }
+}
+
 /// `plan` pretty-printed with a final newline, refused as soon as it passes `limit` bytes
 /// (never a plan `validate` would refuse to read, and never more than `limit` bytes held
 /// for it). The refusal names the limit; the caller adds what to do.
-pub(crate) fn plan_bytes(plan: &Value, limit: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn plan_bytes(plan: &Value, limit: u64) -> Result<Vec<u8>, PlanBytesError> {
     /// A buffer that refuses to grow past its limit.
     struct Bounded {
         bytes: Vec<u8>,
@@ -65,20 +87,12 @@ pub(crate) fn plan_bytes(plan: &Value, limit: u64) -> Result<Vec<u8>, String> {
         bytes: Vec::new(),
         limit: usize::try_from(limit).unwrap_or(usize::MAX),
     };
-    let too_big = || {
-        let limit = match limit >> 20 {
-            0 => format!("{limit} bytes"),
-            mib => format!("{mib} MiB"),
-        };
-        format!(
-            "the plan would be larger than {limit}, the most `validate` and `replay` read, so it is not written"
-        )
-    };
+    let too_big = || PlanBytesError::TooBig { limit };
     serde_json::to_writer_pretty(&mut w, plan).map_err(|e| {
         if e.io_error_kind().is_some() {
             too_big()
         } else {
-            format!("cannot write the plan: {e}")
+            PlanBytesError::Json(e)
         }
     })?;
     std::io::Write::write_all(&mut w, b"\n").map_err(|_| too_big())?;
@@ -437,12 +451,15 @@ mod tests {
         assert_eq!(plan_bytes(&v, whole.len() as u64).ok(), Some(whole.clone()));
         let err = plan_bytes(&v, whole.len() as u64 - 1)
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
             err.contains(&format!("larger than {} bytes", whole.len() - 1)),
             "{err}"
         );
-        let err = plan_bytes(&v, 500).err().unwrap_or_default();
+        let err = plan_bytes(&v, 500).err();
+        assert!(matches!(err, Some(PlanBytesError::TooBig { limit: 500 })));
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(
             err.contains("the most `validate` and `replay` read"),
             "{err}"
@@ -450,6 +467,7 @@ mod tests {
         assert!(plan_bytes(&json!({}), 64 << 20).is_ok());
         let err = plan_bytes(&json!({"a": "x".repeat(2 << 20)}), 1 << 20)
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("larger than 1 MiB"), "{err}");
     }
