@@ -20,16 +20,39 @@ pub(crate) struct Pointer {
     tokens: Vec<String>,
 }
 
+/// Why a string is not a [`Pointer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PointerError {
+    #[error(
+        "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
+    )]
+    Root,
+    #[error("a JSON pointer starts with '/' (RFC 6901)")]
+    NoSlash,
+    #[error("'~' must be followed by 0 or 1 (RFC 6901)")]
+    Escape,
+}
+
+/// Why an ignore path does not name a primitive leaf of the oracle's expected value; the
+/// words follow the path (`ignore path '/a' does not exist in the oracle`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum LeafError {
+    #[error(" does not exist in the oracle")]
+    Missing,
+    #[error(": '{0}' is not a canonical array index")]
+    NotAnIndex(String),
+    /// It reaches an object or an array (the kind named).
+    #[error(" must end at a primitive leaf, but it reaches {0}")]
+    NotALeaf(&'static str),
+}
+
 impl Pointer {
-    pub(crate) fn parse(s: &str) -> Result<Pointer, String> {
+    pub(crate) fn parse(s: &str) -> Result<Pointer, PointerError> {
         if s.is_empty() {
-            return Err(
-                "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
-                    .into(),
-            );
+            return Err(PointerError::Root);
         }
         let Some(rest) = s.strip_prefix('/') else {
-            return Err("a JSON pointer starts with '/' (RFC 6901)".into());
+            return Err(PointerError::NoSlash);
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -40,7 +63,7 @@ impl Pointer {
                     match chars.next() {
                         Some('0') => tok.push('~'),
                         Some('1') => tok.push('/'),
-                        _ => return Err("'~' must be followed by 0 or 1 (RFC 6901)".into()),
+                        _ => return Err(PointerError::Escape),
                     }
                 } else {
                     tok.push(c);
@@ -663,31 +686,23 @@ impl StreamOracle {
     }
 }
 
-fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), String> {
+fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), LeafError> {
     let mut cur = root;
     for tok in &p.tokens {
         cur = match cur {
-            Value::Object(m) => m
-                .get(tok)
-                .ok_or_else(|| " does not exist in the oracle".to_string())?,
+            Value::Object(m) => m.get(tok).ok_or(LeafError::Missing)?,
             Value::Array(a) => {
                 if !is_canonical_index(tok) {
-                    return Err(format!(": '{tok}' is not a canonical array index"));
+                    return Err(LeafError::NotAnIndex(tok.clone()));
                 }
-                let i: usize = tok
-                    .parse()
-                    .map_err(|_| " does not exist in the oracle".to_string())?;
-                a.get(i)
-                    .ok_or_else(|| " does not exist in the oracle".to_string())?
+                let i: usize = tok.parse().map_err(|_| LeafError::Missing)?;
+                a.get(i).ok_or(LeafError::Missing)?
             }
-            _ => return Err(" does not exist in the oracle".into()),
+            _ => return Err(LeafError::Missing),
         };
     }
     match cur {
-        Value::Object(_) | Value::Array(_) => Err(format!(
-            " must end at a primitive leaf, but it reaches {}",
-            json_kind(cur)
-        )),
+        Value::Object(_) | Value::Array(_) => Err(LeafError::NotALeaf(json_kind(cur))),
         _ => Ok(()),
     }
 }
