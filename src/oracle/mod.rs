@@ -588,16 +588,20 @@ fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), LeafError> {
     }
 }
 
+/// A mismatch at `path`.
+fn fail(path: &[PathTok<'_>], reason: String) -> Mismatch {
+    Mismatch {
+        pointer: Some(pointer_of(path)),
+        reason,
+    }
+}
+
 fn compare<'a>(
     expected: &'a Value,
     actual: &'a Value,
     ignore: Option<&IgnoreNode>,
     path: &mut Vec<PathTok<'a>>,
 ) -> Result<(), Mismatch> {
-    let fail = |path: &[PathTok<'_>], reason: String| Mismatch {
-        pointer: Some(pointer_of(path)),
-        reason,
-    };
     if let Some(node) = ignore
         && node.leaf
     {
@@ -615,55 +619,78 @@ fn compare<'a>(
         };
     }
     match (expected, actual) {
-        (Value::Object(e), Value::Object(a)) => {
-            for (k, ev) in e {
-                path.push(PathTok::Key(k));
-                let child = ignore.and_then(|n| n.children.get(k.as_str()));
-                match a.get(k) {
-                    Some(av) => compare(ev, av, child, path)?,
-                    None => {
-                        let what = if child.is_some_and(|c| c.leaf) {
-                            "ignored leaf is missing from the response"
-                        } else {
-                            "key is missing from the response"
-                        };
-                        return Err(fail(path, what.into()));
-                    }
-                }
-                path.pop();
-            }
-            if let Some(k) = a.keys().find(|k| !e.contains_key(k.as_str())) {
-                path.push(PathTok::Key(k));
-                return Err(fail(path, "unexpected key in the response".into()));
-            }
-            Ok(())
-        }
-        (Value::Array(e), Value::Array(a)) => {
-            for (i, (ev, av)) in e.iter().zip(a).enumerate() {
-                path.push(PathTok::Index(i));
-                let child = ignore.and_then(|n| n.children.get(&i.to_string()));
-                compare(ev, av, child, path)?;
-                path.pop();
-            }
-            if e.len() != a.len() {
-                path.push(PathTok::Index(e.len().min(a.len())));
-                let reason = if a.len() > e.len() {
-                    format!(
-                        "unexpected array element (expected {} elements, found {})",
-                        e.len(),
-                        a.len()
-                    )
+        (Value::Object(e), Value::Object(a)) => compare_objects(e, a, ignore, path),
+        (Value::Array(e), Value::Array(a)) => compare_arrays(e, a, ignore, path),
+        _ => compare_scalars(expected, actual, path),
+    }
+}
+
+/// Two objects: every expected key present and equal (in the expected order), no other.
+fn compare_objects<'a>(
+    e: &'a serde_json::Map<String, Value>,
+    a: &'a serde_json::Map<String, Value>,
+    ignore: Option<&IgnoreNode>,
+    path: &mut Vec<PathTok<'a>>,
+) -> Result<(), Mismatch> {
+    for (k, ev) in e {
+        path.push(PathTok::Key(k));
+        let child = ignore.and_then(|n| n.children.get(k.as_str()));
+        match a.get(k) {
+            Some(av) => compare(ev, av, child, path)?,
+            None => {
+                let what = if child.is_some_and(|c| c.leaf) {
+                    "ignored leaf is missing from the response"
                 } else {
-                    format!(
-                        "array element is missing (expected {} elements, found {})",
-                        e.len(),
-                        a.len()
-                    )
+                    "key is missing from the response"
                 };
-                return Err(fail(path, reason));
+                return Err(fail(path, what.into()));
             }
-            Ok(())
         }
+        path.pop();
+    }
+    if let Some(k) = a.keys().find(|k| !e.contains_key(k.as_str())) {
+        path.push(PathTok::Key(k));
+        return Err(fail(path, "unexpected key in the response".into()));
+    }
+    Ok(())
+}
+
+/// Two arrays: element by element, then their lengths.
+fn compare_arrays<'a>(
+    e: &'a [Value],
+    a: &'a [Value],
+    ignore: Option<&IgnoreNode>,
+    path: &mut Vec<PathTok<'a>>,
+) -> Result<(), Mismatch> {
+    for (i, (ev, av)) in e.iter().zip(a).enumerate() {
+        path.push(PathTok::Index(i));
+        let child = ignore.and_then(|n| n.children.get(&i.to_string()));
+        compare(ev, av, child, path)?;
+        path.pop();
+    }
+    if e.len() != a.len() {
+        path.push(PathTok::Index(e.len().min(a.len())));
+        let reason = if a.len() > e.len() {
+            format!(
+                "unexpected array element (expected {} elements, found {})",
+                e.len(),
+                a.len()
+            )
+        } else {
+            format!(
+                "array element is missing (expected {} elements, found {})",
+                e.len(),
+                a.len()
+            )
+        };
+        return Err(fail(path, reason));
+    }
+    Ok(())
+}
+
+/// Two values that are not both objects nor both arrays.
+fn compare_scalars(expected: &Value, actual: &Value, path: &[PathTok<'_>]) -> Result<(), Mismatch> {
+    match (expected, actual) {
         (Value::Number(e), Value::Number(a)) => {
             if num_eq(e, a) {
                 Ok(())
