@@ -64,10 +64,8 @@ pub(crate) fn iso_utc(us: i64) -> String {
 
 /// Microseconds since the Unix epoch of an RFC 3339 time with a zone (what
 /// [`iso_utc`] writes); the parser's reason when it is not one.
-pub(crate) fn parse_rfc3339_us(s: &str) -> Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .map(|t| t.timestamp_micros())
-        .map_err(|e| e.to_string())
+pub(crate) fn parse_rfc3339_us(s: &str) -> Result<i64, chrono::ParseError> {
+    chrono::DateTime::parse_from_rfc3339(s).map(|t| t.timestamp_micros())
 }
 
 /// Compact UTC stamp for directory names: `20261129T225426Z`.

@@ -252,11 +252,60 @@ pub(crate) struct PromptDrift {
 }
 
 /// Drift of `arm`'s answers against `reference`'s.
+/// One numeric pointer's differences over the pairs seen so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct NumericTally {
+    /// The largest absolute difference, once a pair had a number on both sides.
+    max: Option<f64>,
+    compared: u64,
+    /// Pairs where either side has no number at the pointer.
+    missing: u64,
+}
+
+impl NumericTally {
+    fn add(&mut self, p: &crate::oracle::Pointer, x: &Value, y: &Value) {
+        match (
+            p.resolve(x).and_then(Value::as_f64),
+            p.resolve(y).and_then(Value::as_f64),
+        ) {
+            (Some(u), Some(v)) => {
+                let d = (u - v).abs();
+                self.max = Some(self.max.map_or(d, |m: f64| m.max(d)));
+                self.compared += 1;
+            }
+            _ => self.missing += 1,
+        }
+    }
+}
+
+/// One pair's line: the reference's answer and the arm's for the same `key`.
+fn prompt_drift(
+    key: &Key,
+    a: &Answer,
+    b: &Answer,
+    similarity: f64,
+    decision_flips: Option<u64>,
+) -> PromptDrift {
+    PromptDrift {
+        case: key.case.clone(),
+        variant: key.variant.clone(),
+        concurrency: key.concurrency,
+        repetition: key.repetition,
+        dispatch_index: key.dispatch_index,
+        equal: a.text == b.text,
+        similarity,
+        first_divergence_char: first_divergence(&a.text, &b.text),
+        reference_chars: a.text.chars().count(),
+        arm_chars: b.text.chars().count(),
+        decision_flips,
+    }
+}
+
 pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Drift {
     let mut all = Tally::default();
     let mut by_level: BTreeMap<i32, Tally> = BTreeMap::new();
     let mut prompts = Vec::new();
-    let mut numeric: Vec<(Option<f64>, u64, u64)> = vec![(None, 0, 0); opts.numeric_pointers.len()];
+    let mut numeric = vec![NumericTally::default(); opts.numeric_pointers.len()];
     let (mut flips, mut flip_pairs, mut lossy) = (0u64, 0u64, 0u64);
     let mut unpaired_arm = 0u64;
     for (key, b) in &arm.by_key {
@@ -281,32 +330,10 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
                 flip_pairs += 1;
             }
             for (p, slot) in opts.numeric_pointers.iter().zip(numeric.iter_mut()) {
-                match (
-                    p.resolve(x).and_then(Value::as_f64),
-                    p.resolve(y).and_then(Value::as_f64),
-                ) {
-                    (Some(u), Some(v)) => {
-                        let d = (u - v).abs();
-                        slot.0 = Some(slot.0.map_or(d, |m: f64| m.max(d)));
-                        slot.1 += 1;
-                    }
-                    _ => slot.2 += 1,
-                }
+                slot.add(p, x, y);
             }
         }
-        prompts.push(PromptDrift {
-            case: key.case.clone(),
-            variant: key.variant.clone(),
-            concurrency: key.concurrency,
-            repetition: key.repetition,
-            dispatch_index: key.dispatch_index,
-            equal,
-            similarity: sim,
-            first_divergence_char: first_divergence(&a.text, &b.text),
-            reference_chars: a.text.chars().count(),
-            arm_chars: b.text.chars().count(),
-            decision_flips: pair_flips,
-        });
+        prompts.push(prompt_drift(key, a, b, sim, pair_flips));
     }
     let unpaired_reference = reference
         .by_key
@@ -327,11 +354,11 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
             .numeric_pointers
             .iter()
             .zip(&numeric)
-            .map(|(p, (max, n, missing))| NumericDrift {
+            .map(|(p, t)| NumericDrift {
                 pointer: p.as_str().to_string(),
-                max_abs_difference: *max,
-                compared_pairs: *n,
-                pairs_without_both_numbers: *missing,
+                max_abs_difference: t.max,
+                compared_pairs: t.compared,
+                pairs_without_both_numbers: t.missing,
             })
             .collect(),
         decision_flips: (flip_pairs > 0).then_some(flips),

@@ -14,7 +14,7 @@ use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::oracle::{Oracle, Pointer};
 use crate::sse::{Event, SseParser};
-use views::{hyper_server_run, runtime};
+use views::{Refused, hyper_server_run, runtime};
 
 /// Plan parsing and validation: an error or a plan, never a panic.
 pub fn plan(data: &[u8]) {
@@ -106,8 +106,8 @@ pub fn http1_response_relayed(data: &[u8]) -> bool {
 fn same_as_hyper<T: PartialEq + std::fmt::Debug>(
     who: &str,
     data: &[u8],
-    theirs: &Result<T, String>,
-    ours: impl Fn(usize) -> Result<T, String>,
+    theirs: &Result<T, Refused>,
+    ours: impl Fn(usize) -> Result<T, Refused>,
 ) {
     for step in [usize::MAX, 1, 7] {
         let ours = ours(step);
@@ -128,14 +128,14 @@ fn lean_view(
     rt: &tokio::runtime::Runtime,
     data: &[u8],
     step: usize,
-) -> Result<(u16, Vec<u8>), String> {
+) -> Result<(u16, Vec<u8>), Refused> {
     rt.block_on(async {
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
         let mut cap = crate::engine::Capture::start(1 << 20, None);
         crate::engine::lean::read_response(&mut io, &mut buf, &http::Method::GET, &mut cap)
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| Refused::Ours(e.message))?;
         let got = cap.into_captured();
         Ok((
             got.status.and_then(|s| u16::try_from(s).ok()).unwrap_or(0),
@@ -165,7 +165,8 @@ impl tokio::io::AsyncRead for Pieces<'_> {
 }
 
 /// What hyper's HTTP/1 client makes of `data` sent in answer to a GET, then a close.
-fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>), String> {
+fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>), Refused> {
+    let hyper = |e: &dyn std::fmt::Display| Refused::Hyper(e.to_string());
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let data = data.to_vec();
@@ -189,25 +190,25 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
             let (mut send, conn) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| hyper(&e))?;
             tokio::spawn(conn);
             let req = http::Request::get("/")
                 .header(http::header::HOST, "fuzz")
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
-                .map_err(|e| e.to_string())?;
-            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+                .map_err(|e| hyper(&e))?;
+            let resp = send.send_request(req).await.map_err(|e| hyper(&e))?;
             let status = resp.status().as_u16();
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| hyper(&e))?
                 .to_bytes();
             Ok((status, body.to_vec()))
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), run)
             .await
-            .map_err(|_| "hyper did not finish in 5 s".to_string())?
+            .map_err(|_| Refused::Timeout)?
     })
 }
 
@@ -261,13 +262,13 @@ fn request_view(
     rt: &tokio::runtime::Runtime,
     data: &[u8],
     step: usize,
-) -> Result<RequestView, String> {
+) -> Result<RequestView, Refused> {
     rt.block_on(async {
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
         let got = crate::engine::http1::request::read_request(&mut io, &mut buf)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refused::Ours(e.to_string()))?;
         Ok(got.map(|(h, body)| SeenRequest {
             method: h.method.to_string(),
             target: h.uri.to_string(),
@@ -281,7 +282,7 @@ fn request_view(
 
 /// What hyper's HTTP/1 server hands its service for the first request in `data` (the
 /// service reads the whole body), and whether it sent `100 Continue`.
-fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, String> {
+fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<RequestView, Refused> {
     let (seen, clean, answer) = hyper_server_run(rt, data)?;
     match seen.into_iter().next() {
         Some((parts, Ok(body))) => Ok(Some(SeenRequest {
@@ -296,7 +297,7 @@ fn hyper_server_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<Reques
         // No request reached the service: none was sent (the connection closed cleanly),
         // or hyper refused its head.
         None if clean => Ok(None),
-        None => Err("hyper's server refused the request".into()),
+        None => Err(Refused::NoRequest),
     }
 }
 

@@ -263,41 +263,59 @@ pub(crate) struct Endpoint {
     pub(crate) path_and_query: String,
 }
 
+/// Why a URL is not an endpoint; the words follow the URL as its caller writes it
+/// (`--endpoint 'URL' must name a host`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EndpointError {
+    #[error("must not contain a fragment ('#')")]
+    Fragment,
+    #[error("must not contain whitespace or control characters")]
+    Whitespace,
+    #[error("is not a valid absolute URL ({0})")]
+    Invalid(String),
+    #[error("scheme '{0}' is not supported; use http or https")]
+    Scheme(String),
+    #[error("must be an absolute http:// or https:// URL")]
+    NotAbsolute,
+    #[error("must name a host")]
+    NoHost,
+    #[error("must not contain credentials (user:pass@); use auth.bearer_token_env for a token")]
+    Credentials,
+    /// The port as written, its first 20 characters.
+    #[error(
+        "has an invalid port '{0}': give a number from 1 to 65535, or no ':' for the scheme's default"
+    )]
+    Port(String),
+}
+
 impl Endpoint {
-    pub(crate) fn parse(s: &str) -> Result<Endpoint, String> {
+    pub(crate) fn parse(s: &str) -> Result<Endpoint, EndpointError> {
         if s.contains('#') {
-            return Err("must not contain a fragment ('#')".into());
+            return Err(EndpointError::Fragment);
         }
         if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("must not contain whitespace or control characters".into());
+            return Err(EndpointError::Whitespace);
         }
         let uri: http::Uri = s
             .parse()
-            .map_err(|e| format!("is not a valid absolute URL ({e})"))?;
+            .map_err(|e: http::uri::InvalidUri| EndpointError::Invalid(e.to_string()))?;
         let scheme = match uri.scheme_str() {
             Some("http") => Scheme::Http,
             Some("https") => Scheme::Https,
-            Some(other) => {
-                return Err(format!(
-                    "scheme '{other}' is not supported; use http or https"
-                ));
-            }
-            None => return Err("must be an absolute http:// or https:// URL".into()),
+            Some(other) => return Err(EndpointError::Scheme(other.to_string())),
+            None => return Err(EndpointError::NotAbsolute),
         };
         let authority = uri
             .authority()
-            .ok_or_else(|| "must name a host".to_string())?
+            .ok_or(EndpointError::NoHost)?
             .as_str()
             .to_string();
         if authority.contains('@') {
-            return Err(
-                "must not contain credentials (user:pass@); use auth.bearer_token_env for a token"
-                    .into(),
-            );
+            return Err(EndpointError::Credentials);
         }
         let host = uri.host().unwrap_or("");
         if host.is_empty() {
-            return Err("must name a host".into());
+            return Err(EndpointError::NoHost);
         }
         let host = host
             .trim_start_matches('[')
@@ -310,10 +328,11 @@ impl Endpoint {
                 Scheme::Http => 80,
                 Scheme::Https => 443,
             },
-            Some(p) => p.parse::<u16>().ok().filter(|&n| n != 0).ok_or_else(|| {
-                let shown: String = p.chars().take(20).collect();
-                format!("has an invalid port '{shown}': give a number from 1 to 65535, or no ':' for the scheme's default")
-            })?,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&n| n != 0)
+                .ok_or_else(|| EndpointError::Port(p.chars().take(20).collect()))?,
         };
         let path_and_query = uri
             .path_and_query()

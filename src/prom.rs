@@ -40,7 +40,39 @@ impl Sample {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Scrape {
     pub(crate) samples: Vec<Sample>,
-    pub(crate) errors: Vec<(usize, String)>,
+    pub(crate) errors: Vec<(usize, LineError)>,
+}
+
+/// Why a line of a scrape could not be read (`name`: the sample's metric, `key`: the
+/// label's name, as written).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LineError {
+    #[error("a TYPE line names no known kind: {0}")]
+    Type(String),
+    #[error("a sample without a value: {0}")]
+    NoValue(String),
+    #[error("not a metric name: {0:?}")]
+    Name(String),
+    #[error("{0}: no value")]
+    Missing(String),
+    #[error("{name}: not a number: {value:?}")]
+    Number { name: String, value: String },
+    #[error("{name}: not a timestamp: {value:?}")]
+    Timestamp { name: String, value: String },
+    #[error("{0}: more than a value and a timestamp")]
+    Trailing(String),
+    #[error("a label without '='")]
+    NoEquals,
+    #[error("not a label name: {0:?}")]
+    LabelName(String),
+    #[error("label {0}: its value is not quoted")]
+    Unquoted(String),
+    #[error("label {0}: unterminated value or an unknown escape")]
+    Unterminated(String),
+    #[error("label {0} given twice")]
+    Twice(String),
+    #[error("label {0}: expected ',' or '}}' after its value")]
+    NoSeparator(String),
 }
 
 /// The kinds `# TYPE` may declare.
@@ -62,9 +94,7 @@ pub(crate) fn parse(text: &str) -> Scrape {
                     (Some(name), Some(kind)) if KINDS.contains(&kind) => {
                         kinds.insert(name.to_string(), kind.to_string());
                     }
-                    _ => out
-                        .errors
-                        .push((i + 1, format!("a TYPE line names no known kind: {line}"))),
+                    _ => out.errors.push((i + 1, LineError::Type(line.to_string()))),
                 }
             }
             continue;
@@ -110,13 +140,13 @@ type Labels = Vec<(String, String)>;
 
 type Parsed = (String, Labels, f64);
 
-fn sample(line: &str) -> Result<Parsed, String> {
+fn sample(line: &str) -> Result<Parsed, LineError> {
     let name_end = line
         .find(|c: char| c == '{' || c.is_whitespace())
-        .ok_or_else(|| format!("a sample without a value: {line}"))?;
+        .ok_or_else(|| LineError::NoValue(line.to_string()))?;
     let name = &line[..name_end];
     if !valid_name(name) {
-        return Err(format!("not a metric name: {name:?}"));
+        return Err(LineError::Name(name.to_string()));
     }
     // Blanks may stand between a name and its labels (as Prometheus's own parser allows).
     let mut rest = line[name_end..].trim_start();
@@ -129,15 +159,23 @@ fn sample(line: &str) -> Result<Parsed, String> {
     let mut fields = rest.split_whitespace();
     let value = fields
         .next()
-        .ok_or_else(|| format!("{name}: no value"))
-        .and_then(|v| number(v).ok_or_else(|| format!("{name}: not a number: {v:?}")))?;
+        .ok_or_else(|| LineError::Missing(name.to_string()))
+        .and_then(|v| {
+            number(v).ok_or_else(|| LineError::Number {
+                name: name.to_string(),
+                value: v.to_string(),
+            })
+        })?;
     if let Some(ts) = fields.next()
         && ts.parse::<i64>().is_err()
     {
-        return Err(format!("{name}: not a timestamp: {ts:?}"));
+        return Err(LineError::Timestamp {
+            name: name.to_string(),
+            value: ts.to_string(),
+        });
     }
     if fields.next().is_some() {
-        return Err(format!("{name}: more than a value and a timestamp"));
+        return Err(LineError::Trailing(name.to_string()));
     }
     Ok((name.to_string(), labels, value))
 }
@@ -152,35 +190,32 @@ fn number(v: &str) -> Option<f64> {
 }
 
 /// `a="x",b="y"}` and what follows the closing brace.
-fn label_set(mut s: &str) -> Result<(Labels, &str), String> {
+fn label_set(mut s: &str) -> Result<(Labels, &str), LineError> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();
         if let Some(tail) = s.strip_prefix('}') {
             return Ok((labels, tail));
         }
-        let eq = s
-            .find('=')
-            .ok_or_else(|| "a label without '='".to_string())?;
+        let eq = s.find('=').ok_or(LineError::NoEquals)?;
         let key = s[..eq].trim();
         if !valid_name(key) || key.contains(':') {
-            return Err(format!("not a label name: {key:?}"));
+            return Err(LineError::LabelName(key.to_string()));
         }
         let after = s[eq + 1..].trim_start();
         let body = after
             .strip_prefix('"')
-            .ok_or_else(|| format!("label {key}: its value is not quoted"))?;
-        let (value, tail) = quoted(body)
-            .ok_or_else(|| format!("label {key}: unterminated value or an unknown escape"))?;
+            .ok_or_else(|| LineError::Unquoted(key.to_string()))?;
+        let (value, tail) = quoted(body).ok_or_else(|| LineError::Unterminated(key.to_string()))?;
         if labels.iter().any(|(k, _)| k == key) {
-            return Err(format!("label {key} given twice"));
+            return Err(LineError::Twice(key.to_string()));
         }
         labels.push((key.to_string(), value));
         s = tail.trim_start();
         if let Some(t) = s.strip_prefix(',') {
             s = t;
         } else if !s.starts_with('}') {
-            return Err(format!("label {key}: expected ',' or '}}' after its value"));
+            return Err(LineError::NoSeparator(key.to_string()));
         }
     }
 }

@@ -67,6 +67,20 @@ pub(crate) struct Group<'a, T> {
     pub(crate) b: &'a [T],
 }
 
+/// Why [`bootstrap`] gives no interval.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoInterval {
+    #[error("no rounds to resample")]
+    NoRounds,
+    /// A group's rounds on side A and side B.
+    #[error("{0} and {1} rounds: an interval needs at least {MIN_ROUNDS} rounds per side")]
+    TooFewRounds(usize, usize),
+    #[error("{0} vs {1} rounds: paired rounds must match one for one")]
+    Unpaired(usize, usize),
+    #[error("a resample's statistic was undefined (a zero denominator or no sample)")]
+    Undefined,
+}
+
 /// The bootstrap interval of `stat(A's drawn rounds, B's drawn rounds)` over `groups`
 /// (every group resampled within itself). `Err`: why there is none (a group with fewer
 /// than [`MIN_ROUNDS`] rounds on a side, paired sides of unequal length, or a resample
@@ -76,25 +90,17 @@ pub(crate) fn bootstrap<T>(
     paired: bool,
     seed: u64,
     stat: impl Fn(&[&T], &[&T]) -> Option<f64>,
-) -> Result<Interval, String> {
+) -> Result<Interval, NoInterval> {
     if groups.is_empty() {
-        return Err("no rounds to resample".into());
+        return Err(NoInterval::NoRounds);
     }
     for g in groups {
         let fewest = g.a.len().min(g.b.len());
         if fewest < MIN_ROUNDS {
-            return Err(format!(
-                "{} and {} rounds: an interval needs at least {MIN_ROUNDS} rounds per side",
-                g.a.len(),
-                g.b.len()
-            ));
+            return Err(NoInterval::TooFewRounds(g.a.len(), g.b.len()));
         }
         if paired && g.a.len() != g.b.len() {
-            return Err(format!(
-                "{} vs {} rounds: paired rounds must match one for one",
-                g.a.len(),
-                g.b.len()
-            ));
+            return Err(NoInterval::Unpaired(g.a.len(), g.b.len()));
         }
     }
     let mut rng = Stream::new(seed);
@@ -121,11 +127,7 @@ pub(crate) fn bootstrap<T>(
         }
         match stat(&xa, &xb).filter(|s| s.is_finite()) {
             Some(s) => stats.push(s),
-            None => {
-                return Err(
-                    "a resample's statistic was undefined (a zero denominator or no sample)".into(),
-                );
-            }
+            None => return Err(NoInterval::Undefined),
         }
     }
     stats.sort_by(f64::total_cmp);
@@ -297,12 +299,16 @@ mod tests {
             b: &noise[..4],
         }];
         let e = bootstrap(&short, false, SEED, ratio).expect_err("4 rounds");
-        assert!(e.contains("at least 5"), "{e}");
+        assert_eq!(e, NoInterval::TooFewRounds(4, 4));
+        assert!(e.to_string().contains("at least 5"), "{e}");
         let uneven = [Group {
             a: &reference[..6],
             b: &noise[..7],
         }];
-        assert!(bootstrap(&uneven, true, SEED, ratio).is_err());
+        assert_eq!(
+            bootstrap(&uneven, true, SEED, ratio),
+            Err(NoInterval::Unpaired(6, 7))
+        );
         assert!(bootstrap(&uneven, false, SEED, ratio).is_ok());
     }
 }

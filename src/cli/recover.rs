@@ -9,7 +9,7 @@ use crate::record::rundir::{self, RunDir};
 /// The `recover` command: quarantine unfinished parts and count the rows they held.
 pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
     // A live run's open part is not a crashed one's: moving it away would destroy it.
-    rundir::refuse_locked(dir).map_err(usage)?;
+    rundir::refuse_locked(dir).map_err(|e| usage(e.to_string()))?;
     // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
     // OUT/exchanges/shard=I.
     let shard = crate::report::run::shard_parts(dir);
@@ -26,7 +26,7 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
         }
         None => crate::record::recover::recover(dir),
     }
-    .map_err(tool)?;
+    .map_err(|e| tool(e.to_string()))?;
     let report =
         crate::report::doc::recovery::Recovery::new(&r.quarantined, r.rows_lost, r.rows_kept);
     RunDir::existing(dir)

@@ -389,7 +389,7 @@ async fn start_mock(mock_config: &MockConfig, plan: Plan) -> Result<(MockWorker,
     )
     .await
     .map_err(|e| tool(format!("cannot start the mock worker on 127.0.0.1: {e}")))?;
-    let origin = Endpoint::parse(&m.url()).map_err(tool)?;
+    let origin = Endpoint::parse(&m.url()).map_err(|e| tool(e.to_string()))?;
     Ok((m, plan.with_origin(&origin)))
 }
 

@@ -199,7 +199,7 @@ pub(super) fn start_scraping(
         &dir.path.join(rundir::WORKER_METRICS),
         crate::drivers::scrape::SINK_QUEUE,
     )
-    .map_err(super::io::tool)?;
+    .map_err(|e| super::io::tool(e.to_string()))?;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let worker = spec.worker.map(|w| {

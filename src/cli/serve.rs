@@ -52,7 +52,9 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
     flags::at_least_one("--part-rows", args.run.part_rows).map_err(usage)?;
     let redaction = flags::redaction(&args.redact_header, &args.redact_query).map_err(usage)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some(crate::net::tls::server_acceptor(c, k).map_err(usage)?),
+        (Some(c), Some(k)) => {
+            Some(crate::net::tls::server_acceptor(c, k).map_err(|e| usage(e.to_string()))?)
+        }
         _ => None,
     };
     flags::at_least_one("--max-record-body", args.run.max_record_body).map_err(usage)?;

@@ -131,9 +131,9 @@ impl Arm {
     /// The arm's endpoints with `{port}` replaced.
     pub(crate) fn endpoints(&self, port: u16) -> Result<(Endpoint, Endpoint), String> {
         let sub = |s: &str| s.replace("{port}", &port.to_string());
-        let ep = Endpoint::parse(&sub(&self.endpoint))?;
+        let ep = Endpoint::parse(&sub(&self.endpoint)).map_err(|e| e.to_string())?;
         let health = match &self.health_endpoint {
-            Some(h) => Endpoint::parse(&sub(h))?,
+            Some(h) => Endpoint::parse(&sub(h)).map_err(|e| e.to_string())?,
             None => ep.with_path("/health"),
         };
         Ok((ep, health))
@@ -143,7 +143,9 @@ impl Arm {
     pub(crate) fn worker_metrics_url(&self, port: u16) -> Option<Result<Endpoint, String>> {
         let url = self.worker_metrics.as_ref()?;
         Some(match url {
-            Some(u) => Endpoint::parse(&u.replace("{port}", &port.to_string())),
+            Some(u) => {
+                Endpoint::parse(&u.replace("{port}", &port.to_string())).map_err(|e| e.to_string())
+            }
             None => self.endpoints(port).map(|(e, _)| e.with_path("/metrics")),
         })
     }

@@ -752,7 +752,11 @@ mod tests {
         let written = tokio::task::spawn_blocking(move || sink.finish())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(written, Ok(4 * 300), "every sample is still written");
+        assert_eq!(
+            written.map_err(|e| e.to_string()),
+            Ok(4 * 300),
+            "every sample is still written"
+        );
         let back =
             crate::record::scrapes::read(&path, |_, _| true).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back.len(), 1200);

@@ -52,7 +52,7 @@ impl Engine {
     /// output exists).
     pub(crate) fn new(need_tls: bool, tls: &TlsOptions) -> Result<Engine, String> {
         let (tls_fresh, tls_resume) = if need_tls {
-            let base = tls::client_config(tls)?;
+            let base = tls::client_config(tls).map_err(|e| e.to_string())?;
             let mut fresh = base.clone();
             fresh.resumption = rustls::client::Resumption::disabled();
             (Some(Arc::new(fresh)), Some(Arc::new(base)))

@@ -131,7 +131,7 @@ fn forward_requests(input: &[u8]) -> (Vec<u8>, Vec<Req>) {
 /// Every request hyper's HTTP/1 server hands its service from `wire` on one connection,
 /// or why it stopped.
 fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>, String> {
-    let (seen, clean, _) = super::views::hyper_server_run(rt, wire)?;
+    let (seen, clean, _) = super::views::hyper_server_run(rt, wire).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (parts, body) in seen {
         let target = parts.uri.to_string();
@@ -139,7 +139,7 @@ fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>,
             parts.method.to_string(),
             target,
             fields(&parts.headers),
-            body?,
+            body.map_err(|e| e.to_string())?,
         ));
     }
     if clean {

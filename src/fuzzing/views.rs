@@ -9,11 +9,28 @@ pub(super) fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime for the fuzz target")
 }
 
+/// Why a view of a fuzz input has no reading of it: whose reader refused the bytes, and
+/// its words (only whether both sides refused is compared).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Refused {
+    /// Our reader (the engine's or serve's) refused them.
+    #[error("{0}")]
+    Ours(String),
+    /// hyper refused them, or its connection failed.
+    #[error("{0}")]
+    Hyper(String),
+    #[error("hyper did not finish in 5 s")]
+    Timeout,
+    /// The connection did not end cleanly and no request reached hyper's service.
+    #[error("hyper's server refused the request")]
+    NoRequest,
+}
+
 /// Every request hyper's HTTP/1 server hands its service (which reads each whole body)
 /// from `data` sent on one connection, then the client's close: each request's parts and
 /// body, whether the connection ended cleanly, and what the server answered.
 pub(super) type ServerRun = (
-    Vec<(http::request::Parts, Result<Vec<u8>, String>)>,
+    Vec<(http::request::Parts, Result<Vec<u8>, Refused>)>,
     bool,
     Vec<u8>,
 );
@@ -21,7 +38,7 @@ pub(super) type ServerRun = (
 pub(super) fn hyper_server_run(
     rt: &tokio::runtime::Runtime,
     data: &[u8],
-) -> Result<ServerRun, String> {
+) -> Result<ServerRun, Refused> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let data = data.to_vec();
@@ -33,7 +50,7 @@ pub(super) fn hyper_server_run(
             async move {
                 let (parts, body) = req.into_parts();
                 let body = body.collect().await.map(|b| b.to_bytes().to_vec());
-                let _ = tx.send((parts, body.map_err(|e| e.to_string())));
+                let _ = tx.send((parts, body.map_err(|e| Refused::Hyper(e.to_string()))));
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
                     bytes::Bytes,
                 >::new()))
@@ -52,7 +69,7 @@ pub(super) fn hyper_server_run(
         };
         let clean = tokio::time::timeout(std::time::Duration::from_secs(5), talk)
             .await
-            .map_err(|_| "hyper did not finish in 5 s".to_string())?;
+            .map_err(|_| Refused::Timeout)?;
         let mut seen = Vec::new();
         while let Ok(one) = rx.try_recv() {
             seen.push(one);

@@ -518,23 +518,22 @@ async fn complete(
         let _waiting = vllm::Slot::waiting(st.metrics.clone());
         tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
     }
-    if req.get("stream").and_then(Value::as_bool) == Some(true) {
-        let include_usage = req
+    let answer = Answer {
+        chat,
+        prompt: &prompt,
+        tokens,
+        model: &model,
+        include_usage: req
             .get("stream_options")
             .and_then(|o| o.get("include_usage"))
             .and_then(Value::as_bool)
-            == Some(true);
-        let answer = Answer {
-            chat,
-            prompt: &prompt,
-            tokens,
-            model: &model,
-            include_usage,
-            arrived,
-        };
+            == Some(true),
+        arrived,
+    };
+    if req.get("stream").and_then(Value::as_bool) == Some(true) {
         return stream_response(st, answer, fault).await;
     }
-    generate(st, arrived, (&prompt, tokens), served).await;
+    generate(st, &answer, served).await;
     if fault == Some("http500") {
         return json_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -545,11 +544,24 @@ async fn complete(
     if fault == Some("wrong-body") {
         text = text.chars().rev().collect();
     }
+    let v = completion_body(st, &answer, text);
+    with_fault(json_response(StatusCode::OK, &v), fault)
+}
+
+/// A whole (not streamed) completion's JSON: `text` as the answer to `prompt`.
+fn completion_body(st: &State, a: &Answer<'_>, text: String) -> Value {
+    let Answer {
+        chat,
+        prompt,
+        tokens,
+        model,
+        ..
+    } = *a;
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let created = clock::wall_now_us() / 1_000_000;
     let prompt_tokens = prompt.split_whitespace().count();
     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize});
-    let v = if chat {
+    if chat {
         json!({
             "id": format!("chatcmpl-mock-{n:08x}"),
             "object": "chat.completion",
@@ -567,8 +579,12 @@ async fn complete(
             "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
             "usage": usage,
         })
-    };
-    let mut resp = json_response(StatusCode::OK, &v);
+    }
+}
+
+/// `resp` as the `reset` fault (half the body, then the connection reset) or the `close`
+/// fault (`Connection: close`) sends it; unchanged for any other.
+fn with_fault(mut resp: Response<MockBody>, fault: Option<&str>) -> Response<MockBody> {
     match fault {
         Some("reset") => {
             let full = match std::mem::replace(resp.body_mut(), MockBody::Full(None)) {
@@ -599,7 +615,13 @@ fn sse(v: &Value) -> Bytes {
 /// A JSON answer's generation: wait for a batch slot, then `prefill + tokens x per_token`;
 /// `/metrics` counts it (when `served`, i.e. under no fault) with its first token at its
 /// queueing plus the prefill.
-async fn generate(st: &Arc<State>, arrived: u64, (prompt, tokens): (&str, u32), served: bool) {
+async fn generate(st: &Arc<State>, a: &Answer<'_>, served: bool) {
+    let Answer {
+        prompt,
+        tokens,
+        arrived,
+        ..
+    } = *a;
     let ttft_ns = {
         let mut counted = vllm::Slot::waiting(st.metrics.clone());
         let _slot = st.batch.acquire().await;
@@ -622,7 +644,95 @@ async fn generate(st: &Arc<State>, arrived: u64, (prompt, tokens): (&str, u32), 
     }
 }
 
-/// What a streamed answer is made of.
+/// The events of one streamed answer: its id, object, creation time and model on each.
+struct Chunks<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    chat: bool,
+}
+
+impl Chunks<'_> {
+    fn chunk(&self, choice: Value) -> Value {
+        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// A piece of the answer's text (a chat's delta, a completion's text).
+    fn piece(&self, text: &str, finish: Value) -> Value {
+        if self.chat {
+            let delta = if text.is_empty() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            self.chunk(json!({"index": 0, "delta": delta, "finish_reason": finish}))
+        } else {
+            self.chunk(json!({"index": 0, "text": text, "finish_reason": finish}))
+        }
+    }
+}
+
+/// What a streamed answer writes, and when: the role (a chat's), a piece per token (the
+/// first after the prefill, each next after a token's time; `burst_after_first` sends the
+/// rest at once; the `stream-cut` and `stream-stall` faults at half), the finish, the usage
+/// when asked, `[DONE]`.
+fn stream_steps(
+    st: &State,
+    a: &Answer<'_>,
+    fault: Option<&str>,
+    c: &Chunks<'_>,
+) -> std::collections::VecDeque<Step> {
+    let Answer {
+        chat,
+        prompt,
+        tokens,
+        include_usage,
+        ..
+    } = *a;
+    let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
+    let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
+    let words = stream_tokens(prompt, tokens, st.text_seed_for(prompt));
+    let mut steps = std::collections::VecDeque::new();
+    if chat {
+        steps.push_back(Step::Now(sse(&c.chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+        ))));
+    }
+    let half = words.len() / 2;
+    let burst_from = st.config.burst_after_first.map(|n| n as usize);
+    let mut burst: Vec<u8> = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        if burst_from.is_some_and(|n| i >= n.max(1)) && fault.is_none() {
+            burst.extend_from_slice(&sse(&c.piece(w, Value::Null)));
+            continue;
+        }
+        if i == half && fault == Some("stream-cut") {
+            steps.push_back(Step::Cut(Duration::from_millis(20)));
+            break;
+        }
+        let mut delay = if i == 0 { prefill } else { per_token };
+        if i == half && i > 0 && fault == Some("stream-stall") {
+            delay += Duration::from_millis(st.config.stall_ms);
+        }
+        steps.push_back(Step::After(delay, sse(&c.piece(w, Value::Null))));
+    }
+    if !burst.is_empty() {
+        steps.push_back(Step::Now(Bytes::from(burst)));
+    }
+    steps.push_back(Step::Now(sse(&c.piece("", json!("length")))));
+    if include_usage {
+        let prompt_tokens = prompt.split_whitespace().count();
+        steps.push_back(Step::Now(sse(&json!({
+            "id": c.id, "object": c.object, "created": c.created, "model": c.model, "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize},
+        }))));
+    }
+    steps.push_back(Step::Now(Bytes::from_static(b"data: [DONE]\n\n")));
+    steps
+}
+
+/// What an answer is made of (streamed or whole).
 struct Answer<'a> {
     chat: bool,
     prompt: &'a str,
@@ -646,8 +756,8 @@ async fn stream_response(
         prompt,
         tokens,
         model,
-        include_usage,
         arrived,
+        ..
     } = a;
     let mut counted = vllm::Slot::waiting(st.metrics.clone());
     let slot = st.batch.clone().acquire_owned().await.ok();
@@ -658,64 +768,18 @@ async fn stream_response(
     } else {
         format!("cmpl-mock-{n:08x}")
     };
-    let created = clock::wall_now_us() / 1_000_000;
-    let object = if chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let chunk = |choice: Value| json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
-    let piece = |text: &str, finish: Value| {
-        if chat {
-            let delta = if text.is_empty() {
-                json!({})
-            } else {
-                json!({"content": text})
-            };
-            chunk(json!({"index": 0, "delta": delta, "finish_reason": finish}))
+    let chunks = Chunks {
+        id: &id,
+        object: if chat {
+            "chat.completion.chunk"
         } else {
-            chunk(json!({"index": 0, "text": text, "finish_reason": finish}))
-        }
+            "text_completion"
+        },
+        created: clock::wall_now_us() / 1_000_000,
+        model,
+        chat,
     };
-    let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
-    let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
-    let words = stream_tokens(prompt, tokens, st.text_seed_for(prompt));
-    let mut steps = std::collections::VecDeque::new();
-    if chat {
-        steps.push_back(Step::Now(sse(&chunk(
-            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
-        ))));
-    }
-    let half = words.len() / 2;
-    let burst_from = st.config.burst_after_first.map(|n| n as usize);
-    let mut burst: Vec<u8> = Vec::new();
-    for (i, w) in words.iter().enumerate() {
-        if burst_from.is_some_and(|n| i >= n.max(1)) && fault.is_none() {
-            burst.extend_from_slice(&sse(&piece(w, Value::Null)));
-            continue;
-        }
-        if i == half && fault == Some("stream-cut") {
-            steps.push_back(Step::Cut(Duration::from_millis(20)));
-            break;
-        }
-        let mut delay = if i == 0 { prefill } else { per_token };
-        if i == half && i > 0 && fault == Some("stream-stall") {
-            delay += Duration::from_millis(st.config.stall_ms);
-        }
-        steps.push_back(Step::After(delay, sse(&piece(w, Value::Null))));
-    }
-    if !burst.is_empty() {
-        steps.push_back(Step::Now(Bytes::from(burst)));
-    }
-    steps.push_back(Step::Now(sse(&piece("", json!("length")))));
-    if include_usage {
-        let prompt_tokens = prompt.split_whitespace().count();
-        steps.push_back(Step::Now(sse(&json!({
-            "id": id, "object": object, "created": created, "model": model, "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize},
-        }))));
-    }
-    steps.push_back(Step::Now(Bytes::from_static(b"data: [DONE]\n\n")));
+    let steps = stream_steps(st, &a, fault, &chunks);
     let body = MockStream {
         steps,
         sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),

@@ -30,9 +30,19 @@ pub(crate) struct GpuRow {
     pub(crate) unit: Option<&'static str>,
 }
 
+/// Why `gpu.parquet` was not written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GpuWriteError {
+    /// The rows did not make a batch of the file's schema.
+    #[error("{0}")]
+    Batch(#[from] arrow_schema::ArrowError),
+    #[error(transparent)]
+    File(#[from] super::rundir::RunDirError),
+}
+
 /// Write `rows` to `path` (through a temporary name, fsynced, renamed); returns the rows
 /// written.
-pub(crate) fn write(path: &Path, rows: &[GpuRow]) -> Result<u64, String> {
+pub(crate) fn write(path: &Path, rows: &[GpuRow]) -> Result<u64, GpuWriteError> {
     let arrays: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from_iter_values(
             rows.iter().map(|r| r.offset_us),
@@ -66,7 +76,7 @@ pub(crate) fn write(path: &Path, rows: &[GpuRow]) -> Result<u64, String> {
         Field::new("value", DataType::Float64, false),
         Field::new("unit", DataType::Utf8, true),
     ]));
-    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    let batch = RecordBatch::try_new(schema, arrays)?;
     super::rundir::write_parquet(path, &batch)?;
     Ok(rows.len() as u64)
 }

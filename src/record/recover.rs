@@ -18,9 +18,34 @@ pub(crate) struct Recovery {
     pub(crate) rows_kept: u64,
 }
 
+/// Why `recover` stopped: a file or folder of the run it could not read or move.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecoverError {
+    #[error("{path}: {err}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    /// A closed part whose footer could not be read.
+    #[error("{path}: {err}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        err: parquet::errors::ParquetError,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RecoverError + '_ {
+    move |err| RecoverError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
 /// Quarantine left-over `.inprogress` parts of `run/exchanges` (a Parquet file without
 /// its footer cannot be read) and count, from the writer's ledger, the rows they held.
-pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
+pub(crate) fn recover(run: &Path) -> Result<Recovery, RecoverError> {
     let ex = run.join(super::rundir::EXCHANGES);
     recover_parts(run, &ex, &ledger::path_of(&ex))
 }
@@ -28,13 +53,17 @@ pub(crate) fn recover(run: &Path) -> Result<Recovery, String> {
 /// `recover` for parts in `ex` with their ledger at `ledger_path` (a shard's parts are
 /// in `OUT/exchanges/shard=I/`, its ledger in `OUT/shards/I/`); unfinished parts go to
 /// `run/quarantine/`.
-pub(crate) fn recover_parts(run: &Path, ex: &Path, ledger_path: &Path) -> Result<Recovery, String> {
+pub(crate) fn recover_parts(
+    run: &Path,
+    ex: &Path,
+    ledger_path: &Path,
+) -> Result<Recovery, RecoverError> {
     let mut rec = Recovery::default();
     let noted = ledger::read_at(ledger_path, ex);
     let ledger = noted.parts;
     rec.rows_lost += noted.held;
     let entries: Vec<PathBuf> = fs::read_dir(ex)
-        .map_err(|e| format!("{}: {e}", ex.display()))?
+        .map_err(io_err(ex))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     for p in entries {
@@ -48,15 +77,20 @@ pub(crate) fn recover_parts(run: &Path, ex: &Path, ledger_path: &Path) -> Result
             .and_then(|s| s.parse::<u32>().ok())
         {
             let q = run.join(super::rundir::QUARANTINE);
-            fs::create_dir_all(&q).map_err(|e| format!("{}: {e}", q.display()))?;
+            fs::create_dir_all(&q).map_err(io_err(&q))?;
             let dest = q.join(&name);
-            fs::rename(&p, &dest).map_err(|e| format!("{}: {e}", p.display()))?;
+            fs::rename(&p, &dest).map_err(io_err(&p))?;
             rec.rows_lost += ledger.get(&idx).copied().unwrap_or(0);
             rec.quarantined.push(dest);
         } else if name.starts_with("part-") && name.ends_with(".parquet") {
-            let f = File::open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let reader = parquet::file::serialized_reader::SerializedFileReader::new(f)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+            let f = File::open(&p).map_err(io_err(&p))?;
+            let reader =
+                parquet::file::serialized_reader::SerializedFileReader::new(f).map_err(|err| {
+                    RecoverError::Parquet {
+                        path: p.clone(),
+                        err,
+                    }
+                })?;
             rec.rows_kept += parquet::file::reader::FileReader::metadata(&reader)
                 .file_metadata()
                 .num_rows() as u64;

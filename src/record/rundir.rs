@@ -68,7 +68,23 @@ pub(crate) enum RunDirError {
     )]
     Exists(PathBuf),
     #[error("{path}: {err}")]
-    Io { path: PathBuf, err: io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
+    /// A Parquet file could not be written (its temporary name, or its final one).
+    #[error("{path}: {err}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        err: parquet::errors::ParquetError,
+    },
+    /// A process still holds the run's lock (`pid` as its lock file says, or `unknown`).
+    #[error(
+        "{run}: run is still being written (pid {pid}); wait for it to end (or stop it), then run this again"
+    )]
+    Locked { run: PathBuf, pid: String },
 }
 
 pub(crate) struct RunDir {
@@ -112,7 +128,7 @@ fn lock_run(dir: &Path) -> Result<File, RunDirError> {
 /// `Err` with the reason when a process is still writing the run in `dir` (its `.lock`
 /// is locked), or any shard of a sharded output folder. A run without a lock file (made
 /// before locks existed) or whose lock is free is not being written.
-pub(crate) fn refuse_locked(dir: &Path) -> Result<(), String> {
+pub(crate) fn refuse_locked(dir: &Path) -> Result<(), RunDirError> {
     let mut locks = vec![dir.join(LOCK)];
     if let Ok(shards) = fs::read_dir(dir.join(SHARDS)) {
         locks.extend(shards.flatten().map(|s| s.path().join(LOCK)));
@@ -125,14 +141,14 @@ pub(crate) fn refuse_locked(dir: &Path) -> Result<(), String> {
         if let Err(fs::TryLockError::WouldBlock) = f.try_lock_shared() {
             let pid = fs::read_to_string(&path).unwrap_or_default();
             let run = path.parent().unwrap_or(dir);
-            return Err(format!(
-                "{}: run is still being written (pid {}); wait for it to end (or stop it), then run this again",
-                run.display(),
-                match pid.trim() {
+            return Err(RunDirError::Locked {
+                run: run.to_path_buf(),
+                pid: match pid.trim() {
                     "" => "unknown",
                     p => p,
                 }
-            ));
+                .to_string(),
+            });
         }
     }
     Ok(())
@@ -302,7 +318,10 @@ fn hash_current_exe() -> Option<String> {
 /// Write one batch as a whole Parquet file at `path`: through a temporary name
 /// (`.parquet.inprogress`), fsynced, then renamed, so a reader never sees half a file
 /// (rounds.parquet and worker_metrics.parquet).
-pub(crate) fn write_parquet(path: &Path, batch: &arrow_array::RecordBatch) -> Result<(), String> {
+pub(crate) fn write_parquet(
+    path: &Path,
+    batch: &arrow_array::RecordBatch,
+) -> Result<(), RunDirError> {
     let mut f = WholeFile::create(path, batch.schema())?;
     f.write(batch)?;
     f.finish()
@@ -317,15 +336,22 @@ pub(crate) struct WholeFile {
     w: parquet::arrow::ArrowWriter<File>,
 }
 
+fn parquet_err(path: &Path) -> impl FnOnce(parquet::errors::ParquetError) -> RunDirError + '_ {
+    move |err| RunDirError::Parquet {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
 impl WholeFile {
     pub(crate) fn create(
         path: &Path,
         schema: arrow_schema::SchemaRef,
-    ) -> Result<WholeFile, String> {
+    ) -> Result<WholeFile, RunDirError> {
         let tmp = path.with_extension("parquet.inprogress");
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", tmp.display());
-        let file = File::create(&tmp).map_err(|e| ctx(&e))?;
-        let w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| ctx(&e))?;
+        let file = File::create(&tmp).map_err(io_err(&tmp))?;
+        let w =
+            parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(parquet_err(&tmp))?;
         Ok(WholeFile {
             tmp,
             path: path.to_path_buf(),
@@ -338,16 +364,14 @@ impl WholeFile {
         &self.tmp
     }
 
-    pub(crate) fn write(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), String> {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", self.tmp.display());
-        self.w.write(batch).map_err(|e| ctx(&e))?;
-        self.w.flush().map_err(|e| ctx(&e))
+    pub(crate) fn write(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), RunDirError> {
+        self.w.write(batch).map_err(parquet_err(&self.tmp))?;
+        self.w.flush().map_err(parquet_err(&self.tmp))
     }
 
-    pub(crate) fn finish(self) -> Result<(), String> {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", self.tmp.display());
-        let file = self.w.into_inner().map_err(|e| ctx(&e))?;
-        file.sync_all().map_err(|e| ctx(&e))?;
-        fs::rename(&self.tmp, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))
+    pub(crate) fn finish(self) -> Result<(), RunDirError> {
+        let file = self.w.into_inner().map_err(parquet_err(&self.tmp))?;
+        file.sync_all().map_err(io_err(&self.tmp))?;
+        fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))
     }
 }

@@ -42,6 +42,21 @@ pub(crate) struct ScrapeRow {
     pub(crate) kind: String,
 }
 
+/// Why `worker_metrics.parquet` was not written whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SinkError {
+    /// The rows did not make a batch of the file's schema.
+    #[error("{0}")]
+    Batch(#[from] arrow_schema::ArrowError),
+    /// The file could not be created, written or finished.
+    #[error(transparent)]
+    File(#[from] super::rundir::RunDirError),
+    #[error("cannot start the worker metrics writer: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the worker metrics writer panicked")]
+    Panicked,
+}
+
 /// Rows gathered before they are written as one row group.
 const ROW_GROUP: usize = 16_384;
 
@@ -51,7 +66,7 @@ const ROW_GROUP: usize = 16_384;
 /// in the order the scrapes ended (sort by `offset_us` to read them in time order).
 pub(crate) struct Sink {
     tx: std::sync::mpsc::SyncSender<Vec<ScrapeRow>>,
-    thread: std::thread::JoinHandle<Result<u64, String>>,
+    thread: std::thread::JoinHandle<Result<u64, SinkError>>,
 }
 
 /// What [`Sink::finish`] sends: no rows, the end.
@@ -61,7 +76,7 @@ impl Sink {
     /// Create the file (under its temporary name) and start the writer thread; at most
     /// `queue` scrapes wait for it (a sender's `try_send` fails past them: the caller drops
     /// and counts the rows rather than hold them).
-    pub(crate) fn start(path: &Path, queue: usize) -> Result<Sink, String> {
+    pub(crate) fn start(path: &Path, queue: usize) -> Result<Sink, SinkError> {
         let mut file = super::rundir::WholeFile::create(path, batch(&[])?.schema())?;
         let tmp = file.temporary().to_path_buf();
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<ScrapeRow>>(queue);
@@ -70,7 +85,7 @@ impl Sink {
             .spawn(move || {
                 let mut held: Vec<ScrapeRow> = Vec::new();
                 let mut written = 0u64;
-                let write = || -> Result<u64, String> {
+                let write = || -> Result<u64, SinkError> {
                     // Every scrape's rows until the end (an empty message) or every
                     // sender is gone.
                     for rows in rx {
@@ -98,7 +113,7 @@ impl Sink {
                 }
                 done
             })
-            .map_err(|e| format!("cannot start the worker metrics writer: {e}"))?;
+            .map_err(SinkError::Spawn)?;
         Ok(Sink { tx, thread })
     }
 
@@ -109,23 +124,21 @@ impl Sink {
 
     /// Write what is left and close the file (blocking: call it off the runtime, after
     /// every scraper stopped). Returns the rows written.
-    pub(crate) fn finish(self) -> Result<u64, String> {
+    pub(crate) fn finish(self) -> Result<u64, SinkError> {
         let _ = self.tx.send(END);
-        self.thread
-            .join()
-            .map_err(|_| "the worker metrics writer panicked".to_string())?
+        self.thread.join().map_err(|_| SinkError::Panicked)?
     }
 }
 
 /// `rows` as one batch of worker_metrics.parquet's schema.
-fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, String> {
+fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, arrow_schema::ArrowError> {
     let mut labels = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
     for r in rows {
         for (k, v) in &r.labels {
             labels.keys().append_value(k);
             labels.values().append_value(v);
         }
-        labels.append(true).map_err(|e| e.to_string())?;
+        labels.append(true)?;
     }
     let labels = labels.finish();
     let arrays: Vec<ArrayRef> = vec![
@@ -180,7 +193,7 @@ fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, String> {
         Field::new("value", DataType::Float64, false),
         Field::new("type", DataType::Utf8, false),
     ]));
-    RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())
+    RecordBatch::try_new(schema, arrays)
 }
 
 /// The rows of a `worker_metrics.parquet` that `keep(cause, metric)` wants, read back in
@@ -315,7 +328,7 @@ mod tests {
             tx.send(chunk.to_vec()).unwrap_or_else(|e| panic!("{e}"));
         }
         // A sender still alive does not hold the file open: finish ends it.
-        assert_eq!(sink.finish(), Ok(n as u64));
+        assert_eq!(sink.finish().map_err(|e| e.to_string()), Ok(n as u64));
         assert!(!path.with_extension("parquet.inprogress").exists());
         let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{e}"));
         let meta = parquet::file::reader::SerializedFileReader::new(f)

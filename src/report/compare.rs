@@ -135,7 +135,7 @@ fn delta_interval(
         Some(median(y)? - median(x)?)
     }) {
         Ok(i) => (Some(i), None),
-        Err(e) => (None, Some(e)),
+        Err(e) => (None, Some(e.to_string())),
     }
 }
 

@@ -155,7 +155,7 @@ pub(crate) fn ratio_intervals(
             };
             let (interval, reason) = match stats::bootstrap(&g, paired, stats::SEED, ratio) {
                 Ok(i) => (Some(i), None),
-                Err(e) => (None, Some(e)),
+                Err(e) => (None, Some(e.to_string())),
             };
             out.push(RatioInterval {
                 arm: name.into(),

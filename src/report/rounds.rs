@@ -320,5 +320,5 @@ pub(crate) fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Resu
     ));
     let arrays = cols.iter().map(|c| (c.fill)(rounds)).collect();
     let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
-    crate::record::rundir::write_parquet(path, &batch)
+    crate::record::rundir::write_parquet(path, &batch).map_err(|e| e.to_string())
 }

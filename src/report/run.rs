@@ -163,7 +163,7 @@ impl FinishedRun {
     /// neither (no readable config.json, or shards that cannot be merged); the plan and
     /// the documents are read now and their problems said when a command reads them.
     pub(crate) fn open(dir: &Path) -> Result<FinishedRun, ReportError> {
-        rundir::refuse_locked(dir).map_err(ReportError::Refused)?;
+        rundir::refuse_locked(dir).map_err(|e| ReportError::Refused(e.to_string()))?;
         if rundir::is_sharded(dir) {
             let shards = shard_runs(dir)?;
             let first = &shards[0];

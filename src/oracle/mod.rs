@@ -13,6 +13,11 @@ use std::fmt;
 use bytes::Bytes;
 use serde_json::{Number, Value};
 
+mod text;
+
+pub(crate) use text::answer_reason;
+use text::{byte_window, text_difference};
+
 /// A parsed RFC 6901 JSON pointer (never the root).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pointer {
@@ -20,16 +25,39 @@ pub(crate) struct Pointer {
     tokens: Vec<String>,
 }
 
+/// Why a string is not a [`Pointer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PointerError {
+    #[error(
+        "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
+    )]
+    Root,
+    #[error("a JSON pointer starts with '/' (RFC 6901)")]
+    NoSlash,
+    #[error("'~' must be followed by 0 or 1 (RFC 6901)")]
+    Escape,
+}
+
+/// Why an ignore path does not name a primitive leaf of the oracle's expected value; the
+/// words follow the path (`ignore path '/a' does not exist in the oracle`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum LeafError {
+    #[error(" does not exist in the oracle")]
+    Missing,
+    #[error(": '{0}' is not a canonical array index")]
+    NotAnIndex(String),
+    /// It reaches an object or an array (the kind named).
+    #[error(" must end at a primitive leaf, but it reaches {0}")]
+    NotALeaf(&'static str),
+}
+
 impl Pointer {
-    pub(crate) fn parse(s: &str) -> Result<Pointer, String> {
+    pub(crate) fn parse(s: &str) -> Result<Pointer, PointerError> {
         if s.is_empty() {
-            return Err(
-                "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
-                    .into(),
-            );
+            return Err(PointerError::Root);
         }
         let Some(rest) = s.strip_prefix('/') else {
-            return Err("a JSON pointer starts with '/' (RFC 6901)".into());
+            return Err(PointerError::NoSlash);
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -40,7 +68,7 @@ impl Pointer {
                     match chars.next() {
                         Some('0') => tok.push('~'),
                         Some('1') => tok.push('/'),
-                        _ => return Err("'~' must be followed by 0 or 1 (RFC 6901)".into()),
+                        _ => return Err(PointerError::Escape),
                     }
                 } else {
                     tok.push(c);
@@ -418,130 +446,6 @@ fn same_bytes(expected: &[u8], body: &[u8]) -> Result<(), Mismatch> {
     })
 }
 
-/// Characters a difference shows of each side before its first differing character, and
-/// from it on: a window, so that a long answer's difference is seen and not cut away.
-const BEFORE: usize = 24;
-const AFTER: usize = 40;
-
-/// Where two texts first differ (in characters) and `expected "…", found "…"`: a window of
-/// each around that character, on character boundaries, `…` where a side is cut, control
-/// characters, quotes and backslashes escaped.
-fn text_difference(expected: &str, found: &str) -> (usize, String) {
-    let first = (expected.char_indices().zip(found.char_indices()))
-        .enumerate()
-        .find(|(_, ((_, e), (_, f)))| e != f);
-    let (at, e_at, f_at) = match first {
-        Some((n, ((ei, _), (fi, _)))) => (n, ei, fi),
-        None => {
-            // One is a prefix of the other: the difference starts where the shorter ends.
-            let common = expected.len().min(found.len());
-            (expected[..common].chars().count(), common, common)
-        }
-    };
-    let shown = format!(
-        "expected \"{}\", found \"{}\"",
-        char_window(expected, e_at),
-        char_window(found, f_at)
-    );
-    (at, shown)
-}
-
-/// `s` from [`BEFORE`] characters before byte `at` (a character boundary) to [`AFTER`]
-/// characters after it, escaped, with `…` on a cut side.
-fn char_window(s: &str, at: usize) -> String {
-    let (head, tail) = s.split_at(at);
-    let start = head
-        .char_indices()
-        .rev()
-        .nth(BEFORE - 1)
-        .map_or(0, |(i, _)| i);
-    let end = tail
-        .char_indices()
-        .nth(AFTER)
-        .map_or(s.len(), |(i, _)| at + i);
-    windowed(&s[start..end], start > 0, end < s.len())
-}
-
-/// The bytes around `at` of a body that is not UTF-8, widened to whole UTF-8 sequences
-/// where there are any; what is not UTF-8 shows as U+FFFD.
-fn byte_window(s: &[u8], at: usize) -> String {
-    let continuation = |i: usize| s.get(i).is_some_and(|b| b & 0xC0 == 0x80);
-    let mut start = at.saturating_sub(BEFORE);
-    let mut end = (at + AFTER).min(s.len());
-    for _ in 0..3 {
-        if start > 0 && continuation(start) {
-            start -= 1;
-        }
-        if end < s.len() && continuation(end) {
-            end += 1;
-        }
-    }
-    windowed(
-        &String::from_utf8_lossy(&s[start..end]),
-        start > 0,
-        end < s.len(),
-    )
-}
-
-/// Characters of a refused answer an error message shows.
-const REASON_CHARS: usize = 200;
-
-/// What an answer with an unexpected status says, quoted for an error message: the
-/// `error.message`, `error`, `detail` or `message` string of a JSON object (OpenAI, TGI,
-/// FastAPI), else the body's start; at most [`REASON_CHARS`] characters, `…` where cut,
-/// control characters escaped. `None` for a body of white space only.
-pub(crate) fn answer_reason(body: &[u8]) -> Option<String> {
-    let json = (body.trim_ascii_start().first() == Some(&b'{'))
-        .then(|| serde_json::from_slice::<Value>(body).ok())
-        .flatten();
-    let said = json.as_ref().and_then(|v| {
-        [
-            v.pointer("/error/message"),
-            v.get("error"),
-            v.get("detail"),
-            v.get("message"),
-        ]
-        .into_iter()
-        .flatten()
-        .find_map(Value::as_str)
-    });
-    let start = &body[..body.len().min(4 * REASON_CHARS)];
-    let text = match said {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => String::from_utf8_lossy(start),
-    };
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
-    }
-    let end = (text.char_indices().nth(REASON_CHARS)).map_or(text.len(), |(i, _)| i);
-    let cut = end < text.len() || (said.is_none() && start.len() < body.len());
-    Some(format!("\"{}\"", windowed(&text[..end], false, cut)))
-}
-
-/// `text` escaped for a quoted message, with `…` before and after where it was cut.
-fn windowed(text: &str, cut_before: bool, cut_after: bool) -> String {
-    let mut out = String::with_capacity(text.len() + 8);
-    if cut_before {
-        out.push('…');
-    }
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    if cut_after {
-        out.push('…');
-    }
-    out
-}
-
 impl StreamOracle {
     /// Apply `p` to every JSON payload (expected event or usage) where it resolves to a
     /// primitive leaf; a path that resolves nowhere is not an error here.
@@ -663,32 +567,32 @@ impl StreamOracle {
     }
 }
 
-fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), String> {
+fn resolve_leaf(root: &Value, p: &Pointer) -> Result<(), LeafError> {
     let mut cur = root;
     for tok in &p.tokens {
         cur = match cur {
-            Value::Object(m) => m
-                .get(tok)
-                .ok_or_else(|| " does not exist in the oracle".to_string())?,
+            Value::Object(m) => m.get(tok).ok_or(LeafError::Missing)?,
             Value::Array(a) => {
                 if !is_canonical_index(tok) {
-                    return Err(format!(": '{tok}' is not a canonical array index"));
+                    return Err(LeafError::NotAnIndex(tok.clone()));
                 }
-                let i: usize = tok
-                    .parse()
-                    .map_err(|_| " does not exist in the oracle".to_string())?;
-                a.get(i)
-                    .ok_or_else(|| " does not exist in the oracle".to_string())?
+                let i: usize = tok.parse().map_err(|_| LeafError::Missing)?;
+                a.get(i).ok_or(LeafError::Missing)?
             }
-            _ => return Err(" does not exist in the oracle".into()),
+            _ => return Err(LeafError::Missing),
         };
     }
     match cur {
-        Value::Object(_) | Value::Array(_) => Err(format!(
-            " must end at a primitive leaf, but it reaches {}",
-            json_kind(cur)
-        )),
+        Value::Object(_) | Value::Array(_) => Err(LeafError::NotALeaf(json_kind(cur))),
         _ => Ok(()),
+    }
+}
+
+/// A mismatch at `path`.
+fn fail(path: &[PathTok<'_>], reason: String) -> Mismatch {
+    Mismatch {
+        pointer: Some(pointer_of(path)),
+        reason,
     }
 }
 
@@ -698,10 +602,6 @@ fn compare<'a>(
     ignore: Option<&IgnoreNode>,
     path: &mut Vec<PathTok<'a>>,
 ) -> Result<(), Mismatch> {
-    let fail = |path: &[PathTok<'_>], reason: String| Mismatch {
-        pointer: Some(pointer_of(path)),
-        reason,
-    };
     if let Some(node) = ignore
         && node.leaf
     {
@@ -719,55 +619,78 @@ fn compare<'a>(
         };
     }
     match (expected, actual) {
-        (Value::Object(e), Value::Object(a)) => {
-            for (k, ev) in e {
-                path.push(PathTok::Key(k));
-                let child = ignore.and_then(|n| n.children.get(k.as_str()));
-                match a.get(k) {
-                    Some(av) => compare(ev, av, child, path)?,
-                    None => {
-                        let what = if child.is_some_and(|c| c.leaf) {
-                            "ignored leaf is missing from the response"
-                        } else {
-                            "key is missing from the response"
-                        };
-                        return Err(fail(path, what.into()));
-                    }
-                }
-                path.pop();
-            }
-            if let Some(k) = a.keys().find(|k| !e.contains_key(k.as_str())) {
-                path.push(PathTok::Key(k));
-                return Err(fail(path, "unexpected key in the response".into()));
-            }
-            Ok(())
-        }
-        (Value::Array(e), Value::Array(a)) => {
-            for (i, (ev, av)) in e.iter().zip(a).enumerate() {
-                path.push(PathTok::Index(i));
-                let child = ignore.and_then(|n| n.children.get(&i.to_string()));
-                compare(ev, av, child, path)?;
-                path.pop();
-            }
-            if e.len() != a.len() {
-                path.push(PathTok::Index(e.len().min(a.len())));
-                let reason = if a.len() > e.len() {
-                    format!(
-                        "unexpected array element (expected {} elements, found {})",
-                        e.len(),
-                        a.len()
-                    )
+        (Value::Object(e), Value::Object(a)) => compare_objects(e, a, ignore, path),
+        (Value::Array(e), Value::Array(a)) => compare_arrays(e, a, ignore, path),
+        _ => compare_scalars(expected, actual, path),
+    }
+}
+
+/// Two objects: every expected key present and equal (in the expected order), no other.
+fn compare_objects<'a>(
+    e: &'a serde_json::Map<String, Value>,
+    a: &'a serde_json::Map<String, Value>,
+    ignore: Option<&IgnoreNode>,
+    path: &mut Vec<PathTok<'a>>,
+) -> Result<(), Mismatch> {
+    for (k, ev) in e {
+        path.push(PathTok::Key(k));
+        let child = ignore.and_then(|n| n.children.get(k.as_str()));
+        match a.get(k) {
+            Some(av) => compare(ev, av, child, path)?,
+            None => {
+                let what = if child.is_some_and(|c| c.leaf) {
+                    "ignored leaf is missing from the response"
                 } else {
-                    format!(
-                        "array element is missing (expected {} elements, found {})",
-                        e.len(),
-                        a.len()
-                    )
+                    "key is missing from the response"
                 };
-                return Err(fail(path, reason));
+                return Err(fail(path, what.into()));
             }
-            Ok(())
         }
+        path.pop();
+    }
+    if let Some(k) = a.keys().find(|k| !e.contains_key(k.as_str())) {
+        path.push(PathTok::Key(k));
+        return Err(fail(path, "unexpected key in the response".into()));
+    }
+    Ok(())
+}
+
+/// Two arrays: element by element, then their lengths.
+fn compare_arrays<'a>(
+    e: &'a [Value],
+    a: &'a [Value],
+    ignore: Option<&IgnoreNode>,
+    path: &mut Vec<PathTok<'a>>,
+) -> Result<(), Mismatch> {
+    for (i, (ev, av)) in e.iter().zip(a).enumerate() {
+        path.push(PathTok::Index(i));
+        let child = ignore.and_then(|n| n.children.get(&i.to_string()));
+        compare(ev, av, child, path)?;
+        path.pop();
+    }
+    if e.len() != a.len() {
+        path.push(PathTok::Index(e.len().min(a.len())));
+        let reason = if a.len() > e.len() {
+            format!(
+                "unexpected array element (expected {} elements, found {})",
+                e.len(),
+                a.len()
+            )
+        } else {
+            format!(
+                "array element is missing (expected {} elements, found {})",
+                e.len(),
+                a.len()
+            )
+        };
+        return Err(fail(path, reason));
+    }
+    Ok(())
+}
+
+/// Two values that are not both objects nor both arrays.
+fn compare_scalars(expected: &Value, actual: &Value, path: &[PathTok<'_>]) -> Result<(), Mismatch> {
+    match (expected, actual) {
         (Value::Number(e), Value::Number(a)) => {
             if num_eq(e, a) {
                 Ok(())
