@@ -36,7 +36,11 @@ pub(crate) enum FlagError {
     Shard(String),
     /// `--start-at` is not an RFC 3339 instant.
     #[error("--start-at '{value}' is not an RFC 3339 instant (2026-12-01T12:00:00Z): {reason}")]
-    StartAtSyntax { value: String, reason: String },
+    StartAtSyntax {
+        value: String,
+        #[source]
+        reason: chrono::ParseError,
+    },
     /// `--start-at` is not in the future.
     #[error(
         "--start-at {value} is already {late_s:.1} s past: every shard would start late; give an instant far enough ahead for every shard to be up and warmed up"
@@ -50,7 +54,8 @@ pub(crate) enum FlagError {
     Url {
         flag: String,
         url: String,
-        reason: String,
+        #[source]
+        reason: crate::model::EndpointError,
     },
     /// `--upstream` has a query.
     #[error("--upstream '{0}' must not have a query")]

@@ -46,7 +46,11 @@ enum Failure {
     #[error("the answer could not be read: {0}")]
     Unread(#[source] tokio::task::JoinError),
     #[error("no line could be read (line {line}: {why})")]
-    NoLine { line: usize, why: String },
+    NoLine {
+        line: usize,
+        #[source]
+        why: crate::prom::LineError,
+    },
     #[error("an answer with no sample")]
     NoSample,
     /// The exchange itself failed (connect, TLS, a cut answer).
