@@ -14,7 +14,6 @@ mod args;
 mod campaign;
 mod freeze;
 mod io;
-mod metrics_http;
 mod plan_campaign;
 mod plan_cmd;
 mod recover;
@@ -247,7 +246,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.connection.as_str()
     );
     capture_line(&plan);
-    io::say_unmeasured(&plan, "  ");
+    crate::run::replay::say_unmeasured(&plan, "  ");
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",

@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use super::io::{CliError, Exit, print_json, print_stdout, report_error, tool, usage};
+use super::io::{CliError, Exit, print_json, print_stdout, report_error, run_error, tool, usage};
 use crate::record::rundir::{ROUNDS, ROUNDS_ORIG, RunDir, SUMMARY, SUMMARY_ORIG};
 use crate::report::doc::config::Command;
 use crate::report::doc::summary::{ServeEnding, ServeSummary, Summary};
 use crate::report::rebuild::{self, Rebuilt};
-use crate::report::run::FinishedRun;
 use crate::report::{self, Ending};
+use crate::run::open::FinishedRun;
 
 /// The originals a rebuild keeps, each beside its replacement.
 const ORIGINALS: [(&str, &str); 2] = [(SUMMARY, SUMMARY_ORIG), (ROUNDS, ROUNDS_ORIG)];
@@ -56,7 +56,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
         Command::Replay => {
             let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
-            let tokens = report::prompt_tokens_mismatch(plan, &[run.exchanges()]).map_err(tool)?;
+            let tokens = crate::run::finish::prompt_tokens_of_run(&run, plan).map_err(run_error)?;
             let r = rebuild::rebuild_replay(
                 plan,
                 run.shape(),
