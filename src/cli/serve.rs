@@ -153,7 +153,8 @@ async fn resolve(args: &ServeArgs, input: Checked) -> Result<ServeInput, CliErro
     let fields = serve_config_fields(
         args,
         &input,
-        (listen_addr, backlog),
+        listen_addr,
+        backlog,
         crate::run::metrics_http::address(metrics.as_ref()),
     );
     Ok(ServeInput {
@@ -244,7 +245,8 @@ fn serve_stopped(args: &ServeArgs, end: ServeEnd) -> Result<Exit, CliError> {
 fn serve_config_fields(
     args: &ServeArgs,
     input: &Checked,
-    (listen_addr, backlog): (SocketAddr, u32),
+    listen_addr: SocketAddr,
+    backlog: u32,
     metrics_listen: Option<String>,
 ) -> Fields {
     use report::doc::config::{Limits, ServeFields, ServeRecording};

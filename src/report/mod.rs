@@ -12,7 +12,7 @@
 //! # After a run
 //!
 //! The replay driver returns what it measured (`drivers::replay::ReplayResult`: rounds,
-//! excluded phases, failures, notes, each arm's measures); `run::finish::reports` has
+//! excluded phases, failures, notes, each arm's measures); `run::finish::replay_documents` has
 //! `report` build summary.json (`report::summary`), rounds.parquet and the table from it,
 //! written once; for a campaign `report::campaign::campaign_doc` builds campaign.json, then
 //! `report::answers::add_drift` reads the measured `ok` answers back from the closed parts

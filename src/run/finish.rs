@@ -166,8 +166,9 @@ pub(crate) fn replay_documents(
         drift: facts.record_exchanges,
         intervals: facts.record_exchanges,
     };
-    let evidence = read_evidence(&dir.exchanges(), plan, campaign.as_mut(), want);
-    let prompt_tokens_mismatch = prompt_tokens_or_problem(evidence.prompt_tokens, &mut problems);
+    let mut evidence = read_evidence(&dir.exchanges(), plan, campaign.as_mut(), want);
+    let prompt_tokens_mismatch =
+        prompt_tokens_or_problem(evidence.prompt_tokens.take(), &mut problems);
     let aggregates = report::aggregates(plan, shape, &result.rounds);
     let summary = report::summary(
         plan,
@@ -197,7 +198,7 @@ pub(crate) fn replay_documents(
             config,
             ending: summary.ending,
         };
-        reported = campaign_reports(&run, c, (evidence.drift, evidence.intervals), &mut problems);
+        reported = campaign_reports(&run, c, evidence, &mut problems);
     }
     config_json::finished(config);
     if let Err(e) = dir.write_json(rundir::CONFIG, config) {
@@ -289,20 +290,18 @@ struct CampaignReported {
     verdict: Option<String>,
 }
 
-/// The drift and intervals read back, as [`read_evidence`] returned them.
-type CampaignEvidence = (Option<Result<(), String>>, Option<Result<(), String>>);
-
-/// A campaign's own reports: the drift read into campaign.json (or why not), then the
+/// A campaign's own reports: the drift read into campaign.json (`evidence`, as
+/// [`read_evidence`] returned it; or why not), then the
 /// verdict of the contract the run was started with.
 fn campaign_reports(
     run: &CampaignRun<'_, '_>,
     mut c: CampaignDoc,
-    (drift, intervals): CampaignEvidence,
+    evidence: Evidence,
     problems: &mut Vec<String>,
 ) -> CampaignReported {
     let dir = run.facts.dir;
     let mut text = String::new();
-    let drift_read = match drift {
+    let drift_read = match evidence.drift {
         None => {
             c.drift = Some(None);
             c.drift_unavailable_reason =
@@ -314,7 +313,7 @@ fn campaign_reports(
             false
         }
         Some(Ok(())) => {
-            if let Some(Err(e)) = intervals {
+            if let Some(Err(e)) = evidence.intervals {
                 problems.push(format!("intervals: {e}"));
             }
             text = drift_text(&c);

@@ -126,7 +126,8 @@ pub(crate) async fn run(
     let scraping = match input.scrape.take() {
         Some(spec) => Some(scrape::start_scraping(
             spec,
-            (Some(&run), dir),
+            Some(&run),
+            dir,
             created.t0_ns,
         )?),
         None => None,

@@ -73,7 +73,8 @@ impl Scraping {
 /// measured round.
 pub(crate) fn start_scraping(
     spec: ScrapeSpec,
-    (run, dir): (Option<&Arc<RunContext>>, &RunDir),
+    run: Option<&Arc<RunContext>>,
+    dir: &RunDir,
     run_t0_ns: u64,
 ) -> Result<Scraping, RunError> {
     let sink = crate::record::scrapes::Sink::start(
@@ -224,7 +225,7 @@ pub(crate) async fn serve_start(
     let Some(spec) = spec else {
         return Ok(None);
     };
-    let s = start_scraping(spec, (None, dir), run_t0_ns)?;
+    let s = start_scraping(spec, None, dir, run_t0_ns)?;
     s.edge(Cause::RunStart).await;
     Ok(Some(s))
 }
