@@ -1,7 +1,9 @@
 //! The command line: argument shapes (clap), reading files and the environment, binding
-//! sockets, the commands' orchestration, and the mapping of every ending onto an exit
-//! code. It prints the table (stdout) and every message (stderr); the drivers print only
-//! their progress (replay's bar and failure lines, serve's live counters).
+//! sockets, each command's arguments resolved into a run's complete input (run by `run`),
+//! and the mapping of every ending (`run::RunEnd`, `run::RunError`) onto an exit code. It
+//! prints the table (stdout) and what a command answers (stderr); `run` and the drivers
+//! print only their progress (replay's banner and bar and failure lines, serve's live
+//! counters, the scrapes' and the GPU's notes).
 
 use crate::drivers::shutdown::Shutdown;
 use std::ffi::OsString;
