@@ -26,6 +26,7 @@ mod prom;
 mod record;
 mod redact;
 mod report;
+mod run;
 mod sse;
 mod stats;
 mod telemetry;

@@ -54,7 +54,7 @@ const ALLOWED: &[Row] = &[
     (
         "freeze",
         &[
-            "model", "redact", "sse", "oracle", "config", "record", "report",
+            "model", "redact", "sse", "oracle", "config", "record", "report", "run",
         ],
     ),
     ("dataset", &["model", "config", "freeze"]),
@@ -79,6 +79,22 @@ const ALLOWED: &[Row] = &[
         ],
     ),
     ("mock", &["clock", "net"]),
+    (
+        "run",
+        &[
+            "clock",
+            "model",
+            "redact",
+            "config",
+            "record",
+            "report",
+            "engine",
+            "net",
+            "mock",
+            "telemetry",
+            "drivers",
+        ],
+    ),
     ("fuzzing", &["config", "oracle", "sse", "engine", "prom"]),
     ("cli", &[EVERYTHING]),
 ];

@@ -1,28 +1,27 @@
 //! The campaign half of the command line: a contract read and checked before a run
 //! (`replay --contract`) or a verdict, and the two commands that read finished runs:
 //! `verdict` (a contract's gates on one campaign run) and `compare` (two runs of one
-//! workload: drift and every metric's delta, optionally a verdict). What they compute is
-//! `report`'s (`report::answers`, `report::compare`, `report::verdict`); this file reads
-//! the arguments, writes the files and prints.
+//! workload: drift and every metric's delta, optionally a verdict). A run's verdict is
+//! decided by `run::finish` (the same as after `replay`), a comparison by
+//! `report::compare`; this file reads the arguments, writes the files and prints.
 
 use std::path::{Path, PathBuf};
 
-use super::io::{CliError, Exit, print_stdout, report_error, tool, usage, write_new};
+use super::io::{CliError, Exit, print_stdout, report_error, run_error, tool, usage, write_new};
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
 use crate::record::rundir::{self, VERDICT, VERDICT_POST_HOC};
-use crate::report::answers;
 use crate::report::compare;
-use crate::report::doc::config::ContractRecord;
-use crate::report::run::FinishedRun;
-use crate::report::verdict::{self, Provenance};
+use crate::report::verdict;
+use crate::run::finish::{self, ContractInput};
+use crate::run::open::FinishedRun;
 
 /// Contracts are small; a larger file is not one.
 pub(super) const MAX_CONTRACT_BYTES: u64 = 1 << 20;
 
 /// Read and validate a contract file (exit 2 with the file's name on any problem).
 pub(crate) fn load_contract(path: &Path) -> Result<Contract, CliError> {
-    let bytes = crate::report::run::read_bounded(
+    let bytes = crate::run::open::read_bounded(
         path,
         MAX_CONTRACT_BYTES,
         "contract",
@@ -60,17 +59,6 @@ pub(crate) fn check_contract(
     Ok(())
 }
 
-/// config.json's record of the contract a run was started with.
-pub(crate) fn contract_record(c: &Contract, path: &Path) -> ContractRecord {
-    ContractRecord {
-        path: path.display().to_string(),
-        sha256: c.sha256.clone(),
-        plan_id: c.plan_id.clone(),
-        locked_at: c.locked_at.clone(),
-        locked_by: c.locked_by.clone(),
-    }
-}
-
 /// The `verdict` command: a contract's gates on a finished campaign run. Written to
 /// `RUN/verdict.json` when the contract is the one the run was started with, else to
 /// `RUN/verdict.post-hoc.json` (never over the pre-registered verdict), or to `--out`.
@@ -89,70 +77,26 @@ pub(crate) fn verdict_cmd(
     }
     let run = FinishedRun::open(dir).map_err(report_error)?;
     let plan = run.replay_plan().map_err(report_error)?;
-    let contract = load_contract(contract_path)?;
-    let mut campaign = run.campaign().map_err(report_error)?.cloned().ok_or_else(|| {
-        usage(format!(
-            "{}: no campaign.json; a verdict needs a campaign run (a plan with arms), or two runs with `compare --contract`",
-            dir.display()
-        ))
-    })?;
-    // Runs made before drift existed (or under --no-record, refused): computed from the
-    // recorded answers.
-    // A campaign.json written before drift counted distinct requests reads them as 0, which
-    // every floor-relative gate would take for too few: its drift is recomputed too.
-    let before_distinct = campaign
-        .drift_entries()
-        .iter()
-        .map(|e| &e.drift)
-        .chain(campaign.drift_floor.as_ref().map(|f| &f.drift))
-        .any(|d| d.compared_prompts > 0 && d.distinct_requests == 0);
-    if before_distinct || campaign.drift.as_ref().is_none_or(Option::is_none) {
-        run.refuse_unrecorded("drift, and the gates that read it, need them")
-            .map_err(report_error)?;
-        answers::add_drift(&mut campaign, &run.exchanges(), plan).map_err(tool)?;
-    }
-    // Runs made before intervals existed: computed from the recorded rows (a run under
-    // --no-record has none, and a gate that requires one says so).
-    if campaign.intervals.is_none()
-        && run.refuse_unrecorded("").is_ok()
-        && let Err(e) = crate::report::intervals::add_intervals(&mut campaign, &run.exchanges())
-    {
-        // A v1 verdict never reads them; a gate that does says it has nothing to read.
-        eprintln!("matrix-proxy: warning: no intervals: {e}");
+    let contract = ContractInput {
+        contract: load_contract(contract_path)?,
+        path: contract_path.to_path_buf(),
+    };
+    let (campaign, warning) = finish::campaign_of_run(&run, plan).map_err(run_error)?;
+    if let Some(w) = warning {
+        eprintln!("matrix-proxy: warning: {w}");
     }
     let name = campaign.plan_id.as_deref().or(plan.name.as_deref());
     check_contract(
-        &contract,
+        &contract.contract,
         contract_path,
         name,
         run.started_at_us().map_err(report_error)?,
     )?;
-    let recorded = run.config.replay().and_then(|r| r.contract.as_ref());
-    let post_hoc = match recorded.map(|c| c.sha256.as_str()) {
-        Some(h) if h == contract.sha256 => None,
-        Some(h) => Some(format!(
-            "the run was started with another contract (SHA-256 {h}); this one ({}) was not locked in before the numbers",
-            contract.sha256
-        )),
-        None => Some("the run was started without --contract; this contract was not locked in before the numbers".to_string()),
-    };
+    let post_hoc = finish::post_hoc_reason(&run, &contract.contract);
     if let Some(why) = &post_hoc {
         eprintln!("matrix-proxy: warning: post-hoc verdict: {why}");
     }
-    let v = verdict::verdict_doc(
-        &campaign,
-        &Provenance {
-            contract: &contract,
-            contract_path: &contract_path.display().to_string(),
-            run_id: Some(&run.config.run_id),
-            run_started_at: Some(&run.config.started_at),
-            run_ending: run
-                .replay_summary()
-                .map_err(report_error)?
-                .map(|s| s.ending.as_str()),
-            post_hoc: post_hoc.clone(),
-        },
-    );
+    let v = finish::run_verdict(&run, &campaign, &contract, post_hoc.clone()).map_err(run_error)?;
     // The pre-registered verdict is the run's own and is written anew by its contract; a
     // post-hoc one, or one to --out, is never written over.
     let path = match (out, post_hoc.is_some()) {

@@ -13,7 +13,7 @@ use crate::config::flags;
 use crate::config::plan::OnFailure;
 use crate::freeze::{self, Budget, FreezeError, Options};
 use crate::model::ConnectionPolicy;
-use crate::report::run::read_bounded;
+use crate::run::open::read_bounded;
 
 /// Largest `--metadata` file read.
 const MAX_METADATA_BYTES: u64 = 1 << 20;

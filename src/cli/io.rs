@@ -1,16 +1,17 @@
 //! What every command shares with the outside world: the error a command ends with and its
-//! exit code, the command line as typed (redacted), files read with a size bound (the plan,
-//! the bearer token), the run directory created, stdout written (the table, `--json`), and
-//! the process's runtime size and memory pages. Imports nothing else from `cli/`.
+//! exit code (and how a run's end and errors map onto it), the command line as typed
+//! (redacted), files read with a size bound (the plan, the bearer token), stdout written
+//! (the table, `--json`), and the process's runtime size and memory pages. Imports nothing
+//! else from `cli/`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::clock;
 use crate::config::flags;
 use crate::config::plan::Plan;
-use crate::record::rundir::{self, RunDir, RunDirError};
+use crate::record::rundir;
 use crate::redact::Redaction;
-use crate::report;
+use crate::report::error::ReportError;
+use crate::run::{RunEnd, RunError};
 
 /// Exit codes, the same for every command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,45 +79,42 @@ pub(crate) fn runtime_threads(flag: Option<usize>) -> usize {
 
 /// A report's error as the command line says it: a run or a file that cannot be used is
 /// unusable input (exit 2); rows that cannot be read back are the tool's (exit 3).
-pub(super) fn report_error(e: report::run::ReportError) -> CliError {
+pub(super) fn report_error(e: ReportError) -> CliError {
     match e {
-        report::run::ReportError::Rows(m) | report::run::ReportError::Unfinished(m) => tool(m),
+        ReportError::Rows(m) | ReportError::Unfinished(m) => tool(m),
         other => usage(other.to_string()),
     }
 }
 
+/// A run's error as the command line says it, with the same message: unusable input
+/// (exit 2) when the input or a finished run cannot be used, else the tool's (exit 3).
+pub(super) fn run_error(e: RunError) -> CliError {
+    match e {
+        RunError::Usage(m) => usage(m),
+        RunError::Report(e) => report_error(e),
+        e @ (RunError::RunDir(_)
+        | RunError::Record(_)
+        | RunError::Tool(_)
+        | RunError::Problems { .. }) => tool(e.to_string()),
+    }
+}
+
+/// The exit code of how a run ended.
+pub(super) fn exit_of(end: RunEnd) -> Exit {
+    match end {
+        RunEnd::Passed => Exit::Ok,
+        RunEnd::Failed => Exit::Failure,
+        RunEnd::Interrupted => Exit::Interrupted,
+    }
+}
+
 pub(super) fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), CliError> {
-    report::run::load_plan(path).map_err(report_error)
+    crate::run::open::load_plan(path).map_err(report_error)
 }
 
 /// Read a bearer token from the named environment variable and check it.
 pub(super) fn read_token(name: &str, source: &str) -> Result<String, CliError> {
     flags::bearer_token(name, source, std::env::var_os(name).as_deref()).map_err(usage)
-}
-
-/// Create the run directory; `default_name`: the user did not choose it, so a taken name
-/// gets a numeric suffix instead of being refused.
-pub(super) fn create_run_dir(out: &Path, default_name: bool) -> Result<RunDir, CliError> {
-    let mut candidate = out.to_path_buf();
-    for n in 2..1000 {
-        match RunDir::create(&candidate) {
-            Ok(d) => return Ok(d),
-            Err(RunDirError::Exists(_)) if default_name => {
-                candidate = PathBuf::from(format!("{}-{n}", out.display()));
-            }
-            Err(e @ RunDirError::Exists(_)) => return Err(usage(e.to_string())),
-            Err(e) => {
-                return Err(usage(format!(
-                    "--out {}: cannot create the run directory ({e})",
-                    candidate.display()
-                )));
-            }
-        }
-    }
-    Err(usage(format!(
-        "{}: too many runs with this name",
-        out.display()
-    )))
 }
 
 /// Write `text` to stdout. A closed or full stdout (`> /dev/full`, a pipe whose reader
@@ -138,15 +136,6 @@ pub(super) fn print_stdout(text: &str, what: &str, dir: &Path) -> Result<(), Str
 pub(super) fn print_json<T: serde::Serialize>(v: &T, dir: &Path) -> Result<(), String> {
     let text = String::from_utf8_lossy(&rundir::json_bytes(v)).into_owned();
     print_stdout(&text, "the summary", dir)
-}
-
-pub(super) fn run_id(now_us: i64) -> String {
-    let seed = format!("{}-{}-{}", now_us, std::process::id(), clock::now_ns());
-    format!(
-        "{}-{}",
-        clock::compact_utc(now_us),
-        &rundir::sha256_hex(seed.as_bytes())[..8]
-    )
 }
 
 pub(super) fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, CliError> {
@@ -197,29 +186,4 @@ pub(crate) fn write_new(flag: &str, out: &Path, bytes: &[u8]) -> Result<(), CliE
         }
         _ => tool(format!("{flag} {}: {e}", out.display())),
     })
-}
-
-/// Each case whose measured rounds cannot reach every variant, one warning line each
-/// after `prefix` (`validate`, `replay`).
-pub(crate) fn say_unmeasured(plan: &Plan, prefix: &str) {
-    for w in plan.unmeasured_variants() {
-        eprintln!("{prefix}{w}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_taken_default_run_name_gets_a_suffix_but_an_explicit_one_is_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("demo-20261129T000000Z");
-        assert_eq!(create_run_dir(&out, true).unwrap().path, out);
-        let second = create_run_dir(&out, true).unwrap();
-        assert_eq!(second.path, tmp.path().join("demo-20261129T000000Z-2"));
-        let err = create_run_dir(&out, false).err().unwrap();
-        assert_eq!(err.exit, Exit::Usage);
-        assert!(err.message.contains("already exists"), "{}", err.message);
-    }
 }

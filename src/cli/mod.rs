@@ -1,7 +1,9 @@
 //! The command line: argument shapes (clap), reading files and the environment, binding
-//! sockets, the commands' orchestration, and the mapping of every ending onto an exit
-//! code. It prints the table (stdout) and every message (stderr); the drivers print only
-//! their progress (replay's bar and failure lines, serve's live counters).
+//! sockets, each command's arguments resolved into a run's complete input (run by `run`),
+//! and the mapping of every ending (`run::RunEnd`, `run::RunError`) onto an exit code. It
+//! prints the table (stdout) and what a command answers (stderr); `run` and the drivers
+//! print only their progress (replay's banner and bar and failure lines, serve's live
+//! counters, the scrapes' and the GPU's notes).
 
 use crate::drivers::shutdown::Shutdown;
 use std::ffi::OsString;
@@ -14,7 +16,6 @@ mod args;
 mod campaign;
 mod freeze;
 mod io;
-mod metrics_http;
 mod plan_campaign;
 mod plan_cmd;
 mod recover;
@@ -247,7 +248,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.connection.as_str()
     );
     capture_line(&plan);
-    io::say_unmeasured(&plan, "  ");
+    crate::run::replay::say_unmeasured(&plan, "  ");
     if let Some(c) = &plan.campaign {
         eprintln!(
             "  campaign '{}': {} arm(s), {} evidence, {} schedule",

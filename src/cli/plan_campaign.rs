@@ -24,7 +24,7 @@ use crate::config::flags;
 use crate::config::plan::{MAX_PLAN_BYTES, Plan};
 use crate::freeze::plan_bytes;
 use crate::record::rundir;
-use crate::report::run::read_bounded;
+use crate::run::open::read_bounded;
 
 /// The recipe's keys, in the order a plan writes them.
 const RECIPE_KEYS: [&str; 4] = ["runtime", "weight_format", "weight_quantization", "device"];

@@ -12,7 +12,7 @@ pub fn recover_cmd(dir: &Path) -> Result<Exit, CliError> {
     rundir::refuse_locked(dir).map_err(|e| usage(e.to_string()))?;
     // A shard's report folder (OUT/shards/I) keeps its ledger; its parts are in
     // OUT/exchanges/shard=I.
-    let shard = crate::report::run::shard_parts(dir);
+    let shard = crate::run::open::shard_parts(dir);
     let exchanges = shard.clone().unwrap_or_else(|| dir.join(rundir::EXCHANGES));
     if !exchanges.is_dir() {
         return Err(usage(format!(

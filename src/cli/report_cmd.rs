@@ -7,7 +7,7 @@ use super::io::{CliError, Exit, report_error, tool, usage};
 use crate::clock;
 use crate::record::rundir::{REPORT, SUMMARY, write_bytes_at};
 use crate::report::html::{self, RunInput};
-use crate::report::run::FinishedRun;
+use crate::run::open::FinishedRun;
 
 /// The `report` command.
 pub fn report_cmd(dirs: &[PathBuf], out: Option<&Path>) -> Result<Exit, CliError> {

@@ -1,6 +1,6 @@
 //! The `serve` command: flags checked against each other (`check_serve`), the listener
-//! bound and the run directory created, the driver run until Ctrl-C / SIGTERM, then drained,
-//! its parts closed and config.json and summary.json written.
+//! bound and the input resolved (`resolve`), the run handed to `run::serve` until Ctrl-C /
+//! SIGTERM, and what it returns printed and mapped onto an exit code.
 
 use crate::drivers::shutdown::Shutdown;
 use std::net::SocketAddr;
@@ -9,24 +9,23 @@ use std::sync::Arc;
 
 use super::args::{SERVE_GRACE_SECONDS, ServeArgs};
 use super::io::{
-    CliError, Exit, argv, create_run_dir, print_json, run_id, runtime_threads, seconds, tool, usage,
+    CliError, Exit, argv, print_json, run_error, runtime_threads, seconds, tool, usage,
 };
-use super::metrics_http;
 use crate::clock;
 use crate::config::flags;
-use crate::drivers::RunContext;
+use crate::drivers::serve::ServeOptions;
 use crate::engine::Engine;
 use crate::model::{Endpoint, Scheme};
 use crate::net::tls::TlsOptions;
-use crate::record::RecorderOptions;
-use crate::record::rundir::{self, RunDir};
+use crate::record::rundir;
 use crate::redact::Redaction;
 use crate::report::doc::config::Fields;
-use crate::report::{self, ServeStats, config_json};
+use crate::report::{self, config_json};
+use crate::run::serve::{ServeEnd, ServeInput, ServeOutput, ServeRecording};
 
 /// Every flag of `serve` checked, and the TLS and engine set-ups built, before anything
 /// is bound or created.
-struct ServeInput {
+struct Checked {
     upstream: Endpoint,
     upstream_timeout: std::time::Duration,
     upstream_idle_timeout: std::time::Duration,
@@ -40,10 +39,12 @@ struct ServeInput {
     max_connections: usize,
     stats_interval: std::time::Duration,
     header_read_timeout: std::time::Duration,
-    scrape: Option<super::scrape::ScrapeSpec>,
+    scrape: Option<crate::run::scrape::ScrapeSpec>,
+    /// `--relay-memory`, or its default for this machine; at least one.
+    relay_memory: usize,
 }
 
-fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
+fn check_serve(args: &ServeArgs) -> Result<Checked, CliError> {
     let upstream = flags::upstream(&args.upstream).map_err(usage)?;
     let upstream_timeout = seconds("--upstream-timeout", args.upstream_timeout)?;
     let upstream_idle_timeout = seconds("--upstream-idle-timeout", args.upstream_idle_timeout)?;
@@ -97,7 +98,7 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
             n
         }
     };
-    Ok(ServeInput {
+    Ok(Checked {
         upstream,
         upstream_timeout,
         upstream_idle_timeout,
@@ -111,6 +112,10 @@ fn check_serve(args: &ServeArgs) -> Result<ServeInput, CliError> {
         stats_interval,
         header_read_timeout,
         scrape,
+        relay_memory: args
+            .relay_memory
+            .unwrap_or_else(crate::record::default_hold_bytes)
+            .max(1),
     })
 }
 
@@ -120,10 +125,18 @@ const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 /// The `serve` command: until Ctrl-C / SIGTERM, then drain, close the parts, summarise.
 pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<Shutdown>) -> Result<Exit, CliError> {
-    use crate::drivers::serve::{self, ServeOptions};
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
-    let mut input = check_serve(&args)?;
+    let checked = check_serve(&args)?;
     super::io::without_huge_pages();
+    let input = resolve(&args, checked).await?;
+    let end = crate::run::serve::run(input, interrupt)
+        .await
+        .map_err(run_error)?;
+    serve_stopped(&args, end)
+}
+
+/// The listeners bound and every value the run needs laid out: serve's complete input.
+async fn resolve(args: &ServeArgs, input: Checked) -> Result<ServeInput, CliError> {
     // The accept queue is as deep as the connections served at once (the kernel caps it
     // at net.core.somaxconn): a burst of new clients waits there instead of having its
     // SYNs dropped.
@@ -131,148 +144,76 @@ pub async fn serve_cmd(args: ServeArgs, interrupt: Arc<Shutdown>) -> Result<Exit
     let listener = crate::net::listener::bind_listener(args.listen, backlog)
         .map_err(|e| usage(format!("--listen {}: cannot bind: {e}", args.listen)))?;
     let listen_addr = listener.local_addr().map_err(|e| tool(e.to_string()))?;
-    let metrics_listener = match args.run.metrics_listen {
-        Some(a) => Some(metrics_http::bind(a).await?),
+    let metrics = match args.run.metrics_listen {
+        Some(a) => Some(crate::run::metrics_http::bind(a).await.map_err(run_error)?),
         None => None,
     };
     let started_at_us = clock::wall_now_us();
     let out = args.run.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("live-{}", clock::compact_utc(started_at_us)))
     });
-    let dir = create_run_dir(&out, args.run.out.is_none())?;
-    let rid = run_id(started_at_us);
-    let mut rec_opts = RecorderOptions::new(dir.exchanges());
-    rec_opts.part_rows = args.run.part_rows;
-    rec_opts.part_seconds = input.part_seconds.as_secs_f64();
-    rec_opts.queue_rows = args.record_queue.max(1);
-    rec_opts.redaction = input.redaction.clone();
-    rec_opts.slice = Some(crate::record::SERVE_SLICE);
-    let policy = args.upstream_connection;
     let fields = serve_config_fields(
-        &args,
+        args,
         &input,
-        (listen_addr, backlog),
-        metrics_http::address(metrics_listener.as_ref()),
+        listen_addr,
+        backlog,
+        crate::run::metrics_http::address(metrics.as_ref()),
     );
-    let mut config = config_json::config(&argv(&input.redaction), &rid, started_at_us, fields);
-    dir.write_json(rundir::CONFIG, &config)
-        .map_err(|e| tool(e.to_string()))?;
-    let run_t0_ns = clock::now_ns();
-    let run =
-        Arc::new(RunContext::start(&rid, run_t0_ns, rec_opts).map_err(|e| tool(e.to_string()))?);
-    let scraping = super::scrape::serve_start(input.scrape.take(), &dir, run_t0_ns).await?;
-    if !args.run.quiet {
-        eprintln!(
-            "matrix-proxy: serving {}://{} -> {} ({} upstream connections); recording to {}; Ctrl-C to stop",
-            if input.tls.is_some() { "https" } else { "http" },
-            listen_addr,
-            input.redaction.url(&input.upstream.url()),
-            args.upstream_connection.serve_name(),
-            dir.path.display()
-        );
-    }
-    let opts = ServeOptions {
-        upstream: input.upstream,
-        policy,
-        upstream_timeout: input.upstream_timeout,
-        upstream_idle_timeout: input.upstream_idle_timeout,
-        max_record_body: args.run.max_record_body,
-        record_memory: args.record_memory,
-        rewrite_host: args.rewrite_host,
-        tls: input.tls,
-        on_record_full: args.on_record_full,
-        on_record_fail: args.on_record_fail,
-        grace: input.grace,
-        stats_interval: (!args.run.quiet).then_some(input.stats_interval),
-        buffer_frames: 64,
-        relay_memory: args
-            .relay_memory
-            .unwrap_or_else(crate::record::default_hold_bytes)
-            .max(1),
-        max_header_bytes: args.max_header_bytes,
-        header_read_timeout: input.header_read_timeout,
-        max_connections: input.max_connections,
-    };
-    // Live metrics only when asked for: without them serve counts nothing more.
-    let metrics_server = metrics_listener
-        .and_then(|l| metrics_http::start(Some(l), &Arc::default(), &run, args.run.quiet));
-    let mut stats = serve::run(listener, opts, input.engine, run.clone(), interrupt).await;
-    if let Some(m) = metrics_server {
-        m.abort();
-    }
-    let worker = super::scrape::serve_end(scraping, &dir, args.run.quiet).await;
-    let recording = run.finish_recording().await;
-    let mut problems: Vec<String> = recording.problems.iter().map(|e| e.to_string()).collect();
-    stats.record_error = run.record_error();
-    let rows = read_back(&dir, &recording, &mut stats, &mut problems);
-    // Every exchange forwarded and neither recorded nor dropped went unrecorded, whether
-    // the stopped writer refused its row or lost it from its queue or open part.
-    stats.unrecorded = stats
-        .requests
-        .saturating_sub(rows + stats.dropped_rows)
-        .max(stats.unrecorded);
-    // Unknown (null) when the writer failed: its measurement did not come back.
-    let slice = recording
-        .problems
-        .is_empty()
-        .then_some(recording.stats.longest_slice_us);
-    let mut summary = report::serve_summary(&stats, rows, slice, None);
-    summary.worker_metrics_limits = worker.limits;
-    summary.worker_metrics_scrapes = worker.health;
-    summary.worker = report::worker::whole_run(&worker.rows).map(|mut w| {
-        w.two_sided = Some(report::worker::two_sided(
-            report::doc::secs(stats.ok_ttft.p50),
-            summary.successful_latency_seconds.p50,
-            &w,
-        ));
-        w
-    });
-    if let Err(e) = dir.write_json(rundir::SUMMARY, &summary) {
-        problems.push(e.to_string());
-    }
-    config_json::finished(&mut config);
-    if let Err(e) = dir.write_json(rundir::CONFIG, &config) {
-        problems.push(e.to_string());
-    }
-    serve_stopped(&args, (&stats, &summary), rows, &dir, problems)
-}
-
-/// The closed parts read back into `stats`' routes and percentiles; the rows recorded (a
-/// writer that failed reports nothing: what it kept is what reads back).
-fn read_back(
-    dir: &RunDir,
-    recording: &crate::drivers::RecordingEnd,
-    stats: &mut ServeStats,
-    problems: &mut Vec<String>,
-) -> u64 {
-    let mut table = report::routes::RouteTable::default();
-    let mut rows_read = 0u64;
-    let read = crate::record::read::for_each_row(&dir.exchanges(), |r| {
-        rows_read += 1;
-        table.add(&r.method, &r.url, r.status, r.sample)
-    });
-    if let Err(e) = read {
-        problems.push(format!("reading the recorded rows back: {e}"));
-    }
-    (stats.routes, stats.ok_total, stats.ok_ttft) = table.finish();
-    if recording.problems.is_empty() {
-        recording.stats.rows
-    } else {
-        rows_read
-    }
+    Ok(ServeInput {
+        listener,
+        listen_addr,
+        metrics,
+        fields,
+        argv: argv(&input.redaction),
+        started_at_us,
+        policy_name: args.upstream_connection.serve_name(),
+        output: ServeOutput {
+            out,
+            default_name: args.run.out.is_none(),
+            quiet: args.run.quiet,
+        },
+        recording: ServeRecording {
+            part_rows: args.run.part_rows,
+            part_seconds: input.part_seconds.as_secs_f64(),
+            queue_rows: args.record_queue.max(1),
+            redaction: input.redaction.clone(),
+        },
+        opts: ServeOptions {
+            upstream: input.upstream,
+            policy: args.upstream_connection,
+            upstream_timeout: input.upstream_timeout,
+            upstream_idle_timeout: input.upstream_idle_timeout,
+            max_record_body: args.run.max_record_body,
+            record_memory: args.record_memory,
+            rewrite_host: args.rewrite_host,
+            tls: input.tls,
+            on_record_full: args.on_record_full,
+            on_record_fail: args.on_record_fail,
+            grace: input.grace,
+            stats_interval: (!args.run.quiet).then_some(input.stats_interval),
+            buffer_frames: 64,
+            relay_memory: input.relay_memory,
+            max_header_bytes: args.max_header_bytes,
+            header_read_timeout: input.header_read_timeout,
+            max_connections: input.max_connections,
+        },
+        engine: input.engine,
+        scrape: input.scrape,
+    })
 }
 
 /// What a stopped serve prints, and its exit: 130 (stopped by a signal) unless writing
 /// failed.
-fn serve_stopped(
-    args: &ServeArgs,
-    (stats, summary): (&ServeStats, &report::doc::summary::ServeSummary),
-    rows: u64,
-    dir: &RunDir,
-    mut problems: Vec<String>,
-) -> Result<Exit, CliError> {
+fn serve_stopped(args: &ServeArgs, end: ServeEnd) -> Result<Exit, CliError> {
+    let ServeEnd {
+        stats,
+        summary,
+        rows,
+        dir,
+        mut problems,
+    } = end;
     if args.run.json
-        && let Err(e) = print_json(summary, &dir.path)
+        && let Err(e) = print_json(&summary, &dir)
     {
         problems.push(e);
     }
@@ -285,7 +226,7 @@ fn serve_stopped(
             unrecorded,
             stats.dropped_rows,
             stats.refused.values().sum::<u64>(),
-            dir.path.display()
+            dir.display()
         );
     }
     if !args.run.quiet && !stats.routes.is_empty() {
@@ -297,11 +238,7 @@ fn serve_stopped(
         }
     }
     if !problems.is_empty() {
-        return Err(tool(format!(
-            "{} (what was written is kept in {})",
-            problems.join("; "),
-            dir.path.display()
-        )));
+        return Err(run_error(crate::run::RunError::Problems { problems, dir }));
     }
     Ok(Exit::Interrupted)
 }
@@ -309,8 +246,9 @@ fn serve_stopped(
 /// serve's own keys of config.json.
 fn serve_config_fields(
     args: &ServeArgs,
-    input: &ServeInput,
-    (listen_addr, backlog): (SocketAddr, u32),
+    input: &Checked,
+    listen_addr: SocketAddr,
+    backlog: u32,
     metrics_listen: Option<String>,
 ) -> Fields {
     use report::doc::config::{Limits, ServeFields, ServeRecording};
@@ -335,10 +273,7 @@ fn serve_config_fields(
         recording: ServeRecording {
             max_record_body_bytes: args.run.max_record_body,
             record_memory_bytes: args.record_memory,
-            relay_memory_bytes: args
-                .relay_memory
-                .unwrap_or_else(crate::record::default_hold_bytes)
-                .max(1),
+            relay_memory_bytes: input.relay_memory,
             on_record_full: args.on_record_full.as_str().into(),
             on_record_fail: args.on_record_fail.as_str().into(),
             part_rows: args.run.part_rows,

@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use super::io::{CliError, Exit, print_json, print_stdout, report_error, tool, usage};
+use super::io::{CliError, Exit, print_json, print_stdout, report_error, run_error, tool, usage};
 use crate::record::rundir::{ROUNDS, ROUNDS_ORIG, RunDir, SUMMARY, SUMMARY_ORIG};
 use crate::report::doc::config::Command;
 use crate::report::doc::summary::{ServeEnding, ServeSummary, Summary};
 use crate::report::rebuild::{self, Rebuilt};
-use crate::report::run::FinishedRun;
 use crate::report::{self, Ending};
+use crate::run::open::FinishedRun;
 
 /// The originals a rebuild keeps, each beside its replacement.
 const ORIGINALS: [(&str, &str); 2] = [(SUMMARY, SUMMARY_ORIG), (ROUNDS, ROUNDS_ORIG)];
@@ -29,7 +29,9 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
         let merged = rebuild::merge_shards(&run, &facts).map_err(report_error)?;
         write_rounds(dir, &merged)?;
         let ending = merged.summary.ending;
-        write_and_show(dir, &merged.summary, (quiet, json), || merged.table.clone())?;
+        write_and_show(dir, &merged.summary, Show { quiet, json }, || {
+            merged.table.clone()
+        })?;
         eprintln!(
             "matrix-proxy: merged {} shard(s): {} round(s) from {} rows in {} (ending: {})",
             run.shards.len(),
@@ -56,7 +58,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
         Command::Replay => {
             let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
-            let tokens = report::prompt_tokens_mismatch(plan, &[run.exchanges()]).map_err(tool)?;
+            let tokens = crate::run::finish::prompt_tokens_of_run(&run, plan).map_err(run_error)?;
             let r = rebuild::rebuild_replay(
                 plan,
                 run.shape(),
@@ -67,7 +69,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
             keep_originals(dir)?;
             write_rounds(dir, &r)?;
             let ending = r.summary.ending;
-            write_and_show(dir, &r.summary, (quiet, json), || r.table.clone())?;
+            write_and_show(dir, &r.summary, Show { quiet, json }, || r.table.clone())?;
             eprintln!(
                 "matrix-proxy: rebuilt {} round(s) from {} rows in {} (ending kept: {}){}",
                 r.rounds.len(),
@@ -88,7 +90,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
             let (s, all_ok) = rebuild::rebuild_serve(&facts, original.as_ref(), finished);
             keep_originals(dir)?;
             // serve has no table: the JSON with --json, else nothing on stdout.
-            write_and_show(dir, &s, (true, json), String::new)?;
+            write_and_show(dir, &s, Show { quiet: true, json }, String::new)?;
             eprintln!(
                 "matrix-proxy: rebuilt the summary of {} rows in {} (ending kept: {})",
                 facts.len(),
@@ -138,20 +140,27 @@ fn keep_originals(dir: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
+/// What `summarize` shows on stdout: `--quiet`, `--json`.
+#[derive(Debug, Clone, Copy)]
+struct Show {
+    quiet: bool,
+    json: bool,
+}
+
 /// Write a rebuilt or merged summary.json, then show it: the same bytes with `--json`,
 /// else the table (`table()`) unless `--quiet`.
 fn write_and_show<T: serde::Serialize>(
     dir: &Path,
     s: &T,
-    (quiet, json): (bool, bool),
+    show: Show,
     table: impl FnOnce() -> String,
 ) -> Result<(), CliError> {
     RunDir::existing(dir)
         .write_json(SUMMARY, s)
         .map_err(|e| tool(e.to_string()))?;
-    if json {
+    if show.json {
         print_json(s, dir).map_err(tool)?;
-    } else if !quiet {
+    } else if !show.quiet {
         print_stdout(&table(), "the table", dir).map_err(tool)?;
     }
     Ok(())

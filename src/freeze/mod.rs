@@ -23,7 +23,8 @@ use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;
 use crate::record::{read, rundir};
 use crate::report::doc::config::Command;
-use crate::report::run::{FinishedRun, ReportError};
+use crate::report::error::ReportError;
+use crate::run::open::FinishedRun;
 
 /// What `freeze` was asked for.
 #[derive(Debug, Clone)]

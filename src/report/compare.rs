@@ -15,8 +15,9 @@ use super::doc::compare::{
 };
 use super::doc::summary::{Ending, RoundAggregate, SpreadDoc, Summary};
 use super::doc::verdict::VerdictDoc;
+use super::error::ReportError;
 use super::intervals::{Rounds, intervals, rounds_by_side};
-use super::run::{FinishedRun, ReportError};
+use super::opened::OpenedRun;
 use super::verdict::{self, Provenance};
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
@@ -262,7 +263,7 @@ fn sides_of(run: &Opened<'_>) -> Vec<Side> {
 
 /// One run of a comparison with the documents compare reads.
 struct Opened<'a> {
-    run: &'a FinishedRun,
+    run: &'a OpenedRun,
     plan: &'a Plan,
     summary: Option<&'a Summary>,
     campaign: Option<&'a CampaignDoc>,
@@ -271,7 +272,7 @@ struct Opened<'a> {
 impl<'a> Opened<'a> {
     /// A replay run's plan, summary and campaign.json (refused when one is unreadable,
     /// and when the run has no summary: it did not finish, so its sides cannot be known).
-    fn of(run: &'a FinishedRun) -> Result<Opened<'a>, ReportError> {
+    fn of(run: &'a OpenedRun) -> Result<Opened<'a>, ReportError> {
         let summary = run.replay_summary()?;
         if summary.is_none() {
             return Err(ReportError::Unfinished(format!(
@@ -337,8 +338,8 @@ fn chosen_sides(
 /// Whether two finished runs can be compared: replay runs of one workload, closed loops,
 /// with a side in common and their answers recorded.
 pub(crate) fn check_comparable<'a>(
-    a: &'a FinishedRun,
-    b: &'a FinishedRun,
+    a: &'a OpenedRun,
+    b: &'a OpenedRun,
     lane: Lane,
     (arm_a, arm_b): (Option<&str>, Option<&str>),
 ) -> Result<Comparison<'a>, ReportError> {

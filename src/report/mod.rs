@@ -3,7 +3,7 @@
 //! every level; [`serve_summary`]), `rounds.parquet` ([`rounds`]), the table on stdout
 //! ([`table`]), config.json ([`config_json`]) for both commands, campaign.json
 //! ([`campaign`]), verdict.json ([`verdict`]); and what is read back from a finished run
-//! ([`run::FinishedRun`]): rounds rebuilt from recorded rows ([`rebuild`], for
+//! ([`opened::OpenedRun`], opened by `run::open`): rounds rebuilt from recorded rows ([`rebuild`], for
 //! `summarize`), drift ([`answers`]), comparisons ([`compare`]) and the HTML report
 //! ([`html`]). Arithmetic lives in `metrics`; this module arranges it, and the commands
 //! write what it builds. Never imports a driver: what a serve run did arrives as
@@ -12,7 +12,7 @@
 //! # After a run
 //!
 //! The replay driver returns what it measured (`drivers::replay::ReplayResult`: rounds,
-//! excluded phases, failures, notes, each arm's measures); `cli::replay::reports` has
+//! excluded phases, failures, notes, each arm's measures); `run::finish::replay_documents` has
 //! `report` build summary.json (`report::summary`), rounds.parquet and the table from it,
 //! written once; for a campaign `report::campaign::campaign_doc` builds campaign.json, then
 //! `report::answers::add_drift` reads the measured `ok` answers back from the closed parts
@@ -20,7 +20,7 @@
 //! computes `drift` (`src/drift.rs`) into it; with `--contract`,
 //! `report::verdict::evaluate` reads only that `CampaignDoc` and the thresholds, so
 //! `matrix-proxy verdict RUN` later computes the same gates from the same file, read back
-//! by `FinishedRun::open`. `compare` opens two run directories the same way,
+//! by `run::open::FinishedRun::open`. `compare` opens two run directories the same way,
 //! `report::compare::check_comparable` refuses two workloads
 //! (`config::workload::first_difference`), open loops and unrecorded runs, and
 //! `Comparison::document` reuses the same drift and, with a contract, the same evaluation
@@ -32,13 +32,14 @@ pub(crate) mod campaign;
 pub(crate) mod compare;
 pub(crate) mod config_json;
 pub(crate) mod doc;
+pub(crate) mod error;
 pub(crate) mod gates;
 pub(crate) mod html;
 pub(crate) mod intervals;
+pub(crate) mod opened;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;
-pub(crate) mod run;
 pub(crate) mod table;
 pub(crate) mod verdict;
 pub(crate) mod worker;

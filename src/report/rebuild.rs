@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use super::doc::summary::{
     Ending, PromptTokensMismatch, Recording, ServeEnding, ServeSummary, ShardsNote, Summary,
 };
-use super::run::{FinishedRun, ReportError};
+use super::error::ReportError;
+use super::opened::OpenedRun;
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
 use crate::metrics::PhaseCounts;
@@ -178,7 +179,7 @@ pub(crate) fn is_rebuilt(path: &std::path::Path) -> bool {
         #[serde(default)]
         rebuilt_from_exchanges: Option<bool>,
     }
-    super::run::optional_doc::<Mark>(path)
+    super::opened::optional_doc::<Mark>(path)
         .ok()
         .flatten()
         .is_some_and(|m| m.rebuilt_from_exchanges == Some(true))
@@ -190,7 +191,7 @@ pub(crate) fn is_rebuilt(path: &std::path::Path) -> bool {
 pub(crate) fn original_summary<T: serde::de::DeserializeOwned>(dir: &std::path::Path) -> Option<T> {
     use crate::record::rundir::{SUMMARY, SUMMARY_ORIG};
     let read = |name: &str| {
-        super::run::optional_doc::<T>(&dir.join(name))
+        super::opened::optional_doc::<T>(&dir.join(name))
             .ok()
             .flatten()
     };
@@ -238,8 +239,8 @@ pub(crate) fn rebuild_replay(
 }
 
 /// A sharded run's shards merged onto one timeline: `facts` are every shard's rows, moved
-/// to microseconds from `--start-at` ([`FinishedRun::facts`]).
-pub(crate) fn merge_shards(run: &FinishedRun, facts: &[RowFacts]) -> Result<Rebuilt, ReportError> {
+/// to microseconds from `--start-at` ([`OpenedRun::facts`]).
+pub(crate) fn merge_shards(run: &OpenedRun, facts: &[RowFacts]) -> Result<Rebuilt, ReportError> {
     let plan = run.replay_plan()?;
     // Every round whole; every shard ran its own health check, readiness and warm-up.
     let shape = run.shape();

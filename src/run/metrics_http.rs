@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use super::io::{CliError, usage};
+use super::RunError;
 use crate::drivers::RunContext;
 use crate::record::Recorder;
 use crate::telemetry::{Kind, Telemetry};
@@ -71,10 +71,10 @@ pub(crate) fn address(listener: Option<&tokio::net::TcpListener>) -> Option<Stri
 }
 
 /// Bind `--metrics-listen` before anything is created, so a taken port is a usage error.
-pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CliError> {
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, RunError> {
     tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| usage(format!("--metrics-listen {addr}: cannot bind: {e}")))
+        .map_err(|e| RunError::Usage(format!("--metrics-listen {addr}: cannot bind: {e}")))
 }
 
 /// Count `run`'s exchanges in `t` and, with a listener, serve them with the recorder's
