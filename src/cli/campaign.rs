@@ -106,16 +106,25 @@ pub(crate) fn verdict_cmd(
         .map(|e| &e.drift)
         .chain(campaign.drift_floor.as_ref().map(|f| &f.drift))
         .any(|d| d.compared_prompts > 0 && d.distinct_requests == 0);
-    if before_distinct || campaign.drift.as_ref().is_none_or(Option::is_none) {
+    let drift = before_distinct || campaign.drift.as_ref().is_none_or(Option::is_none);
+    if drift {
         run.refuse_unrecorded("drift, and the gates that read it, need them")
             .map_err(report_error)?;
-        answers::add_drift(&mut campaign, &run.exchanges(), plan).map_err(tool)?;
     }
     // Runs made before intervals existed: computed from the recorded rows (a run under
     // --no-record has none, and a gate that requires one says so).
-    if campaign.intervals.is_none()
-        && run.refuse_unrecorded("").is_ok()
-        && let Err(e) = crate::report::intervals::add_intervals(&mut campaign, &run.exchanges())
+    let intervals = campaign.intervals.is_none() && run.refuse_unrecorded("").is_ok();
+    let wants = crate::report::evidence::Wants {
+        prompt_tokens: false,
+        answers: drift,
+        rounds: intervals,
+    };
+    let mut evidence = crate::report::evidence::Evidence::read(&[run.exchanges()], plan, wants);
+    if drift {
+        answers::add_drift(&mut campaign, &mut evidence, plan).map_err(|e| tool(e.to_string()))?;
+    }
+    if intervals
+        && let Err(e) = crate::report::intervals::add_intervals(&mut campaign, &mut evidence)
     {
         // A v1 verdict never reads them; a gate that does says it has nothing to read.
         eprintln!("matrix-proxy: warning: no intervals: {e}");

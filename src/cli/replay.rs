@@ -292,10 +292,10 @@ fn contract_for(
 /// `summarize` counts the same way); a read error is a problem of the run's reports.
 fn prompt_tokens(
     plan: &Plan,
-    dir: &RunDir,
+    evidence: &mut report::evidence::Evidence,
     problems: &mut Vec<String>,
 ) -> Option<report::doc::summary::PromptTokensMismatch> {
-    report::prompt_tokens_mismatch(plan, &[dir.path.join(rundir::EXCHANGES)]).unwrap_or_else(|e| {
+    report::prompt_tokens_mismatch(plan, evidence).unwrap_or_else(|e| {
         problems.push(format!("prompt_tokens_mismatch: {e}"));
         None
     })
@@ -577,10 +577,11 @@ fn campaign_reports(
     dir: &RunDir,
     config: &Config,
     mut c: CampaignDoc,
-    (plan, contract, worker): (
+    (plan, contract, worker, evidence): (
         &Plan,
         Option<&Contract>,
         &[crate::record::scrapes::ScrapeRow],
+        &mut report::evidence::Evidence,
     ),
     run_ending: Ending,
     problems: &mut Vec<String>,
@@ -592,11 +593,11 @@ fn campaign_reports(
         c.drift = Some(None);
         c.drift_unavailable_reason =
             Some("--no-record: no answers were recorded to compare".into());
-    } else if let Err(e) = report::answers::add_drift(&mut c, &dir.exchanges(), plan) {
+    } else if let Err(e) = report::answers::add_drift(&mut c, evidence, plan) {
         problems.push(format!("drift: {e}"));
     } else {
         drift_ok = true;
-        if let Err(e) = report::intervals::add_intervals(&mut c, &dir.exchanges()) {
+        if let Err(e) = report::intervals::add_intervals(&mut c, evidence) {
             problems.push(format!("intervals: {e}"));
         }
         text = c
@@ -687,8 +688,11 @@ fn reports(
         other => other,
     };
     let recorded = !args.no_record && record_error.is_none();
+    // One pass over exchanges/ for every report that reads the rows back.
+    let wants = report::evidence::Wants::replay(plan, recorded, !args.no_record);
+    let mut evidence = report::evidence::Evidence::read(&[dir.exchanges()], plan, wants);
     let prompt_tokens_mismatch = recorded
-        .then(|| prompt_tokens(plan, dir, &mut problems))
+        .then(|| prompt_tokens(plan, &mut evidence, &mut problems))
         .flatten();
     let aggregates = report::aggregates(plan, shape, &result.rounds);
     let summary = report::summary(
@@ -721,7 +725,7 @@ fn reports(
             dir,
             config,
             doc,
-            (plan, contract, worker),
+            (plan, contract, worker, &mut evidence),
             summary.ending,
             &mut problems,
         );

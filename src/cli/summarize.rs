@@ -56,7 +56,13 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
         Command::Replay => {
             let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
-            let tokens = report::prompt_tokens_mismatch(plan, &[run.exchanges()]).map_err(tool)?;
+            let wants = report::evidence::Wants {
+                prompt_tokens: true,
+                ..Default::default()
+            };
+            let mut evidence = report::evidence::Evidence::read(&[run.exchanges()], plan, wants);
+            let tokens = report::prompt_tokens_mismatch(plan, &mut evidence)
+                .map_err(|e| tool(e.to_string()))?;
             let r = rebuild::rebuild_replay(
                 plan,
                 run.shape(),

@@ -117,7 +117,7 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
                     refused = Some(format!("{}: exchange_id {id}: {why}", part.display()));
                 }
             })
-            .map_err(ReportError::Rows)?;
+            .map_err(|e| ReportError::Rows(e.to_string()))?;
             if let Some(why) = refused {
                 return Err(FreezeError::Refused(why));
             }
