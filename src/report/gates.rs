@@ -97,16 +97,34 @@ impl Compared {
     }
 }
 
+/// Why a gate had nothing to compare for an arm: the gate's note, word for word.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct NothingToRead(pub(super) String);
+
+impl From<String> for NothingToRead {
+    fn from(why: String) -> NothingToRead {
+        NothingToRead(why)
+    }
+}
+
+impl From<&str> for NothingToRead {
+    fn from(why: &str) -> NothingToRead {
+        NothingToRead(why.to_string())
+    }
+}
+
 /// Run one gate for `arm`: `body` gives what it compared, or why there was nothing to
 /// compare (then, as for an unavailable arm, the gate has nothing to read: `pass` null,
 /// the reason in the note; never a pass or a fail).
 pub(super) fn arm_gate(
     arm: &ArmView<'_>,
-    body: impl FnOnce() -> Result<Compared, String>,
+    body: impl FnOnce() -> Result<Compared, NothingToRead>,
 ) -> ArmGate {
-    let (pass, levels, note) = match arm.unavailable.clone().map_or_else(body, Err) {
+    let unavailable = arm.unavailable.clone().map(NothingToRead);
+    let (pass, levels, note) = match unavailable.map_or_else(body, Err) {
         Ok(c) => (c.pass, c.levels, c.note),
-        Err(why) => (None, Vec::new(), Some(why)),
+        Err(why) => (None, Vec::new(), Some(why.0)),
     };
     ArmGate {
         arm: arm.name.into(),
@@ -225,7 +243,7 @@ pub(super) fn floor_gate(
             "no drift_floor to compare with (a campaign run made before the floor existed)",
         )?;
         if let Some(why) = &floor.reason {
-            return Err(format!("no floor: {why}"));
+            return Err(format!("no floor: {why}").into());
         }
         let d =
             drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
@@ -453,7 +471,7 @@ pub(super) fn ratio_gate(
     };
     arm_gate(arm, || {
         if let Some(why) = &reference.unavailable {
-            return Err(format!("the reference is {why}"));
+            return Err(format!("the reference is {why}").into());
         }
         let mut levels = Vec::new();
         for (c, cell) in &arm.cells {
@@ -501,7 +519,8 @@ pub(super) fn ratio_gate(
         if levels.is_empty() {
             return Err(format!(
                 "no concurrency level that both this arm and the reference completed with this value measured{caveat}"
-            ));
+            )
+            .into());
         }
         Ok(Compared::per_level(levels))
     })
