@@ -44,16 +44,38 @@ fn missing_evidence(gates: &[(&str, &Vec<ArmGate>)]) -> Vec<MissingEvidence> {
     out
 }
 
+/// What the verdict is decided from.
+#[derive(Clone, Copy)]
+struct Decision<'a> {
+    /// The quality lane: passed, failed on measured evidence, or a gate had nothing to
+    /// read (`None`).
+    quality_pass: Option<bool>,
+    /// Whether a performance-fit arm has a benefit (`None`: it depends on a gate with
+    /// nothing to read).
+    fit_benefit: Option<bool>,
+    /// The performance-fit arms ready to adopt.
+    adopt: &'a [String],
+    /// Whether some fit arm's readiness depends on a gate with nothing to read.
+    any_unknown_ready: bool,
+    /// Why the run ended before its plan, if it did.
+    ended_early: Option<&'a str>,
+    /// The gates that had nothing to read, for the reason.
+    missing: &'a [MissingEvidence],
+}
+
 /// The verdict from the lanes' three-valued results: a quality gate that fails on measured
 /// evidence rejects; otherwise missing evidence the decision depends on, or a run that
 /// ended before its plan, makes it `inconclusive` (never a decision on what was not
 /// measured); otherwise keep-reference, adopt or optimize.
-fn decide(
-    (quality_pass, fit_benefit): (Option<bool>, Option<bool>),
-    (adopt, any_unknown_ready): (&[String], bool),
-    ended_early: Option<&str>,
-    missing: &[MissingEvidence],
-) -> (&'static str, String) {
+fn decide(d: &Decision<'_>) -> (&'static str, String) {
+    let Decision {
+        quality_pass,
+        fit_benefit,
+        adopt,
+        any_unknown_ready,
+        ended_early,
+        missing,
+    } = *d;
     let nothing_to_read = || {
         let each: Vec<String> = missing
             .iter()
@@ -430,12 +452,14 @@ pub(crate) fn evaluate(
     let named: Vec<(&str, &Vec<ArmGate>)> = gates.iter().map(|g| (g.0, &g.3)).collect();
     let missing = missing_evidence(&named);
     let any_unknown_ready = fit_arms.iter().any(|f| f.ready.is_none());
-    let (verdict, reason) = decide(
-        (quality_pass, fit_benefit),
-        (&adopt, any_unknown_ready),
+    let (verdict, reason) = decide(&Decision {
+        quality_pass,
+        fit_benefit,
+        adopt: &adopt,
+        any_unknown_ready,
         ended_early,
-        &missing,
-    );
+        missing: &missing,
+    });
     Evaluation::Gates(Box::new(Gates {
         quality_lane_pass: quality_pass,
         quality_lane_note: (quality_count == 1).then(|| {
