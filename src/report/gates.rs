@@ -453,14 +453,23 @@ pub(super) struct RatioRule<'a> {
     pub(super) require_interval: bool,
 }
 
-/// A fit arm's value against the reference's at every level both completed and measured;
-/// `factor` is the bound's multiple of the reference, `at_most` its direction.
+/// A ratio gate's bound: `factor` times the reference's value, the arm's value at most
+/// that (`at_most`) or at least.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bound {
+    pub(super) factor: f64,
+    pub(super) at_most: bool,
+}
+
+/// A fit arm's value against the reference's at every level both completed and measured,
+/// within `bound`.
 pub(super) fn ratio_gate(
     (arm, reference): (&ArmView<'_>, &ArmView<'_>),
     (pick_name, pick): (&str, Pick),
-    (factor, at_most): (f64, bool),
+    bound: Bound,
     rule: RatioRule<'_>,
 ) -> ArmGate {
+    let Bound { factor, at_most } = bound;
     // Memory is the one value a run may not have sampled at all, and one peak per level:
     // it never reads an interval.
     let memory = pick_name == "memory";
@@ -505,12 +514,7 @@ pub(super) fn ratio_gate(
                     "no {metric} on {side}: every stream was left out (see the cell's decode_excluded)"
                 ));
             } else if rule.require_interval && !memory {
-                interval_pass(
-                    &mut level,
-                    rule.intervals,
-                    (arm.name, *c, metric),
-                    (factor, at_most),
-                );
+                interval_pass(&mut level, rule.intervals, (arm.name, *c, metric), bound);
             } else {
                 level.pass = Some(if at_most { le(a, limit) } else { ge(a, limit) });
             }
@@ -532,7 +536,7 @@ fn interval_pass(
     level: &mut GateLevel,
     intervals: Option<&Intervals>,
     (arm, c, metric): (&str, u64, &str),
-    (factor, at_most): (f64, bool),
+    Bound { factor, at_most }: Bound,
 ) {
     let entry = intervals.and_then(|i| i.find(arm, c, metric));
     match entry.map(|e| (e.interval, e.reason.as_deref())) {

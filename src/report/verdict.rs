@@ -11,7 +11,7 @@ use super::doc::verdict::{
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
 use super::gates::{
-    Answered, ArmView, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
+    Answered, ArmView, Bound, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
     failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
 };
 use crate::config::campaign::Lane;
@@ -205,7 +205,7 @@ fn fit_gates(
     };
     let ratio_gates = |pick: (&str, Pick), factor: f64, at_most: bool| -> Vec<ArmGate> {
         fit.iter()
-            .map(|a| ratio_gate((a, reference), pick, (factor, at_most), rule))
+            .map(|a| ratio_gate((a, reference), pick, Bound { factor, at_most }, rule))
             .collect()
     };
     let answers = |min: Option<f64>, what: Answered| -> Option<Vec<ArmGate>> {
