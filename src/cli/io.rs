@@ -95,6 +95,7 @@ pub(super) fn run_error(e: RunError) -> CliError {
         e @ (RunError::RunDir(_)
         | RunError::Record(_)
         | RunError::Tool(_)
+        | RunError::Evidence(_)
         | RunError::Problems { .. }) => tool(e.to_string()),
     }
 }

@@ -115,7 +115,7 @@ fn exit_of(ending: Ending) -> Exit {
 }
 
 fn write_rounds(dir: &Path, r: &Rebuilt) -> Result<(), CliError> {
-    report::write_rounds_parquet(&dir.join(ROUNDS), &r.rounds).map_err(tool)
+    report::write_rounds_parquet(&dir.join(ROUNDS), &r.rounds).map_err(|e| tool(e.to_string()))
 }
 
 /// Copy each original report beside its replacement, once, and only the run's own: a

@@ -193,7 +193,7 @@ fn collect_rows(
                     });
                 }
             })
-            .map_err(ReportError::Rows)?;
+            .map_err(|e| ReportError::Rows(e.to_string()))?;
             if let Some(e) = refused {
                 return Err(e);
             }

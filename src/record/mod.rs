@@ -21,6 +21,7 @@ pub(crate) mod columns;
 mod encode;
 pub(crate) mod gpu;
 pub(crate) mod ledger;
+pub(crate) mod parts;
 pub(crate) mod read;
 pub(crate) mod recover;
 mod row;

@@ -1,11 +1,16 @@
 //! Reading closed parts back: what the reports need of each row ([`RowFacts`], for
 //! `summarize`), and serve's end-of-run latencies. Only closed parts (`part-*.parquet`)
-//! are read; a left-over `.inprogress` part is `recover`'s business.
+//! are read; a left-over `.inprogress` part is `recover`'s business. Each kind of row is
+//! read a batch at a time ([`PartRows`], [`answer_rows`], [`prompt_counts`]), so that one
+//! pass over a part (`report::evidence`) can feed several readers.
 
-use std::fs::{self, File};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use arrow_array::{ListArray, StringArray};
+use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
+use arrow_array::{ListArray, RecordBatch, StringArray};
+
+use super::parts::optional_column;
+pub(crate) use super::parts::{ReadError, closed_parts, column, open_part, read_columns};
 
 use crate::metrics::{Sample, StreamSample};
 use crate::model::{Level, Outcome};
@@ -44,9 +49,9 @@ impl RowFacts {
     }
 }
 
-/// The columns [`for_each_row`] reads. `decisions` is read when present: runs recorded
+/// The columns [`PartRows`] reads. `decisions` is read when present: runs recorded
 /// before it existed have none.
-const ROW_COLUMNS: [&str; 24] = [
+pub(crate) const ROW_COLUMNS: [&str; 24] = [
     "downstream_done_us",
     "target_rate_per_second",
     "scheduled_offset_us",
@@ -73,8 +78,12 @@ const ROW_COLUMNS: [&str; 24] = [
     "content_offsets_us",
 ];
 
+/// The column a JSON answer's usage is read from when its row holds no count.
+pub(crate) const BODY_COLUMN: &str = "response_body";
+
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
-/// Left-over `.inprogress` parts are not read (see `recover`).
+/// Left-over `.inprogress` parts are not read (see `recover`). Its error is text for
+/// `report::run::ReportError::Rows`, which holds text.
 pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
     let mut out = Vec::new();
     for_each_row(exchanges, |f| out.push(f))?;
@@ -85,136 +94,265 @@ pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> 
 pub(crate) fn for_each_row(
     exchanges: &Path,
     mut visit: impl FnMut(RowFacts),
-) -> Result<(), String> {
-    use arrow_array::{Array, BooleanArray, Int32Array, Int64Array};
-    let parts = closed_parts(exchanges)?;
-    for part in parts {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        // The row's number in its file (from 1), for a refusal to name it.
-        let mut row = 0u64;
-        // The part's rows, held until the JSON answers without a recorded count have
-        // theirs read from `response_body` (serve's, and runs recorded before replay
-        // wrote a JSON answer's usage).
-        let mut held: Vec<RowFacts> = Vec::new();
-        let mut uncounted: Vec<usize> = Vec::new();
-        for batch in read_columns(&part, &ROW_COLUMNS)? {
-            let b = batch.map_err(|e| ctx(&e))?;
-            let method = column::<StringArray>(&b, "method", &part)?;
-            let url = column::<StringArray>(&b, "url", &part)?;
-            let status = column::<Int32Array>(&b, "status", &part)?;
-            let exchange_id = column::<Int64Array>(&b, "exchange_id", &part)?;
-            let arm = optional_column::<StringArray>(&b, "arm");
-            let decisions = optional_column::<Int64Array>(&b, "decisions");
-            let rate = optional_column::<arrow_array::Float64Array>(&b, "target_rate_per_second");
-            let scheduled = optional_column::<Int64Array>(&b, "scheduled_offset_us");
-            let downstream = optional_column::<Int64Array>(&b, "downstream_done_us");
-            let phase = column::<StringArray>(&b, "phase", &part)?;
-            let case = column::<StringArray>(&b, "case_name", &part)?;
-            let conc = column::<Int32Array>(&b, "concurrency", &part)?;
-            let rep = column::<Int32Array>(&b, "repetition", &part)?;
-            let outcome = column::<StringArray>(&b, "outcome", &part)?;
-            let start = column::<Int64Array>(&b, "start_offset_us", &part)?;
-            let total = column::<Int64Array>(&b, "total_us", &part)?;
-            let fb = column::<Int64Array>(&b, "first_byte_us", &part)?;
-            let connect = column::<Int64Array>(&b, "connect_us", &part)?;
-            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
-            let ttft = column::<Int64Array>(&b, "ttft_us", &part)?;
-            let tpot = column::<Int64Array>(&b, "tpot_us", &part)?;
-            let out_tok = column::<Int64Array>(&b, "output_tokens", &part)?;
-            let prompt = column::<Int64Array>(&b, "prompt_tokens", &part)?;
-            let content = column::<ListArray>(&b, "content_offsets_us", &part)?;
-            let opt = |a: &Int64Array, i: usize| a.is_valid(i).then(|| a.value(i));
-            for i in 0..b.num_rows() {
-                row += 1;
-                let outcome = Outcome::ALL
-                    .into_iter()
-                    .find(|o| o.as_str() == outcome.value(i))
-                    .ok_or_else(|| ctx(&format!("unknown outcome {:?}", outcome.value(i))))?;
-                let stream = (is_stream.value(i)).then(|| {
-                    let offsets = content_offsets(content, i);
-                    StreamSample {
-                        ttft_us: opt(ttft, i),
-                        tpot_us: opt(tpot, i),
-                        output_tokens: opt(out_tok, i),
-                        prompt_tokens: opt(prompt, i),
-                        gaps_us: offsets
-                            .windows(2)
-                            .map(|w| w[1].saturating_sub(w[0]))
-                            .collect(),
-                        bundled: crate::model::bundled(&offsets),
-                    }
-                });
-                let raw_decisions = decisions.and_then(|d| opt(d, i));
-                // A JSON answer's usage, as recorded in the token columns.
-                let usage_tokens = (!is_stream.value(i))
-                    .then(|| opt(out_tok, i).map(|n| (opt(prompt, i), n)))
-                    .flatten();
-                if usage_tokens.is_none() && !is_stream.value(i) && outcome == Outcome::Ok {
-                    uncounted.push(held.len());
-                }
-                let facts = RowFacts {
-                    phase: phase.value(i).to_string(),
-                    arm: arm
-                        .filter(|a| a.is_valid(i))
-                        .map(|a| a.value(i).to_string()),
-                    case_name: case.is_valid(i).then(|| case.value(i).to_string()),
-                    concurrency: conc.is_valid(i).then(|| conc.value(i)),
-                    target_rate: rate.filter(|r| r.is_valid(i)).map(|r| r.value(i)),
-                    repetition: rep.is_valid(i).then(|| rep.value(i)),
-                    method: method.value(i).to_string(),
-                    url: url.value(i).to_string(),
-                    status: status.is_valid(i).then(|| status.value(i)),
-                    downstream_done_us: downstream.and_then(|d| opt(d, i)),
-                    sample: Sample {
-                        exchange_id: exchange_id.value(i),
-                        decisions: raw_decisions.map(|d| d.max(0) as u64),
-                        outcome,
-                        start_offset_us: start.value(i),
-                        total_us: opt(total, i),
-                        first_byte_us: opt(fb, i),
-                        connect_us: opt(connect, i),
-                        stream,
-                        usage_tokens,
-                        failure: None,
-                        scheduled_offset_us: scheduled.and_then(|s| opt(s, i)),
-                    },
-                };
-                if let Some(why) = impossible(&facts, raw_decisions) {
-                    let id = facts.sample.exchange_id;
-                    return Err(ctx(&format!(
-                        "row {row} (exchange_id {id}): {why}; no recorder writes it, so the file was damaged or edited after the run: restore the run's files from a copy"
-                    )));
-                }
-                held.push(facts);
-            }
+) -> Result<(), ReadError> {
+    let mut opened = 0;
+    for part in closed_parts(exchanges)? {
+        let mut rows = PartRows::new(false);
+        for batch in open_part(&part, &ROW_COLUMNS, &mut opened)? {
+            rows.batch(&batch.map_err(|e| ReadError::batch(&part, e))?, &part)?;
         }
-        if !uncounted.is_empty() {
-            count_from_bodies(&part, &mut held, &uncounted)?;
-        }
-        held.into_iter().for_each(&mut visit);
+        rows.finish(&part, &mut opened)?
+            .into_iter()
+            .for_each(&mut visit);
     }
     Ok(())
 }
 
+/// One part's rows as they are read, batch by batch ([`ROW_COLUMNS`]), held until the
+/// part ends: the JSON answers without a recorded count (serve's, and runs recorded
+/// before replay wrote a JSON answer's usage) have theirs read from `response_body`,
+/// in the same batches when they hold it, else in one more pass over that column alone.
+#[derive(Debug)]
+pub(crate) struct PartRows {
+    /// The batches hold [`BODY_COLUMN`].
+    bodies: bool,
+    /// The last row's number in its file (from 1), for a refusal to name it.
+    row: u64,
+    held: Vec<RowFacts>,
+    /// Rows of `held` whose count is still to be read from their body.
+    uncounted: Vec<usize>,
+    /// Why the batches' bodies could not be read (they were to hold them).
+    body_problem: Option<ReadError>,
+}
+
+impl PartRows {
+    /// A part's rows, read from batches that hold [`BODY_COLUMN`] (`bodies`) or not.
+    pub(crate) fn new(bodies: bool) -> PartRows {
+        PartRows {
+            bodies,
+            row: 0,
+            held: Vec::new(),
+            uncounted: Vec::new(),
+            body_problem: None,
+        }
+    }
+
+    /// Read one batch's rows; a row no recorder writes refuses the part.
+    pub(crate) fn batch(&mut self, b: &RecordBatch, part: &Path) -> Result<(), ReadError> {
+        let cols = RowColumns::of(b, part)?;
+        let (body, mut problem) = match self
+            .bodies
+            .then(|| column::<BinaryArray>(b, BODY_COLUMN, part))
+        {
+            Some(Ok(body)) => (Some(body), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (None, None),
+        };
+        for i in 0..b.num_rows() {
+            self.row += 1;
+            let (mut facts, raw_decisions) = cols.facts(i, part)?;
+            if let Some(why) = impossible(&facts, raw_decisions) {
+                return Err(ReadError::Impossible {
+                    part: part.to_path_buf(),
+                    row: self.row,
+                    exchange_id: facts.sample.exchange_id,
+                    why,
+                });
+            }
+            let s = &mut facts.sample;
+            if s.usage_tokens.is_none() && s.stream.is_none() && s.outcome == Outcome::Ok {
+                match body {
+                    Some(body) if body.is_valid(i) => s.usage_tokens = counted(body.value(i)),
+                    Some(_) => {}
+                    None => {
+                        self.uncounted.push(self.held.len());
+                        if self.body_problem.is_none() {
+                            self.body_problem = problem.take();
+                        }
+                    }
+                }
+            }
+            self.held.push(facts);
+        }
+        Ok(())
+    }
+
+    /// The part's rows, their counts read from the bodies they were missing.
+    pub(crate) fn finish(
+        mut self,
+        part: &Path,
+        opened: &mut usize,
+    ) -> Result<Vec<RowFacts>, ReadError> {
+        if !self.uncounted.is_empty() {
+            if let Some(e) = self.body_problem {
+                return Err(e);
+            }
+            count_from_bodies(part, &mut self.held, &self.uncounted, opened)?;
+        }
+        Ok(self.held)
+    }
+}
+
+/// The columns of one batch that [`RowFacts`] are made of.
+struct RowColumns<'a> {
+    method: &'a StringArray,
+    url: &'a StringArray,
+    status: &'a Int32Array,
+    exchange_id: &'a Int64Array,
+    arm: Option<&'a StringArray>,
+    decisions: Option<&'a Int64Array>,
+    rate: Option<&'a arrow_array::Float64Array>,
+    scheduled: Option<&'a Int64Array>,
+    downstream: Option<&'a Int64Array>,
+    phase: &'a StringArray,
+    case: &'a StringArray,
+    conc: &'a Int32Array,
+    rep: &'a Int32Array,
+    outcome: &'a StringArray,
+    start: &'a Int64Array,
+    total: &'a Int64Array,
+    fb: &'a Int64Array,
+    connect: &'a Int64Array,
+    is_stream: &'a BooleanArray,
+    ttft: &'a Int64Array,
+    tpot: &'a Int64Array,
+    out_tok: &'a Int64Array,
+    prompt: &'a Int64Array,
+    content: &'a ListArray,
+}
+
+/// Row `i` of an optional-valued column.
+fn opt(a: &Int64Array, i: usize) -> Option<i64> {
+    a.is_valid(i).then(|| a.value(i))
+}
+
+impl<'a> RowColumns<'a> {
+    fn of(b: &'a RecordBatch, part: &Path) -> Result<RowColumns<'a>, ReadError> {
+        Ok(RowColumns {
+            method: column(b, "method", part)?,
+            url: column(b, "url", part)?,
+            status: column(b, "status", part)?,
+            exchange_id: column(b, "exchange_id", part)?,
+            arm: optional_column(b, "arm"),
+            decisions: optional_column(b, "decisions"),
+            rate: optional_column(b, "target_rate_per_second"),
+            scheduled: optional_column(b, "scheduled_offset_us"),
+            downstream: optional_column(b, "downstream_done_us"),
+            phase: column(b, "phase", part)?,
+            case: column(b, "case_name", part)?,
+            conc: column(b, "concurrency", part)?,
+            rep: column(b, "repetition", part)?,
+            outcome: column(b, "outcome", part)?,
+            start: column(b, "start_offset_us", part)?,
+            total: column(b, "total_us", part)?,
+            fb: column(b, "first_byte_us", part)?,
+            connect: column(b, "connect_us", part)?,
+            is_stream: column(b, "is_stream", part)?,
+            ttft: column(b, "ttft_us", part)?,
+            tpot: column(b, "tpot_us", part)?,
+            out_tok: column(b, "output_tokens", part)?,
+            prompt: column(b, "prompt_tokens", part)?,
+            content: column(b, "content_offsets_us", part)?,
+        })
+    }
+
+    /// Row `i`'s facts and its raw `decisions` (checked by [`impossible`]).
+    fn facts(&self, i: usize, part: &Path) -> Result<(RowFacts, Option<i64>), ReadError> {
+        let outcome = Outcome::ALL
+            .into_iter()
+            .find(|o| o.as_str() == self.outcome.value(i))
+            .ok_or_else(|| ReadError::UnknownOutcome {
+                part: part.to_path_buf(),
+                outcome: self.outcome.value(i).to_string(),
+            })?;
+        let raw_decisions = self.decisions.and_then(|d| opt(d, i));
+        let facts = RowFacts {
+            phase: self.phase.value(i).to_string(),
+            arm: self
+                .arm
+                .filter(|a| a.is_valid(i))
+                .map(|a| a.value(i).to_string()),
+            case_name: self
+                .case
+                .is_valid(i)
+                .then(|| self.case.value(i).to_string()),
+            concurrency: self.conc.is_valid(i).then(|| self.conc.value(i)),
+            target_rate: self.rate.filter(|r| r.is_valid(i)).map(|r| r.value(i)),
+            repetition: self.rep.is_valid(i).then(|| self.rep.value(i)),
+            method: self.method.value(i).to_string(),
+            url: self.url.value(i).to_string(),
+            status: self.status.is_valid(i).then(|| self.status.value(i)),
+            downstream_done_us: self.downstream.and_then(|d| opt(d, i)),
+            sample: Sample {
+                exchange_id: self.exchange_id.value(i),
+                decisions: raw_decisions.map(|d| d.max(0) as u64),
+                outcome,
+                start_offset_us: self.start.value(i),
+                total_us: opt(self.total, i),
+                first_byte_us: opt(self.fb, i),
+                connect_us: opt(self.connect, i),
+                stream: self.stream(i),
+                usage_tokens: self.usage(i),
+                failure: None,
+                scheduled_offset_us: self.scheduled.and_then(|s| opt(s, i)),
+            },
+        };
+        Ok((facts, raw_decisions))
+    }
+
+    /// Row `i`'s stream measures (`None` for a JSON answer).
+    fn stream(&self, i: usize) -> Option<StreamSample> {
+        self.is_stream.value(i).then(|| {
+            let offsets = content_offsets(self.content, i);
+            StreamSample {
+                ttft_us: opt(self.ttft, i),
+                tpot_us: opt(self.tpot, i),
+                output_tokens: opt(self.out_tok, i),
+                prompt_tokens: opt(self.prompt, i),
+                gaps_us: offsets
+                    .windows(2)
+                    .map(|w| w[1].saturating_sub(w[0]))
+                    .collect(),
+                bundled: crate::model::bundled(&offsets),
+            }
+        })
+    }
+
+    /// A JSON answer's usage, as recorded in the token columns.
+    fn usage(&self, i: usize) -> Option<(Option<i64>, i64)> {
+        (!self.is_stream.value(i))
+            .then(|| opt(self.out_tok, i).map(|n| (opt(self.prompt, i), n)))
+            .flatten()
+    }
+}
+
+/// A JSON answer's usage read from its body, when its counts are ones a row may hold.
+fn counted(body: &[u8]) -> Option<(Option<i64>, i64)> {
+    crate::model::answer_usage(body).filter(|(p, n)| {
+        (0..=MAX_COUNT).contains(n) && p.is_none_or(|p| (0..=MAX_COUNT).contains(&p))
+    })
+}
+
 /// Read the `usage` of the JSON answers at `rows` (indices into the part's rows, in
 /// order) from their recorded `response_body`: one more pass over that column alone.
-fn count_from_bodies(part: &Path, held: &mut [RowFacts], rows: &[usize]) -> Result<(), String> {
-    use arrow_array::{Array, BinaryArray};
+fn count_from_bodies(
+    part: &Path,
+    held: &mut [RowFacts],
+    rows: &[usize],
+    opened: &mut usize,
+) -> Result<(), ReadError> {
     let mut want = rows.iter().copied().peekable();
     let mut base = 0usize;
-    for batch in read_columns(part, &["response_body"])? {
-        let b = batch.map_err(|e| format!("{}: {e}", part.display()))?;
-        let body = column::<BinaryArray>(&b, "response_body", part)?;
+    for batch in open_part(part, &[BODY_COLUMN], opened)? {
+        let b = batch.map_err(|e| ReadError::batch(part, e))?;
+        let body = column::<BinaryArray>(&b, BODY_COLUMN, part)?;
         while let Some(&r) = want.peek() {
             if r >= base + b.num_rows() {
                 break;
             }
             want.next();
             if body.is_valid(r - base) {
-                let tokens = crate::model::answer_usage(body.value(r - base)).filter(|(p, n)| {
-                    (0..=MAX_COUNT).contains(n) && p.is_none_or(|p| (0..=MAX_COUNT).contains(&p))
-                });
-                held[r].sample.usage_tokens = tokens;
+                held[r].sample.usage_tokens = counted(body.value(r - base));
             }
         }
         base += b.num_rows();
@@ -297,28 +435,8 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
     None
 }
 
-/// Column `name` of a batch read from `part`, as Arrow array type `T`.
-pub(crate) fn column<'a, T: 'static>(
-    b: &'a arrow_array::RecordBatch,
-    name: &str,
-    part: &Path,
-) -> Result<&'a T, String> {
-    b.column_by_name(name)
-        .ok_or_else(|| format!("{}: no column {name}", part.display()))?
-        .as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| format!("{}: column {name} has an unexpected type", part.display()))
-}
-
-/// A column that runs recorded before it existed lack (`arm`, `decisions`).
-fn optional_column<'a, T: 'static>(b: &'a arrow_array::RecordBatch, name: &str) -> Option<&'a T> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_any().downcast_ref::<T>())
-}
-
 /// The gaps between consecutive content events of row `i` (inter-token latencies).
 fn content_offsets(content: &ListArray, i: usize) -> Vec<i64> {
-    use arrow_array::{Array, Int64Array};
     if !content.is_valid(i) {
         return Vec::new();
     }
@@ -327,42 +445,6 @@ fn content_offsets(content: &ListArray, i: usize) -> Vec<i64> {
         .downcast_ref::<Int64Array>()
         .map(|a| a.values().to_vec())
         .unwrap_or_default()
-}
-
-/// The batches of one part, read with only the columns named in `want`.
-pub(crate) fn read_columns(
-    part: &Path,
-    want: &[&str],
-) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, String> {
-    use parquet::arrow::ProjectionMask;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-    let f = File::open(part).map_err(|e| ctx(&e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| ctx(&e))?;
-    // A column the part lacks is left out here; the caller says whether it needed it.
-    let roots: Vec<usize> = want
-        .iter()
-        .filter_map(|n| builder.schema().index_of(n).ok())
-        .collect();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    builder.with_projection(mask).build().map_err(|e| ctx(&e))
-}
-
-/// The closed parts (`part-*.parquet`) of an `exchanges/` directory, in file order.
-fn closed_parts(exchanges: &Path) -> Result<Vec<PathBuf>, String> {
-    let mut parts: Vec<PathBuf> = fs::read_dir(exchanges)
-        .map_err(|e| format!("{}: {e}", exchanges.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            n.starts_with("part-") && n.ends_with(".parquet")
-        })
-        .collect();
-    parts.sort();
-    Ok(parts)
 }
 
 /// One measured `ok` row's answer and where it sits in the plan (for drift).
@@ -388,76 +470,87 @@ pub(crate) struct AnswerRow {
     pub(crate) passed: Option<bool>,
 }
 
+/// The columns [`answer_rows`] reads.
+pub(crate) const ANSWER_COLUMNS: [&str; 13] = [
+    "arm",
+    "oracle_passed",
+    "oracle_mismatch_pointer",
+    "phase",
+    "outcome",
+    "case_name",
+    "variant",
+    "concurrency",
+    "repetition",
+    "dispatch_index",
+    "is_stream",
+    "response_body",
+    "response_body_truncated",
+];
+
 /// Hand each measured-phase row of the closed parts that was `ok` or failed its oracle
 /// (`correctness`) to `visit`, with its response body, in file order.
 pub(crate) fn for_each_measured_answer(
     exchanges: &Path,
     mut visit: impl FnMut(AnswerRow),
-) -> Result<(), String> {
-    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
-    const WANT: [&str; 13] = [
-        "arm",
-        "oracle_passed",
-        "oracle_mismatch_pointer",
-        "phase",
-        "outcome",
-        "case_name",
-        "variant",
-        "concurrency",
-        "repetition",
-        "dispatch_index",
-        "is_stream",
-        "response_body",
-        "response_body_truncated",
-    ];
+) -> Result<(), ReadError> {
+    let mut opened = 0;
     for part in closed_parts(exchanges)? {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        for batch in read_columns(&part, &WANT)? {
-            let b = batch.map_err(|e| ctx(&e))?;
-            let arm = optional_column::<StringArray>(&b, "arm");
-            let phase = column::<StringArray>(&b, "phase", &part)?;
-            let outcome = column::<StringArray>(&b, "outcome", &part)?;
-            let case = column::<StringArray>(&b, "case_name", &part)?;
-            let variant = column::<StringArray>(&b, "variant", &part)?;
-            let conc = column::<Int32Array>(&b, "concurrency", &part)?;
-            let rep = column::<Int32Array>(&b, "repetition", &part)?;
-            let index = column::<Int64Array>(&b, "dispatch_index", &part)?;
-            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
-            let body = column::<BinaryArray>(&b, "response_body", &part)?;
-            let truncated = column::<BooleanArray>(&b, "response_body_truncated", &part)?;
-            let judged = optional_column::<BooleanArray>(&b, "oracle_passed");
-            let pointer = column::<StringArray>(&b, "oracle_mismatch_pointer", &part)?;
-            for i in 0..b.num_rows() {
-                let ok = outcome.value(i) == "ok";
-                let passed = match judged {
-                    Some(j) => j.is_valid(i).then(|| j.value(i)),
-                    None => Some(ok && !pointer.is_valid(i)),
-                };
-                if phase.value(i) != "measured"
-                    || !(ok || outcome.value(i) == "correctness")
-                    || !case.is_valid(i)
-                    || !conc.is_valid(i)
-                    || !rep.is_valid(i)
-                {
-                    continue;
-                }
-                visit(AnswerRow {
-                    arm: arm
-                        .filter(|a| a.is_valid(i))
-                        .map(|a| a.value(i).to_string()),
-                    case_name: case.value(i).to_string(),
-                    variant: variant.is_valid(i).then(|| variant.value(i).to_string()),
-                    concurrency: conc.value(i),
-                    repetition: rep.value(i),
-                    dispatch_index: index.value(i),
-                    is_stream: is_stream.value(i),
-                    body: body.value(i).to_vec(),
-                    truncated: truncated.value(i),
-                    ok,
-                    passed,
-                });
-            }
+        for batch in open_part(&part, &ANSWER_COLUMNS, &mut opened)? {
+            let b = batch.map_err(|e| ReadError::batch(&part, e))?;
+            answer_rows(&b, &part, &mut visit)?;
         }
+    }
+    Ok(())
+}
+
+/// [`for_each_measured_answer`]'s rows of one batch ([`ANSWER_COLUMNS`]) read from `part`.
+pub(crate) fn answer_rows(
+    b: &RecordBatch,
+    part: &Path,
+    visit: &mut impl FnMut(AnswerRow),
+) -> Result<(), ReadError> {
+    let arm = optional_column::<StringArray>(b, "arm");
+    let phase = column::<StringArray>(b, "phase", part)?;
+    let outcome = column::<StringArray>(b, "outcome", part)?;
+    let case = column::<StringArray>(b, "case_name", part)?;
+    let variant = column::<StringArray>(b, "variant", part)?;
+    let conc = column::<Int32Array>(b, "concurrency", part)?;
+    let rep = column::<Int32Array>(b, "repetition", part)?;
+    let index = column::<Int64Array>(b, "dispatch_index", part)?;
+    let is_stream = column::<BooleanArray>(b, "is_stream", part)?;
+    let body = column::<BinaryArray>(b, "response_body", part)?;
+    let truncated = column::<BooleanArray>(b, "response_body_truncated", part)?;
+    let judged = optional_column::<BooleanArray>(b, "oracle_passed");
+    let pointer = column::<StringArray>(b, "oracle_mismatch_pointer", part)?;
+    for i in 0..b.num_rows() {
+        let ok = outcome.value(i) == "ok";
+        let passed = match judged {
+            Some(j) => j.is_valid(i).then(|| j.value(i)),
+            None => Some(ok && !pointer.is_valid(i)),
+        };
+        if phase.value(i) != "measured"
+            || !(ok || outcome.value(i) == "correctness")
+            || !case.is_valid(i)
+            || !conc.is_valid(i)
+            || !rep.is_valid(i)
+        {
+            continue;
+        }
+        visit(AnswerRow {
+            arm: arm
+                .filter(|a| a.is_valid(i))
+                .map(|a| a.value(i).to_string()),
+            case_name: case.value(i).to_string(),
+            variant: variant.is_valid(i).then(|| variant.value(i).to_string()),
+            concurrency: conc.value(i),
+            repetition: rep.value(i),
+            dispatch_index: index.value(i),
+            is_stream: is_stream.value(i),
+            body: body.value(i).to_vec(),
+            truncated: truncated.value(i),
+            ok,
+            passed,
+        });
     }
     Ok(())
 }
@@ -497,8 +590,7 @@ pub(crate) struct ExchangeRow {
 pub(crate) fn for_each_exchange(
     exchanges: &Path,
     mut visit: impl FnMut(&Path, ExchangeRow),
-) -> Result<(), String> {
-    use arrow_array::{Array, BinaryArray, BooleanArray, Int32Array, Int64Array};
+) -> Result<(), ReadError> {
     const WANT: [&str; 16] = [
         "exchange_id",
         "prompt_tokens_planned",
@@ -518,9 +610,14 @@ pub(crate) fn for_each_exchange(
         "is_stream",
     ];
     for part in closed_parts(exchanges)? {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
+        let header_list = |list: &ListArray, i: usize| {
+            headers(list, i).map_err(|what| ReadError::Headers {
+                part: part.clone(),
+                what,
+            })
+        };
         for batch in read_columns(&part, &WANT)? {
-            let b = batch.map_err(|e| ctx(&e))?;
+            let b = batch.map_err(|e| ReadError::batch(&part, e))?;
             let phase = column::<StringArray>(&b, "phase", &part)?;
             let arm = optional_column::<StringArray>(&b, "arm");
             let outcome = column::<StringArray>(&b, "outcome", &part)?;
@@ -555,11 +652,11 @@ pub(crate) fn for_each_exchange(
                         outcome: outcome.value(i).to_string(),
                         method: method.value(i).to_string(),
                         url: url.value(i).to_string(),
-                        request_headers: headers(req_h, i).map_err(|e| ctx(&e))?,
+                        request_headers: header_list(req_h, i)?,
                         request_body: req_b.value(i).to_vec(),
                         request_body_truncated: req_t.value(i),
                         status: status.is_valid(i).then(|| status.value(i)),
-                        response_headers: headers(resp_h, i).map_err(|e| ctx(&e))?,
+                        response_headers: header_list(resp_h, i)?,
                         response_body: resp_b.value(i).to_vec(),
                         response_body_truncated: resp_t.value(i),
                         is_stream: is_stream.value(i),
@@ -572,8 +669,8 @@ pub(crate) fn for_each_exchange(
 }
 
 /// Row `i` of a headers column (`list<struct<name: utf8, value: binary>>`).
-fn headers(list: &ListArray, i: usize) -> Result<Vec<(String, Vec<u8>)>, String> {
-    use arrow_array::{Array, BinaryArray, StructArray};
+fn headers(list: &ListArray, i: usize) -> Result<Vec<(String, Vec<u8>)>, &'static str> {
+    use arrow_array::StructArray;
     if !list.is_valid(i) {
         return Ok(Vec::new());
     }
@@ -595,50 +692,47 @@ fn headers(list: &ListArray, i: usize) -> Result<Vec<(String, Vec<u8>)>, String>
         .collect())
 }
 
-/// Hand `visit` the (planned, served) input tokens of every `ok` row that has both: the
-/// plan's `prompt_tokens_planned`, and the server's `usage.prompt_tokens` (a stream's
+/// The columns [`prompt_counts`] reads.
+pub(crate) const PROMPT_COLUMNS: [&str; 5] = [
+    "outcome",
+    "prompt_tokens_planned",
+    "prompt_tokens",
+    "is_stream",
+    "response_body",
+];
+
+/// Hand `visit` the (planned, served) input tokens of every `ok` row of one batch
+/// ([`PROMPT_COLUMNS`]) read from `part` that has both: the plan's
+/// `prompt_tokens_planned`, and the server's `usage.prompt_tokens` (a stream's
 /// `prompt_tokens` column, else the JSON answer's own `usage`).
-pub(crate) fn for_each_prompt_count(
-    exchanges: &Path,
-    mut visit: impl FnMut(i64, i64),
-) -> Result<(), String> {
-    use arrow_array::{Array, BinaryArray, BooleanArray, Int64Array};
-    const WANT: [&str; 5] = [
-        "outcome",
-        "prompt_tokens_planned",
-        "prompt_tokens",
-        "is_stream",
-        "response_body",
-    ];
-    for part in closed_parts(exchanges)? {
-        let ctx = |e: &dyn std::fmt::Display| format!("{}: {e}", part.display());
-        for batch in read_columns(&part, &WANT)? {
-            let b = batch.map_err(|e| ctx(&e))?;
-            // Parts written before the column have no planned counts.
-            let Some(planned) = optional_column::<Int64Array>(&b, "prompt_tokens_planned") else {
-                continue;
-            };
-            let outcome = column::<StringArray>(&b, "outcome", &part)?;
-            let streamed = column::<Int64Array>(&b, "prompt_tokens", &part)?;
-            let is_stream = column::<BooleanArray>(&b, "is_stream", &part)?;
-            let body = column::<BinaryArray>(&b, "response_body", &part)?;
-            for i in 0..b.num_rows() {
-                if !planned.is_valid(i) || outcome.value(i) != Outcome::Ok.as_str() {
-                    continue;
-                }
-                let served = if streamed.is_valid(i) {
-                    Some(streamed.value(i))
-                } else if !is_stream.value(i) {
-                    serde_json::from_slice::<serde_json::Value>(body.value(i))
-                        .ok()
-                        .and_then(|v| v.pointer("/usage/prompt_tokens").and_then(|n| n.as_i64()))
-                } else {
-                    None
-                };
-                if let Some(served) = served {
-                    visit(planned.value(i), served);
-                }
-            }
+pub(crate) fn prompt_counts(
+    b: &RecordBatch,
+    part: &Path,
+    visit: &mut impl FnMut(i64, i64),
+) -> Result<(), ReadError> {
+    // Parts written before the column have no planned counts.
+    let Some(planned) = optional_column::<Int64Array>(b, "prompt_tokens_planned") else {
+        return Ok(());
+    };
+    let outcome = column::<StringArray>(b, "outcome", part)?;
+    let streamed = column::<Int64Array>(b, "prompt_tokens", part)?;
+    let is_stream = column::<BooleanArray>(b, "is_stream", part)?;
+    let body = column::<BinaryArray>(b, "response_body", part)?;
+    for i in 0..b.num_rows() {
+        if !planned.is_valid(i) || outcome.value(i) != Outcome::Ok.as_str() {
+            continue;
+        }
+        let served = if streamed.is_valid(i) {
+            Some(streamed.value(i))
+        } else if !is_stream.value(i) {
+            serde_json::from_slice::<serde_json::Value>(body.value(i))
+                .ok()
+                .and_then(|v| v.pointer("/usage/prompt_tokens").and_then(|n| n.as_i64()))
+        } else {
+            None
+        };
+        if let Some(served) = served {
+            visit(planned.value(i), served);
         }
     }
     Ok(())

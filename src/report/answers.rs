@@ -7,51 +7,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::doc::campaign::{CampaignDoc, DriftEntry, DriftFloor};
+use super::evidence::{Evidence, EvidenceError, Sides, add_answer};
 use crate::config::campaign::Lane;
 use crate::config::plan::Plan;
 use crate::drift::{self, Answers, Options};
-use crate::model::JudgedBy;
-use crate::oracle::Pointer;
+use crate::record::read::ReadError;
 
-/// Every side's measured `ok` answers of a run: keyed by arm (`None` outside campaigns).
-pub(crate) fn read_answers(
-    exchanges: &Path,
-    plan: &Plan,
-) -> Result<BTreeMap<Option<String>, Answers>, String> {
-    let mut sides: BTreeMap<Option<String>, Answers> = BTreeMap::new();
-    let no_paths: Vec<Pointer> = Vec::new();
+/// Every side's measured `ok` answers of a run.
+pub(crate) fn read_answers(exchanges: &Path, plan: &Plan) -> Result<Sides, ReadError> {
+    let mut sides = Sides::new();
     crate::record::read::for_each_measured_answer(exchanges, |row| {
-        let side = sides.entry(row.arm.clone()).or_default();
-        let key = drift::Key {
-            case: row.case_name,
-            variant: row.variant,
-            concurrency: row.concurrency,
-            repetition: row.repetition,
-            dispatch_index: row.dispatch_index,
-        };
-        // Pass / fail of an oracle-judged answer (the McNemar test's pairs): the oracle's
-        // judgment, also where a performance-fit arm's mismatch stayed `ok`.
-        let case = plan.cases.iter().find(|c| c.name == key.case);
-        if case.is_some_and(|c| c.judged(plan.campaign.is_some()) == JudgedBy::Oracle)
-            && let Some(passed) = row.passed
-        {
-            side.judged.insert(key.clone(), passed);
-        }
-        if !row.ok {
-            return;
-        }
-        if row.truncated {
-            side.truncated.insert(key);
-            return;
-        }
-        let ignore = plan
-            .cases
-            .iter()
-            .find(|c| c.name == key.case)
-            .and_then(|c| c.variants.iter().find(|v| v.name == key.variant))
-            .map_or(&no_paths, |v| &v.ignore_paths);
-        let a = drift::answer(&row.body, row.is_stream, ignore);
-        side.by_key.insert(key, a);
+        add_answer(&mut sides, row, plan)
     })?;
     Ok(sides)
 }
@@ -65,12 +31,13 @@ pub(crate) fn options(plan: &Plan) -> Options<'_> {
 }
 
 /// Add `drift` (one entry per available non-reference arm) to a campaign.json, from the
-/// recorded answers in `exchanges`.
+/// recorded answers gathered in `evidence` (taken from it; they are read only when the
+/// reference arm was available).
 pub(crate) fn add_drift(
     campaign: &mut CampaignDoc,
-    exchanges: &Path,
+    evidence: &mut Evidence,
     plan: &Plan,
-) -> Result<(), String> {
+) -> Result<(), EvidenceError> {
     let reference_name = campaign.reference_arm.clone();
     let reference_arm = campaign
         .arms
@@ -94,7 +61,7 @@ pub(crate) fn add_drift(
         });
         return Ok(());
     }
-    let mut sides = read_answers(exchanges, plan)?;
+    let mut sides = evidence.take_answers()?;
     let reference = sides.remove(&reference_name).unwrap_or_default();
     let opts = options(plan);
     let reference_label = reference_name.as_deref().unwrap_or("?");
@@ -279,6 +246,7 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
 mod tests {
     use super::*;
     use crate::drift::Key;
+    use crate::oracle::Pointer;
 
     fn answers(texts: &[&str]) -> Answers {
         Answers {

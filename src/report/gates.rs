@@ -97,16 +97,34 @@ impl Compared {
     }
 }
 
+/// Why a gate had nothing to compare for an arm: the gate's note, word for word.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct NothingToRead(pub(super) String);
+
+impl From<String> for NothingToRead {
+    fn from(why: String) -> NothingToRead {
+        NothingToRead(why)
+    }
+}
+
+impl From<&str> for NothingToRead {
+    fn from(why: &str) -> NothingToRead {
+        NothingToRead(why.to_string())
+    }
+}
+
 /// Run one gate for `arm`: `body` gives what it compared, or why there was nothing to
 /// compare (then, as for an unavailable arm, the gate has nothing to read: `pass` null,
 /// the reason in the note; never a pass or a fail).
 pub(super) fn arm_gate(
     arm: &ArmView<'_>,
-    body: impl FnOnce() -> Result<Compared, String>,
+    body: impl FnOnce() -> Result<Compared, NothingToRead>,
 ) -> ArmGate {
-    let (pass, levels, note) = match arm.unavailable.clone().map_or_else(body, Err) {
+    let unavailable = arm.unavailable.clone().map(NothingToRead);
+    let (pass, levels, note) = match unavailable.map_or_else(body, Err) {
         Ok(c) => (c.pass, c.levels, c.note),
-        Err(why) => (None, Vec::new(), Some(why)),
+        Err(why) => (None, Vec::new(), Some(why.0)),
     };
     ArmGate {
         arm: arm.name.into(),
@@ -225,7 +243,7 @@ pub(super) fn floor_gate(
             "no drift_floor to compare with (a campaign run made before the floor existed)",
         )?;
         if let Some(why) = &floor.reason {
-            return Err(format!("no floor: {why}"));
+            return Err(format!("no floor: {why}").into());
         }
         let d =
             drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
@@ -435,14 +453,23 @@ pub(super) struct RatioRule<'a> {
     pub(super) require_interval: bool,
 }
 
-/// A fit arm's value against the reference's at every level both completed and measured;
-/// `factor` is the bound's multiple of the reference, `at_most` its direction.
+/// A ratio gate's bound: `factor` times the reference's value, the arm's value at most
+/// that (`at_most`) or at least.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bound {
+    pub(super) factor: f64,
+    pub(super) at_most: bool,
+}
+
+/// A fit arm's value against the reference's at every level both completed and measured,
+/// within `bound`.
 pub(super) fn ratio_gate(
     (arm, reference): (&ArmView<'_>, &ArmView<'_>),
     (pick_name, pick): (&str, Pick),
-    (factor, at_most): (f64, bool),
+    bound: Bound,
     rule: RatioRule<'_>,
 ) -> ArmGate {
+    let Bound { factor, at_most } = bound;
     // Memory is the one value a run may not have sampled at all, and one peak per level:
     // it never reads an interval.
     let memory = pick_name == "memory";
@@ -453,7 +480,7 @@ pub(super) fn ratio_gate(
     };
     arm_gate(arm, || {
         if let Some(why) = &reference.unavailable {
-            return Err(format!("the reference is {why}"));
+            return Err(format!("the reference is {why}").into());
         }
         let mut levels = Vec::new();
         for (c, cell) in &arm.cells {
@@ -487,12 +514,7 @@ pub(super) fn ratio_gate(
                     "no {metric} on {side}: every stream was left out (see the cell's decode_excluded)"
                 ));
             } else if rule.require_interval && !memory {
-                interval_pass(
-                    &mut level,
-                    rule.intervals,
-                    (arm.name, *c, metric),
-                    (factor, at_most),
-                );
+                interval_pass(&mut level, rule.intervals, (arm.name, *c, metric), bound);
             } else {
                 level.pass = Some(if at_most { le(a, limit) } else { ge(a, limit) });
             }
@@ -501,7 +523,8 @@ pub(super) fn ratio_gate(
         if levels.is_empty() {
             return Err(format!(
                 "no concurrency level that both this arm and the reference completed with this value measured{caveat}"
-            ));
+            )
+            .into());
         }
         Ok(Compared::per_level(levels))
     })
@@ -513,7 +536,7 @@ fn interval_pass(
     level: &mut GateLevel,
     intervals: Option<&Intervals>,
     (arm, c, metric): (&str, u64, &str),
-    (factor, at_most): (f64, bool),
+    Bound { factor, at_most }: Bound,
 ) {
     let entry = intervals.and_then(|i| i.find(arm, c, metric));
     match entry.map(|e| (e.interval, e.reason.as_deref())) {

@@ -9,61 +9,18 @@
 use std::collections::BTreeMap;
 
 use super::doc::campaign::{CampaignDoc, Intervals, RatioInterval};
+use super::evidence::{Evidence, EvidenceError, add_row};
+pub(crate) use super::evidence::{Round, Rounds};
 use crate::metrics::{self, Sample};
-use crate::model::Outcome;
 use crate::record::read::RowFacts;
 use crate::stats::{self, Group};
-
-/// One measured round: its ok samples and the span of all its rows.
-#[derive(Debug, Default)]
-pub(crate) struct Round {
-    ok: Vec<Sample>,
-    first_start_us: Option<i64>,
-    last_end_us: Option<i64>,
-}
-
-impl Round {
-    fn add(&mut self, s: Sample) {
-        let start = s.start_offset_us;
-        let end = start + s.total_us.unwrap_or(0);
-        self.first_start_us = Some(self.first_start_us.map_or(start, |f| f.min(start)));
-        self.last_end_us = Some(self.last_end_us.map_or(end, |l| l.max(end)));
-        if s.outcome == Outcome::Ok {
-            self.ok.push(s);
-        }
-    }
-
-    fn span_seconds(&self) -> f64 {
-        match (self.first_start_us, self.last_end_us) {
-            (Some(f), Some(l)) => (l - f).max(0) as f64 / 1e6,
-            _ => 0.0,
-        }
-    }
-}
-
-/// One side's measured rounds: (case, concurrency) -> repetition -> round.
-pub(crate) type Rounds = BTreeMap<(String, u64), BTreeMap<i32, Round>>;
 
 /// Every side's measured closed-loop rounds from a run's rows, keyed by arm (`None`
 /// outside campaigns).
 pub(crate) fn rounds_by_side(rows: Vec<RowFacts>) -> BTreeMap<Option<String>, Rounds> {
     let mut out: BTreeMap<Option<String>, Rounds> = BTreeMap::new();
     for r in rows {
-        let (Some(case), Some(c), Some(rep), None) =
-            (r.case_name, r.concurrency, r.repetition, r.target_rate)
-        else {
-            continue;
-        };
-        if r.phase != "measured" {
-            continue;
-        }
-        out.entry(r.arm)
-            .or_default()
-            .entry((case, c.max(0) as u64))
-            .or_default()
-            .entry(rep)
-            .or_default()
-            .add(r.sample);
+        add_row(&mut out, r);
     }
     out
 }
@@ -196,19 +153,20 @@ pub(crate) fn intervals<'a>(
     }
 }
 
-/// Add `intervals` to a campaign.json from the rows in `exchanges`: every available
+/// Add `intervals` to a campaign.json from the rounds gathered in `evidence` (taken from
+/// it; they are read only when the reference arm was available): every available
 /// non-reference arm against the reference, paired under the interleaved schedule.
 pub(crate) fn add_intervals(
     campaign: &mut CampaignDoc,
-    exchanges: &std::path::Path,
-) -> Result<(), String> {
+    evidence: &mut Evidence,
+) -> Result<(), EvidenceError> {
     let Some(reference) = campaign.reference_arm.clone() else {
         return Ok(());
     };
     if campaign.arm(&reference).is_none_or(|a| !a.available) {
         return Ok(());
     }
-    let mut sides = rounds_by_side(crate::record::read::read_row_facts(exchanges)?);
+    let mut sides = evidence.take_rounds()?;
     let r = sides.remove(&Some(reference.clone())).unwrap_or_default();
     let names: Vec<String> = campaign
         .arms
@@ -271,6 +229,7 @@ mod tests {
     use super::*;
     use crate::config::contract::Thresholds;
     use crate::metrics::StreamSample;
+    use crate::model::Outcome;
     use crate::report::doc::verdict::Evaluation;
     use serde_json::json;
 

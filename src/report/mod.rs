@@ -14,10 +14,13 @@
 //! The replay driver returns what it measured (`drivers::replay::ReplayResult`: rounds,
 //! excluded phases, failures, notes, each arm's measures); `run::finish::replay_documents` has
 //! `report` build summary.json (`report::summary`), rounds.parquet and the table from it,
-//! written once; for a campaign `report::campaign::campaign_doc` builds campaign.json, then
-//! `report::answers::add_drift` reads the measured `ok` answers back from the closed parts
-//! (`record::read::for_each_measured_answer`), pairs each arm's with the reference's and
-//! computes `drift` (`src/drift.rs`) into it; with `--contract`,
+//! written once; one pass over the closed parts (`report::evidence::Evidence::read`)
+//! gathers what the reports read back (the prompt token counts, each side's measured
+//! answers and rounds); for a campaign `report::campaign::campaign_doc` builds
+//! campaign.json, then `report::answers::add_drift` takes the measured `ok` answers from
+//! that evidence, pairs each arm's with the reference's and computes `drift`
+//! (`src/drift.rs`) into it, and `report::intervals::add_intervals` the rounds' intervals;
+//! with `--contract`,
 //! `report::verdict::evaluate` reads only that `CampaignDoc` and the thresholds, so
 //! `matrix-proxy verdict RUN` later computes the same gates from the same file, read back
 //! by `run::open::FinishedRun::open`. `compare` opens two run directories the same way,
@@ -33,6 +36,7 @@ pub(crate) mod compare;
 pub(crate) mod config_json;
 pub(crate) mod doc;
 pub(crate) mod error;
+pub(crate) mod evidence;
 pub(crate) mod gates;
 pub(crate) mod html;
 pub(crate) mod intervals;
@@ -211,25 +215,16 @@ pub(crate) struct Measured<'a> {
     pub(crate) worker: &'a [crate::record::scrapes::ScrapeRow],
 }
 
-/// The plan's input token counts against the server's, read back from the rows of
-/// `exchanges` folders; `None` when no request of the plan has `prompt_tokens`.
+/// The plan's input token counts against the server's, as `evidence` read them back from
+/// the rows (taken from it); `None` when no request of the plan has `prompt_tokens`.
 pub(crate) fn prompt_tokens_mismatch(
     plan: &Plan,
-    exchanges: &[std::path::PathBuf],
-) -> Result<Option<PromptTokensMismatch>, String> {
-    let planned = plan
-        .cases
-        .iter()
-        .flat_map(|c| &c.variants)
-        .any(|v| v.prompt_tokens.is_some());
-    if !planned {
+    evidence: &mut evidence::Evidence,
+) -> Result<Option<PromptTokensMismatch>, evidence::EvidenceError> {
+    if !evidence::plans_prompt_tokens(plan) {
         return Ok(None);
     }
-    let mut m = PromptTokensMismatch::default();
-    for dir in exchanges {
-        crate::record::read::for_each_prompt_count(dir, |p, s| m.add(p, s))?;
-    }
-    Ok(Some(m))
+    evidence.take_prompt_tokens().map(Some)
 }
 
 /// A replay's summary.json from what it measured and what it recorded.

@@ -261,7 +261,13 @@ pub(crate) fn merge_shards(run: &OpenedRun, facts: &[RowFacts]) -> Result<Rebuil
         .iter()
         .map(|s| crate::record::rundir::shard_exchanges(&run.dir, s.index))
         .collect();
-    let prompt_tokens = super::prompt_tokens_mismatch(plan, &dirs).map_err(ReportError::Rows)?;
+    let wants = super::evidence::Wants {
+        prompt_tokens: true,
+        ..Default::default()
+    };
+    let mut evidence = super::evidence::Evidence::read(&dirs, plan, wants);
+    let prompt_tokens = super::prompt_tokens_mismatch(plan, &mut evidence)
+        .map_err(|e| ReportError::Rows(e.to_string()))?;
     Ok(rebuilt(
         plan,
         shape,

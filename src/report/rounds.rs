@@ -305,8 +305,22 @@ fn columns() -> Vec<RoundColumn> {
     v
 }
 
+/// Why rounds.parquet was not written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RoundsFileError {
+    /// The rounds did not make a batch of the file's schema.
+    #[error("{0}")]
+    Batch(#[from] arrow_schema::ArrowError),
+    /// The file could not be created, written or finished.
+    #[error("{0}")]
+    File(#[source] crate::record::rundir::RunDirError),
+}
+
 /// Write `rounds` to `path` (through a temporary name, fsynced, renamed).
-pub(crate) fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Result<(), String> {
+pub(crate) fn write_rounds_parquet(
+    path: &Path,
+    rounds: &[RoundMetrics],
+) -> Result<(), RoundsFileError> {
     // `arm` only in a campaign: a plain plan's file keeps its columns.
     let campaign = rounds.iter().any(|r| r.arm.is_some());
     let cols: Vec<RoundColumn> = columns()
@@ -319,6 +333,6 @@ pub(crate) fn write_rounds_parquet(path: &Path, rounds: &[RoundMetrics]) -> Resu
             .collect::<Vec<_>>(),
     ));
     let arrays = cols.iter().map(|c| (c.fill)(rounds)).collect();
-    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
-    crate::record::rundir::write_parquet(path, &batch).map_err(|e| e.to_string())
+    let batch = RecordBatch::try_new(schema, arrays)?;
+    crate::record::rundir::write_parquet(path, &batch).map_err(RoundsFileError::File)
 }

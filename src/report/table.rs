@@ -19,52 +19,19 @@ pub(crate) fn table(
     aggs: &[Aggregate],
     excluded: &BTreeMap<Phase, PhaseCounts>,
 ) -> String {
-    let streams = rounds.iter().any(|r| r.stream.is_some());
-    let usage = rounds
-        .iter()
-        .any(|r| r.stream.is_none() && r.usage_output_tokens_per_second.is_some());
-    let open = aggs.iter().any(|a| a.rate.is_some());
-    let closed = aggs.iter().any(|a| a.rate.is_none());
-    let goodput = plan.slo.is_some();
-    let level = match (open, closed) {
-        (true, true) => "level",
-        (true, false) => "rate",
-        _ => "c",
+    let cols = Cols {
+        open: aggs.iter().any(|a| a.rate.is_some()),
+        goodput: plan.slo.is_some(),
+        streams: rounds.iter().any(|r| r.stream.is_some()),
+        usage: rounds
+            .iter()
+            .any(|r| r.stream.is_none() && r.usage_output_tokens_per_second.is_some()),
     };
-    let mut rows: Vec<Vec<String>> = vec![vec![
-        "case".into(),
-        level.into(),
-        "rounds".into(),
-        "req/s".into(),
-        "spread".into(),
-        "p50 ms".into(),
-        "p95 ms".into(),
-    ]];
-    if open {
-        rows[0].extend(["svc p50 ms".into(), "lag p99 ms".into(), "saturated".into()]);
-    }
-    if goodput {
-        rows[0].push("good/s".into());
-    }
-    if streams {
-        rows[0].extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
-    } else if usage {
-        rows[0].push("tok/s".into());
-    }
-    rows[0].push("ok/attempted".into());
+    let closed = aggs.iter().any(|a| a.rate.is_none());
     // Which answers were judged, when not every case was judged by its oracle.
     let judged = plan.judged_cases();
     let show_judged = judged.iter().any(|(_, j)| *j != JudgedBy::Oracle);
-    if show_judged {
-        rows[0].push("judged".into());
-    }
-    rows[0].push("failures".into());
-    let cols = Cols {
-        open,
-        goodput,
-        streams,
-        usage,
-    };
+    let mut rows: Vec<Vec<String>> = vec![header(cols, closed, show_judged)];
     for a in aggs {
         let mut row = aggregate_row(a, rounds, cols);
         if show_judged {
@@ -76,28 +43,7 @@ pub(crate) fn table(
         }
         rows.push(row);
     }
-    let mut widths = vec![0usize; rows[0].len()];
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i < 2 {
-                    format!("{c:<w$}", w = widths[i])
-                } else {
-                    format!("{c:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = aligned(&rows);
     let ex: Vec<String> = excluded
         .iter()
         .map(|(p, c)| format!("{} {}/{}", p.as_str(), c.successful, c.attempted))
@@ -115,19 +61,90 @@ pub(crate) fn table(
         plan.connection.as_str()
     ));
     out.push_str(&judged_notes(&judged));
-    if open {
+    out.push_str(&column_notes(cols));
+    out.push_str(&round_warnings(rounds));
+    out
+}
+
+/// The table's header line: `closed` when some level is a concurrency, `judged` with the
+/// `judged` column.
+fn header(cols: Cols, closed: bool, judged: bool) -> Vec<String> {
+    let level = match (cols.open, closed) {
+        (true, true) => "level",
+        (true, false) => "rate",
+        _ => "c",
+    };
+    let mut h: Vec<String> = vec![
+        "case".into(),
+        level.into(),
+        "rounds".into(),
+        "req/s".into(),
+        "spread".into(),
+        "p50 ms".into(),
+        "p95 ms".into(),
+    ];
+    if cols.open {
+        h.extend(["svc p50 ms".into(), "lag p99 ms".into(), "saturated".into()]);
+    }
+    if cols.goodput {
+        h.push("good/s".into());
+    }
+    if cols.streams {
+        h.extend(["TTFT ms".into(), "ITL ms".into(), "tok/s".into()]);
+    } else if cols.usage {
+        h.push("tok/s".into());
+    }
+    h.push("ok/attempted".into());
+    if judged {
+        h.push("judged".into());
+    }
+    h.push("failures".into());
+    h
+}
+
+/// The rows as lines, each column as wide as its widest cell (the first two to the left,
+/// the numbers to the right).
+fn aligned(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0usize; rows[0].len()];
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i < 2 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// What the optional columns mean, for those the table has.
+fn column_notes(cols: Cols) -> String {
+    let mut out = String::new();
+    if cols.open {
         out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
     }
-    if goodput {
+    if cols.goodput {
         out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
     }
-    if usage {
+    if cols.usage {
         out.push_str("tok/s (usage): output tokens the JSON answers' usage reported / round wall time, median over complete rounds (a non-streaming case has no TTFT or ITL)\n");
     }
-    if streams {
+    if cols.streams {
         out.push_str("TTFT, ITL (pooled gaps) p50 and tok/s (all output tokens / round wall time): medians over complete rounds of streaming cases of each round's own value (a campaign.json cell's ttft_p50_ms pools every request of the level instead; on noisy rounds the two differ)\n");
     }
-    out.push_str(&round_warnings(rounds));
     out
 }
 
@@ -197,20 +214,7 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
         .iter()
         .filter(|r| r.arm == a.arm && r.case_name == a.case_name && r.level() == level)
         .collect();
-    let ok: u64 = rs.iter().map(|r| r.successful_requests).sum();
-    let att: u64 = rs.iter().map(|r| r.attempted_requests).sum();
-    let mut fails: BTreeMap<Outcome, u64> = BTreeMap::new();
-    for r in &rs {
-        for (k, v) in &r.failures {
-            *fails.entry(*k).or_insert(0) += v;
-        }
-    }
-    let get = |name: &str| {
-        a.metrics
-            .iter()
-            .find(|(k, _)| *k == name)
-            .and_then(|(_, s)| s.clone())
-    };
+    let get = |name: &str| metric(a, name);
     let rps = get("successful_requests_per_second");
     let mut row = vec![
         // In a campaign, `arm/case`.
@@ -245,29 +249,52 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
             get("goodput_requests_per_second").map_or("-".into(), |s| format!("{:.1}", s.median)),
         );
     }
-    // Non-streaming rounds: the tokens their answers' usage reported, per second.
-    let usage_tps = || {
-        let mut v: Vec<f64> = rs
-            .iter()
-            .filter(|r| r.complete && r.stream.is_none())
-            .filter_map(|r| r.usage_output_tokens_per_second)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        // Nearest rank at 50 %.
-        let median = v.get(v.len().div_ceil(2).saturating_sub(1)).copied();
-        median.map_or("-".into(), |m| format!("{m:.0} (usage)"))
-    };
     if cols.streams {
         row.push(fmt_ms(get("ttft_p50_seconds").map(|s| s.median)));
         row.push(fmt_ms(get("itl_p50_seconds").map(|s| s.median)));
         row.push(
             get("output_tokens_per_second_aggregate")
-                .map_or_else(usage_tps, |s| format!("{:.0}", s.median)),
+                .map_or_else(|| usage_tps(&rs), |s| format!("{:.0}", s.median)),
         );
     } else if cols.usage {
-        row.push(usage_tps());
+        row.push(usage_tps(&rs));
     }
-    row.extend([
+    row.extend(outcome_cells(&rs));
+    row
+}
+
+/// The spread of metric `name` over the aggregate's rounds.
+fn metric(a: &Aggregate, name: &str) -> Option<crate::metrics::Spread> {
+    a.metrics
+        .iter()
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, s)| s.clone())
+}
+
+/// Non-streaming rounds: the tokens their answers' usage reported, per second.
+fn usage_tps(rs: &[&RoundMetrics]) -> String {
+    let mut v: Vec<f64> = rs
+        .iter()
+        .filter(|r| r.complete && r.stream.is_none())
+        .filter_map(|r| r.usage_output_tokens_per_second)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    // Nearest rank at 50 %.
+    let median = v.get(v.len().div_ceil(2).saturating_sub(1)).copied();
+    median.map_or("-".into(), |m| format!("{m:.0} (usage)"))
+}
+
+/// The `ok/attempted` and `failures` cells of the rounds `rs`.
+fn outcome_cells(rs: &[&RoundMetrics]) -> [String; 2] {
+    let ok: u64 = rs.iter().map(|r| r.successful_requests).sum();
+    let att: u64 = rs.iter().map(|r| r.attempted_requests).sum();
+    let mut fails: BTreeMap<Outcome, u64> = BTreeMap::new();
+    for r in rs {
+        for (k, v) in &r.failures {
+            *fails.entry(*k).or_insert(0) += v;
+        }
+    }
+    [
         format!("{ok}/{att}"),
         if fails.is_empty() {
             "0".into()
@@ -278,6 +305,5 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
                 .collect::<Vec<_>>()
                 .join(" ")
         },
-    ]);
-    row
+    ]
 }

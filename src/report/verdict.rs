@@ -11,7 +11,7 @@ use super::doc::verdict::{
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
 use super::gates::{
-    Answered, ArmView, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
+    Answered, ArmView, Bound, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
     failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
 };
 use crate::config::campaign::Lane;
@@ -44,16 +44,38 @@ fn missing_evidence(gates: &[(&str, &Vec<ArmGate>)]) -> Vec<MissingEvidence> {
     out
 }
 
+/// What the verdict is decided from.
+#[derive(Clone, Copy)]
+struct Decision<'a> {
+    /// The quality lane: passed, failed on measured evidence, or a gate had nothing to
+    /// read (`None`).
+    quality_pass: Option<bool>,
+    /// Whether a performance-fit arm has a benefit (`None`: it depends on a gate with
+    /// nothing to read).
+    fit_benefit: Option<bool>,
+    /// The performance-fit arms ready to adopt.
+    adopt: &'a [String],
+    /// Whether some fit arm's readiness depends on a gate with nothing to read.
+    any_unknown_ready: bool,
+    /// Why the run ended before its plan, if it did.
+    ended_early: Option<&'a str>,
+    /// The gates that had nothing to read, for the reason.
+    missing: &'a [MissingEvidence],
+}
+
 /// The verdict from the lanes' three-valued results: a quality gate that fails on measured
 /// evidence rejects; otherwise missing evidence the decision depends on, or a run that
 /// ended before its plan, makes it `inconclusive` (never a decision on what was not
 /// measured); otherwise keep-reference, adopt or optimize.
-fn decide(
-    (quality_pass, fit_benefit): (Option<bool>, Option<bool>),
-    (adopt, any_unknown_ready): (&[String], bool),
-    ended_early: Option<&str>,
-    missing: &[MissingEvidence],
-) -> (&'static str, String) {
+fn decide(d: &Decision<'_>) -> (&'static str, String) {
+    let Decision {
+        quality_pass,
+        fit_benefit,
+        adopt,
+        any_unknown_ready,
+        ended_early,
+        missing,
+    } = *d;
     let nothing_to_read = || {
         let each: Vec<String> = missing
             .iter()
@@ -183,7 +205,7 @@ fn fit_gates(
     };
     let ratio_gates = |pick: (&str, Pick), factor: f64, at_most: bool| -> Vec<ArmGate> {
         fit.iter()
-            .map(|a| ratio_gate((a, reference), pick, (factor, at_most), rule))
+            .map(|a| ratio_gate((a, reference), pick, Bound { factor, at_most }, rule))
             .collect()
     };
     let answers = |min: Option<f64>, what: Answered| -> Option<Vec<ArmGate>> {
@@ -430,12 +452,14 @@ pub(crate) fn evaluate(
     let named: Vec<(&str, &Vec<ArmGate>)> = gates.iter().map(|g| (g.0, &g.3)).collect();
     let missing = missing_evidence(&named);
     let any_unknown_ready = fit_arms.iter().any(|f| f.ready.is_none());
-    let (verdict, reason) = decide(
-        (quality_pass, fit_benefit),
-        (&adopt, any_unknown_ready),
+    let (verdict, reason) = decide(&Decision {
+        quality_pass,
+        fit_benefit,
+        adopt: &adopt,
+        any_unknown_ready,
         ended_early,
-        &missing,
-    );
+        missing: &missing,
+    });
     Evaluation::Gates(Box::new(Gates {
         quality_lane_pass: quality_pass,
         quality_lane_note: (quality_count == 1).then(|| {

@@ -20,6 +20,7 @@ use crate::report::doc::campaign::CampaignDoc;
 use crate::report::doc::config::Config;
 use crate::report::doc::summary::{PromptTokensMismatch, Summary};
 use crate::report::doc::verdict::VerdictDoc;
+use crate::report::evidence::{EvidenceError, Wants};
 use crate::report::verdict::Provenance;
 use crate::report::{self, Ending, Recording, config_json};
 
@@ -38,29 +39,36 @@ pub(crate) struct Wanted {
 /// What [`read_evidence`] read: each part that was wanted, or why it could not be read.
 #[derive(Debug, Default)]
 pub(crate) struct Evidence {
-    pub(crate) prompt_tokens: Option<Result<Option<PromptTokensMismatch>, String>>,
-    pub(crate) drift: Option<Result<(), String>>,
-    pub(crate) intervals: Option<Result<(), String>>,
+    pub(crate) prompt_tokens: Option<Result<Option<PromptTokensMismatch>, EvidenceError>>,
+    pub(crate) drift: Option<Result<(), EvidenceError>>,
+    pub(crate) intervals: Option<Result<(), EvidenceError>>,
 }
 
-/// Every read of `exchanges/` after a run's rounds, in one place: the prompt tokens, then
-/// the drift and the intervals into `campaign` (when there is one).
+/// Every read of `exchanges/` after a run's rounds, in one place and one pass over its
+/// parts ([`report::evidence::Evidence`]): the prompt tokens, then the drift and the
+/// intervals into `campaign` (when there is one).
 pub(crate) fn read_evidence(
     exchanges: &Path,
     plan: &Plan,
     mut campaign: Option<&mut CampaignDoc>,
     want: Wanted,
 ) -> Evidence {
+    let wants = Wants {
+        prompt_tokens: want.prompt_tokens,
+        answers: want.drift && campaign.is_some(),
+        rounds: want.intervals && campaign.is_some(),
+    };
+    let mut read = report::evidence::Evidence::read(&[exchanges.to_path_buf()], plan, wants);
     let prompt_tokens = want
         .prompt_tokens
-        .then(|| report::prompt_tokens_mismatch(plan, &[exchanges.to_path_buf()]));
+        .then(|| report::prompt_tokens_mismatch(plan, &mut read));
     let drift = match campaign.as_deref_mut() {
-        Some(c) if want.drift => Some(report::answers::add_drift(c, exchanges, plan)),
+        Some(c) if want.drift => Some(report::answers::add_drift(c, &mut read, plan)),
         _ => None,
     };
     let intervals = match campaign {
         Some(c) if want.intervals && drift.as_ref().is_none_or(Result::is_ok) => {
-            Some(report::intervals::add_intervals(c, exchanges))
+            Some(report::intervals::add_intervals(c, &mut read))
         }
         _ => None,
     };
@@ -239,7 +247,7 @@ fn campaign_doc(
 
 /// The prompt tokens read back, or `None` with why not among the run's problems.
 fn prompt_tokens_or_problem(
-    read: Option<Result<Option<PromptTokensMismatch>, String>>,
+    read: Option<Result<Option<PromptTokensMismatch>, EvidenceError>>,
     problems: &mut Vec<String>,
 ) -> Option<PromptTokensMismatch> {
     match read {
@@ -411,7 +419,7 @@ pub(crate) fn campaign_of_run(
     };
     let evidence = read_evidence(&run.exchanges(), plan, Some(&mut campaign), want);
     if let Some(Err(e)) = evidence.drift {
-        return Err(RunError::Tool(e));
+        return Err(RunError::Evidence(e));
     }
     let warning = match evidence.intervals {
         Some(Err(e)) => Some(format!("no intervals: {e}")),
@@ -465,7 +473,7 @@ pub(crate) fn prompt_tokens_of_run(
         ..Wanted::default()
     };
     match read_evidence(&run.exchanges(), plan, None, want).prompt_tokens {
-        Some(r) => r.map_err(RunError::Tool),
+        Some(r) => r.map_err(RunError::Evidence),
         None => Ok(None),
     }
 }

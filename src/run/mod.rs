@@ -67,6 +67,9 @@ pub(crate) enum RunError {
     /// whole message.
     #[error("{0}")]
     Tool(String),
+    /// A run's recorded exchanges could not be read back for what its reports need.
+    #[error(transparent)]
+    Evidence(#[from] crate::report::evidence::EvidenceError),
     /// The run ended and wrote what it could, but some of its documents or outputs
     /// failed: each problem, and where what was written is kept.
     #[error("{} (what was written is kept in {})", problems.join("; "), dir.display())]

@@ -61,17 +61,26 @@ struct RawConfig {
     rest: serde_json::Map<String, serde_json::Value>,
 }
 
-impl TryFrom<RawConfig> for Config {
-    type Error = String;
+/// Why config.json's command-specific keys are not what that command writes.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigKeysError {
+    #[error("replay's keys: {0}")]
+    Replay(#[source] serde_json::Error),
+    #[error("serve's keys: {0}")]
+    Serve(#[source] serde_json::Error),
+}
 
-    fn try_from(r: RawConfig) -> Result<Config, String> {
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigKeysError;
+
+    fn try_from(r: RawConfig) -> Result<Config, ConfigKeysError> {
         let rest = serde_json::Value::Object(r.rest);
         let fields = match r.command {
             Command::Replay => Fields::Replay(Box::new(
-                serde_json::from_value(rest).map_err(|e| format!("replay's keys: {e}"))?,
+                serde_json::from_value(rest).map_err(ConfigKeysError::Replay)?,
             )),
             Command::Serve => Fields::Serve(Box::new(
-                serde_json::from_value(rest).map_err(|e| format!("serve's keys: {e}"))?,
+                serde_json::from_value(rest).map_err(ConfigKeysError::Serve)?,
             )),
         };
         Ok(Config {

@@ -433,59 +433,73 @@ impl Round {
                 warning: g.warning.clone(),
                 scope: GENERATOR_SCOPE.into(),
             }),
-            stream: r.stream.as_ref().map(|st| StreamDoc {
-                requests: st.requests,
-                ttft_seconds: Pct::of(&st.ttft_us),
-                tpot_seconds: Pct::of(&st.tpot_us),
-                itl_seconds: Pct::of(&st.itl_us),
-                itl_scope: "pooled over every inter-token gap of every successful exchange".into(),
-                output_tokens: st.output_tokens,
-                output_tokens_per_second: TokensPerSecond {
-                    per_request_mean: st.output_tokens_per_second_mean,
-                    aggregate: st.output_tokens_per_second_aggregate,
-                    pooled: st.output_tokens_per_second_pooled,
-                    bundled_streams: st.bundled_streams,
-                },
-                prefill_tokens_per_second_mean: st.prefill_tokens_per_second_mean,
-            }),
-            open_loop: r.open.as_ref().map(|o| OpenLoop {
-                target_rate_per_second: o.target_rate_per_second,
-                achieved_rate_per_second: o.achieved_rate_per_second,
-                send_lag_seconds: Pct::of(&o.send_lag_us),
-                send_lag_max_seconds: secs(o.send_lag_max_us),
-                latency_from_schedule_seconds: Pct::of(&o.latency_from_schedule_us),
-                service_latency_seconds: Pct::of(&r.total_us),
-                inter_arrival_cv: o.inter_arrival_cv,
-                scheduled_inter_arrival_cv: o.scheduled_inter_arrival_cv,
-                late_sends: o.late_sends,
-                saturated: o.saturated,
-            }),
-            goodput: r.goodput.as_ref().map(|g| {
-                let share = |missed: Option<u64>| {
-                    missed.map(|m| {
-                        (r.successful_requests != 0)
-                            .then(|| m as f64 / r.successful_requests as f64)
-                    })
-                };
-                GoodputDoc {
-                    good_requests: g.good_requests,
-                    good_requests_per_second: g.good_requests_per_second,
-                    missed_share: Missed {
-                        ttft: share(g.missed_ttft),
-                        tpot: share(g.missed_tpot),
-                        e2e: share(g.missed_e2e),
-                    },
-                    missed_requests: Missed {
-                        ttft: g.missed_ttft,
-                        tpot: g.missed_tpot,
-                        e2e: g.missed_e2e,
-                    },
-                }
-            }),
+            stream: stream_doc(r),
+            open_loop: open_loop_doc(r),
+            goodput: goodput_doc(r),
             arm: r.arm.clone(),
             worker: None,
         }
     }
+}
+
+/// A round's `stream` (streaming cases only).
+fn stream_doc(r: &RoundMetrics) -> Option<StreamDoc> {
+    r.stream.as_ref().map(|st| StreamDoc {
+        requests: st.requests,
+        ttft_seconds: Pct::of(&st.ttft_us),
+        tpot_seconds: Pct::of(&st.tpot_us),
+        itl_seconds: Pct::of(&st.itl_us),
+        itl_scope: "pooled over every inter-token gap of every successful exchange".into(),
+        output_tokens: st.output_tokens,
+        output_tokens_per_second: TokensPerSecond {
+            per_request_mean: st.output_tokens_per_second_mean,
+            aggregate: st.output_tokens_per_second_aggregate,
+            pooled: st.output_tokens_per_second_pooled,
+            bundled_streams: st.bundled_streams,
+        },
+        prefill_tokens_per_second_mean: st.prefill_tokens_per_second_mean,
+    })
+}
+
+/// A round's `open_loop` (open-loop rounds only).
+fn open_loop_doc(r: &RoundMetrics) -> Option<OpenLoop> {
+    r.open.as_ref().map(|o| OpenLoop {
+        target_rate_per_second: o.target_rate_per_second,
+        achieved_rate_per_second: o.achieved_rate_per_second,
+        send_lag_seconds: Pct::of(&o.send_lag_us),
+        send_lag_max_seconds: secs(o.send_lag_max_us),
+        latency_from_schedule_seconds: Pct::of(&o.latency_from_schedule_us),
+        service_latency_seconds: Pct::of(&r.total_us),
+        inter_arrival_cv: o.inter_arrival_cv,
+        scheduled_inter_arrival_cv: o.scheduled_inter_arrival_cv,
+        late_sends: o.late_sends,
+        saturated: o.saturated,
+    })
+}
+
+/// A round's `goodput` (with the plan's slo only).
+fn goodput_doc(r: &RoundMetrics) -> Option<GoodputDoc> {
+    r.goodput.as_ref().map(|g| {
+        let share = |missed: Option<u64>| {
+            missed.map(|m| {
+                (r.successful_requests != 0).then(|| m as f64 / r.successful_requests as f64)
+            })
+        };
+        GoodputDoc {
+            good_requests: g.good_requests,
+            good_requests_per_second: g.good_requests_per_second,
+            missed_share: Missed {
+                ttft: share(g.missed_ttft),
+                tpot: share(g.missed_tpot),
+                e2e: share(g.missed_e2e),
+            },
+            missed_requests: Missed {
+                ttft: g.missed_ttft,
+                tpot: g.missed_tpot,
+                e2e: g.missed_e2e,
+            },
+        }
+    })
 }
 
 /// serve's summary.json.

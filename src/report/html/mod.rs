@@ -232,6 +232,12 @@ fn replay_denominators(h: &mut Rows, r: &RunInput, s: &Summary) {
         _ => c.effective_budget.load.to_string(),
     };
     row(h, "load", &shown);
+    replay_counts(h, s);
+}
+
+/// The replay run's counts: requests, rounds, excluded phases, failures, and how its
+/// answers were judged.
+fn replay_counts(h: &mut Rows, s: &Summary) {
     let rounds = &s.rounds;
     let sum = |f: fn(&super::doc::summary::Round) -> u64| rounds.iter().map(f).sum::<u64>();
     let complete = rounds.iter().filter(|x| x.complete).count();
