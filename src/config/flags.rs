@@ -286,7 +286,10 @@ mod tests {
             seconds("--grace-seconds", 0.0).unwrap_err().to_string(),
             "--grace-seconds must be a number of seconds > 0, got 0"
         );
-        assert!(seconds("--x", f64::NAN).is_err());
+        assert!(matches!(
+            seconds("--x", f64::NAN),
+            Err(FlagError::NotPositiveSeconds { .. })
+        ));
         assert_eq!(seconds("--x", 1.5).unwrap(), Duration::from_millis(1500));
         assert_eq!(
             at_least_one("--part-rows", 0).unwrap_err().to_string(),

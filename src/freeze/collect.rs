@@ -635,7 +635,10 @@ mod tests {
             ),
             Ok(Body::Json(json!({"a": 1})))
         );
-        assert!(body_of("POST", &[0xff, 0xfe], None).is_err());
+        assert_eq!(
+            body_of("POST", &[0xff, 0xfe], None),
+            Err(LeftOut::RequestNotText)
+        );
         assert_eq!(body_of("GET", b"", None), Ok(Body::Empty));
         assert_eq!(
             origin_form("http://h:1/a/b?x=1").as_deref(),

@@ -768,7 +768,8 @@ mod tests {
         );
         assert_eq!(stats.parts as u64, kept.div_ceil(7_000));
         // After finish, submitting is an error, not a silent loss.
-        assert!(rec.try_submit(row(0, b"x")).is_err());
+        let refused = rec.try_submit(row(0, b"x")).unwrap_err();
+        assert_eq!(refused.to_string(), "recorder: the writer stopped");
     }
 }
 
@@ -913,7 +914,10 @@ mod batches {
         assert_eq!(rec.finish().unwrap().rows, 1_000);
         // After finish, a batch is refused, not lost silently.
         let refused = rt.block_on(rec.submit_many(vec![row(0, b"x")]));
-        assert!(refused.is_err());
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "recorder: the writer stopped"
+        );
     }
 }
 
