@@ -81,7 +81,8 @@ pub(crate) fn runtime_threads(flag: Option<usize>) -> usize {
 /// unusable input (exit 2); rows that cannot be read back are the tool's (exit 3).
 pub(super) fn report_error(e: ReportError) -> CliError {
     match e {
-        ReportError::Rows(m) | ReportError::Unfinished(m) => tool(m),
+        ReportError::Rows(e) => tool(e.to_string()),
+        ReportError::Unfinished(m) => tool(m),
         other => usage(other.to_string()),
     }
 }

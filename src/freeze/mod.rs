@@ -193,7 +193,7 @@ fn collect_rows(
                     });
                 }
             })
-            .map_err(|e| ReportError::Rows(e.to_string()))?;
+            .map_err(ReportError::Rows)?;
             if let Some(e) = refused {
                 return Err(e);
             }

@@ -85,7 +85,7 @@ pub(crate) fn write(path: &Path, rows: &[GpuRow]) -> Result<u64, GpuWriteError> 
 pub(crate) const UNITS: &[&str] = &["%", "MiB", "W", "C", "MHz"];
 
 /// Every row of a `gpu.parquet` read back (the report's charts), in file order.
-pub(crate) fn read(path: &Path) -> Result<Vec<GpuRow>, String> {
+pub(crate) fn read(path: &Path) -> Result<Vec<GpuRow>, super::read::ReadError> {
     use super::read::column;
     let want = [
         "offset_us",
@@ -99,7 +99,10 @@ pub(crate) fn read(path: &Path) -> Result<Vec<GpuRow>, String> {
     ];
     let mut out = Vec::new();
     for batch in super::read::read_columns(path, &want)? {
-        let b = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+        let b = batch.map_err(|e| super::read::ReadError::Batch {
+            part: path.to_path_buf(),
+            source: Arc::new(e),
+        })?;
         let offset = column::<Int64Array>(&b, "offset_us", path)?;
         let wall = column::<TimestampMicrosecondArray>(&b, "wall_time", path)?;
         let source = column::<StringArray>(&b, "source", path)?;

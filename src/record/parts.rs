@@ -43,6 +43,17 @@ pub(crate) enum ReadError {
     ColumnType { part: PathBuf, name: String },
     #[error("{}: unknown outcome {outcome:?}", part.display())]
     UnknownOutcome { part: PathBuf, outcome: String },
+    /// A worker_metrics.parquet labels map whose keys or values are not strings.
+    #[error("{}: labels {side} are not strings", part.display())]
+    LabelsNotStrings { part: PathBuf, side: &'static str },
+    /// A worker_metrics.parquet row's cause that this version does not write.
+    #[error("{}: row {row}: cause {cause:?} is none this version writes", part.display())]
+    UnknownCause {
+        part: PathBuf,
+        /// The row's index in its batch, from 0.
+        row: usize,
+        cause: String,
+    },
     /// A value no recorder writes ([`MAX_DURATION_US`], ...): the file was damaged.
     #[error("{}: row {row} (exchange_id {exchange_id}): {why}; no recorder writes it, so the file was damaged or edited after the run: restore the run's files from a copy", part.display())]
     Impossible {
@@ -68,12 +79,6 @@ impl ReadError {
 }
 
 /// For callers whose errors are still text (their message is this error's).
-impl From<ReadError> for String {
-    fn from(e: ReadError) -> String {
-        e.to_string()
-    }
-}
-
 /// Column `name` of a batch read from `part`, as Arrow array type `T`.
 pub(crate) fn column<'a, T: 'static>(
     b: &'a RecordBatch,

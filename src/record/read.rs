@@ -82,9 +82,8 @@ pub(crate) const ROW_COLUMNS: [&str; 24] = [
 pub(crate) const BODY_COLUMN: &str = "response_body";
 
 /// Read every closed part (`part-*.parquet`) of an `exchanges/` directory, in file order.
-/// Left-over `.inprogress` parts are not read (see `recover`). Its error is text for
-/// `report::run::ReportError::Rows`, which holds text.
-pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, String> {
+/// Left-over `.inprogress` parts are not read (see `recover`).
+pub(crate) fn read_row_facts(exchanges: &Path) -> Result<Vec<RowFacts>, ReadError> {
     let mut out = Vec::new();
     for_each_row(exchanges, |f| out.push(f))?;
     Ok(out)

@@ -196,13 +196,20 @@ fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, arrow_schema::ArrowError> {
     RecordBatch::try_new(schema, arrays)
 }
 
+fn labels_not_strings(path: &Path, side: &'static str) -> super::read::ReadError {
+    super::read::ReadError::LabelsNotStrings {
+        part: path.to_path_buf(),
+        side,
+    }
+}
+
 /// The rows of a `worker_metrics.parquet` that `keep(cause, metric)` wants, read back in
 /// file order (`report`; a long run's file holds millions of rows, most of them never
 /// drawn).
 pub(crate) fn read(
     path: &Path,
     keep: impl Fn(&str, &str) -> bool,
-) -> Result<Vec<ScrapeRow>, String> {
+) -> Result<Vec<ScrapeRow>, super::read::ReadError> {
     use super::read::column;
     use arrow_array::MapArray;
     let want = [
@@ -221,7 +228,10 @@ pub(crate) fn read(
     ];
     let mut out = Vec::new();
     for batch in super::read::read_columns(path, &want)? {
-        let b = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+        let b = batch.map_err(|e| super::read::ReadError::Batch {
+            part: path.to_path_buf(),
+            source: Arc::new(e),
+        })?;
         let offset = column::<Int64Array>(&b, "offset_us", path)?;
         let wall = column::<TimestampMicrosecondArray>(&b, "wall_time", path)?;
         let cause = column::<StringArray>(&b, "cause", path)?;
@@ -248,10 +258,11 @@ pub(crate) fn read(
                 "run_start" => "run_start",
                 "run_end" => "run_end",
                 other => {
-                    return Err(format!(
-                        "{}: row {i}: cause {other:?} is none this version writes",
-                        path.display()
-                    ));
+                    return Err(super::read::ReadError::UnknownCause {
+                        part: path.to_path_buf(),
+                        row: i,
+                        cause: other.to_string(),
+                    });
                 }
             };
             let round = (!case.is_null(i)).then(|| RoundId {
@@ -265,12 +276,12 @@ pub(crate) fn read(
                 .column(0)
                 .as_any()
                 .downcast_ref::<StringArray>()
-                .ok_or_else(|| format!("{}: labels keys are not strings", path.display()))?;
+                .ok_or_else(|| labels_not_strings(path, "keys"))?;
             let values = entries
                 .column(1)
                 .as_any()
                 .downcast_ref::<StringArray>()
-                .ok_or_else(|| format!("{}: labels values are not strings", path.display()))?;
+                .ok_or_else(|| labels_not_strings(path, "values"))?;
             out.push(ScrapeRow {
                 offset_us: offset.value(i),
                 wall_time_us: wall.value(i),
@@ -339,7 +350,7 @@ mod tests {
             meta, 2,
             "a row group at every {ROW_GROUP} rows, never the whole run"
         );
-        assert_eq!(read(&path, |_, _| true), Ok(all.clone()));
+        assert_eq!(read(&path, |_, _| true).expect("read back"), all.clone());
         let kept =
             read(&path, |cause, metric| cause != "interval" || metric == "m3").unwrap_or_default();
         let want: Vec<ScrapeRow> = all

@@ -426,8 +426,8 @@ impl Comparison<'_> {
         let (a, b) = (&self.a, &self.b);
         let (pa, pb) = (a.plan, b.plan);
         let answers = [
-            read_answers(&a.run.exchanges(), pa).map_err(|e| ReportError::Rows(e.to_string()))?,
-            read_answers(&b.run.exchanges(), pb).map_err(|e| ReportError::Rows(e.to_string()))?,
+            read_answers(&a.run.exchanges(), pa).map_err(ReportError::Rows)?,
+            read_answers(&b.run.exchanges(), pb).map_err(ReportError::Rows)?,
         ];
         let none = Answers::default();
         let of = |i: usize, s: &Side| answers[i].get(s).unwrap_or(&none);

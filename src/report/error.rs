@@ -13,9 +13,9 @@ pub(crate) enum ReportError {
     /// The run is not one the command can use, with the reason and the fix.
     #[error("{0}")]
     Refused(String),
-    /// The recorded rows cannot be read back.
-    #[error("{0}")]
-    Rows(String),
+    /// The recorded rows (or the run's other Parquet files) cannot be read back.
+    #[error(transparent)]
+    Rows(#[from] crate::record::read::ReadError),
     /// The run did not finish (no summary.json): its files cannot be read as a result.
     #[error("{0}")]
     Unfinished(String),

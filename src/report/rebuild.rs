@@ -266,8 +266,12 @@ pub(crate) fn merge_shards(run: &OpenedRun, facts: &[RowFacts]) -> Result<Rebuil
         ..Default::default()
     };
     let mut evidence = super::evidence::Evidence::read(&dirs, plan, wants);
-    let prompt_tokens = super::prompt_tokens_mismatch(plan, &mut evidence)
-        .map_err(|e| ReportError::Rows(e.to_string()))?;
+    let prompt_tokens =
+        super::prompt_tokens_mismatch(plan, &mut evidence).map_err(|e| match e {
+            super::evidence::EvidenceError::Read(e) => ReportError::Rows(e),
+            // Asked for above: never the case, and said as it is if it were.
+            not_gathered => ReportError::Refused(not_gathered.to_string()),
+        })?;
     Ok(rebuilt(
         plan,
         shape,
