@@ -185,7 +185,7 @@ fn engine_of(args: &ReplayArgs, plan: &Plan) -> Result<Engine, CliError> {
             ca_file: args.ca_cert.clone(),
         },
     )
-    .map_err(usage)
+    .map_err(|e| usage(e.to_string()))
 }
 
 /// The recording flags, checked.

@@ -71,7 +71,7 @@ fn check_serve(args: &ServeArgs) -> Result<Checked, CliError> {
             ca_file: args.upstream_ca.clone(),
         },
     )
-    .map_err(usage)?;
+    .map_err(|e| usage(e.to_string()))?;
     if let Some(n) = args.max_connections {
         flags::at_least_one("--max-connections", n).map_err(usage)?;
     }

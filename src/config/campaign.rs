@@ -129,23 +129,27 @@ pub(crate) struct Arm {
 
 impl Arm {
     /// The arm's endpoints with `{port}` replaced.
-    pub(crate) fn endpoints(&self, port: u16) -> Result<(Endpoint, Endpoint), String> {
+    pub(crate) fn endpoints(
+        &self,
+        port: u16,
+    ) -> Result<(Endpoint, Endpoint), crate::model::EndpointError> {
         let sub = |s: &str| s.replace("{port}", &port.to_string());
-        let ep = Endpoint::parse(&sub(&self.endpoint)).map_err(|e| e.to_string())?;
+        let ep = Endpoint::parse(&sub(&self.endpoint))?;
         let health = match &self.health_endpoint {
-            Some(h) => Endpoint::parse(&sub(h)).map_err(|e| e.to_string())?,
+            Some(h) => Endpoint::parse(&sub(h))?,
             None => ep.with_path("/health"),
         };
         Ok((ep, health))
     }
 
     /// Where this arm's worker's metrics are scraped (`{port}` replaced), if they are.
-    pub(crate) fn worker_metrics_url(&self, port: u16) -> Option<Result<Endpoint, String>> {
+    pub(crate) fn worker_metrics_url(
+        &self,
+        port: u16,
+    ) -> Option<Result<Endpoint, crate::model::EndpointError>> {
         let url = self.worker_metrics.as_ref()?;
         Some(match url {
-            Some(u) => {
-                Endpoint::parse(&u.replace("{port}", &port.to_string())).map_err(|e| e.to_string())
-            }
+            Some(u) => Endpoint::parse(&u.replace("{port}", &port.to_string())),
             None => self.endpoints(port).map(|(e, _)| e.with_path("/metrics")),
         })
     }

@@ -34,7 +34,7 @@ const GIVE_UP_AFTER: u32 = 3;
 pub(crate) enum ScrapeError {
     /// The TLS configuration for an `https` URL (`--ca-cert`) could not be built.
     #[error("{0}")]
-    Tls(String),
+    Tls(#[source] crate::net::tls::TlsError),
 }
 
 /// Why one scrape failed (said and kept as `first_failure`).

@@ -50,9 +50,9 @@ pub(crate) struct Engine {
 impl Engine {
     /// `need_tls`: build TLS configs now (so a bad CA file is an input error before any
     /// output exists).
-    pub(crate) fn new(need_tls: bool, tls: &TlsOptions) -> Result<Engine, String> {
+    pub(crate) fn new(need_tls: bool, tls: &TlsOptions) -> Result<Engine, tls::TlsError> {
         let (tls_fresh, tls_resume) = if need_tls {
-            let base = tls::client_config(tls).map_err(|e| e.to_string())?;
+            let base = tls::client_config(tls)?;
             let mut fresh = base.clone();
             fresh.resumption = rustls::client::Resumption::disabled();
             (Some(Arc::new(fresh)), Some(Arc::new(base)))

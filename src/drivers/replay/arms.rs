@@ -44,7 +44,7 @@ pub(super) enum ArmError {
     /// Its endpoint, health endpoint or worker-metrics URL is not a URL (`{port}`
     /// substituted).
     #[error("{0}")]
-    Endpoint(String),
+    Endpoint(#[source] crate::model::EndpointError),
     /// A server the tool did not start did not answer its health check.
     #[error(
         "its health endpoint {url} did not answer 200 (it answered {}); a server whose health check is elsewhere needs the arm's health_endpoint",
