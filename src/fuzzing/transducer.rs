@@ -130,8 +130,8 @@ fn forward_requests(input: &[u8]) -> (Vec<u8>, Vec<Req>) {
 
 /// Every request hyper's HTTP/1 server hands its service from `wire` on one connection,
 /// or why it stopped.
-fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>, String> {
-    let (seen, clean, _) = super::views::hyper_server_run(rt, wire).map_err(|e| e.to_string())?;
+fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>, Unread> {
+    let (seen, clean, _) = super::views::hyper_server_run(rt, wire).map_err(Unread::hyper)?;
     let mut out = Vec::new();
     for (parts, body) in seen {
         let target = parts.uri.to_string();
@@ -139,16 +139,13 @@ fn hyper_requests(rt: &tokio::runtime::Runtime, wire: &[u8]) -> Result<Vec<Req>,
             parts.method.to_string(),
             target,
             fields(&parts.headers),
-            body.map_err(|e| e.to_string())?,
+            body.map_err(Unread::hyper)?,
         ));
     }
     if clean {
         Ok(out)
     } else {
-        Err(format!(
-            "hyper's server stopped after {} requests",
-            out.len()
-        ))
+        Err(Unread::HyperStopped(out.len()))
     }
 }
 
@@ -218,7 +215,7 @@ fn relay_response(data: &[u8]) -> Option<(Vec<u8>, Resp)> {
 
 /// The two responses hyper's client reads on one connection: `first` in answer to its
 /// first GET, [`NEXT_RESPONSE`] to its second.
-fn hyper_responses(rt: &tokio::runtime::Runtime, first: &[u8]) -> Result<Vec<Resp>, String> {
+fn hyper_responses(rt: &tokio::runtime::Runtime, first: &[u8]) -> Result<Vec<Resp>, Unread> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let first = first.to_vec();
@@ -244,26 +241,89 @@ fn hyper_responses(rt: &tokio::runtime::Runtime, first: &[u8]) -> Result<Vec<Res
             let (mut send, conn) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Unread::hyper)?;
             tokio::spawn(conn);
             let mut out = Vec::new();
             for path in ["/", "/next"] {
-                send.ready().await.map_err(|e| e.to_string())?;
+                send.ready().await.map_err(Unread::hyper)?;
                 let req = http::Request::get(path)
                     .header(header::HOST, "fuzz")
                     .body(http_body_util::Empty::<bytes::Bytes>::new())
-                    .map_err(|e| e.to_string())?;
-                let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+                    .map_err(Unread::hyper)?;
+                let resp = send.send_request(req).await.map_err(Unread::hyper)?;
                 let status = resp.status().as_u16();
                 let body = resp.into_body().collect().await;
-                out.push((status, body.map_err(|e| e.to_string())?.to_bytes().to_vec()));
+                out.push((status, body.map_err(Unread::hyper)?.to_bytes().to_vec()));
             }
             Ok(out)
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), run)
             .await
-            .map_err(|_| "hyper did not finish in 5 s".to_string())?
+            .map_err(|_| Unread::HyperTimeout)?
     })
+}
+
+/// Why a reader (hyper, the lenient or the strict one) did not read the wire as messages.
+/// Only whether each reader read the messages serve recorded is compared; the words say
+/// which rule stopped it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unread {
+    /// hyper refused, in its own words (its errors have no kind to compare).
+    #[error("{0}")]
+    Hyper(String),
+    #[error("hyper's server stopped after {0} requests")]
+    HyperStopped(usize),
+    #[error("hyper did not finish in 5 s")]
+    HyperTimeout,
+    #[error("invalid HTTP header name")]
+    FieldName,
+    #[error("failed to parse header value")]
+    FieldValue,
+    #[error("a bare line end or obs-fold at byte {0}")]
+    BareLineEnd(usize),
+    #[error("a bad length {0:?}")]
+    BadLength(String),
+    #[error("more than one framing field")]
+    TwoFramings,
+    #[error("a coding")]
+    Coding,
+    #[error("chunked is not the last coding")]
+    ChunkedNotLast,
+    #[error("{announced} body bytes announced, {there} there")]
+    ShortBody { announced: usize, there: usize },
+    #[error("a line without its end")]
+    NoLineEnd,
+    #[error("a bare LF")]
+    BareLf,
+    #[error("a bare CR")]
+    BareCr,
+    #[error("a bad chunk size line {0:?}")]
+    BadChunkSize(String),
+    #[error("{0}")]
+    ChunkSize(#[from] std::num::ParseIntError),
+    #[error("a trailer line that is no field {0:?}")]
+    BadTrailer(String),
+    #[error("a short chunk")]
+    ShortChunk,
+    #[error("data longer than its chunk size")]
+    ChunkTooLong,
+    #[error("no {what} head at byte {at}: {parsed}")]
+    NoHead {
+        what: &'static str,
+        at: usize,
+        parsed: String,
+    },
+    #[error("not one Host")]
+    NotOneHost,
+    /// A status code outside 100..=999.
+    #[error("invalid status code")]
+    Status(u16),
+}
+
+impl Unread {
+    fn hyper(e: impl std::fmt::Display) -> Unread {
+        Unread::Hyper(e.to_string())
+    }
 }
 
 /// How a reader takes what hyper's rules would refuse.
@@ -286,11 +346,11 @@ enum Body {
 }
 
 /// A head's fields as a map, or why the reader refuses them.
-fn to_map(raw: &[httparse::Header<'_>]) -> Result<HeaderMap, String> {
+fn to_map(raw: &[httparse::Header<'_>]) -> Result<HeaderMap, Unread> {
     let mut h = HeaderMap::new();
     for f in raw {
-        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|e| e.to_string())?;
-        let value = HeaderValue::from_bytes(f.value).map_err(|e| e.to_string())?;
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| Unread::FieldName)?;
+        let value = HeaderValue::from_bytes(f.value).map_err(|_| Unread::FieldValue)?;
         h.append(name, value);
     }
     Ok(h)
@@ -298,13 +358,13 @@ fn to_map(raw: &[httparse::Header<'_>]) -> Result<HeaderMap, String> {
 
 /// The strict reader's rules for a head's bytes: every line ends in CRLF, no bare CR or
 /// LF, no obs-fold.
-fn strict_head(head: &[u8]) -> Result<(), String> {
+fn strict_head(head: &[u8]) -> Result<(), Unread> {
     for (i, &b) in head.iter().enumerate() {
         let bare_lf = b == b'\n' && (i == 0 || head[i - 1] != b'\r');
         let bare_cr = b == b'\r' && head.get(i + 1) != Some(&b'\n');
         let fold = b == b'\n' && matches!(head.get(i + 1), Some(b' ' | b'\t'));
         if bare_lf || bare_cr || fold {
-            return Err(format!("a bare line end or obs-fold at byte {i}"));
+            return Err(Unread::BareLineEnd(i));
         }
     }
     Ok(())
@@ -312,7 +372,7 @@ fn strict_head(head: &[u8]) -> Result<(), String> {
 
 /// How `r` frames a body from the head's fields (`none`: the message has no body by
 /// definition; `close`: what a request or a response without framing fields gets).
-fn framing(h: &HeaderMap, r: Reader, none: bool, close: Body) -> Result<Body, String> {
+fn framing(h: &HeaderMap, r: Reader, none: bool, close: Body) -> Result<Body, Unread> {
     if none {
         return Ok(Body::Length(0));
     }
@@ -323,19 +383,19 @@ fn framing(h: &HeaderMap, r: Reader, none: bool, close: Body) -> Result<Body, St
         (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
             .then(|| String::from_utf8_lossy(v).parse::<usize>().ok())
             .flatten()
-            .ok_or_else(|| format!("a bad length {:?}", lossy(v)))
+            .ok_or_else(|| Unread::BadLength(lossy(v)))
     };
     match r {
         Reader::Strict if te.len() > 1 || (!te.is_empty() && !cl.is_empty()) || cl.len() > 1 => {
-            Err("more than one framing field".into())
+            Err(Unread::TwoFramings)
         }
-        Reader::Strict if !te.is_empty() && te[0] != "chunked" => Err("a coding".into()),
+        Reader::Strict if !te.is_empty() && te[0] != "chunked" => Err(Unread::Coding),
         Reader::Lenient
             if te
                 .last()
                 .is_some_and(|v| !crate::engine::http1::ends_in_chunked(v)) =>
         {
-            Err("chunked is not the last coding".into())
+            Err(Unread::ChunkedNotLast)
         }
         _ if !te.is_empty() => Ok(Body::Chunked),
         _ => cl
@@ -345,10 +405,13 @@ fn framing(h: &HeaderMap, r: Reader, none: bool, close: Body) -> Result<Body, St
 }
 
 /// The body at the start of `b` framed as `body`: its data and the bytes it took.
-fn read_body(b: &[u8], body: Body, r: Reader) -> Result<(Vec<u8>, usize), String> {
+fn read_body(b: &[u8], body: Body, r: Reader) -> Result<(Vec<u8>, usize), Unread> {
     match body {
         Body::Length(n) if n <= b.len() => Ok((b[..n].to_vec(), n)),
-        Body::Length(n) => Err(format!("{n} body bytes announced, {} there", b.len())),
+        Body::Length(n) => Err(Unread::ShortBody {
+            announced: n,
+            there: b.len(),
+        }),
         Body::Close => Ok((b.to_vec(), b.len())),
         Body::Chunked => chunks(b, r),
     }
@@ -356,20 +419,20 @@ fn read_body(b: &[u8], body: Body, r: Reader) -> Result<(Vec<u8>, usize), String
 
 /// One line at `b[*i..]`: its bytes without the line end; the lenient reader ends lines
 /// at LF (a CR before it dropped), the strict one at CRLF only (a bare CR or LF refused).
-fn line<'a>(b: &'a [u8], i: &mut usize, r: Reader) -> Result<&'a [u8], String> {
+fn line<'a>(b: &'a [u8], i: &mut usize, r: Reader) -> Result<&'a [u8], Unread> {
     let rest = &b[*i..];
     let lf = rest
         .iter()
         .position(|&c| c == b'\n')
-        .ok_or("a line without its end")?;
+        .ok_or(Unread::NoLineEnd)?;
     let mut l = &rest[..lf];
     match l.last() {
         Some(b'\r') => l = &l[..l.len() - 1],
-        _ if r == Reader::Strict => return Err("a bare LF".into()),
+        _ if r == Reader::Strict => return Err(Unread::BareLf),
         _ => {}
     }
     if r == Reader::Strict && l.contains(&b'\r') {
-        return Err("a bare CR".into());
+        return Err(Unread::BareCr);
     }
     *i += lf + 1;
     Ok(l)
@@ -378,7 +441,7 @@ fn line<'a>(b: &'a [u8], i: &mut usize, r: Reader) -> Result<&'a [u8], String> {
 /// A chunked body: the lenient reader takes nginx's way (hex digits, then anything up to
 /// the line end; trailer lines up to the first empty one), the strict one RFC 9112's
 /// grammar (extensions after `;` only, trailer lines that are fields).
-fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), String> {
+fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), Unread> {
     let (mut i, mut data) = (0, Vec::new());
     loop {
         let l = line(b, &mut i, r)?;
@@ -388,10 +451,9 @@ fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), String> {
             || digits > 15
             || (r == Reader::Strict && !rest.is_empty() && rest[0] != b';')
         {
-            return Err(format!("a bad chunk size line {:?}", lossy(l)));
+            return Err(Unread::BadChunkSize(lossy(l)));
         }
-        let size = usize::from_str_radix(&String::from_utf8_lossy(&l[..digits]), 16)
-            .map_err(|e| e.to_string())?;
+        let size = usize::from_str_radix(&String::from_utf8_lossy(&l[..digits]), 16)?;
         if size == 0 {
             loop {
                 let t = line(b, &mut i, r)?;
@@ -399,38 +461,44 @@ fn chunks(b: &[u8], r: Reader) -> Result<(Vec<u8>, usize), String> {
                     return Ok((data, i));
                 }
                 if r == Reader::Strict && !t.contains(&b':') {
-                    return Err(format!("a trailer line that is no field {:?}", lossy(t)));
+                    return Err(Unread::BadTrailer(lossy(t)));
                 }
             }
         }
         let end = i
             .checked_add(size)
             .filter(|&e| e <= b.len())
-            .ok_or("a short chunk")?;
+            .ok_or(Unread::ShortChunk)?;
         data.extend_from_slice(&b[i..end]);
         i = end;
         if !line(b, &mut i, r)?.is_empty() {
-            return Err("data longer than its chunk size".into());
+            return Err(Unread::ChunkTooLong);
         }
     }
 }
 
 /// Every request in `wire`, as `r` reads them.
-fn read_requests(wire: &[u8], r: Reader) -> Result<Vec<Req>, String> {
+fn read_requests(wire: &[u8], r: Reader) -> Result<Vec<Req>, Unread> {
     let (mut at, mut out) = (0, Vec::new());
     while at < wire.len() {
         let mut raw = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut raw);
         let n = match req.parse(&wire[at..]) {
             Ok(httparse::Status::Complete(n)) => n,
-            other => return Err(format!("no request head at byte {at}: {other:?}")),
+            other => {
+                return Err(Unread::NoHead {
+                    what: "request",
+                    at,
+                    parsed: format!("{other:?}"),
+                });
+            }
         };
         if r == Reader::Strict {
             strict_head(&wire[at..at + n])?;
         }
         let h = to_map(req.headers)?;
         if r == Reader::Strict && h.get_all(header::HOST).iter().count() != 1 {
-            return Err("not one Host".into());
+            return Err(Unread::NotOneHost);
         }
         let method = req.method.unwrap_or_default().to_string();
         let target = req.path.unwrap_or_default().to_string();
@@ -445,21 +513,27 @@ fn read_requests(wire: &[u8], r: Reader) -> Result<Vec<Req>, String> {
 
 /// Every response to a GET in `wire`, as `r` reads them (a body without framing runs to
 /// the end).
-fn read_responses(wire: &[u8], r: Reader) -> Result<Vec<Resp>, String> {
+fn read_responses(wire: &[u8], r: Reader) -> Result<Vec<Resp>, Unread> {
     let (mut at, mut out) = (0, Vec::new());
     while at < wire.len() {
         let mut raw = [httparse::EMPTY_HEADER; 128];
         let mut res = httparse::Response::new(&mut raw);
         let n = match res.parse(&wire[at..]) {
             Ok(httparse::Status::Complete(n)) => n,
-            other => return Err(format!("no response head at byte {at}: {other:?}")),
+            other => {
+                return Err(Unread::NoHead {
+                    what: "response",
+                    at,
+                    parsed: format!("{other:?}"),
+                });
+            }
         };
         if r == Reader::Strict {
             strict_head(&wire[at..at + n])?;
         }
         let h = to_map(res.headers)?;
         let code = res.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code).map_err(|e| e.to_string())?;
+        let status = StatusCode::from_u16(code).map_err(|_| Unread::Status(code))?;
         let body = framing(&h, r, has_no_body(&Method::GET, status), Body::Close)?;
         at += n;
         let (data, used) = read_body(&wire[at..], body, r)?;
@@ -481,8 +555,8 @@ mod tests {
         let lenient = read_requests(wire, Reader::Lenient).unwrap();
         assert_eq!(lenient.len(), 2);
         assert_eq!(lenient[1].1, "/smuggled");
-        let strict = read_requests(wire, Reader::Strict).unwrap_err();
-        assert!(!strict.is_empty(), "the strict reader says why it refuses");
+        // The trailer line ends in a bare LF.
+        assert_eq!(read_requests(wire, Reader::Strict), Err(Unread::BareLf));
         // What serve forwards for it is one request with its data (then, with the honest
         // second request after it, that one), as every reader reads it.
         assert_eq!(serve_request_forwarded(wire), 2);

@@ -13,7 +13,7 @@
 //!    bytes with one call and reads the response into the connection's one reused buffer
 //!    (`http1::codec` frames it). Every replay request takes this path. Serve's requests go
 //!    through the same lean client another way: `Engine::lean_send` writes the head, then
-//!    `engine/relay.rs` streams the rest of the body up and reads the response back
+//!    `engine/upstream.rs` streams the rest of the body up and reads the response back
 //!    (`drivers/serve`'s `//!`).
 //! 3. `TimedIo`, wrapped around the stream above TLS, stores the time of each write and of the
 //!    first read into atomics; after the head arrives they become `request_sent_us` and
