@@ -196,6 +196,26 @@ fn batch(rows: &[ScrapeRow]) -> Result<RecordBatch, arrow_schema::ArrowError> {
     RecordBatch::try_new(schema, arrays)
 }
 
+/// A row's cause as one this version writes, or why the file is not one it reads.
+fn known_cause(
+    cause: &str,
+    path: &Path,
+    row: usize,
+) -> Result<&'static str, super::read::ReadError> {
+    match cause {
+        "interval" => Ok("interval"),
+        "round_start" => Ok("round_start"),
+        "round_end" => Ok("round_end"),
+        "run_start" => Ok("run_start"),
+        "run_end" => Ok("run_end"),
+        other => Err(super::read::ReadError::UnknownCause {
+            part: path.to_path_buf(),
+            row,
+            cause: other.to_string(),
+        }),
+    }
+}
+
 fn labels_not_strings(path: &Path, side: &'static str) -> super::read::ReadError {
     super::read::ReadError::LabelsNotStrings {
         part: path.to_path_buf(),
@@ -251,20 +271,7 @@ pub(crate) fn read(
             if !keep(cause.value(i), metric.value(i)) {
                 continue;
             }
-            let cause = match cause.value(i) {
-                "interval" => "interval",
-                "round_start" => "round_start",
-                "round_end" => "round_end",
-                "run_start" => "run_start",
-                "run_end" => "run_end",
-                other => {
-                    return Err(super::read::ReadError::UnknownCause {
-                        part: path.to_path_buf(),
-                        row: i,
-                        cause: other.to_string(),
-                    });
-                }
-            };
+            let cause = known_cause(cause.value(i), path, i)?;
             let round = (!case.is_null(i)).then(|| RoundId {
                 case_name: case.value(i).into(),
                 concurrency: (!conc.is_null(i)).then(|| conc.value(i)),
