@@ -215,9 +215,48 @@ fn capture_line(plan: &crate::config::plan::Plan) {
     }
 }
 
+/// `validate`'s words for a trace: its length, entry count, mean and peak rates, and what
+/// a round sends of it (the window, the warm-up, the speed-up).
+fn trace_line(t: &crate::config::load::TraceLoad) -> String {
+    let Some(trace) = &t.entries else {
+        return "a trace not read".into();
+    };
+    let s = trace.stats();
+    let mean = s
+        .mean_rate_per_second
+        .map_or("n/a".into(), |r| format!("{r:.2}/s"));
+    let picks = t.picks(None);
+    let warm = picks.iter().filter(|p| p.warmup).count();
+    let span = picks.last().map_or(0, |p| p.offset_us) as f64 / 1e6;
+    format!(
+        "trace of {} entries over {:.3} s (mean {mean}, peak {}/s in one second); a round sends {} of them ({} as warm-up) over {span:.3} s at speedup {} (level {}/s)",
+        s.entries,
+        s.length_seconds,
+        s.peak_rate_per_second,
+        picks.len(),
+        warm,
+        t.speedup,
+        t.rate()
+    )
+}
+
 pub fn validate(path: &Path) -> Result<Exit, CliError> {
     let (_, plan) = load_plan(path)?;
     let variants: usize = plan.cases.iter().map(|c| c.variants.len()).sum();
+    if let Some(t) = &plan.load.trace {
+        eprintln!(
+            "{}: valid plan: {} case(s), {} variant(s), {}, {} repetition(s), {} planned requests, {} connections",
+            path.display(),
+            plan.cases.len(),
+            variants,
+            trace_line(t),
+            plan.repetitions,
+            Shape::Plain.planned_requests(&plan),
+            plan.connection.as_str()
+        );
+        capture_line(&plan);
+        return Ok(Exit::Ok);
+    }
     if plan.load.mode == crate::config::load::Mode::Open {
         eprintln!(
             "{}: valid plan: {} case(s), {} variant(s), open loop at {:?} requests/s ({}), {} repetitions, {} planned requests, {} connections",

@@ -283,7 +283,7 @@ fn open_files_for(plan: &Plan, shape: Shape, mock: bool) -> Result<(), CliError>
     let closed = plan.concurrency.iter().copied().max().unwrap_or(1) as u64;
     let open = plan.load.max_in_flight as u64;
     let (what, max_c) = match (plan.load.mode, shape.sweep_rates()) {
-        (crate::config::load::Mode::Open, _) => ("load.max_in_flight", open),
+        (m, _) if m.is_open() => ("load.max_in_flight", open),
         // A sweep keeps its closed workers' connections while its open rates run.
         (_, Some(_)) => ("concurrency + load.max_in_flight", closed + open),
         _ => ("concurrency", closed),

@@ -1,11 +1,15 @@
 //! A plan's `load` (closed or open loop; for an open loop the arrival process, its seed,
-//! the rates, how long each round runs and the bound on requests in flight) and its `slo`
-//! (per-request bounds that goodput counts against). Validated here, with every problem
-//! and its path; the schedules themselves come from `arrival`.
+//! the rates, how long each round runs and the bound on requests in flight; for a trace,
+//! where its entries are, its speed-up, window and warm-up) and its `slo` (per-request
+//! bounds that goodput counts against). Validated here, with every problem and its path;
+//! the schedules themselves come from `arrival`, a trace's entries from `trace`.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use super::json::Validator;
+use super::trace::{Send, Trace};
 use crate::arrival::{self, Arrival, Extent};
 use crate::model::Slo;
 use crate::oracle::json_kind;
@@ -21,6 +25,8 @@ pub(crate) const MAX_REQUESTS_PER_CASE: usize = crate::arrival::MAX_ARRIVALS;
 pub(crate) enum Mode {
     Closed,
     Open,
+    /// An open loop whose arrivals are a trace's entries, at their recorded offsets.
+    Trace,
 }
 
 impl Mode {
@@ -28,7 +34,13 @@ impl Mode {
         match self {
             Mode::Closed => "closed",
             Mode::Open => "open",
+            Mode::Trace => "trace",
         }
+    }
+
+    /// Sends at scheduled instants (an open loop or a trace), not from `c` workers.
+    pub(crate) fn is_open(self) -> bool {
+        self != Mode::Closed
     }
 }
 
@@ -47,6 +59,137 @@ pub(crate) struct Load {
     pub(crate) extent: Extent,
     /// Requests in flight at most; the next send waits (default [`DEFAULT_MAX_IN_FLIGHT`]).
     pub(crate) max_in_flight: usize,
+    /// Trace mode: the trace and how it is replayed.
+    pub(crate) trace: Option<Box<TraceLoad>>,
+}
+
+/// Where a trace plan's entries are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TraceSource {
+    /// A JSON Lines file named relative to the plan's folder, its SHA-256 pinned.
+    File { path: String, sha256: String },
+    /// `load.trace.entries` in the plan itself.
+    Inline,
+}
+
+/// A trace load: its source, its entries once read, and the replay's knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TraceLoad {
+    pub(crate) source: TraceSource,
+    /// Every gap divided by this (2: twice as fast).
+    pub(crate) speedup: f64,
+    /// The window of the trace's own clock replayed: `[start_us, end_us)`.
+    pub(crate) start_us: u64,
+    pub(crate) end_us: Option<u64>,
+    /// The window's first microseconds (trace clock) sent as warm-up, excluded.
+    pub(crate) warmup_us: u64,
+    /// `load.trace.synthetic` as written, for synthetic entries.
+    pub(crate) synthetic: Option<Value>,
+    /// What synthetic entries are checked against (set by the walk, with the cases).
+    pub(crate) synthetic_rules: Option<super::trace::SyntheticRules>,
+    /// The entries (`None` until a file trace is read: [`Load::attach_trace`]).
+    pub(crate) entries: Option<Arc<Trace>>,
+}
+
+/// One send of a trace round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pick {
+    /// Microseconds from the round's start: `(entry offset - window start) / speedup`,
+    /// rounded once.
+    pub(crate) offset_us: u64,
+    /// The entry's index in the trace.
+    pub(crate) entry: u32,
+    /// Within the window's first `warmup_seconds`: sent as warm-up, not measured.
+    pub(crate) warmup: bool,
+}
+
+impl TraceLoad {
+    /// Where the trace is, as config.json and the workload record it: the file and its
+    /// SHA-256, or the inline entries' count and the SHA-256 of their compact JSON.
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        match &self.source {
+            TraceSource::File { path, sha256 } => {
+                m.insert("file".into(), path.clone().into());
+                m.insert("sha256".into(), sha256.clone().into());
+            }
+            TraceSource::Inline => {
+                let t = self.entries.as_ref();
+                m.insert("entries".into(), t.map_or(0, |t| t.entries.len()).into());
+                m.insert(
+                    "sha256".into(),
+                    t.map_or(String::new(), |t| t.sha256.clone()).into(),
+                );
+            }
+        }
+        if let Some(s) = &self.synthetic {
+            m.insert("synthetic".into(), s.clone());
+        }
+        Value::Object(m)
+    }
+
+    /// The sends of one round: the window's entries in order, as shard `(i, n)` keeps
+    /// them (an entry with a session key goes to the shard its key's hash names, so a
+    /// session stays on one generator; others by their index in the window modulo `n`).
+    pub(crate) fn picks(&self, shard: Option<(usize, usize)>) -> Vec<Pick> {
+        let Some(t) = &self.entries else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let window = t.entries.iter().enumerate().filter(|(_, e)| {
+            e.offset_us >= self.start_us && self.end_us.is_none_or(|end| e.offset_us < end)
+        });
+        for (k, (i, e)) in window.enumerate() {
+            if let Some((s, n)) = shard {
+                let key = e.session.unwrap_or(k as u64);
+                if key % n as u64 != s as u64 {
+                    continue;
+                }
+            }
+            let from_start = e.offset_us - self.start_us;
+            out.push(Pick {
+                offset_us: (from_start as f64 / self.speedup).round() as u64,
+                entry: i as u32,
+                warmup: from_start < self.warmup_us,
+            });
+        }
+        out
+    }
+
+    /// The case an entry's request belongs to.
+    pub(crate) fn case_of(&self, entry: u32) -> usize {
+        let Some(t) = &self.entries else { return 0 };
+        match t.entries.get(entry as usize).map(|e| e.send) {
+            Some(Send::Variant { case, .. }) => case as usize,
+            _ => self.synthetic_rules.map_or(0, |r| r.case as usize),
+        }
+    }
+
+    /// Measured sends of case `case` in one round, as shard `shard` sends them.
+    pub(crate) fn planned(&self, case: usize, shard: Option<(usize, usize)>) -> u64 {
+        self.picks(shard)
+            .iter()
+            .filter(|p| !p.warmup && self.case_of(p.entry) == case)
+            .count() as u64
+    }
+
+    /// The level a trace round is reported at: the window's measured entries' recorded
+    /// mean rate, `(n - 1) / (last - first)`, times `speedup` (0 for fewer than two
+    /// entries or one instant).
+    pub(crate) fn rate(&self) -> f64 {
+        let picks = self.picks(None);
+        let measured: Vec<&Pick> = picks.iter().filter(|p| !p.warmup).collect();
+        match (measured.first(), measured.last()) {
+            (Some(a), Some(b)) if b.offset_us > a.offset_us => {
+                let rate = (measured.len() - 1) as f64 / ((b.offset_us - a.offset_us) as f64 / 1e6);
+                // Four significant digits: a level's label, and the rows' key.
+                let digits = 3 - rate.abs().log10().floor() as i32;
+                let f = 10f64.powi(digits);
+                (rate * f).round() / f
+            }
+            _ => 0.0,
+        }
+    }
 }
 
 /// `max_in_flight` when the plan does not say.
@@ -75,6 +218,15 @@ impl Load {
             rates_per_second: Vec::new(),
             extent: Extent::Requests(requests_per_case as u64),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            trace: None,
+        }
+    }
+
+    /// A trace load's entries, read from its file (a plan whose trace is inline has them
+    /// already).
+    pub(crate) fn attach_trace(&mut self, trace: Trace) {
+        if let Some(t) = self.trace.as_mut() {
+            t.entries = Some(Arc::new(trace));
         }
     }
 
@@ -112,6 +264,20 @@ impl Load {
         m.insert("arrival".into(), arrival);
         m.insert("seed".into(), self.seed.into());
         m.insert("max_in_flight".into(), self.max_in_flight.into());
+        if let Some(t) = &self.trace {
+            m.shift_remove("arrival");
+            m.shift_remove("seed");
+            m.insert("trace".into(), t.to_json());
+            m.insert("speedup".into(), t.speedup.into());
+            m.insert(
+                "start_offset_seconds".into(),
+                (t.start_us as f64 / 1e6).into(),
+            );
+            if let Some(end) = t.end_us {
+                m.insert("end_offset_seconds".into(), (end as f64 / 1e6).into());
+            }
+            m.insert("warmup_seconds".into(), (t.warmup_us as f64 / 1e6).into());
+        }
         if self.mode == Mode::Open {
             m.insert(
                 "rates_per_second".into(),
@@ -155,6 +321,13 @@ const LOAD_FIELDS: &[&str] = &[
     "max_in_flight",
 ];
 const OPEN_ONLY: &[&str] = &["rates_per_second", "duration_seconds", "requests"];
+const TRACE_FIELDS: &[&str] = &[
+    "trace",
+    "speedup",
+    "start_offset_seconds",
+    "end_offset_seconds",
+    "warmup_seconds",
+];
 
 impl Validator {
     /// `load`, without `requests_per_case` (filled in by the caller for a closed loop).
@@ -163,22 +336,13 @@ impl Validator {
             return Some(Load::closed(0));
         };
         let m = self.object(v, "load")?;
-        self.unknown_fields(m, "load", &[LOAD_FIELDS]);
-        let mode = match m.get("mode") {
-            None => Some(Mode::Closed),
-            Some(v) => match self.string(v, "load.mode") {
-                Some("closed") => Some(Mode::Closed),
-                Some("open") => Some(Mode::Open),
-                Some(other) => {
-                    self.err(
-                        "load.mode",
-                        format!("'{other}' is not a load mode; use \"closed\" or \"open\""),
-                    );
-                    None
-                }
-                None => None,
-            },
-        };
+        self.unknown_fields(m, "load", &[LOAD_FIELDS, TRACE_FIELDS]);
+        let mode = self.mode(m);
+        if mode != Some(Mode::Trace) {
+            for key in TRACE_FIELDS.iter().filter(|k| m.contains_key(**k)) {
+                self.err(format!("load.{key}"), "goes with load.mode \"trace\"");
+            }
+        }
         let arrival = match m.get("arrival") {
             None => Some(Arrival::Poisson),
             Some(v) => self.arrival(v),
@@ -192,6 +356,7 @@ impl Validator {
             Some(v) => self.integer(v, "load.max_in_flight", 1),
         };
         let (rates, extent) = match mode? {
+            Mode::Trace => return self.trace_load(m, max_in_flight?),
             Mode::Open => (self.rates(m.get("rates_per_second")), self.extent(m)),
             Mode::Closed => {
                 for key in OPEN_ONLY {
@@ -240,7 +405,196 @@ impl Validator {
             rates_per_second: rates,
             extent,
             max_in_flight: max_in_flight?,
+            trace: None,
         })
+    }
+
+    /// A trace load (`load.mode "trace"`): `load.trace` (a file and its SHA-256, or
+    /// inline `entries`, resolved against the cases by the walk), `speedup`, the window
+    /// and `warmup_seconds`.
+    fn trace_load(&mut self, m: &Map<String, Value>, max_in_flight: usize) -> Option<Load> {
+        for key in OPEN_ONLY.iter().chain(&["arrival", "seed"]) {
+            if m.contains_key(*key) {
+                self.err(
+                    format!("load.{key}"),
+                    "does not go with load.mode \"trace\": a trace's arrivals are its entries",
+                );
+            }
+        }
+        let source = self.trace_source(m.get("trace"));
+        let seconds = |v: &mut Validator, key: &str| -> Option<Option<u64>> {
+            match m.get(key) {
+                None => Some(None),
+                Some(x) if x.as_f64() == Some(0.0) => Some(Some(0)),
+                Some(x) => v
+                    .positive(x, &format!("load.{key}"), 1e9, None)
+                    .map(|s| Some((s * 1e6).round() as u64)),
+            }
+        };
+        let speedup = match m.get("speedup") {
+            None => Some(1.0),
+            Some(v) => self.positive(
+                v,
+                "load.speedup",
+                1e6,
+                Some((1e-3, "the slowest replay, a thousandth of the trace's pace")),
+            ),
+        };
+        let start = seconds(self, "start_offset_seconds");
+        let end = seconds(self, "end_offset_seconds");
+        let warmup = seconds(self, "warmup_seconds");
+        let (start, end) = (start?.unwrap_or(0), end?);
+        if let Some(e) = end.filter(|&e| e <= start) {
+            self.err(
+                "load.end_offset_seconds",
+                format!(
+                    "{} is not after load.start_offset_seconds ({}): the window would be empty",
+                    e as f64 / 1e6,
+                    start as f64 / 1e6
+                ),
+            );
+            return None;
+        }
+        let (source, synthetic) = source?;
+        Some(Load {
+            mode: Mode::Trace,
+            arrival: Arrival::Poisson,
+            seed: 0,
+            rates_per_second: Vec::new(),
+            extent: Extent::Requests(0),
+            max_in_flight,
+            trace: Some(Box::new(TraceLoad {
+                source,
+                speedup: speedup?,
+                start_us: start,
+                end_us: end,
+                warmup_us: warmup?.unwrap_or(0),
+                synthetic,
+                synthetic_rules: None,
+                entries: None,
+            })),
+        })
+    }
+
+    /// `load.trace`: `{"file", "sha256"}` or `{"entries": [...]}`, each with an optional
+    /// `synthetic` (its fields are checked with the cases).
+    fn trace_source(&mut self, v: Option<&Value>) -> Option<(TraceSource, Option<Value>)> {
+        let path = "load.trace";
+        let Some(v) = v else {
+            self.err(
+                path,
+                "is required with load.mode \"trace\": {\"file\": \"NAME.trace.jsonl\", \"sha256\": \"...\"} beside the plan, or {\"entries\": [...]} inline",
+            );
+            return None;
+        };
+        let t = self.object(v, path)?;
+        self.unknown_fields(t, path, &[&["file", "sha256", "entries", "synthetic"]]);
+        let synthetic = t.get("synthetic").cloned();
+        match (t.get("file"), t.get("entries")) {
+            (Some(_), Some(_)) | (None, None) => {
+                self.err(
+                    path,
+                    "give either \"file\" (with \"sha256\") or \"entries\"",
+                );
+                None
+            }
+            (None, Some(e)) => match e {
+                Value::Array(items) if !items.is_empty() => {
+                    if t.contains_key("sha256") {
+                        self.err(
+                            "load.trace.sha256",
+                            "goes with \"file\": inline entries are in the plan's own hash",
+                        );
+                    }
+                    Some((TraceSource::Inline, synthetic))
+                }
+                other => {
+                    self.err(
+                        "load.trace.entries",
+                        format!(
+                            "must be a non-empty list of entries, found {}",
+                            json_kind(other)
+                        ),
+                    );
+                    None
+                }
+            },
+            (Some(f), None) => {
+                let file = self.trace_file(f);
+                let sha = self.sha256(t.get("sha256"));
+                Some((
+                    TraceSource::File {
+                        path: file?,
+                        sha256: sha?,
+                    },
+                    synthetic,
+                ))
+            }
+        }
+    }
+
+    /// A trace file's name: relative to the plan's folder, within it (no `..`, not
+    /// absolute), so that a run directory keeps its copy at the same place beside its
+    /// plan.json.
+    fn trace_file(&mut self, v: &Value) -> Option<String> {
+        let path = "load.trace.file";
+        let s = self.nonblank(v, path)?;
+        let p = std::path::Path::new(s);
+        let inside = p
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !inside || s.contains('\\') {
+            self.err(
+                path,
+                format!("'{s}' must name a file in the plan's folder or below it (no \"..\", not absolute): a run keeps its copy at the same place beside its plan.json"),
+            );
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    /// A SHA-256 in lowercase hex.
+    fn sha256(&mut self, v: Option<&Value>) -> Option<String> {
+        let path = "load.trace.sha256";
+        let Some(v) = v else {
+            self.err(path, "is required with load.trace.file: the file's SHA-256 (lowercase hex, `sha256sum FILE`), so an edited trace is refused");
+            return None;
+        };
+        let s = self.string(v, path)?;
+        if s.len() != 64
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            self.err(
+                path,
+                format!("'{s}' is not a SHA-256 in lowercase hex (64 characters)"),
+            );
+            return None;
+        }
+        Some(s.to_string())
+    }
+
+    /// `load.mode`: closed (the default), open or trace.
+    fn mode(&mut self, m: &Map<String, Value>) -> Option<Mode> {
+        match m.get("mode") {
+            None => Some(Mode::Closed),
+            Some(v) => match self.string(v, "load.mode") {
+                Some("closed") => Some(Mode::Closed),
+                Some("open") => Some(Mode::Open),
+                Some("trace") => Some(Mode::Trace),
+                Some(other) => {
+                    self.err(
+                        "load.mode",
+                        format!(
+                            "'{other}' is not a load mode; use \"closed\", \"open\" or \"trace\""
+                        ),
+                    );
+                    None
+                }
+                None => None,
+            },
+        }
     }
 
     fn arrival(&mut self, v: &Value) -> Option<Arrival> {

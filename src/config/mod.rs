@@ -15,6 +15,7 @@ pub(crate) mod load;
 mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
+pub(crate) mod trace;
 mod walk;
-pub(crate) use walk::REQUIRED_METADATA;
+pub(crate) use walk::{REQUIRED_METADATA, trace_names};
 pub(crate) mod workload;

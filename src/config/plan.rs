@@ -157,6 +157,10 @@ impl Plan {
         if self.load.mode == super::load::Mode::Open {
             return self.unmeasured_open();
         }
+        // A trace sends the variants its entries name, as often as they name them.
+        if self.load.trace.is_some() {
+            return Vec::new();
+        }
         let counts: Vec<usize> = self.cases.iter().map(|c| c.variants.len()).collect();
         let highest = self.concurrency.iter().copied().max().unwrap_or(1);
         let fix = covering_requests_per_case(&counts, highest);
@@ -296,6 +300,14 @@ impl Plan {
                 .rates_per_second
                 .iter()
                 .map(|&r| Level::Rate(r))
+                .collect(),
+            // One level: the trace's recorded rate in its window, at its speed-up.
+            Mode::Trace => self
+                .load
+                .trace
+                .as_ref()
+                .map(|t| Level::Rate(t.rate()))
+                .into_iter()
                 .collect(),
         }
     }

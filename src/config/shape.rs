@@ -3,7 +3,7 @@
 //! (`--shard I/N`), or the shards merged again by `summarize`. A sweep and a shard
 //! together cannot be represented; each constructor checks the plan it shapes.
 
-use super::load::{Mode, shard_share};
+use super::load::shard_share;
 use super::plan::Plan;
 use crate::model::Level;
 
@@ -42,9 +42,9 @@ pub(crate) enum ShapeError {
     SweepCampaign,
     /// `--sweep` with an open-loop plan.
     #[error(
-        "--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"open\" and its own rates"
+        "--sweep goes with a closed-loop plan: it measures the synchronous rate (c = 1) and the throughput at the plan's highest concurrency, then places open-loop rates between them; this plan has load.mode \"{0}\" and its own arrivals"
     )]
-    SweepOpenLoop,
+    SweepOpenLoop(&'static str),
     /// `--sweep` with a plan whose highest concurrency is 1.
     #[error(
         "--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1"
@@ -52,7 +52,7 @@ pub(crate) enum ShapeError {
     SweepLowConcurrency,
     /// `--shard` with a closed-loop plan.
     #[error(
-        "--shard goes with an open-loop plan (load.mode \"open\"): closed-loop workers cannot be split across machines without a barrier per round"
+        "--shard goes with an open-loop plan (load.mode \"open\" or \"trace\"): closed-loop workers cannot be split across machines without a barrier per round"
     )]
     ShardClosedLoop,
 }
@@ -77,8 +77,8 @@ impl Shape {
         if plan.campaign.is_some() {
             return Err(ShapeError::SweepCampaign);
         }
-        if plan.load.mode == Mode::Open {
-            return Err(ShapeError::SweepOpenLoop);
+        if plan.load.mode.is_open() {
+            return Err(ShapeError::SweepOpenLoop(plan.load.mode.as_str()));
         }
         if plan.concurrency.iter().all(|&c| c < 2) {
             return Err(ShapeError::SweepLowConcurrency);
@@ -88,7 +88,7 @@ impl Shape {
 
     /// Shard `index` of `count` for `plan`: refused unless `plan` is an open loop.
     pub(crate) fn shard(plan: &Plan, index: usize, count: usize) -> Result<Shape, ShapeError> {
-        if plan.load.mode != Mode::Open {
+        if !plan.load.mode.is_open() {
             return Err(ShapeError::ShardClosedLoop);
         }
         Ok(Shape::Shard { index, count })
@@ -121,6 +121,11 @@ impl Shape {
     /// The health GET, readiness and warm-up of `plan`, as every process of the run (every shard of
     /// a merged run) sent them first.
     pub(crate) fn prelude_requests(self, plan: &Plan) -> u64 {
+        // A trace's readiness is its window's first entry, and it has no warm-up per
+        // variant (its first seconds are its warm-up, within its rounds).
+        if plan.load.trace.is_some() {
+            return 2 * self.preludes();
+        }
         let once = 1 + plan
             .cases
             .iter()
@@ -141,6 +146,11 @@ impl Shape {
             return self.prelude_requests(plan) + plan.cases.len() as u64 * per_case;
         }
         let mut total = self.prelude_requests(plan);
+        if let Some(t) = &plan.load.trace {
+            // Every round sends the window (its warm-up seconds included).
+            let per_round = t.picks(self.shard_of()).len() as u64;
+            return total + plan.repetitions as u64 * per_round;
+        }
         for ci in 0..plan.cases.len() {
             for (li, level) in plan.levels().into_iter().enumerate() {
                 total += match level {

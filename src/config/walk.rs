@@ -67,6 +67,33 @@ impl Plan {
     }
 }
 
+/// `load.mode` as written (so a load with a mistake elsewhere is still judged by its
+/// mode).
+fn load_mode(top: &Map<String, Value>) -> Option<&str> {
+    top.get("load")
+        .and_then(|l| l.get("mode"))
+        .and_then(Value::as_str)
+}
+
+/// The plan's cases as a trace's entries name them.
+pub(crate) fn trace_names(
+    cases: &[super::plan::Case],
+    synthetic: Option<super::trace::SyntheticRules>,
+) -> super::trace::Names<'_> {
+    super::trace::Names {
+        cases: cases
+            .iter()
+            .map(|c| {
+                (
+                    c.name.as_str(),
+                    c.variants.iter().map(|v| v.name.as_deref()).collect(),
+                )
+            })
+            .collect(),
+        synthetic,
+    }
+}
+
 impl Validator {
     fn plan(&mut self, root: &Value) -> Option<Plan> {
         let top = self.object(root, "")?;
@@ -91,8 +118,7 @@ impl Validator {
         let slo = self.slo(top.get("slo"));
         let worker_metrics = self.plan_worker_metrics(top, is_campaign);
         let (requests_per_case, concurrency) = self.rounds(top, is_campaign);
-        let repetitions = self.at_least_two(top, "repetitions");
-        let warmup_per_case = self.at_least_two(top, "warmup_per_case");
+        let (repetitions, warmup_per_case) = self.counts(top);
         let timeout = self.timeout(top.get("timeout_seconds"));
         let (connection, on_failure) = self.policies(top);
         let bearer_token_env = self.auth(top.get("auth"));
@@ -117,6 +143,12 @@ impl Validator {
         if !is_campaign {
             self.judged_or_capture();
         }
+        let load = match (load, &cases) {
+            (Some(mut l), Some(cases)) if l.trace.is_some() => {
+                self.resolve_trace(&mut l, top, cases).map(|()| l)
+            }
+            (l, _) => l,
+        };
 
         Some(Plan {
             endpoint: endpoint?,
@@ -181,17 +213,62 @@ impl Validator {
         is_campaign: bool,
     ) -> (Option<usize>, Option<Vec<usize>>) {
         // As written, so an open load with a mistake elsewhere is still judged as open.
-        let open = top
-            .get("load")
-            .and_then(|l| l.get("mode"))
-            .and_then(Value::as_str)
-            == Some("open");
-        if open {
+        let mode = load_mode(top);
+        if mode == Some("open") {
             self.open_refusals(top, is_campaign);
+            (Some(0), Some(Vec::new()))
+        } else if mode == Some("trace") {
+            self.trace_refusals(top, is_campaign);
             (Some(0), Some(Vec::new()))
         } else {
             let n = self.requests_per_case(top.get("requests_per_case"));
             (n, self.concurrency(top.get("concurrency"), n))
+        }
+    }
+
+    /// `repetitions` and `warmup_per_case`: at least 2 each, or a trace's.
+    fn counts(&mut self, top: &Map<String, Value>) -> (Option<usize>, Option<usize>) {
+        if load_mode(top) == Some("trace") {
+            return self.trace_counts(top);
+        }
+        (
+            self.at_least_two(top, "repetitions"),
+            self.at_least_two(top, "warmup_per_case"),
+        )
+    }
+
+    /// A trace plan's `repetitions` (the trace replayed whole each time: at least 1, 1
+    /// when not given) and no `warmup_per_case` (a per-variant warm-up would double the
+    /// load and fill the prefix cache before the round: `load.warmup_seconds` instead).
+    fn trace_counts(&mut self, top: &Map<String, Value>) -> (Option<usize>, Option<usize>) {
+        if top.contains_key("warmup_per_case") {
+            self.err(
+                "warmup_per_case",
+                "is not used with load.mode \"trace\": the trace's first load.warmup_seconds are its warm-up (a warm-up per variant would double the load and fill the prefix cache before the round); remove it",
+            );
+        }
+        let reps = match top.get("repetitions") {
+            None => Some(1),
+            Some(v) => self.integer(v, "repetitions", 1),
+        };
+        (reps, Some(0))
+    }
+
+    /// What a trace does not use, and where it does not apply yet.
+    fn trace_refusals(&mut self, top: &Map<String, Value>, is_campaign: bool) {
+        for key in ["concurrency", "requests_per_case"] {
+            if top.contains_key(key) {
+                self.err(
+                    key,
+                    "is not used with load.mode \"trace\": the trace's entries set the load (load.speedup its pace), and load.max_in_flight bounds the requests in flight; remove it",
+                );
+            }
+        }
+        if is_campaign {
+            self.err(
+                "load.mode",
+                "a trace is not supported in a campaign plan (arms) yet; replay each arm's endpoint with its own trace plan",
+            );
         }
     }
 
@@ -294,6 +371,82 @@ impl Validator {
                 Some(n)
             }),
         }
+    }
+
+    /// A trace load's entries and synthetic template, against the plan's cases: inline
+    /// entries are read here (each problem with its index); a file's are read by the
+    /// caller ([`super::load::Load::attach_trace`]).
+    fn resolve_trace(
+        &mut self,
+        load: &mut super::load::Load,
+        top: &Map<String, Value>,
+        cases: &[super::plan::Case],
+    ) -> Option<()> {
+        let t = load.trace.as_mut()?;
+        let synthetic = match &t.synthetic {
+            None => None,
+            Some(v) => {
+                let rules = self.synthetic_rules(v, cases)?;
+                t.synthetic_rules = Some(rules);
+                Some(rules)
+            }
+        };
+        if t.source != super::load::TraceSource::Inline {
+            return Some(());
+        }
+        let names = trace_names(cases, synthetic);
+        let items = top
+            .get("load")
+            .and_then(|l| l.get("trace"))
+            .and_then(|t| t.get("entries"))
+            .and_then(Value::as_array)?;
+        match super::trace::Trace::inline(items, &names) {
+            Ok(trace) => {
+                t.entries = Some(std::sync::Arc::new(trace));
+                Some(())
+            }
+            Err(faults) => {
+                for (i, f) in faults {
+                    self.err(format!("load.trace.entries[{i}]"), f.to_string());
+                }
+                None
+            }
+        }
+    }
+
+    /// `load.trace.synthetic`: the template case (by name), the block size and the
+    /// special tokens a prompt holds (the words are checked where prompts are made).
+    fn synthetic_rules(
+        &mut self,
+        v: &Value,
+        cases: &[super::plan::Case],
+    ) -> Option<super::trace::SyntheticRules> {
+        let path = "load.trace.synthetic";
+        let m = self.object(v, path)?;
+        let name = m.get("case").and_then(Value::as_str).unwrap_or_default();
+        let Some(ci) = cases.iter().position(|c| c.name == name) else {
+            self.err(
+                format!("{path}.case"),
+                format!("'{name}' is not a case of the plan: name the case whose request is the template"),
+            );
+            return None;
+        };
+        let count = |v: &mut Validator, key: &str, min: u64| match m.get(key) {
+            None => {
+                v.err(format!("{path}.{key}"), "is required");
+                None
+            }
+            Some(x) => v
+                .integer(x, &format!("{path}.{key}"), min)
+                .map(|n| n as u32),
+        };
+        let block_tokens = count(self, "block_tokens", 1);
+        let special_tokens = count(self, "special_tokens", 0);
+        Some(super::trace::SyntheticRules {
+            case: ci as u32,
+            block_tokens: block_tokens?,
+            special_tokens: special_tokens?,
+        })
     }
 
     /// What an open loop does not use, and where it does not apply yet.

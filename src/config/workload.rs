@@ -55,9 +55,9 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
         "connection": plan.connection.as_str(),
         "on_failure": plan.on_failure.as_str(),
     });
-    // An open loop's load and a plan's slo are part of the workload; a closed plan
+    // An open loop's or a trace's load and a plan's slo are part of the workload; a closed plan
     // without them hashes as it did before they existed.
-    if plan.load.mode == super::load::Mode::Open {
+    if plan.load.mode.is_open() {
         w["load"] = plan.load.to_json();
     }
     if let Some(slo) = &plan.slo {

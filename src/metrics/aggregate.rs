@@ -105,12 +105,20 @@ fn rate_and_latency_spreads(
             spread(&collect(&|r| secs(r.first_byte_us.p50))),
         ),
         (
+            "send_lag_p50_seconds",
+            spread(&collect(&|r| secs(r.open.as_ref()?.send_lag_us.p50))),
+        ),
+        (
             "send_lag_p99_seconds",
             spread(&collect(&|r| secs(r.open.as_ref()?.send_lag_us.p99))),
         ),
         (
             "achieved_rate_per_second",
             spread(&collect(&|r| r.open.as_ref()?.achieved_rate_per_second)),
+        ),
+        (
+            "scheduled_rate_per_second",
+            spread(&collect(&|r| r.open.as_ref()?.scheduled_rate_per_second)),
         ),
         // Failures are what goodput counts against: over every fully attempted round, not
         // only the complete (failure-free) ones.

@@ -14,6 +14,9 @@ pub(crate) struct OpenMetrics {
     pub(crate) target_rate_per_second: f64,
     /// `(sends - 1) / (last send - first send)`, from the actual send times.
     pub(crate) achieved_rate_per_second: Option<f64>,
+    /// The same of the intended send times: the schedule's own rate (a trace's recorded
+    /// rate at its speed-up), beside which the achieved one is read.
+    pub(crate) scheduled_rate_per_second: Option<f64>,
     /// Over every attempted send.
     pub(crate) send_lag_us: Percentiles,
     pub(crate) send_lag_max_us: Option<i64>,
@@ -82,14 +85,16 @@ pub(super) fn open_metrics(rate: f64, samples: &[Sample]) -> OpenMetrics {
     scheduled.sort_unstable();
     let lags: Vec<i64> = samples.iter().filter_map(Sample::send_lag_us).collect();
     let late_sends = lags.iter().filter(|&&l| l > SATURATION_LAG_US).count() as u64;
-    let achieved_rate_per_second = match (sends.first(), sends.last()) {
-        (Some(a), Some(b)) if b > a => Some((sends.len() - 1) as f64 / ((b - a) as f64 / 1e6)),
+    let rate_of = |v: &[i64]| match (v.first(), v.last()) {
+        (Some(a), Some(b)) if b > a => Some((v.len() - 1) as f64 / ((b - a) as f64 / 1e6)),
         _ => None,
     };
+    let achieved_rate_per_second = rate_of(&sends);
     let as_u64 = |v: &[i64]| -> Vec<u64> { v.iter().map(|&x| x.max(0) as u64).collect() };
     OpenMetrics {
         target_rate_per_second: rate,
         achieved_rate_per_second,
+        scheduled_rate_per_second: rate_of(&scheduled),
         send_lag_max_us: lags.iter().copied().max(),
         send_lag_us: Percentiles::of(lags),
         latency_from_schedule_us: Percentiles::of(

@@ -248,6 +248,34 @@ impl RunDir {
             .map_err(io_err(&self.path))
     }
 
+    /// Copy the file at `from` to `rel` (a relative path, folders made as needed) in the
+    /// run, through a temporary name and synced; returns the copy's SHA-256 (lowercase
+    /// hex), so the caller can check that it copied what it read (a trace plan's trace).
+    pub(crate) fn copy_in(&self, rel: &str, from: &Path) -> Result<String, RunDirError> {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let dest = self.path.join(rel);
+        let parent = dest.parent().unwrap_or(&self.path).to_path_buf();
+        fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned());
+        let tmp = parent.join(format!(".{}.tmp", name.unwrap_or_default()));
+        let mut src = File::open(from).map_err(io_err(from))?;
+        let mut out = File::create(&tmp).map_err(io_err(&tmp))?;
+        let (mut hash, mut buf) = (Sha256::new(), vec![0u8; 1 << 20]);
+        loop {
+            let n = src.read(&mut buf).map_err(io_err(from))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(io_err(&tmp))?;
+        }
+        out.sync_all().map_err(io_err(&tmp))?;
+        drop(out);
+        fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
+        Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
     pub(crate) fn write_json<T: Serialize>(&self, name: &str, v: &T) -> Result<(), RunDirError> {
         self.write_file(name, &json_bytes(v))
     }

@@ -21,7 +21,6 @@ use super::opened::OpenedRun;
 use super::verdict::{self, Provenance};
 use crate::config::campaign::Lane;
 use crate::config::contract::Contract;
-use crate::config::load::Mode;
 use crate::config::plan::Plan;
 use crate::config::workload;
 use crate::drift::Answers;
@@ -363,7 +362,7 @@ pub(crate) fn check_comparable<'a>(
     }
     for (run, plan) in [(a.run, pa), (b.run, pb)] {
         let sweep = run.shape().sweep_rates().is_some();
-        if plan.load.mode == Mode::Open || sweep {
+        if plan.load.mode.is_open() || sweep {
             return Err(ReportError::Refused(format!(
                 "{}: an open-loop run{}: compare pairs levels, cells and drift by concurrency, which open-loop rounds do not have; compare the two runs' rounds.parquet by target_rate_per_second instead (latency_from_schedule_*, good_requests_per_second)",
                 run.dir.display(),

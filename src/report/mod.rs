@@ -90,7 +90,8 @@ pub(crate) struct ServeStats {
 }
 
 /// The levels of one case in run order, each with the rounds planned at it: the plan's
-/// levels with its repetitions; under `--sweep`, the levels its rounds ran at (the
+/// levels with its repetitions (a trace's one level, for the cases its window names);
+/// under `--sweep`, the levels its rounds ran at (the
 /// synchronous round and the throughput probe one round each, each open rate the plan's
 /// repetitions).
 pub(crate) fn case_levels(
@@ -99,6 +100,14 @@ pub(crate) fn case_levels(
     rounds: &[RoundMetrics],
     case: &str,
 ) -> Vec<(Level, usize)> {
+    // A trace sends the cases its window's entries name; a case it never names has no
+    // round (its entries or none are the trace's, not the plan's budget).
+    if let Some(t) = &plan.load.trace {
+        let ci = plan.cases.iter().position(|c| c.name == case);
+        if ci.is_none_or(|ci| t.planned(ci, None) == 0) {
+            return Vec::new();
+        }
+    }
     if shape.sweep_rates().is_none() {
         return plan_levels(plan);
     }

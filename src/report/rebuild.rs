@@ -69,9 +69,10 @@ pub(crate) fn rounds_from_rows(
             .map(|f| f.sample.clone())
             .collect();
         if !samples.is_empty() {
-            let planned = match level {
-                Level::Concurrency(_) => plan.requests_per_case as u64,
-                Level::Rate(r) => plan.load.schedule(r, ci, li, Some(rep)).len() as u64,
+            let planned = match (level, &plan.load.trace) {
+                (Level::Concurrency(_), _) => plan.requests_per_case as u64,
+                (Level::Rate(_), Some(t)) => t.planned(ci, shape.shard_of()),
+                (Level::Rate(r), None) => plan.load.schedule(r, ci, li, Some(rep)).len() as u64,
             };
             let mut r = metrics::level_round_metrics(&case.name, level, rep, planned, &samples);
             r.goodput = plan

@@ -256,9 +256,14 @@ fn open_loop() -> Vec<RoundColumn> {
     fn g(r: &RoundMetrics) -> Option<&Goodput> {
         r.goodput.as_ref()
     }
-    let mut v = vec![float("achieved_rate_per_second", true, |r| {
-        o(r).and_then(|o| o.achieved_rate_per_second)
-    })];
+    let mut v = vec![
+        float("achieved_rate_per_second", true, |r| {
+            o(r).and_then(|o| o.achieved_rate_per_second)
+        }),
+        float("scheduled_rate_per_second", true, |r| {
+            o(r).and_then(|o| o.scheduled_rate_per_second)
+        }),
+    ];
     v.extend(percentiles("send_lag", |r| o(r).map(|o| &o.send_lag_us)));
     v.push(int("send_lag_max_us", true, |r| {
         o(r).and_then(|o| o.send_lag_max_us)

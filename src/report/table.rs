@@ -21,6 +21,7 @@ pub(crate) fn table(
 ) -> String {
     let cols = Cols {
         open: aggs.iter().any(|a| a.rate.is_some()),
+        trace: plan.load.trace.is_some(),
         goodput: plan.slo.is_some(),
         streams: rounds.iter().any(|r| r.stream.is_some()),
         usage: rounds
@@ -83,7 +84,19 @@ fn header(cols: Cols, closed: bool, judged: bool) -> Vec<String> {
         "p50 ms".into(),
         "p95 ms".into(),
     ];
-    if cols.open {
+    if cols.trace {
+        h.extend(
+            [
+                "svc p50 ms",
+                "sched/s",
+                "sent/s",
+                "lag p50 ms",
+                "lag p99 ms",
+                "saturated",
+            ]
+            .map(String::from),
+        );
+    } else if cols.open {
         h.extend(["svc p50 ms".into(), "lag p99 ms".into(), "saturated".into()]);
     }
     if cols.goodput {
@@ -135,6 +148,9 @@ fn column_notes(cols: Cols) -> String {
     let mut out = String::new();
     if cols.open {
         out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
+    }
+    if cols.trace {
+        out.push_str("trace: rate = the trace's recorded rate in its window at load.speedup (the level); each case's rounds are its entries of the trace round; sched/s = the rate of its intended sends (its recorded times / speedup), sent/s = of its actual sends; lag p50 = the median send's lateness (median over rounds)\n");
     }
     if cols.goodput {
         out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
@@ -198,6 +214,8 @@ fn round_warnings(rounds: &[RoundMetrics]) -> String {
 #[derive(Clone, Copy)]
 struct Cols {
     open: bool,
+    /// A trace plan: its rounds' scheduled and achieved rates and median lag too.
+    trace: bool,
     goodput: bool,
     streams: bool,
     /// Some non-streaming round's answers reported `usage`.
@@ -234,6 +252,13 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
     if cols.open {
         if a.rate.is_some() {
             row.push(fmt_ms(get("service_latency_p50_seconds").map(|s| s.median)));
+            if cols.trace {
+                let rate =
+                    |name: &str| get(name).map_or("-".into(), |s| format!("{:.1}", s.median));
+                row.push(rate("scheduled_rate_per_second"));
+                row.push(rate("achieved_rate_per_second"));
+                row.push(fmt_ms(get("send_lag_p50_seconds").map(|s| s.median)));
+            }
             row.push(fmt_ms(get("send_lag_p99_seconds").map(|s| s.median)));
             let saturated = rs
                 .iter()

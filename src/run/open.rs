@@ -59,8 +59,47 @@ pub(crate) fn load_plan(path: &Path) -> Result<(Vec<u8>, Plan), ReportError> {
         "plan",
         "a plan describes requests; it does not carry bulk data",
     )?;
-    let plan = Plan::from_json_bytes(&bytes).map_err(|e| ReportError::file(path, e))?;
+    let mut plan = Plan::from_json_bytes(&bytes).map_err(|e| ReportError::file(path, e))?;
+    attach_trace(path, &mut plan)?;
     Ok((bytes, plan))
+}
+
+/// A trace plan's trace file (`load.trace.file`, beside the plan at `plan_path`): read
+/// line by line, each entry resolved against the plan's cases, its SHA-256 checked
+/// against the plan's pin. A bad line is named `FILE:LINE: reason`.
+fn attach_trace(plan_path: &Path, plan: &mut Plan) -> Result<(), ReportError> {
+    use crate::config::load::TraceSource;
+    use crate::config::trace::{Trace, TraceError};
+    let Some(t) = &plan.load.trace else {
+        return Ok(());
+    };
+    let TraceSource::File { path, sha256 } = &t.source else {
+        return Ok(());
+    };
+    let file = trace_path(plan_path, path);
+    let f = std::fs::File::open(&file).map_err(|e| {
+        ReportError::file(
+            &file,
+            format!("cannot read the plan's trace (load.trace.file): {e}"),
+        )
+    })?;
+    let names = crate::config::trace_names(&plan.cases, t.synthetic_rules);
+    let trace = Trace::read(std::io::BufReader::new(f), &names, sha256).map_err(|e| match e {
+        TraceError::Line { line, fault } => {
+            ReportError::Refused(format!("{}:{line}: {fault}", file.display()))
+        }
+        other => ReportError::file(&file, other),
+    })?;
+    plan.load.attach_trace(trace);
+    Ok(())
+}
+
+/// Where a plan's `load.trace.file` is: relative to the plan's folder.
+pub(crate) fn trace_path(plan_path: &Path, file: &str) -> PathBuf {
+    plan_path
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join(file)
 }
 
 /// A finished run folder as every later command reads it: what it holds is an

@@ -211,6 +211,7 @@ fn create_run(input: &ReplayInput) -> Result<Created, RunError> {
         None => create_run_dir(out, input.output.default_name)?,
     };
     dir.write_file(rundir::PLAN, &plan.bytes)?;
+    copy_trace(plan, &dir)?;
     let rid = run_id(input.started_at_us);
     let run_t0_ns = clock::now_ns();
     // The shared start on this process's run clock: `summarize OUT` puts every shard's
@@ -254,6 +255,26 @@ fn create_run(input: &ReplayInput) -> Result<Created, RunError> {
         config,
         shard_start_ns,
     })
+}
+
+/// A trace plan's trace file, copied into the run at the same place beside its plan.json
+/// (as the run keeps plan.json), so the run reads back alone; refused when the copy is not
+/// the file the plan pins (it changed since it was read).
+fn copy_trace(plan: &PlanInput, dir: &RunDir) -> Result<(), RunError> {
+    use crate::config::load::TraceSource;
+    let Some(TraceSource::File { path, sha256 }) = plan.plan.load.trace.as_ref().map(|t| &t.source)
+    else {
+        return Ok(());
+    };
+    let from = crate::run::open::trace_path(&plan.path, path);
+    let got = dir.copy_in(path, &from)?;
+    if &got != sha256 {
+        return Err(RunError::Usage(format!(
+            "{}: changed while the run started (its SHA-256 is now {got}, the plan pins {sha256}); run again with the trace the plan pins",
+            from.display()
+        )));
+    }
+    Ok(())
 }
 
 /// config.json's keys of a replay run beyond the plan's.

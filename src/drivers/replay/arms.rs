@@ -13,6 +13,7 @@ use super::ctx::{Base, Ctx, Slot};
 use super::launch::{self, GpuSample, LaunchError, Sampler, Server, Who};
 use super::open::OpenPool;
 use super::phases::{At, Senders, feasibility, measured_round, prelude};
+use super::trace::trace_round;
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
 use crate::config::plan::Plan;
@@ -490,6 +491,9 @@ async fn measure(
     runs: &mut [ArmRun],
     rounds: &mut Vec<RoundMetrics>,
 ) {
+    if plan.load.trace.is_some() {
+        return measure_trace(plan, runs, rounds).await;
+    }
     for ci in 0..plan.cases.len() {
         match base.shape.sweep_rates() {
             Some(n) => sweep(base, plan, runs, rounds, ci, n).await,
@@ -501,6 +505,24 @@ async fn measure(
             }
         }
     }
+}
+
+/// A trace plan's rounds: each repetition sends the whole window once, every case in the
+/// trace's order; its rounds are reported per case, case by case (the order `summarize`
+/// rebuilds them in). Trace plans have no arms (validation refuses them in a campaign).
+async fn measure_trace(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundMetrics>) {
+    let mut got: Vec<(usize, usize, RoundMetrics)> = Vec::new();
+    for rep in 0..plan.repetitions {
+        for a in runs.iter_mut() {
+            let Some(ctx) = a.live().cloned() else {
+                continue;
+            };
+            let case_rounds = trace_round(&ctx, &a.pool, rep, &mut a.excluded).await;
+            got.extend(case_rounds.into_iter().map(|(ci, r)| (ci, rep, r)));
+        }
+    }
+    got.sort_by_key(|(ci, rep, _)| (*ci, *rep));
+    rounds.extend(got.into_iter().map(|(_, _, r)| r));
 }
 
 /// GuideLLM's sweep for case `ci`: one closed round at c = 1 (the synchronous rate), one

@@ -18,6 +18,7 @@ mod exchange;
 mod launch;
 mod open;
 mod phases;
+mod trace;
 mod wave;
 
 use std::collections::BTreeMap;

@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex};
 use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, exchange};
 use crate::clock;
+use crate::config::load::Pick;
+use crate::config::trace::Send;
 use crate::metrics::Sample;
 use crate::model::Phase;
 use crate::record::RecordError;
@@ -67,31 +69,109 @@ impl OpenPool {
 
 /// What one open wave sends.
 pub(super) struct OpenWave {
-    pub(super) case: usize,
     pub(super) phase: Phase,
+    /// The level the rows record (`target_rate_per_second`).
     pub(super) rate: f64,
     pub(super) repetition: Option<usize>,
-    /// Offsets (µs) from the wave's start, ascending.
-    pub(super) schedule: Vec<u64>,
-    /// `(i, n)`: send only the arrivals whose index is `i` modulo `n`.
-    pub(super) shard: Option<(usize, usize)>,
+    pub(super) arrivals: Arrivals,
     /// The wave's start on the monotonic clock; `None`: 2 ms from now.
     pub(super) start_ns: Option<u64>,
+}
+
+/// A wave's arrivals, in the order they are due.
+pub(super) enum Arrivals {
+    /// A seeded schedule of one case: arrival `i` at `schedule[i]` µs sends variant
+    /// `i mod variants`; under `shard` `(k, n)`, only the arrivals whose index is `k`
+    /// modulo `n`.
+    Schedule {
+        case: usize,
+        schedule: Vec<u64>,
+        shard: Option<(usize, usize)>,
+    },
+    /// A trace round: each pick its entry, at its offset (a shard's picks already
+    /// chosen); picks within the warm-up seconds are sent as `warmup`.
+    Trace(Vec<Pick>),
 }
 
 impl OpenWave {
     /// How many arrivals this process sends.
     pub(super) fn planned(&self) -> u64 {
-        crate::config::load::shard_share(self.schedule.len(), self.shard)
+        match &self.arrivals {
+            Arrivals::Schedule {
+                schedule, shard, ..
+            } => crate::config::load::shard_share(schedule.len(), *shard),
+            Arrivals::Trace(picks) => picks.len() as u64,
+        }
     }
+
+    /// Arrival `i` if this process sends it: its offset and what it sends.
+    fn arrival(&self, ctx: &Ctx, i: usize) -> Option<(u64, Dispatch)> {
+        let mut d = Dispatch {
+            phase: self.phase,
+            case: None,
+            variant: 0,
+            concurrency: None,
+            repetition: self.repetition.map(|r| r as i32),
+            dispatch_index: i as i64,
+            worker: 0,
+            rate: Some(self.rate),
+            scheduled_offset_us: None,
+        };
+        match &self.arrivals {
+            Arrivals::Schedule {
+                case,
+                schedule,
+                shard,
+            } => {
+                if shard.is_some_and(|(k, n)| i % n != k) {
+                    return None;
+                }
+                d.case = Some(*case);
+                d.variant = i % ctx.plan.cases[*case].variants.len();
+                schedule.get(i).map(|&off| (off, d))
+            }
+            Arrivals::Trace(picks) => {
+                let p = picks.get(i)?;
+                let t = ctx.plan.load.trace.as_ref()?;
+                let entry = t.entries.as_ref()?.entries.get(p.entry as usize)?;
+                d.dispatch_index = i64::from(p.entry);
+                if p.warmup {
+                    d.phase = Phase::Warmup;
+                }
+                match entry.send {
+                    Send::Variant { case, variant } => {
+                        d.case = Some(case as usize);
+                        d.variant = variant as usize;
+                    }
+                    Send::Synthetic { .. } => d.case = Some(t.case_of(p.entry)),
+                }
+                Some((p.offset_us, d))
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.arrivals {
+            Arrivals::Schedule { schedule, .. } => schedule.len(),
+            Arrivals::Trace(picks) => picks.len(),
+        }
+    }
+}
+
+/// One sent arrival: its case and phase (a trace round's sends span cases and its
+/// warm-up), and what the metrics need.
+pub(super) struct Sent {
+    pub(super) case: usize,
+    pub(super) phase: Phase,
+    pub(super) sample: Sample,
 }
 
 /// Lead time between computing a wave's start and its first arrival, so that the first
 /// send is not already late.
 const LEAD_NS: u64 = 2_000_000;
 
-/// Run one open wave; its samples in no particular order.
-pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave) -> Vec<Sample> {
+/// Run one open wave; its sends in no particular order.
+pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave) -> Vec<Sent> {
     let run_t0 = ctx.base.run.run_t0_ns;
     let start_ns = w.start_ns.unwrap_or_else(|| clock::now_ns() + LEAD_NS);
     // Whole microseconds on the run's clock, so a recorded `scheduled_offset_us` minus
@@ -103,10 +183,10 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
     let (ctx2, pool2) = (ctx.clone(), pool.clone());
     let pacer = tokio::task::spawn_blocking(move || {
         let mut tasks = Vec::with_capacity(w.planned() as usize);
-        for (i, &off) in w.schedule.iter().enumerate() {
-            if w.shard.is_some_and(|(k, n)| i % n != k) {
+        for i in 0..w.len() {
+            let Some((off, d)) = w.arrival(&ctx2, i) else {
                 continue;
-            }
+            };
             if !sleep_until(base_ns.saturating_add(off.saturating_mul(1000)), &ctx2) {
                 break;
             }
@@ -116,26 +196,23 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
                 break;
             };
             let d = Dispatch {
-                phase: w.phase,
-                case: Some(w.case),
-                variant: i % ctx2.plan.cases[w.case].variants.len(),
-                concurrency: None,
-                repetition: w.repetition.map(|r| r as i32),
-                dispatch_index: i as i64,
-                worker: 0,
-                rate: Some(w.rate),
                 scheduled_offset_us: Some(
                     i64::try_from(start_us.saturating_add(off)).unwrap_or(i64::MAX),
                 ),
+                ..d
             };
             let (ctx, pool) = (ctx2.clone(), pool2.clone());
             tasks.push(handle.spawn(async move {
                 let (worker, mut slot) = pool.take();
                 let d = Dispatch { worker, ..d };
-                let s = exchange(&ctx, &mut slot, d, &mut Rows::new(1)).await;
+                let sample = exchange(&ctx, &mut slot, d, &mut Rows::new(1)).await;
                 pool.put(worker, slot);
                 drop(permit);
-                s
+                Sent {
+                    case: d.case.unwrap_or(0),
+                    phase: d.phase,
+                    sample,
+                }
             }));
         }
         tasks

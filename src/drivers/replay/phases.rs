@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, exchange};
-use super::open::{OpenPool, OpenWave, open_wave};
+use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
 use super::wave::{LagProbe, cores, wave};
 use crate::clock;
 use crate::metrics::PhaseCounts;
@@ -46,6 +46,9 @@ pub(super) async fn prelude(
     .await;
     excluded.entry(Phase::Health).or_default().add(&s);
     drop(health_slot);
+    if plan.load.trace.is_some() {
+        return trace_readiness(ctx, slots, excluded).await;
+    }
 
     for phase in [Phase::Readiness, Phase::Warmup] {
         let per_variant = if phase == Phase::Readiness {
@@ -87,6 +90,54 @@ pub(super) async fn prelude(
     !ctx.stopped()
 }
 
+/// A trace plan's readiness: the window's first entry, once (the server is up and
+/// answers it). No warm-up per variant: the window's first `warmup_seconds` are sent
+/// within each round, at the trace's own pace.
+async fn trace_readiness(
+    ctx: &Arc<Ctx>,
+    slots: &mut [Slot],
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) -> bool {
+    let first = ctx
+        .plan
+        .load
+        .trace
+        .as_ref()
+        .and_then(|t| t.picks(None).first().copied().map(|p| (t, p)));
+    let Some((t, pick)) = first else {
+        return !ctx.stopped();
+    };
+    let variant = match t
+        .entries
+        .as_ref()
+        .and_then(|e| e.entries.get(pick.entry as usize))
+    {
+        Some(e) => match e.send {
+            crate::config::trace::Send::Variant { variant, .. } => variant as usize,
+            crate::config::trace::Send::Synthetic { .. } => 0,
+        },
+        None => 0,
+    };
+    ctx.base.progress.set_message(label(ctx, "readiness"));
+    if ctx.stopped() {
+        return false;
+    }
+    let d = Dispatch {
+        phase: Phase::Readiness,
+        case: Some(t.case_of(pick.entry)),
+        variant,
+        concurrency: Some(1),
+        repetition: None,
+        dispatch_index: i64::from(pick.entry),
+        worker: 0,
+        rate: None,
+        scheduled_offset_us: None,
+    };
+    let s = exchange(ctx, &mut slots[0], d, &mut Rows::new(1)).await;
+    excluded.entry(Phase::Readiness).or_default().add(&s);
+    !ctx.stopped()
+}
+
 /// A progress message, with the arm's name in a campaign.
 pub(super) fn label(ctx: &Ctx, what: &str) -> String {
     match &ctx.arm {
@@ -116,21 +167,8 @@ impl At {
     /// a shard's share of it, at its place in the shared timetable.
     pub(super) fn open_wave(self, ctx: &Ctx, rate: f64, rep: Option<usize>) -> OpenWave {
         let schedule = ctx.plan.load.schedule(rate, self.ci, self.li, rep);
-        let start_ns = match &ctx.base.timetable {
-            None => None,
-            Some(t) => {
-                let start = t.next_start(schedule.last().copied().unwrap_or(0));
-                let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
-                if let (true, Some((i, n))) = (late_ms > 0.0, ctx.base.shape.shard_of()) {
-                    ctx.base.progress.println(format!(
-                        "warning: shard {i}/{n}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded"
-                    ));
-                }
-                Some(start)
-            }
-        };
+        let start_ns = timetable_start(ctx, schedule.last().copied().unwrap_or(0));
         OpenWave {
-            case: self.ci,
             phase: if rep.is_some() {
                 Phase::Measured
             } else {
@@ -138,11 +176,28 @@ impl At {
             },
             rate,
             repetition: rep,
-            schedule,
-            shard: ctx.base.shape.shard_of(),
+            arrivals: Arrivals::Schedule {
+                case: self.ci,
+                schedule,
+                shard: ctx.base.shape.shard_of(),
+            },
             start_ns,
         }
     }
+}
+
+/// Under `--shard`, the next wave's start in the shared timetable (a wave whose
+/// schedule spans `span_us`), said when this shard reaches it late; `None` otherwise.
+pub(super) fn timetable_start(ctx: &Ctx, span_us: u64) -> Option<u64> {
+    let t = ctx.base.timetable.as_ref()?;
+    let start = t.next_start(span_us);
+    let late_ms = clock::now_ns().saturating_sub(start) as f64 / 1e6;
+    if let (true, Some((i, n))) = (late_ms > 0.0, ctx.base.shape.shard_of()) {
+        ctx.base.progress.println(format!(
+            "warning: shard {i}/{n}: a wave starts {late_ms:.0} ms after its place in the timetable (the prelude or the previous wave overran it); its sends are late, and their lag is recorded"
+        ));
+    }
+    Some(start)
 }
 
 /// The excluded feasibility wave of a level: one closed wave of min(c, n), or an open
@@ -176,7 +231,11 @@ pub(super) async fn feasibility(
             )
             .await
         }
-        Level::Rate(r) => open_wave(ctx, senders.pool, at.open_wave(ctx, r, None)).await,
+        Level::Rate(r) => open_wave(ctx, senders.pool, at.open_wave(ctx, r, None))
+            .await
+            .into_iter()
+            .map(|s| s.sample)
+            .collect(),
     };
     let counts = excluded.entry(Phase::Feasibility).or_default();
     samples.iter().for_each(|s| counts.add(s));
@@ -245,7 +304,8 @@ pub(super) async fn measured_round(
     let (samples, planned) = match work {
         Work::Open(w) => {
             let planned = w.planned();
-            (open_wave(ctx, senders.pool, w).await, planned)
+            let sent = open_wave(ctx, senders.pool, w).await;
+            (sent.into_iter().map(|s| s.sample).collect(), planned)
         }
         Work::Closed(c) => {
             let n = ctx.plan.requests_per_case;

@@ -274,6 +274,7 @@ pub(crate) struct TokensPerSecond {
 pub(crate) struct OpenLoop {
     pub(crate) target_rate_per_second: f64,
     pub(crate) achieved_rate_per_second: Option<f64>,
+    pub(crate) scheduled_rate_per_second: Option<f64>,
     pub(crate) send_lag_seconds: Pct,
     pub(crate) send_lag_max_seconds: Option<f64>,
     pub(crate) latency_from_schedule_seconds: Pct,
@@ -466,6 +467,7 @@ fn open_loop_doc(r: &RoundMetrics) -> Option<OpenLoop> {
     r.open.as_ref().map(|o| OpenLoop {
         target_rate_per_second: o.target_rate_per_second,
         achieved_rate_per_second: o.achieved_rate_per_second,
+        scheduled_rate_per_second: o.scheduled_rate_per_second,
         send_lag_seconds: Pct::of(&o.send_lag_us),
         send_lag_max_seconds: secs(o.send_lag_max_us),
         latency_from_schedule_seconds: Pct::of(&o.latency_from_schedule_us),

@@ -1,0 +1,139 @@
+//! One round of a trace plan (`load.mode "trace"`): the window's entries sent at their
+//! recorded offsets divided by `speedup`, every case in the trace's order, by the same
+//! pacer as an open loop (`open.rs`: absolute instants, `max_in_flight`, latency from the
+//! intended send). The window's first `warmup_seconds` go out as `warmup` and are
+//! excluded; the rest are the round, reported per case at the trace's level (its
+//! recorded rate: `TraceLoad::rate`), in the order `summarize` rebuilds them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::ctx::Ctx;
+use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
+use super::phases::{label, timetable_start, wait_until};
+use super::wave::{LagProbe, cores};
+use crate::clock;
+use crate::metrics::{self, GeneratorLoad, PhaseCounts, RoundMetrics, Sample};
+use crate::model::{Level, Phase};
+
+/// A trace round's rounds, one per case it sent, each with its case's index.
+pub(super) type CaseRounds = Vec<(usize, RoundMetrics)>;
+
+/// Run repetition `rep` of the plan's trace; its warm-up sends are counted in `excluded`.
+pub(super) async fn trace_round(
+    ctx: &Arc<Ctx>,
+    pool: &Arc<OpenPool>,
+    rep: usize,
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) -> CaseRounds {
+    let Some(t) = ctx.plan.load.trace.as_ref() else {
+        return Vec::new();
+    };
+    let shard = ctx.base.shape.shard_of();
+    let picks = t.picks(shard);
+    let rate = t.rate();
+    let start_ns = timetable_start(ctx, picks.last().map_or(0, |p| p.offset_us));
+    ctx.base.progress.set_message(label(
+        ctx,
+        &format!(
+            "trace round {} ({} sends at {}x)",
+            rep + 1,
+            picks.len(),
+            t.speedup
+        ),
+    ));
+    let wave = OpenWave {
+        phase: Phase::Measured,
+        rate,
+        repetition: Some(rep),
+        arrivals: Arrivals::Trace(picks),
+        start_ns,
+    };
+    if let Some(start) = start_ns {
+        wait_until(ctx, start.saturating_sub(5_000_000)).await;
+    }
+    let recorder = &ctx.base.run.recorder;
+    if ctx.base.record_exchanges {
+        recorder.hold();
+    }
+    let probe = LagProbe::start();
+    let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
+    let sent = open_wave(ctx, pool, wave).await;
+    let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
+    let lags = probe.stop().await;
+    if ctx.base.record_exchanges
+        && let Err(e) = recorder.release().await
+    {
+        ctx.base.run.record_failed(e);
+        ctx.halt();
+    }
+    let mut by_case: BTreeMap<usize, Vec<Sample>> = BTreeMap::new();
+    for s in sent {
+        if s.phase == Phase::Warmup {
+            excluded.entry(Phase::Warmup).or_default().add(&s.sample);
+        } else {
+            by_case.entry(s.case).or_default().push(s.sample);
+        }
+    }
+    let spent = (cpu1.saturating_sub(cpu0), wall1.saturating_sub(wall0));
+    by_case
+        .into_iter()
+        .map(|(ci, samples)| {
+            let planned = t.planned(ci, shard);
+            let round = case_round(ctx, ci, Level::Rate(rate), rep, planned, &samples);
+            (ci, with_generator(ctx, round, spent, lags.clone(), rep))
+        })
+        .collect()
+}
+
+/// The round of case `ci` within a trace round, as `summarize` rebuilds it from the rows.
+fn case_round(
+    ctx: &Ctx,
+    ci: usize,
+    level: Level,
+    rep: usize,
+    planned: u64,
+    samples: &[Sample],
+) -> RoundMetrics {
+    let name = &ctx.plan.cases[ci].name;
+    let mut round = metrics::level_round_metrics(name, level, rep, planned, samples);
+    round.goodput = ctx
+        .plan
+        .slo
+        .as_ref()
+        .map(|slo| metrics::goodput(samples, slo, round.elapsed_seconds));
+    round.arm = ctx.arm.as_deref().map(str::to_string);
+    round
+}
+
+/// The generator's load over the whole trace round (`spent`: CPU and wall ns), on each
+/// case's round; a saturated case says so.
+fn with_generator(
+    ctx: &Ctx,
+    mut round: RoundMetrics,
+    (cpu_ns, wall_ns): (u64, u64),
+    lags: Vec<i64>,
+    rep: usize,
+) -> RoundMetrics {
+    let load = GeneratorLoad::new((cpu_ns, wall_ns, cores()), lags, round.total_us.p50);
+    if let Some(w) = &load.warning {
+        ctx.base.progress.println(format!(
+            "warning: {} trace round {}: {w}",
+            round.case_name,
+            rep + 1
+        ));
+    }
+    if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
+        ctx.base.progress.println(format!(
+            "warning: {} trace round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower load.speedup",
+            round.case_name,
+            rep + 1,
+            o.late_sends,
+            round.attempted_requests,
+            metrics::SATURATION_LAG_US / 1000,
+            o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
+        ));
+    }
+    round.generator = Some(load);
+    round
+}
