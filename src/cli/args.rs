@@ -394,6 +394,11 @@ pub struct FreezeArgs {
     #[arg(long, value_name = "FILE")]
     pub metadata: Option<PathBuf>,
     /// Concurrency levels of the plan.
+    /// Write a trace plan (load.mode "trace"): one entry per frozen exchange at its
+    /// recorded start, so a replay sends them at the times they arrived (one RUN; more
+    /// than 10,000 entries go to OUT's stem + `.trace.jsonl` beside it).
+    #[arg(long, conflicts_with_all = ["concurrency", "requests_per_case", "warmup_per_case"])]
+    pub keep_timing: bool,
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub concurrency: Vec<usize>,
     /// Requests per case and level. Default: the smallest multiple of the variant count

@@ -20,7 +20,21 @@ const MAX_METADATA_BYTES: u64 = 1 << 20;
 
 pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     check_out(args.out.as_deref())?;
-    let opts = options(args)?;
+    let trace_path = args
+        .out
+        .as_deref()
+        .filter(|_| args.keep_timing)
+        .map(trace_beside);
+    check_new("--out", trace_path.as_deref())?;
+    let mut opts = options(args)?;
+    if args.keep_timing {
+        opts.keep_timing = Some(
+            trace_path
+                .as_deref()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned()),
+        );
+    }
     let frozen = freeze::freeze(&opts).map_err(|e| match e {
         FreezeError::Run(e) => report_error(e),
         refused => usage(refused.to_string()),
@@ -28,8 +42,21 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     for line in &frozen.lines {
         eprintln!("matrix-proxy: {line}");
     }
+    if let (Some(t), Some(path)) = (&frozen.trace, &trace_path) {
+        write_new("--out", path, &t.bytes)?;
+        eprintln!("matrix-proxy: wrote {}", path.display());
+    }
     emit(args.out.as_deref(), &frozen.plan)?;
     Ok(Exit::Ok)
+}
+
+/// Where a trace plan's trace file goes: beside the plan, its stem + `.trace.jsonl`
+/// (`capture.json` -> `capture.trace.jsonl`).
+pub(super) fn trace_beside(plan: &Path) -> std::path::PathBuf {
+    let stem = plan
+        .file_stem()
+        .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
+    plan.with_file_name(format!("{stem}.trace.jsonl"))
 }
 
 /// Refuse an `--out` that exists or whose folder does not, before anything is read.
@@ -155,6 +182,7 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         bearer_token_env: args.bearer_token_env.clone(),
         name: args.name.clone(),
         metadata,
+        keep_timing: None,
         budget,
     })
 }

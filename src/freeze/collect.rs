@@ -188,16 +188,20 @@ impl Collected {
         *self.skipped.entry(reason.to_string()).or_insert(0) += 1;
     }
 
-    /// Keep `row` (as a new request or as a repeat of one) or count why not. `Err`: the
-    /// row would be frozen but its URL cannot be read (every such row would become one
-    /// path), so the freeze is refused, with the reason.
-    pub(crate) fn take(&mut self, row: ExchangeRow) -> Result<(), UnreadableUrl> {
+    /// Keep `row` (as a new request or as a repeat of one) or count why not; the case
+    /// and variant it is kept as. `Err`: the row would be frozen but its URL cannot be
+    /// read (every such row would become one path), so the freeze is refused, with the
+    /// reason.
+    pub(crate) fn take(
+        &mut self,
+        row: ExchangeRow,
+    ) -> Result<Option<(usize, usize)>, UnreadableUrl> {
         self.rows += 1;
         let status = match completed(&row) {
             Ok(s) => s,
             Err(reason) => {
                 self.skip(reason);
-                return Ok(());
+                return Ok(None);
             }
         };
         let path = origin_form(&row.url).ok_or_else(|| UnreadableUrl {
@@ -210,11 +214,13 @@ impl Collected {
                     prompt_tokens: row.prompt_tokens_planned,
                     source_name: row.variant,
                 };
-                self.add(key, body, answer, source);
+                Ok(Some(self.add(key, body, answer, source)))
             }
-            Err(reason) => self.skip(reason),
+            Err(reason) => {
+                self.skip(reason);
+                Ok(None)
+            }
         }
-        Ok(())
     }
 
     fn key_and_answer(
@@ -293,9 +299,9 @@ impl Collected {
         kept.into_iter().map(|(k, v)| (k, v.join(", "))).collect()
     }
 
-    /// Add a kept request: a new variant of its case, or a repeat of one. `source`: what
-    /// the replayed plan said of it.
-    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, source: Planned) {
+    /// Add a kept request: a new variant of its case, or a repeat of one (its case and
+    /// variant). `source`: what the replayed plan said of it.
+    fn add(&mut self, key: CaseKey, body: Body, answer: Answer, source: Planned) -> (usize, usize) {
         let Planned {
             prompt_tokens,
             source_name,
@@ -330,6 +336,7 @@ impl Collected {
                     source_name,
                 });
                 self.index.insert((case, identity), variants.len() - 1);
+                (case, variants.len() - 1)
             }
             Some(&v) => {
                 let var = &mut variants[v];
@@ -340,6 +347,7 @@ impl Collected {
                     var.differed += 1;
                     var.first_difference.get_or_insert(at);
                 }
+                (case, v)
             }
         }
     }
@@ -519,6 +527,7 @@ mod tests {
     fn row(body: &str, answer: &str) -> ExchangeRow {
         ExchangeRow {
             exchange_id: 0,
+            start_offset_us: 0,
             phase: "live".into(),
             arm: None,
             outcome: "ok".into(),
@@ -550,14 +559,15 @@ mod tests {
         let a = |id: u32, text: &str| {
             json!({"id": format!("c{id}"), "choices": [{"message": {"content": text}}]}).to_string()
         };
-        c.take(row(r#"{"p": 1}"#, &a(1, "x"))).unwrap();
+        // Each kept row says the case and variant it is kept as (a trace's entries).
+        assert_eq!(c.take(row(r#"{"p": 1}"#, &a(1, "x"))), Ok(Some((0, 0))));
         // The same JSON written with other spacing is the same request.
-        c.take(row(r#"{ "p" : 1 }"#, &a(2, "x"))).unwrap();
-        c.take(row(r#"{"p": 2}"#, &a(3, "y"))).unwrap();
-        c.take(row(r#"{"p": 2}"#, &a(4, "z"))).unwrap();
+        assert_eq!(c.take(row(r#"{ "p" : 1 }"#, &a(2, "x"))), Ok(Some((0, 0))));
+        assert_eq!(c.take(row(r#"{"p": 2}"#, &a(3, "y"))), Ok(Some((0, 1))));
+        assert_eq!(c.take(row(r#"{"p": 2}"#, &a(4, "z"))), Ok(Some((0, 1))));
         let mut failed = row(r#"{"p": 3}"#, "{}");
         failed.status = Some(500);
-        c.take(failed).unwrap();
+        assert_eq!(c.take(failed), Ok(None));
         let mut cut = row(r#"{"p": 3}"#, "{}");
         cut.response_body_truncated = true;
         c.take(cut).unwrap();
@@ -573,7 +583,7 @@ mod tests {
         broken.url = "http://[::1".into();
         let mut broken_failed = broken.clone();
         broken_failed.status = Some(502);
-        assert_eq!(other.take(broken_failed), Ok(()));
+        assert_eq!(other.take(broken_failed), Ok(None));
         let err = other.take(broken).unwrap_err();
         assert!(
             err.to_string()

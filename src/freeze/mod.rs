@@ -10,6 +10,7 @@
 
 mod collect;
 mod evidence;
+mod timing;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
+pub(crate) use timing::TraceFile;
 pub(crate) use write::{Budget, Head, PlanBytesError, fill_metadata, head_map, plan_bytes};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
@@ -40,6 +42,9 @@ pub(crate) struct Options {
     /// `--metadata FILE`, read.
     pub(crate) metadata: Option<Map<String, Value>>,
     pub(crate) budget: Budget,
+    /// `--keep-timing`: a trace plan, its entries in a file of this name beside the plan
+    /// when they are too many to sit in it (`Some(None)`: no file can be written).
+    pub(crate) keep_timing: Option<Option<String>>,
 }
 
 /// A frozen plan and what the freeze has to say about it.
@@ -49,6 +54,8 @@ pub(crate) struct Frozen {
     pub(crate) plan: Vec<u8>,
     /// Lines for stderr: what was frozen, left out, guessed or found nondeterministic.
     pub(crate) lines: Vec<String>,
+    /// `--keep-timing`'s trace file, to be written beside the plan.
+    pub(crate) trace: Option<TraceFile>,
 }
 
 /// Why a freeze cannot be made.
@@ -112,7 +119,11 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     let mut content: Vec<String> = sources.iter().map(|s| s.decisions.clone()).collect();
     content.dedup();
     let mut collected = collect::Collected::new(content);
-    let passed = collect_rows(&sources, &mut collected)?;
+    if opts.keep_timing.is_some() {
+        refuse_timing(&sources)?;
+    }
+    let mut timed = opts.keep_timing.as_ref().map(|_| Vec::new());
+    let passed = collect_rows(&sources, &mut collected, timed.as_mut())?;
     if collected.cases.is_empty() {
         return Err(FreezeError::Refused(format!(
             "no exchange of {} can be frozen ({} read; {}): a plan needs at least one request answered 2xx with its whole body recorded",
@@ -136,16 +147,84 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         metadata,
     };
     let budget = budget(opts, &collected, &mut lines);
-    let value = write::plan_json(&head, &budget, &collected.cases);
+    let mut value = write::plan_json(&head, &budget, &collected.cases);
+    let trace = match (timed, &opts.keep_timing) {
+        (Some(timed), Some(file)) => Some(keep_timing(&mut value, timed, file.as_deref())?),
+        _ => None,
+    };
     let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES)
         .map_err(FreezeError::TooLarge)?;
     drop(value);
+    let trace = match trace {
+        Some(t) => {
+            check_trace(&plan, t.file.as_ref())?;
+            lines.push(t.line);
+            t.file
+        }
+        None => None,
+    };
     match Plan::from_json_bytes(&plan) {
         Err(e) => return Err(FreezeError::Invalid(e)),
         Ok(p) => lines.extend(p.unmeasured_variants()),
     }
     report(&collected, &mut lines, passed);
-    Ok(Frozen { plan, lines })
+    Ok(Frozen { plan, lines, trace })
+}
+
+/// `--keep-timing` reads one run's clock: several runs' clocks do not line up, and a
+/// sharded run's shards each have their own.
+fn refuse_timing(sources: &[Source]) -> Result<(), FreezeError> {
+    if sources.len() > 1 {
+        return Err(FreezeError::Refused(
+            "--keep-timing takes one RUN: each run has its own clock, so the exchanges of several cannot be put on one timeline; freeze each run with --keep-timing".into(),
+        ));
+    }
+    if sources.iter().any(|s| s.run.is_sharded()) {
+        return Err(FreezeError::Refused(
+            "--keep-timing does not take a sharded run: freeze the unsharded capture (serve's run) with it".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The frozen plan `value` made a trace plan of the `timed` exchanges.
+fn keep_timing(
+    value: &mut Value,
+    timed: Vec<timing::Timed>,
+    file: Option<&str>,
+) -> Result<timing::TraceLoad, FreezeError> {
+    let cases = value
+        .get("cases")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let t = timing::trace_load(timed, &cases, file).map_err(FreezeError::Refused)?;
+    if let Value::Object(m) = std::mem::take(value) {
+        *value = Value::Object(timing::as_trace_plan(m, t.load.clone()));
+    }
+    Ok(t)
+}
+
+/// A trace plan's file entries, read back against the plan they belong to: every entry
+/// names a case and variant the plan has.
+fn check_trace(plan: &[u8], file: Option<&TraceFile>) -> Result<(), FreezeError> {
+    let (Ok(p), Some(f)) = (Plan::from_json_bytes(plan), file) else {
+        return Ok(());
+    };
+    let Some(t) = &p.load.trace else {
+        return Ok(());
+    };
+    let crate::config::load::TraceSource::File { sha256, .. } = &t.source else {
+        return Ok(());
+    };
+    let names = crate::config::trace_names(&p.cases, t.synthetic_rules);
+    crate::config::trace::Trace::read(f.bytes.as_slice(), &names, sha256)
+        .map(|_| ())
+        .map_err(|e| {
+            FreezeError::Refused(format!(
+                "internal: the trace freeze wrote does not read back against its plan: {e}"
+            ))
+        })
 }
 
 /// Rows read but passed over as no workload of the frozen arm.
@@ -162,6 +241,7 @@ struct Passed {
 fn collect_rows(
     sources: &[Source],
     collected: &mut collect::Collected,
+    mut timed: Option<&mut Vec<timing::Timed>>,
 ) -> Result<Passed, FreezeError> {
     let mut passed = Passed::default();
     for s in sources {
@@ -185,12 +265,28 @@ fn collect_rows(
                         && collect::origin_form(&row.url).as_deref() == Some(health_path))
                 {
                     passed.health += 1;
-                } else if let Err(source) = collected.take(row) {
-                    refused = Some(FreezeError::Damaged {
-                        part: part.display().to_string(),
-                        id,
-                        source,
-                    });
+                } else {
+                    let start_offset_us = row.start_offset_us;
+                    match collected.take(row) {
+                        Err(source) => {
+                            refused = Some(FreezeError::Damaged {
+                                part: part.display().to_string(),
+                                id,
+                                source,
+                            });
+                        }
+                        Ok(Some((case, variant))) => {
+                            if let Some(t) = timed.as_deref_mut() {
+                                t.push(timing::Timed {
+                                    start_offset_us,
+                                    exchange_id: id,
+                                    case,
+                                    variant,
+                                });
+                            }
+                        }
+                        Ok(None) => {}
+                    }
                 }
             })
             .map_err(ReportError::Rows)?;
@@ -232,7 +328,8 @@ fn bearer_env(
 /// `lines`).
 fn budget(opts: &Options, collected: &collect::Collected, lines: &mut Vec<String>) -> Budget {
     let mut budget = opts.budget.clone();
-    if budget.requests_per_case.is_none() {
+    // A trace plan has no closed-loop budget: its entries are its load.
+    if budget.requests_per_case.is_none() && opts.keep_timing.is_none() {
         let counts: Vec<usize> = collected.cases.iter().map(|c| c.variants.len()).collect();
         let highest = budget.concurrency.iter().copied().max().unwrap_or(1);
         let n = crate::config::plan::covering_requests_per_case(&counts, highest);

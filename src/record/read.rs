@@ -560,6 +560,8 @@ pub(crate) fn answer_rows(
 pub(crate) struct ExchangeRow {
     /// Unique within a run's (or a shard's) `exchanges/`.
     pub(crate) exchange_id: i64,
+    /// When it started, on the run's clock (µs).
+    pub(crate) start_offset_us: i64,
     pub(crate) phase: String,
     pub(crate) arm: Option<String>,
     pub(crate) outcome: String,
@@ -590,8 +592,9 @@ pub(crate) fn for_each_exchange(
     exchanges: &Path,
     mut visit: impl FnMut(&Path, ExchangeRow),
 ) -> Result<(), ReadError> {
-    const WANT: [&str; 16] = [
+    const WANT: [&str; 17] = [
         "exchange_id",
+        "start_offset_us",
         "prompt_tokens_planned",
         "variant",
         "phase",
@@ -633,11 +636,13 @@ pub(crate) fn for_each_exchange(
             let planned = optional_column::<Int64Array>(&b, "prompt_tokens_planned");
             let variant = optional_column::<StringArray>(&b, "variant");
             let id = column::<Int64Array>(&b, "exchange_id", &part)?;
+            let start = column::<Int64Array>(&b, "start_offset_us", &part)?;
             for i in 0..b.num_rows() {
                 visit(
                     &part,
                     ExchangeRow {
                         exchange_id: id.value(i),
+                        start_offset_us: start.value(i),
                         prompt_tokens_planned: planned
                             .filter(|p| p.is_valid(i))
                             .map(|p| p.value(i)),
