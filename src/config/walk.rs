@@ -751,6 +751,83 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_load_resolves_its_inline_entries_and_says_every_problem() {
+        let p = plan(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "speedup": 2, "warmup_seconds": 0.1,
+              "start_offset_seconds": 1, "end_offset_seconds": 4,
+              "trace": {{"entries": [{{"offset_us": 0, "case": "a"}}, {{"offset_us": 1000000, "case": "a"}},
+                {{"offset_us": 1200000, "case": "a", "session": "x"}}, {{"offset_us": 3000000, "case": "a"}},
+                {{"offset_us": 4000000, "case": "a"}}]}}}}"#
+        ))
+        .expect("valid");
+        assert_eq!(p.load.mode, Mode::Trace);
+        assert_eq!((p.repetitions, p.warmup_per_case), (1, 0));
+        let t = p.load.trace.as_ref().unwrap();
+        // The window [1 s, 4 s): entries 1 to 3, the first 0.1 s of it as warm-up; offsets
+        // from the window's start over the speed-up.
+        let picks: Vec<(u64, u32, bool)> = t
+            .picks(None)
+            .iter()
+            .map(|p| (p.offset_us, p.entry, p.warmup))
+            .collect();
+        assert_eq!(
+            picks,
+            vec![(0, 1, true), (100_000, 2, false), (1_000_000, 3, false)]
+        );
+        // The level: the measured entries' recorded rate at the speed-up.
+        assert_eq!(t.rate(), 1.111);
+        assert_eq!(t.planned(0, None), 2);
+        // 1 health + 1 readiness + the window (warm-up included) once.
+        assert_eq!(Shape::Plain.planned_requests(&p), 2 + 3);
+
+        let errs = problems(&format!(
+            r#"{BASE}, "warmup_per_case": 2, {CASE}, "load": {{"mode": "trace", "arrival": "poisson",
+              "speedup": 0, "start_offset_seconds": 5, "end_offset_seconds": 5,
+              "trace": {{"entries": [{{"offset_us": 3, "case": "a"}}, {{"offset_us": 2, "case": "b"}}]}}}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.arrival: does not go with load.mode \"trace\": a trace's arrivals are its entries",
+                "load.speedup: must be a finite number > 0 and <= 1000000, found 0",
+                "load.end_offset_seconds: 5 is not after load.start_offset_seconds (5): the window would be empty",
+                "concurrency: is not used with load.mode \"trace\": the trace's entries set the load (load.speedup its pace), and load.max_in_flight bounds the requests in flight; remove it",
+                "requests_per_case: is not used with load.mode \"trace\": the trace's entries set the load (load.speedup its pace), and load.max_in_flight bounds the requests in flight; remove it",
+                "warmup_per_case: is not used with load.mode \"trace\": the trace's first load.warmup_seconds are its warm-up (a warm-up per variant would double the load and fill the prefix cache before the round); remove it",
+            ]
+        );
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace",
+              "trace": {{"entries": [{{"offset_us": 3, "case": "a"}}, {{"offset_us": 2, "case": "b"}}, {{"offset_us": 4, "case": "a", "variant": "v"}}]}}}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.trace.entries[1]: offset_us 2 is before the previous entry's 3: a trace is in offset order (sort it)",
+                "load.trace.entries[2]: case 'a' has no variants list: leave \"variant\" out",
+            ]
+        );
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "duration_seconds": 1, "load": {{"mode": "open", "rates_per_second": [1], "duration_seconds": 1, "speedup": 2,
+              "trace": {{"file": "../t.jsonl", "sha256": "AB"}}}}"#
+        ));
+        assert!(
+            errs.contains(&"load.speedup: goes with load.mode \"trace\"".to_string()),
+            "{errs:?}"
+        );
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "trace": {{"file": "/etc/t.jsonl", "sha256": "AB"}}}}"#
+        ));
+        assert_eq!(
+            errs,
+            vec![
+                "load.trace.file: '/etc/t.jsonl' must name a file in the plan's folder or below it (no \"..\", not absolute): a run keeps its copy at the same place beside its plan.json",
+                "load.trace.sha256: 'AB' is not a SHA-256 in lowercase hex (64 characters)",
+            ]
+        );
+    }
+
+    #[test]
     fn open_load_rules() {
         let errs = problems(&format!(
             r#"{BASE}, {CASE}, "load": {{"mode": "open", "rates_per_second": [5, 5, 0, "x"], "duration_seconds": 1, "requests": 3,
