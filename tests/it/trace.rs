@@ -345,3 +345,28 @@ fn a_trace_file_is_pinned_by_its_hash_and_refused_by_line() {
         "{err}"
     );
 }
+
+/// The trace demo in plans/ is what its script writes, and validates as shipped.
+#[test]
+fn the_shipped_trace_demo_is_its_scripts_output_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["scripts/make-trace-demo.py", "--out", s(dir.path())])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in ["trace-demo.json", "trace-demo.trace.jsonl"] {
+        assert_eq!(
+            std::fs::read(dir.path().join(f)).unwrap(),
+            std::fs::read(format!("plans/{f}")).unwrap(),
+            "plans/{f} differs from what scripts/make-trace-demo.py writes: run it again"
+        );
+    }
+    let (code, _, err) = run(&["validate", "plans/trace-demo.json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("trace of 72 entries"), "{err}");
+}
