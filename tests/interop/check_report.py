@@ -246,6 +246,13 @@ def check_timeline(con, runs, chart):
     want = {"sends": [0] * nbins}
     for b, c in con.execute(f"select floor(start_offset_us / {bin_us}) - {first}, count(*) from {run.view} group by 1").fetchall():
         want["sends"][int(b)] = c
+    # Open loops and traces: the intended sends (a trace's own arrivals) beside them.
+    scheduled = con.execute(f"""select floor(scheduled_offset_us / {bin_us}) - {first}, count(*)
+        from {run.view} where scheduled_offset_us is not null group by 1""").fetchall()
+    if scheduled:
+        want["scheduled"] = [0] * nbins
+        for b, c in scheduled:
+            want["scheduled"][int(b)] = c
     q = f"""select case when outcome = 'ok' then 'completed ok' else 'failed: ' || outcome end,
               floor((start_offset_us + coalesce(total_us, 0)) / {bin_us}) - {first}, count(*)
             from {run.view} group by 1, 2"""

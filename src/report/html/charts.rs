@@ -5,8 +5,9 @@
 //!   percent 0..=100 of the series' rows;
 //! - `rounds`: per series `points` = `[[level, repetition, value], …]`, one per measured
 //!   round (the spread of rounds at a level stays visible), from summary.json;
-//! - `timeline`: per run, counts per time bin (`bin_us`, from `first_bin`) of sends,
-//!   ok completions and failures by kind, with the measured rounds as spans;
+//! - `timeline`: per run, counts per time bin (`bin_us`, from `first_bin`) of sends, of
+//!   intended sends (open loops and traces: the schedule, a trace's own arrivals), ok
+//!   completions and failures by kind, with the measured rounds as spans;
 //! - `series`: per run, the worker's and the GPU's lines on the same clock, per series
 //!   `points` = `[[offset_us, value], …]` (one per scrape or sample, from
 //!   worker_metrics.parquet and gpu.parquet), with the measured rounds as spans.
@@ -540,7 +541,9 @@ fn bins(first: i64, last: i64) -> (i64, i64, usize) {
 }
 
 fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
-    let first = r.facts.iter().map(|f| f.sample.start_offset_us).min()?;
+    let starts = r.facts.iter().map(|f| f.sample.start_offset_us);
+    let intended = r.facts.iter().filter_map(|f| f.sample.scheduled_offset_us);
+    let first = starts.chain(intended).min()?;
     let last = r.facts.iter().map(|f| f.sample.end_offset_us()).max()?;
     let (bin, first_bin, n) = bins(first, last);
     let at = |t: i64| (t.div_euclid(bin) - first_bin).clamp(0, n as i64 - 1) as usize;
@@ -548,9 +551,20 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
         ("sends".into(), vec![0; n]),
         ("completed ok".into(), vec![0; n]),
     ];
+    // An open loop's or a trace's own arrivals (the schedule: a trace's recorded times
+    // over its speed-up), beside what was sent.
+    if r.facts
+        .iter()
+        .any(|f| f.sample.scheduled_offset_us.is_some())
+    {
+        series.insert(1, ("scheduled".into(), vec![0; n]));
+    }
     for f in &r.facts {
         let (s, e) = (at(f.sample.start_offset_us), at(f.sample.end_offset_us()));
         series[0].1[s] += 1;
+        if let Some(t) = f.sample.scheduled_offset_us {
+            series[1].1[at(t)] += 1;
+        }
         let name = match f.sample.outcome {
             Outcome::Ok => "completed ok".to_string(),
             o => format!("failed: {}", o.as_str()),
@@ -568,7 +582,7 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
         format!("timeline-{i}"),
         "timeline",
         format!("Timeline: {}", r.label),
-        "every recorded exchange of every phase: sends by start_offset_us, completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
+        "every recorded exchange of every phase: sends by start_offset_us, the schedule by scheduled_offset_us (open loops and traces: a trace's own arrivals at its speed-up), completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
         ("time since the run's start (s)", "exchanges per bin"),
     );
     c.set("run", json!(r.label));
