@@ -29,6 +29,10 @@ pub(crate) struct OpenMetrics {
     /// Sends more than [`SATURATION_LAG_US`] behind their schedule.
     pub(crate) late_sends: u64,
     pub(crate) saturated: bool,
+    /// A trace round: how late (p99, µs) a bare thread woke from sleeping to deadlines
+    /// 500 µs apart just before the round, the machine's own floor beside the send lag
+    /// (`None` elsewhere; carried over by `summarize`, which cannot measure it).
+    pub(crate) wake_floor_p99_us: Option<i64>,
 }
 
 /// Goodput of a round against the plan's `slo`.
@@ -108,5 +112,6 @@ pub(super) fn open_metrics(rate: f64, samples: &[Sample]) -> OpenMetrics {
         scheduled_inter_arrival_cv: crate::arrival::gap_cv(&as_u64(&scheduled)),
         late_sends,
         saturated: late_sends > 0,
+        wake_floor_p99_us: None,
     }
 }

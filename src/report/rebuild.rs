@@ -132,7 +132,8 @@ fn levels_of_rows(
         .collect()
 }
 
-/// Carry each original round's generator load (measured live, not in the rows) into the
+/// Carry each original round's generator load and wake-up floor (measured live, not in
+/// the rows) into the
 /// rebuilt round with the same case, concurrency and repetition (lags are whole
 /// microseconds written as seconds, so the round trip is exact).
 pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original: &Summary) {
@@ -148,6 +149,11 @@ pub(crate) fn carry_generator(rounds: &mut [RoundMetrics], original: &Summary) {
         });
         if let Some(g) = same.and_then(|o| o.generator.as_ref()) {
             r.generator = Some(g.load());
+        }
+        // A trace round's wake-up floor was measured live, not recorded in the rows.
+        let floor = same.and_then(|o| o.open_loop.as_ref()?.wake_floor_p99_seconds);
+        if let (Some(o), Some(f)) = (r.open.as_mut(), floor) {
+            o.wake_floor_p99_us = Some((f * 1e6).round() as i64);
         }
     }
 }

@@ -279,6 +279,9 @@ fn open_loop() -> Vec<RoundColumn> {
             o(r).and_then(|o| o.scheduled_inter_arrival_cv)
         }),
         int("late_sends", true, |r| o(r).map(|o| o.late_sends as i64)),
+        int("wake_floor_p99_us", true, |r| {
+            o(r).and_then(|o| o.wake_floor_p99_us)
+        }),
         flag_opt("saturated", |r| o(r).map(|o| o.saturated)),
         int("good_requests", true, |r| {
             g(r).map(|g| g.good_requests as i64)

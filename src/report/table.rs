@@ -92,6 +92,7 @@ fn header(cols: Cols, closed: bool, judged: bool) -> Vec<String> {
                 "sent/s",
                 "lag p50 ms",
                 "lag p99 ms",
+                "floor p99 ms",
                 "saturated",
             ]
             .map(String::from),
@@ -150,7 +151,7 @@ fn column_notes(cols: Cols) -> String {
         out.push_str(&format!("open-loop rates: p50/p95 run from each request's intended send time (the user's latency, queueing included); svc p50 from the actual send; lag p99 = how late sends left (median over rounds); saturated = rounds with a send more than {} ms behind its schedule\n", crate::metrics::SATURATION_LAG_US / 1000));
     }
     if cols.trace {
-        out.push_str("trace: rate = the trace's recorded rate in its window at load.speedup (the level); each case's rounds are its entries of the trace round; sched/s = the rate of its intended sends (its recorded times / speedup), sent/s = of its actual sends; lag p50 = the median send's lateness (median over rounds)\n");
+        out.push_str("trace: rate = the trace's recorded rate in its window at load.speedup (the level); each case's rounds are its entries of the trace round; sched/s = the rate of its intended sends (its recorded times / speedup), sent/s = of its actual sends; lag p50 = the median send's lateness (median over rounds); floor p99 = how late a bare thread woke from sleeping to deadlines 500 µs apart just before each round (the machine's own floor for a send's lag; median over rounds)\n");
     }
     if cols.goodput {
         out.push_str("good/s: successful requests that met every bound of the plan's slo, per second of round wall time (median over fully attempted rounds, failed requests included)\n");
@@ -260,6 +261,14 @@ fn aggregate_row(a: &Aggregate, rounds: &[RoundMetrics], cols: Cols) -> Vec<Stri
                 row.push(fmt_ms(get("send_lag_p50_seconds").map(|s| s.median)));
             }
             row.push(fmt_ms(get("send_lag_p99_seconds").map(|s| s.median)));
+            if cols.trace {
+                let floors: Vec<f64> = rs
+                    .iter()
+                    .filter_map(|r| r.open.as_ref()?.wake_floor_p99_us)
+                    .map(|us| us as f64 / 1e6)
+                    .collect();
+                row.push(fmt_ms(crate::metrics::median(&floors)));
+            }
             let saturated = rs
                 .iter()
                 .filter(|r| r.open.as_ref().is_some_and(|o| o.saturated))

@@ -119,6 +119,11 @@ async fn a_bursty_capture_frozen_with_its_timing_replays_at_its_recorded_times_a
             .unwrap();
         let want = 11.0 / ((recorded[11] as f64 / speedup) / 1e6);
         assert!((sched - want).abs() < 1e-6 * want, "{sched} vs {want}");
+        // The machine's wake-up floor, measured before the round, beside its lag.
+        let floor = round["open_loop"]["wake_floor_p99_seconds"]
+            .as_f64()
+            .unwrap();
+        assert!((0.0..1.0).contains(&floor), "{floor}");
     }
 }
 

@@ -42,6 +42,7 @@ pub(super) async fn trace_round(
             t.speedup
         ),
     ));
+    let floor = wake_floor().await;
     let wave = OpenWave {
         phase: Phase::Measured,
         rate,
@@ -80,10 +81,39 @@ pub(super) async fn trace_round(
         .into_iter()
         .map(|(ci, samples)| {
             let planned = t.planned(ci, shard);
-            let round = case_round(ctx, ci, Level::Rate(rate), rep, planned, &samples);
+            let mut round = case_round(ctx, ci, Level::Rate(rate), rep, planned, &samples);
+            if let Some(o) = round.open.as_mut() {
+                o.wake_floor_p99_us = floor;
+            }
             (ci, with_generator(ctx, round, spent, lags.clone(), rep))
         })
         .collect()
+}
+
+/// Deadlines the wake-up probe sleeps to, this far apart (as the pacer's sends may be).
+const FLOOR_STEP_NS: u64 = 500_000;
+/// Deadlines it sleeps to: a quarter of a second.
+const FLOOR_WAKES: u64 = 500;
+
+/// The machine's wake-up floor just before a trace round: how late (p99, µs) a bare
+/// thread wakes when it sleeps to absolute deadlines 500 µs apart, as the pacer sleeps
+/// (tests/timing.rs measures the same beside its sends). A send lag near it is the
+/// machine's, not the tool's. `None` when the probe could not run.
+async fn wake_floor() -> Option<i64> {
+    let probe = tokio::task::spawn_blocking(|| {
+        let t0 = clock::now_ns();
+        let mut late: Vec<i64> = Vec::with_capacity(FLOOR_WAKES as usize);
+        for k in 1..=FLOOR_WAKES {
+            let due = t0 + k * FLOOR_STEP_NS;
+            let now = clock::now_ns();
+            if now < due {
+                std::thread::sleep(std::time::Duration::from_nanos(due - now));
+            }
+            late.push(clock::us_between(due, clock::now_ns()));
+        }
+        metrics::Percentiles::of(late).p99
+    });
+    probe.await.ok().flatten()
 }
 
 /// The round of case `ci` within a trace round, as `summarize` rebuilds it from the rows.

@@ -283,6 +283,8 @@ pub(crate) struct OpenLoop {
     pub(crate) scheduled_inter_arrival_cv: Option<f64>,
     pub(crate) late_sends: u64,
     pub(crate) saturated: bool,
+    /// A trace round: the machine's wake-up floor measured before it (p99).
+    pub(crate) wake_floor_p99_seconds: Option<f64>,
 }
 
 /// A round's goodput against the plan's `slo`.
@@ -476,6 +478,7 @@ fn open_loop_doc(r: &RoundMetrics) -> Option<OpenLoop> {
         scheduled_inter_arrival_cv: o.scheduled_inter_arrival_cv,
         late_sends: o.late_sends,
         saturated: o.saturated,
+        wake_floor_p99_seconds: secs(o.wake_floor_p99_us),
     })
 }
 
