@@ -87,8 +87,12 @@ pub(crate) struct TraceLoad {
     pub(crate) synthetic: Option<Value>,
     /// What synthetic entries are checked against (set by the walk, with the cases).
     pub(crate) synthetic_rules: Option<super::trace::SyntheticRules>,
-    /// The entries (`None` until a file trace is read: [`Load::attach_trace`]).
+    /// The entries (`None` until a file trace is read: [`Load::attach_trace`]); set
+    /// only through [`TraceLoad::set_entries`], which counts the window once.
     pub(crate) entries: Option<Arc<Trace>>,
+    /// The level ([`TraceLoad::rate`]) and each case's measured entries in the window,
+    /// counted once when the entries are set.
+    counted: (f64, Vec<u64>),
 }
 
 /// One send of a trace round.
@@ -104,6 +108,20 @@ pub(crate) struct Pick {
 }
 
 impl TraceLoad {
+    /// Set the entries, and count the window once: the level and each case's measured
+    /// entries (`cases`: the plan's case count).
+    pub(crate) fn set_entries(&mut self, trace: Trace, cases: usize) {
+        self.entries = Some(Arc::new(trace));
+        let picks = self.picks(None);
+        let mut per_case = vec![0u64; cases];
+        for p in picks.iter().filter(|p| !p.warmup) {
+            if let Some(n) = per_case.get_mut(self.case_of(p.entry)) {
+                *n += 1;
+            }
+        }
+        self.counted = (rate_of(&picks), per_case);
+    }
+
     /// Where the trace is, as config.json and the workload record it: the file and its
     /// SHA-256, or the inline entries' count and the SHA-256 of their compact JSON.
     fn to_json(&self) -> Value {
@@ -167,6 +185,9 @@ impl TraceLoad {
 
     /// Measured sends of case `case` in one round, as shard `shard` sends them.
     pub(crate) fn planned(&self, case: usize, shard: Option<(usize, usize)>) -> u64 {
+        if shard.is_none() {
+            return self.counted.1.get(case).copied().unwrap_or(0);
+        }
         self.picks(shard)
             .iter()
             .filter(|p| !p.warmup && self.case_of(p.entry) == case)
@@ -174,21 +195,25 @@ impl TraceLoad {
     }
 
     /// The level a trace round is reported at: the window's measured entries' recorded
-    /// mean rate, `(n - 1) / (last - first)`, times `speedup` (0 for fewer than two
-    /// entries or one instant).
+    /// mean rate at the speed-up, `(n - 1) / (last - first)` over their intended send
+    /// times, to four significant digits (0 for fewer than two entries or one instant).
     pub(crate) fn rate(&self) -> f64 {
-        let picks = self.picks(None);
-        let measured: Vec<&Pick> = picks.iter().filter(|p| !p.warmup).collect();
-        match (measured.first(), measured.last()) {
-            (Some(a), Some(b)) if b.offset_us > a.offset_us => {
-                let rate = (measured.len() - 1) as f64 / ((b.offset_us - a.offset_us) as f64 / 1e6);
-                // Four significant digits: a level's label, and the rows' key.
-                let digits = 3 - rate.abs().log10().floor() as i32;
-                let f = 10f64.powi(digits);
-                (rate * f).round() / f
-            }
-            _ => 0.0,
+        self.counted.0
+    }
+}
+
+/// [`TraceLoad::rate`] of a round's picks.
+fn rate_of(picks: &[Pick]) -> f64 {
+    let measured: Vec<&Pick> = picks.iter().filter(|p| !p.warmup).collect();
+    match (measured.first(), measured.last()) {
+        (Some(a), Some(b)) if b.offset_us > a.offset_us => {
+            let rate = (measured.len() - 1) as f64 / ((b.offset_us - a.offset_us) as f64 / 1e6);
+            // Four significant digits: a level's label, and the rows' key.
+            let digits = 3 - rate.abs().log10().floor() as i32;
+            let f = 10f64.powi(digits);
+            (rate * f).round() / f
         }
+        _ => 0.0,
     }
 }
 
@@ -224,9 +249,9 @@ impl Load {
 
     /// A trace load's entries, read from its file (a plan whose trace is inline has them
     /// already).
-    pub(crate) fn attach_trace(&mut self, trace: Trace) {
+    pub(crate) fn attach_trace(&mut self, trace: Trace, cases: usize) {
         if let Some(t) = self.trace.as_mut() {
-            t.entries = Some(Arc::new(trace));
+            t.set_entries(trace, cases);
         }
     }
 
@@ -472,6 +497,7 @@ impl Validator {
                 synthetic,
                 synthetic_rules: None,
                 entries: None,
+                counted: (0.0, Vec::new()),
             })),
         })
     }

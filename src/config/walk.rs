@@ -402,7 +402,7 @@ impl Validator {
             .and_then(Value::as_array)?;
         match super::trace::Trace::inline(items, &names) {
             Ok(trace) => {
-                t.entries = Some(std::sync::Arc::new(trace));
+                t.set_entries(trace, cases.len());
                 Some(())
             }
             Err(faults) => {

@@ -90,7 +90,8 @@ fn attach_trace(plan_path: &Path, plan: &mut Plan) -> Result<(), ReportError> {
         }
         other => ReportError::file(&file, other),
     })?;
-    plan.load.attach_trace(trace);
+    let cases = plan.cases.len();
+    plan.load.attach_trace(trace, cases);
     Ok(())
 }
 
