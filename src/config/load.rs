@@ -90,9 +90,9 @@ pub(crate) struct TraceLoad {
     /// The entries (`None` until a file trace is read: [`Load::attach_trace`]); set
     /// only through [`TraceLoad::set_entries`], which counts the window once.
     pub(crate) entries: Option<Arc<Trace>>,
-    /// The level ([`TraceLoad::rate`]) and each case's measured entries in the window,
-    /// counted once when the entries are set.
-    counted: (f64, Vec<u64>),
+    /// The level ([`TraceLoad::rate`]), each case's measured entries in the window and
+    /// the window's span, counted once when the entries are set.
+    counted: Counted,
 }
 
 /// One send of a trace round.
@@ -119,7 +119,17 @@ impl TraceLoad {
                 *n += 1;
             }
         }
-        self.counted = (rate_of(&picks), per_case);
+        self.counted = Counted {
+            rate: rate_of(&picks),
+            per_case,
+            span_us: picks.last().map_or(0, |p| p.offset_us),
+        };
+    }
+
+    /// The last send's offset in a round of the whole window (every shard's): a shard's
+    /// waves keep the shared timetable by it.
+    pub(crate) fn span_us(&self) -> u64 {
+        self.counted.span_us
     }
 
     /// Where the trace is, as config.json and the workload record it: the file and its
@@ -186,7 +196,7 @@ impl TraceLoad {
     /// Measured sends of case `case` in one round, as shard `shard` sends them.
     pub(crate) fn planned(&self, case: usize, shard: Option<(usize, usize)>) -> u64 {
         if shard.is_none() {
-            return self.counted.1.get(case).copied().unwrap_or(0);
+            return self.counted.per_case.get(case).copied().unwrap_or(0);
         }
         self.picks(shard)
             .iter()
@@ -198,8 +208,16 @@ impl TraceLoad {
     /// mean rate at the speed-up, `(n - 1) / (last - first)` over their intended send
     /// times, to four significant digits (0 for fewer than two entries or one instant).
     pub(crate) fn rate(&self) -> f64 {
-        self.counted.0
+        self.counted.rate
     }
+}
+
+/// What [`TraceLoad::set_entries`] counts once.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Counted {
+    rate: f64,
+    per_case: Vec<u64>,
+    span_us: u64,
 }
 
 /// [`TraceLoad::rate`] of a round's picks.
@@ -497,7 +515,7 @@ impl Validator {
                 synthetic,
                 synthetic_rules: None,
                 entries: None,
-                counted: (0.0, Vec::new()),
+                counted: Counted::default(),
             })),
         })
     }

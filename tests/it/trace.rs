@@ -156,7 +156,7 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
                "trace": {"file": "t.trace.jsonl", "sha256": sha256_hex(text.as_bytes())}}),
     );
     plan["timeout_seconds"] = json!(1);
-    plan["repetitions"] = json!(1);
+    plan["repetitions"] = json!(2);
     let path = write_plan(dir.path(), "p.json", &plan);
     // The window [0.25 s, 1 s) holds entries 10 to 39; its first 0.25 s (10 to 19) are
     // the warm-up, sent in the round and excluded.
@@ -183,7 +183,7 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
         .iter()
         .filter(|p| p.as_deref() == Some("warmup"))
         .count();
-    assert_eq!(warm, 10);
+    assert_eq!(warm, 20);
     let first = whole[0].1;
     for (entry, sched, _) in &whole {
         // (offset - window start) / speedup, on the same clock as the warm-up's.
@@ -219,31 +219,46 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
     for c in &mut children {
         assert_eq!(exit_code(c, 60).await, Some(0));
     }
-    let mut union: Vec<(i64, i64)> = Vec::new();
-    let mut sessions: Vec<std::collections::BTreeSet<String>> = Vec::new();
-    for i in 0..2 {
-        let config = read_json(&out.join(format!("shards/{i}/config.json")));
-        let shift = config["shard"]["start_at_offset_us"].as_i64().unwrap();
-        let rows = Rows {
-            batches: std::fs::read_dir(out.join(format!("exchanges/shard={i}")))
-                .unwrap()
-                .flat_map(|e| read_parquet(&e.unwrap().path()))
-                .collect(),
+    let shard_rows: Vec<(Rows, i64)> = (0..2)
+        .map(|i| {
+            let config = read_json(&out.join(format!("shards/{i}/config.json")));
+            let rows = Rows {
+                batches: std::fs::read_dir(out.join(format!("exchanges/shard={i}")))
+                    .unwrap()
+                    .flat_map(|e| read_parquet(&e.unwrap().path()))
+                    .collect(),
+            };
+            (
+                rows,
+                config["shard"]["start_at_offset_us"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    // Each repetition's sends, on the shared timeline, relative to the round's first
+    // measured entry: the shards' union is the unsharded round (the second round too,
+    // whose start each shard takes from the timetable of the whole window's span).
+    for rep in 0..2 {
+        let mut union: Vec<(i64, i64)> = Vec::new();
+        let mut sessions: Vec<std::collections::BTreeSet<String>> = Vec::new();
+        for (rows, shift) in &shard_rows {
+            let mine = sent(rows, rep);
+            sessions.push(
+                mine.iter()
+                    .map(|r| entries[r.0 as usize]["session"].as_str().unwrap().into())
+                    .collect(),
+            );
+            union.extend(mine.iter().map(|r| (r.0, r.1 - shift)));
+        }
+        assert!(sessions[0].is_disjoint(&sessions[1]), "{sessions:?}");
+        union.sort_unstable();
+        let whole = sent(&rows, rep);
+        let rel = |v: Vec<(i64, i64)>| -> Vec<(i64, i64)> {
+            let first = v[0].1;
+            v.into_iter().map(|(e, s)| (e, s - first)).collect()
         };
-        let mine = sent(&rows, 0);
-        sessions.push(
-            mine.iter()
-                .map(|r| entries[r.0 as usize]["session"].as_str().unwrap().into())
-                .collect(),
-        );
-        union.extend(mine.iter().map(|r| (r.0, r.1 - shift)));
+        let unsharded = rel(whole.iter().map(|(e, s, _)| (*e, *s)).collect());
+        assert_eq!(rel(union), unsharded, "repetition {rep}");
     }
-    assert!(sessions[0].is_disjoint(&sessions[1]), "{sessions:?}");
-    union.sort_unstable();
-    let base = union[0].1 - (whole[0].1 - first);
-    let merged: Vec<(i64, i64)> = union.iter().map(|(e, s)| (*e, s - base)).collect();
-    let unsharded: Vec<(i64, i64)> = whole.iter().map(|(e, s, _)| (*e, s - first)).collect();
-    assert_eq!(merged, unsharded);
     let (code, err) = summarize(&out);
     assert_eq!(code, Some(0), "{err}");
     let (m, u) = (
@@ -257,9 +272,11 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
         "attempted_requests",
         "successful_requests",
     ] {
-        assert_eq!(m["rounds"][0][k], u["rounds"][0][k], "{k}");
+        for r in 0..2 {
+            assert_eq!(m["rounds"][r][k], u["rounds"][r][k], "{k}");
+        }
     }
-    assert_eq!(u["rounds"][0]["planned_requests"], json!(20));
+    assert_eq!(u["rounds"][1]["planned_requests"], json!(20));
 }
 
 #[test]

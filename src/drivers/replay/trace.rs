@@ -32,7 +32,8 @@ pub(super) async fn trace_round(
     let shard = ctx.base.shape.shard_of();
     let picks = t.picks(shard);
     let rate = t.rate();
-    let start_ns = timetable_start(ctx, picks.last().map_or(0, |p| p.offset_us));
+    // Every shard's timetable steps by the whole window's span, not its own share's.
+    let start_ns = timetable_start(ctx, t.span_us());
     ctx.base.progress.set_message(label(
         ctx,
         &format!(
