@@ -85,8 +85,10 @@ pub(crate) struct TraceLoad {
     pub(crate) warmup_us: u64,
     /// `load.trace.synthetic` as written, for synthetic entries.
     pub(crate) synthetic: Option<Value>,
-    /// What synthetic entries are checked against (set by the walk, with the cases).
+    /// What synthetic entries are checked against and made from (set by the walk, with
+    /// the cases).
     pub(crate) synthetic_rules: Option<super::trace::SyntheticRules>,
+    pub(crate) synthetic_spec: Option<Arc<super::trace_text::SyntheticSpec>>,
     /// The entries (`None` until a file trace is read: [`Load::attach_trace`]); set
     /// only through [`TraceLoad::set_entries`], which counts the window once.
     pub(crate) entries: Option<Arc<Trace>>,
@@ -150,8 +152,15 @@ impl TraceLoad {
                 );
             }
         }
-        if let Some(s) = &self.synthetic {
-            m.insert("synthetic".into(), s.clone());
+        // As validated (its canonical form), else as written.
+        match (&self.synthetic_spec, &self.synthetic) {
+            (Some(s), _) => {
+                m.insert("synthetic".into(), s.to_json());
+            }
+            (None, Some(s)) => {
+                m.insert("synthetic".into(), s.clone());
+            }
+            (None, None) => {}
         }
         Value::Object(m)
     }
@@ -514,6 +523,7 @@ impl Validator {
                 warmup_us: warmup?.unwrap_or(0),
                 synthetic,
                 synthetic_rules: None,
+                synthetic_spec: None,
                 entries: None,
                 counted: Counted::default(),
             })),

@@ -16,6 +16,7 @@ mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
 pub(crate) mod trace;
+pub(crate) mod trace_text;
 mod walk;
 pub(crate) use walk::{REQUIRED_METADATA, trace_names};
 pub(crate) mod workload;

@@ -11,7 +11,10 @@ use std::io::BufRead;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::json::Validator;
+use super::trace_text::SyntheticSpec;
 use crate::arrival::MAX_ARRIVALS;
+use serde_json::Value;
 
 /// The most bytes one line of a trace file may hold.
 pub(crate) const MAX_LINE_BYTES: usize = 1 << 20;
@@ -373,7 +376,6 @@ impl Trace {
     }
 
     /// A synthetic entry's block ids.
-    #[allow(dead_code)] // replay's synthetic prompts call it (next step)
     pub(crate) fn blocks_of(&self, send: Send) -> &[u64] {
         match send {
             Send::Synthetic {
@@ -423,6 +425,108 @@ pub(crate) struct TraceStats {
     pub(crate) mean_rate_per_second: Option<f64>,
     /// The most entries within one second `[k, k + 1)` of the trace's clock.
     pub(crate) peak_rate_per_second: u64,
+}
+
+/// The most words a synthetic spec may hold, and the longest word.
+const MAX_WORDS: usize = 65_536;
+const MAX_WORD_BYTES: usize = 64;
+
+impl Validator {
+    /// `load.trace.synthetic`: the template case (one of `cases`, by name), the block size,
+    /// the special tokens a prompt holds, the seed and the words prompts are made of.
+    pub(super) fn synthetic(
+        &mut self,
+        v: &Value,
+        cases: &[&str],
+    ) -> Option<(SyntheticRules, SyntheticSpec)> {
+        let path = "load.trace.synthetic";
+        let m = self.object(v, path)?;
+        self.unknown_fields(
+            m,
+            path,
+            &[&["case", "block_tokens", "special_tokens", "seed", "words"]],
+        );
+        let name = m.get("case").and_then(Value::as_str).unwrap_or_default();
+        let ci = cases.iter().position(|c| *c == name);
+        if ci.is_none() {
+            self.err(
+                format!("{path}.case"),
+                format!("'{name}' is not a case of the plan: name the case whose request is the template"),
+            );
+        }
+        let mut count = |key: &str, min: u64| match m.get(key) {
+            None => {
+                self.err(format!("{path}.{key}"), "is required");
+                None
+            }
+            Some(x) => self.integer(x, &format!("{path}.{key}"), min),
+        };
+        let (block, special, seed) = (
+            count("block_tokens", 2),
+            count("special_tokens", 0),
+            count("seed", 0),
+        );
+        let words = self.words(m.get("words"));
+        let (block, special) = (block? as u32, special? as u32);
+        if block <= special || block as u64 > MAX_ENTRY_TOKENS {
+            self.err(
+                format!("{path}.block_tokens"),
+                format!("{block} must be above special_tokens ({special}) and at most {MAX_ENTRY_TOKENS}"),
+            );
+            return None;
+        }
+        let rules = SyntheticRules {
+            case: ci? as u32,
+            block_tokens: block,
+            special_tokens: special,
+        };
+        let spec = SyntheticSpec {
+            case: name.to_string(),
+            block_tokens: block,
+            special_tokens: special,
+            seed: seed? as u64,
+            words: words?,
+        };
+        Some((rules, spec))
+    }
+
+    /// `load.trace.synthetic.words`: 1 to 65,536 words, each 1 to 64 printable ASCII
+    /// characters with no white space (each one token after a space, as `plan
+    /// from-trace` checked under its tokenizer).
+    fn words(&mut self, v: Option<&Value>) -> Option<Vec<String>> {
+        let path = "load.trace.synthetic.words";
+        let Some(Value::Array(items)) = v else {
+            self.err(path, "is required: a list of words");
+            return None;
+        };
+        if items.is_empty() || items.len() > MAX_WORDS {
+            self.err(
+                path,
+                format!("holds {} words: from 1 to {MAX_WORDS}", items.len()),
+            );
+            return None;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, w) in items.iter().enumerate() {
+            match w.as_str() {
+                Some(s)
+                    if !s.is_empty()
+                        && s.len() <= MAX_WORD_BYTES
+                        && s.bytes().all(|b| (0x21..0x7f).contains(&b)) =>
+                {
+                    out.push(s.to_string());
+                }
+                _ => {
+                    self.err(
+                        format!("{path}[{i}]"),
+                        format!("{w} is not a word of 1 to {MAX_WORD_BYTES} printable ASCII characters without white space"),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
 }
 
 /// Lowercase hex of a digest.

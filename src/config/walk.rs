@@ -386,8 +386,20 @@ impl Validator {
         let synthetic = match &t.synthetic {
             None => None,
             Some(v) => {
-                let rules = self.synthetic_rules(v, cases)?;
+                let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+                let (rules, spec) = self.synthetic(v, &names)?;
+                let case = &cases[rules.case as usize];
+                let template = case.variants.first().map(|v| &v.body[..]);
+                let object = template.and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                if case.variants.len() != 1 || !object.is_some_and(|o| o.is_object()) {
+                    self.err(
+                        "load.trace.synthetic.case",
+                        format!("case '{}' is the synthetic entries' template: it needs one JSON object `request` (no variants list), whose prompt and max_tokens each entry fills", case.name),
+                    );
+                    return None;
+                }
                 t.synthetic_rules = Some(rules);
+                t.synthetic_spec = Some(std::sync::Arc::new(spec));
                 Some(rules)
             }
         };
@@ -412,41 +424,6 @@ impl Validator {
                 None
             }
         }
-    }
-
-    /// `load.trace.synthetic`: the template case (by name), the block size and the
-    /// special tokens a prompt holds (the words are checked where prompts are made).
-    fn synthetic_rules(
-        &mut self,
-        v: &Value,
-        cases: &[super::plan::Case],
-    ) -> Option<super::trace::SyntheticRules> {
-        let path = "load.trace.synthetic";
-        let m = self.object(v, path)?;
-        let name = m.get("case").and_then(Value::as_str).unwrap_or_default();
-        let Some(ci) = cases.iter().position(|c| c.name == name) else {
-            self.err(
-                format!("{path}.case"),
-                format!("'{name}' is not a case of the plan: name the case whose request is the template"),
-            );
-            return None;
-        };
-        let count = |v: &mut Validator, key: &str, min: u64| match m.get(key) {
-            None => {
-                v.err(format!("{path}.{key}"), "is required");
-                None
-            }
-            Some(x) => v
-                .integer(x, &format!("{path}.{key}"), min)
-                .map(|n| n as u32),
-        };
-        let block_tokens = count(self, "block_tokens", 1);
-        let special_tokens = count(self, "special_tokens", 0);
-        Some(super::trace::SyntheticRules {
-            case: ci as u32,
-            block_tokens: block_tokens?,
-            special_tokens: special_tokens?,
-        })
     }
 
     /// What an open loop does not use, and where it does not apply yet.

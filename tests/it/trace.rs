@@ -392,3 +392,72 @@ fn the_shipped_trace_demo_is_its_scripts_output_and_validates() {
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("trace of 72 entries"), "{err}");
 }
+
+/// Synthetic entries (what `plan from-trace` writes): each request is made at send time
+/// from the template case, its prompt the entry's blocks of words (equal block ids give
+/// equal text, a shorter block is a prefix of a longer one), `max_tokens` its output
+/// tokens, and its rows' `prompt_tokens_planned` its input tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synthetic_entries_are_made_at_send_time_from_their_blocks() {
+    let peer = Peer::start(echo_handler()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let words = ["alpha", "beta", "gamma", "delta", "eps"];
+    let plan = json!({
+        "endpoint": peer.url("/v1/completions"), "connection": "keep-alive",
+        "timeout_seconds": 5, "metadata": metadata(),
+        "cases": [{"name": "trace", "request": {"model": "m", "prompt": "", "max_tokens": 1}}],
+        "load": {"mode": "trace", "trace": {
+            "entries": [
+                {"offset_us": 0, "input_tokens": 9, "output_tokens": 3, "blocks": [1, 2, 3]},
+                {"offset_us": 1000, "input_tokens": 8, "output_tokens": 2, "blocks": [1, 2]},
+                {"offset_us": 2000, "input_tokens": 7, "output_tokens": 5, "blocks": [4, 2]}],
+            "synthetic": {"case": "trace", "block_tokens": 4, "special_tokens": 1, "seed": 3,
+                          "words": words}}}
+    });
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, matrix_proxy::cli::Exit::Ok);
+    // The health GET, readiness (the first entry), then the round's three.
+    let mut seen: Vec<Value> = peer
+        .seen()
+        .iter()
+        .filter(|s| s.method == "POST")
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect();
+    assert_eq!(seen.len(), 4);
+    // Sends 1 ms apart may arrive out of order: the entries' prompts are 8, 7 and 6
+    // words long, so order them by that.
+    let words_of = |b: &Value| b["prompt"].as_str().unwrap().split(' ').count();
+    seen[1..].sort_by_key(|b| std::cmp::Reverse(words_of(b)));
+    assert_eq!(seen[0], seen[1]);
+    let prompts: Vec<Vec<&str>> = seen[1..]
+        .iter()
+        .map(|b| b["prompt"].as_str().unwrap().split(' ').skip(1).collect())
+        .collect();
+    // input - special words, every one from the list, each after one space.
+    assert_eq!(
+        prompts.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![8, 7, 6]
+    );
+    assert!(prompts.iter().flatten().all(|w| words.contains(w)));
+    // Blocks 1 and 2 (3 + 4 words) are the same text in the first two prompts; block 2's
+    // first 3 words start the third prompt's second block.
+    assert_eq!(prompts[0][..7], prompts[1][..]);
+    assert_eq!(prompts[2][3..6], prompts[1][3..6]);
+    assert_ne!(prompts[2][..3], prompts[1][..3]);
+    let max: Vec<u64> = seen[1..]
+        .iter()
+        .map(|b| b["max_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(max, vec![3, 2, 5]);
+    assert_eq!(seen[1]["model"], json!("m"));
+    let rows = Rows::read(&run);
+    let phase = rows.strs("phase");
+    let planned = rows.i64s("prompt_tokens_planned");
+    let index = rows.i64s("dispatch_index");
+    let mut got: Vec<(i64, i64)> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured"))
+        .map(|i| (index[i].unwrap(), planned[i].unwrap()))
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![(0, 9), (1, 8), (2, 7)]);
+}

@@ -13,6 +13,8 @@ use indicatif::ProgressBar;
 
 use crate::config::plan::Plan;
 use crate::config::shape::Shape;
+use crate::config::trace::{Send, Trace};
+use crate::config::trace_text::{self, BlockCache, SyntheticSpec};
 use crate::drivers::RunContext;
 use crate::engine::lean::{LeanConn, LeanRequest};
 use crate::engine::{Engine, http1};
@@ -34,6 +36,9 @@ pub(super) struct Dispatch {
     /// Open loop: the round's rate and this arrival's intended send time (run clock).
     pub(super) rate: Option<f64>,
     pub(super) scheduled_offset_us: Option<i64>,
+    /// A trace's synthetic entry (its index): the request is made at send time from the
+    /// case's template and the entry's blocks, not taken from `Ctx::frozen`.
+    pub(super) synthetic: Option<u32>,
 }
 
 /// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,
@@ -59,9 +64,77 @@ pub(super) struct Ctx {
     pub(super) performance_fit: bool,
     /// A campaign arm's worker's `/metrics` (a plain plan's is the run's).
     pub(super) scraper: Option<Arc<crate::drivers::scrape::Scraper>>,
+    /// A trace plan with synthetic entries: what their requests are made from.
+    pub(super) synthetic: Option<Synthetic>,
+}
+
+/// What a trace's synthetic entries' requests are made from at send time: the spec
+/// (`config::trace_text`), the template case's request as a JSON object, the entries, and
+/// the block texts made so far (bounded: `trace_text::BLOCK_CACHE_BYTES`; its mutex is
+/// held while one prompt is assembled, never across an await).
+pub(super) struct Synthetic {
+    spec: Arc<SyntheticSpec>,
+    template: serde_json::Map<String, serde_json::Value>,
+    trace: Arc<Trace>,
+    cache: std::sync::Mutex<BlockCache>,
+}
+
+impl Synthetic {
+    fn of(plan: &Plan) -> Option<Synthetic> {
+        let t = plan.load.trace.as_ref()?;
+        let case = t.synthetic_rules?.case as usize;
+        let body = &plan.cases.get(case)?.variants.first()?.body;
+        Some(Synthetic {
+            spec: t.synthetic_spec.clone()?,
+            template: serde_json::from_slice(body).ok()?,
+            trace: t.entries.clone()?,
+            cache: std::sync::Mutex::new(BlockCache::default()),
+        })
+    }
+
+    /// Synthetic entry `entry`'s input tokens (its rows' `prompt_tokens_planned`).
+    pub(super) fn input_tokens(&self, entry: u32) -> Option<u64> {
+        match self.trace.entries.get(entry as usize)?.send {
+            Send::Synthetic { input_tokens, .. } => Some(u64::from(input_tokens)),
+            Send::Variant { .. } => None,
+        }
+    }
+
+    /// Synthetic entry `entry`'s request body, made now.
+    fn body(&self, entry: u32) -> Option<Bytes> {
+        let e = self.trace.entries.get(entry as usize)?;
+        let Send::Synthetic {
+            input_tokens,
+            output_tokens,
+            ..
+        } = e.send
+        else {
+            return None;
+        };
+        let blocks = self.trace.blocks_of(e.send);
+        let prompt = {
+            let mut cache = self.cache.lock().ok()?;
+            trace_text::prompt_text(&self.spec, &mut cache, u64::from(input_tokens), blocks)
+        };
+        let body = trace_text::body(&self.template, prompt, u64::from(output_tokens));
+        Some(Bytes::from(body))
+    }
 }
 
 impl Ctx {
+    /// The request of a trace's synthetic entry `entry` of case `case`, made now from the
+    /// case's template (`None` when the dispatch is not a synthetic entry's).
+    pub(super) fn synthetic_request(&self, case: usize, entry: u32) -> Option<Frozen> {
+        let body = self.synthetic.as_ref()?.body(entry)?;
+        Some(freeze_with(
+            &self.plan,
+            self.base.token.as_ref(),
+            Some(case),
+            0,
+            Some(body),
+        ))
+    }
+
     /// The live metrics' route of `case`'s requests (`None`: the health GET).
     pub(super) fn route(&self, case: Option<usize>) -> usize {
         let i = case.map_or(0, |c| c + 1);
@@ -167,6 +240,7 @@ impl Base {
                 .collect(),
             None => Vec::new(),
         };
+        let synthetic = Synthetic::of(&plan);
         Arc::new(Ctx {
             base: self.clone(),
             plan,
@@ -179,6 +253,7 @@ impl Base {
             arm: arm.map(|(name, _)| Arc::from(name)),
             performance_fit: arm.is_some_and(|(_, fit)| fit),
             scraper,
+            synthetic,
         })
     }
 }
@@ -218,21 +293,39 @@ pub(super) fn freeze(
     case: Option<usize>,
     variant: usize,
 ) -> Frozen {
-    let (method, ep, body, ctype, extra): (Method, &Endpoint, Bytes, Option<&HeaderValue>, &[_]) =
-        match case {
-            None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
-            Some(ci) => {
-                let case = &plan.cases[ci];
-                let v = &case.variants[variant];
-                (
-                    case.method.clone(),
-                    &case.endpoint,
-                    v.body.clone(),
-                    v.content_type.as_ref(),
-                    &case.headers[..],
-                )
-            }
-        };
+    freeze_with(plan, token, case, variant, None)
+}
+
+/// [`freeze`] with `body` in place of the variant's (a synthetic entry's, made at send
+/// time).
+fn freeze_with(
+    plan: &Plan,
+    token: Option<&HeaderValue>,
+    case: Option<usize>,
+    variant: usize,
+    body: Option<Bytes>,
+) -> Frozen {
+    let (method, ep, planned, ctype, extra): (
+        Method,
+        &Endpoint,
+        Bytes,
+        Option<&HeaderValue>,
+        &[_],
+    ) = match case {
+        None => (Method::GET, &plan.health_endpoint, Bytes::new(), None, &[]),
+        Some(ci) => {
+            let case = &plan.cases[ci];
+            let v = &case.variants[variant];
+            (
+                case.method.clone(),
+                &case.endpoint,
+                v.body.clone(),
+                v.content_type.as_ref(),
+                &case.headers[..],
+            )
+        }
+    };
+    let body = body.unwrap_or(planned);
     let mut headers = HeaderMap::with_capacity(4 + extra.len());
     if let Ok(h) = HeaderValue::from_str(&ep.authority) {
         headers.insert(header::HOST, h);

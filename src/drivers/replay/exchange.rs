@@ -108,9 +108,15 @@ type Ended = Option<Result<Result<(), ExchangeError>, tokio::time::error::Elapse
 /// Run, judge and record one exchange (its row goes to `rows`). Returns what the
 /// metrics need.
 pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut Rows) -> Sample {
-    let frozen = match d.case {
-        None => &ctx.frozen[0][0],
-        Some(ci) => &ctx.frozen[ci + 1][d.variant],
+    // A trace's synthetic entry: its request is made now, from its case's template.
+    let made = d
+        .synthetic
+        .zip(d.case)
+        .and_then(|(e, ci)| ctx.synthetic_request(ci, e));
+    let frozen = match (&made, d.case) {
+        (Some(f), _) => f,
+        (None, None) => &ctx.frozen[0][0],
+        (None, Some(ci)) => &ctx.frozen[ci + 1][d.variant],
     };
     let ep = match d.case {
         None => &ctx.plan.health_endpoint,
@@ -269,10 +275,13 @@ fn row_ids(ctx: &Ctx, d: &Dispatch, exchange_id: i64) -> RowIds {
         repetition: d.repetition,
         dispatch_index: d.dispatch_index,
         worker: d.worker,
-        prompt_tokens_planned: d
-            .case
-            .and_then(|ci| ctx.plan.cases[ci].variants[d.variant].prompt_tokens)
-            .map(|n| n as i64),
+        prompt_tokens_planned: match (d.synthetic, &ctx.synthetic) {
+            (Some(e), Some(s)) => s.input_tokens(e),
+            _ => d
+                .case
+                .and_then(|ci| ctx.plan.cases[ci].variants[d.variant].prompt_tokens),
+        }
+        .map(|n| n as i64),
     }
 }
 

@@ -116,6 +116,7 @@ impl OpenWave {
             worker: 0,
             rate: Some(self.rate),
             scheduled_offset_us: None,
+            synthetic: None,
         };
         match &self.arrivals {
             Arrivals::Schedule {
@@ -143,7 +144,10 @@ impl OpenWave {
                         d.case = Some(case as usize);
                         d.variant = variant as usize;
                     }
-                    Send::Synthetic { .. } => d.case = Some(t.case_of(p.entry)),
+                    Send::Synthetic { .. } => {
+                        d.case = Some(t.case_of(p.entry));
+                        d.synthetic = Some(p.entry);
+                    }
                 }
                 Some((p.offset_us, d))
             }

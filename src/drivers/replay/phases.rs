@@ -40,6 +40,7 @@ pub(super) async fn prelude(
             worker: 0,
             rate: None,
             scheduled_offset_us: None,
+            synthetic: None,
         },
         &mut Rows::new(1),
     )
@@ -78,6 +79,7 @@ pub(super) async fn prelude(
                             worker: 0,
                             rate: None,
                             scheduled_offset_us: None,
+                            synthetic: None,
                         },
                         &mut Rows::new(1),
                     )
@@ -107,16 +109,14 @@ async fn trace_readiness(
     let Some((t, pick)) = first else {
         return !ctx.stopped();
     };
-    let variant = match t
+    let entry = t
         .entries
         .as_ref()
-        .and_then(|e| e.entries.get(pick.entry as usize))
-    {
-        Some(e) => match e.send {
-            crate::config::trace::Send::Variant { variant, .. } => variant as usize,
-            crate::config::trace::Send::Synthetic { .. } => 0,
-        },
-        None => 0,
+        .and_then(|e| e.entries.get(pick.entry as usize));
+    let (variant, synthetic) = match entry.map(|e| e.send) {
+        Some(crate::config::trace::Send::Variant { variant, .. }) => (variant as usize, None),
+        Some(crate::config::trace::Send::Synthetic { .. }) => (0, Some(pick.entry)),
+        None => (0, None),
     };
     ctx.base.progress.set_message(label(ctx, "readiness"));
     if ctx.stopped() {
@@ -132,6 +132,7 @@ async fn trace_readiness(
         worker: 0,
         rate: None,
         scheduled_offset_us: None,
+        synthetic,
     };
     let s = exchange(ctx, &mut slots[0], d, &mut Rows::new(1)).await;
     excluded.entry(Phase::Readiness).or_default().add(&s);

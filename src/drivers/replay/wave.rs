@@ -104,6 +104,7 @@ pub(super) async fn wave(
                     worker: w as i32,
                     rate: None,
                     scheduled_offset_us: None,
+                    synthetic: None,
                 };
                 samples.push(exchange(&ctx, &mut slot, d, &mut rows).await);
             }
