@@ -202,7 +202,7 @@ pub(crate) static COLUMNS: [Column; 54] = [
     column!("repetition", Int32, NULLABLE, "", |r: &R| r.repetition,
         "measured round, from 0; null in other phases"),
     column!("dispatch_index", Int64, REQUIRED, "", |r: &R| Some(r.dispatch_index),
-        "from 0 within (case, phase, concurrency, repetition), and within the variant for readiness and warm-up; in an open loop the arrival's index in the round's schedule (a shard's are every Nth)"),
+        "from 0 within (case, phase, concurrency, repetition), and within the variant for readiness and warm-up; in an open loop the arrival's index in the round's schedule (a shard's are every Nth); in a trace round (and its readiness) the entry's index in the trace"),
     column!("worker", Int32, REQUIRED, "", |r: &R| Some(r.worker),
         "the closed-loop worker that sent it, from 0 (open loop: the sender's connection slot, below `load.max_in_flight`; serve: the client connection's number)"),
     column!("connection_id", Int64, NULLABLE, "", |r: &R| r.connection_id,
