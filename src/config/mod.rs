@@ -15,6 +15,7 @@ pub(crate) mod load;
 mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
+pub(crate) mod trace_text;
 mod walk;
 pub(crate) use walk::REQUIRED_METADATA;
 pub(crate) mod workload;

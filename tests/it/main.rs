@@ -26,4 +26,5 @@ mod serve_lifecycle;
 mod streaming;
 mod support;
 mod tls;
+mod trace_import;
 mod verdict;
