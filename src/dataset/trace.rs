@@ -64,7 +64,8 @@ pub(crate) struct Summary {
     /// sorted input).
     pub(crate) stopped_early: bool,
     pub(crate) entries: u64,
-    /// Failed requests (0 output tokens) skipped, or kept under `--keep-failed`.
+    /// Failed requests (0 output tokens) skipped, or under `--keep-failed` kept (those
+    /// in the window and the limit).
     pub(crate) failed: u64,
     pub(crate) outside_window: u64,
     /// Past `--limit` (under `--sort`; else reading stops).
@@ -168,6 +169,7 @@ struct Entry {
     /// `--sort`).
     offset_ns: i128,
     input: u64,
+    /// As the trace says (0: a failed request, kept under `--keep-failed`).
     output: u64,
     blocks: Vec<u64>,
 }
@@ -288,11 +290,9 @@ impl Reading<'_> {
         }
         self.previous_ns = r.ts_ns;
         let axis = i128::from(r.ts_ns) - i128::from(first);
-        if r.output == 0 {
+        if r.output == 0 && !self.opts.keep_failed {
             w.failed += 1;
-            if !self.opts.keep_failed {
-                return Ok(true);
-            }
+            return Ok(true);
         }
         let mut offset_ns = axis;
         if let Some((start, end)) = self.opts.window {
@@ -312,7 +312,7 @@ impl Reading<'_> {
             line,
             offset_ns,
             input: r.input,
-            output: r.output.max(1),
+            output: r.output,
             blocks,
         };
         if self.opts.sort {
@@ -406,12 +406,16 @@ impl<'a, W: Write> Writer<'a, W> {
         let line = Line {
             offset_us,
             input_tokens: e.input,
-            output_tokens: e.output,
+            // A failed request kept (--keep-failed) asks for one token.
+            output_tokens: e.output.max(1),
             blocks: &e.blocks,
         };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| TraceError::Write(e.into()))?;
         self.out.write_all(b"\n").map_err(TraceError::Write)?;
         self.count(offset_us);
+        if e.output == 0 {
+            self.failed += 1;
+        }
         let spec = self.verifier.spec;
         let counts = trace_text::word_counts(spec, e.input, e.blocks.len()).map_err(|source| {
             TraceError::Verify {

@@ -541,3 +541,48 @@ fn hostile_traces_are_refused_naming_the_file_and_line() {
         assert!(!dir.join(format!("{stem}.trace.jsonl")).exists(), "{name}");
     }
 }
+
+/// A tokenizer that merges across words (no pre-tokenizer; " a" + " a" is one token) is
+/// refused by the re-encoding, naming the block and the counts, and writes nothing.
+#[test]
+fn a_tokenizer_merging_across_words_is_refused_by_the_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut vocab = serde_json::Map::new();
+    for c in (32u8..127).map(char::from) {
+        vocab.insert(c.to_string(), json!(vocab.len()));
+    }
+    let merges = [(" ", "a"), (" ", "s"), (" a", " a")];
+    for (a, b) in merges {
+        vocab.insert(format!("{a}{b}"), json!(vocab.len()));
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab,
+                  "merges": merges.iter().map(|(a, b)| [a, b]).collect::<Vec<_>>()}
+    });
+    // try_convert writes no tokenizer where one is.
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let text: String = (0..4)
+        .map(|i| format!("{{\"timestamp\": {i}, \"input_length\": 64, \"output_length\": 1}}\n"))
+        .collect();
+    let trace = write(dir, "t.jsonl", &text);
+    let (code, err, out) = try_convert(dir, "p", &trace, "mooncake", &["--block-tokens", "16"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("block 1099511627776 of 16 words encodes to")
+            && err.contains("tokens, not 16"),
+        "{err}"
+    );
+    assert!(!out.exists() && !dir.join("p.trace.jsonl").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
