@@ -568,7 +568,13 @@ fn write_trace(
             .and_then(|f| f.sync_all());
         synced
             .and_then(|()| std::fs::hard_link(&tmp, path))
-            .map_err(|e| tool(format!("{}: {e}", path.display())))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => usage(format!(
+                    "{}: exists (made meanwhile); it is never replaced",
+                    path.display()
+                )),
+                _ => tool(format!("{}: {e}", path.display())),
+            })?;
         Ok(s)
     });
     let _ = std::fs::remove_file(&tmp);
