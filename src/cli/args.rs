@@ -132,6 +132,10 @@ pub enum PlanCommand {
     /// Prompts of an exact token count under a model's tokenizer.json, cut from a corpus
     /// embedded in the binary.
     Synthetic(SyntheticArgs),
+    /// A trace plan from a public LLM trace (Mooncake JSONL, Azure or BurstGPT CSV): each
+    /// line an entry at its recorded time, its prompt of exactly its input tokens under a
+    /// model's tokenizer.json, made of blocks that are equal where the trace's are.
+    FromTrace(FromTraceArgs),
     /// A campaign plan from a frozen plan: its cases, budget and metadata, with arms
     /// started by the commands given (`{port}`: a free port the tool chooses; `{self}`:
     /// this binary), and optionally an unlocked version 2 contract for it.
@@ -297,6 +301,112 @@ pub struct SyntheticArgs {
     pub api: Option<PromptApi>,
     #[command(flatten)]
     pub out: PlanOutArgs,
+}
+
+/// `plan from-trace`'s flags.
+#[derive(Args, Debug, Clone)]
+pub struct FromTraceArgs {
+    /// The trace: Mooncake JSONL, or an Azure or BurstGPT CSV with its header row.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The trace's format.
+    #[arg(long, value_enum)]
+    pub format: TraceFormat,
+    /// The model's tokenizer.json (a local file; nothing is downloaded).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: PathBuf,
+    /// Tokens per prompt block: equal block ids give equal blocks (Mooncake's hash_ids
+    /// are of 512-token blocks).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub block_tokens: u32,
+    /// Keep the entries from START to END seconds after the first line (END left out:
+    /// to the end), their offsets rebased to START.
+    #[arg(long, value_name = "START:END")]
+    pub window: Option<String>,
+    /// Keep the first N entries (of the window).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// The plan's load.speedup: 2 sends every entry at half its offset.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Seed of the prompts' words and of the sample of prompts checked (ChaCha8).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Sort the kept window by time (held in memory) instead of refusing a file out of
+    /// time order.
+    #[arg(long)]
+    pub sort: bool,
+    /// Keep failed requests (0 output tokens) as entries asking for 1 output token,
+    /// instead of skipping them.
+    #[arg(long)]
+    pub keep_failed: bool,
+    /// Whole prompts re-encoded under the tokenizer: a seeded sample of 1,000, or all
+    /// (every distinct block is re-encoded either way).
+    #[arg(long, value_enum, default_value_t = TraceVerify::Sample)]
+    pub verify: TraceVerify,
+    /// Add `"ignore_eos": true` (vLLM, SGLang: generate all the entry's output tokens).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Add `"min_tokens"` = the entry's output tokens (vLLM, SGLang).
+    #[arg(long)]
+    pub min_tokens: bool,
+    /// The API the prompts are written for. Default: the one --endpoint's path names,
+    /// else completions (a chat template adds tokens the tokenizer cannot count).
+    #[arg(long, value_enum)]
+    pub api: Option<PromptApi>,
+    /// The worker: an origin (the API's path is added) or a full URL.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: String,
+    /// The model every request names.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Ask for event streams (with stream_options.include_usage).
+    #[arg(long)]
+    pub stream: bool,
+    /// Sampling temperature of every request.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// A JSON object of provenance (the plan's metadata).
+    #[arg(long, value_name = "FILE")]
+    pub metadata: Option<PathBuf>,
+    /// Bound on each whole exchange, in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout_seconds: f64,
+    /// Times the whole trace is replayed.
+    #[arg(long, default_value_t = 1)]
+    pub repetitions: usize,
+    /// Requests in flight at most (the next send waits).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Where to write the plan (refused if it exists); the trace file goes beside it as
+    /// `<PLAN stem>.trace.jsonl` (refused if it exists).
+    #[arg(long, value_name = "PLAN")]
+    pub out: PathBuf,
+}
+
+/// A public trace's format on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum TraceFormat {
+    Mooncake,
+    Azure,
+    Burstgpt,
+}
+
+impl TraceFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceFormat::Mooncake => "mooncake",
+            TraceFormat::Azure => "azure",
+            TraceFormat::Burstgpt => "burstgpt",
+        }
+    }
+}
+
+/// Which whole prompts `plan from-trace` re-encodes.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceVerify {
+    Sample,
+    All,
 }
 
 /// What both `plan` sources share: where the requests go, what they ask, the budget and

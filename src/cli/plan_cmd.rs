@@ -1,25 +1,30 @@
 //! `matrix-proxy plan from-jsonl FILE ...` and `matrix-proxy plan synthetic ...`: the
 //! flags checked, the prompts made (`crate::dataset`), the capture plan written or
-//! printed, and what it will send said on stderr. Sends nothing. `plan campaign` and
-//! `plan lock` are `plan_campaign.rs`'s.
+//! printed, and what it will send said on stderr. Sends nothing. `plan from-trace FILE`:
+//! the trace converted (`crate::dataset::trace`) to a trace file beside the plan, both
+//! written new. `plan campaign` and `plan lock` are `plan_campaign.rs`'s.
+
+use std::path::{Path, PathBuf};
 
 use serde_json::Map;
 
 use super::args::{
-    DatasetFormat, FromJsonlArgs, PlanCommand, PlanOutArgs, PromptApi, SyntheticArgs,
+    DatasetFormat, FromJsonlArgs, FromTraceArgs, PlanCommand, PlanOutArgs, PromptApi,
+    SyntheticArgs, TraceFormat, TraceVerify,
 };
-use super::freeze::{budget, check_out, emit, read_metadata};
-use super::io::{CliError, Exit, usage};
+use super::freeze::{budget, check_new, check_out, emit, read_metadata};
+use super::io::{CliError, Exit, tool, usage, write_new};
 use super::plan_campaign::{campaign_cmd, lock_cmd};
 use crate::config::flags;
 use crate::config::shape::Shape;
-use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic};
+use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic, trace};
 use crate::freeze::{Head, fill_metadata};
 
 pub fn plan_cmd(cmd: &PlanCommand) -> Result<Exit, CliError> {
     match cmd {
         PlanCommand::FromJsonl(a) => from_jsonl(a),
         PlanCommand::Synthetic(a) => synthetic_cmd(a),
+        PlanCommand::FromTrace(a) => from_trace(a),
         PlanCommand::Campaign(a) => campaign_cmd(a),
         PlanCommand::Lock(a) => lock_cmd(a),
     }
@@ -222,8 +227,18 @@ fn synthetic_description(a: &SyntheticArgs) -> String {
 /// `--api`, or the API `--endpoint`'s path names, else completions; an `--api` the path
 /// contradicts is refused.
 fn synthetic_api(a: &SyntheticArgs, endpoint: &crate::model::Endpoint) -> Result<Api, CliError> {
+    prompt_api(a.api, &a.out.endpoint, endpoint)
+}
+
+/// `given` (`--api`), or the API `--endpoint`'s path names, else completions; an `--api`
+/// the path contradicts is refused.
+pub(super) fn prompt_api(
+    given: Option<PromptApi>,
+    url: &str,
+    endpoint: &crate::model::Endpoint,
+) -> Result<Api, CliError> {
     let from_path = Api::of_endpoint(endpoint);
-    let Some(given) = a.api else {
+    let Some(given) = given else {
         return Ok(from_path.unwrap_or(Api::Completions));
     };
     let given = match given {
@@ -234,7 +249,7 @@ fn synthetic_api(a: &SyntheticArgs, endpoint: &crate::model::Endpoint) -> Result
         return Err(usage(format!(
             "--api {} does not match --endpoint {}, a path of the {} API: drop --api (the endpoint's path decides) or give --endpoint an origin or the {} API's path",
             given.name(),
-            a.out.endpoint,
+            url,
             p.name(),
             given.name()
         )));
@@ -341,4 +356,313 @@ fn write(
     }
     emit(o.out.as_deref(), &bytes)?;
     Ok(Exit::Ok)
+}
+
+/// Whole prompts re-encoded under `--verify sample`.
+const VERIFY_SAMPLE: usize = 1000;
+
+/// `plan from-trace FILE`: the trace file written beside the plan (through a temporary
+/// name, so a refused trace leaves nothing), then the plan; neither replaces a file.
+fn from_trace(a: &FromTraceArgs) -> Result<Exit, CliError> {
+    let checked = check_trace_flags(a)?;
+    let mut lines = Vec::new();
+    let mut metadata = match &a.metadata {
+        Some(p) => read_metadata(p)?,
+        None => Map::new(),
+    };
+    fill_metadata(&mut metadata, &mut lines);
+    let counter = synthetic::Counter::open(&a.tokenizer).map_err(|e| usage(e.to_string()))?;
+    let opts = trace::Options {
+        format: match a.format {
+            TraceFormat::Mooncake => trace::Format::Mooncake,
+            TraceFormat::Azure => trace::Format::Azure,
+            TraceFormat::Burstgpt => trace::Format::BurstGpt,
+        },
+        block_tokens: a.block_tokens,
+        seed: a.seed,
+        window: checked.window,
+        limit: a.limit,
+        sort: a.sort,
+        keep_failed: a.keep_failed,
+        verify: match a.verify {
+            TraceVerify::Sample => trace::Verify::Sample(VERIFY_SAMPLE),
+            TraceVerify::All => trace::Verify::All,
+        },
+    };
+    let (summary, sha256) = write_trace(a, &checked.trace, &counter, &opts)?;
+    let ask = Ask {
+        model: a.model.clone(),
+        max_tokens: None,
+        stream: a.stream,
+        temperature: Some(a.temperature),
+        ignore_eos: a.ignore_eos,
+        min_tokens: a.min_tokens,
+    };
+    let empty = match checked.api {
+        Api::Chat => serde_json::json!([]),
+        Api::Completions | Api::Raw => serde_json::json!(""),
+    };
+    let file = checked
+        .trace
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let plan = serde_json::json!({
+        "description": trace_description(a, &summary),
+        "endpoint": checked.url,
+        "repetitions": a.repetitions,
+        "timeout_seconds": a.timeout_seconds,
+        "metadata": metadata,
+        "load": {
+            "mode": "trace",
+            "max_in_flight": a.max_in_flight,
+            "speedup": a.speedup,
+            "trace": {"file": file, "sha256": sha256, "synthetic": summary.spec.to_json()},
+        },
+        "cases": [{"name": summary.spec.case, "request": ask.body(checked.api, empty, Some(1))}],
+    });
+    let written = crate::freeze::plan_bytes(&plan, crate::config::plan::MAX_PLAN_BYTES)
+        .map_err(|e| usage(e.to_string()))
+        .and_then(|bytes| write_new("--out", &a.out, &bytes));
+    if let Err(e) = written {
+        // The trace file is this command's own, made a moment ago: no plan, no trace.
+        let _ = std::fs::remove_file(&checked.trace);
+        return Err(e);
+    }
+    lines.extend(trace_lines(a, &summary, checked.api));
+    lines.push(format!(
+        "wrote {} and its trace {} (sha256 {sha256}); replay it with `matrix-proxy replay {0}`",
+        a.out.display(),
+        checked.trace.display()
+    ));
+    for line in &lines {
+        eprintln!("matrix-proxy: {line}");
+    }
+    Ok(Exit::Ok)
+}
+
+/// `plan from-trace`'s flags as checked before anything is read.
+struct TraceFlags {
+    url: String,
+    api: Api,
+    /// The trace file written beside the plan.
+    trace: PathBuf,
+    window: Option<(u64, Option<u64>)>,
+}
+
+fn check_trace_flags(a: &FromTraceArgs) -> Result<TraceFlags, CliError> {
+    check_new("--out", Some(&a.out))?;
+    let stem = a
+        .out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plan".into());
+    let trace = a.out.with_file_name(format!("{stem}.trace.jsonl"));
+    check_new("--out's trace file", Some(&trace))?;
+    if !a.temperature.is_finite() || a.temperature < 0.0 {
+        return Err(usage("--temperature must be a number >= 0"));
+    }
+    if !a.speedup.is_finite() || a.speedup <= 0.0 {
+        return Err(usage(
+            "--speedup must be a number above 0 (2: twice as fast)",
+        ));
+    }
+    flags::seconds("--timeout-seconds", a.timeout_seconds).map_err(usage)?;
+    if a.repetitions == 0 || a.max_in_flight == 0 || a.limit == Some(0) {
+        return Err(usage(
+            "--repetitions, --max-in-flight and --limit must be at least 1",
+        ));
+    }
+    if a.block_tokens == 0 || u64::from(a.block_tokens) > synthetic::MAX_TOKENS {
+        return Err(usage(format!(
+            "--block-tokens must be from 1 to {}",
+            synthetic::MAX_TOKENS
+        )));
+    }
+    let endpoint = flags::endpoint("--endpoint", &a.endpoint).map_err(usage)?;
+    let api = prompt_api(a.api, &a.endpoint, &endpoint)?;
+    let url = dataset::api_url(&endpoint, api).map_err(|e| usage(e.to_string()))?;
+    let window = a.window.as_deref().map(window).transpose()?;
+    Ok(TraceFlags {
+        url,
+        api,
+        trace,
+        window,
+    })
+}
+
+/// `--window START:END` (seconds; END may be left out) in nanoseconds.
+fn window(text: &str) -> Result<(u64, Option<u64>), CliError> {
+    let bad = || {
+        usage(format!(
+            "--window {text:?}: give START:END in seconds from the trace's first line, START >= 0 and END above it (END left out: to the end), e.g. 60:120"
+        ))
+    };
+    let (start, end) = text.split_once(':').ok_or_else(bad)?;
+    let ns = |s: &str| -> Result<u64, CliError> {
+        let x: f64 = s.trim().parse().map_err(|_| bad())?;
+        if !(0.0..=1e9).contains(&x) {
+            return Err(bad());
+        }
+        Ok((x * 1e9).round() as u64)
+    };
+    let start = ns(start)?;
+    let end = match end.trim() {
+        "" => None,
+        e => Some(ns(e)?),
+    };
+    if end.is_some_and(|e| e <= start) {
+        return Err(bad());
+    }
+    Ok((start, end))
+}
+
+/// A writer that hashes what passes through it.
+struct Hashed<W> {
+    inner: W,
+    hash: sha2::Sha256,
+}
+
+impl<W: std::io::Write> std::io::Write for Hashed<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(b)?;
+        sha2::Digest::update(&mut self.hash, &b[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The trace converted into `path` (new), and its SHA-256.
+fn write_trace(
+    a: &FromTraceArgs,
+    path: &Path,
+    counter: &synthetic::Counter,
+    opts: &trace::Options,
+) -> Result<(trace::Summary, String), CliError> {
+    let input = std::fs::File::open(&a.file)
+        .map_err(|e| usage(format!("{}: cannot read the trace: {e}", a.file.display())))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let out =
+        std::fs::File::create_new(&tmp).map_err(|e| tool(format!("{}: {e}", tmp.display())))?;
+    let mut hashed = Hashed {
+        inner: std::io::BufWriter::with_capacity(1 << 20, out),
+        hash: <sha2::Sha256 as sha2::Digest>::new(),
+    };
+    let file = a.file.display().to_string();
+    let reader = std::io::BufReader::with_capacity(1 << 20, input);
+    let converted = trace::convert(reader, &file, counter, opts, &mut hashed);
+    let summary = converted.map_err(|e| match e {
+        trace::TraceError::Write(_) => tool(e.to_string()),
+        _ => usage(e.to_string()),
+    });
+    let done = summary.and_then(|s| {
+        let synced = hashed
+            .inner
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all());
+        synced
+            .and_then(|()| std::fs::hard_link(&tmp, path))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => usage(format!(
+                    "{}: exists (made meanwhile); it is never replaced",
+                    path.display()
+                )),
+                _ => tool(format!("{}: {e}", path.display())),
+            })?;
+        Ok(s)
+    });
+    let _ = std::fs::remove_file(&tmp);
+    let summary = done?;
+    let sha256 = crate::record::rundir::hex(&sha2::Digest::finalize(hashed.hash));
+    Ok((summary, sha256))
+}
+
+/// The trace plan's description.
+fn trace_description(a: &FromTraceArgs, s: &trace::Summary) -> String {
+    format!(
+        "Capture plan written by matrix-proxy plan from-trace from the {} trace {}: {} entries of {} lines read{}{}, prompts under {} in blocks of {} tokens, seed {}; answers are recorded, not judged: replay it, then freeze the run.",
+        a.format.name(),
+        a.file.display(),
+        s.entries,
+        s.lines,
+        a.window
+            .as_deref()
+            .map(|w| format!(", window {w} s"))
+            .unwrap_or_default(),
+        a.limit
+            .map(|n| format!(", the first {n}"))
+            .unwrap_or_default(),
+        a.tokenizer.display(),
+        a.block_tokens,
+        a.seed
+    )
+}
+
+/// What `plan from-trace` kept and checked, for stderr.
+fn trace_lines(a: &FromTraceArgs, s: &trace::Summary, api: Api) -> Vec<String> {
+    let mut lines = vec![format!(
+        "kept {} entries of {} lines read from {} ({} format){}",
+        s.entries,
+        s.lines,
+        a.file.display(),
+        a.format.name(),
+        if s.stopped_early {
+            "; reading stopped at the limit or the window's end"
+        } else {
+            ""
+        }
+    )];
+    let mut skipped = Vec::new();
+    if s.failed > 0 && !a.keep_failed {
+        skipped.push(format!(
+            "{} failed requests (0 output tokens; --keep-failed keeps them)",
+            s.failed
+        ));
+    }
+    if s.outside_window > 0 {
+        skipped.push(format!("{} outside the window", s.outside_window));
+    }
+    if s.past_limit > 0 {
+        skipped.push(format!("{} past --limit", s.past_limit));
+    }
+    if !skipped.is_empty() {
+        lines.push(format!("skipped {}", skipped.join(", ")));
+    }
+    if s.failed > 0 && a.keep_failed {
+        lines.push(format!(
+            "kept {} failed requests (0 output tokens) as entries of 1 output token",
+            s.failed
+        ));
+    }
+    let secs = s.length_us as f64 / 1e6;
+    let mean = if secs > 0.0 {
+        format!("{:.2}", s.entries as f64 / secs)
+    } else {
+        "n/a".into()
+    };
+    lines.push(format!(
+        "the trace lasts {secs:.3} s: mean {mean} requests/s, peak {} in one second (offsets as recorded; the plan's speedup {} divides them)",
+        s.peak_per_second, a.speedup
+    ));
+    lines.push(format!(
+        "{} distinct blocks of up to {} tokens ({} of fresh ids, for tokens the trace names no block of), each re-encoded alone: exact; {} whole prompts re-encoded ({}): exact, special tokens included, each block's token ids the same inside the prompt as alone",
+        s.distinct_blocks,
+        a.block_tokens,
+        s.fresh_blocks,
+        s.verified_prompts,
+        match a.verify {
+            TraceVerify::Sample => format!("a sample of at most {VERIFY_SAMPLE}, seed {}", a.seed),
+            TraceVerify::All => "all".into(),
+        }
+    ));
+    if api == Api::Chat {
+        lines.push("warning: --api chat: the server's chat template adds tokens the tokenizer cannot count, so the prompts the server sees are longer than the trace's input tokens and blocks may not align with its prefix cache's".into());
+    }
+    lines
 }

@@ -213,10 +213,6 @@ pub(crate) fn prompt_text(
 /// The request body of an entry: `template` with `prompt` = the prompt (or, when the
 /// template has `messages`, one user message of it), `max_tokens` = `output_tokens`, and
 /// `min_tokens` = `output_tokens` when the template has `min_tokens`.
-#[allow(
-    dead_code,
-    reason = "replay's trace mode builds each body with it at send time"
-)]
 pub(crate) fn body(template: &Map<String, Value>, prompt: String, output_tokens: u64) -> Vec<u8> {
     let mut m = template.clone();
     if m.contains_key("messages") {

@@ -3,10 +3,16 @@
 //! (`jsonl.rs`: OpenAI chat, completion prompts, ShareGPT, raw request bodies; a seeded
 //! sample) or are made to an exact token count under a model's own tokenizer
 //! (`synthetic.rs`, from the corpus embedded in the binary). Nothing is sent: the plan is
-//! laid out as `freeze` lays one out and validated before it is written.
+//! laid out as `freeze` lays one out and validated before it is written. A public LLM
+//! trace (Mooncake, Azure, BurstGPT) becomes a trace plan's file of synthetic entries
+//! (`trace.rs`, reading with `trace_read.rs`, checking the prompts' counts under the
+//! tokenizer with `trace_verify.rs`).
 
 pub(crate) mod jsonl;
 pub(crate) mod synthetic;
+pub(crate) mod trace;
+mod trace_read;
+mod trace_verify;
 
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -169,6 +175,25 @@ pub(crate) fn capture_plan(
     capture_plan_within(head, budget, Target { endpoint, api }, prompts, limit)
 }
 
+/// The URL a capture plan's prompts for `api` go to: `endpoint` as given, or with the
+/// API's default path when it names only an origin; refused when its path is another
+/// API's.
+pub(crate) fn api_url(endpoint: &Endpoint, api: Api) -> Result<String, CapturePlanError> {
+    let origin_only = endpoint.path_and_query == "/";
+    if let Some(p) = Api::of_endpoint(endpoint).filter(|p| api != Api::Raw && *p != api) {
+        return Err(CapturePlanError::OtherApi {
+            url: endpoint.url(),
+            at: p,
+            api,
+        });
+    }
+    match (origin_only, api.default_path()) {
+        (true, Some(p)) => Ok(endpoint.with_path(p).url()),
+        (true, None) => Err(CapturePlanError::RawWithoutPath),
+        (false, _) => Ok(endpoint.url()),
+    }
+}
+
 /// Where a capture plan's prompts go and the API they are written for.
 #[derive(Clone, Copy)]
 struct Target<'a> {
@@ -185,22 +210,7 @@ fn capture_plan_within(
     limit: u64,
 ) -> Result<(Vec<u8>, Plan), CapturePlanError> {
     let Target { endpoint, api } = target;
-    let origin_only = endpoint.path_and_query == "/";
-    if let Some(p) = Api::of_endpoint(endpoint).filter(|p| api != Api::Raw && *p != api) {
-        return Err(CapturePlanError::OtherApi {
-            url: endpoint.url(),
-            at: p,
-            api,
-        });
-    }
-    let url = match (origin_only, api.default_path()) {
-        (true, Some(p)) => endpoint.with_path(p).url(),
-        (true, None) => {
-            return Err(CapturePlanError::RawWithoutPath);
-        }
-        (false, _) => endpoint.url(),
-    };
-    head.endpoint = url;
+    head.endpoint = api_url(endpoint, api)?;
     let mut plan = head_map(&head, budget);
     let count = prompts.len();
     // The prompts move into the plan (never two copies of every body).

@@ -105,6 +105,15 @@ pub(crate) struct Options {
     pub(crate) api: Api,
 }
 
+/// How a vocabulary word must encode to be taken ([`Counter::vocab_words`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Alone {
+    /// The word alone encodes back to the token it was decoded from (cache-bust tags).
+    Bare,
+    /// A space and the word encode to one token (trace prompts: `" " + word`).
+    Spaced,
+}
+
 /// A tokenizer and the corpus's sentences.
 pub(crate) struct Counter {
     tk: Tokenizer,
@@ -164,6 +173,18 @@ impl Counter {
     /// that decode to a plain ASCII word (letters or digits) which encodes back to that
     /// one token alone; at most [`TAG_WORDS`].
     fn tag_words(&self) -> Result<Vec<String>, SyntheticError> {
+        let words = self.vocab_words(Alone::Bare)?;
+        if words.len() < 2 {
+            return Err(SyntheticError::FewTagWords);
+        }
+        Ok(words)
+    }
+
+    /// Words of the vocabulary, in id order: the tokens that decode to a plain ASCII word
+    /// (letters or digits, at most 16) which encodes to one token as `alone` says (no
+    /// special tokens); each word once, at most [`TAG_WORDS`]. Trace prompts
+    /// (`plan from-trace`) are made of the [`Alone::Spaced`] ones.
+    pub(crate) fn vocab_words(&self, alone: Alone) -> Result<Vec<String>, SyntheticError> {
         let mut words = Vec::new();
         let mut seen = HashSet::new();
         for id in 0..self.tk.get_vocab_size(true) as u32 {
@@ -174,21 +195,33 @@ impl Counter {
             if w.is_empty() || w.len() > 16 || !w.chars().all(|c| c.is_ascii_alphanumeric()) {
                 continue;
             }
-            let alone = self
-                .tk
-                .encode(w, false)
-                .map_err(SyntheticError::Tokenizer)?;
-            if alone.get_ids() == [id] && seen.insert(w.to_string()) {
+            let one = match alone {
+                Alone::Bare => self.tk.encode(w, false),
+                Alone::Spaced => self.tk.encode(format!(" {w}"), false),
+            }
+            .map_err(SyntheticError::Tokenizer)?;
+            let fits = match alone {
+                Alone::Bare => one.get_ids() == [id],
+                Alone::Spaced => one.get_ids().len() == 1,
+            };
+            if fits && seen.insert(w.to_string()) {
                 words.push(w.to_string());
                 if words.len() >= TAG_WORDS {
                     break;
                 }
             }
         }
-        if words.len() < 2 {
-            return Err(SyntheticError::FewTagWords);
-        }
         Ok(words)
+    }
+
+    /// Token ids of `text`, with the post-processor's special tokens or without.
+    pub(crate) fn encode(&self, text: &str, specials: bool) -> Result<Vec<u32>, SyntheticError> {
+        Ok(self
+            .tk
+            .encode(text, specials)
+            .map_err(SyntheticError::Tokenizer)?
+            .get_ids()
+            .to_vec())
     }
 
     /// A cache-bust tag whose first token ids no earlier tag had (`taken`): words of
@@ -221,12 +254,7 @@ impl Counter {
     }
 
     fn ids(&self, text: &str) -> Result<Vec<u32>, SyntheticError> {
-        Ok(self
-            .tk
-            .encode(text, true)
-            .map_err(SyntheticError::Tokenizer)?
-            .get_ids()
-            .to_vec())
+        self.encode(text, true)
     }
 
     /// At least `need` tokens of corpus text: seeded sentences in a seeded order, started

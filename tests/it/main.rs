@@ -27,4 +27,5 @@ mod streaming;
 mod support;
 mod tls;
 mod trace;
+mod trace_import;
 mod verdict;
