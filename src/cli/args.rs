@@ -378,6 +378,9 @@ pub struct FromTraceArgs {
     /// Requests in flight at most (the next send waits).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_in_flight: usize,
+    /// The plan's connection policy.
+    #[arg(long, value_enum, default_value_t = PlanConnection::KeepAlive)]
+    pub connection: PlanConnection,
     /// Where to write the plan (refused if it exists); the trace file goes beside it as
     /// `<PLAN stem>.trace.jsonl` (refused if it exists).
     #[arg(long, value_name = "PLAN")]

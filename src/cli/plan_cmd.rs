@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Map;
 
 use super::args::{
-    DatasetFormat, FromJsonlArgs, FromTraceArgs, PlanCommand, PlanOutArgs, PromptApi,
-    SyntheticArgs, TraceFormat, TraceVerify,
+    DatasetFormat, FromJsonlArgs, FromTraceArgs, PlanCommand, PlanConnection, PlanOutArgs,
+    PromptApi, SyntheticArgs, TraceFormat, TraceVerify,
 };
 use super::freeze::{budget, check_new, check_out, emit, read_metadata};
 use super::io::{CliError, Exit, tool, usage, write_new};
@@ -409,6 +409,10 @@ fn from_trace(a: &FromTraceArgs) -> Result<Exit, CliError> {
     let plan = serde_json::json!({
         "description": trace_description(a, &summary),
         "endpoint": checked.url,
+        "connection": match a.connection {
+            PlanConnection::KeepAlive => "keep-alive",
+            PlanConnection::Fresh => "fresh",
+        },
         "repetitions": a.repetitions,
         "timeout_seconds": a.timeout_seconds,
         "metadata": metadata,
@@ -422,7 +426,12 @@ fn from_trace(a: &FromTraceArgs) -> Result<Exit, CliError> {
     });
     let written = crate::freeze::plan_bytes(&plan, crate::config::plan::MAX_PLAN_BYTES)
         .map_err(|e| usage(e.to_string()))
-        .and_then(|bytes| write_new("--out", &a.out, &bytes));
+        .and_then(|bytes| {
+            // The plan is what validate reads (its trace file is read back by replay).
+            crate::config::plan::Plan::from_json_bytes(&bytes)
+                .map_err(|e| tool(format!("internal: the trace plan does not validate: {e}")))?;
+            write_new("--out", &a.out, &bytes)
+        });
     if let Err(e) = written {
         // The trace file is this command's own, made a moment ago: no plan, no trace.
         let _ = std::fs::remove_file(&checked.trace);
@@ -642,16 +651,26 @@ fn trace_lines(a: &FromTraceArgs, s: &trace::Summary, api: Api) -> Vec<String> {
     }
     let secs = s.length_us as f64 / 1e6;
     let mean = if secs > 0.0 {
-        format!("{:.2}", s.entries as f64 / secs)
+        format!("{:.2}", s.entries.saturating_sub(1) as f64 / secs)
     } else {
         "n/a".into()
     };
     lines.push(format!(
-        "the trace lasts {secs:.3} s: mean {mean} requests/s, peak {} in one second (offsets as recorded; the plan's speedup {} divides them)",
+        "the trace lasts {secs:.3} s: mean {mean} requests/s ((entries - 1) / length), peak {} in one second (offsets as recorded; the plan's speedup {} divides them)",
         s.peak_per_second, a.speedup
     ));
+    let blocks = if s.whole_blocks {
+        "each re-encoded alone".to_string()
+    } else {
+        format!(
+            "each exact by its junctions ({} ordered pairs of the {} words encoded together: each its two words' tokens), {} of them re-encoded alone (a seeded sample)",
+            s.junctions,
+            s.spec.words.len(),
+            s.verified_blocks
+        )
+    };
     lines.push(format!(
-        "{} distinct blocks of up to {} tokens ({} of fresh ids, for tokens the trace names no block of), each re-encoded alone: exact; {} whole prompts re-encoded ({}): exact, special tokens included, each block's token ids the same inside the prompt as alone",
+        "{} distinct blocks of up to {} tokens ({} of fresh ids, for tokens the trace names no block of), {blocks}: exact; {} whole prompts re-encoded ({}): exact, special tokens included, each block's token ids the same inside the prompt as alone",
         s.distinct_blocks,
         a.block_tokens,
         s.fresh_blocks,

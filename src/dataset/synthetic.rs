@@ -185,6 +185,15 @@ impl Counter {
     /// special tokens); each word once, at most [`TAG_WORDS`]. Trace prompts
     /// (`plan from-trace`) are made of the [`Alone::Spaced`] ones.
     pub(crate) fn vocab_words(&self, alone: Alone) -> Result<Vec<String>, SyntheticError> {
+        self.vocab_words_up_to(alone, TAG_WORDS)
+    }
+
+    /// [`Self::vocab_words`], at most `max` of them.
+    pub(crate) fn vocab_words_up_to(
+        &self,
+        alone: Alone,
+        max: usize,
+    ) -> Result<Vec<String>, SyntheticError> {
         let mut words = Vec::new();
         let mut seen = HashSet::new();
         for id in 0..self.tk.get_vocab_size(true) as u32 {
@@ -206,12 +215,18 @@ impl Counter {
             };
             if fits && seen.insert(w.to_string()) {
                 words.push(w.to_string());
-                if words.len() >= TAG_WORDS {
+                if words.len() >= max {
                     break;
                 }
             }
         }
         Ok(words)
+    }
+
+    /// The tokenizer splits its input before the model sees it (a pre-tokenizer): a
+    /// text's tokens are then decided piece by piece, by the characters at each split.
+    pub(crate) fn splits_text(&self) -> bool {
+        self.tk.get_pre_tokenizer().is_some()
     }
 
     /// Token ids of `text`, with the post-processor's special tokens or without.

@@ -27,11 +27,20 @@ pub(crate) use super::trace_read::Format;
 pub(crate) const MAX_DISTINCT_BLOCKS: usize = 1 << 23;
 /// The most entries `--sort` holds.
 pub(crate) const MAX_SORTED: usize = 1 << 22;
+/// Words a trace's prompts are made of: few enough that every ordered pair of them is
+/// encoded once (65,536 pairs), so every junction of every block is checked without
+/// encoding each block whole.
+pub(crate) const TRACE_WORDS: usize = 256;
+
+/// Distinct blocks re-encoded whole under `--verify sample` (a seeded sample).
+pub(crate) const BLOCK_SAMPLE: usize = 1000;
+
 /// Blocks (or, under `--verify all`, prompts) checked together in one batch.
 const BATCH_BLOCKS: usize = 4096;
 const BATCH_PROMPTS: usize = 256;
 
-/// Which whole prompts are re-encoded (every distinct block always is).
+/// Which whole prompts and blocks are re-encoded: a seeded sample (every block's
+/// junctions are checked with every pair of words), or every one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verify {
     /// A seeded sample of this many (ChaCha8 with the seed).
@@ -78,6 +87,12 @@ pub(crate) struct Summary {
     /// Blocks of fresh ids (among the distinct ones).
     pub(crate) fresh_blocks: u64,
     pub(crate) verified_prompts: u64,
+    /// Distinct blocks re-encoded whole, and whether that was every one of them (else
+    /// each was checked by its junctions: [`Verifier::junctions`]).
+    pub(crate) verified_blocks: u64,
+    pub(crate) whole_blocks: bool,
+    /// Ordered pairs of words encoded together (every pair of the spec's words).
+    pub(crate) junctions: u64,
 }
 
 /// Why a trace is not converted.
@@ -141,7 +156,7 @@ pub(crate) enum TraceError {
 /// The synthetic spec of a trace plan under `counter`: its vocabulary's one-token words.
 pub(crate) fn spec(counter: &Counter, opts: &Options) -> Result<SyntheticSpec, TraceError> {
     let words = counter
-        .vocab_words(Alone::Spaced)
+        .vocab_words_up_to(Alone::Spaced, TRACE_WORDS)
         .map_err(TraceError::Tokenizer)?;
     if words.len() < 2 {
         return Err(TraceError::FewWords(words.len()));
@@ -187,6 +202,10 @@ pub(crate) fn convert(
         counter,
         spec: &spec,
     };
+    let junctions = verifier.junctions().map_err(|source| TraceError::Verify {
+        file: file.to_string(),
+        source,
+    })?;
     let mut w = Writer::new(out, &verifier, opts, file);
     let mut read = Reading {
         file,
@@ -221,7 +240,7 @@ pub(crate) fn convert(
             w.emit(e)?;
         }
     }
-    w.finish(spec.clone())
+    w.finish(spec.clone()).map(|s| Summary { junctions, ..s })
 }
 
 /// The input's state while it is read.
@@ -361,6 +380,12 @@ struct Writer<'a, W: Write> {
     pending_prompts: Vec<PromptCheck>,
     /// The seeded sample of prompts (at most the sample's size).
     sample: Vec<PromptCheck>,
+    /// Every distinct block is re-encoded whole (else a sample of them).
+    whole_blocks: bool,
+    /// Distinct blocks so far, and the seeded sample of them re-encoded whole.
+    distinct: u64,
+    block_sample: Vec<BlockCheck>,
+    verified_blocks: u64,
     rng: Seeded,
     verified_prompts: u64,
 }
@@ -398,6 +423,10 @@ impl<'a, W: Write> Writer<'a, W> {
             sample: Vec::new(),
             rng: Seeded::new(opts.seed),
             verified_prompts: 0,
+            whole_blocks: opts.verify == Verify::All || !verifier.counter.splits_text(),
+            distinct: 0,
+            block_sample: Vec::new(),
+            verified_blocks: 0,
         }
     }
 
@@ -436,8 +465,11 @@ impl<'a, W: Write> Writer<'a, W> {
                 self.seen.insert((id, words))
             };
             if new {
-                let line = e.line;
-                self.pending_blocks.push(BlockCheck { id, words, line });
+                self.new_block(BlockCheck {
+                    id,
+                    words,
+                    line: e.line,
+                });
             }
         }
         let prompt = PromptCheck {
@@ -469,6 +501,23 @@ impl<'a, W: Write> Writer<'a, W> {
         self.peak = self.peak.max(self.in_second);
     }
 
+    /// A distinct block: re-encoded whole (every one under `--verify all`, or when the
+    /// tokenizer has no pre-tokenizer to split words), else into the seeded sample of
+    /// [`BLOCK_SAMPLE`] (its junctions are checked with every pair of words).
+    fn new_block(&mut self, b: BlockCheck) {
+        self.distinct += 1;
+        if self.whole_blocks {
+            self.pending_blocks.push(b);
+        } else if self.block_sample.len() < BLOCK_SAMPLE {
+            self.block_sample.push(b);
+        } else {
+            let j = self.rng.below(self.distinct) as usize;
+            if j < BLOCK_SAMPLE {
+                self.block_sample[j] = b;
+            }
+        }
+    }
+
     /// Reservoir sampling (algorithm R): each entry is in the sample with equal chance.
     fn sampled(&mut self, prompt: PromptCheck, k: usize) {
         let seen = self.entries;
@@ -488,6 +537,7 @@ impl<'a, W: Write> Writer<'a, W> {
             source,
         };
         self.verifier.blocks(&self.pending_blocks).map_err(err)?;
+        self.verified_blocks += self.pending_blocks.len() as u64;
         self.verifier.prompts(&self.pending_prompts).map_err(err)?;
         self.verified_prompts += self.pending_prompts.len() as u64;
         self.pending_blocks.clear();
@@ -512,6 +562,8 @@ impl<'a, W: Write> Writer<'a, W> {
             });
         }
         self.check_pending()?;
+        self.pending_blocks = std::mem::take(&mut self.block_sample);
+        self.check_pending()?;
         let sample = std::mem::take(&mut self.sample);
         self.verifier
             .prompts(&sample)
@@ -534,6 +586,9 @@ impl<'a, W: Write> Writer<'a, W> {
             distinct_blocks: self.seen.len() as u64 + self.fresh_blocks,
             fresh_blocks: self.fresh_blocks,
             verified_prompts: self.verified_prompts,
+            verified_blocks: self.verified_blocks,
+            whole_blocks: self.whole_blocks,
+            junctions: 0,
         })
     }
 }

@@ -1,6 +1,8 @@
 //! The check that a trace plan's prompts count what its entries say (`plan from-trace`):
-//! every distinct block's text re-encoded alone (`n` words, `n` tokens), and whole prompts
-//! re-encoded (exactly `input_tokens`, special tokens included, each block's own token
+//! every ordered pair of the words encoded together (each junction of two words splits and
+//! merges nothing: so every distinct block is its words' tokens), distinct blocks'
+//! texts re-encoded alone (`n` words, `n` tokens: a seeded sample, or every one), and
+//! whole prompts re-encoded (exactly `input_tokens`, special tokens included, each block's own token
 //! ids at its place: no merge crosses a block's edge). The work is split over the
 //! machine's cores (at most [`MAX_THREADS`]), one batch at a time.
 
@@ -58,6 +60,19 @@ pub(crate) enum VerifyError {
         #[source]
         source: WordCountError,
     },
+    /// Two words after a space encode together to other tokens than their own.
+    #[error(
+        "the words {first:?} and {second:?} encode to {got:?} together (\" {first} {second}\"), not to their own tokens {want:?}: this tokenizer merges or splits across words, so prompts of an exact count cannot be made of its words"
+    )]
+    Junction {
+        first: String,
+        second: String,
+        got: Vec<u32>,
+        want: [u32; 2],
+    },
+    /// A word after a space is not one token.
+    #[error("the word {word:?} after a space encodes to {got:?}, not one token")]
+    Word { word: String, got: Vec<u32> },
     #[error("{0}")]
     Tokenizer(#[source] SyntheticError),
 }
@@ -69,6 +84,51 @@ pub(crate) struct Verifier<'a> {
 }
 
 impl Verifier<'_> {
+    /// Every ordered pair of the spec's words, each after a space (`" a b"`), encodes to
+    /// the two words' own tokens: the tokenizer splits at every junction of two words
+    /// and merges nothing across it. With each word one token alone, a block of any of
+    /// them is then exactly its words' tokens wherever it stands, for a tokenizer whose
+    /// pre-tokenizer splits by the characters at each place (byte-level regexes,
+    /// Metaspace, Whitespace): every distinct block is checked without being encoded
+    /// whole. The number of pairs.
+    pub(crate) fn junctions(&self) -> Result<u64, VerifyError> {
+        let words = &self.spec.words;
+        let mut ids = Vec::with_capacity(words.len());
+        for w in words {
+            let got = self
+                .counter
+                .encode(&format!(" {w}"), false)
+                .map_err(VerifyError::Tokenizer)?;
+            match got[..] {
+                [id] => ids.push(id),
+                _ => {
+                    return Err(VerifyError::Word {
+                        word: w.clone(),
+                        got,
+                    });
+                }
+            }
+        }
+        let n = words.len();
+        let pairs: Vec<(usize, usize)> = (0..n * n).map(|k| (k / n, k % n)).collect();
+        parallel(&pairs, |&(a, b)| {
+            let got = self
+                .counter
+                .encode(&format!(" {} {}", words[a], words[b]), false)
+                .map_err(VerifyError::Tokenizer)?;
+            if got[..] != [ids[a], ids[b]] {
+                return Err(VerifyError::Junction {
+                    first: words[a].clone(),
+                    second: words[b].clone(),
+                    got,
+                    want: [ids[a], ids[b]],
+                });
+            }
+            Ok(())
+        })?;
+        Ok(pairs.len() as u64)
+    }
+
     /// Every block of `items` encodes alone to its word count.
     pub(crate) fn blocks(&self, items: &[BlockCheck]) -> Result<(), VerifyError> {
         parallel(items, |b| {

@@ -373,6 +373,15 @@ fn azure_and_burstgpt_csvs_give_offsets_tokens_and_failed_rows() {
          \"2023-11-16 18:15:49.0000000\",20,1\n",
     );
     let c = convert(dir, "az", &azure, "azure", &["--block-tokens", "8"]);
+    // By default every distinct block is checked by its junctions (every ordered pair of
+    // the words encoded together once), a sample of them re-encoded whole.
+    assert!(
+        c.err.contains(
+            "each exact by its junctions (25 ordered pairs of the 5 words encoded together"
+        ),
+        "{}",
+        c.err
+    );
     // 100 ns digits: 0.5000005 s is 500,000 µs (rounded down).
     assert_eq!(offsets(&c), [0, 500_000, 2_319_410]);
     assert_eq!(field(&c, "input_tokens"), [10, 5, 20]);
@@ -585,7 +594,8 @@ fn hostile_traces_are_refused_naming_the_file_and_line() {
 }
 
 /// A tokenizer that merges across words (no pre-tokenizer; " a" + " a" is one token) is
-/// refused by the re-encoding, naming the block and the counts, and writes nothing.
+/// refused by the check of every pair of words, naming the pair and the tokens, and
+/// writes nothing.
 #[test]
 fn a_tokenizer_merging_across_words_is_refused_by_the_check() {
     let tmp = tempfile::tempdir().unwrap();
@@ -616,8 +626,8 @@ fn a_tokenizer_merging_across_words_is_refused_by_the_check() {
     let (code, err, out) = try_convert(dir, "p", &trace, "mooncake", &["--block-tokens", "16"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("block 1099511627776 of 16 words encodes to")
-            && err.contains("tokens, not 16"),
+        err.contains("the words \"a\" and \"a\" encode to [")
+            && err.contains("together (\" a a\"), not to their own tokens"),
         "{err}"
     );
     assert!(!out.exists() && !dir.join("p.trace.jsonl").exists());
