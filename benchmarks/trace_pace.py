@@ -6,7 +6,8 @@ Side by side in one run, ROUNDS times with the order swapped every round:
   2,000/s for 5 s, written here (seeded; a trace file pinned by its SHA-256);
 - an open-loop plan at 2,000/s, Poisson, 5 s a round.
 Each replays 2 measured rounds (keep-alive, max_in_flight 256) against
-`matrix-proxy mock-worker` in its own process; with `taskset`, replay runs on CPU 0 and
+`matrix-proxy mock-worker` in its own process (1 ms a request, no batch limit, so it keeps
+up with the rate); with `taskset`, replay runs on CPU 0 and
 the mock on CPU 1. From each run's summary.json: send lag p50 / p99 (median over its
 rounds), sent vs scheduled rate, saturated rounds, and the trace rounds' wake-up floor
 (p99 of a bare thread sleeping to deadlines 500 µs apart just before each round). The
@@ -95,7 +96,10 @@ def replay(work: Path, name: str, k: int):
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="trace-pace-"))
     port = free_port()
-    mock = subprocess.Popen(pinned(1) + [BIN, "mock-worker", "--listen", f"127.0.0.1:{port}"],
+    # A worker that keeps up (1 ms a request, no batch limit): the numbers are the pacer's.
+    mock = subprocess.Popen(pinned(1) + [BIN, "mock-worker", "--listen", f"127.0.0.1:{port}",
+                                         "--prefill-ms", "1", "--per-token-ms", "0",
+                                         "--max-batch", "1024"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
