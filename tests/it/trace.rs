@@ -388,6 +388,16 @@ fn the_shipped_trace_demo_is_its_scripts_output_and_validates() {
             "plans/{f} differs from what scripts/make-trace-demo.py writes: run it again"
         );
     }
+    // And plan from-trace's worked example, plans/mooncake-sample.jsonl, is its script's.
+    let check = std::process::Command::new("python3")
+        .args(["scripts/make-trace-samples.py", "--check"])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
     let (code, _, err) = run(&["validate", "plans/trace-demo.json"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("trace of 72 entries"), "{err}");
