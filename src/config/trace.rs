@@ -161,7 +161,18 @@ struct Builder<'a> {
     trace: Trace,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    fn new(names: &'a Names<'a>) -> Builder<'a> {
+        Builder {
+            names,
+            trace: Trace {
+                entries: Vec::new(),
+                blocks: Vec::new(),
+                sha256: String::new(),
+            },
+        }
+    }
+
     fn finish(self) -> Result<Trace, TraceError> {
         if self.trace.entries.is_empty() {
             return Err(TraceError::Empty);
@@ -290,14 +301,7 @@ impl Trace {
         names: &Names<'_>,
         want: &str,
     ) -> Result<Trace, TraceError> {
-        let mut b = Builder {
-            names,
-            trace: Trace {
-                entries: Vec::new(),
-                blocks: Vec::new(),
-                sha256: String::new(),
-            },
-        };
+        let mut b = Builder::new(names);
         let mut hash = Sha256::new();
         let mut buf = Vec::new();
         let mut fault = None;
@@ -350,14 +354,7 @@ impl Trace {
         items: &[serde_json::Value],
         names: &Names<'_>,
     ) -> Result<Trace, Vec<(usize, EntryFault)>> {
-        let mut b = Builder {
-            names,
-            trace: Trace {
-                entries: Vec::new(),
-                blocks: Vec::new(),
-                sha256: String::new(),
-            },
-        };
+        let mut b = Builder::new(names);
         let mut faults = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let pushed = Line::deserialize(item)

@@ -302,13 +302,6 @@ async fn at_max_in_flight_sends_wait_and_the_round_is_marked_saturated() {
     );
 }
 
-/// An RFC 3339 instant `secs` from now (the wall clock, as a user's `date -u` gives it).
-#[allow(clippy::disallowed_methods)]
-fn utc_in(secs: u64) -> String {
-    let at = std::time::SystemTime::now() + Duration::from_secs(secs);
-    chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 /// Each round's (rate, repetition) -> its recorded intended offsets from the round's first
 /// and the dispatch indices, over the measured rows of `rows`.
 type Rounds = std::collections::BTreeMap<(u64, i32), (Vec<i64>, Vec<i64>)>;
@@ -441,21 +434,7 @@ async fn three_shards_merged_give_the_unsharded_schedule_and_the_same_rounds() {
     assert_eq!(merged["planned_requests"], json!(own));
     // The union of the shards' intended times, each on its own run clock moved to the
     // shared start, is the unsharded schedule; every arrival was sent by one shard.
-    let shard_rows: Vec<(Rows, i64)> = (0..3)
-        .map(|i| {
-            let config = read_json(&out.join(format!("shards/{i}/config.json")));
-            let rows = Rows {
-                batches: std::fs::read_dir(out.join(format!("exchanges/shard={i}")))
-                    .unwrap()
-                    .flat_map(|e| read_parquet(&e.unwrap().path()))
-                    .collect(),
-            };
-            (
-                rows,
-                config["shard"]["start_at_offset_us"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let shard_rows: Vec<(Rows, i64)> = (0..3).map(|i| shard_rows(&out, i)).collect();
     let (sharded, whole) = (
         rounds_of(&shard_rows),
         rounds_of(&[(Rows::read(&single), 0)]),

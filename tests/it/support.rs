@@ -986,3 +986,94 @@ pub fn measured(rows: &Rows, rep: i32) -> Vec<(i64, i64, i64, i64)> {
     v.sort_unstable();
     v
 }
+
+/// A byte-level BPE tokenizer.json (GPT-2's byte alphabet, a few merges, a `<s>` BOS
+/// added by its post-processor), written to `dir` as tokenizer.json: the tokenizer the
+/// dataset and trace tests count prompts with (no download).
+pub fn test_tokenizer(dir: &Path) -> PathBuf {
+    // GPT-2's bytes-to-unicode: printable bytes stand for themselves, the others are
+    // shifted past 255.
+    let mut vocab = serde_json::Map::new();
+    let mut shifted = 0u32;
+    let mut char_of = Vec::new();
+    for b in 0u32..256 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap()
+        };
+        char_of.push(c);
+    }
+    for (id, c) in char_of.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(id));
+    }
+    let space = char_of[b' ' as usize];
+    let merges: Vec<(String, String)> = [
+        (format!("{space}"), "t"),
+        ("h".into(), "e"),
+        (format!("{space}t"), "he"),
+        ("i".into(), "n"),
+        (format!("{space}"), "a"),
+        ("e".into(), "r"),
+        ("o".into(), "n"),
+        (format!("{space}"), "s"),
+        ("r".into(), "e"),
+        ("a".into(), "n"),
+        ("in".into(), "g"),
+        (format!("{space}"), "w"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a, b.to_string()))
+    .collect();
+    for (a, b) in &merges {
+        let id = vocab.len();
+        vocab.insert(format!("{a}{b}"), json!(id));
+    }
+    let bos = vocab.len();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": bos, "content": "<s>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [bos], "tokens": ["<s>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab,
+                  "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    path
+}
+
+/// An RFC 3339 instant `secs` from now (the wall clock, as a user's `date -u` gives it).
+#[allow(clippy::disallowed_methods)]
+pub fn utc_in(secs: u64) -> String {
+    let at = std::time::SystemTime::now() + Duration::from_secs(secs);
+    chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Shard `i`'s rows of a sharded run's output folder `out`, and the shift that moves its
+/// run clock onto the shared timeline (`start_at_offset_us`).
+pub fn shard_rows(out: &Path, i: usize) -> (Rows, i64) {
+    let config = read_json(&out.join(format!("shards/{i}/config.json")));
+    let rows = Rows {
+        batches: std::fs::read_dir(out.join(format!("exchanges/shard={i}")))
+            .unwrap()
+            .flat_map(|e| read_parquet(&e.unwrap().path()))
+            .collect(),
+    };
+    (
+        rows,
+        config["shard"]["start_at_offset_us"].as_i64().unwrap(),
+    )
+}

@@ -194,12 +194,7 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
     // Two shards: an entry with a session key goes where its key's hash says, so a
     // session stays on one generator.
     let out = dir.path().join("out");
-    let start = {
-        #[allow(clippy::disallowed_methods)]
-        let at = std::time::SystemTime::now() + std::time::Duration::from_secs(3);
-        chrono::DateTime::<chrono::Utc>::from(at)
-            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    };
+    let start = utc_in(3);
     let mut children: Vec<_> = (0..2)
         .map(|i| {
             let shard = format!("{i}/2");
@@ -219,21 +214,7 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
     for c in &mut children {
         assert_eq!(exit_code(c, 60).await, Some(0));
     }
-    let shard_rows: Vec<(Rows, i64)> = (0..2)
-        .map(|i| {
-            let config = read_json(&out.join(format!("shards/{i}/config.json")));
-            let rows = Rows {
-                batches: std::fs::read_dir(out.join(format!("exchanges/shard={i}")))
-                    .unwrap()
-                    .flat_map(|e| read_parquet(&e.unwrap().path()))
-                    .collect(),
-            };
-            (
-                rows,
-                config["shard"]["start_at_offset_us"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let shard_rows: Vec<(Rows, i64)> = (0..2).map(|i| shard_rows(&out, i)).collect();
     // Each repetition's sends, on the shared timeline, relative to the round's first
     // measured entry: the shards' union is the unsharded round (the second round too,
     // whose start each shard takes from the timetable of the whole window's span).

@@ -378,20 +378,30 @@ fn round_metrics(
             rep + 1
         ));
     }
-    if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
-        ctx.base.progress.println(format!(
-            "warning: {arm}{} {} round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower the rate",
-            case.name,
-            crate::model::Level::named(at.level),
-            rep + 1,
-            o.late_sends,
-            round.attempted_requests,
-            metrics::SATURATION_LAG_US / 1000,
-            o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
-        ));
+    let here = format!(
+        "{arm}{} {} round {}",
+        case.name,
+        crate::model::Level::named(at.level),
+        rep + 1
+    );
+    if let Some(line) = saturated_line(&round, &here, "the rate") {
+        ctx.base.progress.println(line);
     }
     round.generator = Some(load);
     round
+}
+
+/// The warning a saturated open round (`here`: which one) earns: its late sends and the
+/// worst, and the fix (`lower`: what to lower besides raising `load.max_in_flight`).
+pub(super) fn saturated_line(round: &RoundMetrics, here: &str, lower: &str) -> Option<String> {
+    let o = round.open.as_ref().filter(|o| o.saturated)?;
+    Some(format!(
+        "warning: {here}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower {lower}",
+        o.late_sends,
+        round.attempted_requests,
+        metrics::SATURATION_LAG_US / 1000,
+        o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
+    ))
 }
 
 /// The round a round-edge scrape of the worker's metrics belongs to, or `None` when no

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::ctx::Ctx;
 use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
-use super::phases::{label, timetable_start, wait_until};
+use super::phases::{label, saturated_line, timetable_start, wait_until};
 use super::wave::{LagProbe, cores};
 use crate::clock;
 use crate::metrics::{self, GeneratorLoad, PhaseCounts, RoundMetrics, Sample};
@@ -154,16 +154,9 @@ fn with_generator(
             rep + 1
         ));
     }
-    if let Some(o) = round.open.as_ref().filter(|o| o.saturated) {
-        ctx.base.progress.println(format!(
-            "warning: {} trace round {}: saturated: {} of {} sends fell more than {} ms behind their schedule (worst {:.1} ms); raise load.max_in_flight or lower load.speedup",
-            round.case_name,
-            rep + 1,
-            o.late_sends,
-            round.attempted_requests,
-            metrics::SATURATION_LAG_US / 1000,
-            o.send_lag_max_us.unwrap_or(0) as f64 / 1000.0
-        ));
+    let here = format!("{} trace round {}", round.case_name, rep + 1);
+    if let Some(line) = saturated_line(&round, &here, "load.speedup") {
+        ctx.base.progress.println(line);
     }
     round.generator = Some(load);
     round
