@@ -45,6 +45,12 @@ pub fn freeze_cmd(args: &FreezeArgs) -> Result<Exit, CliError> {
     if let (Some(t), Some(path)) = (&frozen.trace, &trace_path) {
         write_new("--out", path, &t.bytes)?;
         eprintln!("matrix-proxy: wrote {}", path.display());
+        if let Err(e) = emit(args.out.as_deref(), &frozen.plan) {
+            // The trace is this command's own, written a moment ago: no plan, no trace.
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        return Ok(Exit::Ok);
     }
     emit(args.out.as_deref(), &frozen.plan)?;
     Ok(Exit::Ok)
@@ -149,13 +155,17 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         .map(|u| flags::endpoint("--endpoint", u))
         .transpose()
         .map_err(usage)?;
+    // A trace plan replays the whole trace `repetitions` times: once is enough.
+    let trace_once = args.keep_timing && args.repetitions == 1;
+    let reps = if trace_once { 2 } else { args.repetitions };
     let mut budget = budget(
         &args.concurrency,
         args.requests_per_case,
-        (args.repetitions, args.warmup_per_case),
+        (reps, args.warmup_per_case),
         args.timeout_seconds,
         args.connection,
     )?;
+    budget.repetitions = args.repetitions;
     budget.on_failure = args.on_failure.map(|p| match p {
         PlanOnFailure::Stop => OnFailure::Stop,
         PlanOnFailure::Continue => OnFailure::Continue,

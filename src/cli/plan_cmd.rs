@@ -470,9 +470,9 @@ fn check_trace_flags(a: &FromTraceArgs) -> Result<TraceFlags, CliError> {
     if !a.temperature.is_finite() || a.temperature < 0.0 {
         return Err(usage("--temperature must be a number >= 0"));
     }
-    if !a.speedup.is_finite() || a.speedup <= 0.0 {
+    if !a.speedup.is_finite() || !(0.001..=1e6).contains(&a.speedup) {
         return Err(usage(
-            "--speedup must be a number above 0 (2: twice as fast)",
+            "--speedup must be a number from 0.001 to 1000000 (2: twice as fast), as a plan's load.speedup",
         ));
     }
     flags::seconds("--timeout-seconds", a.timeout_seconds).map_err(usage)?;
@@ -481,9 +481,9 @@ fn check_trace_flags(a: &FromTraceArgs) -> Result<TraceFlags, CliError> {
             "--repetitions, --max-in-flight and --limit must be at least 1",
         ));
     }
-    if a.block_tokens == 0 || u64::from(a.block_tokens) > synthetic::MAX_TOKENS {
+    if a.block_tokens < 2 || u64::from(a.block_tokens) > synthetic::MAX_TOKENS {
         return Err(usage(format!(
-            "--block-tokens must be from 1 to {}",
+            "--block-tokens must be from 2 to {}",
             synthetic::MAX_TOKENS
         )));
     }

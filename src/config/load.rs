@@ -128,6 +128,32 @@ impl TraceLoad {
         };
     }
 
+    /// Why the window cannot be a round: it holds no measured entry (empty, or all within
+    /// the warm-up), or a round of it would last longer than [`MAX_TRACE_ROUND_SECONDS`].
+    pub(crate) fn window_problem(&self) -> Option<String> {
+        let n = self.entries.as_ref()?.entries.len();
+        let measured: u64 = self.counted.per_case.iter().sum();
+        let window = format!(
+            "the window [{} s, {}) of the trace's {n} entries",
+            self.start_us as f64 / 1e6,
+            self.end_us
+                .map_or("the end".into(), |e| format!("{} s", e as f64 / 1e6))
+        );
+        if measured == 0 {
+            return Some(format!(
+                "{window} holds no entry past load.warmup_seconds ({} s): a round would measure nothing; move the window or shorten the warm-up",
+                self.warmup_us as f64 / 1e6
+            ));
+        }
+        let secs = self.counted.span_us as f64 / 1e6;
+        (secs > MAX_TRACE_ROUND_SECONDS).then(|| {
+            format!(
+                "{window} would take {secs:.0} s a round at speedup {}, more than {MAX_TRACE_ROUND_SECONDS} s (31 days); replay a window of it or raise load.speedup",
+                self.speedup
+            )
+        })
+    }
+
     /// The last send's offset in a round of the whole window (every shard's): a shard's
     /// waves keep the shared timetable by it.
     pub(crate) fn span_us(&self) -> u64 {
@@ -243,6 +269,9 @@ fn rate_of(picks: &[Pick]) -> f64 {
         _ => 0.0,
     }
 }
+
+/// The longest a trace round may last (its window over its speed-up): 31 days.
+pub(crate) const MAX_TRACE_ROUND_SECONDS: f64 = 31.0 * 86_400.0;
 
 /// `max_in_flight` when the plan does not say.
 pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
@@ -587,20 +616,19 @@ impl Validator {
         }
     }
 
-    /// A trace file's name: relative to the plan's folder, within it (no `..`, not
-    /// absolute), so that a run directory keeps its copy at the same place beside its
-    /// plan.json.
+    /// A trace file's name: a `.jsonl` file in the plan's own folder (a name, no folder),
+    /// so that a run directory keeps its copy beside its plan.json, where no name of the
+    /// run's own (all `.json`, `.parquet`, `.ledger` or folders) can be taken.
     fn trace_file(&mut self, v: &Value) -> Option<String> {
         let path = "load.trace.file";
         let s = self.nonblank(v, path)?;
-        let p = std::path::Path::new(s);
-        let inside = p
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-        if !inside || s.contains('\\') {
+        let mut parts = std::path::Path::new(s).components();
+        let alone =
+            matches!(parts.next(), Some(std::path::Component::Normal(_))) && parts.next().is_none();
+        if !alone || s.contains(['/', '\\']) || s.starts_with('.') || !s.ends_with(".jsonl") {
             self.err(
                 path,
-                format!("'{s}' must name a file in the plan's folder or below it (no \"..\", not absolute): a run keeps its copy at the same place beside its plan.json"),
+                format!("'{s}' must name a .jsonl file beside the plan (a file name, no folder): a run keeps its copy beside its plan.json"),
             );
             return None;
         }

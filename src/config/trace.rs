@@ -3,8 +3,8 @@
 //! token counts and prefix block ids) and an optional session key. Read from a trace file
 //! (JSON Lines, its SHA-256 pinned by the plan; the caller opens it and hands the reader
 //! over) or from the plan's inline `load.trace.entries`, resolved against the plan's cases
-//! once, here. Held compactly (about 32 bytes an entry, the block ids in one arena), so a
-//! trace of millions of entries fits.
+//! once, here. Held compactly (about 32 bytes an entry, plus 8 a block id in one arena,
+//! at most 2^26 of them), so a trace of millions of entries fits.
 
 use std::io::BufRead;
 
@@ -24,6 +24,9 @@ pub(crate) const MAX_ENTRY_TOKENS: u64 = 1 << 20;
 
 /// Offsets and block ids are at most this (JSON numbers stay exact).
 const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// The most block ids a trace holds (512 MiB).
+const MAX_BLOCK_IDS: usize = 1 << 26;
 
 /// The longest session key.
 const MAX_SESSION_BYTES: usize = 256;
@@ -270,10 +273,10 @@ impl<'a> Builder<'a> {
             )));
         }
         let at = self.trace.blocks.len();
-        if at + blocks.len() > u32::MAX as usize {
-            return Err(EntryFault::Tokens(
-                "the trace holds more than 2^32 block ids".into(),
-            ));
+        if at + blocks.len() > MAX_BLOCK_IDS {
+            return Err(EntryFault::Tokens(format!(
+                "the trace holds more than {MAX_BLOCK_IDS} block ids (8 bytes each, held while it is replayed): replay a part of it"
+            )));
         }
         self.trace.blocks.extend_from_slice(blocks);
         Ok(Send::Synthetic {

@@ -391,6 +391,17 @@ impl Validator {
                 let case = &cases[rules.case as usize];
                 let template = case.variants.first().map(|v| &v.body[..]);
                 let object = template.and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                let judged = case
+                    .variants
+                    .iter()
+                    .any(|v| !matches!(v.oracle, crate::oracle::Oracle::Unjudged));
+                if judged {
+                    self.err(
+                        "load.trace.synthetic.case",
+                        format!("case '{}' is the synthetic entries' template: it takes no oracle (each entry's prompt, and so its answer, is its own); capture the answers, then freeze the run", case.name),
+                    );
+                    return None;
+                }
                 if case.variants.len() != 1 || !object.is_some_and(|o| o.is_object()) {
                     self.err(
                         "load.trace.synthetic.case",
@@ -415,7 +426,13 @@ impl Validator {
         match super::trace::Trace::inline(items, &names) {
             Ok(trace) => {
                 t.set_entries(trace, cases.len());
-                Some(())
+                match t.window_problem() {
+                    Some(why) => {
+                        self.err("load.trace", why);
+                        None
+                    }
+                    None => Some(()),
+                }
             }
             Err(faults) => {
                 for (i, f) in faults {
@@ -792,13 +809,58 @@ mod tests {
             errs.contains(&"load.speedup: goes with load.mode \"trace\"".to_string()),
             "{errs:?}"
         );
+        // A window with nothing to measure: past the last entry, or all warm-up.
+        for load in [
+            r#""start_offset_seconds": 9"#,
+            r#""end_offset_seconds": 1.5, "warmup_seconds": 2"#,
+        ] {
+            let errs = problems(&format!(
+                r#"{OPEN}, {CASE}, "load": {{"mode": "trace", {load},
+                  "trace": {{"entries": [{{"offset_us": 0, "case": "a"}}, {{"offset_us": 1000000, "case": "a"}}]}}}}"#
+            ));
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert!(
+                errs[0].starts_with("load.trace: the window [")
+                    && errs[0].contains("holds no entry past load.warmup_seconds"),
+                "{errs:?}"
+            );
+        }
+        // A round longer than 31 days (the window over the speed-up).
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "speedup": 0.5,
+              "trace": {{"entries": [{{"offset_us": 0, "case": "a"}}, {{"offset_us": 1400000000000, "case": "a"}}]}}}}"#
+        ));
+        assert!(
+            errs[0].contains(
+                "would take 2800000 s a round at speedup 0.5, more than 2678400 s (31 days)"
+            ),
+            "{errs:?}"
+        );
+        // A synthetic template judged by an oracle: every entry's answer is its own.
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "trace": {{"entries": [
+              {{"offset_us": 0, "input_tokens": 4, "output_tokens": 1, "blocks": [1]}}],
+              "synthetic": {{"case": "a", "block_tokens": 4, "special_tokens": 1, "seed": 0, "words": ["x"]}}}}}}"#
+        ));
+        assert!(errs[0].starts_with("load.trace.synthetic.case: case 'a' is the synthetic entries' template: it takes no oracle"), "{errs:?}");
+        // A trace file must be a .jsonl beside the plan: never a name the run writes.
+        let errs = problems(&format!(
+            r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "trace": {{"file": "plan.json", "sha256": "{}"}}}}"#,
+            "0".repeat(64)
+        ));
+        assert!(
+            errs[0].starts_with(
+                "load.trace.file: 'plan.json' must name a .jsonl file beside the plan"
+            ),
+            "{errs:?}"
+        );
         let errs = problems(&format!(
             r#"{OPEN}, {CASE}, "load": {{"mode": "trace", "trace": {{"file": "/etc/t.jsonl", "sha256": "AB"}}}}"#
         ));
         assert_eq!(
             errs,
             vec![
-                "load.trace.file: '/etc/t.jsonl' must name a file in the plan's folder or below it (no \"..\", not absolute): a run keeps its copy at the same place beside its plan.json",
+                "load.trace.file: '/etc/t.jsonl' must name a .jsonl file beside the plan (a file name, no folder): a run keeps its copy beside its plan.json",
                 "load.trace.sha256: 'AB' is not a SHA-256 in lowercase hex (64 characters)",
             ]
         );

@@ -27,6 +27,7 @@ pub(crate) struct TraceFile {
 
 /// What the plan's `load` becomes, with the trace file when the entries do not sit in the
 /// plan, and a line for stderr.
+#[derive(Debug)]
 pub(crate) struct TraceLoad {
     pub(crate) load: Value,
     pub(crate) file: Option<TraceFile>,
@@ -116,4 +117,74 @@ pub(crate) fn as_trace_plan(plan: Map<String, Value>, load: Value) -> Map<String
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed(n: usize) -> Vec<Timed> {
+        // Recorded out of order (completion order): entries come out in start order.
+        (0..n)
+            .rev()
+            .map(|i| Timed {
+                start_offset_us: 1_000 + i as i64 * 10,
+                exchange_id: i as i64,
+                case: i % 2,
+                variant: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_traces_sit_in_the_plan_and_large_ones_in_a_file_beside_it() {
+        let cases = vec![
+            json!({"name": "a"}),
+            json!({"name": "b", "variants": [{"name": "v1"}]}),
+        ];
+        let t = trace_load(timed(3), &cases, None).unwrap();
+        assert!(t.file.is_none());
+        assert_eq!(
+            t.load["trace"]["entries"],
+            json!([{"offset_us": 0, "case": "a"},
+                   {"offset_us": 10, "case": "b", "variant": "v1"},
+                   {"offset_us": 20, "case": "a"}])
+        );
+        // Past INLINE_ENTRIES: a file, pinned by its hash; refused without a name for it.
+        let many = INLINE_ENTRIES + 1;
+        let err = trace_load(timed(many), &cases, None).unwrap_err();
+        assert!(err.contains("give --out FILE"), "{err}");
+        let t = trace_load(timed(many), &cases, Some("x.trace.jsonl")).unwrap();
+        let bytes = t.file.unwrap().bytes;
+        assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), many);
+        use sha2::{Digest, Sha256};
+        assert_eq!(
+            t.load["trace"],
+            json!({"file": "x.trace.jsonl", "sha256": hex(&Sha256::digest(&bytes))})
+        );
+        // The trace plan: no closed-loop budget, `load` after `timeout_seconds`.
+        let mut plan = Map::new();
+        for k in [
+            "endpoint",
+            "concurrency",
+            "requests_per_case",
+            "repetitions",
+            "warmup_per_case",
+            "timeout_seconds",
+            "metadata",
+        ] {
+            plan.insert(k.into(), json!(1));
+        }
+        let keys: Vec<String> = as_trace_plan(plan, json!({})).keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                "endpoint",
+                "repetitions",
+                "timeout_seconds",
+                "load",
+                "metadata"
+            ]
+        );
+    }
 }

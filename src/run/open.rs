@@ -92,7 +92,14 @@ fn attach_trace(plan_path: &Path, plan: &mut Plan) -> Result<(), ReportError> {
     })?;
     let cases = plan.cases.len();
     plan.load.attach_trace(trace, cases);
-    Ok(())
+    let why = plan.load.trace.as_ref().and_then(|t| t.window_problem());
+    match why {
+        Some(why) => Err(ReportError::Refused(format!(
+            "{}: load.trace: {why}",
+            plan_path.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Where a plan's `load.trace.file` is: relative to the plan's folder.

@@ -127,13 +127,17 @@ async fn a_bursty_capture_frozen_with_its_timing_replays_at_its_recorded_times_a
     }
 }
 
-/// A trace of `n` entries in bursts: entry `i` at `i / 10` seconds plus `(i % 10)` ms,
-/// each with one of three session keys.
+/// A trace of `n` entries in bursts: entry `i` at `i / 10` x 0.25 s plus `(i % 10)` ms,
+/// with one of three session keys, but every fifth entry, which has none.
 fn bursts(n: usize) -> Vec<Value> {
     (0..n)
         .map(|i| {
-            json!({"offset_us": (i / 10) as u64 * 250_000 + (i % 10) as u64 * 1_000,
-                   "case": "a", "session": format!("s{}", i % 3)})
+            let mut e = json!({"offset_us": (i / 10) as u64 * 250_000 + (i % 10) as u64 * 1_000,
+                               "case": "a"});
+            if i % 5 != 4 {
+                e["session"] = json!(format!("s{}", i % 3));
+            }
+            e
         })
         .collect()
 }
@@ -221,16 +225,37 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
     for rep in 0..2 {
         let mut union: Vec<(i64, i64)> = Vec::new();
         let mut sessions: Vec<std::collections::BTreeSet<String>> = Vec::new();
+        let mut keyless: Vec<Vec<i64>> = Vec::new();
         for (rows, shift) in &shard_rows {
             let mine = sent(rows, rep);
             sessions.push(
                 mine.iter()
-                    .map(|r| entries[r.0 as usize]["session"].as_str().unwrap().into())
+                    .filter_map(|r| entries[r.0 as usize]["session"].as_str())
+                    .map(String::from)
+                    .collect(),
+            );
+            keyless.push(
+                mine.iter()
+                    .filter(|r| entries[r.0 as usize].get("session").is_none())
+                    .map(|r| r.0)
                     .collect(),
             );
             union.extend(mine.iter().map(|r| (r.0, r.1 - shift)));
         }
+        // Each session on one shard, and both shards send some.
         assert!(sessions[0].is_disjoint(&sessions[1]), "{sessions:?}");
+        assert!(
+            !sessions[0].is_empty() && !sessions[1].is_empty(),
+            "{sessions:?}"
+        );
+        // An entry without a key goes by its index in the window (from entry 10) mod 2.
+        for (i, mine) in keyless.iter().enumerate() {
+            assert!(!mine.is_empty(), "shard {i}");
+            assert!(
+                mine.iter().all(|e| (e - 10) % 2 == i as i64),
+                "shard {i}: {mine:?}"
+            );
+        }
         union.sort_unstable();
         let whole = sent(&rows, rep);
         let rel = |v: Vec<(i64, i64)>| -> Vec<(i64, i64)> {
@@ -344,7 +369,7 @@ fn a_trace_file_is_pinned_by_its_hash_and_refused_by_line() {
     let (code, _, err) = run(&["validate", s(&p)]);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("load.trace.file: '../t.trace.jsonl' must name a file in the plan's folder"),
+        err.contains("load.trace.file: '../t.trace.jsonl' must name a .jsonl file beside the plan"),
         "{err}"
     );
 }

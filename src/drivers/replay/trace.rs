@@ -43,7 +43,15 @@ pub(super) async fn trace_round(
             t.speedup
         ),
     ));
-    let floor = wake_floor().await;
+    // Each case's measured sends, counted once from this process's picks.
+    let mut planned: BTreeMap<usize, u64> = BTreeMap::new();
+    for p in picks.iter().filter(|p| !p.warmup) {
+        *planned.entry(t.case_of(p.entry)).or_default() += 1;
+    }
+    // The probe takes a quarter of a second: a shard measures it only when its wave's
+    // place in the timetable leaves the time.
+    let room = start_ns.is_none_or(|s| s.saturating_sub(clock::now_ns()) > FLOOR_ROOM_NS);
+    let floor = if room { wake_floor().await } else { None };
     let wave = OpenWave {
         phase: Phase::Measured,
         rate,
@@ -81,7 +89,7 @@ pub(super) async fn trace_round(
     by_case
         .into_iter()
         .map(|(ci, samples)| {
-            let planned = t.planned(ci, shard);
+            let planned = planned.get(&ci).copied().unwrap_or(0);
             let mut round = case_round(ctx, ci, Level::Rate(rate), rep, planned, &samples);
             if let Some(o) = round.open.as_mut() {
                 o.wake_floor_p99_us = floor;
@@ -95,6 +103,8 @@ pub(super) async fn trace_round(
 const FLOOR_STEP_NS: u64 = 500_000;
 /// Deadlines it sleeps to: a quarter of a second.
 const FLOOR_WAKES: u64 = 500;
+/// The time before a shard's wave the probe needs (its quarter second and a margin).
+const FLOOR_ROOM_NS: u64 = 350_000_000;
 
 /// The machine's wake-up floor just before a trace round: how late (p99, µs) a bare
 /// thread wakes when it sleeps to absolute deadlines 500 µs apart, as the pacer sleeps
