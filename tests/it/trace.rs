@@ -31,28 +31,43 @@ async fn a_bursty_capture_frozen_with_its_timing_replays_at_its_recorded_times_a
     let mock = start_mock(matrix_proxy::MockConfig::default()).await;
     let live = tmp.path().join("live");
     let serve = Serve::start(serve_args(&mock.url(), &live)).await;
-    let mut client = Client::connect(serve.addr).await;
-    // Three bursts of four requests, a second apart; three distinct prompts.
+    // Three bursts a second apart, each four requests at once from four keep-alive
+    // clients; three distinct prompts.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(Client::connect(serve.addr).await);
+    }
     for burst in 0..3 {
         if burst > 0 {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
-        for i in 0..4 {
-            let body = json!({"model": "m", "max_tokens": 4,
-                "messages": [{"role": "user", "content": format!("prompt {}", i % 3)}]});
-            let mut req = request(
-                "POST",
-                serve.addr,
-                "/v1/chat/completions",
-                Bytes::from(body.to_string()),
-            );
-            req.headers_mut()
-                .insert("content-type", "application/json".parse().unwrap());
-            let (status, _, _) = client.send(req).await.unwrap();
-            assert_eq!(status, 200);
+        let sends: Vec<_> = clients
+            .drain(..)
+            .enumerate()
+            .map(|(i, mut client)| {
+                let addr = serve.addr;
+                tokio::spawn(async move {
+                    let body = json!({"model": "m", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": format!("prompt {}", i % 3)}]});
+                    let mut req = request(
+                        "POST",
+                        addr,
+                        "/v1/chat/completions",
+                        Bytes::from(body.to_string()),
+                    );
+                    req.headers_mut()
+                        .insert("content-type", "application/json".parse().unwrap());
+                    let (status, _, _) = client.send(req).await.unwrap();
+                    assert_eq!(status, 200);
+                    client
+                })
+            })
+            .collect();
+        for s in sends {
+            clients.push(s.await.unwrap());
         }
     }
-    drop(client);
+    drop(clients);
     serve.stop().await.unwrap();
 
     let plan_path = tmp.path().join("trace.json");
@@ -69,9 +84,14 @@ async fn a_bursty_capture_frozen_with_its_timing_replays_at_its_recorded_times_a
         .map(|e| e["offset_us"].as_i64().unwrap())
         .collect();
     assert_eq!(recorded[0], 0);
-    // Repeats share a variant: three prompts, three variants, named by the entries.
+    // Repeats share a variant: three prompts, three variants, named by the entries (each
+    // burst sends prompt 0 twice).
     assert_eq!(plan["cases"][0]["variants"].as_array().unwrap().len(), 3);
-    assert_eq!(entries[3]["variant"], entries[0]["variant"]);
+    let names: std::collections::BTreeSet<&str> = entries[..4]
+        .iter()
+        .map(|e| e["variant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{entries:?}");
     // The bursts are a second apart in the recording.
     assert!(recorded[4] - recorded[3] > 900_000, "{recorded:?}");
     let (code, _, err) = run(&["validate", s(&plan_path)]);
@@ -123,7 +143,7 @@ async fn a_bursty_capture_frozen_with_its_timing_replays_at_its_recorded_times_a
         let floor = round["open_loop"]["wake_floor_p99_seconds"]
             .as_f64()
             .unwrap();
-        assert!((0.0..1.0).contains(&floor), "{floor}");
+        assert!(floor > 0.0 && floor < 1.0, "{floor}");
     }
 }
 
