@@ -16,6 +16,7 @@ mod oracle_spec;
 pub(crate) mod plan;
 pub(crate) mod shape;
 pub(crate) mod trace;
+mod trace_load;
 pub(crate) mod trace_text;
 mod walk;
 pub(crate) use walk::{REQUIRED_METADATA, trace_names};
