@@ -347,26 +347,7 @@ async fn three_shards_merged_give_the_unsharded_schedule_and_the_same_rounds() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_plan(dir.path(), "p.json", &plan);
     let out = dir.path().join("out");
-    let start = utc_in(3);
-    let mut children: Vec<_> = (0..3)
-        .map(|i| {
-            let shard = format!("{i}/3");
-            spawn_bin([
-                "replay",
-                "--quiet",
-                "--shard",
-                &shard,
-                "--start-at",
-                &start,
-                "--out",
-                out.to_str().unwrap(),
-                path.to_str().unwrap(),
-            ])
-        })
-        .collect();
-    for c in &mut children {
-        assert_eq!(exit_code(c, 60).await, Some(0));
-    }
+    replay_shards(&path, &out, 3).await;
     for i in 0..3 {
         assert!(out.join(format!("shards/{i}/summary.json")).is_file());
         assert!(out.join(format!("exchanges/shard={i}")).is_dir());

@@ -1077,3 +1077,28 @@ pub fn shard_rows(out: &Path, i: usize) -> (Rows, i64) {
         config["shard"]["start_at_offset_us"].as_i64().unwrap(),
     )
 }
+
+/// `matrix-proxy replay --quiet --shard I/N --start-at (3 s from now) --out OUT PLAN` for
+/// every shard at once, each of which must exit 0 within 60 s.
+pub async fn replay_shards(plan: &Path, out: &Path, n: usize) {
+    let start = utc_in(3);
+    let mut children: Vec<_> = (0..n)
+        .map(|i| {
+            let shard = format!("{i}/{n}");
+            spawn_bin([
+                "replay",
+                "--quiet",
+                "--shard",
+                &shard,
+                "--start-at",
+                &start,
+                "--out",
+                out.to_str().unwrap(),
+                plan.to_str().unwrap(),
+            ])
+        })
+        .collect();
+    for c in &mut children {
+        assert_eq!(exit_code(c, 60).await, Some(0));
+    }
+}

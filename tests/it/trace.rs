@@ -218,26 +218,7 @@ async fn a_trace_sharded_in_two_and_merged_equals_the_unsharded_one_in_requests_
     // Two shards: an entry with a session key goes where its key's hash says, so a
     // session stays on one generator.
     let out = dir.path().join("out");
-    let start = utc_in(3);
-    let mut children: Vec<_> = (0..2)
-        .map(|i| {
-            let shard = format!("{i}/2");
-            spawn_bin([
-                "replay",
-                "--quiet",
-                "--shard",
-                &shard,
-                "--start-at",
-                &start,
-                "--out",
-                out.to_str().unwrap(),
-                path.to_str().unwrap(),
-            ])
-        })
-        .collect();
-    for c in &mut children {
-        assert_eq!(exit_code(c, 60).await, Some(0));
-    }
+    replay_shards(&path, &out, 2).await;
     let shard_rows: Vec<(Rows, i64)> = (0..2).map(|i| shard_rows(&out, i)).collect();
     // Each repetition's sends, on the shared timeline, relative to the round's first
     // measured entry: the shards' union is the unsharded round (the second round too,
