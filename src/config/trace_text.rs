@@ -10,6 +10,7 @@
 //! positions give equal texts, and a shorter block is a prefix of a longer one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -140,7 +141,7 @@ pub(crate) const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// the limit is made but not kept).
 #[derive(Debug)]
 pub(crate) struct BlockCache {
-    texts: HashMap<(u64, usize), String>,
+    texts: HashMap<(u64, usize), Arc<str>>,
     bytes: usize,
     limit: usize,
 }
@@ -170,15 +171,16 @@ impl BlockCache {
         self.bytes
     }
 
-    /// Append block `(id, n)`'s text to `out`, made once while it stays cached.
-    fn append(&mut self, spec: &SyntheticSpec, id: u64, n: usize, out: &mut String) {
-        if let Some(text) = self.texts.get(&(id, n)) {
-            out.push_str(text);
-            return;
-        }
-        let text = block_text(spec, id, n);
-        out.push_str(&text);
-        if text.len() > self.limit {
+    /// Block `(id, n)`'s text, if it is cached (shared: a caller behind a lock copies it
+    /// out after the lock).
+    pub(crate) fn get(&self, id: u64, n: usize) -> Option<Arc<str>> {
+        self.texts.get(&(id, n)).cloned()
+    }
+
+    /// Keep block `(id, n)`'s `text` (made by [`block_text`]) within the bound: when it
+    /// would pass it, the cache is cleared first; a text longer than the bound is not kept.
+    pub(crate) fn put(&mut self, id: u64, n: usize, text: Arc<str>) {
+        if text.len() > self.limit || self.texts.contains_key(&(id, n)) {
             return;
         }
         if self.bytes + text.len() > self.limit {
@@ -187,6 +189,19 @@ impl BlockCache {
         }
         self.bytes += text.len();
         self.texts.insert((id, n), text);
+    }
+
+    /// Append block `(id, n)`'s text to `out`, made once while it stays cached.
+    fn append(&mut self, spec: &SyntheticSpec, id: u64, n: usize, out: &mut String) {
+        let text = match self.get(id, n) {
+            Some(t) => t,
+            None => {
+                let t: Arc<str> = block_text(spec, id, n).into();
+                self.put(id, n, t.clone());
+                t
+            }
+        };
+        out.push_str(&text);
     }
 }
 

@@ -71,7 +71,8 @@ pub(super) struct Ctx {
 /// What a trace's synthetic entries' requests are made from at send time: the spec
 /// (`config::trace_text`), the template case's request as a JSON object, the entries, and
 /// the block texts made so far (bounded: `trace_text::BLOCK_CACHE_BYTES`; its mutex is
-/// held while one prompt is assembled, never across an await).
+/// held for one lookup or one insert, never while a text is made or copied, never across
+/// an await).
 pub(super) struct Synthetic {
     spec: Arc<SyntheticSpec>,
     template: serde_json::Map<String, serde_json::Value>,
@@ -112,10 +113,23 @@ impl Synthetic {
             return None;
         };
         let blocks = self.trace.blocks_of(e.send);
-        let prompt = {
-            let mut cache = self.cache.lock().ok()?;
-            trace_text::prompt_text(&self.spec, &mut cache, u64::from(input_tokens), blocks)
-        };
+        let counts =
+            trace_text::word_counts(&self.spec, u64::from(input_tokens), blocks.len()).ok()?;
+        // The lock is held for one lookup or one insert, never while a text is made or
+        // copied into the prompt.
+        let mut prompt = String::with_capacity(counts.iter().sum::<usize>() * 8);
+        for (&id, n) in blocks.iter().zip(counts) {
+            let cached = self.cache.lock().ok()?.get(id, n);
+            let text = match cached {
+                Some(t) => t,
+                None => {
+                    let t: Arc<str> = trace_text::block_text(&self.spec, id, n).into();
+                    self.cache.lock().ok()?.put(id, n, t.clone());
+                    t
+                }
+            };
+            prompt.push_str(&text);
+        }
         let body = trace_text::body(&self.template, prompt, u64::from(output_tokens));
         Some(Bytes::from(body))
     }
