@@ -1,7 +1,19 @@
 //! The shared vocabulary: what an exchange is called and measured in, whichever driver
 //! made it. Phases and outcomes (the only values of their columns), the side that failed,
 //! the timing and stream columns, and where a request goes (an [`Endpoint`] and its
-//! [`ConnectionPolicy`]). A leaf: it imports nothing from the crate, and owns no I/O.
+//! [`ConnectionPolicy`]), and how a digest is written ([`hex`]). A leaf: it imports
+//! nothing from the crate, and owns no I/O.
+
+/// A digest (a SHA-256) as every file and document of the project writes it: lowercase
+/// hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
 
 /// The only values of the `phase` column.
 #[derive(

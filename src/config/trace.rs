@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::json::Validator;
 use super::trace_text::SyntheticSpec;
 use crate::arrival::MAX_ARRIVALS;
+use crate::model::hex;
 use serde_json::Value;
 
 /// The most bytes one line of a trace file may hold.
@@ -394,24 +395,51 @@ impl Trace {
     /// entry count, and its mean and peak rates per second (the peak: the most entries in
     /// one whole second from the trace's zero).
     pub(crate) fn stats(&self) -> TraceStats {
-        let first = self.entries.first().map_or(0, |e| e.offset_us);
-        let last = self.entries.last().map_or(0, |e| e.offset_us);
-        let length_seconds = (last - first) as f64 / 1e6;
-        let (mut peak, mut second, mut in_second) = (0u64, u64::MAX, 0u64);
-        for e in &self.entries {
-            let s = e.offset_us / 1_000_000;
-            if s != second {
-                (second, in_second) = (s, 0);
-            }
-            in_second += 1;
-            peak = peak.max(in_second);
+        let mut pace = Pace::default();
+        self.entries.iter().for_each(|e| pace.add(e.offset_us));
+        pace.stats()
+    }
+}
+
+/// A trace's pace, counted entry by entry in offset order (`validate` over a read trace,
+/// `plan from-trace` as it writes one): the entries, the first and last offsets, and the
+/// most entries within one whole second `[k, k + 1)` of the trace's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pace {
+    entries: u64,
+    first_us: Option<u64>,
+    last_us: u64,
+    second: u64,
+    in_second: u64,
+    peak: u64,
+}
+
+impl Pace {
+    pub(crate) fn add(&mut self, offset_us: u64) {
+        self.entries += 1;
+        self.first_us.get_or_insert(offset_us);
+        self.last_us = offset_us;
+        let second = offset_us / 1_000_000;
+        if second != self.second || self.entries == 1 {
+            (self.second, self.in_second) = (second, 0);
         }
-        let n = self.entries.len() as u64;
+        self.in_second += 1;
+        self.peak = self.peak.max(self.in_second);
+    }
+
+    /// The last offset counted.
+    pub(crate) fn last_us(&self) -> u64 {
+        self.last_us
+    }
+
+    pub(crate) fn stats(&self) -> TraceStats {
+        let length_seconds = (self.last_us - self.first_us.unwrap_or(0)) as f64 / 1e6;
         TraceStats {
-            entries: n,
+            entries: self.entries,
             length_seconds,
-            mean_rate_per_second: (length_seconds > 0.0).then(|| (n - 1) as f64 / length_seconds),
-            peak_rate_per_second: peak,
+            mean_rate_per_second: (length_seconds > 0.0)
+                .then(|| (self.entries - 1) as f64 / length_seconds),
+            peak_rate_per_second: self.peak,
         }
     }
 }
@@ -527,11 +555,6 @@ impl Validator {
         }
         Some(out)
     }
-}
-
-/// Lowercase hex of a digest.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

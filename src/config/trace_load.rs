@@ -190,13 +190,27 @@ impl TraceLoad {
         out
     }
 
+    /// What entry `entry` sends, as a dispatch names it: its case, its variant, and for
+    /// a synthetic entry its index (its request is made at send time from the template
+    /// case's only variant).
+    pub(crate) fn target(&self, entry: u32) -> (usize, usize, Option<u32>) {
+        let send = self
+            .entries
+            .as_ref()
+            .and_then(|t| t.entries.get(entry as usize));
+        match send.map(|e| e.send) {
+            Some(Send::Variant { case, variant }) => (case as usize, variant as usize, None),
+            _ => (
+                self.synthetic_rules.map_or(0, |r| r.case as usize),
+                0,
+                Some(entry),
+            ),
+        }
+    }
+
     /// The case an entry's request belongs to.
     pub(crate) fn case_of(&self, entry: u32) -> usize {
-        let Some(t) = &self.entries else { return 0 };
-        match t.entries.get(entry as usize).map(|e| e.send) {
-            Some(Send::Variant { case, .. }) => case as usize,
-            _ => self.synthetic_rules.map_or(0, |r| r.case as usize),
-        }
+        self.target(entry).0
     }
 
     /// Measured sends of case `case` in one round, as shard `shard` sends them.

@@ -14,6 +14,7 @@
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
 
+use crate::config::trace::Pace;
 use crate::config::trace_text::{self, SyntheticSpec};
 
 use super::Seeded;
@@ -369,10 +370,8 @@ struct Writer<'a, W: Write> {
     failed: u64,
     outside_window: u64,
     past_limit: u64,
-    last_us: u64,
-    second: u64,
-    in_second: u64,
-    peak: u64,
+    /// The entries' pace (length, the most in one second).
+    pace: Pace,
     /// Distinct (id, word count) of the trace's own ids (at most [`MAX_DISTINCT_BLOCKS`]).
     seen: HashSet<(u64, usize)>,
     fresh_blocks: u64,
@@ -412,10 +411,7 @@ impl<'a, W: Write> Writer<'a, W> {
             failed: 0,
             outside_window: 0,
             past_limit: 0,
-            last_us: 0,
-            second: 0,
-            in_second: 0,
-            peak: 0,
+            pace: Pace::default(),
             seen: HashSet::new(),
             fresh_blocks: 0,
             pending_blocks: Vec::new(),
@@ -488,17 +484,10 @@ impl<'a, W: Write> Writer<'a, W> {
         Ok(())
     }
 
-    /// The entry's second in the rate's count.
+    /// The entry in the trace's count and pace.
     fn count(&mut self, offset_us: u64) {
         self.entries += 1;
-        self.last_us = offset_us;
-        let second = offset_us / 1_000_000;
-        if second != self.second {
-            self.second = second;
-            self.in_second = 0;
-        }
-        self.in_second += 1;
-        self.peak = self.peak.max(self.in_second);
+        self.pace.add(offset_us);
     }
 
     /// A distinct block: re-encoded whole (every one under `--verify all`, or when the
@@ -581,8 +570,8 @@ impl<'a, W: Write> Writer<'a, W> {
             failed: self.failed,
             outside_window: self.outside_window,
             past_limit: self.past_limit,
-            length_us: self.last_us,
-            peak_per_second: self.peak,
+            length_us: self.pace.last_us(),
+            peak_per_second: self.pace.stats().peak_rate_per_second,
             distinct_blocks: self.seen.len() as u64 + self.fresh_blocks,
             fresh_blocks: self.fresh_blocks,
             verified_prompts: self.verified_prompts,

@@ -6,6 +6,7 @@
 
 use std::io::BufRead;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 /// A trace file's format.
@@ -295,13 +296,26 @@ impl Parser {
     }
 }
 
+/// A Mooncake line's fields, each kept as written so that a wrong one is named with what
+/// it holds (other fields ignored).
+#[derive(serde::Deserialize)]
+struct MooncakeLine {
+    timestamp: Option<Value>,
+    input_length: Option<Value>,
+    output_length: Option<Value>,
+    hash_ids: Option<Value>,
+}
+
 /// A Mooncake line: `{"timestamp": ms, "input_length": N, "output_length": N,
 /// "hash_ids": [...]}` (other fields ignored).
 fn mooncake(line: &str) -> Result<Record, LineError> {
     let v: Value = serde_json::from_str(line).map_err(LineError::NotJson)?;
-    let m = v.as_object().ok_or(LineError::NotObject)?;
-    let get = |k: &'static str| m.get(k).ok_or(LineError::Missing(k));
-    let ts = get("timestamp")?;
+    if !v.is_object() {
+        return Err(LineError::NotObject);
+    }
+    let m = MooncakeLine::deserialize(v).map_err(LineError::NotJson)?;
+    let need = |k: &'static str, f: Option<Value>| f.ok_or(LineError::Missing(k));
+    let ts = need("timestamp", m.timestamp)?;
     let ts_ns = match ts.as_u64() {
         Some(ms) if ms <= MAX_US / 1000 => ms * 1_000_000,
         Some(ms) => {
@@ -310,24 +324,24 @@ fn mooncake(line: &str) -> Result<Record, LineError> {
                 got: ms.to_string(),
             });
         }
-        None => scaled_ns("timestamp", json_number("timestamp", ts)?, 1e6)?,
+        None => scaled_ns("timestamp", json_number("timestamp", &ts)?, 1e6)?,
     };
-    let count = |k: &'static str| -> Result<u64, LineError> {
-        let v = get(k)?;
+    let count = |k: &'static str, f: Option<Value>| -> Result<u64, LineError> {
+        let v = need(k, f)?;
         match v.as_u64() {
             Some(n) => Ok(n),
-            None => integral(k, json_number(k, v)?),
+            None => integral(k, json_number(k, &v)?),
         }
     };
-    let hash_ids = match m.get("hash_ids") {
+    let hash_ids = match m.hash_ids {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(ids)) => hash_ids(ids)?,
+        Some(Value::Array(ids)) => hash_ids(&ids)?,
         Some(_) => return Err(LineError::HashId(0)),
     };
     Ok(Record {
         ts_ns,
-        input: count("input_length")?,
-        output: count("output_length")?,
+        input: count("input_length", m.input_length)?,
+        output: count("output_length", m.output_length)?,
         hash_ids,
     })
 }

@@ -80,6 +80,9 @@ pub(crate) enum FreezeError {
         "exchange_id {id} is recorded {place}: a run records each exchange once, so its files were copied or merged by hand and its answers would count twice; remove the copied part (freeze several runs by naming each)"
     )]
     DuplicateId { id: i64, place: String },
+    /// `--keep-timing` of more entries than a plan holds, without `--out`.
+    #[error(transparent)]
+    NeedsFile(#[from] timing::NeedsFile),
     /// The frozen plan would pass the size `validate` and `replay` read.
     #[error(
         "{0}: every distinct request and its recorded answer becomes a variant with its oracle; freeze a run with fewer or smaller answers"
@@ -149,7 +152,12 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
     let budget = budget(opts, &collected, &mut lines);
     let mut value = write::plan_json(&head, &budget, &collected.cases);
     let trace = match (timed, &opts.keep_timing) {
-        (Some(timed), Some(file)) => Some(keep_timing(&mut value, timed, file.as_deref())?),
+        (Some(timed), Some(file)) => Some(keep_timing(
+            &mut value,
+            &collected.cases,
+            timed,
+            file.as_deref(),
+        )?),
         _ => None,
     };
     let plan = write::plan_bytes(&value, crate::config::plan::MAX_PLAN_BYTES)
@@ -187,20 +195,17 @@ fn refuse_timing(sources: &[Source]) -> Result<(), FreezeError> {
     Ok(())
 }
 
-/// The frozen plan `value` made a trace plan of the `timed` exchanges.
+/// The frozen plan `value` (of `cases`) made a trace plan of the `timed` exchanges.
 fn keep_timing(
     value: &mut Value,
+    cases: &[collect::Case],
     timed: Vec<timing::Timed>,
     file: Option<&str>,
 ) -> Result<timing::TraceLoad, FreezeError> {
-    let cases = value
-        .get("cases")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let t = timing::trace_load(timed, &cases, file).map_err(FreezeError::Refused)?;
+    let t = timing::trace_load(timed, cases, file)?;
+    let load = serde_json::to_value(&t.load).unwrap_or_default();
     if let Value::Object(m) = std::mem::take(value) {
-        *value = Value::Object(timing::as_trace_plan(m, t.load.clone()));
+        *value = Value::Object(timing::as_trace_plan(m, load));
     }
     Ok(t)
 }

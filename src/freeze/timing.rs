@@ -3,9 +3,12 @@
 //! traffic), naming the variant it froze as (repeats share one). Small traces sit in the
 //! plan; larger ones go to a file beside it, pinned by its SHA-256.
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
-use crate::config::trace::hex;
+use super::collect::Case;
+use super::write::{case_names, variant_names};
+use crate::record::rundir::sha256_hex;
 
 /// Entries a plan holds inline; a trace with more goes to a file beside it.
 pub(crate) const INLINE_ENTRIES: usize = 10_000;
@@ -25,75 +28,106 @@ pub(crate) struct TraceFile {
     pub(crate) bytes: Vec<u8>,
 }
 
+/// One entry of the trace (trace format v1), as the plan or the file holds it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Entry {
+    pub(crate) offset_us: i64,
+    pub(crate) case: String,
+    /// The variant's name, when the case has a `variants` list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) variant: Option<String>,
+}
+
+/// Where the entries are: `load.trace` of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Where {
+    Inline { entries: Vec<Entry> },
+    File { file: String, sha256: String },
+}
+
+/// The trace plan's `load`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Load {
+    mode: &'static str,
+    pub(crate) trace: Where,
+}
+
 /// What the plan's `load` becomes, with the trace file when the entries do not sit in the
 /// plan, and a line for stderr.
 #[derive(Debug)]
 pub(crate) struct TraceLoad {
-    pub(crate) load: Value,
+    pub(crate) load: Load,
     pub(crate) file: Option<TraceFile>,
     pub(crate) line: String,
 }
 
-/// The entries of `timed` (in start order; the first at offset 0) against the frozen
-/// plan's cases (`cases`: its `cases` array, whose names and variant names the entries
-/// name). `file`: the trace file's name when the entries are more than
-/// [`INLINE_ENTRIES`] (`None`: refused, with the reason).
+/// Entries past [`INLINE_ENTRIES`] and no file to write them to (no `--out`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--keep-timing: {entries} entries are more than a plan holds inline ({INLINE_ENTRIES}); give --out FILE, and the trace is written beside it"
+)]
+pub(crate) struct NeedsFile {
+    pub(crate) entries: usize,
+}
+
+/// The entries of `timed` (in start order; the first at offset 0), named as the frozen
+/// plan names `cases` and their variants (`write.rs`: a case with one variant has no
+/// `variants` list). `file`: the trace file's name when the entries are more than
+/// [`INLINE_ENTRIES`].
 pub(crate) fn trace_load(
     mut timed: Vec<Timed>,
-    cases: &[Value],
+    cases: &[Case],
     file: Option<&str>,
-) -> Result<TraceLoad, String> {
+) -> Result<TraceLoad, NeedsFile> {
     timed.sort_by_key(|t| (t.start_offset_us, t.exchange_id));
     let zero = timed.first().map_or(0, |t| t.start_offset_us);
-    let entries: Vec<Value> = timed
+    let names = case_names(cases);
+    let variants: Vec<Option<Vec<String>>> = cases
         .iter()
-        .map(|t| {
-            let case = &cases[t.case];
-            let mut e = Map::new();
-            e.insert("offset_us".into(), json!(t.start_offset_us - zero));
-            e.insert("case".into(), case["name"].clone());
-            if let Some(v) = case.get("variants").and_then(|v| v.get(t.variant)) {
-                e.insert("variant".into(), v["name"].clone());
-            }
-            Value::Object(e)
+        .map(|c| (c.variants.len() > 1).then(|| variant_names(c)))
+        .collect();
+    let entries: Vec<Entry> = timed
+        .iter()
+        .map(|t| Entry {
+            offset_us: t.start_offset_us - zero,
+            case: names[t.case].clone(),
+            variant: variants[t.case].as_ref().map(|v| v[t.variant].clone()),
         })
         .collect();
+    let n = entries.len();
     let length = (timed.last().map_or(0, |t| t.start_offset_us) - zero) as f64 / 1e6;
-    let mut load = Map::new();
-    load.insert("mode".into(), json!("trace"));
-    if entries.len() <= INLINE_ENTRIES {
-        let line = format!(
-            "trace: {} entries over {length:.3} s at their recorded starts, in the plan (load.trace.entries)",
-            entries.len()
-        );
-        load.insert("trace".into(), json!({ "entries": entries }));
+    if n <= INLINE_ENTRIES {
         return Ok(TraceLoad {
-            load: Value::Object(load),
+            load: Load {
+                mode: "trace",
+                trace: Where::Inline { entries },
+            },
             file: None,
-            line,
+            line: format!(
+                "trace: {n} entries over {length:.3} s at their recorded starts, in the plan (load.trace.entries)"
+            ),
         });
     }
     let Some(name) = file else {
-        return Err(format!(
-            "--keep-timing: {} entries are more than a plan holds inline ({INLINE_ENTRIES}); give --out FILE, and the trace is written beside it",
-            entries.len()
-        ));
+        return Err(NeedsFile { entries: n });
     };
     let mut bytes = Vec::new();
     for e in &entries {
-        bytes.extend_from_slice(e.to_string().as_bytes());
+        // An entry of strings and integers always serializes.
+        let _ = serde_json::to_writer(&mut bytes, e);
         bytes.push(b'\n');
     }
-    let sha = {
-        use sha2::{Digest, Sha256};
-        hex(&Sha256::digest(&bytes))
-    };
-    load.insert("trace".into(), json!({ "file": name, "sha256": sha }));
     Ok(TraceLoad {
-        load: Value::Object(load),
+        load: Load {
+            mode: "trace",
+            trace: Where::File {
+                file: name.to_string(),
+                sha256: sha256_hex(&bytes),
+            },
+        },
         line: format!(
-            "trace: {} entries over {length:.3} s at their recorded starts, in {name} (beside the plan, pinned by its SHA-256)",
-            entries.len()
+            "trace: {n} entries over {length:.3} s at their recorded starts, in {name} (beside the plan, pinned by its SHA-256)"
         ),
         file: Some(TraceFile { bytes }),
     })
@@ -121,7 +155,35 @@ pub(crate) fn as_trace_plan(plan: Map<String, Value>, load: Value) -> Map<String
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::json;
+
+    use super::super::collect::{Answer, Body, CaseKey, Variant};
     use super::*;
+
+    fn case(path: &str, variants: usize) -> Case {
+        let v = |i: usize| Variant {
+            body: Body::Json(json!({"p": i})),
+            first: Answer::Json(json!({})),
+            answers: 1,
+            volatile: BTreeSet::new(),
+            differed: 0,
+            first_difference: None,
+            prompt_tokens: None,
+            source_name: None,
+        };
+        Case {
+            key: CaseKey {
+                method: "POST".into(),
+                path: path.into(),
+                content_type: None,
+                headers: Vec::new(),
+                status: 200,
+            },
+            variants: (0..variants).map(v).collect(),
+        }
+    }
 
     fn timed(n: usize) -> Vec<Timed> {
         // Recorded out of order (completion order): entries come out in start order.
@@ -131,37 +193,47 @@ mod tests {
                 start_offset_us: 1_000 + i as i64 * 10,
                 exchange_id: i as i64,
                 case: i % 2,
-                variant: 0,
+                variant: i % 2,
             })
             .collect()
     }
 
     #[test]
     fn small_traces_sit_in_the_plan_and_large_ones_in_a_file_beside_it() {
-        let cases = vec![
-            json!({"name": "a"}),
-            json!({"name": "b", "variants": [{"name": "v1"}]}),
-        ];
+        let cases = vec![case("/v1/a", 1), case("/v1/b", 2)];
         let t = trace_load(timed(3), &cases, None).unwrap();
         assert!(t.file.is_none());
+        let e = |offset_us, case: &str, variant: Option<&str>| Entry {
+            offset_us,
+            case: case.into(),
+            variant: variant.map(String::from),
+        };
         assert_eq!(
-            t.load["trace"]["entries"],
-            json!([{"offset_us": 0, "case": "a"},
-                   {"offset_us": 10, "case": "b", "variant": "v1"},
-                   {"offset_us": 20, "case": "a"}])
+            t.load.trace,
+            Where::Inline {
+                entries: vec![
+                    e(0, "v1/a", None),
+                    e(10, "v1/b", Some("v2")),
+                    e(20, "v1/a", None)
+                ]
+            }
         );
         // Past INLINE_ENTRIES: a file, pinned by its hash; refused without a name for it.
         let many = INLINE_ENTRIES + 1;
         let err = trace_load(timed(many), &cases, None).unwrap_err();
-        assert!(err.contains("give --out FILE"), "{err}");
+        assert_eq!(err.entries, many);
         let t = trace_load(timed(many), &cases, Some("x.trace.jsonl")).unwrap();
         let bytes = t.file.unwrap().bytes;
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), many);
-        use sha2::{Digest, Sha256};
         assert_eq!(
-            t.load["trace"],
-            json!({"file": "x.trace.jsonl", "sha256": hex(&Sha256::digest(&bytes))})
+            t.load.trace,
+            Where::File {
+                file: "x.trace.jsonl".into(),
+                sha256: sha256_hex(&bytes)
+            }
         );
+        let first = bytes.split(|&b| b == b'\n').next().unwrap();
+        assert_eq!(first, br#"{"offset_us":0,"case":"v1/a"}"#);
         // The trace plan: no closed-loop budget, `load` after `timeout_seconds`.
         let mut plan = Map::new();
         for k in [

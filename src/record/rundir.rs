@@ -273,7 +273,7 @@ impl RunDir {
         out.sync_all().map_err(io_err(&tmp))?;
         drop(out);
         fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
-        Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        Ok(hex(&hash.finalize()))
     }
 
     pub(crate) fn write_json<T: Serialize>(&self, name: &str, v: &T) -> Result<(), RunDirError> {
@@ -312,14 +312,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
+pub(crate) use crate::model::hex;
 
 /// SHA-256 of the running binary (streamed, so a large binary costs no memory). Computed
 /// once per process; call it first from a blocking context (it reads the whole binary).

@@ -32,7 +32,6 @@ use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, exchange};
 use crate::clock;
 use crate::config::load::Pick;
-use crate::config::trace::Send;
 use crate::metrics::Sample;
 use crate::model::Phase;
 use crate::record::RecordError;
@@ -133,22 +132,12 @@ impl OpenWave {
             }
             Arrivals::Trace(picks) => {
                 let p = picks.get(i)?;
-                let t = ctx.plan.load.trace.as_ref()?;
-                let entry = t.entries.as_ref()?.entries.get(p.entry as usize)?;
+                let (case, variant, synthetic) = ctx.plan.load.trace.as_ref()?.target(p.entry);
                 d.dispatch_index = i64::from(p.entry);
                 if p.warmup {
                     d.phase = Phase::Warmup;
                 }
-                match entry.send {
-                    Send::Variant { case, variant } => {
-                        d.case = Some(case as usize);
-                        d.variant = variant as usize;
-                    }
-                    Send::Synthetic { .. } => {
-                        d.case = Some(t.case_of(p.entry));
-                        d.synthetic = Some(p.entry);
-                    }
-                }
+                (d.case, d.variant, d.synthetic) = (Some(case), variant, synthetic);
                 Some((p.offset_us, d))
             }
         }

@@ -109,22 +109,14 @@ async fn trace_readiness(
     let Some((t, pick)) = first else {
         return !ctx.stopped();
     };
-    let entry = t
-        .entries
-        .as_ref()
-        .and_then(|e| e.entries.get(pick.entry as usize));
-    let (variant, synthetic) = match entry.map(|e| e.send) {
-        Some(crate::config::trace::Send::Variant { variant, .. }) => (variant as usize, None),
-        Some(crate::config::trace::Send::Synthetic { .. }) => (0, Some(pick.entry)),
-        None => (0, None),
-    };
+    let (case, variant, synthetic) = t.target(pick.entry);
     ctx.base.progress.set_message(label(ctx, "readiness"));
     if ctx.stopped() {
         return false;
     }
     let d = Dispatch {
         phase: Phase::Readiness,
-        case: Some(t.case_of(pick.entry)),
+        case: Some(case),
         variant,
         concurrency: Some(1),
         repetition: None,
