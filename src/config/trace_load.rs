@@ -31,7 +31,7 @@ pub(crate) struct TraceLoad {
     pub(crate) end_us: Option<u64>,
     /// The window's first microseconds (trace clock) sent as warm-up, excluded.
     pub(crate) warmup_us: u64,
-    /// `load.trace.synthetic` as written, for synthetic entries.
+    /// `load.trace.synthetic` as written (the walk checks it with the cases).
     pub(crate) synthetic: Option<Value>,
     /// What synthetic entries are checked against and made from (set by the walk, with
     /// the cases).
@@ -149,15 +149,9 @@ impl TraceLoad {
                 );
             }
         }
-        // As validated (its canonical form), else as written.
-        match (&self.synthetic_spec, &self.synthetic) {
-            (Some(s), _) => {
-                m.insert("synthetic".into(), s.to_json());
-            }
-            (None, Some(s)) => {
-                m.insert("synthetic".into(), s.clone());
-            }
-            (None, None) => {}
+        // As validated: its canonical form.
+        if let Some(s) = &self.synthetic_spec {
+            m.insert("synthetic".into(), s.to_json());
         }
         Value::Object(m)
     }
