@@ -240,6 +240,27 @@ fn trace_line(t: &crate::config::load::TraceLoad) -> String {
     )
 }
 
+/// `validate`'s line per case with sessions: how many, their turns, the history mode.
+fn sessions_lines(plan: &crate::config::plan::Plan) {
+    for c in &plan.cases {
+        let Some(s) = &c.sessions else { continue };
+        eprintln!(
+            "  case '{}': {} session(s), {} turn(s) (at most {} in one), {} history{}; a round runs {} session(s) ({} requests)",
+            c.name,
+            s.list.len(),
+            s.turns(),
+            s.max_turns(),
+            s.history.as_str(),
+            s.header
+                .as_ref()
+                .map(|h| format!(", each session's id in {h}"))
+                .unwrap_or_default(),
+            plan.requests_per_case,
+            c.requests_of(plan.requests_per_case),
+        );
+    }
+}
+
 pub fn validate(path: &Path) -> Result<Exit, CliError> {
     let (_, plan) = load_plan(path)?;
     let variants: usize = plan.cases.iter().map(|c| c.variants.len()).sum();
@@ -287,6 +308,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
         plan.connection.as_str()
     );
     capture_line(&plan);
+    sessions_lines(&plan);
     crate::run::replay::say_unmeasured(&plan, "  ");
     if let Some(c) = &plan.campaign {
         eprintln!(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
-use super::json::{Validator, join};
+use super::json::{ENGINE_HEADERS, Validator, join};
 use super::oracle_spec::Inherited;
 use super::plan::{Case, Variant};
 use crate::model::Endpoint;
@@ -31,20 +31,6 @@ const REQUEST_FIELDS: &[&str] = &[
 const NAMED_FIELDS: &[&str] = &["name", "ignore_paths"];
 /// What only a case has.
 const CASE_FIELDS: &[&str] = &["variants", "method", "path", "headers", "expected_status"];
-
-/// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
-pub(crate) const ENGINE_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-type",
-];
 
 impl Validator {
     pub(super) fn cases(
@@ -98,7 +84,12 @@ impl Validator {
         top_ignore: &[Pointer],
     ) -> Option<Case> {
         let m = self.object(v, path)?;
-        self.unknown_fields(m, path, &[NAMED_FIELDS, REQUEST_FIELDS, CASE_FIELDS]);
+        let sessions = Validator::session_case_fields();
+        self.unknown_fields(
+            m,
+            path,
+            &[NAMED_FIELDS, REQUEST_FIELDS, CASE_FIELDS, sessions],
+        );
         let name = match m.get("name") {
             None => {
                 self.err(join(path, "name"), "is required");
@@ -134,7 +125,15 @@ impl Validator {
             case: case_ignore.as_deref().unwrap_or(&[]),
             case_name: name.as_deref().unwrap_or("?"),
         };
+        let mut sessions = None;
         let variants = match m.get("variants") {
+            _ if m.contains_key("sessions") => self
+                .session_case(m, path, inherited)
+                .map(|(variants, s)| {
+                    sessions = Some(std::sync::Arc::new(s));
+                    variants
+                })
+                .filter(|_| case_ignore.is_some()),
             Some(vs) => {
                 for &key in REQUEST_FIELDS {
                     if m.contains_key(key) {
@@ -153,10 +152,7 @@ impl Validator {
         };
 
         let case_path = case_path?;
-        let endpoint = endpoint.map(|e| match &case_path {
-            Some(p) => e.with_path(p),
-            None => e.clone(),
-        });
+        let endpoint = endpoint.map(|e| case_path.as_ref().map_or(e.clone(), |p| e.with_path(p)));
         Some(Case {
             name: name?,
             method: method?,
@@ -165,6 +161,7 @@ impl Validator {
             headers: headers?,
             expected_status: expected_status?,
             variants: variants?,
+            sessions,
         })
     }
 

@@ -48,6 +48,20 @@ impl fmt::Display for PlanError {
     }
 }
 
+/// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
+pub(crate) const ENGINE_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-type",
+];
+
 /// Read a JSON document (a plan, a contract): UTF-8 without a byte-order mark, valid
 /// JSON, no key repeated within an object. `what` names it in messages.
 pub(super) fn read_document(bytes: &[u8], what: &str) -> Result<Value, PlanError> {

@@ -7,13 +7,15 @@
 
 pub(crate) mod campaign;
 mod cases;
-pub(crate) use cases::ENGINE_HEADERS;
+pub(crate) use json::ENGINE_HEADERS;
 pub(crate) mod contract;
 pub(crate) mod flags;
 pub(crate) mod json;
 pub(crate) mod load;
 mod oracle_spec;
 pub(crate) mod plan;
+mod session_walk;
+pub(crate) mod sessions;
 pub(crate) mod shape;
 pub(crate) mod trace;
 mod trace_load;

@@ -63,10 +63,29 @@ pub(crate) struct Case {
     pub(crate) path: Option<String>,
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) expected_status: u16,
+    /// Each turn of each session is a variant (`sessions.rs`); `None` for a case of
+    /// single requests.
     pub(crate) variants: Vec<Variant>,
+    /// The case's multi-turn sessions, when it has them.
+    pub(crate) sessions: Option<std::sync::Arc<super::sessions::Sessions>>,
 }
 
 impl Case {
+    /// Requests `n` dispatches of this case send: `n` single requests, or every turn of
+    /// `n` sessions (dispatch `i` runs session `i` mod the case's sessions).
+    pub(crate) fn requests_of(&self, n: usize) -> u64 {
+        let Some(s) = &self.sessions else {
+            return n as u64;
+        };
+        let count = s.list.len().max(1);
+        let whole: u64 = s.list.iter().map(|x| x.turns.len() as u64).sum();
+        let part: u64 = s.list[..n % count]
+            .iter()
+            .map(|x| x.turns.len() as u64)
+            .sum();
+        (n / count) as u64 * whole + part
+    }
+
     /// How this case's answers are judged: by their oracles when every variant has one;
     /// otherwise by drift in a campaign, not at all in a capture plan.
     pub(crate) fn judged(&self, campaign: bool) -> JudgedBy {
@@ -161,12 +180,33 @@ impl Plan {
         if self.load.trace.is_some() {
             return Vec::new();
         }
-        let counts: Vec<usize> = self.cases.iter().map(|c| c.variants.len()).collect();
+        // A session case's dispatch is a session: its sessions are what a round must cover.
+        let count = |c: &Case| {
+            c.sessions
+                .as_ref()
+                .map_or(c.variants.len(), |s| s.list.len())
+        };
+        let counts: Vec<usize> = self.cases.iter().map(count).collect();
         let highest = self.concurrency.iter().copied().max().unwrap_or(1);
         let fix = covering_requests_per_case(&counts, highest);
-        self.cases
+        let mut out: Vec<String> = self
+            .cases
             .iter()
-            .filter(|c| c.variants.len() > self.requests_per_case)
+            .filter(|c| c.sessions.is_some() && count(c) > self.requests_per_case)
+            .map(|c| {
+                format!(
+                    "warning: case '{}' has {} sessions but a measured round runs {} (requests_per_case counts sessions in a case with sessions): sessions {} to {} run only in readiness and warm-up, never measured; set requests_per_case to {fix}",
+                    c.name,
+                    count(c),
+                    self.requests_per_case,
+                    self.requests_per_case + 1,
+                    count(c),
+                )
+            })
+            .collect();
+        out.extend(self.cases
+            .iter()
+            .filter(|c| c.sessions.is_none() && c.variants.len() > self.requests_per_case)
             .map(|c| {
                 format!(
                     "warning: case '{}' has {} variants but a measured round sends {} requests: variants {} to {} are sent only in readiness and warm-up, never measured (not in latency, drift, the floor or McNemar); set requests_per_case to {fix} (the smallest multiple of the variant counts at least the highest concurrency)",
@@ -177,7 +217,8 @@ impl Plan {
                     c.variants.len(),
                 )
             })
-            .collect()
+        );
+        out
     }
 
     /// [`Self::unmeasured_variants`] of an open loop: arrival `i` of a round is variant

@@ -50,6 +50,11 @@ pub(crate) enum ShapeError {
         "--sweep needs a plan whose highest concurrency is 2 or more: the throughput probe runs at it, and the synchronous round at 1"
     )]
     SweepLowConcurrency,
+    /// `--sweep` with a plan whose cases hold sessions.
+    #[error(
+        "--sweep does not go with sessions yet: its rates are open-loop arrivals of single requests, and sessions run in the closed loop"
+    )]
+    SweepSessions,
     /// `--shard` with a closed-loop plan.
     #[error(
         "--shard goes with an open-loop plan (load.mode \"open\" or \"trace\"): closed-loop workers cannot be split across machines without a barrier per round"
@@ -79,6 +84,9 @@ impl Shape {
         }
         if plan.load.mode.is_open() {
             return Err(ShapeError::SweepOpenLoop(plan.load.mode.as_str()));
+        }
+        if plan.cases.iter().any(|c| c.sessions.is_some()) {
+            return Err(ShapeError::SweepSessions);
         }
         if plan.concurrency.iter().all(|&c| c < 2) {
             return Err(ShapeError::SweepLowConcurrency);
@@ -151,11 +159,12 @@ impl Shape {
             let per_round = t.picks(self.shard_of()).len() as u64;
             return total + plan.repetitions as u64 * per_round;
         }
-        for ci in 0..plan.cases.len() {
+        for (ci, case) in plan.cases.iter().enumerate() {
             for (li, level) in plan.levels().into_iter().enumerate() {
                 total += match level {
                     Level::Concurrency(c) => {
-                        (c.min(plan.requests_per_case)) as u64 + plan.repetitions as u64 * n
+                        case.requests_of(c.min(plan.requests_per_case))
+                            + plan.repetitions as u64 * case.requests_of(plan.requests_per_case)
                     }
                     Level::Rate(r) => (0..plan.repetitions)
                         .map(Some)

@@ -140,9 +140,8 @@ impl Validator {
             endpoint.as_ref(),
             top_ignore.as_deref().unwrap_or(&[]),
         );
-        if !is_campaign {
-            self.judged_or_capture();
-        }
+        self.judged_or_capture(is_campaign);
+        self.sessions_in_load(load_mode(top), cases.as_deref());
         let load = match (load, &cases) {
             (Some(mut l), Some(cases)) if l.trace.is_some() => {
                 self.resolve_trace(&mut l, top, cases).map(|()| l)
@@ -184,6 +183,22 @@ impl Validator {
             p.workload = super::workload::workload(root, &p);
             p
         })
+    }
+
+    /// Sessions run in the closed loop: `concurrency` sessions in flight, each round
+    /// `requests_per_case` sessions per case.
+    fn sessions_in_load(&mut self, mode: Option<&str>, cases: Option<&[super::plan::Case]>) {
+        let Some(mode) = mode.filter(|m| *m != "closed") else {
+            return;
+        };
+        for (i, c) in cases.unwrap_or(&[]).iter().enumerate() {
+            if c.sessions.is_some() {
+                self.err(
+                    format!("cases[{i}].sessions"),
+                    format!("sessions run in the closed loop (concurrency counts sessions in flight, requests_per_case the sessions of a round); load.mode \"{mode}\" with sessions is not supported yet"),
+                );
+            }
+        }
     }
 
     /// The plan's endpoint and health endpoint: a plain plan's own; a campaign plan's
@@ -325,8 +340,8 @@ impl Validator {
 
     /// A plain plan judges every request by its oracle, or none (a capture plan): a
     /// request without an oracle beside judged ones is a forgotten oracle, not a capture.
-    fn judged_or_capture(&mut self) {
-        if self.judged == 0 {
+    fn judged_or_capture(&mut self, is_campaign: bool) {
+        if is_campaign || self.judged == 0 {
             return;
         }
         for path in std::mem::take(&mut self.unjudged) {

@@ -31,6 +31,9 @@ pub(crate) fn workload(root: &Value, plan: &Plan) -> Value {
                     c.insert("expected_status".into(), json!(case.expected_status));
                     c.entry("ignore_paths").or_insert(json!([]));
                     c.shift_remove("prompt_tokens");
+                    if let Some(s) = &case.sessions {
+                        c.insert("history".into(), json!(s.history.as_str()));
+                    }
                     if let Some(Value::Array(vs)) = c.get_mut("variants") {
                         for v in vs.iter_mut().filter_map(Value::as_object_mut) {
                             v.entry("ignore_paths").or_insert(json!([]));

@@ -13,6 +13,7 @@ use std::fmt;
 use bytes::Bytes;
 use serde_json::{Number, Value};
 
+pub(crate) mod answer;
 mod text;
 
 pub(crate) use text::answer_reason;

@@ -70,7 +70,7 @@ pub(crate) fn rounds_from_rows(
             .collect();
         if !samples.is_empty() {
             let planned = match (level, &plan.load.trace) {
-                (Level::Concurrency(_), _) => plan.requests_per_case as u64,
+                (Level::Concurrency(_), _) => case.requests_of(plan.requests_per_case),
                 (Level::Rate(_), Some(t)) => t.planned(ci, shape.shard_of()),
                 (Level::Rate(r), None) => plan.load.schedule(r, ci, li, Some(rep)).len() as u64,
             };

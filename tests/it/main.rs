@@ -23,6 +23,7 @@ mod second_hour;
 mod secrets;
 mod serve;
 mod serve_lifecycle;
+mod sessions;
 mod streaming;
 mod support;
 mod tls;

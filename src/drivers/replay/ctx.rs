@@ -39,6 +39,17 @@ pub(super) struct Dispatch {
     /// A trace's synthetic entry (its index): the request is made at send time from the
     /// case's template and the entry's blocks, not taken from `Ctx::frozen`.
     pub(super) synthetic: Option<u32>,
+    /// A session's turn: its request is made at send time with the history so far.
+    pub(super) turn: Option<TurnAt>,
+}
+
+/// Where a dispatch sits in a case's sessions.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TurnAt {
+    /// The session's place in its case's `sessions`.
+    pub(super) session: u32,
+    /// The turn's place in its session, from 0 (rows say `turn` from 1).
+    pub(super) turn: u16,
 }
 
 /// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,
@@ -149,6 +160,28 @@ impl Ctx {
         ))
     }
 
+    /// The request of turn `at` of a session of case `case`, made now: its body with
+    /// `answers` as the history (a chat turn), or its variant's (a whole request), and
+    /// the session's affinity header when the case names one.
+    pub(super) fn turn_request(
+        &self,
+        case: usize,
+        at: TurnAt,
+        answers: &[Option<&serde_json::Value>],
+    ) -> Option<Frozen> {
+        let sessions = self.plan.cases.get(case)?.sessions.as_ref()?;
+        let session = sessions.list.get(at.session as usize)?;
+        let body = sessions.body(at.session as usize, usize::from(at.turn), answers);
+        let affinity = sessions.header.as_ref().zip(session.header_value.as_ref());
+        Some(freeze_full(
+            &self.plan,
+            self.base.token.as_ref(),
+            Some(case),
+            session.first_variant + usize::from(at.turn),
+            (body, affinity),
+        ))
+    }
+
     /// The live metrics' route of `case`'s requests (`None`: the health GET).
     pub(super) fn route(&self, case: Option<usize>) -> usize {
         let i = case.map_or(0, |c| c + 1);
@@ -205,6 +238,10 @@ pub(super) struct Base {
     /// What a `--sweep` placed per case, or why it placed nothing (summary.json's
     /// `load.notes`).
     pub(super) notes: std::sync::Mutex<Vec<String>>,
+    /// Sessions stopped before their last turn, and the turns they left unattempted
+    /// (`session.rs`).
+    pub(super) sessions_stopped: AtomicU64,
+    pub(super) turns_not_attempted: AtomicU64,
 }
 
 impl Base {
@@ -319,6 +356,17 @@ fn freeze_with(
     variant: usize,
     body: Option<Bytes>,
 ) -> Frozen {
+    freeze_full(plan, token, case, variant, (body, None))
+}
+
+/// [`freeze_with`], and one more header (a session's affinity header).
+fn freeze_full(
+    plan: &Plan,
+    token: Option<&HeaderValue>,
+    case: Option<usize>,
+    variant: usize,
+    (body, affinity): (Option<Bytes>, Option<(&http::HeaderName, &HeaderValue)>),
+) -> Frozen {
     let (method, ep, planned, ctype, extra): (
         Method,
         &Endpoint,
@@ -340,7 +388,7 @@ fn freeze_with(
         }
     };
     let body = body.unwrap_or(planned);
-    let mut headers = HeaderMap::with_capacity(4 + extra.len());
+    let mut headers = HeaderMap::with_capacity(5 + extra.len());
     if let Ok(h) = HeaderValue::from_str(&ep.authority) {
         headers.insert(header::HOST, h);
     }
@@ -356,6 +404,9 @@ fn freeze_with(
     }
     for (k, v) in extra {
         headers.append(k.clone(), v.clone());
+    }
+    if let Some((k, v)) = affinity {
+        headers.insert(k.clone(), v.clone());
     }
     if let Some(t) = token {
         headers.insert(header::AUTHORIZATION, t.clone());

@@ -113,6 +113,21 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
         .synthetic
         .zip(d.case)
         .and_then(|(e, ci)| ctx.synthetic_request(ci, e));
+    exchange_as(ctx, slot, d, made, rows, false).await.0
+}
+
+/// [`exchange`] of `made` (a request made at send time, e.g. a session's turn with its
+/// history) in place of the plan's frozen request; with `keep_answer`, the assistant
+/// message the answer carries (or why it carries none) beside the sample, for a live
+/// session's next turn.
+pub(super) async fn exchange_as(
+    ctx: &Ctx,
+    slot: &mut Slot,
+    d: Dispatch,
+    made: Option<Frozen>,
+    rows: &mut Rows,
+    keep_answer: bool,
+) -> (Sample, Option<Result<serde_json::Value, String>>) {
     let frozen = match (&made, d.case) {
         (Some(f), _) => f,
         (None, None) => &ctx.frozen[0][0],
@@ -148,6 +163,7 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     ctx.base.run.observe(|_| ctx.route(d.case), &got, outcome);
     let exchange_id = ctx.base.run.next_exchange_id();
     let sample = sample_of(&d, exchange_id, start_offset_us, &got, &verdict);
+    let answer = keep_answer.then(|| answer_of(ctx, &got, outcome));
     // A failure stops dispatch before anything else happens (recording may wait).
     if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
         ctx.stop();
@@ -165,7 +181,27 @@ pub(super) async fn exchange(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut
     if outcome != Outcome::Ok {
         note_failure(ctx, &d, outcome, sample.failure.as_deref());
     }
-    sample
+    (sample, answer)
+}
+
+/// The assistant message of an answer, for a live session's history: `Err` says why
+/// there is none (a failed exchange, a body cut at `--max-record-body`, no message).
+fn answer_of(ctx: &Ctx, got: &Captured, outcome: Outcome) -> Result<serde_json::Value, String> {
+    use crate::oracle::answer;
+    if outcome != Outcome::Ok {
+        return Err(format!("the turn ended {}", outcome.as_str()));
+    }
+    if got.body.truncated {
+        return Err(format!(
+            "its answer of {} bytes is larger than --max-record-body ({} bytes); raise the limit",
+            got.body.len, ctx.base.max_record_body
+        ));
+    }
+    let read = match got.stream {
+        Some(_) => answer::of_stream(&got.body.bytes),
+        None => answer::of_json(&got.body.bytes),
+    };
+    read.map_err(|e| e.to_string())
 }
 
 /// The verdict on an exchange that ended as `result` says (a cut or timed-out one's

@@ -18,6 +18,7 @@ mod exchange;
 mod launch;
 mod open;
 mod phases;
+mod session;
 mod trace;
 mod wave;
 
@@ -163,6 +164,8 @@ pub(crate) async fn run(
             settle_ns: (plan.timeout + std::time::Duration::from_secs(1)).as_nanos() as u64,
         }),
         notes: std::sync::Mutex::new(Vec::new()),
+        sessions_stopped: AtomicU64::new(0),
+        turns_not_attempted: AtomicU64::new(0),
     });
     let live = match (base.progress.is_hidden(), base.run.telemetry()) {
         (false, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
@@ -192,7 +195,8 @@ pub(crate) async fn run(
             excluded.entry(*p).or_default().merge(c);
         }
     }
-    let notes = base.notes.lock().map(|n| n.clone()).unwrap_or_default();
+    let mut notes = base.notes.lock().map(|n| n.clone()).unwrap_or_default();
+    notes.extend(base.sessions_note());
     ReplayResult {
         ending,
         rounds,

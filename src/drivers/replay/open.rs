@@ -116,6 +116,7 @@ impl OpenWave {
             rate: Some(self.rate),
             scheduled_offset_us: None,
             synthetic: None,
+            turn: None,
         };
         match &self.arrivals {
             Arrivals::Schedule {

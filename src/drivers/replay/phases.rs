@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::ctx::{Ctx, Dispatch, Slot};
 use super::exchange::{Rows, exchange};
 use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
+use super::session::session;
 use super::wave::{LagProbe, cores, wave};
 use crate::clock;
 use crate::metrics::PhaseCounts;
@@ -41,6 +42,7 @@ pub(super) async fn prelude(
             rate: None,
             scheduled_offset_us: None,
             synthetic: None,
+            turn: None,
         },
         &mut Rows::new(1),
     )
@@ -61,6 +63,14 @@ pub(super) async fn prelude(
             ctx.base
                 .progress
                 .set_message(label(ctx, &format!("{} {}", phase.as_str(), case.name)));
+            if case.sessions.is_some() {
+                if !sequential_sessions(ctx, &mut slots[0], (phase, ci, per_variant), excluded)
+                    .await
+                {
+                    return false;
+                }
+                continue;
+            }
             for vi in 0..case.variants.len() {
                 for i in 0..per_variant {
                     if ctx.stopped() {
@@ -80,6 +90,7 @@ pub(super) async fn prelude(
                             rate: None,
                             scheduled_offset_us: None,
                             synthetic: None,
+                            turn: None,
                         },
                         &mut Rows::new(1),
                     )
@@ -90,6 +101,49 @@ pub(super) async fn prelude(
         }
     }
     !ctx.stopped()
+}
+
+/// Readiness or warm-up of case `ci`'s sessions: every session whole, `times` times
+/// (each of its turns is a variant). `false` when the arm stopped.
+async fn sequential_sessions(
+    ctx: &Arc<Ctx>,
+    slot: &mut Slot,
+    (phase, ci, times): (Phase, usize, usize),
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) -> bool {
+    let count = ctx.plan.cases[ci]
+        .sessions
+        .as_ref()
+        .map_or(0, |s| s.list.len());
+    for si in 0..count {
+        for i in 0..times {
+            if ctx.stopped() {
+                return false;
+            }
+            let d = sequential(phase, ci, i);
+            for s in session(ctx, slot, d, si, &mut Rows::new(1)).await {
+                excluded.entry(phase).or_default().add(&s);
+            }
+        }
+    }
+    true
+}
+
+/// A sequential phase's dispatch `i` of case `ci` (worker 0, one at a time).
+fn sequential(phase: Phase, ci: usize, i: usize) -> Dispatch {
+    Dispatch {
+        phase,
+        case: Some(ci),
+        variant: 0,
+        concurrency: Some(1),
+        repetition: None,
+        dispatch_index: i as i64,
+        worker: 0,
+        rate: None,
+        scheduled_offset_us: None,
+        synthetic: None,
+        turn: None,
+    }
 }
 
 /// A trace plan's readiness: the window's first entry, once (the server is up and
@@ -125,6 +179,7 @@ async fn trace_readiness(
         rate: None,
         scheduled_offset_us: None,
         synthetic,
+        turn: None,
     };
     let s = exchange(ctx, &mut slots[0], d, &mut Rows::new(1)).await;
     excluded.entry(Phase::Readiness).or_default().add(&s);
@@ -303,7 +358,7 @@ pub(super) async fn measured_round(
         Work::Closed(c) => {
             let n = ctx.plan.requests_per_case;
             let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
-            (s, n as u64)
+            (s, ctx.plan.cases[at.ci].requests_of(n))
         }
     };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());

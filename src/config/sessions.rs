@@ -1,0 +1,131 @@
+//! A case's `sessions`: multi-turn conversations. Each session is an ordered list of
+//! turns; a turn is the messages it adds to the conversation (a chat) or a whole request
+//! (any other API). A chat turn's request is made at send time ([`Sessions::body`]): the
+//! case's `request` as a template whose `messages` are its own (a system prompt), then
+//! every earlier turn's messages and answer, then this turn's. The plan stores each
+//! turn's new messages once, never the whole history again (that grows with the square of
+//! the turns against the plan's 64 MiB limit).
+//!
+//! Where the earlier answers come from is the case's `history`:
+//! - `frozen`: the answers the plan recorded (a turn's `answer`, else its
+//!   `expected_response`'s `/choices/0/message`, else its `expected_stream_text`), so the
+//!   run is deterministic and every turn is judged by its oracle;
+//! - `live`: the server's own earlier answers in this run, so the requests after the first
+//!   depend on the server and carry no oracle (judged by drift in a campaign).
+//!
+//! Every turn is also a variant of its case named `<session id>/<turn>` (turns count
+//! from 1), so its oracle, ignore paths, planned prompt tokens and drift pairing are a
+//! variant's. The plan's JSON is walked into these types by `session_walk.rs`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use serde_json::{Map, Value};
+
+/// Turns a session may hold: a conversation longer than this is an agent loop better cut
+/// into sessions, and each turn's history is built again per send.
+pub(crate) const MAX_TURNS: usize = 1024;
+
+/// Where a turn's history of earlier answers comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum History {
+    /// The answers the plan recorded.
+    Frozen,
+    /// The server's own answers in this run.
+    Live,
+}
+
+impl History {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            History::Frozen => "frozen",
+            History::Live => "live",
+        }
+    }
+}
+
+/// A case's sessions, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Sessions {
+    pub(crate) history: History,
+    /// The header that carries a session's id to the server (`session_header`), so a
+    /// router can pin a session to one worker.
+    pub(crate) header: Option<HeaderName>,
+    /// The case's `request` without its `messages`: every chat turn's request is this
+    /// with the conversation so far as `messages`.
+    pub(crate) template: Map<String, Value>,
+    /// The template's own `messages` (a system prompt), first in every chat turn.
+    pub(crate) prefix: Vec<Value>,
+    pub(crate) list: Vec<Session>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// The session's `id` (default `s<N>`, N its place from 1): rows' `session_id` and
+    /// the affinity header's value.
+    pub(crate) id: String,
+    /// Its affinity header's value, made once.
+    pub(crate) header_value: Option<HeaderValue>,
+    /// The case's variant of its first turn; turn `k` (from 0) is `first_variant + k`.
+    pub(crate) first_variant: usize,
+    pub(crate) turns: Vec<Turn>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Turn {
+    /// The messages this turn adds (`None`: a whole `request`, sent as written, that adds
+    /// nothing to the history).
+    pub(crate) messages: Option<Vec<Value>>,
+    /// The answer a frozen history carries for this turn (the assistant's message).
+    pub(crate) answer: Option<Value>,
+    /// The wait between the end of the previous turn and this one's send (0 for the first).
+    pub(crate) think: Duration,
+}
+
+impl Sessions {
+    /// Turn `turn` (from 0) of session `session`'s request body, with `answers` (one per
+    /// earlier turn, `None` where a turn added nothing) as the history: the template with
+    /// `messages` = its own, then each earlier chat turn's messages and answer, then this
+    /// turn's. `None` for a whole-request turn (its variant's body is sent).
+    pub(crate) fn body(
+        &self,
+        session: usize,
+        turn: usize,
+        answers: &[Option<&Value>],
+    ) -> Option<Bytes> {
+        let s = self.list.get(session)?;
+        let now = s.turns.get(turn)?.messages.as_ref()?;
+        let mut messages = self.prefix.clone();
+        for (t, answer) in s.turns[..turn].iter().zip(answers) {
+            if let Some(m) = &t.messages {
+                messages.extend(m.iter().cloned());
+                if let Some(a) = answer {
+                    messages.push((*a).clone());
+                }
+            }
+        }
+        messages.extend(now.iter().cloned());
+        let mut request = self.template.clone();
+        request.insert("messages".into(), Value::Array(messages));
+        serde_json::to_vec(&request).ok().map(Bytes::from)
+    }
+
+    /// The frozen answers of session `session` (one per turn).
+    pub(crate) fn frozen_answers(&self, session: usize) -> Vec<Option<&Value>> {
+        self.list
+            .get(session)
+            .map(|s| s.turns.iter().map(|t| t.answer.as_ref()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every turn of every session.
+    pub(crate) fn turns(&self) -> usize {
+        self.list.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// The most turns any session has.
+    pub(crate) fn max_turns(&self) -> usize {
+        self.list.iter().map(|s| s.turns.len()).max().unwrap_or(0)
+    }
+}

@@ -1,0 +1,156 @@
+//! One session of a case, run by one worker: its turns in order on the worker's
+//! connection slot (one connection for the session under `keep-alive`; a fresh one per
+//! turn under `fresh`), each after the end of the previous turn and its think time. A
+//! turn's request is made at send time (`Ctx::turn_request`): the history is the plan's
+//! recorded answers (`history: frozen`) or the answers this session received
+//! (`history: live`, read from each answer as it ends; the bytes sent are what the row
+//! records).
+//!
+//! A failed turn stops its session under `on_failure: stop` (dispatch stops anyway) and
+//! in a live history whose answer is missing; its later turns are not attempted, counted
+//! in the round's planned requests and said in `load.notes`
+//! ([`Base::session_stopped`](super::ctx::Base)).
+
+use std::sync::atomic::Ordering;
+
+use serde_json::Value;
+
+use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
+use super::exchange::{Rows, exchange_as};
+use crate::config::plan::OnFailure;
+use crate::config::sessions::History;
+use crate::metrics::Sample;
+use crate::model::Outcome;
+
+/// Notes a run keeps of stopped sessions (one line each); later ones are counted only.
+const NOTED_STOPS: u64 = 10;
+
+/// Run session `session` of `base.case` (every other field of `base` as its turns' rows
+/// say it: phase, level, repetition, dispatch index, worker) and return its turns'
+/// samples (fewer than its turns when it stopped).
+pub(super) async fn session(
+    ctx: &Ctx,
+    slot: &mut Slot,
+    base: Dispatch,
+    session: usize,
+    rows: &mut Rows,
+) -> Vec<Sample> {
+    let Some(ci) = base.case else {
+        return Vec::new();
+    };
+    let Some(sessions) = ctx.plan.cases[ci].sessions.clone() else {
+        return Vec::new();
+    };
+    let Some(s) = sessions.list.get(session) else {
+        return Vec::new();
+    };
+    let live = sessions.history == History::Live;
+    let frozen = sessions.frozen_answers(session);
+    let mut received: Vec<Option<Value>> = Vec::with_capacity(if live { s.turns.len() } else { 0 });
+    let mut samples = Vec::with_capacity(s.turns.len());
+    for (k, turn) in s.turns.iter().enumerate() {
+        if k > 0 && !turn.think.is_zero() && !think(ctx, turn.think).await {
+            break;
+        }
+        if ctx.stopped() {
+            break;
+        }
+        let at = TurnAt {
+            session: session as u32,
+            turn: k as u16,
+        };
+        let answers: Vec<Option<&Value>> = if live {
+            received.iter().map(Option::as_ref).collect()
+        } else {
+            frozen[..k].to_vec()
+        };
+        let made = ctx.turn_request(ci, at, &answers);
+        let d = Dispatch {
+            variant: s.first_variant + k,
+            turn: Some(at),
+            ..base
+        };
+        let last = k + 1 == s.turns.len();
+        let (sample, answer) = exchange_as(ctx, slot, d, made, rows, live && !last).await;
+        let failed = sample.outcome != Outcome::Ok;
+        samples.push(sample);
+        let why = match answer {
+            Some(Ok(a)) => {
+                received.push(Some(a));
+                None
+            }
+            Some(Err(why)) => Some(format!("its answer cannot continue a live history: {why}")),
+            None if failed && ctx.plan.on_failure == OnFailure::Stop => {
+                Some("it failed (on_failure: stop)".to_string())
+            }
+            None => None,
+        };
+        if let Some(why) = why.filter(|_| !last) {
+            ctx.base
+                .session_stopped(ctx, ci, &s.id, k, s.turns.len() - k - 1, &why);
+            break;
+        }
+    }
+    samples
+}
+
+/// Wait `how_long` (a turn's think time) unless the run stops first; `false` when it did.
+async fn think(ctx: &Ctx, how_long: std::time::Duration) -> bool {
+    let until = tokio::time::Instant::now() + how_long;
+    while !ctx.stopped() {
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        tokio::time::sleep((until - now).min(std::time::Duration::from_millis(50))).await;
+    }
+    false
+}
+
+impl super::ctx::Base {
+    /// Session `id` of case `ci` stopped after its turn `k` (from 0) for `why`; `left`
+    /// turns are not attempted. The first [`NOTED_STOPS`] go to `load.notes` and the
+    /// progress output, the rest are counted.
+    pub(super) fn session_stopped(
+        &self,
+        ctx: &Ctx,
+        ci: usize,
+        id: &str,
+        k: usize,
+        left: usize,
+        why: &str,
+    ) {
+        let n = self.sessions_stopped.fetch_add(1, Ordering::Relaxed) + 1;
+        self.turns_not_attempted
+            .fetch_add(left as u64, Ordering::Relaxed);
+        if n > NOTED_STOPS {
+            return;
+        }
+        let arm = ctx
+            .arm
+            .as_deref()
+            .map(|a| format!("[{a}] "))
+            .unwrap_or_default();
+        let line = format!(
+            "{arm}case '{}' session '{id}' stopped at turn {} of {}: {why}; its {left} later turn(s) were not attempted",
+            ctx.case_names[ci],
+            k + 1,
+            k + 1 + left,
+        );
+        self.progress.println(format!("note: {line}"));
+        if let Ok(mut notes) = self.notes.lock() {
+            notes.push(line);
+        }
+    }
+
+    /// The closing note of the sessions stopped past the first [`NOTED_STOPS`].
+    pub(super) fn sessions_note(&self) -> Option<String> {
+        let n = self.sessions_stopped.load(Ordering::Relaxed);
+        (n > NOTED_STOPS).then(|| {
+            format!(
+                "{n} sessions stopped before their last turn in all ({} turns not attempted); the first {NOTED_STOPS} are noted above",
+                self.turns_not_attempted.load(Ordering::Relaxed)
+            )
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! The assistant message an OpenAI-style chat answer carries, whole (`choices[0].message`)
+//! or streamed (`choices[0].delta` pieces joined: `content` appended, `tool_calls` merged
+//! by their `index`, each call's `function.arguments` appended), as the next turn of a
+//! live session sends it back. Only `role`, `content`, `tool_calls` and `name` are kept:
+//! what a chat API accepts in a request's history (a server's extra fields, such as
+//! `refusal` or `reasoning_content`, are not sent back).
+
+use serde_json::{Map, Value};
+
+/// Why an answer carries no message a history can use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoMessage {
+    #[error("the answer is not JSON: {0}")]
+    NotJson(String),
+    #[error("the answer has no choices[0].message")]
+    NoChoice,
+    #[error("the event stream has no choices[0].delta with content or tool calls")]
+    EmptyStream,
+    #[error("the event stream cannot be read: {0}")]
+    BadStream(String),
+}
+
+/// The assistant message of a whole JSON chat answer.
+pub(crate) fn of_json(body: &[u8]) -> Result<Value, NoMessage> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| NoMessage::NotJson(e.to_string()))?;
+    match v.pointer("/choices/0/message") {
+        Some(Value::Object(m)) => Ok(Value::Object(kept(m))),
+        _ => Err(NoMessage::NoChoice),
+    }
+}
+
+/// The assistant message a streamed chat answer's events add up to.
+pub(crate) fn of_stream(body: &[u8]) -> Result<Value, NoMessage> {
+    let events = crate::sse::parse_all(body).map_err(|e| NoMessage::BadStream(e.to_string()))?;
+    let mut content = String::new();
+    let mut role: Option<String> = None;
+    let mut calls: Vec<Map<String, Value>> = Vec::new();
+    let mut any = false;
+    for ev in events {
+        let Ok(chunk) = serde_json::from_str::<Value>(&ev.data) else {
+            continue; // `[DONE]` and anything else that is not a JSON chunk
+        };
+        let Some(delta) = chunk.pointer("/choices/0/delta").and_then(Value::as_object) else {
+            continue;
+        };
+        if let Some(r) = delta.get("role").and_then(Value::as_str) {
+            role = Some(r.to_string());
+        }
+        if let Some(c) = delta.get("content").and_then(Value::as_str) {
+            content.push_str(c);
+            any = true;
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            merge_call(&mut calls, call);
+            any = true;
+        }
+    }
+    if !any {
+        return Err(NoMessage::EmptyStream);
+    }
+    let mut m = Map::new();
+    m.insert(
+        "role".into(),
+        Value::String(role.unwrap_or_else(|| "assistant".into())),
+    );
+    m.insert(
+        "content".into(),
+        if content.is_empty() && !calls.is_empty() {
+            Value::Null
+        } else {
+            Value::String(content)
+        },
+    );
+    if !calls.is_empty() {
+        m.insert(
+            "tool_calls".into(),
+            Value::Array(calls.into_iter().map(Value::Object).collect()),
+        );
+    }
+    Ok(Value::Object(m))
+}
+
+/// Most tool calls one streamed answer may build (a peer naming ever larger indices
+/// must not make the history grow without bound).
+const MAX_TOOL_CALLS: usize = 128;
+
+/// One streamed piece of a tool call, merged into the call its `index` names.
+fn merge_call(calls: &mut Vec<Map<String, Value>>, piece: &Value) {
+    let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+    if index >= MAX_TOOL_CALLS {
+        return;
+    }
+    while calls.len() <= index {
+        calls.push(Map::new());
+    }
+    let call = &mut calls[index];
+    for key in ["id", "type"] {
+        if let Some(v) = piece.get(key).filter(|v| v.is_string()) {
+            call.insert(key.into(), v.clone());
+        }
+    }
+    let Some(f) = piece.get("function").and_then(Value::as_object) else {
+        return;
+    };
+    let function = call
+        .entry("function")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(function) = function.as_object_mut() else {
+        return;
+    };
+    for key in ["name", "arguments"] {
+        if let Some(s) = f.get(key).and_then(Value::as_str) {
+            let slot = function
+                .entry(key)
+                .or_insert_with(|| Value::String(String::new()));
+            if let Value::String(acc) = slot {
+                acc.push_str(s);
+            }
+        }
+    }
+}
+
+/// The fields of a message a history sends back.
+fn kept(m: &Map<String, Value>) -> Map<String, Value> {
+    ["role", "content", "tool_calls", "name"]
+        .iter()
+        .filter_map(|k| m.get(*k).map(|v| (k.to_string(), v.clone())))
+        .filter(|(k, v)| {
+            !(k == "tool_calls" && (v.is_null() || v.as_array().is_some_and(Vec::is_empty)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_json_answer_gives_its_message_without_extra_fields() {
+        let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi there", "refusal": null, "tool_calls": []}}]});
+        let m = of_json(body.to_string().as_bytes()).unwrap();
+        assert_eq!(m, json!({"role": "assistant", "content": "hi there"}));
+        assert_eq!(of_json(b"{\"choices\": []}"), Err(NoMessage::NoChoice));
+        assert!(matches!(of_json(b"nope"), Err(NoMessage::NotJson(_))));
+    }
+
+    #[test]
+    fn a_stream_adds_up_its_content_and_tool_calls() {
+        let chunk = |delta: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"index": 0, "delta": delta}]})
+            )
+        };
+        let body = [
+            chunk(json!({"role": "assistant", "content": ""})),
+            chunk(json!({"content": "let me "})),
+            chunk(json!({"content": "look"})),
+            chunk(json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_", "arguments": "{\"ci"}}]})),
+            chunk(json!({"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": "ty\": \"Oslo\"}"}}]})),
+            "data: [DONE]\n\n".to_string(),
+        ]
+        .concat();
+        let m = of_stream(body.as_bytes()).unwrap();
+        assert_eq!(
+            m,
+            json!({"role": "assistant", "content": "let me look", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
+            ]})
+        );
+        assert_eq!(of_stream(b"data: [DONE]\n\n"), Err(NoMessage::EmptyStream));
+    }
+
+    #[test]
+    fn a_hostile_stream_cannot_grow_the_tool_calls_past_the_bound() {
+        let body = format!(
+            "data: {}\n\n",
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1_000_000_000u64, "id": "x"}]}}]})
+        );
+        let m = of_stream(body.as_bytes()).unwrap();
+        assert_eq!(m.get("tool_calls"), None);
+    }
+}

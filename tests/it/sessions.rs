@@ -1,0 +1,222 @@
+//! Multi-turn sessions against the mock: a live history sends the answers it received
+//! (read back from Parquet), a frozen plan made from that capture replays the same
+//! requests and judges every turn, the affinity header names the session, and a failing
+//! turn stops its session.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+use matrix_proxy::cli::Exit;
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// A case of two sessions (three turns, then two) under `history`.
+fn chat_case(history: &str) -> Value {
+    json!({
+        "name": "chat", "history": history, "session_header": "x-session-id",
+        "request": {"model": "mock", "max_tokens": 6,
+                    "messages": [{"role": "system", "content": "You are terse."}]},
+        "sessions": [
+            {"id": "alpha", "turns": [
+                {"messages": user("Plan a trip to the coast.")},
+                {"messages": user("Which train?")},
+                {"messages": user("And back on Sunday?")}]},
+            {"id": "beta", "turns": [
+                {"messages": user("Name a prime number.")},
+                {"messages": user("A larger one, please.")}]}
+        ]
+    })
+}
+
+fn session_plan(url: &str, case: Value) -> Value {
+    json!({
+        "endpoint": format!("{url}/v1/chat/completions"),
+        "health_endpoint": format!("{url}/health"),
+        "connection": "keep-alive",
+        "cases": [case],
+        "concurrency": [1, 2], "requests_per_case": 2, "repetitions": 2, "warmup_per_case": 2,
+        "timeout_seconds": 5, "metadata": metadata(),
+    })
+}
+
+/// One measured row: where it sits and what was sent and answered.
+#[derive(Debug, Clone)]
+struct Turn {
+    key: (i32, i32, i64),
+    session: String,
+    turn: i32,
+    request: Value,
+    response: Value,
+    header: Option<String>,
+    outcome: String,
+}
+
+fn measured_turns(run: &Path) -> Vec<Turn> {
+    let rows = Rows::read(run);
+    let phase = rows.strs("phase");
+    let (conc, rep, idx) = (
+        rows.i32s("concurrency"),
+        rows.i32s("repetition"),
+        rows.i64s("dispatch_index"),
+    );
+    let (session, turn) = (rows.strs("session_id"), rows.i32s("turn"));
+    let (req, resp) = (rows.bins("request_body"), rows.bins("response_body"));
+    let headers = rows.headers("request_headers");
+    let outcome = rows.strs("outcome");
+    (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured"))
+        .map(|i| Turn {
+            key: (conc[i].unwrap(), rep[i].unwrap(), idx[i].unwrap()),
+            session: session[i]
+                .clone()
+                .expect("a session turn's row names its session"),
+            turn: turn[i].expect("a session turn's row has its turn"),
+            request: serde_json::from_slice(&req[i]).unwrap(),
+            response: serde_json::from_slice(&resp[i]).unwrap_or(Value::Null),
+            header: headers[i]
+                .iter()
+                .find(|(k, _)| k == "x-session-id")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
+            outcome: outcome[i].clone().unwrap(),
+        })
+        .collect()
+}
+
+/// The turns of each dispatched session, in turn order.
+fn by_session(turns: Vec<Turn>) -> BTreeMap<(i32, i32, i64), Vec<Turn>> {
+    let mut out: BTreeMap<_, Vec<Turn>> = BTreeMap::new();
+    for t in turns {
+        out.entry(t.key).or_default().push(t);
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|t| t.turn);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_live_history_sends_the_answers_received_and_freezes_into_a_judged_plan() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let (run, exit) = replay_plan(&live, &session_plan(&mock.url(), chat_case("live"))).await;
+    assert_eq!(exit, Exit::Ok);
+    let sessions = by_session(measured_turns(&run));
+    // Two levels x two repetitions x two sessions dispatched per round.
+    assert_eq!(sessions.len(), 8);
+    let mut answers: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for turns in sessions.values() {
+        let id = &turns[0].session;
+        assert_eq!(turns.len(), if id == "alpha" { 3 } else { 2 });
+        for (k, t) in turns.iter().enumerate() {
+            assert_eq!(
+                (t.turn, &t.session, t.outcome.as_str()),
+                (k as i32 + 1, id, "ok")
+            );
+            assert_eq!(
+                t.header.as_deref(),
+                Some(id.as_str()),
+                "the affinity header names the session"
+            );
+            let sent = t.request["messages"].as_array().unwrap();
+            // system + (user, assistant) per earlier turn + this turn's user message.
+            assert_eq!(sent.len(), 2 + 2 * k);
+            for (j, earlier) in turns[..k].iter().enumerate() {
+                assert_eq!(
+                    sent[2 + 2 * j],
+                    earlier.response["choices"][0]["message"],
+                    "turn {} sends turn {}'s answer",
+                    k + 1,
+                    j + 1
+                );
+            }
+        }
+        answers
+            .entry(id.clone())
+            .or_insert_with(|| turns.iter().map(|t| t.response.clone()).collect());
+    }
+
+    // The capture frozen by hand: each turn's answer and its whole response as the oracle.
+    let mut case = chat_case("frozen");
+    case["ignore_paths"] = json!(["/id", "/created"]);
+    for s in case["sessions"].as_array_mut().unwrap() {
+        let id = s["id"].as_str().unwrap().to_string();
+        for (k, t) in s["turns"].as_array_mut().unwrap().iter_mut().enumerate() {
+            t["expected_response"] = answers[&id][k].clone();
+        }
+    }
+    let frozen_dir = dir.path().join("frozen");
+    std::fs::create_dir(&frozen_dir).unwrap();
+    let (run, exit) = replay_plan(&frozen_dir, &session_plan(&mock.url(), case)).await;
+    assert_eq!(exit, Exit::Ok, "every frozen turn passes its oracle");
+    for turns in by_session(measured_turns(&run)).values() {
+        for (k, t) in turns.iter().enumerate() {
+            let answer = &answers[&t.session][k];
+            assert_eq!(t.response["choices"], answer["choices"]);
+            let sent = t.request["messages"].as_array().unwrap();
+            for j in 0..k {
+                assert_eq!(
+                    sent[2 + 2 * j],
+                    answers[&t.session][j]["choices"][0]["message"]
+                );
+            }
+        }
+    }
+    let summary = read_json(&run.join("summary.json"));
+    for r in summary["rounds"].as_array().unwrap() {
+        // Two sessions a round: alpha's 3 turns and beta's 2, all passed.
+        assert_eq!(
+            (&r["planned_requests"], &r["successful_requests"]),
+            (&json!(5), &json!(5)),
+            "{r:#}"
+        );
+    }
+    mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_turn_stops_its_session_and_its_later_turns_are_not_attempted() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut case = chat_case("live");
+    // alpha's second turn is a whole request the mock answers 500: a live history has no
+    // answer to continue with, so alpha's third turn is never sent.
+    case["sessions"][0]["turns"][1] = json!({"request": {"model": "mock", "mock_fault": "http500",
+        "messages": [{"role": "user", "content": "fail"}]}});
+    let mut plan = session_plan(&mock.url(), case);
+    plan["on_failure"] = json!("continue");
+    plan["concurrency"] = json!([1]);
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, Exit::Failure);
+    let sessions = by_session(measured_turns(&run));
+    for turns in sessions.values() {
+        let outcomes: Vec<&str> = turns.iter().map(|t| t.outcome.as_str()).collect();
+        match turns[0].session.as_str() {
+            "alpha" => assert_eq!(outcomes, ["ok", "http"]),
+            _ => assert_eq!(outcomes, ["ok", "ok"]),
+        }
+    }
+    let summary = read_json(&run.join("summary.json"));
+    let text = summary.to_string();
+    assert!(
+        text.contains("case 'chat' session 'alpha' stopped at turn 2 of 3"),
+        "{summary:#}"
+    );
+    // Each round planned alpha's 3 turns and beta's 2, and attempted 4.
+    let rounds = summary["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2);
+    for r in rounds {
+        assert_eq!(
+            (&r["planned_requests"], &r["attempted_requests"]),
+            (&json!(5), &json!(4)),
+            "{r:#}"
+        );
+    }
+    mock.shutdown().await;
+}
