@@ -18,7 +18,13 @@ use crate::oracle::json_kind;
 const MAX_THINK_SECONDS: f64 = 3600.0;
 
 /// What a case's session fields are, besides the request template.
-const SESSION_CASE_FIELDS: &[&str] = &["sessions", "history", "session_header", "think_seconds"];
+const SESSION_CASE_FIELDS: &[&str] = &[
+    "sessions",
+    "history",
+    "session_header",
+    "think_seconds",
+    "cache_bust",
+];
 /// The fields of one turn.
 const TURN_FIELDS: &[&str] = &[
     "messages",
@@ -90,7 +96,19 @@ impl Validator {
             }
             None => return None,
         };
+        let cache_bust = match m.get("cache_bust") {
+            None => Some(false),
+            Some(Value::Bool(b)) => Some(*b),
+            Some(v) => {
+                self.err(
+                    join(path, "cache_bust"),
+                    format!("must be true or false, found {v}"),
+                );
+                None
+            }
+        };
         let ctx = TurnCtx {
+            cache_bust: cache_bust?,
             history: history?,
             think: think?,
             has_template: template.is_some(),
@@ -124,6 +142,7 @@ impl Validator {
             variants,
             Sessions {
                 history: ctx.history,
+                cache_bust: ctx.cache_bust,
                 header: ctx.header,
                 template: template.unwrap_or_default(),
                 prefix,
@@ -231,6 +250,7 @@ impl Validator {
 
 /// What every turn of a case's sessions shares.
 struct TurnCtx<'a> {
+    cache_bust: bool,
     history: History,
     think: Duration,
     has_template: bool,
@@ -332,6 +352,9 @@ impl Validator {
         ]
         .iter()
         .any(|f| m.contains_key(*f));
+        if ctx.cache_bust && judged {
+            self.err(p, "with cache_bust every run of a session sends its own tag, so the server's answer is not the recorded one; remove the expected_* field (a capture records, a campaign judges by drift) or cache_bust");
+        }
         if ctx.history == History::Live && judged {
             self.err(p, "a live history's turns are recorded (a capture) or judged by drift (a campaign): each request after the first carries the server's own earlier answers, so no recorded answer applies to it; remove the expected_* field or use \"history\": \"frozen\"");
         }
@@ -473,7 +496,7 @@ mod tests {
         assert_eq!((s.history, s.list[1].first_variant), (History::Frozen, 3));
         assert_eq!(s.list[0].turns[1].think, Duration::from_millis(500));
         assert_eq!(s.list[0].header_value.as_ref().unwrap(), "a");
-        let body = s.body(0, 2, &s.frozen_answers(0)[..2]).unwrap();
+        let body = s.body(0, 2, &s.frozen_answers(0)[..2], None).unwrap();
         let sent: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             sent,
@@ -483,6 +506,9 @@ mod tests {
                 {"role": "user", "content": "more"}, {"role": "assistant", "content": "sure"},
                 {"role": "user", "content": "bye"}]})
         );
+        let tagged: Value =
+            serde_json::from_slice(&s.body(0, 0, &[], Some("[0a1b] ")).unwrap()).unwrap();
+        assert_eq!(tagged["messages"][0]["content"], "[0a1b] be brief");
         // Two dispatches of a case of 4 turns in 2 sessions send 3 + 1; three send 3 + 1 + 3.
         assert_eq!((case.requests_of(2), case.requests_of(3)), (4, 7));
         assert!(p.unmeasured_variants().is_empty());

@@ -57,6 +57,10 @@ pub(crate) struct Sessions {
     pub(crate) template: Map<String, Value>,
     /// The template's own `messages` (a system prompt), first in every chat turn.
     pub(crate) prefix: Vec<Value>,
+    /// `cache_bust`: each run of a session starts its first message with a tag of its
+    /// own, so no run finds another's prompt in the server's prefix cache (its later
+    /// turns still find its own earlier turns).
+    pub(crate) cache_bust: bool,
     pub(crate) list: Vec<Session>,
 }
 
@@ -88,11 +92,13 @@ impl Sessions {
     /// earlier turn, `None` where a turn added nothing) as the history: the template with
     /// `messages` = its own, then each earlier chat turn's messages and answer, then this
     /// turn's. `None` for a whole-request turn (its variant's body is sent).
+    /// With `tag` (a cache-busting session's), the first message's text starts with it.
     pub(crate) fn body(
         &self,
         session: usize,
         turn: usize,
         answers: &[Option<&Value>],
+        tag: Option<&str>,
     ) -> Option<Bytes> {
         let s = self.list.get(session)?;
         let now = s.turns.get(turn)?.messages.as_ref()?;
@@ -106,6 +112,12 @@ impl Sessions {
             }
         }
         messages.extend(now.iter().cloned());
+        if let Some(tag) = tag
+            && let Some(Value::String(text)) =
+                messages.first_mut().and_then(|m| m.get_mut("content"))
+        {
+            text.insert_str(0, tag);
+        }
         let mut request = self.template.clone();
         request.insert("messages".into(), Value::Array(messages));
         serde_json::to_vec(&request).ok().map(Bytes::from)

@@ -168,10 +168,11 @@ impl Ctx {
         case: usize,
         at: TurnAt,
         answers: &[Option<&serde_json::Value>],
+        tag: Option<&str>,
     ) -> Option<Frozen> {
         let sessions = self.plan.cases.get(case)?.sessions.as_ref()?;
         let session = sessions.list.get(at.session as usize)?;
-        let body = sessions.body(at.session as usize, usize::from(at.turn), answers);
+        let body = sessions.body(at.session as usize, usize::from(at.turn), answers, tag);
         let affinity = sessions.header.as_ref().zip(session.header_value.as_ref());
         Some(freeze_full(
             &self.plan,

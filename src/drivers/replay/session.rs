@@ -48,6 +48,7 @@ pub(super) async fn session(
     let frozen = sessions.frozen_answers(session);
     let mut received: Vec<Option<Value>> = Vec::with_capacity(if live { s.turns.len() } else { 0 });
     let mut samples = Vec::with_capacity(s.turns.len());
+    let tag = sessions.cache_bust.then(|| cache_tag(ctx, &base, &s.id));
     for (k, turn) in s.turns.iter().enumerate() {
         if k > 0 && !turn.think.is_zero() && !think(ctx, turn.think).await {
             break;
@@ -64,7 +65,7 @@ pub(super) async fn session(
         } else {
             frozen[..k].to_vec()
         };
-        let made = ctx.turn_request(ci, at, &answers);
+        let made = ctx.turn_request(ci, at, &answers, tag.as_deref());
         let d = Dispatch {
             variant: s.first_variant + k,
             turn: Some(at),
@@ -92,6 +93,24 @@ pub(super) async fn session(
         }
     }
     samples
+}
+
+/// A cache-busting session run's tag: the first 8 bytes of SHA-256 over where the run
+/// sits (case, session, phase, level, repetition, dispatch index) in hex, so every run of
+/// a session in the run has its own, and a campaign's arms send the same requests.
+fn cache_tag(ctx: &Ctx, d: &Dispatch, id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let at = format!(
+        "{}\n{id}\n{}\n{:?}\n{:?}\n{:?}\n{}",
+        d.case.map_or("", |c| &ctx.case_names[c]),
+        d.phase.as_str(),
+        d.concurrency,
+        d.rate,
+        d.repetition,
+        d.dispatch_index
+    );
+    let digest = Sha256::digest(at.as_bytes());
+    format!("[{}] ", crate::model::hex(&digest[..8]))
 }
 
 /// Wait `how_long` (a turn's think time) unless the run stops first; `false` when it did.
