@@ -66,6 +66,14 @@ pub struct ExchangeRecord {
     pub answer_usage: Option<(Option<i64>, i64)>,
     /// The oracle's judgment whatever the lane made of it (`None`: nothing was judged).
     pub oracle_passed: Option<bool>,
+    /// The session this exchange is a turn of (`None` outside sessions).
+    pub session_id: Option<Arc<str>>,
+    /// The turn's index in its session, from 1 (`None` outside sessions).
+    pub turn: Option<i32>,
+    /// The answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's, or a
+    /// stream's usage chunk's): prompt tokens the server's prefix cache served; `None`
+    /// when the answer did not report it (never 0 for unknown).
+    pub cached_prompt_tokens: Option<i64>,
     /// Recorded bytes held in serve's memory budget, released once the row is encoded.
     pub memory: Option<BudgetHold>,
 }
@@ -93,5 +101,6 @@ impl ExchangeRecord {
             + self.url.len()
             + stream
             + self.error_message.as_ref().map_or(0, String::len)
+            + self.session_id.as_ref().map_or(0, |s| s.len())
     }
 }

@@ -117,7 +117,7 @@ fn build_record(
     sh: &Shared,
     p: InFlight,
     tee: CopiedBody,
-    verdict: Verdict,
+    mut verdict: Verdict,
     end: Option<DownstreamEnd>,
 ) -> ExchangeRecord {
     sh.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -142,6 +142,12 @@ fn build_record(
         &got,
         verdict.outcome,
     );
+    // A whole JSON answer's `usage` (its token counts and cached prompt tokens), read once
+    // from the recorded copy by a parse that builds nothing else, after the client has its
+    // response; a stream's comes from its usage chunk.
+    if verdict.outcome == Outcome::Ok && got.stream.is_none() && !got.body.truncated {
+        verdict.usage_tokens = crate::model::answer_usage(&got.body.bytes);
+    }
     let ids = RowIds {
         target_rate_per_second: None,
         exchange_id: sh.run.next_exchange_id(),
@@ -154,6 +160,8 @@ fn build_record(
         dispatch_index: p.index,
         worker: (p.conn_no % i64::from(i32::MAX)) as i32,
         prompt_tokens_planned: None,
+        session_id: None,
+        turn: None,
     };
     let request = SentRequest {
         scheduled_offset_us: None,
