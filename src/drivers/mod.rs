@@ -86,8 +86,9 @@ pub(crate) struct Verdict {
     /// oracle; `None` otherwise.
     pub(crate) decisions: Option<u64>,
     /// A JSON answer's `usage` (prompt, completion tokens; cached prompt tokens), where it
-    /// was read (every JSON answer with the expected status; a stream's comes from its
-    /// events): the row's `output_tokens`, `prompt_tokens` and `cached_prompt_tokens`.
+    /// was read (replay: every JSON answer with the expected status; serve's rows read it
+    /// on the writer thread, `usage_from_body`; a stream's comes from its events): the
+    /// row's `output_tokens`, `prompt_tokens` and `cached_prompt_tokens`.
     pub(crate) usage_tokens: Option<AnswerUsage>,
     /// The oracle's judgment, whatever the lane made of it: `Some(false)` for a
     /// performance-fit arm's mismatch that stays `ok`; `None` when nothing was judged.
@@ -267,6 +268,7 @@ impl RunContext {
             session_id: ids.session_id,
             turn: ids.turn,
             cached_prompt_tokens,
+            usage_from_body: false,
             oracle_passed: verdict.oracle_passed,
             memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }

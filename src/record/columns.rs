@@ -270,7 +270,7 @@ pub(crate) static COLUMNS: [Column; 57] = [
     column!("tpot_us", Int64, NULLABLE, "us", |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us),
         "`(total_us - ttft_us) / (output_tokens - 1)` when output_tokens > 1"),
     column!("output_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.map(|u| u.1), |s| s.output_tokens),
-        "a stream: `usage.completion_tokens` if it reported it, else its content events; a JSON answer: its `usage.completion_tokens` (serve reads it from its whole recorded copy of an answer it delivered; readers of runs recorded before take it from `response_body`); null when neither"),
+        "a stream: `usage.completion_tokens` if it reported it, else its content events; a JSON answer: its `usage.completion_tokens` (serve reads it from its whole recorded copy of an answer it delivered, on the recorder's thread; readers of runs recorded before take it from `response_body`); null when neither"),
     column!("output_tokens_source", Utf8, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source).or(r.answer_usage.map(|_| "usage")),
         "where `output_tokens` came from: `usage` (the answer's or the stream's usage object) or `events` (a stream's content events); null when `output_tokens` is"),
     column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.and_then(|u| u.0), |s| s.prompt_tokens),

@@ -116,9 +116,10 @@ pub(crate) fn for_each_row(
 }
 
 /// One part's rows as they are read, batch by batch ([`ROW_COLUMNS`]), held until the
-/// part ends: the JSON answers without a recorded count (serve's, and runs recorded
-/// before replay wrote a JSON answer's usage) have theirs read from `response_body`,
-/// in the same batches when they hold it, else in one more pass over that column alone.
+/// part ends: the JSON answers without a recorded count (runs recorded before replay,
+/// then serve, wrote a JSON answer's usage; and answers that report none) have theirs
+/// read from `response_body`, in the same batches when they hold it, else in one more
+/// pass over that column alone.
 #[derive(Debug)]
 pub(crate) struct PartRows {
     /// The batches hold [`BODY_COLUMN`].

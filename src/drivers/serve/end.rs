@@ -117,7 +117,7 @@ fn build_record(
     sh: &Shared,
     p: InFlight,
     tee: CopiedBody,
-    mut verdict: Verdict,
+    verdict: Verdict,
     end: Option<DownstreamEnd>,
 ) -> ExchangeRecord {
     sh.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -142,12 +142,6 @@ fn build_record(
         &got,
         verdict.outcome,
     );
-    // A whole JSON answer's `usage` (its token counts and cached prompt tokens), read once
-    // from the recorded copy by a parse that builds nothing else, after the client has its
-    // response; a stream's comes from its usage chunk.
-    if verdict.outcome == Outcome::Ok && got.stream.is_none() && !got.body.truncated {
-        verdict.usage_tokens = crate::model::answer_usage(&got.body.bytes);
-    }
     let ids = RowIds {
         target_rate_per_second: None,
         exchange_id: sh.run.next_exchange_id(),
@@ -172,5 +166,11 @@ fn build_record(
         headers: Arc::new(p.request_headers),
         body: tee,
     };
-    sh.run.row(ids, request, got, verdict)
+    let mut rec = sh.run.row(ids, request, got, verdict);
+    // A whole JSON answer's `usage` (token counts, cached prompt tokens) is read from the
+    // recorded copy on the writer thread, off the proxy's path; a stream's came from its
+    // usage chunk.
+    rec.usage_from_body =
+        rec.outcome == Outcome::Ok && rec.stream.is_none() && !rec.response_body_truncated;
+    rec
 }
