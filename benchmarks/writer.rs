@@ -98,6 +98,10 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         prompt_tokens_planned: None,
         answer_usage: None,
         oracle_passed: None,
+        session_id: None,
+        turn: None,
+        cached_prompt_tokens: None,
+        usage_from_body: false,
         memory: None,
     }
 }

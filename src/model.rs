@@ -123,6 +123,8 @@ pub struct StreamColumns {
     pub(crate) output_tokens: Option<i64>,
     pub(crate) output_tokens_source: &'static str,
     pub(crate) prompt_tokens: Option<i64>,
+    /// The usage chunk's `prompt_tokens_details.cached_tokens`, when reported.
+    pub(crate) cached_prompt_tokens: Option<i64>,
     /// An event's data was exactly `[DONE]`.
     pub(crate) done_seen: bool,
 }
@@ -440,10 +442,28 @@ pub(crate) fn url_path(url: &str) -> &str {
     rest.find('/').map_or("/", |i| &rest[i..])
 }
 
-/// What a JSON answer's `usage` says, (prompt tokens when reported, completion tokens),
-/// read from its bytes without building the document (serde skips every other member).
+/// What an answer's `usage` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AnswerUsage {
+    /// (`prompt_tokens` when reported, `completion_tokens`).
+    pub(crate) tokens: (Option<i64>, i64),
+    /// `prompt_tokens_details.cached_tokens` when reported: the server's prefix cache
+    /// served that many of the prompt's tokens (`None` is unknown, never 0).
+    pub(crate) cached_prompt: Option<i64>,
+}
+
+/// A count an answer's usage may report and be recorded: an integer 0 to 2^40. A
+/// negative, absurd or non-integer value from a broken or hostile worker is no count (a
+/// row holding one would be refused when read back).
+pub(crate) fn usage_count(v: Option<&serde_json::Value>) -> Option<i64> {
+    v.and_then(serde_json::Value::as_i64)
+        .filter(|n| (0..=MAX_TOKEN_COUNT).contains(n))
+}
+
+/// What a JSON answer's `usage` says, read from its bytes without building the document
+/// (serde skips every other member): its token counts and cached prompt tokens.
 /// `None` when the body is not a JSON object or reports no completion tokens.
-pub(crate) fn answer_usage(body: &[u8]) -> Option<(Option<i64>, i64)> {
+pub(crate) fn answer_usage(body: &[u8]) -> Option<AnswerUsage> {
     #[derive(serde::Deserialize)]
     struct Answer {
         usage: Option<Usage>,
@@ -452,19 +472,23 @@ pub(crate) fn answer_usage(body: &[u8]) -> Option<(Option<i64>, i64)> {
     struct Usage {
         prompt_tokens: Option<serde_json::Value>,
         completion_tokens: Option<serde_json::Value>,
+        prompt_tokens_details: Option<serde_json::Value>,
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
     let u = serde_json::from_slice::<Answer>(body).ok()?.usage?;
-    // A count a worker could mean: 0 to 2^40. A negative or absurd value from a broken or
-    // hostile worker is no count (a row holding one would be refused when read back).
-    let count = |v: &Option<serde_json::Value>| {
-        v.as_ref()
-            .and_then(serde_json::Value::as_i64)
-            .filter(|n| (0..=MAX_TOKEN_COUNT).contains(n))
-    };
-    Some((count(&u.prompt_tokens), count(&u.completion_tokens)?))
+    Some(AnswerUsage {
+        tokens: (
+            usage_count(u.prompt_tokens.as_ref()),
+            usage_count(u.completion_tokens.as_ref())?,
+        ),
+        cached_prompt: usage_count(
+            u.prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.get("cached_tokens")),
+        ),
+    })
 }
 
 /// The largest token count an answer's usage may report and be recorded (2^40, the
@@ -477,7 +501,7 @@ mod usage_tests {
 
     #[test]
     fn a_json_answers_usage_is_read_and_impossible_counts_are_none() {
-        let u = |b: &str| answer_usage(b.as_bytes());
+        let u = |b: &str| answer_usage(b.as_bytes()).map(|u| u.tokens);
         assert_eq!(
             u(r#"{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":7}}"#),
             Some((Some(3), 7))
@@ -494,5 +518,48 @@ mod usage_tests {
         assert_eq!(u(r#"{"usage":"many"}"#), None);
         assert_eq!(u("[1,2]"), None);
         assert_eq!(u("not json"), None);
+    }
+
+    /// `prompt_tokens_details.cached_tokens` is the cached prompt tokens when it is a
+    /// count; absent, null, negative, absurd or not an integer, it is unknown (never 0).
+    #[test]
+    fn cached_prompt_tokens_are_read_from_the_usage_details() {
+        let cached = |details: &str| {
+            let body = format!(
+                r#"{{"usage":{{"prompt_tokens":9,"completion_tokens":2{details}}},"choices":[]}}"#
+            );
+            answer_usage(body.as_bytes()).unwrap().cached_prompt
+        };
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":7}"#),
+            Some(7)
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":0}"#),
+            Some(0)
+        );
+        assert_eq!(cached(""), None);
+        assert_eq!(cached(r#","prompt_tokens_details":null"#), None);
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"audio_tokens":1}"#),
+            None
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":-1}"#),
+            None
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":2.5}"#),
+            None
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":"7"}"#),
+            None
+        );
+        assert_eq!(
+            cached(r#","prompt_tokens_details":{"cached_tokens":1099511627777}"#),
+            None
+        );
+        assert_eq!(cached(r#","prompt_tokens_details":[7]"#), None);
     }
 }

@@ -331,9 +331,25 @@ impl StreamTracker {
     /// 2^40 (a negative or absurd value from a broken or hostile worker is not a count,
     /// and a row holding one would be refused when read back).
     pub(crate) fn usage_field(&self, field: &str) -> Option<i64> {
-        let n = self.usage.as_ref()?.get(field)?.as_i64()?;
-        (0..=1i64 << 40).contains(&n).then_some(n)
+        count(self.usage.as_ref()?.get(field)?)
     }
+
+    /// The usage object's `prompt_tokens_details.cached_tokens` (the prompt tokens the
+    /// server's prefix cache served), when it is a count as [`Self::usage_field`] reads.
+    pub(crate) fn usage_cached_tokens(&self) -> Option<i64> {
+        count(
+            self.usage
+                .as_ref()?
+                .get("prompt_tokens_details")?
+                .get("cached_tokens")?,
+        )
+    }
+}
+
+/// A count a worker could mean: an integer 0 to 2^40.
+fn count(v: &Value) -> Option<i64> {
+    let n = v.as_i64()?;
+    (0..=1i64 << 40).contains(&n).then_some(n)
 }
 
 /// Parse a whole recorded body (for oracles): every event, stamps zero.
@@ -448,6 +464,32 @@ mod tests {
             ),
             (Some(3), Some(2))
         );
+    }
+
+    /// A usage chunk's `prompt_tokens_details.cached_tokens` is read when it is a count;
+    /// a usage chunk without it, or with a value no worker means, reports none.
+    #[test]
+    fn a_usage_chunks_cached_tokens_are_read() {
+        let cached = |usage: &str| {
+            let body = format!("data: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n");
+            let mut t = StreamTracker::default();
+            parse_all(body.as_bytes())
+                .unwrap()
+                .iter()
+                .for_each(|e| t.on_event(e));
+            t.usage_cached_tokens()
+        };
+        let with = |details: &str| {
+            cached(&format!(
+                r#"{{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{details}}}"#
+            ))
+        };
+        assert_eq!(with(r#"{"cached_tokens":7}"#), Some(7));
+        assert_eq!(with(r#"{"cached_tokens":0}"#), Some(0));
+        assert_eq!(cached(r#"{"prompt_tokens":9,"completion_tokens":2}"#), None);
+        assert_eq!(with("null"), None);
+        assert_eq!(with(r#"{"cached_tokens":-3}"#), None);
+        assert_eq!(with(r#"{"cached_tokens":1.5}"#), None);
     }
 
     /// The line splitter (memchr over each read) against the rule it implements, byte by

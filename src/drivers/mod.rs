@@ -16,7 +16,7 @@ use http::{HeaderMap, Method};
 
 use crate::budget::BudgetHold;
 use crate::engine::{Captured, CopiedBody};
-use crate::model::{Outcome, Phase};
+use crate::model::{AnswerUsage, Outcome, Phase, StreamColumns};
 use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions, WriterStats};
 use crate::telemetry::Telemetry;
 
@@ -56,6 +56,10 @@ pub(crate) struct RowIds {
     pub(crate) worker: i32,
     /// The plan's `prompt_tokens` for this request (replay).
     pub(crate) prompt_tokens_planned: Option<i64>,
+    /// The session this exchange is a turn of (`None` outside sessions and in serve).
+    pub(crate) session_id: Option<Arc<str>>,
+    /// The turn's index in its session, from 1 (`None` outside sessions and in serve).
+    pub(crate) turn: Option<i32>,
 }
 
 /// The request as it was sent, and when.
@@ -81,13 +85,27 @@ pub(crate) struct Verdict {
     /// Entries of the answer's decisions container, for an exchange judged `ok` by a JSON
     /// oracle; `None` otherwise.
     pub(crate) decisions: Option<u64>,
-    /// The answer's `usage` (prompt, completion tokens), where it was read (replay: every
-    /// JSON answer with the expected status; a stream's comes from its events): the row's
-    /// `output_tokens` and `prompt_tokens` of a JSON answer.
-    pub(crate) usage_tokens: Option<(Option<i64>, i64)>,
+    /// A JSON answer's `usage` (prompt, completion tokens; cached prompt tokens), where it
+    /// was read (replay: every JSON answer with the expected status; serve's rows read it
+    /// on the writer thread, `usage_from_body`; a stream's comes from its events): the
+    /// row's `output_tokens`, `prompt_tokens` and `cached_prompt_tokens`.
+    pub(crate) usage_tokens: Option<AnswerUsage>,
     /// The oracle's judgment, whatever the lane made of it: `Some(false)` for a
     /// performance-fit arm's mismatch that stays `ok`; `None` when nothing was judged.
     pub(crate) oracle_passed: Option<bool>,
+}
+
+/// An exchange's cached prompt tokens (its row's `cached_prompt_tokens`): a stream's
+/// usage chunk's, else a JSON answer's `usage` as the verdict read it; `None` when the
+/// answer reported none.
+pub(crate) fn cached_prompt_tokens(
+    stream: Option<&StreamColumns>,
+    verdict: &Verdict,
+) -> Option<i64> {
+    match stream {
+        Some(s) => s.cached_prompt_tokens,
+        None => verdict.usage_tokens.and_then(|u| u.cached_prompt),
+    }
 }
 
 /// How a run's recording ended: rows written, and every problem (the writer's error, then
@@ -206,6 +224,7 @@ impl RunContext {
         verdict: Verdict,
     ) -> ExchangeRecord {
         let got_stream_is_none = got.stream.is_none();
+        let cached_prompt_tokens = cached_prompt_tokens(got.stream.as_ref(), &verdict);
         ExchangeRecord {
             run_id: self.run_id.clone(),
             exchange_id: ids.exchange_id,
@@ -242,7 +261,14 @@ impl RunContext {
             oracle_mismatch_pointer: verdict.oracle_mismatch_pointer,
             decisions: verdict.decisions.map(|d| d as i64),
             prompt_tokens_planned: ids.prompt_tokens_planned,
-            answer_usage: verdict.usage_tokens.filter(|_| got_stream_is_none),
+            answer_usage: verdict
+                .usage_tokens
+                .map(|u| u.tokens)
+                .filter(|_| got_stream_is_none),
+            session_id: ids.session_id,
+            turn: ids.turn,
+            cached_prompt_tokens,
+            usage_from_body: false,
             oracle_passed: verdict.oracle_passed,
             memory: BudgetHold::merge(request.body.hold, got.body.hold),
         }

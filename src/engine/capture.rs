@@ -291,6 +291,7 @@ impl Capture {
             output_tokens,
             output_tokens_source: source,
             prompt_tokens: t.usage_field("prompt_tokens"),
+            cached_prompt_tokens: t.usage_cached_tokens(),
             done_seen: t.done,
         })
     }

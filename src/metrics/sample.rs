@@ -22,6 +22,10 @@ pub(crate) struct Sample {
     /// `usage` of a JSON answer: (prompt tokens if reported, output tokens), when it
     /// reported them (streams carry theirs in `stream`).
     pub(crate) usage_tokens: Option<(Option<i64>, i64)>,
+    /// The answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's or a
+    /// stream's usage chunk's): prompt tokens the server's prefix cache served; `None`
+    /// when it reported none.
+    pub(crate) cached_prompt_tokens: Option<i64>,
     /// A failure's message (campaign cells list the distinct ones).
     pub(crate) failure: Option<String>,
     /// Open loop: the intended send time on the run's clock (`start_offset_us` is the

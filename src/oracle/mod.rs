@@ -149,21 +149,27 @@ pub(crate) fn sort_keys(v: Value) -> Value {
 pub(crate) struct Judged {
     /// Entries of its decisions container (`None`: not a JSON oracle, or not asked).
     pub(crate) decisions: Option<u64>,
-    /// Its `usage`: (prompt tokens, completion tokens).
-    pub(crate) usage: Option<(Option<i64>, i64)>,
+    /// Its `usage`: (prompt tokens, completion tokens, cached prompt tokens).
+    pub(crate) usage: Option<(Option<i64>, i64, Option<i64>)>,
 }
 
-/// `usage` of an OpenAI-style JSON answer: (prompt tokens, completion tokens), when it
-/// reports completion tokens.
-pub(crate) fn usage_tokens(answer: &Value) -> Option<(Option<i64>, i64)> {
+/// `usage` of an OpenAI-style JSON answer: (prompt tokens, completion tokens, its
+/// `prompt_tokens_details.cached_tokens`), when it reports completion tokens.
+pub(crate) fn usage_tokens(answer: &Value) -> Option<(Option<i64>, i64, Option<i64>)> {
     let u = answer.get("usage")?;
     // 0 to 2^40 (model::MAX_TOKEN_COUNT): a negative or absurd value is no count.
-    let count = |k: &str| {
-        u.get(k)
-            .and_then(Value::as_i64)
+    let count = |v: Option<&Value>| {
+        v.and_then(Value::as_i64)
             .filter(|n| (0..=1i64 << 40).contains(n))
     };
-    Some((count("prompt_tokens"), count("completion_tokens")?))
+    let cached = u
+        .get("prompt_tokens_details")
+        .and_then(|d| d.get("cached_tokens"));
+    Some((
+        count(u.get("prompt_tokens")),
+        count(u.get("completion_tokens"))?,
+        count(cached),
+    ))
 }
 
 /// The seed's decisions of one answer: the entries of the container at `at` (array

@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 54] = [
+pub(crate) static COLUMNS: [Column; 57] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -270,7 +270,7 @@ pub(crate) static COLUMNS: [Column; 54] = [
     column!("tpot_us", Int64, NULLABLE, "us", |r: &R| r.stream.as_ref().and_then(|s| s.tpot_us),
         "`(total_us - ttft_us) / (output_tokens - 1)` when output_tokens > 1"),
     column!("output_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.map(|u| u.1), |s| s.output_tokens),
-        "a stream: `usage.completion_tokens` if it reported it, else its content events; a JSON answer (replay): its `usage.completion_tokens`; null when neither (and for JSON answers in serve: readers take it from `response_body`)"),
+        "a stream: `usage.completion_tokens` if it reported it, else its content events; a JSON answer: its `usage.completion_tokens` (serve reads it from its whole recorded copy of an answer it delivered, on the recorder's thread; readers of runs recorded before take it from `response_body`); null when neither"),
     column!("output_tokens_source", Utf8, NULLABLE, "", |r: &R| r.stream.as_ref().map(|s| s.output_tokens_source).or(r.answer_usage.map(|_| "usage")),
         "where `output_tokens` came from: `usage` (the answer's or the stream's usage object) or `events` (a stream's content events); null when `output_tokens` is"),
     column!("prompt_tokens", Int64, NULLABLE, "", |r: &R| r.stream.as_ref().map_or(r.answer_usage.and_then(|u| u.0), |s| s.prompt_tokens),
@@ -291,6 +291,12 @@ pub(crate) static COLUMNS: [Column; 54] = [
         "the stream's tokens after its first arrived bundled: at least two content events after the first, more than half of them in one read (one arrival stamp); its decode time is then how a buffer flushed, not the worker's pace, and v2 decode gates leave it out; null for non-streams"),
     column!("oracle_passed", Boolean, NULLABLE, "", |r: &R| r.oracle_passed,
         "the oracle's judgment of the answer, whatever the lane made of it: false for a `correctness` failure and for a performance-fit arm's mismatch that stays `ok`; null when nothing was judged (no oracle, `unjudged`, a failure before the body was judged, serve); McNemar counts it"),
+    column!("session_id", Utf8, NULLABLE, "", |r: &R| r.session_id.as_deref(),
+        "the session this exchange is a turn of (the plan's session `id`); null outside sessions"),
+    column!("turn", Int32, NULLABLE, "", |r: &R| r.turn,
+        "the turn's index in its session, from 1; null outside sessions"),
+    column!("cached_prompt_tokens", Int64, NULLABLE, "", |r: &R| r.cached_prompt_tokens,
+        "prompt tokens the server's prefix cache served: the answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's, or a stream's usage chunk's; vLLM reports it with `--enable-prompt-tokens-details`); null when the answer does not report it (never 0 for unknown)"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -451,6 +457,7 @@ mod tests {
             output_tokens: Some(37),
             output_tokens_source: "usage",
             prompt_tokens: Some(38),
+            cached_prompt_tokens: Some(44),
             done_seen: true,
         });
         r.error_message = Some("message".into());
@@ -459,6 +466,9 @@ mod tests {
         r.prompt_tokens_planned = Some(40);
         r.answer_usage = Some((Some(41), 42));
         r.oracle_passed = Some(true);
+        r.session_id = Some("session".into());
+        r.turn = Some(6);
+        r.cached_prompt_tokens = Some(43);
         r
     }
 
@@ -506,7 +516,7 @@ mod tests {
             let c = b.column_by_name(n).unwrap();
             c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
         };
-        let expected: [(&str, i64); 22] = [
+        let expected: [(&str, i64); 23] = [
             ("exchange_id", 7),
             ("scheduled_offset_us", 10),
             ("send_lag_us", 4),
@@ -529,6 +539,7 @@ mod tests {
             ("prompt_tokens", 38),
             ("decisions", 39),
             ("prompt_tokens_planned", 40),
+            ("cached_prompt_tokens", 43),
         ];
         let got: Vec<(&str, i64)> = expected.iter().map(|(n, _)| (*n, int(n))).collect();
         assert_eq!(got, expected);
@@ -548,7 +559,8 @@ mod tests {
                 "error_message",
                 "oracle_mismatch_pointer",
                 "output_tokens_source",
-                "url"
+                "url",
+                "session_id"
             ]
             .map(text),
             [
@@ -558,7 +570,8 @@ mod tests {
                 "message",
                 "/pointer",
                 "usage",
-                "http://h/x?token=<redacted>&keep=1"
+                "http://h/x?token=<redacted>&keep=1",
+                "session"
             ]
         );
         let int32 = |n: &str| {
@@ -566,8 +579,8 @@ mod tests {
             c.as_any().downcast_ref::<Int32Array>().unwrap().value(0)
         };
         assert_eq!(
-            ["concurrency", "repetition", "worker", "status"].map(int32),
-            [3, 4, 5, 200]
+            ["concurrency", "repetition", "worker", "status", "turn"].map(int32),
+            [3, 4, 5, 200, 6]
         );
         let flag = |n: &str| {
             let c = b.column_by_name(n).unwrap();

@@ -332,6 +332,7 @@ mod tests {
                         output_tokens: Some(3),
                         output_tokens_source: "usage",
                         prompt_tokens: None,
+                        cached_prompt_tokens: None,
                         done_seen: true,
                     });
                 }

@@ -91,6 +91,10 @@ pub(crate) mod tests_support {
             prompt_tokens_planned: None,
             answer_usage: None,
             oracle_passed: None,
+            session_id: None,
+            turn: None,
+            cached_prompt_tokens: None,
+            usage_from_body: false,
             memory: None,
         }
     }

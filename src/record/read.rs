@@ -35,6 +35,11 @@ pub(crate) struct RowFacts {
     /// serve: when the client's side of the response ended (µs from t0); `None` in
     /// replay and in runs recorded before the column.
     pub(crate) downstream_done_us: Option<i64>,
+    /// The session this exchange is a turn of (`None` outside sessions, and in runs
+    /// recorded before the column).
+    pub(crate) session_id: Option<String>,
+    /// The turn's index in its session, from 1 (`None` outside sessions).
+    pub(crate) turn: Option<i32>,
     pub(crate) sample: Sample,
 }
 
@@ -49,9 +54,9 @@ impl RowFacts {
     }
 }
 
-/// The columns [`PartRows`] reads. `decisions` is read when present: runs recorded
-/// before it existed have none.
-pub(crate) const ROW_COLUMNS: [&str; 24] = [
+/// The columns [`PartRows`] reads. `decisions`, `session_id`, `turn` and
+/// `cached_prompt_tokens` are read when present: runs recorded before them have none.
+pub(crate) const ROW_COLUMNS: [&str; 27] = [
     "downstream_done_us",
     "target_rate_per_second",
     "scheduled_offset_us",
@@ -76,6 +81,9 @@ pub(crate) const ROW_COLUMNS: [&str; 24] = [
     "output_tokens",
     "prompt_tokens",
     "content_offsets_us",
+    "session_id",
+    "turn",
+    "cached_prompt_tokens",
 ];
 
 /// The column a JSON answer's usage is read from when its row holds no count.
@@ -108,9 +116,10 @@ pub(crate) fn for_each_row(
 }
 
 /// One part's rows as they are read, batch by batch ([`ROW_COLUMNS`]), held until the
-/// part ends: the JSON answers without a recorded count (serve's, and runs recorded
-/// before replay wrote a JSON answer's usage) have theirs read from `response_body`,
-/// in the same batches when they hold it, else in one more pass over that column alone.
+/// part ends: the JSON answers without a recorded count (runs recorded before replay,
+/// then serve, wrote a JSON answer's usage; and answers that report none) have theirs
+/// read from `response_body`, in the same batches when they hold it, else in one more
+/// pass over that column alone.
 #[derive(Debug)]
 pub(crate) struct PartRows {
     /// The batches hold [`BODY_COLUMN`].
@@ -161,7 +170,7 @@ impl PartRows {
             let s = &mut facts.sample;
             if s.usage_tokens.is_none() && s.stream.is_none() && s.outcome == Outcome::Ok {
                 match body {
-                    Some(body) if body.is_valid(i) => s.usage_tokens = counted(body.value(i)),
+                    Some(body) if body.is_valid(i) => count_body(s, body.value(i)),
                     Some(_) => {}
                     None => {
                         self.uncounted.push(self.held.len());
@@ -218,6 +227,9 @@ struct RowColumns<'a> {
     out_tok: &'a Int64Array,
     prompt: &'a Int64Array,
     content: &'a ListArray,
+    session: Option<&'a StringArray>,
+    turn: Option<&'a Int32Array>,
+    cached: Option<&'a Int64Array>,
 }
 
 /// Row `i` of an optional-valued column.
@@ -252,6 +264,9 @@ impl<'a> RowColumns<'a> {
             out_tok: column(b, "output_tokens", part)?,
             prompt: column(b, "prompt_tokens", part)?,
             content: column(b, "content_offsets_us", part)?,
+            session: optional_column(b, "session_id"),
+            turn: optional_column(b, "turn"),
+            cached: optional_column(b, "cached_prompt_tokens"),
         })
     }
 
@@ -282,6 +297,11 @@ impl<'a> RowColumns<'a> {
             url: self.url.value(i).to_string(),
             status: self.status.is_valid(i).then(|| self.status.value(i)),
             downstream_done_us: self.downstream.and_then(|d| opt(d, i)),
+            session_id: self
+                .session
+                .filter(|a| a.is_valid(i))
+                .map(|a| a.value(i).to_string()),
+            turn: self.turn.filter(|t| t.is_valid(i)).map(|t| t.value(i)),
             sample: Sample {
                 exchange_id: self.exchange_id.value(i),
                 decisions: raw_decisions.map(|d| d.max(0) as u64),
@@ -292,6 +312,7 @@ impl<'a> RowColumns<'a> {
                 connect_us: opt(self.connect, i),
                 stream: self.stream(i),
                 usage_tokens: self.usage(i),
+                cached_prompt_tokens: self.cached.and_then(|c| opt(c, i)),
                 failure: None,
                 scheduled_offset_us: self.scheduled.and_then(|s| opt(s, i)),
             },
@@ -325,11 +346,16 @@ impl<'a> RowColumns<'a> {
     }
 }
 
-/// A JSON answer's usage read from its body, when its counts are ones a row may hold.
-fn counted(body: &[u8]) -> Option<(Option<i64>, i64)> {
-    crate::model::answer_usage(body).filter(|(p, n)| {
+/// A JSON answer's usage read from its body into `s` (its cached prompt tokens too,
+/// unless its row held them), when its counts are ones a row may hold.
+fn count_body(s: &mut Sample, body: &[u8]) {
+    let usage = crate::model::answer_usage(body);
+    s.usage_tokens = usage.map(|u| u.tokens).filter(|(p, n)| {
         (0..=MAX_COUNT).contains(n) && p.is_none_or(|p| (0..=MAX_COUNT).contains(&p))
-    })
+    });
+    if s.cached_prompt_tokens.is_none() && s.usage_tokens.is_some() {
+        s.cached_prompt_tokens = usage.and_then(|u| u.cached_prompt);
+    }
 }
 
 /// Read the `usage` of the JSON answers at `rows` (indices into the part's rows, in
@@ -351,7 +377,7 @@ fn count_from_bodies(
             }
             want.next();
             if body.is_valid(r - base) {
-                held[r].sample.usage_tokens = counted(body.value(r - base));
+                count_body(&mut held[r].sample, body.value(r - base));
             }
         }
         base += b.num_rows();
@@ -393,6 +419,7 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
             st.map_or(s.usage_tokens.and_then(|u| u.0), |t| t.prompt_tokens),
         ),
         ("decisions", decisions),
+        ("cached_prompt_tokens", s.cached_prompt_tokens),
     ];
     let out_of = |v: i64, lo: i64, hi: i64| !(lo..=hi).contains(&v);
     for (column, v) in durations {
@@ -419,6 +446,17 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
                 "{column} is {v}, an impossible count (0 to {MAX_COUNT})"
             ));
         }
+    }
+    match (&f.session_id, f.turn) {
+        (Some(_), Some(t)) if t < 1 => {
+            return Some(format!(
+                "turn is {t}, an impossible turn (they count from 1)"
+            ));
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Some("session_id and turn are not both null or both set".to_string());
+        }
+        _ => {}
     }
     let gaps = st.map_or(&[][..], |t| &t.gaps_us[..]);
     if let Some((k, g)) = gaps
@@ -746,7 +784,7 @@ pub(crate) fn prompt_counts(
 mod tests {
     use super::*;
     use crate::record::tests_support::{row, run_dir};
-    use crate::record::{Recorder, RecorderOptions};
+    use crate::record::{ExchangeRecord, Recorder, RecorderOptions};
 
     /// A JSON answer's usage reaches the reports: from the token columns where the row
     /// holds it, else (serve, runs recorded before) from its response body; a stream's
@@ -776,5 +814,74 @@ mod tests {
             .map(|f| f.sample.usage_tokens)
             .collect();
         assert_eq!(usage, [Some((Some(5), 11)), Some((Some(3), 7)), None, None]);
+    }
+
+    /// A turn's session and index and the cached prompt tokens are read back as recorded;
+    /// a JSON answer read from its body (runs recorded before the column) gives its own
+    /// cached count, one whose row holds a count keeps it, and unknown stays `None`.
+    #[test]
+    fn sessions_turns_and_cached_prompt_tokens_are_read_back() {
+        let (_run, ex) = run_dir();
+        let rec = Recorder::start(RecorderOptions::new(ex.clone())).unwrap();
+        let mut turn = row(0, b"");
+        turn.session_id = Some("s1".into());
+        turn.turn = Some(2);
+        turn.cached_prompt_tokens = Some(7);
+        turn.answer_usage = Some((Some(9), 2));
+        let mut from_body = row(1, b"");
+        from_body.response_body = bytes::Bytes::from_static(
+            br#"{"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        );
+        let mut unknown = row(2, b"");
+        unknown.answer_usage = Some((Some(9), 2));
+        for r in [turn, from_body, unknown] {
+            assert!(rec.submit_now(r).unwrap().is_none());
+        }
+        rec.finish().unwrap();
+        let got: Vec<_> = read_row_facts(&ex)
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.session_id, f.turn, f.sample.cached_prompt_tokens))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("s1".to_string()), Some(2), Some(7)),
+                (None, None, Some(4)),
+                (None, None, None)
+            ]
+        );
+    }
+
+    /// A turn outside a session, a session without a turn, a turn below 1 and a negative
+    /// cached count are values no recorder writes: the part is refused, naming them.
+    #[test]
+    fn impossible_turns_and_cached_counts_are_refused() {
+        type Spoil = fn(&mut ExchangeRecord);
+        let cases: [(Spoil, &str); 4] = [
+            (|r| r.turn = Some(1), "session_id and turn"),
+            (|r| r.session_id = Some("s".into()), "session_id and turn"),
+            (
+                |r| {
+                    r.session_id = Some("s".into());
+                    r.turn = Some(0);
+                },
+                "turn is 0",
+            ),
+            (
+                |r| r.cached_prompt_tokens = Some(-1),
+                "cached_prompt_tokens is -1",
+            ),
+        ];
+        for (spoil, says) in cases {
+            let (_run, ex) = run_dir();
+            let rec = Recorder::start(RecorderOptions::new(ex.clone())).unwrap();
+            let mut r = row(0, b"");
+            spoil(&mut r);
+            assert!(rec.submit_now(r).unwrap().is_none());
+            rec.finish().unwrap();
+            let e = read_row_facts(&ex).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 }

@@ -62,15 +62,41 @@ pub struct ExchangeRecord {
     pub prompt_tokens_planned: Option<i64>,
     /// A JSON answer's `usage`: (prompt tokens if reported, completion tokens), written to
     /// `output_tokens` / `prompt_tokens` with source `usage`; `None` for streams (their
-    /// counts are in `stream`), in serve and where the answer reported none.
+    /// counts are in `stream`) and where the answer reported none (serve: filled on the
+    /// writer thread, see `usage_from_body`).
     pub answer_usage: Option<(Option<i64>, i64)>,
     /// The oracle's judgment whatever the lane made of it (`None`: nothing was judged).
     pub oracle_passed: Option<bool>,
+    /// The session this exchange is a turn of (`None` outside sessions).
+    pub session_id: Option<Arc<str>>,
+    /// The turn's index in its session, from 1 (`None` outside sessions).
+    pub turn: Option<i32>,
+    /// The answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's, or a
+    /// stream's usage chunk's): prompt tokens the server's prefix cache served; `None`
+    /// when the answer did not report it (never 0 for unknown).
+    pub cached_prompt_tokens: Option<i64>,
+    /// serve: a whole JSON answer whose `usage` (token counts and cached prompt tokens)
+    /// the writer thread reads from `response_body` before encoding the row
+    /// ([`Self::read_usage_from_body`]), which keeps JSON parsing off serve's path.
+    pub usage_from_body: bool,
     /// Recorded bytes held in serve's memory budget, released once the row is encoded.
     pub memory: Option<BudgetHold>,
 }
 
 impl ExchangeRecord {
+    /// Fill `answer_usage` and `cached_prompt_tokens` from the recorded answer's `usage`
+    /// (one parse that builds nothing else), for a row marked `usage_from_body`; an
+    /// answer that reports none leaves them `None`.
+    pub(crate) fn read_usage_from_body(&mut self) {
+        if !std::mem::take(&mut self.usage_from_body) {
+            return;
+        }
+        if let Some(u) = crate::model::answer_usage(&self.response_body) {
+            self.answer_usage = Some(u.tokens);
+            self.cached_prompt_tokens = u.cached_prompt;
+        }
+    }
+
     /// What the row holds in memory, roughly (measured against the resident memory of
     /// replay holding 250,000 rows of 1 KiB bodies: within 25 %). The request's header map
     /// and URL are shared between rows in replay and counted anyway: an upper bound.
@@ -93,5 +119,6 @@ impl ExchangeRecord {
             + self.url.len()
             + stream
             + self.error_message.as_ref().map_or(0, String::len)
+            + self.session_id.as_ref().map_or(0, |s| s.len())
     }
 }

@@ -610,7 +610,8 @@ impl Writer {
         }
     }
 
-    fn on_row(&mut self, rec: ExchangeRecord) -> Result<(), RecordError> {
+    fn on_row(&mut self, mut rec: ExchangeRecord) -> Result<(), RecordError> {
+        rec.read_usage_from_body();
         let bytes = rec.approx_bytes();
         self.pending_bytes += bytes;
         self.pending.push_back((rec, bytes));

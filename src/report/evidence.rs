@@ -411,7 +411,7 @@ mod tests {
                     r.response_body = bytes::Bytes::from_static(body);
                     r.response_body_len = body.len() as i64;
                     if id % 3 == 0 {
-                        r.answer_usage = crate::model::answer_usage(body);
+                        r.answer_usage = crate::model::answer_usage(body).map(|u| u.tokens);
                     }
                     if id == 7 {
                         r.outcome = Outcome::Http;

@@ -63,6 +63,17 @@ def main(run: Path) -> int:
     names = {r[0] for r in con.execute(f"select unnest(request_headers).name from '{glob}'").fetchall()}
     assert "host" in names, names
     checks += 3
+    # The last three columns: a turn's session and index, and the server's cached prompt
+    # tokens; a turn belongs to a session and counts from 1, a cached count is never negative.
+    described = con.execute(f"select column_name, column_type from (describe select * from '{glob}')").fetchall()
+    last = [tuple(r) for r in described[-3:]]
+    assert last == [("session_id", "VARCHAR"), ("turn", "INTEGER"), ("cached_prompt_tokens", "BIGINT")], last
+    bad = con.execute(
+        f"""select count(*) from '{glob}'
+            where (session_id is null) <> (turn is null) or turn < 1 or cached_prompt_tokens < 0"""
+    ).fetchone()[0]
+    assert bad == 0, bad
+    checks += 2
     # Nearest rank in SQL, in integers, equals rounds.parquet.
     # A round's level is its concurrency, or (open loop) its rate: one of the two is null.
     sql_p95 = con.execute(

@@ -2,6 +2,7 @@
 //! 127.0.0.1, is bounded in requests and time, and stops by itself.
 
 mod accounting;
+mod cached_tokens;
 mod campaign;
 mod cli;
 mod crash;

@@ -47,7 +47,7 @@ use crate::config::plan::OnFailure;
 use crate::drivers::{RowIds, SentRequest, Verdict};
 use crate::engine::{BodyCopy, Capture, Captured, ExchangeError};
 use crate::metrics::{Sample, StreamSample};
-use crate::model::Outcome;
+use crate::model::{AnswerUsage, Outcome};
 use crate::oracle::Oracle;
 use crate::record::ExchangeRecord;
 
@@ -258,7 +258,8 @@ fn sample_of(
     Sample {
         exchange_id,
         decisions: verdict.decisions,
-        usage_tokens: verdict.usage_tokens,
+        usage_tokens: verdict.usage_tokens.map(|u| u.tokens),
+        cached_prompt_tokens: crate::drivers::cached_prompt_tokens(got.stream.as_ref(), verdict),
         failure: (outcome != Outcome::Ok)
             .then(|| verdict.error_message.clone())
             .flatten(),
@@ -318,6 +319,8 @@ fn row_ids(ctx: &Ctx, d: &Dispatch, exchange_id: i64) -> RowIds {
                 .and_then(|ci| ctx.plan.cases[ci].variants[d.variant].prompt_tokens),
         }
         .map(|n| n as i64),
+        session_id: None,
+        turn: None,
     }
 }
 
@@ -397,7 +400,7 @@ fn judge(ctx: &Ctx, d: &Dispatch, got: &Captured, incomplete: Option<String>) ->
 /// Every JSON answer's usage becomes its row's output_tokens / prompt_tokens (a stream's
 /// comes from its events): a JSON oracle reads it from its own parse, any other answer is
 /// read here, once, by a parse that builds nothing but the usage.
-fn usage_here(got: &Captured) -> Option<(Option<i64>, i64)> {
+fn usage_here(got: &Captured) -> Option<AnswerUsage> {
     got.stream
         .is_none()
         .then(|| crate::model::answer_usage(&got.body.bytes))
@@ -423,7 +426,12 @@ fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
     let (judged, verdict) =
         oracle.judge_and_read(&got.body.bytes, Some(&ctx.plan.decisions_pointer));
     let usage_tokens = match oracle {
-        Oracle::Json { .. } => judged.usage,
+        Oracle::Json { .. } => judged
+            .usage
+            .map(|(prompt, completion, cached)| AnswerUsage {
+                tokens: (prompt, completion),
+                cached_prompt: cached,
+            }),
         _ => usage_here(got),
     };
     match verdict {

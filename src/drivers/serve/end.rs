@@ -154,6 +154,8 @@ fn build_record(
         dispatch_index: p.index,
         worker: (p.conn_no % i64::from(i32::MAX)) as i32,
         prompt_tokens_planned: None,
+        session_id: None,
+        turn: None,
     };
     let request = SentRequest {
         scheduled_offset_us: None,
@@ -164,5 +166,11 @@ fn build_record(
         headers: Arc::new(p.request_headers),
         body: tee,
     };
-    sh.run.row(ids, request, got, verdict)
+    let mut rec = sh.run.row(ids, request, got, verdict);
+    // A whole JSON answer's `usage` (token counts, cached prompt tokens) is read from the
+    // recorded copy on the writer thread, off the proxy's path; a stream's came from its
+    // usage chunk.
+    rec.usage_from_body =
+        rec.outcome == Outcome::Ok && rec.stream.is_none() && !rec.response_body_truncated;
+    rec
 }
