@@ -325,6 +325,7 @@ impl Validator {
             }
         }
         ok.then_some(Session {
+            id_arc: id.as_str().into(),
             id,
             header_value,
             first_variant,

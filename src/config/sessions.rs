@@ -69,6 +69,8 @@ pub(crate) struct Session {
     /// The session's `id` (default `s<N>`, N its place from 1): rows' `session_id` and
     /// the affinity header's value.
     pub(crate) id: String,
+    /// The same, shared by its rows.
+    pub(crate) id_arc: std::sync::Arc<str>,
     /// Its affinity header's value, made once.
     pub(crate) header_value: Option<HeaderValue>,
     /// The case's variant of its first turn; turn `k` (from 0) is `first_variant + k`.

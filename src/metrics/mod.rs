@@ -21,6 +21,7 @@ mod round;
 mod sample;
 mod steady;
 mod tokens;
+mod turns;
 
 pub(crate) use aggregate::{Aggregate, aggregate};
 pub(crate) use open_loop::{Goodput, OpenMetrics, SATURATION_LAG_US, goodput};
@@ -30,6 +31,7 @@ pub(crate) use round::{
 };
 pub(crate) use sample::{Sample, StreamSample};
 pub(crate) use tokens::{StreamMetrics, answer_tokens, decode, decode_rate, stream_metrics};
+pub(crate) use turns::TurnMetrics;
 
 #[cfg(test)]
 mod tests {

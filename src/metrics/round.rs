@@ -53,6 +53,8 @@ pub(crate) struct RoundMetrics {
     pub(crate) open: Option<OpenMetrics>,
     /// Against the plan's `slo` (`None` without one).
     pub(crate) goodput: Option<Goodput>,
+    /// Per turn index of a case with sessions (empty otherwise).
+    pub(crate) turns: Vec<super::turns::TurnMetrics>,
 }
 
 impl RoundMetrics {
@@ -295,5 +297,6 @@ pub(crate) fn level_round_metrics(
         arm: None,
         open,
         goodput: None,
+        turns: super::turns::turn_metrics(samples),
     }
 }

@@ -26,6 +26,8 @@ pub(crate) struct Sample {
     /// stream's usage chunk's): prompt tokens the server's prefix cache served; `None`
     /// when it reported none.
     pub(crate) cached_prompt_tokens: Option<i64>,
+    /// A session's turn: its index in the session, from 1 (`None` outside sessions).
+    pub(crate) turn: Option<u16>,
     /// A failure's message (campaign cells list the distinct ones).
     pub(crate) failure: Option<String>,
     /// Open loop: the intended send time on the run's clock (`start_offset_us` is the
@@ -64,6 +66,15 @@ impl StreamSample {
 }
 
 impl Sample {
+    /// The server's count of the prompt's tokens: a stream's usage chunk's, else a JSON
+    /// answer's `usage` (`None` when it reported none).
+    pub(crate) fn prompt_tokens(&self) -> Option<i64> {
+        match &self.stream {
+            Some(s) => s.prompt_tokens,
+            None => self.usage_tokens.and_then(|(p, _)| p),
+        }
+    }
+
     /// Completion time on the run's clock.
     pub(crate) fn end_offset_us(&self) -> i64 {
         self.start_offset_us

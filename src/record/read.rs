@@ -313,6 +313,10 @@ impl<'a> RowColumns<'a> {
                 stream: self.stream(i),
                 usage_tokens: self.usage(i),
                 cached_prompt_tokens: self.cached.and_then(|c| opt(c, i)),
+                turn: self
+                    .turn
+                    .filter(|t| t.is_valid(i))
+                    .and_then(|t| u16::try_from(t.value(i)).ok()),
                 failure: None,
                 scheduled_offset_us: self.scheduled.and_then(|s| opt(s, i)),
             },

@@ -61,6 +61,7 @@ pub(crate) fn table(
         "req/s and latency: medians over complete rounds; req/s = successful / round wall time (ramp and drain included); latency = start to last body byte, validation excluded; {} connections\n",
         plan.connection.as_str()
     ));
+    out.push_str(&turns_block(aggs, rounds));
     out.push_str(&judged_notes(&judged));
     out.push_str(&column_notes(cols));
     out.push_str(&round_warnings(rounds));
@@ -340,4 +341,79 @@ fn outcome_cells(rs: &[&RoundMetrics]) -> [String; 2] {
                 .join(" ")
         },
     ]
+}
+
+/// Per turn index of each case and level with sessions: ok/attempted over its measured
+/// rounds, and the median over its complete rounds of each round's p50 first byte, TTFT,
+/// latency, prompt tokens and cached prompt tokens (what a prefix cache does to turn 2 on).
+fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "per turn",
+            "level",
+            "turn",
+            "ok/attempted",
+            "first byte ms",
+            "TTFT ms",
+            "p50 ms",
+            "prompt tok",
+            "cached tok",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for a in aggs {
+        let level = a
+            .rate
+            .map_or(Level::Concurrency(a.concurrency), Level::Rate);
+        let rs: Vec<&RoundMetrics> = rounds
+            .iter()
+            .filter(|r| r.arm == a.arm && r.case_name == a.case_name && r.level() == level)
+            .collect();
+        let last = rs.iter().flat_map(|r| &r.turns).map(|t| t.turn).max();
+        for k in 1..=last.unwrap_or(0) {
+            let of_k: Vec<(&RoundMetrics, &crate::metrics::TurnMetrics)> = rs
+                .iter()
+                .filter_map(|r| Some((*r, r.turns.iter().find(|t| t.turn == k)?)))
+                .collect();
+            let median = |f: &dyn Fn(&crate::metrics::TurnMetrics) -> Option<i64>| {
+                let v: Vec<f64> = of_k
+                    .iter()
+                    .filter(|(r, _)| r.complete)
+                    .filter_map(|(_, t)| f(t).map(|x| x as f64))
+                    .collect();
+                crate::metrics::median(&v)
+            };
+            let ms = |f: &dyn Fn(&crate::metrics::TurnMetrics) -> Option<i64>| {
+                fmt_ms(median(f).map(|us| us / 1e6))
+            };
+            let tokens = |f: &dyn Fn(&crate::metrics::TurnMetrics) -> Option<i64>| {
+                median(f).map_or("-".into(), |n| format!("{n:.0}"))
+            };
+            rows.push(vec![
+                match &a.arm {
+                    Some(arm) => format!("{arm}/{}", a.case_name),
+                    None => a.case_name.clone(),
+                },
+                level.label(),
+                k.to_string(),
+                format!(
+                    "{}/{}",
+                    of_k.iter().map(|(_, t)| t.successful).sum::<u64>(),
+                    of_k.iter().map(|(_, t)| t.attempted).sum::<u64>()
+                ),
+                ms(&|t| t.first_byte_us.p50),
+                ms(&|t| t.ttft_us.p50),
+                ms(&|t| t.total_us.p50),
+                tokens(&|t| t.prompt_tokens.p50),
+                tokens(&|t| t.cached_prompt_tokens.p50),
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    let mut out = aligned(&rows);
+    out.push_str("per turn: ok/attempted over measured rounds; first byte, TTFT (streams), p50 latency, prompt and cached prompt tokens (the server's usage; - where it reported none): medians over complete rounds of each round's p50 over its turns k\n");
+    out
 }

@@ -260,6 +260,7 @@ fn sample_of(
         decisions: verdict.decisions,
         usage_tokens: verdict.usage_tokens.map(|u| u.tokens),
         cached_prompt_tokens: crate::drivers::cached_prompt_tokens(got.stream.as_ref(), verdict),
+        turn: d.turn.map(|t| t.turn + 1),
         failure: (outcome != Outcome::Ok)
             .then(|| verdict.error_message.clone())
             .flatten(),
@@ -319,8 +320,11 @@ fn row_ids(ctx: &Ctx, d: &Dispatch, exchange_id: i64) -> RowIds {
                 .and_then(|ci| ctx.plan.cases[ci].variants[d.variant].prompt_tokens),
         }
         .map(|n| n as i64),
-        session_id: None,
-        turn: None,
+        session_id: d.turn.zip(d.case).and_then(|(t, ci)| {
+            let s = ctx.plan.cases[ci].sessions.as_ref()?;
+            Some(s.list.get(t.session as usize)?.id_arc.clone())
+        }),
+        turn: d.turn.map(|t| i32::from(t.turn) + 1),
     }
 }
 

@@ -195,6 +195,9 @@ pub(crate) struct Round {
     pub(crate) open_loop: Option<OpenLoop>,
     #[serde(default)]
     pub(crate) goodput: Option<GoodputDoc>,
+    /// Only for a case with sessions: per turn index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) turns: Vec<TurnDoc>,
     /// Only in a campaign.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) arm: Option<String>,
@@ -439,8 +442,55 @@ impl Round {
             stream: stream_doc(r),
             open_loop: open_loop_doc(r),
             goodput: goodput_doc(r),
+            turns: r.turns.iter().map(TurnDoc::of).collect(),
             arm: r.arm.clone(),
             worker: None,
+        }
+    }
+}
+
+/// One turn index of a round's sessions (`metrics::TurnMetrics`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct TurnDoc {
+    pub(crate) turn: u16,
+    pub(crate) attempted: u64,
+    pub(crate) successful: u64,
+    pub(crate) first_byte_seconds: Pct,
+    /// Streamed answers only.
+    pub(crate) ttft_seconds: Pct,
+    pub(crate) latency_seconds: Pct,
+    pub(crate) prompt_tokens: Counts,
+    pub(crate) cached_prompt_tokens: Counts,
+    /// Successful turns whose answer reported cached tokens.
+    pub(crate) cached_reported: u64,
+}
+
+/// Nearest-rank percentiles of a count (tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Counts {
+    pub(crate) p50: Option<i64>,
+    pub(crate) p95: Option<i64>,
+    pub(crate) p99: Option<i64>,
+}
+
+impl TurnDoc {
+    fn of(t: &crate::metrics::TurnMetrics) -> TurnDoc {
+        let counts = |p: &crate::metrics::Percentiles| Counts {
+            p50: p.p50,
+            p95: p.p95,
+            p99: p.p99,
+        };
+        TurnDoc {
+            turn: t.turn,
+            attempted: t.attempted,
+            successful: t.successful,
+            first_byte_seconds: Pct::of(&t.first_byte_us),
+            ttft_seconds: Pct::of(&t.ttft_us),
+            latency_seconds: Pct::of(&t.total_us),
+            prompt_tokens: counts(&t.prompt_tokens),
+            cached_prompt_tokens: counts(&t.cached_prompt_tokens),
+            cached_reported: t.cached_reported,
         }
     }
 }
