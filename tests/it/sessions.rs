@@ -220,3 +220,37 @@ async fn a_failed_turn_stops_its_session_and_its_later_turns_are_not_attempted()
     }
     mock.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_turn_waits_its_think_time_after_the_previous_turn_ends() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut case = chat_case("live");
+    case["sessions"] = json!([{"id": "slow", "turns": [
+        {"messages": user("first")},
+        {"messages": user("second"), "think_seconds": 0.15}]}]);
+    let mut plan = session_plan(&mock.url(), case);
+    (plan["concurrency"], plan["requests_per_case"]) = (json!([1]), json!(1));
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let rows = Rows::read(&run);
+    let (phase, turn) = (rows.strs("phase"), rows.i32s("turn"));
+    let (start, total) = (rows.i64s("start_offset_us"), rows.i64s("total_us"));
+    let (rep, measured) = (rows.i32s("repetition"), |i: usize| {
+        phase[i].as_deref() == Some("measured")
+    });
+    for r in [1, 2] {
+        let at = |k: i32| {
+            (0..rows.len())
+                .find(|&i| measured(i) && rep[i] == Some(r) && turn[i] == Some(k))
+                .unwrap()
+        };
+        let (first, second) = (at(1), at(2));
+        let gap = start[second].unwrap() - (start[first].unwrap() + total[first].unwrap());
+        assert!(
+            gap >= 150_000,
+            "turn 2 sent {gap} µs after turn 1 ended, before its 0.15 s think time"
+        );
+    }
+    mock.shutdown().await;
+}

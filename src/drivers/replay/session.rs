@@ -115,13 +115,14 @@ fn cache_tag(ctx: &Ctx, d: &Dispatch, id: &str) -> String {
 
 /// Wait `how_long` (a turn's think time) unless the run stops first; `false` when it did.
 async fn think(ctx: &Ctx, how_long: std::time::Duration) -> bool {
-    let until = tokio::time::Instant::now() + how_long;
+    let until = crate::clock::now_ns().saturating_add(how_long.as_nanos() as u64);
     while !ctx.stopped() {
-        let now = tokio::time::Instant::now();
+        let now = crate::clock::now_ns();
         if now >= until {
             return true;
         }
-        tokio::time::sleep((until - now).min(std::time::Duration::from_millis(50))).await;
+        let left = (until - now).min(50_000_000);
+        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
     }
     false
 }
