@@ -37,6 +37,16 @@ pub(crate) const DROPPED_HEADERS: &[&str] = &[
     "idempotency-key",
 ];
 
+/// Session-affinity headers: a session's identity, not a case's key. Dropped from the
+/// case (each session would be a case of its own), kept on the request as its session
+/// ([`Variant::session`]) and named in a frozen session case's `session_header`.
+pub(crate) const SESSION_HEADERS: &[&str] = &[
+    "x-session-id",
+    "session-id",
+    "x-conversation-id",
+    "x-session-affinity",
+];
+
 /// Header name prefixes dropped likewise: the `openai` SDK's per-call telemetry
 /// (`x-stainless-retry-count`, `x-stainless-read-timeout`, ...).
 pub(crate) const DROPPED_HEADER_PREFIXES: &[&str] = &["x-stainless-"];
@@ -96,6 +106,8 @@ pub(crate) struct Variant {
     /// The replayed plan's name for this request (its first row's `variant`; `None` in
     /// serve), which the frozen variant keeps.
     pub(crate) source_name: Option<String>,
+    /// The session-affinity header its first row carried: (name, value).
+    pub(crate) session: Option<(String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +144,7 @@ pub(crate) struct Collected {
 struct Planned {
     prompt_tokens: Option<i64>,
     source_name: Option<String>,
+    session: Option<(String, String)>,
 }
 
 /// Why a recorded row is left out of a freeze (counted by this text).
@@ -210,9 +223,14 @@ impl Collected {
         match self.key_and_answer(&row, status, path) {
             Ok((key, body, answer)) => {
                 self.kept += 1;
+                let session = SESSION_HEADERS.iter().find_map(|name| {
+                    let v = header(&row.request_headers, name)?;
+                    Some((name.to_string(), v))
+                });
                 let source = Planned {
                     prompt_tokens: row.prompt_tokens_planned,
                     source_name: row.variant,
+                    session,
                 };
                 Ok(Some(self.add(key, body, answer, source)))
             }
@@ -280,6 +298,7 @@ impl Collected {
             }
             if ENGINE_HEADERS.contains(&name.as_str())
                 || DROPPED_HEADERS.contains(&name.as_str())
+                || SESSION_HEADERS.contains(&name.as_str())
                 || DROPPED_HEADER_PREFIXES.iter().any(|p| name.starts_with(p))
             {
                 continue;
@@ -305,6 +324,7 @@ impl Collected {
         let Planned {
             prompt_tokens,
             source_name,
+            session,
         } = source;
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
@@ -334,6 +354,7 @@ impl Collected {
                     first_difference: None,
                     prompt_tokens,
                     source_name,
+                    session,
                 });
                 self.index.insert((case, identity), variants.len() - 1);
                 (case, variants.len() - 1)

@@ -10,6 +10,7 @@
 
 mod collect;
 mod evidence;
+mod sessions;
 mod timing;
 mod write;
 
@@ -149,8 +150,15 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         bearer_token_env,
         metadata,
     };
-    let budget = budget(opts, &collected, &mut lines);
-    let mut value = write::plan_json(&head, &budget, &collected.cases);
+    // A trace plan's entries name variants: a --keep-timing freeze keeps them as they are.
+    let chains: Vec<Option<sessions::Chains>> = collected
+        .cases
+        .iter()
+        .map(|c| sessions::chains(c).filter(|_| opts.keep_timing.is_none()))
+        .collect();
+    say_sessions(&collected, &chains, &mut lines);
+    let budget = budget(opts, &collected, &chains, &mut lines);
+    let mut value = write::plan_json(&head, &budget, &collected.cases, &chains);
     let trace = match (timed, &opts.keep_timing) {
         (Some(timed), Some(file)) => Some(keep_timing(
             &mut value,
@@ -331,11 +339,22 @@ fn bearer_env(
 
 /// The flags' budget, with a covering `requests_per_case` when none is given (said in
 /// `lines`).
-fn budget(opts: &Options, collected: &collect::Collected, lines: &mut Vec<String>) -> Budget {
+fn budget(
+    opts: &Options,
+    collected: &collect::Collected,
+    chains: &[Option<sessions::Chains>],
+    lines: &mut Vec<String>,
+) -> Budget {
     let mut budget = opts.budget.clone();
     // A trace plan has no closed-loop budget: its entries are its load.
     if budget.requests_per_case.is_none() && opts.keep_timing.is_none() {
-        let counts: Vec<usize> = collected.cases.iter().map(|c| c.variants.len()).collect();
+        // A case frozen as sessions dispatches sessions.
+        let counts: Vec<usize> = collected
+            .cases
+            .iter()
+            .zip(chains)
+            .map(|(c, ch)| ch.as_ref().map_or(c.variants.len(), |ch| ch.sessions.len()))
+            .collect();
         let highest = budget.concurrency.iter().copied().max().unwrap_or(1);
         let n = crate::config::plan::covering_requests_per_case(&counts, highest);
         budget.requests_per_case = Some(n);
@@ -345,6 +364,28 @@ fn budget(opts: &Options, collected: &collect::Collected, lines: &mut Vec<String
         ));
     }
     budget
+}
+
+/// A line per case frozen as sessions: its requests, sessions and turns.
+fn say_sessions(
+    collected: &collect::Collected,
+    chains: &[Option<sessions::Chains>],
+    lines: &mut Vec<String>,
+) {
+    let names = write::case_names(&collected.cases);
+    for ((c, ch), name) in collected.cases.iter().zip(chains).zip(&names) {
+        let Some(ch) = ch else { continue };
+        let turns: usize = ch.sessions.iter().map(Vec::len).sum();
+        lines.push(format!(
+            "case '{name}': {} distinct chat request(s) continue one another (each the last one's messages, its answer, then more): frozen as {} session(s) of {turns} turn(s) in all, history frozen{}; requests_per_case counts its sessions",
+            c.variants.len(),
+            ch.sessions.len(),
+            ch.header
+                .as_ref()
+                .map(|h| format!(", each named by its {h} header"))
+                .unwrap_or_default()
+        ));
+    }
 }
 
 /// A warning when a run's config.json says a newer schema than this build writes: a later

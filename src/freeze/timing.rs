@@ -172,6 +172,7 @@ mod tests {
             first_difference: None,
             prompt_tokens: None,
             source_name: None,
+            session: None,
         };
         Case {
             key: CaseKey {

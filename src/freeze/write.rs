@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::collect::{Answer, Body, Case, Variant};
 use super::evidence::volatile_present;
+use super::sessions::Chains;
 use crate::config::plan::OnFailure;
 use crate::model::ConnectionPolicy;
 
@@ -210,7 +211,13 @@ pub(crate) fn case_names(cases: &[Case]) -> Vec<String> {
 }
 
 /// The plan.
-pub(crate) fn plan_json(head: &Head, budget: &Budget, cases: &[Case]) -> Value {
+/// `chains[i]`: the sessions case `i` is frozen as (`None`: its variants).
+pub(crate) fn plan_json(
+    head: &Head,
+    budget: &Budget,
+    cases: &[Case],
+    chains: &[Option<Chains>],
+) -> Value {
     let mut ignore: Vec<Vec<BTreeSet<String>>> = cases
         .iter()
         .map(|c| c.variants.iter().map(variant_ignore).collect())
@@ -264,7 +271,10 @@ pub(crate) fn plan_json(head: &Head, budget: &Budget, cases: &[Case]) -> Value {
     let frozen: Vec<Value> = cases
         .iter()
         .enumerate()
-        .map(|(i, c)| case_json(c, &names[i], &case_ignore[i], &ignore[i]))
+        .map(|(i, c)| match chains.get(i).and_then(Option::as_ref) {
+            Some(ch) => session_case_json(c, ch, &names[i], (&case_ignore[i], &ignore[i])),
+            None => case_json(c, &names[i], &case_ignore[i], &ignore[i]),
+        })
         .collect();
     plan.insert("cases".into(), Value::Array(frozen));
     Value::Object(plan)
@@ -325,6 +335,68 @@ fn case_json(
     Value::Object(m)
 }
 
+/// A case frozen as sessions (`sessions.rs`): its key's fields, the requests' template,
+/// a frozen history, and per session its turns: the messages each adds, its oracle and
+/// ignore paths, and the answer the client sent back (the next turn's history).
+fn session_case_json(
+    c: &Case,
+    chains: &Chains,
+    name: &str,
+    (case_ignore, variant_ignore): (&BTreeSet<String>, &[BTreeSet<String>]),
+) -> Value {
+    let mut m = Map::new();
+    m.insert("name".into(), json!(name));
+    m.insert("path".into(), json!(c.key.path));
+    if !c.key.headers.is_empty() {
+        let h: Map<String, Value> = c
+            .key
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        m.insert("headers".into(), Value::Object(h));
+    }
+    if c.key.status != 200 {
+        m.insert("expected_status".into(), json!(c.key.status));
+    }
+    if !case_ignore.is_empty() {
+        m.insert("ignore_paths".into(), json!(case_ignore));
+    }
+    m.insert("history".into(), json!("frozen"));
+    if let Some(h) = &chains.header {
+        m.insert("session_header".into(), json!(h));
+    }
+    m.insert("request".into(), Value::Object(chains.template.clone()));
+    let mut used = HashSet::new();
+    let sessions: Vec<Value> = (0..chains.sessions.len())
+        .map(|s| {
+            let turns: Vec<Value> = chains.sessions[s]
+                .iter()
+                .enumerate()
+                .map(|(k, &vi)| {
+                    let (messages, answer) = chains.turn(c, s, k);
+                    let mut t = Map::new();
+                    t.insert("messages".into(), Value::Array(messages));
+                    if let Some(a) = answer {
+                        t.insert("answer".into(), a);
+                    }
+                    let mut oracle = Map::new();
+                    request_and_oracle(&mut oracle, &c.variants[vi], false, None);
+                    oracle.remove("request");
+                    t.extend(oracle);
+                    if !variant_ignore[vi].is_empty() {
+                        t.insert("ignore_paths".into(), json!(variant_ignore[vi]));
+                    }
+                    Value::Object(t)
+                })
+                .collect();
+            json!({"id": unique(chains.id(c, s), &mut used), "turns": turns})
+        })
+        .collect();
+    m.insert("sessions".into(), Value::Array(sessions));
+    Value::Object(m)
+}
+
 /// A variant's request and oracle fields; `has_body`: the method sends one (a POST
 /// recorded with an empty body sends an empty text body).
 fn request_and_oracle(
@@ -376,6 +448,7 @@ mod tests {
             first_difference: None,
             prompt_tokens: None,
             source_name: None,
+            session: None,
         }
     }
 
@@ -413,7 +486,7 @@ mod tests {
             connection: ConnectionPolicy::KeepAlive,
             on_failure: None,
         };
-        let v = plan_json(&head, &budget, cases);
+        let v = plan_json(&head, &budget, cases, &[]);
         let bytes = serde_json::to_vec(&v).unwrap();
         if let Err(e) = crate::config::plan::Plan::from_json_bytes(&bytes) {
             panic!("{e}\n{v:#}");

@@ -23,10 +23,22 @@ pub(crate) enum NoMessage {
 /// The assistant message of a whole JSON chat answer.
 pub(crate) fn of_json(body: &[u8]) -> Result<Value, NoMessage> {
     let v: Value = serde_json::from_slice(body).map_err(|e| NoMessage::NotJson(e.to_string()))?;
+    of_value(&v)
+}
+
+/// The assistant message of a whole JSON chat answer already parsed.
+pub(crate) fn of_value(v: &Value) -> Result<Value, NoMessage> {
     match v.pointer("/choices/0/message") {
         Some(Value::Object(m)) => Ok(Value::Object(kept(m))),
         _ => Err(NoMessage::NoChoice),
     }
+}
+
+/// A message as a history compares it: its `role`, `content`, `tool_calls` (when any)
+/// and `name`, so a client that sends an answer back without the server's extra fields
+/// (`refusal`, ...) still continues it.
+pub(crate) fn comparable(m: &Value) -> Option<Value> {
+    m.as_object().map(|m| Value::Object(kept(m)))
 }
 
 /// The assistant message a streamed chat answer's events add up to.

@@ -254,3 +254,111 @@ async fn a_turn_waits_its_think_time_after_the_previous_turn_ends() {
     }
     mock.shutdown().await;
 }
+
+/// A client's chats through serve: each conversation's turns resend its history (the
+/// last answer's message included), with the session in `x-session-id`.
+async fn chat_through_serve(
+    client: &mut Client,
+    addr: std::net::SocketAddr,
+    id: &str,
+    turns: &[&str],
+) {
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for text in turns {
+        messages.push(json!({"role": "user", "content": text}));
+        let body = json!({"model": "mock", "max_tokens": 5, "messages": messages});
+        let mut req = request(
+            "POST",
+            addr,
+            "/v1/chat/completions",
+            bytes::Bytes::from(body.to_string()),
+        );
+        req.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        req.headers_mut()
+            .insert("x-session-id", id.parse().unwrap());
+        let (status, _, answer) = client.send(req).await.unwrap();
+        assert_eq!(status, 200);
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        messages.push(answer["choices"][0]["message"].clone());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_multi_turn_chats_through_serve_freeze_into_sessions_that_replay_green() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let live = tmp.path().join("live");
+    let serve = Serve::start(serve_args(&mock.url(), &live)).await;
+    let mut client = Client::connect(serve.addr).await;
+    chat_through_serve(
+        &mut client,
+        serve.addr,
+        "conv-a",
+        &["Plan a trip.", "By train?", "Thanks."],
+    )
+    .await;
+    chat_through_serve(
+        &mut client,
+        serve.addr,
+        "conv-b",
+        &["Name a prime.", "A larger one."],
+    )
+    .await;
+    drop(client);
+    serve.stop().await.unwrap();
+
+    let plan_path = tmp.path().join("frozen.json");
+    let (code, _, err) = run(&["freeze", s(&live), "--out", s(&plan_path)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("frozen as 2 session(s) of 5 turn(s) in all, history frozen, each named by its x-session-id header"), "{err}");
+    let plan = read_json(&plan_path);
+    let cases = plan["cases"].as_array().unwrap();
+    assert_eq!(
+        cases.len(),
+        1,
+        "the affinity header is the session's identity, not a case key: {plan:#}"
+    );
+    let case = &cases[0];
+    assert_eq!(
+        (&case["history"], &case["session_header"]),
+        (&json!("frozen"), &json!("x-session-id"))
+    );
+    assert_eq!(case["request"], json!({"model": "mock", "max_tokens": 5}));
+    let sessions = case["sessions"].as_array().unwrap();
+    let ids: Vec<&str> = sessions.iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["conv-a", "conv-b"]);
+    let a = sessions[0]["turns"].as_array().unwrap();
+    assert_eq!(a.len(), 3);
+    // Turn 1 holds the system and user messages; later turns only what they add.
+    assert_eq!(a[0]["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        a[1]["messages"],
+        json!([{"role": "user", "content": "By train?"}])
+    );
+    assert_eq!(
+        a[0]["answer"],
+        a[0]["expected_response"]["choices"][0]["message"]
+    );
+    assert!(
+        a[2].get("answer").is_none(),
+        "the last turn's answer goes to no later turn"
+    );
+
+    // The frozen sessions replay the same requests and every turn passes its oracle.
+    let dir = tmp.path().join("replay");
+    std::fs::create_dir(&dir).unwrap();
+    let mut plan = plan.clone();
+    plan["endpoint"] = json!(format!("{}/v1/chat/completions", mock.url()));
+    plan["health_endpoint"] = json!(format!("{}/health", mock.url()));
+    let (run, exit) = replay_plan(&dir, &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let turns = measured_turns(&run);
+    assert!(turns.iter().all(|t| t.outcome == "ok"));
+    let last_of_a = turns
+        .iter()
+        .find(|t| t.session == "conv-a" && t.turn == 3)
+        .unwrap();
+    assert_eq!(last_of_a.request["messages"].as_array().unwrap().len(), 6);
+    mock.shutdown().await;
+}
