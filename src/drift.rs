@@ -34,6 +34,9 @@ pub(crate) struct Key {
     pub(crate) concurrency: i32,
     pub(crate) repetition: i32,
     pub(crate) dispatch_index: i64,
+    /// A session's turn (from 1; `None` outside sessions): the same for every answer of
+    /// the key's variant, so it changes no pairing.
+    pub(crate) turn: Option<i32>,
 }
 
 /// One side's measured `ok` answers.
@@ -50,6 +53,9 @@ pub(crate) struct Answers {
 pub(crate) struct Options<'a> {
     pub(crate) numeric_pointers: &'a [Pointer],
     pub(crate) decisions_pointer: &'a Pointer,
+    /// The cases whose sessions carry the server's own answers (`history: live`): past a
+    /// session's first divergence its turns answer other prompts on each side.
+    pub(crate) live_cases: &'a [&'a str],
 }
 
 /// The answer of one recorded body; `ignore` are the request's ignore paths.
@@ -213,7 +219,36 @@ pub(crate) struct Drift {
     pub(crate) unpaired_arm_answers: u64,
     pub(crate) truncated_answers_left_out: u64,
     pub(crate) lossy_utf8_answers: u64,
+    /// By a session's turn index (string keys, as `concurrency`'s): empty outside sessions.
+    #[serde(skip_serializing_if = "indexmap::IndexMap::is_empty")]
+    pub(crate) turns: indexmap::IndexMap<String, LevelDrift>,
+    /// Each session run both sides answered, and the turn where they first differed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) trajectories: Vec<Trajectory>,
+    /// Pairs of a live session's turns after its first divergence: the two sides were
+    /// asked different prompts, so these pairs are in no total, level or turn above.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) off_trajectory_pairs: u64,
     pub(crate) prompts: Vec<PromptDrift>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One session run of both sides (case, level, repetition, dispatch index).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Trajectory {
+    pub(crate) case: String,
+    /// The session's id (its turns' variant names before the last `/`).
+    pub(crate) session: Option<String>,
+    pub(crate) concurrency: i32,
+    pub(crate) repetition: i32,
+    pub(crate) dispatch_index: i64,
+    /// Turns both sides answered.
+    pub(crate) turns_compared: u64,
+    /// The first turn whose answers differ (`None`: none did).
+    pub(crate) first_divergence_turn: Option<i32>,
 }
 
 /// The totals of one concurrency level.
@@ -302,8 +337,11 @@ fn prompt_drift(
 }
 
 pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> Drift {
+    let trajectories = trajectories(reference, arm);
     let mut all = Tally::default();
     let mut by_level: BTreeMap<i32, Tally> = BTreeMap::new();
+    let mut by_turn: BTreeMap<i32, Tally> = BTreeMap::new();
+    let mut off_trajectory = 0u64;
     let mut prompts = Vec::new();
     let mut numeric = vec![NumericTally::default(); opts.numeric_pointers.len()];
     let (mut flips, mut flip_pairs, mut lossy) = (0u64, 0u64, 0u64);
@@ -314,10 +352,17 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
             unpaired_arm += u64::from(!reference.truncated.contains(key));
             continue;
         };
+        if off_trajectory_pair(key, &trajectories, opts) {
+            off_trajectory += 1;
+            continue;
+        }
         lossy += u64::from(a.lossy) + u64::from(b.lossy);
         let equal = a.text == b.text;
         let sim = similarity(&a.text, &b.text);
         all.add(key, equal, sim);
+        if let Some(t) = key.turn {
+            by_turn.entry(t).or_default().add(key, equal, sim);
+        }
         by_level
             .entry(key.concurrency)
             .or_default()
@@ -367,8 +412,71 @@ pub(crate) fn drift(reference: &Answers, arm: &Answers, opts: &Options<'_>) -> D
         unpaired_arm_answers: unpaired_arm,
         truncated_answers_left_out: (reference.truncated.len() + arm.truncated.len()) as u64,
         lossy_utf8_answers: lossy,
+        turns: by_turn
+            .iter()
+            .map(|(t, tally)| (t.to_string(), tally.level()))
+            .collect(),
+        trajectories: trajectories.into_values().collect(),
+        off_trajectory_pairs: off_trajectory,
         prompts,
     }
+}
+
+/// Where a session run sits: case, level, repetition, dispatch index.
+type Run = (String, i32, i32, i64);
+
+/// Each session run both sides answered, with the first turn where they differed.
+fn trajectories(reference: &Answers, arm: &Answers) -> BTreeMap<Run, Trajectory> {
+    let mut out: BTreeMap<Run, Trajectory> = BTreeMap::new();
+    for (key, b) in &arm.by_key {
+        let (Some(turn), Some(a)) = (key.turn, reference.by_key.get(key)) else {
+            continue;
+        };
+        let run = (
+            key.case.clone(),
+            key.concurrency,
+            key.repetition,
+            key.dispatch_index,
+        );
+        let t = out.entry(run).or_insert_with(|| Trajectory {
+            case: key.case.clone(),
+            session: key
+                .variant
+                .as_deref()
+                .and_then(|v| v.rsplit_once('/'))
+                .map(|(s, _)| s.to_string()),
+            concurrency: key.concurrency,
+            repetition: key.repetition,
+            dispatch_index: key.dispatch_index,
+            turns_compared: 0,
+            first_divergence_turn: None,
+        });
+        t.turns_compared += 1;
+        if a.text != b.text {
+            t.first_divergence_turn = Some(t.first_divergence_turn.map_or(turn, |f| f.min(turn)));
+        }
+    }
+    out
+}
+
+/// A live session's turn after its run's first divergence: the sides answered other
+/// prompts.
+fn off_trajectory_pair(key: &Key, runs: &BTreeMap<Run, Trajectory>, opts: &Options<'_>) -> bool {
+    let Some(turn) = key.turn else {
+        return false;
+    };
+    if !opts.live_cases.contains(&key.case.as_str()) {
+        return false;
+    }
+    let run = (
+        key.case.clone(),
+        key.concurrency,
+        key.repetition,
+        key.dispatch_index,
+    );
+    runs.get(&run)
+        .and_then(|t| t.first_divergence_turn)
+        .is_some_and(|first| turn > first)
 }
 
 /// What each drift key means (for campaign.json and compare.json).
@@ -421,6 +529,7 @@ mod tests {
             concurrency: 1,
             repetition: 0,
             dispatch_index: i,
+            turn: None,
         }
     }
 
@@ -469,11 +578,66 @@ mod tests {
         }
     }
 
+    /// Two sessions of three turns; `differ`: (session, turn) pairs whose answers differ.
+    fn sessions(differ: &[(i64, i32)]) -> (Answers, Answers) {
+        let (mut a, mut b) = (Answers::default(), Answers::default());
+        for s in 0..2 {
+            for t in 1..=3 {
+                let key = Key {
+                    case: "chat".into(),
+                    variant: Some(format!("s{}/{t}", s + 1)),
+                    concurrency: 1,
+                    repetition: 0,
+                    dispatch_index: s,
+                    turn: Some(t),
+                };
+                let other = if differ.contains(&(s, t)) {
+                    "other"
+                } else {
+                    "same"
+                };
+                a.by_key.insert(key.clone(), text("same"));
+                b.by_key.insert(key, text(other));
+            }
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn a_session_that_diverges_at_turn_2_shows_it_per_turn_and_in_its_trajectory() {
+        let (reference, arm) = sessions(&[(0, 2), (0, 3)]);
+        let live = ["chat"];
+        let mut opts = Options {
+            numeric_pointers: &[],
+            decisions_pointer: &decisions(),
+            live_cases: &live,
+        };
+        let d = super::drift(&reference, &arm, &opts);
+        let first: Vec<Option<i32>> = d
+            .trajectories
+            .iter()
+            .map(|t| t.first_divergence_turn)
+            .collect();
+        assert_eq!(first, [Some(2), None]);
+        assert_eq!(d.trajectories[0].session.as_deref(), Some("s1"));
+        // Live: s1's turn 3 answered another prompt on each side, so it is in no total.
+        assert_eq!((d.off_trajectory_pairs, d.compared_prompts), (1, 5));
+        assert_eq!(d.turns["1"].exact_match_rate, Some(1.0));
+        assert_eq!(d.turns["2"].exact_match_rate, Some(0.5));
+        assert_eq!(d.turns["3"].compared_prompts, 1);
+        // Frozen: every turn asked the same prompt on both sides, so every pair counts.
+        opts.live_cases = &[];
+        let d = super::drift(&reference, &arm, &opts);
+        assert_eq!((d.off_trajectory_pairs, d.compared_prompts), (0, 6));
+        assert_eq!(d.turns["3"].exact_match_rate, Some(0.5));
+    }
+
     #[test]
     fn answers_without_a_partner_are_counted_not_paired() {
         let opts = Options {
             numeric_pointers: &[],
             decisions_pointer: &decisions(),
+            live_cases: &[],
         };
         // Answers without a partner are counted, never paired.
         let d = drift(&side(&["a", "b"]), &side(&["a"]), &opts);
@@ -503,6 +667,7 @@ mod tests {
                 Pointer::parse("/none").expect("p"),
             ],
             decisions_pointer: &decisions(),
+            live_cases: &[],
         };
         let wrap = |x: Answer| Answers {
             by_key: [(key(0), x)].into_iter().collect(),

@@ -497,6 +497,8 @@ pub(crate) struct AnswerRow {
     pub(crate) concurrency: i32,
     pub(crate) repetition: i32,
     pub(crate) dispatch_index: i64,
+    /// A session's turn, from 1 (`None` outside sessions and in runs before the column).
+    pub(crate) turn: Option<i32>,
     pub(crate) is_stream: bool,
     /// The recorded response body (at most `--max-record-body` bytes).
     pub(crate) body: Vec<u8>,
@@ -512,8 +514,9 @@ pub(crate) struct AnswerRow {
 }
 
 /// The columns [`answer_rows`] reads.
-pub(crate) const ANSWER_COLUMNS: [&str; 13] = [
+pub(crate) const ANSWER_COLUMNS: [&str; 14] = [
     "arm",
+    "turn",
     "oracle_passed",
     "oracle_mismatch_pointer",
     "phase",
@@ -563,6 +566,7 @@ pub(crate) fn answer_rows(
     let truncated = column::<BooleanArray>(b, "response_body_truncated", part)?;
     let judged = optional_column::<BooleanArray>(b, "oracle_passed");
     let pointer = column::<StringArray>(b, "oracle_mismatch_pointer", part)?;
+    let turn = optional_column::<Int32Array>(b, "turn");
     for i in 0..b.num_rows() {
         let ok = outcome.value(i) == "ok";
         let passed = match judged {
@@ -586,6 +590,7 @@ pub(crate) fn answer_rows(
             concurrency: conc.value(i),
             repetition: rep.value(i),
             dispatch_index: index.value(i),
+            turn: turn.filter(|t| t.is_valid(i)).map(|t| t.value(i)),
             is_stream: is_stream.value(i),
             body: body.value(i).to_vec(),
             truncated: truncated.value(i),

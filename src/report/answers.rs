@@ -23,11 +23,25 @@ pub(crate) fn read_answers(exchanges: &Path, plan: &Plan) -> Result<Sides, ReadE
 }
 
 /// What drift reads from the plan besides the answers.
-pub(crate) fn options(plan: &Plan) -> Options<'_> {
+pub(crate) fn options<'a>(plan: &'a Plan, live_cases: &'a [&'a str]) -> Options<'a> {
     Options {
         numeric_pointers: &plan.drift_numeric_pointers,
         decisions_pointer: &plan.decisions_pointer,
+        live_cases,
     }
+}
+
+/// The plan's cases whose sessions carry a live history.
+pub(crate) fn live_cases(plan: &Plan) -> Vec<&str> {
+    plan.cases
+        .iter()
+        .filter(|c| {
+            c.sessions
+                .as_ref()
+                .is_some_and(|s| s.history == crate::config::sessions::History::Live)
+        })
+        .map(|c| c.name.as_str())
+        .collect()
 }
 
 /// Add `drift` (one entry per available non-reference arm) to a campaign.json, from the
@@ -63,7 +77,8 @@ pub(crate) fn add_drift(
     }
     let mut sides = evidence.take_answers()?;
     let reference = sides.remove(&reference_name).unwrap_or_default();
-    let opts = options(plan);
+    let live = live_cases(plan);
+    let opts = options(plan, &live);
     let reference_label = reference_name.as_deref().unwrap_or("?");
     let floor = floor(&reference, reference_label, &opts);
     let floor_rate = floor.drift.exact_match_rate;
@@ -98,7 +113,7 @@ pub(crate) fn add_drift(
 /// dispatch index), every pair of its repetitions, compared as an arm's answers are. The
 /// pairs' own list is left out (campaign.json would hold every pair twice over).
 pub(crate) fn floor(reference: &Answers, name: &str, opts: &Options<'_>) -> DriftFloor {
-    type Slot = (String, Option<String>, i32, i64);
+    type Slot = (String, Option<String>, i32, i64, Option<i32>);
     let mut slots: BTreeMap<Slot, BTreeMap<i32, &drift::Answer>> = BTreeMap::new();
     for (k, a) in &reference.by_key {
         let slot = (
@@ -106,6 +121,7 @@ pub(crate) fn floor(reference: &Answers, name: &str, opts: &Options<'_>) -> Drif
             k.variant.clone(),
             k.concurrency,
             k.dispatch_index,
+            k.turn,
         );
         slots.entry(slot).or_default().insert(k.repetition, a);
     }
@@ -113,7 +129,7 @@ pub(crate) fn floor(reference: &Answers, name: &str, opts: &Options<'_>) -> Drif
     // sides line up key by key.
     let mut pair_no: BTreeMap<(i32, i32), i32> = BTreeMap::new();
     let (mut first, mut second) = (Answers::default(), Answers::default());
-    for ((case, variant, concurrency, dispatch_index), reps) in slots {
+    for ((case, variant, concurrency, dispatch_index, turn), reps) in slots {
         let reps: Vec<(i32, &drift::Answer)> = reps.into_iter().collect();
         for (i, (r1, a)) in reps.iter().enumerate() {
             for (r2, b) in &reps[i + 1..] {
@@ -125,6 +141,7 @@ pub(crate) fn floor(reference: &Answers, name: &str, opts: &Options<'_>) -> Drif
                     concurrency,
                     repetition,
                     dispatch_index,
+                    turn,
                 };
                 first.by_key.insert(key.clone(), (*a).clone());
                 second.by_key.insert(key, (*b).clone());
@@ -238,8 +255,42 @@ pub(crate) fn drift_text<'a>(entries: impl IntoIterator<Item = &'a DriftEntry>) 
                 ""
             },
         ));
+        out.push_str(&trajectory_text(d));
     }
     out
+}
+
+/// The sessions line of a drift entry: how many session runs diverged, and at which
+/// turn first (empty outside sessions).
+fn trajectory_text(d: &drift::Drift) -> String {
+    if d.trajectories.is_empty() {
+        return String::new();
+    }
+    let mut at: BTreeMap<i32, u64> = BTreeMap::new();
+    for t in &d.trajectories {
+        if let Some(k) = t.first_divergence_turn {
+            *at.entry(k).or_default() += 1;
+        }
+    }
+    let diverged: u64 = at.values().sum();
+    let first: Vec<String> = at.iter().map(|(k, n)| format!("turn {k}: {n}")).collect();
+    format!(
+        "  sessions: {} run(s) compared, {diverged} diverged{}{}\n",
+        d.trajectories.len(),
+        if first.is_empty() {
+            String::new()
+        } else {
+            format!(" (first at {})", first.join(", "))
+        },
+        if d.off_trajectory_pairs > 0 {
+            format!(
+                "; {} later live turn(s) answered other prompts and are in no total",
+                d.off_trajectory_pairs
+            )
+        } else {
+            String::new()
+        }
+    )
 }
 
 #[cfg(test)]
@@ -260,6 +311,7 @@ mod tests {
                         concurrency: 1,
                         repetition: 0,
                         dispatch_index: i as i64,
+                        turn: None,
                     };
                     (key, drift::answer(t.as_bytes(), false, &[]))
                 })
@@ -274,6 +326,7 @@ mod tests {
         f(&Options {
             numeric_pointers: &[],
             decisions_pointer: &decisions,
+            live_cases: &[],
         });
     }
 

@@ -430,7 +430,8 @@ impl Comparison<'_> {
         ];
         let none = Answers::default();
         let of = |i: usize, s: &Side| answers[i].get(s).unwrap_or(&none);
-        let opts = options(pa);
+        let live = super::answers::live_cases(pa);
+        let opts = options(pa, &live);
         let label = |s: &Side| s.clone().unwrap_or_else(|| "run".into());
         // B's side `sb` against A's side `sa`.
         let pair_drift = |sa: &Side, sb: &Side| {

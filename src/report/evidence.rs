@@ -62,6 +62,7 @@ pub(crate) fn add_answer(sides: &mut Sides, row: AnswerRow, plan: &Plan) {
         concurrency: row.concurrency,
         repetition: row.repetition,
         dispatch_index: row.dispatch_index,
+        turn: row.turn,
     };
     // Pass / fail of an oracle-judged answer (the McNemar test's pairs): the oracle's
     // judgment, also where a performance-fit arm's mismatch stayed `ok`.

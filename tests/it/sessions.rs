@@ -362,3 +362,78 @@ async fn a_clients_multi_turn_chats_through_serve_freeze_into_sessions_that_repl
     assert_eq!(last_of_a.request["messages"].as_array().unwrap().len(), 6);
     mock.shutdown().await;
 }
+
+/// A chat worker whose answer is `hello` to a conversation's first turn (a system and a
+/// user message) and `{tag} N` (N: the messages it was sent) to every later one.
+async fn tagged_worker(tag: &'static str) -> std::net::SocketAddr {
+    use http_body_util::{BodyExt, Full};
+    http_server(move |req: hyper::Request<hyper::body::Incoming>| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let n = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v["messages"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        let content = if n <= 2 { "hello".to_string() } else { format!("{tag} {n}") };
+        let answer = json!({"id": "x", "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]});
+        hyper::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(answer.to_string())))
+            .unwrap()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_live_campaign_arm_that_diverges_at_turn_2_shows_it_per_turn_and_per_session() {
+    let (reference, fit) = (tagged_worker("ref").await, tagged_worker("fit").await);
+    let recipe = json!({"runtime": "test", "weight_format": "none", "weight_quantization": "none", "device": "cpu"});
+    let arm = |name: &str, lane: &str, addr: std::net::SocketAddr| {
+        json!({"name": name, "lane": lane, "recipe": recipe, "reference": name == "ref",
+               "endpoint": format!("http://{addr}/v1/chat/completions")})
+    };
+    let mut case = chat_case("live");
+    case["sessions"] = json!([{"id": "a", "turns": [
+        {"messages": user("one")}, {"messages": user("two")}, {"messages": user("three")}]}]);
+    let plan = json!({
+        "name": "live-sessions", "arms": [arm("ref", "quality", reference), arm("fit", "performance-fit", fit)],
+        "cases": [case], "concurrency": [1], "requests_per_case": 1, "repetitions": 2,
+        "timeout_seconds": 5, "metadata": metadata(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (run, _) = replay_plan(dir.path(), &plan).await;
+    let c = read_json(&run.join("campaign.json"));
+    let drift = c["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["arm"] == "fit")
+        .expect("fit's drift");
+    assert_eq!(
+        drift["turns"]["1"]["exact_match_rate"],
+        json!(1.0),
+        "{drift:#}"
+    );
+    assert_eq!(
+        drift["turns"]["2"]["exact_match_rate"],
+        json!(0.0),
+        "{drift:#}"
+    );
+    assert!(
+        drift["turns"].get("3").is_none(),
+        "turn 3 answered other prompts on each side: {drift:#}"
+    );
+    assert_eq!(drift["off_trajectory_pairs"], json!(2), "{drift:#}");
+    let firsts: Vec<&Value> = drift["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["first_divergence_turn"])
+        .collect();
+    assert_eq!(firsts, [&json!(2), &json!(2)], "{drift:#}");
+    assert_eq!(
+        drift["compared_prompts"],
+        json!(4),
+        "two repetitions of turns 1 and 2"
+    );
+}
