@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::support::run as run_cmd;
 use crate::support::*;
 use matrix_proxy::cli::Exit;
 
@@ -176,7 +177,38 @@ async fn a_live_history_sends_the_answers_received_and_freezes_into_a_judged_pla
             (&json!(5), &json!(5)),
             "{r:#}"
         );
+        let turns: Vec<(&Value, &Value)> = r["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (&t["turn"], &t["successful"]))
+            .collect();
+        assert_eq!(
+            turns,
+            [
+                (&json!(1), &json!(2)),
+                (&json!(2), &json!(2)),
+                (&json!(3), &json!(1))
+            ],
+            "{r:#}"
+        );
+        // The mock counts a prompt's words: each turn's prompt is longer than the last.
+        let prompts: Vec<i64> = r["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["prompt_tokens"]["p50"].as_i64().unwrap())
+            .collect();
+        assert!(prompts.windows(2).all(|w| w[0] < w[1]), "{prompts:?}");
     }
+    // The report has the same numbers per turn.
+    let (code, _, err) = run_cmd(&["report", s(&run)]);
+    assert_eq!(code, Some(0), "{err}");
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(
+        html.contains("<h2>Per turn: "),
+        "the report has a per-turn table"
+    );
     mock.shutdown().await;
 }
 

@@ -54,6 +54,9 @@ pub(crate) fn render(runs: &[RunInput], generated_at: &str) -> String {
     for r in runs.iter().filter(|r| r.campaign.is_some()) {
         h.push_str(&campaign_tables(r));
     }
+    for r in runs {
+        h.push_str(&turns_table(r));
+    }
     h.push_str("<section id=\"charts\">\n<h2>Charts</h2>\n");
     if charts.is_empty() {
         h.push_str(
@@ -65,6 +68,51 @@ pub(crate) fn render(runs: &[RunInput], generated_at: &str) -> String {
     }
     h.push_str("</section>\n");
     h.push_str(&format!("<script>\n{SCRIPT}</script>\n</body>\n</html>\n"));
+    h
+}
+
+/// A run's measured rounds per session turn (summary.json's `turns`): one row per
+/// round and turn index; empty when no case has sessions.
+fn turns_table(r: &RunInput) -> String {
+    let Some(s) = r.replay_summary() else {
+        return String::new();
+    };
+    let rows: Vec<(&Round, &crate::report::doc::summary::TurnDoc)> = s
+        .rounds
+        .iter()
+        .flat_map(|round| round.turns.iter().map(move |t| (round, t)))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut h = format!(
+        "<section class=\"turns\">\n<h2>Per turn: {}</h2>\n<p>Each measured round's sessions by turn index: p50 over the round's successful turns k (TTFT: streamed answers only; tokens: the server's usage, — where it reported none). From turn 2 on every request resends the conversation, so the server's prefix cache shows in TTFT and cached prompt tokens.</p>\n",
+        esc(&r.label)
+    );
+    h.push_str("<table class=\"grid\">\n<tr><th>case</th><th>level</th><th>repetition</th><th>turn</th><th>ok / attempted</th><th>first byte p50 ms</th><th>TTFT p50 ms</th><th>latency p50 ms</th><th>prompt tokens p50</th><th>cached prompt tokens p50</th></tr>\n");
+    let ms = |v: Option<f64>| text(v.map(|s| format!("{:.1}", s * 1000.0)));
+    for (round, t) in rows {
+        let level = match (round.concurrency, round.rate_per_second) {
+            (Some(c), _) => format!("c={c}"),
+            (None, Some(rate)) => format!("{rate}/s"),
+            _ => "—".into(),
+        };
+        h.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            esc(&round.case),
+            esc(&level),
+            round.repetition,
+            t.turn,
+            t.successful,
+            t.attempted,
+            ms(t.first_byte_seconds.p50),
+            ms(t.ttft_seconds.p50),
+            ms(t.latency_seconds.p50),
+            text(t.prompt_tokens.p50),
+            text(t.cached_prompt_tokens.p50),
+        ));
+    }
+    h.push_str("</table>\n</section>\n");
     h
 }
 
