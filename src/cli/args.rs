@@ -871,6 +871,22 @@ pub struct MockLatencyArgs {
     /// With --mock-worker: requests the mock serves at once; more queue.
     #[arg(long = "mock-max-batch", value_name = "N", requires = "mock_worker")]
     pub max_batch: Option<usize>,
+    /// With --mock-worker: the mock's prefix cache, in blocks of 16 prompt tokens (LRU;
+    /// 0, the default: none). Its answers then report usage.prompt_tokens_details.cached_tokens.
+    #[arg(
+        long = "mock-prefix-cache-blocks",
+        value_name = "N",
+        requires = "mock_worker"
+    )]
+    pub prefix_cache_blocks: Option<usize>,
+    /// With --mock-worker: the mock's prefill time per prompt token its prefix cache does
+    /// not hold (ms; default 0: the prefill is --mock-prefill-ms whatever the prompt).
+    #[arg(
+        long = "mock-prefill-per-token-ms",
+        value_name = "MS",
+        requires = "mock_worker"
+    )]
+    pub prefill_per_token_ms: Option<f64>,
 }
 
 impl MockLatencyArgs {
@@ -888,6 +904,13 @@ impl MockLatencyArgs {
         }
         if let Some(v) = self.max_batch {
             c.max_batch = flags::at_least_one("--mock-max-batch", v).map_err(usage)?;
+        }
+        if let Some(v) = self.prefix_cache_blocks {
+            c.prefix_cache_blocks = v;
+        }
+        if let Some(v) = self.prefill_per_token_ms {
+            c.prefill_per_token_ms =
+                flags::milliseconds("--mock-prefill-per-token-ms", v).map_err(usage)?;
         }
         Ok(c)
     }
@@ -926,6 +949,15 @@ pub struct MockArgs {
     /// flush).
     #[arg(long, value_name = "N")]
     pub burst_after_first: Option<u32>,
+    /// Keep a prefix cache of N blocks of 16 prompt tokens (LRU; 0: none): a prompt's
+    /// cached tokens are not prefilled again, and answers report
+    /// usage.prompt_tokens_details.cached_tokens.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prefix_cache_blocks: usize,
+    /// Prefill time per prompt token the prefix cache does not hold (ms; 0: the prefill
+    /// is --prefill-ms whatever the prompt).
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub prefill_per_token_ms: f64,
 }
 
 impl MockArgs {
@@ -934,6 +966,12 @@ impl MockArgs {
     pub fn config(&self) -> Result<MockConfig, CliError> {
         Ok(MockConfig {
             prefill_ms: flags::milliseconds("--prefill-ms", self.prefill_ms).map_err(usage)?,
+            prefill_per_token_ms: flags::milliseconds(
+                "--prefill-per-token-ms",
+                self.prefill_per_token_ms,
+            )
+            .map_err(usage)?,
+            prefix_cache_blocks: self.prefix_cache_blocks,
             per_token_ms: flags::milliseconds("--per-token-ms", self.per_token_ms)
                 .map_err(usage)?,
             max_batch: flags::at_least_one("--max-batch", self.max_batch).map_err(usage)?,

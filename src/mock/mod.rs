@@ -4,7 +4,10 @@
 //! `GET /v1/models`. Generated text is a deterministic function of the prompt and
 //! `max_tokens`, so oracles can be frozen; `id` and `created` are volatile, as on a real
 //! server. Latency follows a simple serving model: a request waits for one of
-//! `max_batch` slots, then takes `prefill_ms + tokens * per_token_ms`.
+//! `max_batch` slots, then takes `prefill_ms + uncached prompt tokens *
+//! prefill_per_token_ms + tokens * per_token_ms`. With `prefix_cache_blocks` it keeps a
+//! prefix cache (`prefix.rs`): a prompt's cached tokens are not prefilled again, and its
+//! answer's `usage.prompt_tokens_details.cached_tokens` says how many there were.
 //!
 //! Faults are chosen per request with the `x-mock-fault` header or a `"mock_fault"`
 //! field in the JSON body: `http500`, `wrong-body`, `stall` (no answer for `stall_ms`),
@@ -37,6 +40,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
+mod prefix;
 mod text;
 mod vllm;
 
@@ -49,6 +53,12 @@ use crate::clock;
 #[derive(Debug, Clone)]
 pub struct MockConfig {
     pub prefill_ms: f64,
+    /// Prefill time per prompt token not found in the prefix cache (every prompt token
+    /// without one). 0 by default: the prefill is `prefill_ms` whatever the prompt.
+    pub prefill_per_token_ms: f64,
+    /// Blocks of [`prefix::BLOCK_TOKENS`] prompt tokens the prefix cache holds (LRU);
+    /// 0: no prefix cache, and no `prompt_tokens_details` in `usage`.
+    pub prefix_cache_blocks: usize,
     pub per_token_ms: f64,
     /// Requests served at once; more wait in a queue.
     pub max_batch: usize,
@@ -77,6 +87,8 @@ impl Default for MockConfig {
     fn default() -> Self {
         MockConfig {
             prefill_ms: 5.0,
+            prefill_per_token_ms: 0.0,
+            prefix_cache_blocks: 0,
             per_token_ms: 1.0,
             max_batch: 8,
             default_max_tokens: 16,
@@ -111,6 +123,8 @@ struct State {
     event_log: Mutex<HashMap<String, Vec<u64>>>,
     /// What `/metrics` exports (vLLM's names).
     metrics: Arc<vllm::Metrics>,
+    /// With `prefix_cache_blocks`.
+    prefix: Option<prefix::PrefixCache>,
 }
 
 /// A running mock worker. Dropping it (or [`MockWorker::shutdown`]) stops the server and
@@ -130,7 +144,6 @@ impl MockWorker {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             batch: Arc::new(Semaphore::new(config.max_batch.max(1))),
-            config,
             next_id: AtomicU64::new(1),
             draws: AtomicU64::new(
                 (clock::wall_now_us() as u64) ^ (u64::from(std::process::id()) << 40),
@@ -138,6 +151,9 @@ impl MockWorker {
             seen: Mutex::new(Vec::new()),
             event_log: Mutex::new(HashMap::new()),
             metrics: Arc::default(),
+            prefix: (config.prefix_cache_blocks > 0)
+                .then(|| prefix::PrefixCache::new(config.prefix_cache_blocks)),
+            config,
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -253,6 +269,7 @@ struct StreamServed {
     prompt_tokens: u64,
     output_tokens: u64,
     prompt_key: u64,
+    cached_tokens: Option<u64>,
 }
 
 impl MockStream {
@@ -273,6 +290,7 @@ impl MockStream {
                             prompt_tokens: s.prompt_tokens,
                             output_tokens: s.output_tokens,
                             prompt_key: s.prompt_key,
+                            cached_tokens: s.cached_tokens,
                         });
                     }
                     return Poll::Ready(None);
@@ -505,6 +523,13 @@ async fn complete(
         .or_else(|| req.get("max_tokens").and_then(Value::as_u64))
         .map(|t| t.min(4096) as u32)
         .unwrap_or(st.config.default_max_tokens);
+    let admitted = match &st.prefix {
+        Some(p) => {
+            let a = p.admit(&prompt);
+            (a.prompt_tokens, Some(a.cached_tokens))
+        }
+        None => (prompt.split_whitespace().count() as u64, None),
+    };
     let model = req
         .get("model")
         .and_then(Value::as_str)
@@ -529,6 +554,8 @@ async fn complete(
             .and_then(Value::as_bool)
             == Some(true),
         arrived,
+        prompt_tokens: admitted.0,
+        cached_tokens: admitted.1,
     };
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
         return stream_response(st, answer, fault).await;
@@ -548,19 +575,12 @@ async fn complete(
     with_fault(json_response(StatusCode::OK, &v), fault)
 }
 
-/// A whole (not streamed) completion's JSON: `text` as the answer to `prompt`.
+/// A whole (not streamed) completion's JSON: `text` as the answer to `a`'s prompt.
 fn completion_body(st: &State, a: &Answer<'_>, text: String) -> Value {
-    let Answer {
-        chat,
-        prompt,
-        tokens,
-        model,
-        ..
-    } = *a;
+    let Answer { chat, model, .. } = *a;
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let created = clock::wall_now_us() / 1_000_000;
-    let prompt_tokens = prompt.split_whitespace().count();
-    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize});
+    let usage = a.usage();
     if chat {
         json!({
             "id": format!("chatcmpl-mock-{n:08x}"),
@@ -627,19 +647,21 @@ async fn generate(st: &Arc<State>, a: &Answer<'_>, served: bool) {
         let _slot = st.batch.acquire().await;
         counted.run();
         let queued = clock::now_ns().saturating_sub(arrived);
-        let ms = st.config.prefill_ms + f64::from(tokens) * st.config.per_token_ms;
+        let prefill = a.prefill(&st.config);
+        let ms = prefill.as_secs_f64() * 1000.0 + f64::from(tokens) * st.config.per_token_ms;
         if ms > 0.0 {
             tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
         }
-        queued + (st.config.prefill_ms * 1e6) as u64
+        queued + prefill.as_nanos() as u64
     };
     if served {
         st.metrics.served(&vllm::Served {
             ttft_ns,
             e2e_ns: clock::now_ns().saturating_sub(arrived),
-            prompt_tokens: prompt.split_whitespace().count() as u64,
+            prompt_tokens: a.prompt_tokens,
             output_tokens: u64::from(tokens),
             prompt_key: vllm::prompt_key(prompt),
+            cached_tokens: a.cached_tokens,
         });
     }
 }
@@ -690,7 +712,7 @@ fn stream_steps(
         include_usage,
         ..
     } = *a;
-    let prefill = Duration::from_secs_f64(st.config.prefill_ms / 1000.0);
+    let prefill = a.prefill(&st.config);
     let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
     let words = stream_tokens(prompt, tokens, st.text_seed_for(prompt));
     let mut steps = std::collections::VecDeque::new();
@@ -722,10 +744,9 @@ fn stream_steps(
     }
     steps.push_back(Step::Now(sse(&c.piece("", json!("length")))));
     if include_usage {
-        let prompt_tokens = prompt.split_whitespace().count();
         steps.push_back(Step::Now(sse(&json!({
             "id": c.id, "object": c.object, "created": c.created, "model": c.model, "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens as usize},
+            "usage": a.usage(),
         }))));
     }
     steps.push_back(Step::Now(Bytes::from_static(b"data: [DONE]\n\n")));
@@ -741,6 +762,30 @@ struct Answer<'a> {
     include_usage: bool,
     /// When the request arrived (`clock::now_ns`), for `/metrics`.
     arrived: u64,
+    /// Its prompt's tokens, and those the prefix cache held (`None`: no prefix cache).
+    prompt_tokens: u64,
+    cached_tokens: Option<u64>,
+}
+
+impl Answer<'_> {
+    /// The prefill: `prefill_ms`, and `prefill_per_token_ms` per prompt token the prefix
+    /// cache did not hold.
+    fn prefill(&self, c: &MockConfig) -> Duration {
+        let uncached = self.prompt_tokens - self.cached_tokens.unwrap_or(0).min(self.prompt_tokens);
+        Duration::from_secs_f64(
+            (c.prefill_ms + uncached as f64 * c.prefill_per_token_ms).max(0.0) / 1000.0,
+        )
+    }
+
+    /// The answer's `usage`, with `prompt_tokens_details.cached_tokens` under a prefix cache.
+    fn usage(&self) -> Value {
+        let (p, t) = (self.prompt_tokens, u64::from(self.tokens));
+        let mut u = json!({"prompt_tokens": p, "completion_tokens": t, "total_tokens": p + t});
+        if let Some(c) = self.cached_tokens {
+            u["prompt_tokens_details"] = json!({"cached_tokens": c});
+        }
+        u
+    }
 }
 
 /// A streamed completion: role chunk at once, the first token after the prefill, one token
@@ -791,9 +836,10 @@ async fn stream_response(
         served: (!matches!(fault, Some("stream-cut"))).then_some(StreamServed {
             arrived,
             first_token_ns: None,
-            prompt_tokens: prompt.split_whitespace().count() as u64,
+            prompt_tokens: a.prompt_tokens,
             output_tokens: u64::from(tokens),
             prompt_key: vllm::prompt_key(prompt),
+            cached_tokens: a.cached_tokens,
         }),
     };
     let mut r = Response::new(MockBody::Stream(Box::new(body)));

@@ -128,6 +128,9 @@ pub(crate) struct Served {
     pub(crate) output_tokens: u64,
     /// [`prompt_key`] of its prompt.
     pub(crate) prompt_key: u64,
+    /// The mock's prefix cache's hit, in tokens (`None`: no prefix cache, and the hits
+    /// are whole repeated prompts).
+    pub(crate) cached_tokens: Option<u64>,
 }
 
 impl Metrics {
@@ -142,7 +145,9 @@ impl Metrics {
         self.e2e.observe_ns(s.e2e_ns);
         self.prefix_queries
             .fetch_add(s.prompt_tokens, Ordering::Relaxed);
-        if let Ok(mut seen) = self.seen.lock() {
+        if let Some(hit) = s.cached_tokens {
+            self.prefix_hits.fetch_add(hit, Ordering::Relaxed);
+        } else if let Ok(mut seen) = self.seen.lock() {
             if seen.len() >= PREFIX_CACHE_PROMPTS {
                 seen.clear();
             }

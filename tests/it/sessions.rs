@@ -469,3 +469,91 @@ async fn a_live_campaign_arm_that_diverges_at_turn_2_shows_it_per_turn_and_per_s
         "two repetitions of turns 1 and 2"
     );
 }
+
+/// Turn `turn`'s TTFT p50 (s) in each measured round of a run, and its rows' cached
+/// prompt tokens.
+fn turn_ttft_and_cached(run: &Path, turn: i64) -> (Vec<f64>, Vec<Option<i64>>) {
+    let summary = read_json(&run.join("summary.json"));
+    let ttft = summary["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["turns"].as_array().unwrap().clone())
+        .filter(|t| t["turn"] == json!(turn))
+        .map(|t| t["ttft_seconds"]["p50"].as_f64().unwrap())
+        .collect();
+    let rows = Rows::read(&run);
+    let (phase, turns, cached) = (
+        rows.strs("phase"),
+        rows.i32s("turn"),
+        rows.i64s("cached_prompt_tokens"),
+    );
+    let cached = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured") && turns[i] == Some(turn as i32))
+        .map(|i| cached[i])
+        .collect();
+    (ttft, cached)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mocks_prefix_cache_makes_later_turns_faster_and_says_what_it_held() {
+    let system: String = (0..150)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut case = chat_case("live");
+    case["cache_bust"] = json!(true);
+    case["request"] = json!({"model": "mock", "max_tokens": 4, "stream": true,
+        "stream_options": {"include_usage": true}, "messages": [{"role": "system", "content": system}]});
+    case["sessions"] = json!([
+        {"id": "a", "turns": [{"messages": user("first question")}, {"messages": user("second one")}]},
+        {"id": "b", "turns": [{"messages": user("another start")}, {"messages": user("and more")}]}]);
+    let mut runs = Vec::new();
+    for blocks in [4096, 0] {
+        let mock = start_mock(matrix_proxy::MockConfig {
+            prefix_cache_blocks: blocks,
+            prefill_per_token_ms: 0.2,
+            ..matrix_proxy::MockConfig::default()
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = session_plan(&mock.url(), case.clone());
+        plan["concurrency"] = json!([1]);
+        let (run, exit) = replay_plan(dir.path(), &plan).await;
+        assert_eq!(exit, Exit::Ok);
+        runs.push((turn_ttft_and_cached(&run, 1), turn_ttft_and_cached(&run, 2)));
+        mock.shutdown().await;
+    }
+    let [
+        ((_, on_first), (on_ttft, on_cached)),
+        ((_, off_first), (off_ttft, off_cached)),
+    ] = &runs[..]
+    else {
+        unreachable!()
+    };
+    // With the cache, turn 1 (its own tag first) finds nothing and turn 2 finds the
+    // conversation so far: 150 system tokens and more, in whole 16-token blocks.
+    assert!(on_first.iter().all(|c| *c == Some(0)), "{on_first:?}");
+    assert!(
+        on_cached
+            .iter()
+            .all(|c| c.is_some_and(|n| n >= 144 && n % 16 == 0)),
+        "{on_cached:?}"
+    );
+    // Without one, no answer says anything of cached tokens (null, never 0).
+    assert!(
+        off_cached.iter().chain(off_first).all(Option::is_none),
+        "{off_cached:?}"
+    );
+    let median = |v: &[f64]| matrix_proxy_median(v);
+    assert!(
+        median(on_ttft) < 0.6 * median(off_ttft),
+        "turn 2 TTFT with the prefix cache {on_ttft:?} is not well below without it {off_ttft:?}"
+    );
+}
+
+fn matrix_proxy_median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
