@@ -482,7 +482,7 @@ fn turn_ttft_and_cached(run: &Path, turn: i64) -> (Vec<f64>, Vec<Option<i64>>) {
         .filter(|t| t["turn"] == json!(turn))
         .map(|t| t["ttft_seconds"]["p50"].as_f64().unwrap())
         .collect();
-    let rows = Rows::read(&run);
+    let rows = Rows::read(run);
     let (phase, turns, cached) = (
         rows.strs("phase"),
         rows.i32s("turn"),
