@@ -71,6 +71,23 @@ pub(crate) struct Case {
 }
 
 impl Case {
+    /// What one of its dispatches picks from: its sessions (a case with sessions), else its
+    /// variants.
+    pub(crate) fn dispatched(&self) -> usize {
+        self.sessions
+            .as_ref()
+            .map_or(self.variants.len(), |s| s.list.len())
+    }
+
+    /// What [`Self::dispatched`] counts, in words.
+    pub(crate) fn dispatched_what(&self) -> &'static str {
+        if self.sessions.is_some() {
+            "sessions"
+        } else {
+            "variants"
+        }
+    }
+
     /// Requests `n` dispatches of this case send: `n` single requests, or every turn of
     /// `n` sessions (dispatch `i` runs session `i` mod the case's sessions).
     pub(crate) fn requests_of(&self, n: usize) -> u64 {
@@ -246,13 +263,15 @@ impl Plan {
         };
         self.cases
             .iter()
-            .filter(|c| (c.variants.len() as f64) > arrivals.floor())
+            .filter(|c| (c.dispatched() as f64) > arrivals.floor())
             .map(|c| {
                 format!(
-                    "warning: case '{}' has {} variants but an open round sends {what}: the variants past them are sent only in readiness and warm-up, never measured (not in latency, drift, the floor or McNemar); give each round at least {} arrivals",
+                    "warning: case '{}' has {} {} but an open round sends {what}: the {} past them are sent only in readiness and warm-up, never measured (not in latency, drift, the floor or McNemar); give each round at least {} arrivals",
                     c.name,
-                    c.variants.len(),
-                    c.variants.len()
+                    c.dispatched(),
+                    c.dispatched_what(),
+                    c.dispatched_what(),
+                    c.dispatched()
                 )
             })
             .collect()

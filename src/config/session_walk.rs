@@ -551,7 +551,7 @@ mod tests {
     }
 
     #[test]
-    fn a_live_history_has_no_recorded_oracle_and_sessions_stay_in_the_closed_loop() {
+    fn a_live_history_has_no_recorded_oracle_and_sessions_run_in_the_closed_or_open_loop() {
         let problems = plan(json!({
             "name": "chat", "history": "live", "request": {"model": "m"},
             "sessions": [{"id": "a", "turns": [
@@ -580,6 +580,9 @@ mod tests {
         open["metadata"] = json!({"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
             "precision": "N/A", "model_revision": "m", "runtime_revision": "r",
             "cache_policy": "none", "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"});
+        // An open loop's arrival starts a session; a trace's entries are not turns yet.
+        Plan::from_json_bytes(open.to_string().as_bytes()).expect("an open loop of sessions");
+        open["load"] = json!({"mode": "trace", "trace": {"entries": [{"offset_us": 0, "case": "chat", "variant": "s1/1"}]}});
         let e = Plan::from_json_bytes(open.to_string().as_bytes()).unwrap_err();
         assert!(
             e.problems.iter().any(|p| p

@@ -55,6 +55,11 @@ pub(crate) enum ShapeError {
         "--sweep does not go with sessions yet: its rates are open-loop arrivals of single requests, and sessions run in the closed loop"
     )]
     SweepSessions,
+    /// `--shard` with a plan whose cases hold sessions.
+    #[error(
+        "--shard does not go with sessions yet: a shard's share of the arrivals would split no session, but its planned requests are counted per arrival; run sessions unsharded"
+    )]
+    ShardSessions,
     /// `--shard` with a closed-loop plan.
     #[error(
         "--shard goes with an open-loop plan (load.mode \"open\" or \"trace\"): closed-loop workers cannot be split across machines without a barrier per round"
@@ -98,6 +103,9 @@ impl Shape {
     pub(crate) fn shard(plan: &Plan, index: usize, count: usize) -> Result<Shape, ShapeError> {
         if !plan.load.mode.is_open() {
             return Err(ShapeError::ShardClosedLoop);
+        }
+        if plan.cases.iter().any(|c| c.sessions.is_some()) {
+            return Err(ShapeError::ShardSessions);
         }
         Ok(Shape::Shard { index, count })
     }
@@ -170,7 +178,11 @@ impl Shape {
                         .map(Some)
                         .chain([None])
                         .map(|rep| {
-                            shard_share(plan.load.schedule(r, ci, li, rep).len(), self.shard_of())
+                            let n = shard_share(
+                                plan.load.schedule(r, ci, li, rep).len(),
+                                self.shard_of(),
+                            );
+                            case.requests_of(n as usize)
                         })
                         .sum(),
                 };

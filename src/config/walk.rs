@@ -185,17 +185,18 @@ impl Validator {
         })
     }
 
-    /// Sessions run in the closed loop: `concurrency` sessions in flight, each round
-    /// `requests_per_case` sessions per case.
+    /// Sessions run in the closed loop (`concurrency` sessions in flight, each round
+    /// `requests_per_case` sessions per case) or the open loop (an arrival starts a
+    /// session); not in a trace yet.
     fn sessions_in_load(&mut self, mode: Option<&str>, cases: Option<&[super::plan::Case]>) {
-        let Some(mode) = mode.filter(|m| *m != "closed") else {
+        let Some(mode) = mode.filter(|m| *m == "trace") else {
             return;
         };
         for (i, c) in cases.unwrap_or(&[]).iter().enumerate() {
             if c.sessions.is_some() {
                 self.err(
                     format!("cases[{i}].sessions"),
-                    format!("sessions run in the closed loop (concurrency counts sessions in flight, requests_per_case the sessions of a round); load.mode \"{mode}\" with sessions is not supported yet"),
+                    format!("sessions run in the closed loop (concurrency counts sessions in flight) or the open loop (each arrival starts a session); load.mode \"{mode}\" with sessions (a trace's entries as turns at their offsets) is not supported yet"),
                 );
             }
         }

@@ -72,7 +72,9 @@ pub(crate) fn rounds_from_rows(
             let planned = match (level, &plan.load.trace) {
                 (Level::Concurrency(_), _) => case.requests_of(plan.requests_per_case),
                 (Level::Rate(_), Some(t)) => t.planned(ci, shape.shard_of()),
-                (Level::Rate(r), None) => plan.load.schedule(r, ci, li, Some(rep)).len() as u64,
+                (Level::Rate(r), None) => {
+                    case.requests_of(plan.load.schedule(r, ci, li, Some(rep)).len())
+                }
             };
             let mut r = metrics::level_round_metrics(&case.name, level, rep, planned, &samples);
             r.goodput = plan

@@ -557,3 +557,46 @@ fn matrix_proxy_median(v: &[f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loops_arrival_starts_a_session_and_only_its_first_turn_has_a_schedule() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut plan = session_plan(&mock.url(), chat_case("live"));
+    for key in ["concurrency", "requests_per_case", "warmup_per_case"] {
+        plan.as_object_mut().unwrap().remove(key);
+    }
+    plan["load"] =
+        json!({"mode": "open", "arrival": "constant", "rates_per_second": [50], "requests": 4});
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let summary = read_json(&run.join("summary.json"));
+    for r in summary["rounds"].as_array().unwrap() {
+        // Four arrivals: alpha, beta, alpha, beta = 3 + 2 + 3 + 2 turns.
+        assert_eq!(
+            (&r["planned_requests"], &r["successful_requests"]),
+            (&json!(10), &json!(10)),
+            "{r:#}"
+        );
+    }
+    let rows = Rows::read(&run);
+    let (phase, turn, sched) = (
+        rows.strs("phase"),
+        rows.i32s("turn"),
+        rows.i64s("scheduled_offset_us"),
+    );
+    let measured: Vec<usize> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured"))
+        .collect();
+    assert_eq!(measured.len(), 20);
+    for i in measured {
+        assert_eq!(
+            sched[i].is_some(),
+            turn[i] == Some(1),
+            "row {i}: turn {:?}, schedule {:?}",
+            turn[i],
+            sched[i]
+        );
+    }
+    mock.shutdown().await;
+}

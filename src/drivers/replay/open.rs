@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::ctx::{Ctx, Dispatch, Slot};
-use super::exchange::{Rows, exchange};
+use super::exchange::Rows;
+use super::session::send;
 use crate::clock;
 use crate::config::load::Pick;
 use crate::metrics::Sample;
@@ -93,12 +94,18 @@ pub(super) enum Arrivals {
 }
 
 impl OpenWave {
-    /// How many arrivals this process sends.
-    pub(super) fn planned(&self) -> u64 {
+    /// How many requests this process sends: an arrival of a case with sessions sends
+    /// every turn of its session.
+    pub(super) fn planned(&self, ctx: &Ctx) -> u64 {
         match &self.arrivals {
             Arrivals::Schedule {
-                schedule, shard, ..
-            } => crate::config::load::shard_share(schedule.len(), *shard),
+                case,
+                schedule,
+                shard,
+            } => {
+                let n = crate::config::load::shard_share(schedule.len(), *shard);
+                ctx.plan.cases[*case].requests_of(n as usize)
+            }
             Arrivals::Trace(picks) => picks.len() as u64,
         }
     }
@@ -176,7 +183,7 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
     let sem = Arc::new(tokio::sync::Semaphore::new(ctx.plan.load.max_in_flight));
     let (ctx2, pool2) = (ctx.clone(), pool.clone());
     let pacer = tokio::task::spawn_blocking(move || {
-        let mut tasks = Vec::with_capacity(w.planned() as usize);
+        let mut tasks = Vec::with_capacity(w.len());
         for i in 0..w.len() {
             let Some((off, d)) = w.arrival(&ctx2, i) else {
                 continue;
@@ -199,14 +206,20 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
             tasks.push(handle.spawn(async move {
                 let (worker, mut slot) = pool.take();
                 let d = Dispatch { worker, ..d };
-                let sample = exchange(&ctx, &mut slot, d, &mut Rows::new(1)).await;
+                // A case with sessions: the arrival's permit is held for every turn (the
+                // open loop's max_in_flight counts sessions).
+                let mut samples = Vec::with_capacity(1);
+                send(&ctx, &mut slot, d, &mut Rows::new(1), &mut samples).await;
                 pool.put(worker, slot);
                 drop(permit);
-                Sent {
-                    case: d.case.unwrap_or(0),
-                    phase: d.phase,
-                    sample,
-                }
+                samples
+                    .into_iter()
+                    .map(|sample| Sent {
+                        case: d.case.unwrap_or(0),
+                        phase: d.phase,
+                        sample,
+                    })
+                    .collect::<Vec<Sent>>()
             }));
         }
         tasks
@@ -221,7 +234,7 @@ pub(super) async fn open_wave(ctx: &Arc<Ctx>, pool: &Arc<OpenPool>, w: OpenWave)
     let mut samples = Vec::with_capacity(tasks.len());
     for t in tasks {
         match t.await {
-            Ok(s) => samples.push(s),
+            Ok(s) => samples.extend(s),
             Err(e) => failed(ctx, format!("internal: an open-loop sender failed: {e}")),
         }
     }

@@ -351,7 +351,7 @@ pub(super) async fn measured_round(
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
     let (samples, planned) = match work {
         Work::Open(w) => {
-            let planned = w.planned();
+            let planned = w.planned(ctx);
             let sent = open_wave(ctx, senders.pool, w).await;
             (sent.into_iter().map(|s| s.sample).collect(), planned)
         }

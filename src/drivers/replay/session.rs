@@ -16,11 +16,34 @@ use std::sync::atomic::Ordering;
 use serde_json::Value;
 
 use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
-use super::exchange::{Rows, exchange_as};
+use super::exchange::{Rows, exchange, exchange_as};
 use crate::config::plan::OnFailure;
 use crate::config::sessions::History;
 use crate::metrics::Sample;
 use crate::model::Outcome;
+
+/// Send dispatch `d` (its samples into `out`): one request, or in a case with sessions
+/// the session its dispatch index names (`i mod sessions`), every turn. The closed loop's
+/// workers and the open loop's senders both send this way.
+pub(super) async fn send(
+    ctx: &Ctx,
+    slot: &mut Slot,
+    d: Dispatch,
+    rows: &mut Rows,
+    out: &mut Vec<Sample>,
+) {
+    let sessions = d
+        .case
+        .and_then(|ci| ctx.plan.cases[ci].sessions.as_ref())
+        .map(|s| s.list.len().max(1));
+    match sessions {
+        Some(count) => {
+            let which = d.dispatch_index as usize % count;
+            out.extend(session(ctx, slot, d, which, rows).await);
+        }
+        None => out.push(exchange(ctx, slot, d, rows).await),
+    }
+}
 
 /// Notes a run keeps of stopped sessions (one line each); later ones are counted only.
 const NOTED_STOPS: u64 = 10;
@@ -66,9 +89,12 @@ pub(super) async fn session(
             frozen[..k].to_vec()
         };
         let made = ctx.turn_request(ci, at, &answers, tag.as_deref());
+        // An open loop's arrival is the first turn's intended send; a later turn is due
+        // when it is sent (the end of the previous one and its think time).
         let d = Dispatch {
             variant: s.first_variant + k,
             turn: Some(at),
+            scheduled_offset_us: base.scheduled_offset_us.filter(|_| k == 0),
             ..base
         };
         let last = k + 1 == s.turns.len();

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ctx::{Ctx, Dispatch, Slot};
-use super::exchange::{Rows, WAVE_ROW_BATCH, exchange};
-use super::session::session;
+use super::exchange::{Rows, WAVE_ROW_BATCH};
+use super::session::send;
 use crate::clock;
 use crate::metrics::Sample;
 use crate::model::Phase;
@@ -52,22 +52,6 @@ impl LagProbe {
     pub(super) async fn stop(self) -> Vec<i64> {
         let _ = self.stop.send(());
         self.task.await.unwrap_or_default()
-    }
-}
-
-/// Send dispatch `d`: one request, or in a case with sessions session `i mod sessions`
-/// (`i` its dispatch index), all its turns.
-async fn send(ctx: &Ctx, slot: &mut Slot, d: Dispatch, rows: &mut Rows, samples: &mut Vec<Sample>) {
-    let sessions = d
-        .case
-        .and_then(|ci| ctx.plan.cases[ci].sessions.as_ref())
-        .map(|s| s.list.len().max(1));
-    match sessions {
-        Some(count) => {
-            let which = d.dispatch_index as usize % count;
-            samples.extend(session(ctx, slot, d, which, rows).await);
-        }
-        None => samples.push(exchange(ctx, slot, d, rows).await),
     }
 }
 
