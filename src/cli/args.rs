@@ -127,7 +127,7 @@ pub enum Command {
 pub enum PlanCommand {
     /// One prompt per line of a JSONL file: OpenAI chat (`messages`), completion
     /// (`prompt`), ShareGPT (`conversations`: the first human turn) or raw request bodies
-    /// (`request`).
+    /// (`request`); with `--turns all`, every turn of each conversation as a session.
     FromJsonl(FromJsonlArgs),
     /// Prompts of an exact token count under a model's tokenizer.json, cut from a corpus
     /// embedded in the binary.
@@ -249,8 +249,34 @@ pub struct FromJsonlArgs {
     /// plan as the variant's prompt_tokens).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// How much of each chat or ShareGPT conversation is read: `first` (one request a
+    /// line) or `all` (every turn: each conversation a session, each user message a turn
+    /// and the assistant message after it its answer).
+    #[arg(long, value_enum, default_value_t = TurnsArg::First)]
+    pub turns: TurnsArg,
+    /// With --turns all: keep each conversation's first N turns.
+    #[arg(long, value_name = "N")]
+    pub max_turns: Option<usize>,
+    /// With --turns all: the plan's history mode (default frozen: each turn is sent with
+    /// the transcript's answers; live: with the server's own).
+    #[arg(long, value_enum)]
+    pub history: Option<HistoryArg>,
     #[command(flatten)]
     pub out: PlanOutArgs,
+}
+
+/// How much of a conversation `plan from-jsonl` reads.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnsArg {
+    First,
+    All,
+}
+
+/// A session plan's history mode on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryArg {
+    Frozen,
+    Live,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -258,9 +284,21 @@ pub struct SyntheticArgs {
     /// The model's tokenizer.json (a local file; nothing is downloaded).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: PathBuf,
-    /// Input tokens of each prompt, special tokens included (exact).
+    /// Input tokens of each prompt, special tokens included (exact); with --turns, of
+    /// each session's first turn (default: --turn-input-tokens).
+    #[arg(long, value_name = "N", required_unless_present = "turn_input_tokens")]
+    pub input_tokens: Option<u64>,
+    /// Sessions of N chat turns instead of single prompts (--count sessions).
     #[arg(long, value_name = "N")]
-    pub input_tokens: u64,
+    pub turns: Option<usize>,
+    /// With --turns: input tokens of each turn's user text after the first (exact, as
+    /// --input-tokens counts them; default: --input-tokens).
+    #[arg(long, value_name = "M", requires = "turns")]
+    pub turn_input_tokens: Option<u64>,
+    /// With --turns: the plan's history mode (default frozen: each turn but the last gets
+    /// an answer of --output-tokens tokens, sent in the later turns; live: the server's).
+    #[arg(long, value_enum, requires = "turns")]
+    pub history: Option<HistoryArg>,
     /// Spread of the input lengths (normal, seeded); 0: every prompt is exactly
     /// --input-tokens.
     #[arg(long, value_name = "TOKENS", default_value_t = 0.0)]

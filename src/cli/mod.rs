@@ -18,6 +18,7 @@ mod freeze;
 mod io;
 mod plan_campaign;
 mod plan_cmd;
+mod plan_out;
 mod recover;
 mod replay;
 mod report_cmd;

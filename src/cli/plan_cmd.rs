@@ -1,24 +1,26 @@
 //! `matrix-proxy plan from-jsonl FILE ...` and `matrix-proxy plan synthetic ...`: the
-//! flags checked, the prompts made (`crate::dataset`), the capture plan written or
-//! printed, and what it will send said on stderr. Sends nothing. `plan from-trace FILE`:
-//! the trace converted (`crate::dataset::trace`) to a trace file beside the plan, both
-//! written new. `plan campaign` and `plan lock` are `plan_campaign.rs`'s.
+//! flags checked, the prompts (or, with `--turns`, the sessions) made (`crate::dataset`),
+//! the capture plan written or printed by `plan_out.rs`, which says on stderr what it
+//! will send. Sends nothing. `plan from-trace FILE`: the trace converted
+//! (`crate::dataset::trace`) to a trace file beside the plan, both written new.
+//! `plan campaign` and `plan lock` are `plan_campaign.rs`'s.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Map;
 
 use super::args::{
-    DatasetFormat, FromJsonlArgs, FromTraceArgs, PlanCommand, PlanConnection, PlanOutArgs,
-    PromptApi, SyntheticArgs, TraceFormat, TraceVerify,
+    DatasetFormat, FromJsonlArgs, FromTraceArgs, PlanCommand, PlanConnection, SyntheticArgs,
+    TraceFormat, TraceVerify, TurnsArg,
 };
-use super::freeze::{budget, check_new, check_out, emit, read_metadata};
+use super::freeze::{check_new, read_metadata};
 use super::io::{CliError, Exit, tool, usage, write_new};
 use super::plan_campaign::{campaign_cmd, lock_cmd};
+use super::plan_out::{Said, ask, check_flags, history, prompt_api, write};
 use crate::config::flags;
-use crate::config::shape::Shape;
-use crate::dataset::{self, Api, Ask, Prompt, jsonl, synthetic, trace};
-use crate::freeze::{Head, fill_metadata};
+use crate::config::sessions::{History, MAX_TURNS};
+use crate::dataset::{self, Api, Ask, Requests, SessionCase, jsonl, synthetic, trace};
+use crate::freeze::fill_metadata;
 
 pub fn plan_cmd(cmd: &PlanCommand) -> Result<Exit, CliError> {
     match cmd {
@@ -53,13 +55,18 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
         seed: a.seed,
         skip_bad: a.skip_bad,
         output_len_from: a.output_len_from.clone(),
+        turns: jsonl_turns(a)?,
     };
     let ask = ask(&a.out, false, false);
     let mut read = jsonl::read(&a.file, &opts, &ask).map_err(|e| usage(e.to_string()))?;
     let unit = if read.array { "item" } else { "line" };
+    let turns: usize = read.sessions.iter().map(|s| s.turns.len()).sum();
     let mut lines = vec![format!(
-        "{} prompts ({} format{}) of {} good {unit}s in {}",
-        read.prompts.len(),
+        "{} ({} format{}) of {} good {unit}s in {}",
+        match a.turns {
+            TurnsArg::First => format!("{} prompts", read.prompts.len()),
+            TurnsArg::All => format!("{} sessions of {turns} turns", read.sessions.len()),
+        },
         read.format.as_str(),
         if a.format.is_none() { ", detected" } else { "" },
         read.good,
@@ -98,24 +105,63 @@ fn from_jsonl(a: &FromJsonlArgs) -> Result<Exit, CliError> {
             lines.push("--tokenizer counts completion prompts only: a chat template adds tokens the tokenizer alone cannot count, so chat prompts get no prompt_tokens".into());
         }
     }
-    let description = format!(
-        "Capture plan written by matrix-proxy plan from-jsonl from {} ({} format{}); answers are recorded, not judged: replay it, then freeze the run.",
+    let description = jsonl_description(a, read.format);
+    let api = read.format.api();
+    let said = Said { description, lines };
+    let requests = match a.turns {
+        TurnsArg::First => Requests::Prompts(read.prompts),
+        TurnsArg::All => Requests::Sessions(SessionCase {
+            template: ask.template(None),
+            history: history(a.history),
+            cache_bust: false,
+            sessions: read.sessions,
+        }),
+    };
+    write(&a.out, &endpoint, api, requests, said)
+}
+
+/// The capture plan's description: what `plan from-jsonl` read, from which flags.
+fn jsonl_description(a: &FromJsonlArgs, format: jsonl::Format) -> String {
+    format!(
+        "Capture plan written by matrix-proxy plan from-jsonl from {} ({} format{}{}); answers are recorded, not judged: replay it, then freeze the run.",
         a.file.display(),
-        read.format.as_str(),
+        format.as_str(),
         match (a.limit, a.seed) {
             (Some(k), Some(s)) => format!(", a sample of {k} with seed {s}"),
             (Some(k), None) => format!(", the first {k}"),
             _ => String::new(),
+        },
+        match (a.turns, a.max_turns) {
+            (TurnsArg::First, _) => String::new(),
+            (TurnsArg::All, None) => ", every turn: each conversation a session".into(),
+            (TurnsArg::All, Some(n)) => format!(", each conversation's first {n} turns a session"),
         }
-    );
-    let api = read.format.api();
-    let said = Said { description, lines };
-    write(&a.out, &endpoint, api, read.prompts, said)
+    )
+}
+
+/// `--turns` (with `--max-turns`, `--history`) as the dataset reads it; what applies only
+/// to `--turns all`, or not to it, refused.
+fn jsonl_turns(a: &FromJsonlArgs) -> Result<jsonl::Turns, CliError> {
+    match a.turns {
+        TurnsArg::First if a.max_turns.is_some() || a.history.is_some() => Err(usage(
+            "--max-turns and --history go with --turns all (every turn of each conversation, as a session)",
+        )),
+        TurnsArg::First => Ok(jsonl::Turns::First),
+        TurnsArg::All if a.output_len_from.is_some() => Err(usage(
+            "--output-len-from sets one line's max_tokens, but with --turns all every turn of every session is sent in the case's one request template: give --max-tokens",
+        )),
+        TurnsArg::All if a.max_turns.is_some_and(|n| n == 0 || n > MAX_TURNS) => Err(usage(
+            format!("--max-turns must be from 1 to {MAX_TURNS} (the most turns a session holds)"),
+        )),
+        TurnsArg::All => Ok(jsonl::Turns::All { max: a.max_turns }),
+    }
 }
 
 fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     let endpoint = check_flags(&a.out)?;
-    check_synthetic_sizes(a)?;
+    // One of the two is given (clap): with --turns, the first turn's length.
+    let input_tokens = a.input_tokens.or(a.turn_input_tokens).unwrap_or(0);
+    check_synthetic_sizes(a, input_tokens)?;
     let counter = synthetic::Counter::open(&a.tokenizer).map_err(|e| usage(e.to_string()))?;
     if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens as usize <= counter.lead {
         return Err(usage(format!(
@@ -125,7 +171,7 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
     }
     let api = synthetic_api(a, &endpoint)?;
     let opts = synthetic::Options {
-        input_tokens: a.input_tokens,
+        input_tokens,
         input_stddev: a.input_stddev,
         output_tokens: a.output_tokens,
         count: a.count,
@@ -136,11 +182,17 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         api,
     };
     let ask = ask(&a.out, a.ignore_eos, a.min_tokens);
-    let prompts = synthetic::generate(&counter, &opts, &ask).map_err(|e| usage(e.to_string()))?;
-    let mut lines = vec![format!(
-        "{} prompts of {} input tokens{} under {} (exact, special tokens included), {} output tokens",
-        prompts.len(),
-        a.input_tokens,
+    let made = |e: synthetic::SyntheticError| usage(e.to_string());
+    let (requests, mut lines) = match a.turns {
+        None => {
+            let prompts = synthetic::generate(&counter, &opts, &ask).map_err(made)?;
+            let n = prompts.len();
+            (Requests::Prompts(prompts), vec![format!("{n} prompts")])
+        }
+        Some(turns) => synthetic_sessions(a, &counter, &opts, &ask, turns)?,
+    };
+    lines[0].push_str(&format!(
+        " of {input_tokens} input tokens{} under {} (exact, special tokens included), {} output tokens",
         if a.input_stddev > 0.0 {
             format!(" (stddev {})", a.input_stddev)
         } else {
@@ -148,25 +200,63 @@ fn synthetic_cmd(a: &SyntheticArgs) -> Result<Exit, CliError> {
         },
         a.tokenizer.display(),
         a.output_tokens
-    )];
+    ));
     if api == Api::Chat {
         lines.push("--api chat: each message's text has the exact count; the server's chat template adds its own tokens, so the plan records no prompt_tokens".into());
     }
-    let description = synthetic_description(a);
+    let description = synthetic_description(a, input_tokens);
     let said = Said { description, lines };
-    write(&a.out, &endpoint, api, prompts, said)
+    write(&a.out, &endpoint, api, requests, said)
+}
+
+/// `plan synthetic --turns N`: the sessions, and the lines that say what they are (the
+/// first completed by the caller).
+fn synthetic_sessions(
+    a: &SyntheticArgs,
+    counter: &synthetic::Counter,
+    opts: &synthetic::Options,
+    ask: &Ask,
+    turns: usize,
+) -> Result<(Requests, Vec<String>), CliError> {
+    let history = history(a.history);
+    let ask_turns = synthetic::TurnsAsk {
+        turns,
+        turn_input_tokens: a.turn_input_tokens.unwrap_or(opts.input_tokens),
+        answers: history == History::Frozen,
+    };
+    let sessions =
+        synthetic::sessions(counter, opts, ask_turns).map_err(|e| usage(e.to_string()))?;
+    let n = sessions.len();
+    let later = format!(
+        "each later turn's user text is exactly {} tokens; {}",
+        ask_turns.turn_input_tokens,
+        match history {
+            History::Frozen =>
+                "each turn but the last has an answer of exactly --output-tokens tokens in the plan, sent in the later turns (a frozen history)",
+            History::Live =>
+                "the plan holds no answers: each turn is sent with the server's own (a live history)",
+        }
+    );
+    let case = SessionCase {
+        template: ask.template(Some(a.output_tokens)),
+        history,
+        cache_bust: a.cache_bust,
+        sessions,
+    };
+    let first = format!("{n} sessions of {turns} turns, first turns");
+    Ok((Requests::Sessions(case), vec![first, later]))
 }
 
 /// The counts and token lengths `plan synthetic` is asked for, checked before the
 /// tokenizer is read: each at least 1 and within the limits, the prefix flags together.
-fn check_synthetic_sizes(a: &SyntheticArgs) -> Result<(), CliError> {
-    if a.count == 0 || a.input_tokens == 0 || a.output_tokens == 0 {
+fn check_synthetic_sizes(a: &SyntheticArgs, input_tokens: u64) -> Result<(), CliError> {
+    if a.count == 0 || input_tokens == 0 || a.output_tokens == 0 {
         return Err(usage(
             "--count, --input-tokens and --output-tokens must be at least 1",
         ));
     }
     if a.count > synthetic::MAX_COUNT
-        || a.input_tokens > synthetic::MAX_TOKENS
+        || input_tokens > synthetic::MAX_TOKENS
         || a.output_tokens > synthetic::MAX_TOKENS
     {
         return Err(usage(format!(
@@ -185,25 +275,65 @@ fn check_synthetic_sizes(a: &SyntheticArgs) -> Result<(), CliError> {
             "--prefix-groups goes with --shared-prefix-tokens P (the tokens each group shares)",
         ));
     }
-    check_stddev(a)?;
-    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= a.input_tokens {
+    check_stddev(a, input_tokens)?;
+    if a.shared_prefix_tokens > 0 && a.shared_prefix_tokens >= input_tokens {
         return Err(usage(format!(
-            "--shared-prefix-tokens {} must be below --input-tokens {}",
-            a.shared_prefix_tokens, a.input_tokens
+            "--shared-prefix-tokens {} must be below --input-tokens {input_tokens}",
+            a.shared_prefix_tokens
         )));
     }
+    check_turns(a)?;
     if a.prefix_groups == 0 {
         return Err(usage("--prefix-groups must be at least 1"));
     }
     Ok(())
 }
 
+/// `--turns N` (with `--turn-input-tokens`): N and M within the limits, every turn of
+/// every session within [`synthetic::MAX_COUNT`] texts, every length exact.
+fn check_turns(a: &SyntheticArgs) -> Result<(), CliError> {
+    let Some(turns) = a.turns else {
+        return Ok(());
+    };
+    if turns == 0 || turns > MAX_TURNS {
+        return Err(usage(format!(
+            "--turns must be from 1 to {MAX_TURNS} (the most turns a session holds)"
+        )));
+    }
+    if a.turn_input_tokens == Some(0) || a.turn_input_tokens > Some(synthetic::MAX_TOKENS) {
+        return Err(usage(format!(
+            "--turn-input-tokens must be from 1 to {}",
+            synthetic::MAX_TOKENS
+        )));
+    }
+    if a.count.saturating_mul(turns as u64) > synthetic::MAX_COUNT {
+        return Err(usage(format!(
+            "--count {} sessions of --turns {turns} make more than {} turns (a plan holds every turn's text); ask for fewer",
+            a.count,
+            synthetic::MAX_COUNT
+        )));
+    }
+    if a.input_stddev > 0.0 {
+        return Err(usage(
+            "--input-stddev does not apply with --turns: every turn's text has its exact count",
+        ));
+    }
+    Ok(())
+}
+
 /// The capture plan's description: what `plan synthetic` made, from which flags.
-fn synthetic_description(a: &SyntheticArgs) -> String {
+fn synthetic_description(a: &SyntheticArgs, input_tokens: u64) -> String {
     format!(
-        "Capture plan written by matrix-proxy plan synthetic: {} prompts of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
+        "Capture plan written by matrix-proxy plan synthetic: {} {} of {} tokens (stddev {}) under {}, {} output tokens, seed {}{}{}; answers are recorded, not judged.",
         a.count,
-        a.input_tokens,
+        match (a.turns, a.turn_input_tokens) {
+            (None, _) => "prompts".to_string(),
+            (Some(t), m) => format!(
+                "sessions of {t} turns (later turns' user text {} tokens), first turns",
+                m.unwrap_or(input_tokens)
+            ),
+        },
+        input_tokens,
         a.input_stddev,
         a.tokenizer.display(),
         a.output_tokens,
@@ -224,43 +354,23 @@ fn synthetic_description(a: &SyntheticArgs) -> String {
     )
 }
 
-/// `--api`, or the API `--endpoint`'s path names, else completions; an `--api` the path
-/// contradicts is refused.
+/// `--api`, or the API `--endpoint`'s path names, else completions (chat with `--turns`);
+/// an `--api` the path contradicts is refused, and so are sessions of completions.
 fn synthetic_api(a: &SyntheticArgs, endpoint: &crate::model::Endpoint) -> Result<Api, CliError> {
-    prompt_api(a.api, &a.out.endpoint, endpoint)
-}
-
-/// `given` (`--api`), or the API `--endpoint`'s path names, else completions; an `--api`
-/// the path contradicts is refused.
-pub(super) fn prompt_api(
-    given: Option<PromptApi>,
-    url: &str,
-    endpoint: &crate::model::Endpoint,
-) -> Result<Api, CliError> {
-    let from_path = Api::of_endpoint(endpoint);
-    let Some(given) = given else {
-        return Ok(from_path.unwrap_or(Api::Completions));
-    };
-    let given = match given {
-        PromptApi::Completions => Api::Completions,
-        PromptApi::Chat => Api::Chat,
-    };
-    if let Some(p) = from_path.filter(|p| *p != given) {
-        return Err(usage(format!(
-            "--api {} does not match --endpoint {}, a path of the {} API: drop --api (the endpoint's path decides) or give --endpoint an origin or the {} API's path",
-            given.name(),
-            url,
-            p.name(),
-            given.name()
-        )));
+    let api = prompt_api(a.api, &a.out.endpoint, endpoint)?;
+    match a.turns {
+        None => Ok(api),
+        Some(_) if a.api.is_none() && Api::of_endpoint(endpoint).is_none() => Ok(Api::Chat),
+        Some(_) if api == Api::Chat => Ok(api),
+        Some(_) => Err(usage(
+            "--turns makes chat sessions (each turn is sent with the conversation so far): give --api chat, or an --endpoint origin or chat path (.../chat/completions)",
+        )),
     }
-    Ok(given)
 }
 
 /// `--input-stddev` from 0 to `--input-tokens`: a wider spread would only clamp.
-fn check_stddev(a: &SyntheticArgs) -> Result<(), CliError> {
-    if !a.input_stddev.is_finite() || a.input_stddev < 0.0 || a.input_stddev > a.input_tokens as f64
-    {
+fn check_stddev(a: &SyntheticArgs, input_tokens: u64) -> Result<(), CliError> {
+    if !a.input_stddev.is_finite() || a.input_stddev < 0.0 || a.input_stddev > input_tokens as f64 {
         // As typed, near enough: 1e300 in full would be 301 digits.
         let given = if a.input_stddev.abs() >= 1e15 {
             format!("{:e}", a.input_stddev)
@@ -268,94 +378,10 @@ fn check_stddev(a: &SyntheticArgs) -> Result<(), CliError> {
             a.input_stddev.to_string()
         };
         return Err(usage(format!(
-            "--input-stddev {given} is out of range: give a number from 0 to --input-tokens ({}); a wider spread would clamp most lengths to the shortest or the longest prompt instead of drawing them",
-            a.input_tokens
+            "--input-stddev {given} is out of range: give a number from 0 to --input-tokens ({input_tokens}); a wider spread would clamp most lengths to the shortest or the longest prompt instead of drawing them"
         )));
     }
     Ok(())
-}
-
-/// What both commands check before reading or making anything: `--out`, `--endpoint`,
-/// `--temperature`.
-fn check_flags(o: &PlanOutArgs) -> Result<crate::model::Endpoint, CliError> {
-    check_out(o.out.as_deref())?;
-    if !o.temperature.is_finite() || o.temperature < 0.0 {
-        return Err(usage("--temperature must be a number >= 0"));
-    }
-    flags::endpoint("--endpoint", &o.endpoint).map_err(usage)
-}
-
-/// What every request asks besides its prompt.
-fn ask(o: &PlanOutArgs, ignore_eos: bool, min_tokens: bool) -> Ask {
-    Ask {
-        model: o.model.clone(),
-        max_tokens: o.max_tokens,
-        stream: o.stream,
-        temperature: Some(o.temperature),
-        ignore_eos,
-        min_tokens,
-    }
-}
-
-/// What a written plan says of itself: its description, and the lines for stderr.
-struct Said {
-    description: String,
-    lines: Vec<String>,
-}
-
-/// The capture plan, checked, written or printed, with what it will send.
-fn write(
-    o: &PlanOutArgs,
-    endpoint: &crate::model::Endpoint,
-    api: Api,
-    prompts: Vec<Prompt>,
-    said: Said,
-) -> Result<Exit, CliError> {
-    let Said {
-        description,
-        mut lines,
-    } = said;
-    if prompts.is_empty() {
-        return Err(usage("no prompt to write a plan of"));
-    }
-    let highest = o.concurrency.iter().copied().max().unwrap_or(1);
-    let budget = budget(
-        &o.concurrency,
-        Some(o.requests_per_case.unwrap_or_else(|| {
-            crate::config::plan::covering_requests_per_case(&[prompts.len()], highest)
-        })),
-        (o.repetitions, o.warmup_per_case),
-        o.timeout_seconds,
-        o.connection,
-    )?;
-    let mut metadata = match &o.metadata {
-        Some(p) => read_metadata(p)?,
-        None => Map::new(),
-    };
-    fill_metadata(&mut metadata, &mut lines);
-    let head = Head {
-        name: None,
-        description,
-        endpoint: String::new(),
-        health_endpoint: None,
-        bearer_token_env: None,
-        metadata,
-    };
-    let n = prompts.len();
-    let (bytes, plan) = dataset::capture_plan(head, &budget, endpoint, api, prompts)
-        .map_err(|e| usage(e.to_string()))?;
-    lines.push(format!(
-        "the plan sends {} requests in all: {n} readiness and {} warm-up (one and --warmup-per-case per prompt) before its measured rounds ({} per level, {} requests each)",
-        Shape::Plain.planned_requests(&plan),
-        n * budget.warmup_per_case,
-        budget.repetitions,
-        budget.requests_per_case.unwrap_or_default(),
-    ));
-    for line in &lines {
-        eprintln!("matrix-proxy: {line}");
-    }
-    emit(o.out.as_deref(), &bytes)?;
-    Ok(Exit::Ok)
 }
 
 /// Whole prompts re-encoded under `--verify sample`.

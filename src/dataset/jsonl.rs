@@ -8,6 +8,10 @@
 //! skipped. With `--limit` and `--seed` the prompts are a seeded sample, the same on every
 //! platform; the file is read twice (the offsets of good lines or items, then the chosen
 //! ones), so memory holds the chosen prompts, one line or item, and 24 bytes per good one.
+//!
+//! With [`Turns::All`] a chat or ShareGPT line is a whole conversation read as a session
+//! ([`turns_of`]): each user message (or run of them) starts a turn and the assistant
+//! message after it is that turn's answer; the sample then picks conversations.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -15,7 +19,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::{Api, Ask, Prompt, Seeded};
+use super::{Api, Ask, PlanSession, PlanTurn, Prompt, Seeded};
+use crate::config::sessions::MAX_TURNS;
 
 /// A dataset's line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,13 +80,28 @@ pub(crate) struct Options {
     pub(crate) skip_bad: bool,
     /// A top-level integer field of each line that becomes its `max_tokens`.
     pub(crate) output_len_from: Option<String>,
+    /// How much of a conversation is read.
+    pub(crate) turns: Turns,
+}
+
+/// How much of a chat or ShareGPT conversation `plan from-jsonl` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turns {
+    /// One request a line: a chat line's `messages` as given, a ShareGPT line's first
+    /// human turn.
+    First,
+    /// Every turn, as a session; at most `max` turns (the first ones) of each.
+    All { max: Option<usize> },
 }
 
 /// The prompts read, and what was said about them.
 #[derive(Debug)]
 pub(crate) struct Dataset {
     pub(crate) format: Format,
+    /// One a chosen line ([`Turns::First`]; else empty).
     pub(crate) prompts: Vec<Prompt>,
+    /// One a chosen conversation ([`Turns::All`]; else empty), named as prompts are.
+    pub(crate) sessions: Vec<PlanSession>,
     /// Good lines in the file (before any sample).
     pub(crate) good: u64,
     /// Bad lines skipped (`--skip-bad`), with the first few reasons.
@@ -131,6 +151,11 @@ pub(crate) enum DatasetError {
         #[source]
         source: std::io::Error,
     },
+    /// `--turns all` of a file whose lines are not conversations.
+    #[error(
+        "{file}: --turns all reads conversations (chat or sharegpt lines), but the file is read as {format} lines; drop --turns all"
+    )]
+    NotConversations { file: String, format: &'static str },
     /// A chosen entry, read again, is no longer good.
     #[error("{place}: {why}")]
     Reread {
@@ -179,11 +204,29 @@ pub(crate) enum EntryError {
     Conversations,
     #[error("conversations has no human turn with a non-empty value")]
     NoHumanTurn,
+    #[error(
+        "message {index} has no role (a string): --turns all cuts turns at user and assistant messages"
+    )]
+    Role { index: usize },
+    #[error(
+        "conversations turn {index} is from {found:?}: --turns all reads human or user, gpt, assistant, chatgpt, bard, bing or model, and system turns"
+    )]
+    From { index: usize, found: String },
+    #[error("conversations turn {index} needs from and value, both strings")]
+    Turn { index: usize },
+    #[error("no user message (human turn): nothing in the conversation asks for an answer")]
+    NoUserMessage,
+    #[error(
+        "has {turns} turns; a session holds at most {MAX_TURNS}: give --max-turns N (the first N turns are kept)"
+    )]
+    TooManyTurns { turns: usize },
 }
 
-/// One line's prompt and its own output length.
+/// One line's prompt (or, with [`Turns::All`], its conversation's turns) and its own
+/// output length.
 struct Line {
     prompt: Value,
+    turns: Vec<PlanTurn>,
     max_tokens: Option<u64>,
 }
 
@@ -255,6 +298,12 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
     let Some(format) = format else {
         return Err(DatasetError::NoPrompt { file: file() });
     };
+    if matches!(opts.turns, Turns::All { .. }) && format.api() != Api::Chat {
+        return Err(DatasetError::NotConversations {
+            file: file(),
+            format: format.as_str(),
+        });
+    }
     let count = good.len() as u64;
     let chosen: Vec<usize> = match (opts.limit, opts.seed) {
         (Some(k), Some(seed)) => Seeded::new(seed)
@@ -272,10 +321,11 @@ pub(crate) fn read(path: &Path, opts: &Options, ask: &Ask) -> Result<Dataset, Da
         array: array.is_some(),
         place: &place,
     };
-    let prompts = reread(&mut open()?, picked, &entries, opts, ask)?;
+    let (prompts, sessions) = reread(&mut open()?, picked, &entries, opts, ask)?;
     Ok(Dataset {
         format,
         prompts,
+        sessions,
         good: count,
         skipped,
         first_skipped,
@@ -292,20 +342,22 @@ struct Entries<'a> {
 }
 
 /// Pass 2: the `picked` entries (number, offset, length), read again from `file` into
-/// prompts.
+/// prompts, or with [`Turns::All`] into sessions.
 fn reread(
     file: &mut File,
     picked: impl ExactSizeIterator<Item = (u64, u64, usize)>,
     entries: &Entries<'_>,
     opts: &Options,
     ask: &Ask,
-) -> Result<Vec<Prompt>, DatasetError> {
+) -> Result<(Vec<Prompt>, Vec<PlanSession>), DatasetError> {
     let Entries {
         format,
         array,
         place,
     } = *entries;
-    let mut prompts = Vec::with_capacity(picked.len());
+    let all = matches!(opts.turns, Turns::All { .. });
+    let mut prompts = Vec::with_capacity(if all { 0 } else { picked.len() });
+    let mut sessions = Vec::with_capacity(if all { picked.len() } else { 0 });
     let mut line = Vec::new();
     for (number, at, len) in picked {
         line.resize(len, 0);
@@ -320,8 +372,16 @@ fn reread(
             place: place(number),
             why: Box::new(why),
         })?;
+        let name = format!("{}-{number}", unit(array));
+        if all {
+            sessions.push(PlanSession {
+                id: name,
+                turns: l.turns,
+            });
+            continue;
+        }
         prompts.push(Prompt {
-            name: format!("{}-{number}", unit(array)),
+            name,
             body: match format {
                 Format::Request => l.prompt,
                 _ => ask.body(format.api(), l.prompt, l.max_tokens),
@@ -329,7 +389,7 @@ fn reread(
             prompt_tokens: None,
         });
     }
-    Ok(prompts)
+    Ok((prompts, sessions))
 }
 
 /// Why a pass over the file stopped: the file could not be read, the array around the
@@ -501,6 +561,22 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
             other,
         }
     })?;
+    if let (Turns::All { max }, Format::Chat | Format::ShareGpt) = (opts.turns, f) {
+        let messages = match f {
+            Format::ShareGpt => sharegpt_messages(field)?,
+            _ => match field {
+                Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_object) => a.clone(),
+                _ => return Err(EntryError::Messages),
+            },
+        };
+        let turns = turns_of(messages, max)?;
+        *format = Some(f);
+        return Ok(Line {
+            prompt: Value::Null,
+            turns,
+            max_tokens: None,
+        });
+    }
     let prompt = match f {
         Format::Chat => match field {
             Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_object) => field.clone(),
@@ -533,7 +609,83 @@ fn parse(bytes: &[u8], format: &mut Option<Format>, opts: &Options) -> Result<Li
         },
     };
     *format = Some(f);
-    Ok(Line { prompt, max_tokens })
+    Ok(Line {
+        prompt,
+        turns: Vec::new(),
+        max_tokens,
+    })
+}
+
+/// A conversation's messages cut into turns. A turn is the messages after the previous
+/// turn's answer up to an assistant message that follows a user (or tool) message, and
+/// that assistant message is its answer: a run of user messages is one turn, and what
+/// comes before the first user message (a system prompt, an assistant's greeting) starts
+/// the first turn, so the history a turn is sent with is the transcript as written. A
+/// user message after the last answer is the last turn, without an answer; messages
+/// after the last answer with no user message among them ask for nothing and are
+/// dropped. The first `max` turns are kept; more than [`MAX_TURNS`] is refused.
+fn turns_of(messages: Vec<Value>, max: Option<usize>) -> Result<Vec<PlanTurn>, EntryError> {
+    let mut turns = Vec::new();
+    let (mut pending, mut asks) = (Vec::new(), false);
+    for (i, m) in messages.into_iter().enumerate() {
+        if max.is_some_and(|n| turns.len() >= n) {
+            return Ok(turns);
+        }
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or(EntryError::Role { index: i + 1 })?;
+        if role == "assistant" && asks {
+            turns.push(PlanTurn {
+                messages: std::mem::take(&mut pending),
+                answer: Some(m),
+            });
+            asks = false;
+        } else {
+            asks |= role == "user" || role == "tool";
+            pending.push(m);
+        }
+    }
+    if asks && max.is_none_or(|n| turns.len() < n) {
+        turns.push(PlanTurn {
+            messages: pending,
+            answer: None,
+        });
+    }
+    match turns.len() {
+        0 => Err(EntryError::NoUserMessage),
+        n if n > MAX_TURNS => Err(EntryError::TooManyTurns { turns: n }),
+        _ => Ok(turns),
+    }
+}
+
+/// A ShareGPT conversation as chat messages: `from` human or user is a user message;
+/// gpt, assistant, chatgpt, bard, bing or model an assistant's; system a system prompt.
+fn sharegpt_messages(conversations: &Value) -> Result<Vec<Value>, EntryError> {
+    let turns = conversations.as_array().ok_or(EntryError::Conversations)?;
+    let mut out = Vec::with_capacity(turns.len());
+    for (i, t) in turns.iter().enumerate() {
+        let index = i + 1;
+        let (Some(from), Some(value)) = (
+            t.pointer("/from").and_then(Value::as_str),
+            t.pointer("/value").and_then(Value::as_str),
+        ) else {
+            return Err(EntryError::Turn { index });
+        };
+        let role = match from {
+            "human" | "user" => "user",
+            "gpt" | "assistant" | "chatgpt" | "bard" | "bing" | "model" => "assistant",
+            "system" => "system",
+            other => {
+                return Err(EntryError::From {
+                    index,
+                    found: other.to_string(),
+                });
+            }
+        };
+        out.push(json!({"role": role, "content": value}));
+    }
+    Ok(out)
 }
 
 /// ShareGPT: the first turn `from` a human (`human` or `user`).
@@ -569,6 +721,7 @@ mod tests {
             seed: None,
             skip_bad: false,
             output_len_from: None,
+            turns: Turns::First,
         };
         let ask = Ask {
             model: None,
@@ -598,5 +751,107 @@ mod tests {
         );
         let err = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("mid.jsonl:2: not valid JSON"), "{err}");
+    }
+
+    fn m(role: &str, text: &str) -> Value {
+        json!({"role": role, "content": text})
+    }
+
+    #[test]
+    fn a_conversation_is_cut_at_its_answers_and_keeps_its_order() {
+        let turns = |ms: &[Value], max| turns_of(ms.to_vec(), max);
+        let (sys, hi, a1) = (m("system", "s"), m("assistant", "hi"), m("assistant", "a1"));
+        let (u1, u2, u3) = (m("user", "u1"), m("user", "u2"), m("user", "u3"));
+        let a2 = m("assistant", "a2");
+        // A system prompt and a greeting start turn 1; a run of user messages is one
+        // turn; a user message after the last answer is a last turn without one.
+        let got = turns(
+            &[
+                sys.clone(),
+                hi.clone(),
+                u1.clone(),
+                a1.clone(),
+                u2.clone(),
+                u3.clone(),
+                a2.clone(),
+                u1.clone(),
+            ],
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let want = [
+            PlanTurn {
+                messages: vec![sys, hi, u1.clone()],
+                answer: Some(a1.clone()),
+            },
+            PlanTurn {
+                messages: vec![u2.clone(), u3],
+                answer: Some(a2.clone()),
+            },
+            PlanTurn {
+                messages: vec![u1.clone()],
+                answer: None,
+            },
+        ];
+        assert_eq!(got, want);
+        assert_eq!(
+            turns(&[u1.clone(), a1.clone(), u2.clone(), a2.clone()], Some(1)).ok(),
+            Some(vec![PlanTurn {
+                messages: vec![u1.clone()],
+                answer: Some(a1.clone())
+            }]),
+            "--max-turns keeps the first turns"
+        );
+        // A second answer in a row starts the next turn's messages; a tail with no user
+        // message asks for nothing and is dropped.
+        let tool = json!({"role": "tool", "tool_call_id": "c", "content": "42"});
+        let got = turns(
+            &[
+                u1.clone(),
+                a1.clone(),
+                a2.clone(),
+                tool.clone(),
+                a1.clone(),
+                a2.clone(),
+            ],
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[1],
+            PlanTurn {
+                messages: vec![a2.clone(), tool],
+                answer: Some(a1.clone())
+            }
+        );
+        assert!(matches!(
+            turns(std::slice::from_ref(&a1), None),
+            Err(EntryError::NoUserMessage)
+        ));
+        assert!(matches!(
+            turns(&[u1.clone(), json!({"content": "x"})], None),
+            Err(EntryError::Role { index: 2 })
+        ));
+        let long: Vec<Value> = (0..=MAX_TURNS)
+            .flat_map(|_| [u1.clone(), a1.clone()])
+            .collect();
+        assert!(
+            matches!(turns(&long, None), Err(EntryError::TooManyTurns { turns }) if turns == MAX_TURNS + 1)
+        );
+        assert_eq!(
+            turns(&long, Some(MAX_TURNS)).map(|t| t.len()).ok(),
+            Some(MAX_TURNS)
+        );
+        let sharegpt = json!([{"from": "system", "value": "s"}, {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]);
+        assert_eq!(
+            sharegpt_messages(&sharegpt).ok(),
+            Some(vec![m("system", "s"), m("user", "q"), m("assistant", "a")])
+        );
+        let odd = json!([{"from": "human", "value": "q"}, {"from": "observation", "value": "a"}]);
+        assert!(matches!(
+            sharegpt_messages(&odd),
+            Err(EntryError::From { index: 2, .. })
+        ));
     }
 }

@@ -6,7 +6,9 @@
 //! laid out as `freeze` lays one out and validated before it is written. A public LLM
 //! trace (Mooncake, Azure, BurstGPT) becomes a trace plan's file of synthetic entries
 //! (`trace.rs`, reading with `trace_read.rs`, checking the prompts' counts under the
-//! tokenizer with `trace_verify.rs`).
+//! tokenizer with `trace_verify.rs`). A plan's one case holds its prompts as variants, or
+//! conversations as sessions ([`Requests::Sessions`]: `plan from-jsonl --turns all`,
+//! `plan synthetic --turns N`), each turn the messages it adds and its answer.
 
 pub(crate) mod jsonl;
 pub(crate) mod synthetic;
@@ -19,6 +21,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use serde_json::{Map, Value, json};
 
 use crate::config::plan::Plan;
+use crate::config::sessions::History;
 use crate::freeze::{Budget, Head, head_map};
 use crate::model::Endpoint;
 
@@ -118,6 +121,18 @@ impl Ask {
         }
         Value::Object(m)
     }
+
+    /// The chat request every turn of a case's sessions is sent in: [`Self::body`]
+    /// without `messages` (each turn's request gets the conversation so far at send time).
+    pub(crate) fn template(&self, max_tokens: Option<u64>) -> Map<String, Value> {
+        match self.body(Api::Chat, Value::Array(Vec::new()), max_tokens) {
+            Value::Object(mut m) => {
+                m.shift_remove("messages");
+                m
+            }
+            _ => Map::new(),
+        }
+    }
 }
 
 /// One request of the plan.
@@ -128,6 +143,128 @@ pub(crate) struct Prompt {
     pub(crate) body: Value,
     /// Its input tokens under the tokenizer that made or counted it.
     pub(crate) prompt_tokens: Option<u64>,
+}
+
+/// One turn of a session a capture plan holds: the messages it adds to the conversation,
+/// and the assistant message a frozen history carries for it in later turns.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlanTurn {
+    pub(crate) messages: Vec<Value>,
+    pub(crate) answer: Option<Value>,
+}
+
+/// A session of a capture plan: its id (unique in the case) and its turns (at most
+/// [`MAX_TURNS`](crate::config::sessions::MAX_TURNS)).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlanSession {
+    pub(crate) id: String,
+    pub(crate) turns: Vec<PlanTurn>,
+}
+
+/// A capture plan's case of sessions: the chat request every turn is sent in (without
+/// `messages`: a conversation's own system prompt is its first turn's), the history mode,
+/// `cache_bust`, and the sessions.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionCase {
+    pub(crate) template: Map<String, Value>,
+    pub(crate) history: History,
+    pub(crate) cache_bust: bool,
+    pub(crate) sessions: Vec<PlanSession>,
+}
+
+impl SessionCase {
+    /// Every turn of every session.
+    pub(crate) fn turns(&self) -> usize {
+        self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+}
+
+/// What a capture plan's one case holds.
+#[derive(Debug, Clone)]
+pub(crate) enum Requests {
+    /// Each prompt a variant.
+    Prompts(Vec<Prompt>),
+    /// Conversations, each a session.
+    Sessions(SessionCase),
+}
+
+impl Requests {
+    /// What one dispatch of a measured round runs: a prompt, or a whole session.
+    pub(crate) fn dispatches(&self) -> usize {
+        match self {
+            Requests::Prompts(p) => p.len(),
+            Requests::Sessions(c) => c.sessions.len(),
+        }
+    }
+
+    /// The requests readiness sends (every prompt, or every turn, once).
+    pub(crate) fn requests(&self) -> usize {
+        match self {
+            Requests::Prompts(p) => p.len(),
+            Requests::Sessions(c) => c.turns(),
+        }
+    }
+
+    /// What it holds, as a refusal names it (`40 prompts`, `3 sessions of 12 turns`).
+    fn said(&self) -> String {
+        match self {
+            Requests::Prompts(p) => format!("{} prompts", p.len()),
+            Requests::Sessions(c) => {
+                format!("{} sessions of {} turns", c.sessions.len(), c.turns())
+            }
+        }
+    }
+
+    /// The case: `name`, then its variants, or its template, history and sessions. The
+    /// requests move into it (never two copies of every body).
+    fn into_case(self, name: &str) -> Value {
+        let mut case = Map::new();
+        case.insert("name".into(), json!(name));
+        match self {
+            Requests::Prompts(prompts) => {
+                let variants: Vec<Value> = prompts
+                    .into_iter()
+                    .map(|p| {
+                        let mut v = Map::new();
+                        v.insert("name".into(), json!(p.name));
+                        v.insert("request".into(), p.body);
+                        if let Some(n) = p.prompt_tokens {
+                            v.insert("prompt_tokens".into(), json!(n));
+                        }
+                        Value::Object(v)
+                    })
+                    .collect();
+                case.insert("variants".into(), Value::Array(variants));
+            }
+            Requests::Sessions(c) => {
+                case.insert("history".into(), json!(c.history.as_str()));
+                if c.cache_bust {
+                    case.insert("cache_bust".into(), json!(true));
+                }
+                case.insert("request".into(), Value::Object(c.template));
+                let sessions: Vec<Value> = c.sessions.into_iter().map(session_json).collect();
+                case.insert("sessions".into(), Value::Array(sessions));
+            }
+        }
+        Value::Object(case)
+    }
+}
+
+/// A session as the plan writes it: `{"id", "turns": [{"messages", "answer"?}]}`.
+fn session_json(s: PlanSession) -> Value {
+    let turns: Vec<Value> = s
+        .turns
+        .into_iter()
+        .map(|t| {
+            let mut m = Map::new();
+            m.insert("messages".into(), Value::Array(t.messages));
+            if let Some(a) = t.answer {
+                m.insert("answer".into(), a);
+            }
+            Value::Object(m)
+        })
+        .collect();
+    json!({"id": s.id, "turns": turns})
 }
 
 /// Why a capture plan is not made (with the fix).
@@ -147,12 +284,12 @@ pub(crate) enum CapturePlanError {
         "raw request bodies go where --endpoint says: give it with its path (http://host:8000/v1/chat/completions)"
     )]
     RawWithoutPath,
-    /// The plan's bytes are not made (too large) for its `count` prompts.
+    /// The plan's bytes are not made (too large) for what it holds (`40 prompts`).
     #[error(
-        "{source}: its {count} prompts take more; ask for fewer (--limit, --count) or shorter ones"
+        "{source}: its {what} take more; ask for fewer (--limit, --count, --max-turns) or shorter ones"
     )]
     Bytes {
-        count: usize,
+        what: String,
         #[source]
         source: crate::freeze::PlanBytesError,
     },
@@ -161,18 +298,19 @@ pub(crate) enum CapturePlanError {
     Invalid(#[source] crate::config::json::PlanError),
 }
 
-/// A capture plan of one case holding every prompt as a variant. The endpoint's path
-/// is the API's default when `--endpoint` names only an origin. A plan past
-/// [`MAX_PLAN_BYTES`](crate::config::plan::MAX_PLAN_BYTES) is refused before it is whole.
+/// A capture plan of one case holding every prompt as a variant, or every conversation
+/// as a session. The endpoint's path is the API's default when `--endpoint` names only
+/// an origin. A plan past [`MAX_PLAN_BYTES`](crate::config::plan::MAX_PLAN_BYTES) is
+/// refused before it is whole.
 pub(crate) fn capture_plan(
     head: Head,
     budget: &Budget,
     endpoint: &Endpoint,
     api: Api,
-    prompts: Vec<Prompt>,
+    requests: Requests,
 ) -> Result<(Vec<u8>, Plan), CapturePlanError> {
     let limit = crate::config::plan::MAX_PLAN_BYTES;
-    capture_plan_within(head, budget, Target { endpoint, api }, prompts, limit)
+    capture_plan_within(head, budget, Target { endpoint, api }, requests, limit)
 }
 
 /// The URL a capture plan's prompts for `api` go to: `endpoint` as given, or with the
@@ -206,33 +344,17 @@ fn capture_plan_within(
     mut head: Head,
     budget: &Budget,
     target: Target<'_>,
-    prompts: Vec<Prompt>,
+    requests: Requests,
     limit: u64,
 ) -> Result<(Vec<u8>, Plan), CapturePlanError> {
     let Target { endpoint, api } = target;
     head.endpoint = api_url(endpoint, api)?;
     let mut plan = head_map(&head, budget);
-    let count = prompts.len();
-    // The prompts move into the plan (never two copies of every body).
-    let variants: Vec<Value> = prompts
-        .into_iter()
-        .map(|p| {
-            let mut v = Map::new();
-            v.insert("name".into(), json!(p.name));
-            v.insert("request".into(), p.body);
-            if let Some(n) = p.prompt_tokens {
-                v.insert("prompt_tokens".into(), json!(n));
-            }
-            Value::Object(v)
-        })
-        .collect();
-    plan.insert(
-        "cases".into(),
-        json!([{"name": api.case_name(), "variants": variants}]),
-    );
+    let what = requests.said();
+    plan.insert("cases".into(), json!([requests.into_case(api.case_name())]));
     let plan = Value::Object(plan);
     let bytes = crate::freeze::plan_bytes(&plan, limit)
-        .map_err(|source| CapturePlanError::Bytes { count, source })?;
+        .map_err(|source| CapturePlanError::Bytes { what, source })?;
     drop(plan);
     let plan = Plan::from_json_bytes(&bytes).map_err(CapturePlanError::Invalid)?;
     Ok((bytes, plan))
@@ -316,7 +438,7 @@ mod tests {
         }
     }
 
-    fn prompts(n: usize, api: Api) -> Vec<Prompt> {
+    fn prompts(n: usize, api: Api) -> Requests {
         let ask = Ask {
             model: Some("m".into()),
             max_tokens: Some(4),
@@ -325,17 +447,19 @@ mod tests {
             ignore_eos: false,
             min_tokens: false,
         };
-        (0..n)
-            .map(|i| Prompt {
-                name: format!("p-{i}"),
-                body: ask.body(
-                    api,
-                    json!(format!("prompt number {i} {}", "x".repeat(200))),
-                    None,
-                ),
-                prompt_tokens: None,
-            })
-            .collect()
+        Requests::Prompts(
+            (0..n)
+                .map(|i| Prompt {
+                    name: format!("p-{i}"),
+                    body: ask.body(
+                        api,
+                        json!(format!("prompt number {i} {}", "x".repeat(200))),
+                        None,
+                    ),
+                    prompt_tokens: None,
+                })
+                .collect(),
+        )
     }
 
     fn endpoint(url: &str) -> Endpoint {
@@ -382,6 +506,47 @@ mod tests {
                 && err.contains("its 40 prompts"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn sessions_are_written_as_one_case_and_refused_past_the_size_limit_by_their_turns() {
+        let e = endpoint("http://127.0.0.1:8000");
+        let at = Target {
+            endpoint: &e,
+            api: Api::Chat,
+        };
+        let turn = |k: usize, answered: bool| PlanTurn {
+            messages: vec![
+                json!({"role": "user", "content": format!("turn {k} {}", "x".repeat(200))}),
+            ],
+            answer: answered.then(|| json!({"role": "assistant", "content": "ok"})),
+        };
+        let case = || {
+            Requests::Sessions(SessionCase {
+                template: Map::from_iter([("max_tokens".to_string(), json!(4))]),
+                history: History::Frozen,
+                cache_bust: false,
+                sessions: (0..2)
+                    .map(|i| PlanSession {
+                        id: format!("s-{i}"),
+                        turns: (0..4).map(|k| turn(k, k < 3)).collect(),
+                    })
+                    .collect(),
+            })
+        };
+        assert_eq!((case().dispatches(), case().requests()), (2, 8));
+        let (bytes, plan) = capture_plan_within(head(), &budget(), at, case(), 1 << 20)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = plan.cases[0]
+            .sessions
+            .as_ref()
+            .map(|s| (s.list.len(), s.turns()));
+        assert_eq!(s, Some((2, 8)));
+        let err = capture_plan_within(head(), &budget(), at, case(), bytes.len() as u64 - 1)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("its 2 sessions of 8 turns take more"), "{err}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::{Api, Ask, Prompt, Seeded};
+use super::{Api, Ask, PlanSession, PlanTurn, Prompt, Seeded};
 
 /// The text prompts are cut from: plain ASCII prose written for this purpose.
 const CORPUS: &str = include_str!("corpus.txt");
@@ -80,11 +80,12 @@ pub(crate) enum SyntheticError {
     /// ([`Counter::too_hard`]).
     #[error("{why}")]
     TooHard { why: String },
-    /// `--input-tokens` leaves no room after the head (`head` tokens of `what`).
+    /// `flag` (`--input-tokens`) leaves no room after the head (`head` tokens of `what`).
     #[error(
-        "--input-tokens {input_tokens} leaves no room for text after {head} tokens ({what}); ask for more"
+        "{flag} {input_tokens} leaves no room for text after {head} tokens ({what}); ask for more"
     )]
     NoRoom {
+        flag: &'static str,
         input_tokens: u64,
         head: u64,
         what: &'static str,
@@ -358,59 +359,10 @@ pub(crate) fn generate(
     opts: &Options,
     ask: &Ask,
 ) -> Result<Vec<Prompt>, SyntheticError> {
-    let mut rng = Seeded::new(opts.seed);
-    let p = opts.shared_prefix_tokens as usize;
-    // Each group's prefix: exactly P tokens as the prompt starts (its leading special
-    // tokens included).
-    let groups = if p > 0 { opts.prefix_groups.max(1) } else { 0 };
-    let prefixes: Vec<(String, Vec<u32>)> = (0..groups)
-        .map(|_| counter.prefix(p, &mut rng))
-        .collect::<Result<_, SyntheticError>>()?;
-    let tag_words = if opts.cache_bust && p == 0 {
-        counter.tag_words()?
-    } else {
-        Vec::new()
-    };
-    let mut tags = HashSet::new();
-    let mut seen = HashSet::new();
+    let mut maker = Maker::new(counter, opts)?;
     let mut out = Vec::with_capacity(opts.count.min(1 << 16) as usize);
     for i in 0..opts.count {
-        let group = prefixes.get((i % groups.max(1)) as usize);
-        let head = if let Some((text, _)) = group {
-            text.clone()
-        } else if opts.cache_bust {
-            counter.tag(&tag_words, &mut tags, &mut rng)?
-        } else {
-            String::new()
-        };
-        // Above the head (a shared prefix, a tag, the special tokens), whatever the draw.
-        let above = counter.count(&head)?.max(counter.specials) as u64 + 1;
-        let n = if opts.input_stddev > 0.0 {
-            let x = rng
-                .normal(opts.input_tokens as f64, opts.input_stddev)
-                .round();
-            (x.max(1.0) as u64).clamp(above, MAX_TOKENS.max(above))
-        } else if opts.input_tokens < above {
-            return Err(SyntheticError::NoRoom {
-                input_tokens: opts.input_tokens,
-                head: above - 1,
-                what: if p > 0 {
-                    "the shared prefix"
-                } else if opts.cache_bust {
-                    "the cache-bust tag and the special tokens"
-                } else {
-                    "the tokenizer's special tokens"
-                },
-            });
-        } else {
-            opts.input_tokens
-        };
-        let shared = group.map(|(_, ids)| &ids[..]);
-        let start = Start {
-            head: &head,
-            shared,
-        };
-        let text = prompt_text(counter, start, n as usize, i, &mut seen, &mut rng)?;
+        let text = maker.prompt(i)?;
         let tokens = counter.count(&text)? as u64;
         out.push(Prompt {
             name: format!("prompt-{}", i + 1),
@@ -426,6 +378,179 @@ pub(crate) fn generate(
     Ok(out)
 }
 
+/// What `plan synthetic --turns N` asks of each session besides its first prompt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TurnsAsk {
+    /// Turns of each session (at least 1).
+    pub(crate) turns: usize,
+    /// Tokens of each turn's user text after the first (the first is
+    /// [`Options::input_tokens`], with its shared prefix or cache-bust tag).
+    pub(crate) turn_input_tokens: u64,
+    /// Each turn but the last gets an assistant answer of exactly
+    /// [`Options::output_tokens`] tokens (a frozen history's); else none.
+    pub(crate) answers: bool,
+}
+
+/// `opts.count` sessions (`session-1`, ...) of `turns.turns` chat turns, each a user
+/// message of an exact token count (as [`generate`] counts a prompt), no two texts alike.
+pub(crate) fn sessions(
+    counter: &Counter,
+    opts: &Options,
+    turns: TurnsAsk,
+) -> Result<Vec<PlanSession>, SyntheticError> {
+    let mut maker = Maker::new(counter, opts)?;
+    let message = |role: &str, text: String| json!({"role": role, "content": text});
+    let mut out = Vec::with_capacity(opts.count.min(1 << 16) as usize);
+    for i in 0..opts.count {
+        let mut list = Vec::with_capacity(turns.turns);
+        for k in 0..turns.turns {
+            let text = match k {
+                0 => maker.prompt(i)?,
+                _ => maker.plain(turns.turn_input_tokens, "--turn-input-tokens")?,
+            };
+            let answer = if turns.answers && k + 1 < turns.turns {
+                Some(message(
+                    "assistant",
+                    maker.plain(opts.output_tokens, "--output-tokens")?,
+                ))
+            } else {
+                None
+            };
+            list.push(PlanTurn {
+                messages: vec![message("user", text)],
+                answer,
+            });
+        }
+        out.push(PlanSession {
+            id: format!("session-{}", i + 1),
+            turns: list,
+        });
+    }
+    Ok(out)
+}
+
+/// Texts of exact token counts, one after another from one seeded stream: prompts with
+/// their group's shared prefix or a cache-bust tag, and plain texts; no two alike.
+struct Maker<'a> {
+    counter: &'a Counter,
+    opts: &'a Options,
+    rng: Seeded,
+    /// Each group's prefix text and its first P token ids.
+    prefixes: Vec<(String, Vec<u32>)>,
+    tag_words: Vec<String>,
+    /// First token ids of every cache-bust tag drawn, and every text made: one each per
+    /// text asked for (at most [`MAX_COUNT`] prompts, and the plan holds every text).
+    tags: HashSet<Vec<u32>>,
+    seen: HashSet<String>,
+}
+
+impl<'a> Maker<'a> {
+    fn new(counter: &'a Counter, opts: &'a Options) -> Result<Maker<'a>, SyntheticError> {
+        let mut rng = Seeded::new(opts.seed);
+        let p = opts.shared_prefix_tokens as usize;
+        // Each group's prefix: exactly P tokens as the prompt starts (its leading special
+        // tokens included).
+        let groups = if p > 0 { opts.prefix_groups.max(1) } else { 0 };
+        let prefixes = (0..groups)
+            .map(|_| counter.prefix(p, &mut rng))
+            .collect::<Result<_, SyntheticError>>()?;
+        let tag_words = if opts.cache_bust && p == 0 {
+            counter.tag_words()?
+        } else {
+            Vec::new()
+        };
+        Ok(Maker {
+            counter,
+            opts,
+            rng,
+            prefixes,
+            tag_words,
+            tags: HashSet::new(),
+            seen: HashSet::new(),
+        })
+    }
+
+    /// Prompt `i`: its head (its group's shared prefix, a cache-bust tag or nothing),
+    /// then corpus text to `--input-tokens` (or a length drawn around it).
+    fn prompt(&mut self, i: u64) -> Result<String, SyntheticError> {
+        let (counter, opts) = (self.counter, self.opts);
+        let p = opts.shared_prefix_tokens as usize;
+        let groups = self.prefixes.len().max(1) as u64;
+        let group = self.prefixes.get((i % groups) as usize).cloned();
+        let head = if let Some((text, _)) = &group {
+            text.clone()
+        } else if opts.cache_bust {
+            counter.tag(&self.tag_words, &mut self.tags, &mut self.rng)?
+        } else {
+            String::new()
+        };
+        // Above the head (a shared prefix, a tag, the special tokens), whatever the draw.
+        let above = counter.count(&head)?.max(counter.specials) as u64 + 1;
+        let n = if opts.input_stddev > 0.0 {
+            let x = self
+                .rng
+                .normal(opts.input_tokens as f64, opts.input_stddev)
+                .round();
+            (x.max(1.0) as u64).clamp(above, MAX_TOKENS.max(above))
+        } else if opts.input_tokens < above {
+            return Err(SyntheticError::NoRoom {
+                flag: "--input-tokens",
+                input_tokens: opts.input_tokens,
+                head: above - 1,
+                what: if p > 0 {
+                    "the shared prefix"
+                } else if opts.cache_bust {
+                    "the cache-bust tag and the special tokens"
+                } else {
+                    "the tokenizer's special tokens"
+                },
+            });
+        } else {
+            opts.input_tokens
+        };
+        let start = Start {
+            head: &head,
+            shared: group.as_ref().map(|(_, ids)| &ids[..]),
+        };
+        let what = format!("prompt {}", i + 1);
+        prompt_text(
+            counter,
+            start,
+            n as usize,
+            &what,
+            &mut self.seen,
+            &mut self.rng,
+        )
+    }
+
+    /// Corpus text of exactly `n` tokens with no head, unlike every text before it
+    /// (`flag` asked for `n`).
+    fn plain(&mut self, n: u64, flag: &'static str) -> Result<String, SyntheticError> {
+        let specials = self.counter.specials as u64;
+        if n <= specials {
+            return Err(SyntheticError::NoRoom {
+                flag,
+                input_tokens: n,
+                head: specials,
+                what: "the tokenizer's special tokens",
+            });
+        }
+        let start = Start {
+            head: "",
+            shared: None,
+        };
+        let what = format!("a text of {flag}");
+        prompt_text(
+            self.counter,
+            start,
+            n as usize,
+            &what,
+            &mut self.seen,
+            &mut self.rng,
+        )
+    }
+}
+
 /// How a prompt starts: its head (a shared prefix, a cache-bust tag or nothing) and, with
 /// a shared prefix, the group's first P token ids.
 #[derive(Clone, Copy)]
@@ -434,13 +559,14 @@ struct Start<'a> {
     shared: Option<&'a [u32]>,
 }
 
-/// One prompt of exactly `n` tokens starting with `head`, unlike every prompt `seen`
-/// before it; with a shared prefix its first P tokens are checked against its group's.
+/// One prompt (`what`, as a refusal names it) of exactly `n` tokens starting with `head`,
+/// unlike every prompt `seen` before it; with a shared prefix its first P tokens are
+/// checked against its group's.
 fn prompt_text(
     counter: &Counter,
     start: Start<'_>,
     n: usize,
-    i: u64,
+    what: &str,
     seen: &mut HashSet<String>,
     rng: &mut Seeded,
 ) -> Result<String, SyntheticError> {
@@ -458,7 +584,7 @@ fn prompt_text(
             return Ok(text);
         }
     }
-    Err(counter.too_hard(n as u64, &format!("prompt {}", i + 1)))
+    Err(counter.too_hard(n as u64, what))
 }
 
 /// The share of the corpus's tokens above which the tokenizer is said not to cover it.

@@ -7,6 +7,7 @@ mod campaign;
 mod cli;
 mod crash;
 mod dataset;
+mod dataset_sessions;
 mod fault_matrix;
 mod faults;
 mod floor;
