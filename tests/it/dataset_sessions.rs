@@ -2,7 +2,8 @@
 //! ShareGPT conversations and OpenAI chat transcripts as sessions (their answers the
 //! frozen history), `plan synthetic --turns N --turn-input-tokens M` makes sessions of
 //! exact-token turns; each plan validates and replays against the mock with every turn
-//! recorded as its own row, sent with the history the plan holds.
+//! recorded as its own row, sent with the history the plan holds, and under the mock's
+//! prefix cache the later turns of a session find its earlier ones (prefix reuse seen).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -65,14 +66,17 @@ fn measured(run: &Path) -> BTreeMap<(String, i32), Vec<Value>> {
     out
 }
 
-/// The plan written to `dir/NAME`, validated and replayed against the mock worker.
-fn replay(dir: &Path, name: &str, p: &Value) -> std::path::PathBuf {
+/// The plan written to `dir/NAME`, validated and replayed against the mock worker
+/// (with `flags`).
+fn replay(dir: &Path, name: &str, p: &Value, flags: &[&str]) -> std::path::PathBuf {
     let file = dir.join(format!("{name}.json"));
     std::fs::write(&file, serde_json::to_vec_pretty(p).unwrap()).unwrap();
     let (code, _, err) = run(&["validate", s(&file)]);
     assert_eq!(code, Some(0), "{err}");
     let out = dir.join(name);
-    let (code, _, err) = run(&["replay", "-q", s(&file), "--mock-worker", "--out", s(&out)]);
+    let mut args = vec!["replay", "-q", s(&file), "--mock-worker", "--out", s(&out)];
+    args.extend(flags);
+    let (code, _, err) = run(&args);
     assert_eq!(code, Some(0), "{err}");
     out
 }
@@ -212,7 +216,7 @@ fn every_turn_of_sharegpt_and_chat_conversations_becomes_a_session() {
         assert!(first["cases"][0].get("sessions").is_none());
         // The plan replays: every turn of every session a measured row, sent with the
         // transcript's answers as its history.
-        let run_dir = replay(tmp.path(), name, &p);
+        let run_dir = replay(tmp.path(), name, &p, &[]);
         let rows = measured(&run_dir);
         let mut keys: Vec<(String, i32)> = rows.keys().cloned().collect();
         keys.sort();
@@ -359,7 +363,7 @@ fn synthetic_sessions_have_exact_token_turns_and_replay_turn_by_turn() {
     // --input-tokens sets the first turn's length; --history live makes no answers.
     let (code, long_first, err) = with(&[
         "--input-tokens",
-        "40",
+        "200",
         "--turn-input-tokens",
         "12",
         "--history",
@@ -374,8 +378,34 @@ fn synthetic_sessions_have_exact_token_turns_and_replay_turn_by_turn() {
     );
     for (_, turns) in sessions(&long_first) {
         let lens: Vec<usize> = turns.iter().map(|(m, _)| count(&m[0]["content"])).collect();
-        assert_eq!(lens, [40, 12, 12]);
+        assert_eq!(lens, [200, 12, 12]);
         assert!(turns.iter().all(|(_, a)| a.is_null()));
+    }
+    // Replayed against the mock's prefix cache: each run's own tag makes turn 1 find
+    // nothing, and the later turns find the conversation so far.
+    let run_dir = replay(
+        tmp.path(),
+        "live",
+        &long_first,
+        &["--mock-prefix-cache-blocks", "4096"],
+    );
+    let rows = Rows::read(&run_dir);
+    let (phase, turn, cached) = (
+        rows.strs("phase"),
+        rows.i32s("turn"),
+        rows.i64s("cached_prompt_tokens"),
+    );
+    let mut by_turn: BTreeMap<i32, Vec<Option<i64>>> = BTreeMap::new();
+    for i in (0..rows.len()).filter(|&i| phase[i].as_deref() == Some("measured")) {
+        by_turn.entry(turn[i].unwrap()).or_default().push(cached[i]);
+    }
+    assert_eq!(by_turn.len(), 3, "{by_turn:?}");
+    assert!(by_turn[&1].iter().all(|c| *c == Some(0)), "{by_turn:?}");
+    for k in [2, 3] {
+        assert!(
+            by_turn[&k].iter().all(|c| c.is_some_and(|n| n > 0)),
+            "turn {k}: {by_turn:?}"
+        );
     }
     // Sessions are chat only; the turn flags go with --turns.
     let (code, _, err) = with(&["--turn-input-tokens", "16", "--api", "completions"]);
@@ -400,7 +430,7 @@ fn synthetic_sessions_have_exact_token_turns_and_replay_turn_by_turn() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("leaves no room"), "{err}");
     // Replayed against the mock: every turn a measured row, sent with the plan's answers.
-    let run_dir = replay(tmp.path(), "synthetic", &p);
+    let run_dir = replay(tmp.path(), "synthetic", &p, &[]);
     let rows = measured(&run_dir);
     assert_eq!(rows.len(), 9, "3 sessions x 3 turns: {:?}", rows.keys());
     for (id, turns) in &got {
