@@ -8,25 +8,12 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
-use super::json::{ENGINE_HEADERS, Validator, join};
+use super::json::{ENGINE_HEADERS, REQUEST_FIELDS, Validator, join};
 use super::oracle_spec::Inherited;
 use super::plan::{Case, Variant};
 use crate::model::Endpoint;
 use crate::oracle::{Pointer, json_kind};
 
-/// The fields of one request and its oracle: a variant's, or a case's without variants.
-const REQUEST_FIELDS: &[&str] = &[
-    "request",
-    "request_text",
-    "content_type",
-    "expected_response",
-    "expected_response_text",
-    "expected_stream_text",
-    "expected_events",
-    "expected_usage",
-    "require_done",
-    "prompt_tokens",
-];
 /// What both a case and a variant have besides their request.
 const NAMED_FIELDS: &[&str] = &["name", "ignore_paths"];
 /// What only a case has.

@@ -48,6 +48,20 @@ impl fmt::Display for PlanError {
     }
 }
 
+/// The fields of one request and its oracle: a variant's, or a case's without variants.
+pub(super) const REQUEST_FIELDS: &[&str] = &[
+    "request",
+    "request_text",
+    "content_type",
+    "expected_response",
+    "expected_response_text",
+    "expected_stream_text",
+    "expected_events",
+    "expected_usage",
+    "require_done",
+    "prompt_tokens",
+];
+
 /// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.
 pub(crate) const ENGINE_HEADERS: &[&str] = &[
     "host",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
-use super::json::{ENGINE_HEADERS, Validator, join};
+use super::json::{ENGINE_HEADERS, REQUEST_FIELDS, Validator, join};
 use super::oracle_spec::Inherited;
 use super::plan::Variant;
 use super::sessions::{History, MAX_TURNS, Session, Sessions, Turn};
@@ -153,18 +153,8 @@ impl Validator {
 
     /// The fields a case with sessions takes from its turns instead.
     fn session_case_refusals(&mut self, m: &Map<String, Value>, path: &str) {
-        for key in [
-            "variants",
-            "request_text",
-            "content_type",
-            "expected_response",
-            "expected_response_text",
-            "expected_stream_text",
-            "expected_events",
-            "expected_usage",
-            "require_done",
-            "prompt_tokens",
-        ] {
+        let taken = REQUEST_FIELDS.iter().filter(|k| **k != "request");
+        for &key in std::iter::once(&"variants").chain(taken) {
             if m.contains_key(key) {
                 self.err(
                     join(path, key),

@@ -287,23 +287,7 @@ fn case_json(
     variant_ignore: &[BTreeSet<String>],
 ) -> Value {
     let mut m = Map::new();
-    m.insert("name".into(), json!(name));
-    if c.key.method != "POST" {
-        m.insert("method".into(), json!(c.key.method));
-    }
-    m.insert("path".into(), json!(c.key.path));
-    if !c.key.headers.is_empty() {
-        let h: Map<String, Value> = c
-            .key
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        m.insert("headers".into(), Value::Object(h));
-    }
-    if c.key.status != 200 {
-        m.insert("expected_status".into(), json!(c.key.status));
-    }
+    case_head(&mut m, c, name);
     let has_body = !matches!(c.key.method.as_str(), "GET" | "HEAD");
     if let [only] = &c.variants[..] {
         request_and_oracle(&mut m, only, has_body, c.key.content_type.as_deref());
@@ -335,17 +319,13 @@ fn case_json(
     Value::Object(m)
 }
 
-/// A case frozen as sessions (`sessions.rs`): its key's fields, the requests' template,
-/// a frozen history, and per session its turns: the messages each adds, its oracle and
-/// ignore paths, and the answer the client sent back (the next turn's history).
-fn session_case_json(
-    c: &Case,
-    chains: &Chains,
-    name: &str,
-    (case_ignore, variant_ignore): (&BTreeSet<String>, &[BTreeSet<String>]),
-) -> Value {
-    let mut m = Map::new();
+/// A frozen case's fields from its key: name, method (when not POST), path, kept headers,
+/// expected status (when not 200).
+fn case_head(m: &mut Map<String, Value>, c: &Case, name: &str) {
     m.insert("name".into(), json!(name));
+    if c.key.method != "POST" {
+        m.insert("method".into(), json!(c.key.method));
+    }
     m.insert("path".into(), json!(c.key.path));
     if !c.key.headers.is_empty() {
         let h: Map<String, Value> = c
@@ -359,6 +339,19 @@ fn session_case_json(
     if c.key.status != 200 {
         m.insert("expected_status".into(), json!(c.key.status));
     }
+}
+
+/// A case frozen as sessions (`sessions.rs`): its key's fields, the requests' template,
+/// a frozen history, and per session its turns: the messages each adds, its oracle and
+/// ignore paths, and the answer the client sent back (the next turn's history).
+fn session_case_json(
+    c: &Case,
+    chains: &Chains,
+    name: &str,
+    (case_ignore, variant_ignore): (&BTreeSet<String>, &[BTreeSet<String>]),
+) -> Value {
+    let mut m = Map::new();
+    case_head(&mut m, c, name);
     if !case_ignore.is_empty() {
         m.insert("ignore_paths".into(), json!(case_ignore));
     }

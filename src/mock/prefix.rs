@@ -2,8 +2,10 @@
 //! mock's tokens are its prompt's whitespace-separated words), each block keyed by a
 //! hash chained over every token before it and its own, as vLLM's automatic prefix
 //! caching keys them, so only a true prefix hits. A request's cached tokens are the full
-//! blocks of the longest cached prefix of its prompt; its blocks are cached as it is
-//! admitted. At most `capacity` blocks are held (the least recently used goes first); the
+//! blocks of the longest cached prefix of its prompt's tokens before its last one (as in
+//! vLLM, the last token is always computed, so a prompt sent again whole reports all but
+//! its last block cached when its length is a multiple of the block); its blocks are
+//! cached as it is admitted. At most `capacity` blocks are held (the least recently used goes first); the
 //! lock is held for one admission, never across an await.
 
 use std::collections::{BTreeMap, HashMap};
@@ -69,13 +71,16 @@ impl PrefixCache {
     pub(crate) fn admit(&self, prompt: &str) -> Admitted {
         let words: Vec<&str> = prompt.split_whitespace().collect();
         let keys = block_keys(&words);
+        // As vLLM, the last prompt token is always computed: a hit covers whole blocks
+        // of the tokens before it.
+        let lookable = words.len().saturating_sub(1) / BLOCK_TOKENS;
         let Ok(mut lru) = self.inner.lock() else {
             return Admitted {
                 prompt_tokens: words.len() as u64,
                 cached_tokens: 0,
             };
         };
-        let hits = keys
+        let hits = keys[..lookable]
             .iter()
             .take_while(|k| lru.last_use.contains_key(k))
             .count();
@@ -152,7 +157,8 @@ mod tests {
         cache.admit(&a); // a is now the most recent
         cache.admit(&words(32, "c")); // evicts b
         assert_eq!(cache.len(), 4);
-        assert_eq!(cache.admit(&a).cached_tokens, 32);
+        // `a` again whole: its last token is computed, so its second block is not a hit.
+        assert_eq!(cache.admit(&a).cached_tokens, 16);
         assert_eq!(cache.admit(&b).cached_tokens, 0);
     }
 }

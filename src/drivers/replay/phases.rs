@@ -80,17 +80,8 @@ pub(super) async fn prelude(
                         ctx,
                         &mut slots[0],
                         Dispatch {
-                            phase,
-                            case: Some(ci),
                             variant: vi,
-                            concurrency: Some(1),
-                            repetition: None,
-                            dispatch_index: i as i64,
-                            worker: 0,
-                            rate: None,
-                            scheduled_offset_us: None,
-                            synthetic: None,
-                            turn: None,
+                            ..sequential(phase, ci, i)
                         },
                         &mut Rows::new(1),
                     )
