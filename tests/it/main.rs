@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod golden;
 mod hostile;
 mod hostile_peers;
+mod mock_prefix;
 mod open_loop;
 mod plan_campaign;
 mod replay;
