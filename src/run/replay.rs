@@ -289,6 +289,8 @@ fn extra(input: &ReplayInput) -> Extra {
             per_token_ms: m.config.per_token_ms,
             max_batch: m.config.max_batch,
             default_max_tokens: m.config.default_max_tokens,
+            prefill_per_token_ms: m.config.prefill_per_token_ms,
+            prefix_cache_blocks: m.config.prefix_cache_blocks,
         }),
         runtime_threads: input.runtime_threads,
         metrics_listen: metrics_http::address(input.metrics.as_ref()),

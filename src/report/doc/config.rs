@@ -172,6 +172,20 @@ pub(crate) struct MockRecord {
     pub(crate) per_token_ms: f64,
     pub(crate) max_batch: usize,
     pub(crate) default_max_tokens: u32,
+    /// Only when set (`--mock-prefill-per-token-ms`).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub(crate) prefill_per_token_ms: f64,
+    /// Only when the mock kept a prefix cache (`--mock-prefix-cache-blocks`).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub(crate) prefix_cache_blocks: usize,
+}
+
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_zero_usize(v: &usize) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
