@@ -45,6 +45,10 @@ pub(super) async fn send(
     }
 }
 
+/// The largest request a session's turn sends (the plan's own bound, 64 MiB): a live
+/// history holds the server's answers, and each turn resends them all.
+const MAX_TURN_BYTES: usize = crate::config::plan::MAX_PLAN_BYTES as usize;
+
 /// Notes a run keeps of stopped sessions (one line each); later ones are counted only.
 const NOTED_STOPS: u64 = 10;
 
@@ -89,6 +93,20 @@ pub(super) async fn session(
             frozen[..k].to_vec()
         };
         let made = ctx.turn_request(ci, at, &answers, tag.as_deref());
+        // A live history grows with the server's answers: a session whose next request
+        // would pass the bound stops (what a server sends back cannot grow it unbounded).
+        if let Some(n) = made
+            .as_ref()
+            .map(|f| f.body.len())
+            .filter(|&n| n > MAX_TURN_BYTES)
+        {
+            let why = format!(
+                "its request would carry {n} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
+            );
+            ctx.base
+                .session_stopped(ctx, ci, &s.id, k.saturating_sub(1), s.turns.len() - k, &why);
+            break;
+        }
         // An open loop's arrival is the first turn's intended send; a later turn is due
         // when it is sent (the end of the previous one and its think time).
         let d = Dispatch {
