@@ -240,6 +240,20 @@ async fn a_failed_turn_stops_its_session_and_its_later_turns_are_not_attempted()
         text.contains("case 'chat' session 'alpha' stopped at turn 2 of 3"),
         "{summary:#}"
     );
+    // summarize rebuilds the same rounds from exchanges/ alone: denominators and turns.
+    let (code, rebuilt, err) = run_cmd(&["summarize", "--json", s(&run)]);
+    assert_eq!(code, Some(1), "the run's failed ending is kept: {err}");
+    let rebuilt: Value = serde_json::from_str(&rebuilt).unwrap();
+    for (a, b) in summary["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(rebuilt["rounds"].as_array().unwrap())
+    {
+        for key in ["planned_requests", "attempted_requests", "turns"] {
+            assert_eq!(a[key], b[key], "{key}");
+        }
+    }
     // Each round planned alpha's 3 turns and beta's 2, and attempted 4.
     let rounds = summary["rounds"].as_array().unwrap();
     assert_eq!(rounds.len(), 2);
