@@ -246,7 +246,7 @@ fn sessions_lines(plan: &crate::config::plan::Plan) {
     for c in &plan.cases {
         let Some(s) = &c.sessions else { continue };
         eprintln!(
-            "  case '{}': {} session(s), {} turn(s) (at most {} in one), {} history{}; a round runs {} session(s) ({} requests)",
+            "  case '{}': {} session(s), {} turn(s) (at most {} in one), {} history{}; {}",
             c.name,
             s.list.len(),
             s.turns(),
@@ -256,8 +256,15 @@ fn sessions_lines(plan: &crate::config::plan::Plan) {
                 .as_ref()
                 .map(|h| format!(", each session's id in {h}"))
                 .unwrap_or_default(),
-            plan.requests_per_case,
-            c.requests_of(plan.requests_per_case),
+            if plan.load.mode == crate::config::load::Mode::Open {
+                "each arrival starts a session (dispatch i runs session i mod sessions)".to_string()
+            } else {
+                format!(
+                    "a round runs {} session(s) ({} requests)",
+                    plan.requests_per_case,
+                    c.requests_of(plan.requests_per_case)
+                )
+            },
         );
     }
 }
@@ -292,6 +299,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
             plan.connection.as_str()
         );
         capture_line(&plan);
+        sessions_lines(&plan);
         for w in plan.unmeasured_variants() {
             eprintln!("  {w}");
         }
