@@ -472,7 +472,18 @@ pub(crate) fn answer_usage(body: &[u8]) -> Option<AnswerUsage> {
     struct Usage {
         prompt_tokens: Option<serde_json::Value>,
         completion_tokens: Option<serde_json::Value>,
-        prompt_tokens_details: Option<serde_json::Value>,
+        prompt_tokens_details: Option<Details>,
+    }
+    /// Only `cached_tokens` is kept; another member, or a value that is not an object, is
+    /// read and dropped (an untagged enum: serde holds the member's value while it tries
+    /// the object form, at most the recorded body's size).
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Details {
+        Object {
+            cached_tokens: Option<serde_json::Value>,
+        },
+        Other(serde::de::IgnoredAny),
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
@@ -483,11 +494,10 @@ pub(crate) fn answer_usage(body: &[u8]) -> Option<AnswerUsage> {
             usage_count(u.prompt_tokens.as_ref()),
             usage_count(u.completion_tokens.as_ref())?,
         ),
-        cached_prompt: usage_count(
-            u.prompt_tokens_details
-                .as_ref()
-                .and_then(|d| d.get("cached_tokens")),
-        ),
+        cached_prompt: match &u.prompt_tokens_details {
+            Some(Details::Object { cached_tokens }) => usage_count(cached_tokens.as_ref()),
+            _ => None,
+        },
     })
 }
 

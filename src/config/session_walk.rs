@@ -41,18 +41,20 @@ const TURN_FIELDS: &[&str] = &[
     "prompt_tokens",
 ];
 
-/// The answer a frozen history carries for a turn: its `answer`, else its
-/// `expected_response`'s first choice's message, else its `expected_stream_text` as an
-/// assistant message.
+/// The answer a frozen history carries for a turn: its `answer` (as written), else its
+/// `expected_response`'s first choice's message (its `role`, `content`, `tool_calls` and
+/// `name`), else its `expected_stream_text` as an assistant message.
 fn frozen_answer(m: &Map<String, Value>) -> Option<Value> {
     if let Some(a) = m.get("answer") {
         return Some(a.clone());
     }
+    // The message as a history sends it back: the server's extra fields (`refusal`,
+    // `reasoning_content`, ...) left out, as a live history leaves them out.
     if let Some(msg) = m
         .get("expected_response")
         .and_then(|r| r.pointer("/choices/0/message"))
     {
-        return Some(msg.clone());
+        return crate::oracle::answer::comparable(msg).or_else(|| Some(msg.clone()));
     }
     m.get("expected_stream_text")
         .and_then(Value::as_str)
@@ -334,6 +336,12 @@ impl Validator {
     ) -> Option<(Turn, Variant)> {
         let m = self.object(v, p)?;
         self.unknown_fields(m, p, &[TURN_FIELDS]);
+        if k == 0 && m.contains_key("think_seconds") {
+            self.err(
+                join(p, "think_seconds"),
+                "a session's first turn is sent when the session starts: a think time is the wait after the turn before, and it has none",
+            );
+        }
         let think = self.think(m.get("think_seconds"), &join(p, "think_seconds"), ctx.think);
         let judged = [
             "expected_response",

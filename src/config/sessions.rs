@@ -114,11 +114,15 @@ impl Sessions {
             }
         }
         messages.extend(now.iter().cloned());
-        if let Some(tag) = tag
-            && let Some(Value::String(text)) =
-                messages.first_mut().and_then(|m| m.get_mut("content"))
-        {
-            text.insert_str(0, tag);
+        if let Some(tag) = tag {
+            match messages.first_mut().and_then(|m| m.get_mut("content")) {
+                Some(Value::String(text)) => text.insert_str(0, tag),
+                // Content parts: the tag is a text part of its own, first.
+                Some(Value::Array(parts)) => {
+                    parts.insert(0, serde_json::json!({"type": "text", "text": tag}));
+                }
+                _ => {}
+            }
         }
         let mut request = self.template.clone();
         request.insert("messages".into(), Value::Array(messages));

@@ -78,16 +78,23 @@ pub(crate) fn goodput(samples: &[Sample], slo: &Slo, elapsed_seconds: f64) -> Go
     }
 }
 
-/// The open-loop numbers of a round at `rate` over its attempted samples.
-pub(super) fn open_metrics(rate: f64, samples: &[Sample]) -> OpenMetrics {
-    let mut sends: Vec<i64> = samples.iter().map(|s| s.start_offset_us).collect();
+/// The open-loop numbers of a round at `rate`: rates, gaps and send lag over its
+/// attempted arrivals (a session's first turn is its arrival; its later turns are due when
+/// the turn before them ends and have no intended send time), latency over every request.
+pub(super) fn open_metrics(rate: f64, all: &[Sample]) -> OpenMetrics {
+    let arrivals: Vec<&Sample> = all
+        .iter()
+        .filter(|s| s.turn.is_none_or(|t| t == 1))
+        .collect();
+    let samples = arrivals.iter().copied();
+    let mut sends: Vec<i64> = samples.clone().map(|s| s.start_offset_us).collect();
     sends.sort_unstable();
     let mut scheduled: Vec<i64> = samples
-        .iter()
+        .clone()
         .filter_map(|s| s.scheduled_offset_us)
         .collect();
     scheduled.sort_unstable();
-    let lags: Vec<i64> = samples.iter().filter_map(Sample::send_lag_us).collect();
+    let lags: Vec<i64> = samples.clone().filter_map(Sample::send_lag_us).collect();
     let late_sends = lags.iter().filter(|&&l| l > SATURATION_LAG_US).count() as u64;
     let rate_of = |v: &[i64]| match (v.first(), v.last()) {
         (Some(a), Some(b)) if b > a => Some((v.len() - 1) as f64 / ((b - a) as f64 / 1e6)),
@@ -101,9 +108,9 @@ pub(super) fn open_metrics(rate: f64, samples: &[Sample]) -> OpenMetrics {
         scheduled_rate_per_second: rate_of(&scheduled),
         send_lag_max_us: lags.iter().copied().max(),
         send_lag_us: Percentiles::of(lags),
+        // Every request's: a later turn's runs from its send, when it was due.
         latency_from_schedule_us: Percentiles::of(
-            samples
-                .iter()
+            all.iter()
                 .filter(|s| s.outcome == Outcome::Ok)
                 .filter_map(Sample::latency_from_schedule_us)
                 .collect(),

@@ -30,14 +30,16 @@ pub(crate) struct TurnMetrics {
 
 /// Per turn index, in turn order; empty when no sample is a session's turn.
 pub(crate) fn turn_metrics(samples: &[Sample]) -> Vec<TurnMetrics> {
-    let Some(last) = samples.iter().filter_map(|s| s.turn).max() else {
-        return Vec::new();
-    };
-    (1..=last)
-        .filter_map(|k| {
-            let of_k: Vec<&Sample> = samples.iter().filter(|s| s.turn == Some(k)).collect();
-            (!of_k.is_empty()).then(|| one_turn(k, &of_k))
-        })
+    // One pass: the samples of each turn index that occurs.
+    let mut by_turn: std::collections::BTreeMap<u16, Vec<&Sample>> = Default::default();
+    for s in samples {
+        if let Some(k) = s.turn {
+            by_turn.entry(k).or_default().push(s);
+        }
+    }
+    by_turn
+        .into_iter()
+        .map(|(k, of_k)| one_turn(k, &of_k))
         .collect()
 }
 

@@ -15,6 +15,10 @@ pub(crate) use super::parts::{ReadError, closed_parts, column, open_part, read_c
 use crate::metrics::{Sample, StreamSample};
 use crate::model::{Level, Outcome};
 
+/// The highest turn a row may say (a session holds at most 1,024 turns, as a plan
+/// writes them; `config::sessions::MAX_TURNS`, which `record` does not import).
+const MAX_TURN: i32 = 1024;
+
 /// What the reports need of one recorded row (read back by `summarize`, and by serve for
 /// its end-of-run summary).
 #[derive(Debug, Clone)]
@@ -452,9 +456,9 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
         }
     }
     match (&f.session_id, f.turn) {
-        (Some(_), Some(t)) if t < 1 => {
+        (Some(_), Some(t)) if t < 1 || t > MAX_TURN => {
             return Some(format!(
-                "turn is {t}, an impossible turn (they count from 1)"
+                "turn is {t}, an impossible turn (they count from 1 to {MAX_TURN}, a session's most)"
             ));
         }
         (Some(_), None) | (None, Some(_)) => {

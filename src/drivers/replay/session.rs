@@ -20,7 +20,7 @@ use super::exchange::{Rows, exchange, exchange_as};
 use crate::config::plan::OnFailure;
 use crate::config::sessions::History;
 use crate::metrics::Sample;
-use crate::model::Outcome;
+use crate::model::{Outcome, Phase};
 
 /// Send dispatch `d` (its samples into `out`): one request, or in a case with sessions
 /// the session its dispatch index names (`i mod sessions`), every turn. The closed loop's
@@ -77,7 +77,10 @@ pub(super) async fn session(
     let mut samples = Vec::with_capacity(s.turns.len());
     let tag = sessions.cache_bust.then(|| cache_tag(ctx, &base, &s.id));
     for (k, turn) in s.turns.iter().enumerate() {
-        if k > 0 && !turn.think.is_zero() && !think(ctx, turn.think).await {
+        // Readiness and warm-up send every session whole without its think times (they
+        // would only lengthen them); feasibility and measured rounds wait them.
+        let thinks = matches!(base.phase, Phase::Feasibility | Phase::Measured);
+        if k > 0 && thinks && !turn.think.is_zero() && !think(ctx, turn.think).await {
             break;
         }
         if ctx.stopped() {
@@ -103,8 +106,14 @@ pub(super) async fn session(
             let why = format!(
                 "its request would carry {n} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
             );
-            ctx.base
-                .session_stopped(ctx, ci, &s.id, k.saturating_sub(1), s.turns.len() - k, &why);
+            ctx.base.session_stopped(
+                ctx,
+                (base.phase, ci),
+                &s.id,
+                k.saturating_sub(1),
+                s.turns.len() - k,
+                &why,
+            );
             break;
         }
         // An open loop's arrival is the first turn's intended send; a later turn is due
@@ -116,7 +125,9 @@ pub(super) async fn session(
             ..base
         };
         let last = k + 1 == s.turns.len();
-        let (sample, answer) = exchange_as(ctx, slot, d, made, rows, live && !last).await;
+        // A whole-request turn adds nothing to the history: its answer is not read.
+        let chat = turn.messages.is_some();
+        let (sample, answer) = exchange_as(ctx, slot, d, made, rows, live && chat && !last).await;
         let failed = sample.outcome != Outcome::Ok;
         samples.push(sample);
         let why = match answer {
@@ -128,11 +139,19 @@ pub(super) async fn session(
             None if failed && ctx.plan.on_failure == OnFailure::Stop => {
                 Some("it failed (on_failure: stop)".to_string())
             }
-            None => None,
+            None if failed && live => {
+                Some("it failed, so a live history has no answer to carry".to_string())
+            }
+            None => {
+                if live {
+                    received.push(None);
+                }
+                None
+            }
         };
         if let Some(why) = why.filter(|_| !last) {
             ctx.base
-                .session_stopped(ctx, ci, &s.id, k, s.turns.len() - k - 1, &why);
+                .session_stopped(ctx, (base.phase, ci), &s.id, k, s.turns.len() - k - 1, &why);
             break;
         }
     }
@@ -172,13 +191,13 @@ async fn think(ctx: &Ctx, how_long: std::time::Duration) -> bool {
 }
 
 impl super::ctx::Base {
-    /// Session `id` of case `ci` stopped after its turn `k` (from 0) for `why`; `left`
+    /// Session `id` of case `ci` stopped in `phase` after its turn `k` (from 0) for `why`; `left`
     /// turns are not attempted. The first [`NOTED_STOPS`] go to `load.notes` and the
     /// progress output, the rest are counted.
     pub(super) fn session_stopped(
         &self,
         ctx: &Ctx,
-        ci: usize,
+        (phase, ci): (Phase, usize),
         id: &str,
         k: usize,
         left: usize,
@@ -190,13 +209,14 @@ impl super::ctx::Base {
         if n > NOTED_STOPS {
             return;
         }
+        let phase = phase.as_str();
         let arm = ctx
             .arm
             .as_deref()
             .map(|a| format!("[{a}] "))
             .unwrap_or_default();
         let line = format!(
-            "{arm}case '{}' session '{id}' stopped at turn {} of {}: {why}; its {left} later turn(s) were not attempted",
+            "{arm}{phase} case '{}' session '{id}' stopped at turn {} of {}: {why}; its {left} later turn(s) were not attempted",
             ctx.case_names[ci],
             k + 1,
             k + 1 + left,

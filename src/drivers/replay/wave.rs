@@ -77,6 +77,7 @@ pub(super) async fn wave(
             // planned request up front: a round that stops early never pays for the rest.
             let mut samples = Vec::with_capacity((n / c.max(1) + 1).min(1024));
             let mut rows = Rows::new(WAVE_ROW_BATCH);
+            let mut sent = false;
             loop {
                 if ctx.stopped() {
                     break;
@@ -85,9 +86,11 @@ pub(super) async fn wave(
                 // connections are opened and exercised at once. Measured rounds are a
                 // closed loop: a worker takes the next index as soon as it is free.
                 let i = if phase == Phase::Feasibility {
-                    if !samples.is_empty() {
+                    // One dispatch (a session may return several samples, or none).
+                    if sent {
                         break;
                     }
+                    sent = true;
                     w
                 } else {
                     next.fetch_add(1, Ordering::Relaxed)
