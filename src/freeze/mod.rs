@@ -374,7 +374,16 @@ fn say_sessions(
 ) {
     let names = write::case_names(&collected.cases);
     for ((c, ch), name) in collected.cases.iter().zip(chains).zip(&names) {
-        let Some(ch) = ch else { continue };
+        let Some(ch) = ch else {
+            // The affinity header is never a case key: say it is gone when no sessions
+            // took it.
+            if let Some((h, _)) = c.variants.iter().find_map(|v| v.session.as_ref()) {
+                lines.push(format!(
+                    "case '{name}': its requests' {h} header is left out of the plan (a session's identity, not a case's key), and no request continues another, so they are not frozen as sessions"
+                ));
+            }
+            continue;
+        };
         let turns: usize = ch.sessions.iter().map(Vec::len).sum();
         lines.push(format!(
             "case '{name}': {} distinct chat request(s) continue one another (each the last one's messages, its answer, then more): frozen as {} session(s) of {turns} turn(s) in all, history frozen{}; requests_per_case counts its sessions",

@@ -7,6 +7,9 @@
 //! sent back as the history of the next turn. A session-affinity header names the
 //! session (`collect::SESSION_HEADERS`).
 
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
 use serde_json::{Map, Value};
 
 use super::collect::{Answer, Body, Case, Variant};
@@ -28,46 +31,56 @@ pub(crate) struct Chains {
 const MAX_CHAIN: usize = crate::config::sessions::MAX_TURNS;
 
 /// The case's sessions, when its requests are chats of one template and at least one
-/// continues another; `None` otherwise (the case stays a list of variants).
+/// continues another; `None` otherwise (the case stays a list of variants). Linear in the
+/// case's messages: each request's message lists are found by hash, not by comparing every
+/// pair of requests.
 pub(crate) fn chains(c: &Case) -> Option<Chains> {
-    let parts: Vec<(Map<String, Value>, &Vec<Value>)> =
-        c.variants.iter().map(split).collect::<Option<_>>()?;
-    let template = parts.first()?.0.clone();
-    if parts.iter().any(|(t, _)| *t != template) {
+    let messages: Vec<&[Value]> = c.variants.iter().map(messages_of).collect::<Option<_>>()?;
+    let template = template_of(&c.variants[0])?;
+    if c.variants[1..]
+        .iter()
+        .any(|v| template_of(v).as_ref() != Some(&template))
+    {
         return None;
     }
     let answers: Vec<Option<Value>> = c.variants.iter().map(answer_of).collect();
-    // Each request's parent: the longest earlier conversation it continues.
-    let parent: Vec<Option<usize>> = parts
-        .iter()
-        .map(|(_, b)| {
-            parts
-                .iter()
-                .enumerate()
-                .filter(|(_, (_, a))| continues(b, a))
-                .filter(|(i, (_, a))| {
-                    let sent = b.get(a.len()).and_then(answer::comparable);
-                    sent.is_some() && sent == answers[*i]
+    // Each request's prefix hashes: `prefix[i][j]` covers its first `j` messages.
+    let prefix: Vec<Vec<u64>> = messages.iter().map(|m| prefix_hashes(m)).collect();
+    let mut whole: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, p) in prefix.iter().enumerate() {
+        whole.entry(p[p.len() - 1]).or_default().push(i);
+    }
+    // Each request's parent: the longest earlier conversation it continues, its answer next.
+    let parent: Vec<Option<usize>> = (0..messages.len())
+        .map(|b| {
+            let mb = messages[b];
+            (1..mb.len().saturating_sub(1)).rev().find_map(|j| {
+                let sent = answer::comparable(&mb[j])?;
+                whole.get(&prefix[b][j])?.iter().copied().find(|&a| {
+                    a != b && messages[a] == &mb[..j] && answers[a].as_ref() == Some(&sent)
                 })
-                .max_by_key(|(_, (_, a))| a.len())
-                .map(|(i, _)| i)
+            })
         })
         .collect();
     if parent.iter().all(Option::is_none) {
         return None;
     }
-    let is_parent: Vec<bool> = (0..parts.len())
-        .map(|i| parent.contains(&Some(i)))
-        .collect();
-    let sessions: Vec<Vec<usize>> = (0..parts.len())
+    let mut is_parent = vec![false; parent.len()];
+    for p in parent.iter().flatten() {
+        is_parent[*p] = true;
+    }
+    let sessions: Vec<Vec<usize>> = (0..parent.len())
         .filter(|&i| !is_parent[i])
         .map(|leaf| {
             let mut chain = vec![leaf];
-            while let Some(p) = parent[*chain.last().unwrap_or(&leaf)] {
-                if chain.len() >= MAX_CHAIN || chain.contains(&p) {
+            let mut at = leaf;
+            while let Some(p) = parent[at] {
+                // A parent has fewer messages, so a chain cannot turn back on itself.
+                if chain.len() >= MAX_CHAIN {
                     break;
                 }
                 chain.push(p);
+                at = p;
             }
             chain.reverse();
             chain
@@ -84,20 +97,41 @@ pub(crate) fn chains(c: &Case) -> Option<Chains> {
     })
 }
 
-/// `b`'s messages start with all of `a`'s and go on past the answer that follows them.
-fn continues(b: &[Value], a: &[Value]) -> bool {
-    b.len() > a.len() + 1 && b[..a.len()] == *a
+/// Hashes of every prefix of `messages` (`[0]` the empty one, `[len]` the whole list),
+/// each chained over the canonical text of the messages before it.
+fn prefix_hashes(messages: &[Value]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    let mut h = 0u64;
+    out.push(h);
+    for m in messages {
+        let mut hasher = std::hash::DefaultHasher::new();
+        h.hash(&mut hasher);
+        m.to_string().hash(&mut hasher);
+        h = hasher.finish();
+        out.push(h);
+    }
+    out
 }
 
-/// A chat request's fields besides `messages`, and its messages.
-fn split(v: &Variant) -> Option<(Map<String, Value>, &Vec<Value>)> {
+/// A chat request's messages (`None`: not a JSON object with a `messages` list).
+fn messages_of(v: &Variant) -> Option<&[Value]> {
     let Body::Json(Value::Object(m)) = &v.body else {
         return None;
     };
-    let messages = m.get("messages")?.as_array()?;
-    let mut rest = m.clone();
-    rest.remove("messages");
-    Some((rest, messages))
+    m.get("messages")?.as_array().map(Vec::as_slice)
+}
+
+/// A chat request's fields besides `messages` (the case's template).
+fn template_of(v: &Variant) -> Option<Map<String, Value>> {
+    let Body::Json(Value::Object(m)) = &v.body else {
+        return None;
+    };
+    Some(
+        m.iter()
+            .filter(|(k, _)| *k != "messages")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    )
 }
 
 /// The assistant message a request's recorded answer carries, as a history compares it.
@@ -114,7 +148,7 @@ impl Chains {
     /// carries as it was sent back (`None` for the last turn).
     pub(crate) fn turn(&self, c: &Case, session: usize, k: usize) -> (Vec<Value>, Option<Value>) {
         let chain = &self.sessions[session];
-        let messages = |i: usize| split(&c.variants[i]).map_or(&[][..], |(_, m)| &m[..]);
+        let messages = |i: usize| messages_of(&c.variants[i]).unwrap_or_default();
         let from = match k {
             0 => 0,
             _ => messages(chain[k - 1]).len() + 1,

@@ -18,6 +18,10 @@ pub(crate) enum NoMessage {
     EmptyStream,
     #[error("the event stream cannot be read: {0}")]
     BadStream(String),
+    #[error(
+        "its message is not one a history can carry: content must be text, null or a list of content parts, and at most {MAX_TOOL_CALLS} tool calls"
+    )]
+    NotAMessage,
 }
 
 /// The assistant message of a whole JSON chat answer.
@@ -29,9 +33,27 @@ pub(crate) fn of_json(body: &[u8]) -> Result<Value, NoMessage> {
 /// The assistant message of a whole JSON chat answer already parsed.
 pub(crate) fn of_value(v: &Value) -> Result<Value, NoMessage> {
     match v.pointer("/choices/0/message") {
-        Some(Value::Object(m)) => Ok(Value::Object(kept(m))),
+        Some(Value::Object(m)) if carriable(m) => Ok(Value::Object(kept(m))),
+        Some(Value::Object(_)) => Err(NoMessage::NotAMessage),
         _ => Err(NoMessage::NoChoice),
     }
+}
+
+/// A message a history can carry: text content (a string, null, or content parts that
+/// are objects) and a bounded list of tool calls, so a hostile server cannot hand a live
+/// history a deep or wide document to hold and resend.
+fn carriable(m: &Map<String, Value>) -> bool {
+    let content = match m.get("content") {
+        None | Some(Value::Null | Value::String(_)) => true,
+        Some(Value::Array(parts)) => parts.iter().all(Value::is_object),
+        Some(_) => false,
+    };
+    let calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(c)) => c.len() <= MAX_TOOL_CALLS && c.iter().all(Value::is_object),
+        Some(_) => false,
+    };
+    content && calls
 }
 
 /// A message as a history compares it: its `role`, `content`, `tool_calls` (when any)
@@ -187,6 +209,18 @@ mod tests {
             ]})
         );
         assert_eq!(of_stream(b"data: [DONE]\n\n"), Err(NoMessage::EmptyStream));
+    }
+
+    #[test]
+    fn a_message_a_history_cannot_carry_is_refused() {
+        let with = |m: Value| json!({"choices": [{"message": m}]}).to_string();
+        let deep = with(json!({"role": "assistant", "content": [[], [], []]}));
+        assert_eq!(of_json(deep.as_bytes()), Err(NoMessage::NotAMessage));
+        let calls: Vec<Value> = (0..200).map(|i| json!({"id": i})).collect();
+        let wide = with(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        assert_eq!(of_json(wide.as_bytes()), Err(NoMessage::NotAMessage));
+        let parts = with(json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}]}));
+        assert!(of_json(parts.as_bytes()).is_ok());
     }
 
     #[test]

@@ -456,7 +456,7 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
         }
     }
     match (&f.session_id, f.turn) {
-        (Some(_), Some(t)) if t < 1 || t > MAX_TURN => {
+        (Some(_), Some(t)) if !(1..=MAX_TURN).contains(&t) => {
             return Some(format!(
                 "turn is {t}, an impossible turn (they count from 1 to {MAX_TURN}, a session's most)"
             ));

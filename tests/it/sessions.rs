@@ -614,3 +614,29 @@ async fn an_open_loops_arrival_starts_a_session_and_only_its_first_turn_has_a_sc
     }
     mock.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_live_session_of_whole_requests_to_another_api_goes_on_turn_after_turn() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let completion = |p: &str| json!({"request": {"model": "mock", "prompt": p, "max_tokens": 3}});
+    let case = json!({"name": "complete", "path": "/v1/completions", "history": "live",
+        "sessions": [{"id": "c", "turns": [completion("once"), completion("upon"), completion("a time")]}]});
+    let mut plan = session_plan(&mock.url(), case);
+    (plan["concurrency"], plan["requests_per_case"]) = (json!([1]), json!(1));
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let turns = measured_turns(&run);
+    assert_eq!(
+        turns.len(),
+        6,
+        "two rounds of three turns: a completion's answer is not a chat message, and none is carried"
+    );
+    assert!(turns.iter().all(|t| t.outcome == "ok"));
+    let summary = read_json(&run.join("summary.json"));
+    assert!(
+        summary["load"].get("notes").is_none(),
+        "no session stopped: {summary:#}"
+    );
+    mock.shutdown().await;
+}

@@ -98,22 +98,11 @@ pub(super) async fn session(
         let made = ctx.turn_request(ci, at, &answers, tag.as_deref());
         // A live history grows with the server's answers: a session whose next request
         // would pass the bound stops (what a server sends back cannot grow it unbounded).
-        if let Some(n) = made
-            .as_ref()
-            .map(|f| f.body.len())
-            .filter(|&n| n > MAX_TURN_BYTES)
-        {
-            let why = format!(
-                "its request would carry {n} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
-            );
-            ctx.base.session_stopped(
-                ctx,
-                (base.phase, ci),
-                &s.id,
-                k.saturating_sub(1),
-                s.turns.len() - k,
-                &why,
-            );
+        if let Some(why) = too_large(made.as_ref()) {
+            let left = s.turns.len() - k;
+            let stop = (base.phase, ci);
+            ctx.base
+                .session_stopped(ctx, stop, &s.id, k.saturating_sub(1), left, &why);
             break;
         }
         // An open loop's arrival is the first turn's intended send; a later turn is due
@@ -130,25 +119,7 @@ pub(super) async fn session(
         let (sample, answer) = exchange_as(ctx, slot, d, made, rows, live && chat && !last).await;
         let failed = sample.outcome != Outcome::Ok;
         samples.push(sample);
-        let why = match answer {
-            Some(Ok(a)) => {
-                received.push(Some(a));
-                None
-            }
-            Some(Err(why)) => Some(format!("its answer cannot continue a live history: {why}")),
-            None if failed && ctx.plan.on_failure == OnFailure::Stop => {
-                Some("it failed (on_failure: stop)".to_string())
-            }
-            None if failed && live => {
-                Some("it failed, so a live history has no answer to carry".to_string())
-            }
-            None => {
-                if live {
-                    received.push(None);
-                }
-                None
-            }
-        };
+        let why = carry(ctx, live, failed, answer, &mut received);
         if let Some(why) = why.filter(|_| !last) {
             ctx.base
                 .session_stopped(ctx, (base.phase, ci), &s.id, k, s.turns.len() - k - 1, &why);
@@ -156,6 +127,44 @@ pub(super) async fn session(
         }
     }
     samples
+}
+
+/// What a turn's end leaves the session: its answer carried into a live history (`None`
+/// for a whole-request turn's), or why the session stops here.
+fn carry(
+    ctx: &Ctx,
+    live: bool,
+    failed: bool,
+    answer: Option<Result<Value, String>>,
+    received: &mut Vec<Option<Value>>,
+) -> Option<String> {
+    match answer {
+        Some(Ok(a)) => {
+            received.push(Some(a));
+            None
+        }
+        Some(Err(why)) => Some(format!("its answer cannot continue a live history: {why}")),
+        None if failed && ctx.plan.on_failure == OnFailure::Stop => {
+            Some("it failed (on_failure: stop)".to_string())
+        }
+        None if failed && live => {
+            Some("it failed, so a live history has no answer to carry".to_string())
+        }
+        None => {
+            if live {
+                received.push(None);
+            }
+            None
+        }
+    }
+}
+
+/// Why a turn's request is not sent: it would carry more than [`MAX_TURN_BYTES`].
+fn too_large(made: Option<&super::ctx::Frozen>) -> Option<String> {
+    let n = made.map(|f| f.body.len()).filter(|&n| n > MAX_TURN_BYTES)?;
+    Some(format!(
+        "its request would carry {n} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
+    ))
 }
 
 /// A cache-busting session run's tag: the first 8 bytes of SHA-256 over where the run
