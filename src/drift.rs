@@ -24,6 +24,9 @@ pub(crate) struct Answer {
     pub(crate) json: Option<Value>,
     /// The body was not valid UTF-8 and was read lossily.
     pub(crate) lossy: bool,
+    /// A session turn's: the assistant message it carries into a history (content and
+    /// tool calls, [`crate::oracle::answer`]), canonical; what a trajectory compares.
+    pub(crate) message: Option<String>,
 }
 
 /// Where an answer sits in the plan's dispatch.
@@ -95,12 +98,14 @@ pub(crate) fn answer(body: &[u8], is_stream: bool, ignore: &[Pointer]) -> Answer
                 text: doc.to_string(),
                 json: Some(doc),
                 lossy: false,
+                message: None,
             }
         }
         Err(_) => Answer {
             text: String::from_utf8_lossy(body).into_owned(),
             json: None,
             lossy,
+            message: None,
         },
     }
 }
@@ -110,7 +115,31 @@ fn from_text(text: String, lossy: bool) -> Answer {
     let json = (t.starts_with('{') || t.starts_with('['))
         .then(|| serde_json::from_str::<Value>(&text).ok().map(sort_keys))
         .flatten();
-    Answer { text, json, lossy }
+    Answer {
+        text,
+        json,
+        lossy,
+        message: None,
+    }
+}
+
+/// A session turn's answer as a history carries it (its assistant message, canonical,
+/// tool calls' ids left out), when it has one: two sides' trajectories part where these
+/// differ, tool calls included.
+pub(crate) fn turn_message(body: &[u8], is_stream: bool) -> Option<String> {
+    let m = if is_stream {
+        crate::oracle::answer::of_stream(body)
+    } else {
+        crate::oracle::answer::of_json(body)
+    };
+    let mut m = m.ok()?;
+    // A tool call's id is the server's own (random in vLLM): not what a model answered.
+    if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for c in calls.iter_mut().filter_map(Value::as_object_mut) {
+            c.remove("id");
+        }
+    }
+    Some(sort_keys(m).to_string())
 }
 
 /// `1 - levenshtein(a, b) / max(len(a), len(b))` in Unicode scalar values; 1.0 for two
@@ -452,7 +481,11 @@ fn trajectories(reference: &Answers, arm: &Answers) -> BTreeMap<Run, Trajectory>
             first_divergence_turn: None,
         });
         t.turns_compared += 1;
-        if a.text != b.text {
+        let differ = match (&a.message, &b.message) {
+            (Some(x), Some(y)) => x != y,
+            _ => a.text != b.text,
+        };
+        if differ {
             t.first_divergence_turn = Some(t.first_divergence_turn.map_or(turn, |f| f.min(turn)));
         }
     }
@@ -630,6 +663,19 @@ mod tests {
         let d = super::drift(&reference, &arm, &opts);
         assert_eq!((d.off_trajectory_pairs, d.compared_prompts), (0, 6));
         assert_eq!(d.turns["3"].exact_match_rate, Some(0.5));
+    }
+
+    #[test]
+    fn a_turns_message_compares_tool_calls_but_not_their_server_ids() {
+        let call = |id: &str, args: &str| {
+            serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": args}}]}}]})
+            .to_string()
+        };
+        let m = |b: String| super::turn_message(b.as_bytes(), false);
+        assert_eq!(m(call("call_a", "{}")), m(call("call_b", "{}")));
+        assert_ne!(m(call("call_a", "{}")), m(call("call_a", "{\"x\":1}")));
+        assert_eq!(super::turn_message(b"not json", false), None);
     }
 
     #[test]

@@ -83,7 +83,10 @@ pub(crate) fn add_answer(sides: &mut Sides, row: AnswerRow, plan: &Plan) {
     let ignore = case
         .and_then(|c| c.variants.iter().find(|v| v.name == key.variant))
         .map_or(no_paths, |v| &v.ignore_paths[..]);
-    let a = drift::answer(&row.body, row.is_stream, ignore);
+    let mut a = drift::answer(&row.body, row.is_stream, ignore);
+    if row.turn.is_some() {
+        a.message = drift::turn_message(&row.body, row.is_stream);
+    }
     side.by_key.insert(key, a);
 }
 
