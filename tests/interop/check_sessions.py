@@ -34,12 +34,13 @@ def main(run: Path, prefix_cache: bool) -> int:
     rows = con.execute(
         f"""select concurrency, repetition, dispatch_index, session_id, turn, outcome,
                    first_byte_us, ttft_us, total_us, prompt_tokens, cached_prompt_tokens,
-                   json_array_length(json_extract(decode(request_body), '$.messages')) as sent
+                   json_array_length(json_extract(decode(request_body), '$.messages')) as sent,
+                   case_name
             from '{glob}' where phase = 'measured' order by exchange_id"""
     ).fetchall()
     assert rows and all(r[3] is not None and r[4] is not None for r in rows), "every measured row is a turn"
     for r in summary["rounds"]:
-        mine = [x for x in rows if x[0] == r["concurrency"] and x[1] == r["repetition"]]
+        mine = [x for x in rows if (x[12], x[0], x[1]) == (r["case"], r["concurrency"], r["repetition"])]
         for t in r["turns"]:
             of_k = [x for x in mine if x[4] == t["turn"]]
             ok = [x for x in of_k if x[5] == "ok"]
@@ -61,7 +62,7 @@ def main(run: Path, prefix_cache: bool) -> int:
     # Each later turn of a session run sent the history: more messages than the turn before.
     runs = {}
     for x in rows:
-        runs.setdefault((x[0], x[1], x[2]), []).append(x)
+        runs.setdefault((x[12], x[0], x[1], x[2]), []).append(x)
     for turns in runs.values():
         turns.sort(key=lambda x: x[4])
         assert len({x[3] for x in turns}) == 1, "one session per run"
