@@ -514,6 +514,40 @@ mod tests {
     }
 
     #[test]
+    fn a_conversation_built_turn_by_turn_sends_what_the_whole_history_would() {
+        for (prefix, tag) in [
+            (true, None),
+            (true, Some("[t] ")),
+            (false, Some("[t] ")),
+            (false, None),
+        ] {
+            let mut request = json!({"model": "m", "max_tokens": 4});
+            if prefix {
+                request["messages"] =
+                    json!([{"role": "system", "content": [{"type": "text", "text": "sys"}]}]);
+            }
+            let p = plan(json!({"name": "c", "request": request, "sessions": [{"turns": [
+                {"messages": user("a"), "answer": {"role": "assistant", "content": "A"}},
+                {"messages": user("b"), "answer": {"role": "assistant", "content": "B"}},
+                {"messages": [{"role": "tool", "content": "t"}, {"role": "user", "content": "c"}]}]}]}))
+            .unwrap();
+            let s = p.cases[0].sessions.as_ref().unwrap();
+            let answers = s.frozen_answers(0);
+            let mut conv = s.conversation(tag);
+            for (k, turn) in s.list[0].turns.iter().enumerate() {
+                let now = turn.messages.as_deref().unwrap();
+                let want = s.body(0, k, &answers[..k], tag).unwrap();
+                assert_eq!(
+                    conv.request(now),
+                    want,
+                    "turn {k}, prefix {prefix}, tag {tag:?}"
+                );
+                conv.carry(now, answers[k]);
+            }
+        }
+    }
+
+    #[test]
     fn a_frozen_history_needs_every_answer_but_the_last() {
         let problems = plan(json!({
             "name": "chat", "request": {"model": "m"},

@@ -95,6 +95,8 @@ impl Sessions {
     /// `messages` = its own, then each earlier chat turn's messages and answer, then this
     /// turn's. `None` for a whole-request turn (its variant's body is sent).
     /// With `tag` (a cache-busting session's), the first message's text starts with it.
+    /// The definition a [`Conversation`] builds incrementally (and is held to in tests).
+    #[cfg(test)]
     pub(crate) fn body(
         &self,
         session: usize,
@@ -129,6 +131,26 @@ impl Sessions {
         serde_json::to_vec(&request).ok().map(Bytes::from)
     }
 
+    /// A run of a session's conversation, from its first turn (`tag`: a cache-busting
+    /// session's, put on its first message).
+    pub(crate) fn conversation(&self, tag: Option<&str>) -> Conversation {
+        let mut head = serde_json::to_string(&self.template).unwrap_or_else(|_| "{}".into());
+        head.pop(); // its closing brace: `messages` goes last, as `body` inserts it
+        if head.len() > 1 {
+            head.push(',');
+        }
+        head.push_str("\"messages\":[");
+        let mut c = Conversation {
+            head,
+            so_far: String::new(),
+            tag: tag.map(str::to_string),
+        };
+        for m in &self.prefix {
+            c.push(m);
+        }
+        c
+    }
+
     /// The frozen answers of session `session` (one per turn).
     pub(crate) fn frozen_answers(&self, session: usize) -> Vec<Option<&Value>> {
         self.list
@@ -146,4 +168,72 @@ impl Sessions {
     pub(crate) fn max_turns(&self) -> usize {
         self.list.iter().map(|s| s.turns.len()).max().unwrap_or(0)
     }
+}
+
+/// One run of a session's conversation as it goes (what [`Sessions::body`] makes, built
+/// incrementally): the template's bytes up to its `messages`, and each message sent so
+/// far serialized once, so a turn's request copies the conversation's bytes once and
+/// builds no earlier message again.
+#[derive(Debug, Clone)]
+pub(crate) struct Conversation {
+    /// `{"k":v,...,"messages":[`.
+    head: String,
+    /// The messages so far, serialized, joined with `,`.
+    so_far: String,
+    /// A cache-busting tag not yet put on the first message.
+    tag: Option<String>,
+}
+
+impl Conversation {
+    /// A chat turn's request: the conversation so far, then `now` (the turn's messages).
+    pub(crate) fn request(&self, now: &[Value]) -> Bytes {
+        let mut out = String::with_capacity(self.head.len() + self.so_far.len() + 256);
+        out.push_str(&self.head);
+        out.push_str(&self.so_far);
+        let mut first = self.so_far.is_empty();
+        for m in now {
+            if !first {
+                out.push(',');
+            }
+            match self.tag.as_deref().filter(|_| first) {
+                Some(tag) => out.push_str(&tagged(m, tag).to_string()),
+                None => out.push_str(&m.to_string()),
+            }
+            first = false;
+        }
+        out.push_str("]}");
+        Bytes::from(out)
+    }
+
+    /// After a chat turn: its messages and the answer carried (none: nothing to carry)
+    /// join the conversation.
+    pub(crate) fn carry(&mut self, now: &[Value], answer: Option<&Value>) {
+        for m in now.iter().chain(answer) {
+            self.push(m);
+        }
+    }
+
+    fn push(&mut self, m: &Value) {
+        if !self.so_far.is_empty() {
+            self.so_far.push(',');
+        }
+        match self.tag.take() {
+            Some(tag) => self.so_far.push_str(&tagged(m, &tag).to_string()),
+            None => self.so_far.push_str(&m.to_string()),
+        }
+    }
+}
+
+/// `m` with `tag` first in its text (a string content's start, or a text part of its
+/// own before content parts); unchanged when its content is neither.
+fn tagged(m: &Value, tag: &str) -> Value {
+    let mut m = m.clone();
+    match m.get_mut("content") {
+        Some(Value::String(text)) => text.insert_str(0, tag),
+        Some(Value::Array(parts)) => {
+            parts.insert(0, serde_json::json!({"type": "text", "text": tag}));
+        }
+        _ => {}
+    }
+    m
 }

@@ -160,19 +160,17 @@ impl Ctx {
         ))
     }
 
-    /// The request of turn `at` of a session of case `case`, made now: its body with
-    /// `answers` as the history (a chat turn), or its variant's (a whole request), and
-    /// the session's affinity header when the case names one.
+    /// The request of turn `at` of a session of case `case`, made now: `body` (a chat
+    /// turn's, its conversation so far and its messages) or its variant's (a whole
+    /// request), and the session's affinity header when the case names one.
     pub(super) fn turn_request(
         &self,
         case: usize,
         at: TurnAt,
-        answers: &[Option<&serde_json::Value>],
-        tag: Option<&str>,
+        body: Option<Bytes>,
     ) -> Option<Frozen> {
         let sessions = self.plan.cases.get(case)?.sessions.as_ref()?;
         let session = sessions.list.get(at.session as usize)?;
-        let body = sessions.body(at.session as usize, usize::from(at.turn), answers, tag);
         let affinity = sessions.header.as_ref().zip(session.header_value.as_ref());
         Some(freeze_full(
             &self.plan,

@@ -73,9 +73,10 @@ pub(super) async fn session(
     };
     let live = sessions.history == History::Live;
     let frozen = sessions.frozen_answers(session);
-    let mut received: Vec<Option<Value>> = Vec::with_capacity(if live { s.turns.len() } else { 0 });
     let mut samples = Vec::with_capacity(s.turns.len());
     let tag = sessions.cache_bust.then(|| cache_tag(ctx, &base, &s.id));
+    // The conversation so far, each message serialized once as the session goes.
+    let mut conversation = sessions.conversation(tag.as_deref());
     for (k, turn) in s.turns.iter().enumerate() {
         // Readiness and warm-up send every session whole without its think times (they
         // would only lengthen them); feasibility and measured rounds wait them.
@@ -90,12 +91,11 @@ pub(super) async fn session(
             session: session as u32,
             turn: k as u16,
         };
-        let answers: Vec<Option<&Value>> = if live {
-            received.iter().map(Option::as_ref).collect()
-        } else {
-            frozen[..k].to_vec()
-        };
-        let made = ctx.turn_request(ci, at, &answers, tag.as_deref());
+        let body = turn
+            .messages
+            .as_deref()
+            .map(|now| conversation.request(now));
+        let made = ctx.turn_request(ci, at, body);
         // A live history grows with the server's answers: a session whose next request
         // would pass the bound stops (what a server sends back cannot grow it unbounded).
         if let Some(why) = too_large(made.as_ref()) {
@@ -119,43 +119,44 @@ pub(super) async fn session(
         let (sample, answer) = exchange_as(ctx, slot, d, made, rows, live && chat && !last).await;
         let failed = sample.outcome != Outcome::Ok;
         samples.push(sample);
-        let why = carry(ctx, live, failed, answer, &mut received);
-        if let Some(why) = why.filter(|_| !last) {
-            ctx.base
-                .session_stopped(ctx, (base.phase, ci), &s.id, k, s.turns.len() - k - 1, &why);
-            break;
+        match carry(ctx, live, failed, answer) {
+            Err(why) if !last => {
+                let left = s.turns.len() - k - 1;
+                ctx.base
+                    .session_stopped(ctx, (base.phase, ci), &s.id, k, left, &why);
+                break;
+            }
+            Err(_) => {}
+            Ok(received) => {
+                if let Some(now) = &turn.messages {
+                    let answer = if live { received.as_ref() } else { frozen[k] };
+                    conversation.carry(now, answer);
+                }
+            }
         }
     }
     samples
 }
 
-/// What a turn's end leaves the session: its answer carried into a live history (`None`
-/// for a whole-request turn's), or why the session stops here.
+/// What a turn's end leaves the session: the answer a live history carries (`None`: it
+/// was not read, as a whole-request turn's or a frozen history's), or why the session
+/// stops here.
 fn carry(
     ctx: &Ctx,
     live: bool,
     failed: bool,
     answer: Option<Result<Value, String>>,
-    received: &mut Vec<Option<Value>>,
-) -> Option<String> {
+) -> Result<Option<Value>, String> {
     match answer {
-        Some(Ok(a)) => {
-            received.push(Some(a));
-            None
-        }
-        Some(Err(why)) => Some(format!("its answer cannot continue a live history: {why}")),
+        Some(Ok(a)) => Ok(Some(a)),
+        Some(Err(why)) => Err(format!("its answer cannot continue a live history: {why}")),
         None if failed && ctx.plan.on_failure == OnFailure::Stop => {
-            Some("it failed (on_failure: stop)".to_string())
+            Err("it failed (on_failure: stop)".to_string())
         }
         None if failed && live => {
-            Some("it failed, so a live history has no answer to carry".to_string())
+            Err("it failed, so a live history has no answer to carry".to_string())
         }
-        None => {
-            if live {
-                received.push(None);
-            }
-            None
-        }
+        None => Ok(None),
     }
 }
 
