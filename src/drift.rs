@@ -127,18 +127,7 @@ fn from_text(text: String, lossy: bool) -> Answer {
 /// tool calls' ids left out), when it has one: two sides' trajectories part where these
 /// differ, tool calls included.
 pub(crate) fn turn_message(body: &[u8], is_stream: bool) -> Option<String> {
-    let m = if is_stream {
-        crate::oracle::answer::of_stream(body)
-    } else {
-        crate::oracle::answer::of_json(body)
-    };
-    let mut m = m.ok()?;
-    // A tool call's id is the server's own (random in vLLM): not what a model answered.
-    if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
-        for c in calls.iter_mut().filter_map(Value::as_object_mut) {
-            c.remove("id");
-        }
-    }
+    let m = crate::oracle::answer::without_call_ids(body, is_stream).ok()?;
     Some(sort_keys(m).to_string())
 }
 

@@ -224,6 +224,24 @@ impl Conversation {
     }
 }
 
+/// A chat request's parts as a session case holds them: its fields besides `messages`
+/// (the template), and its messages (`None`: not a JSON object with a `messages` list).
+pub(crate) fn chat_parts(request: &Value) -> Option<(Map<String, Value>, &[Value])> {
+    let m = request.as_object()?;
+    let messages = m.get("messages")?.as_array()?;
+    let template = m
+        .iter()
+        .filter(|(k, _)| *k != "messages")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some((template, messages))
+}
+
+/// A chat request's messages (see [`chat_parts`]), without copying anything.
+pub(crate) fn chat_messages(request: &Value) -> Option<&[Value]> {
+    request.get("messages")?.as_array().map(Vec::as_slice)
+}
+
 /// `m` with `tag` first in its text (a string content's start, or a text part of its
 /// own before content parts); unchanged when its content is neither.
 fn tagged(m: &Value, tag: &str) -> Value {

@@ -17,6 +17,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Api, Ask, PlanSession, PlanTurn, Prompt, Seeded};
@@ -631,10 +632,9 @@ fn turns_of(messages: Vec<Value>, max: Option<usize>) -> Result<Vec<PlanTurn>, E
         if max.is_some_and(|n| turns.len() >= n) {
             return Ok(turns);
         }
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or(EntryError::Role { index: i + 1 })?;
+        let role = Role::deserialize(&m)
+            .map_err(|_| EntryError::Role { index: i + 1 })?
+            .role;
         if role == "assistant" && asks {
             turns.push(PlanTurn {
                 messages: std::mem::take(&mut pending),
@@ -659,6 +659,19 @@ fn turns_of(messages: Vec<Value>, max: Option<usize>) -> Result<Vec<PlanTurn>, E
     }
 }
 
+/// A chat message's role, read from its JSON (the rest is kept as written).
+#[derive(serde::Deserialize)]
+struct Role<'a> {
+    role: &'a str,
+}
+
+/// One turn of a ShareGPT conversation.
+#[derive(serde::Deserialize)]
+struct ShareGptTurn<'a> {
+    from: &'a str,
+    value: &'a str,
+}
+
 /// A ShareGPT conversation as chat messages: `from` human or user is a user message;
 /// gpt, assistant, chatgpt, bard, bing or model an assistant's; system a system prompt.
 fn sharegpt_messages(conversations: &Value) -> Result<Vec<Value>, EntryError> {
@@ -666,10 +679,7 @@ fn sharegpt_messages(conversations: &Value) -> Result<Vec<Value>, EntryError> {
     let mut out = Vec::with_capacity(turns.len());
     for (i, t) in turns.iter().enumerate() {
         let index = i + 1;
-        let (Some(from), Some(value)) = (
-            t.pointer("/from").and_then(Value::as_str),
-            t.pointer("/value").and_then(Value::as_str),
-        ) else {
+        let Ok(ShareGptTurn { from, value }) = ShareGptTurn::deserialize(t) else {
             return Err(EntryError::Turn { index });
         };
         let role = match from {

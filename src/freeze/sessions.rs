@@ -113,25 +113,20 @@ fn prefix_hashes(messages: &[Value]) -> Vec<u64> {
     out
 }
 
-/// A chat request's messages (`None`: not a JSON object with a `messages` list).
+/// A chat request's messages (`None`: not a JSON chat request).
 fn messages_of(v: &Variant) -> Option<&[Value]> {
-    let Body::Json(Value::Object(m)) = &v.body else {
-        return None;
-    };
-    m.get("messages")?.as_array().map(Vec::as_slice)
+    match &v.body {
+        Body::Json(r) => crate::config::sessions::chat_messages(r),
+        _ => None,
+    }
 }
 
 /// A chat request's fields besides `messages` (the case's template).
 fn template_of(v: &Variant) -> Option<Map<String, Value>> {
-    let Body::Json(Value::Object(m)) = &v.body else {
-        return None;
-    };
-    Some(
-        m.iter()
-            .filter(|(k, _)| *k != "messages")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-    )
+    match &v.body {
+        Body::Json(r) => crate::config::sessions::chat_parts(r).map(|(t, _)| t),
+        _ => None,
+    }
 }
 
 /// The assistant message a request's recorded answer carries, as a history compares it.

@@ -40,11 +40,13 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
+mod answer;
 mod config;
 mod prefix;
 mod text;
 mod vllm;
 
+use answer::Answer;
 pub use config::MockConfig;
 pub use text::{generate_text, generate_text_seeded};
 use text::{prompt_of, stream_tokens};
@@ -701,41 +703,6 @@ fn stream_steps(
     }
     steps.push_back(Step::Now(Bytes::from_static(b"data: [DONE]\n\n")));
     steps
-}
-
-/// What an answer is made of (streamed or whole).
-struct Answer<'a> {
-    chat: bool,
-    prompt: &'a str,
-    tokens: u32,
-    model: &'a str,
-    include_usage: bool,
-    /// When the request arrived (`clock::now_ns`), for `/metrics`.
-    arrived: u64,
-    /// Its prompt's tokens, and those the prefix cache held (`None`: no prefix cache).
-    prompt_tokens: u64,
-    cached_tokens: Option<u64>,
-}
-
-impl Answer<'_> {
-    /// The prefill: `prefill_ms`, and `prefill_per_token_ms` per prompt token the prefix
-    /// cache did not hold.
-    fn prefill(&self, c: &MockConfig) -> Duration {
-        let uncached = self.prompt_tokens - self.cached_tokens.unwrap_or(0).min(self.prompt_tokens);
-        Duration::from_secs_f64(
-            (c.prefill_ms + uncached as f64 * c.prefill_per_token_ms).max(0.0) / 1000.0,
-        )
-    }
-
-    /// The answer's `usage`, with `prompt_tokens_details.cached_tokens` under a prefix cache.
-    fn usage(&self) -> Value {
-        let (p, t) = (self.prompt_tokens, u64::from(self.tokens));
-        let mut u = json!({"prompt_tokens": p, "completion_tokens": t, "total_tokens": p + t});
-        if let Some(c) = self.cached_tokens {
-            u["prompt_tokens_details"] = json!({"cached_tokens": c});
-        }
-        u
-    }
 }
 
 /// A streamed completion: role chunk at once, the first token after the prefill, one token

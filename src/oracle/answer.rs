@@ -63,6 +63,29 @@ pub(crate) fn comparable(m: &Value) -> Option<Value> {
     m.as_object().map(|m| Value::Object(kept(m)))
 }
 
+/// The assistant message of a recorded answer: a stream's ([`of_stream`]) or a whole
+/// JSON one's ([`of_json`]).
+pub(crate) fn of_body(body: &[u8], is_stream: bool) -> Result<Value, NoMessage> {
+    if is_stream {
+        of_stream(body)
+    } else {
+        of_json(body)
+    }
+}
+
+/// The assistant message of an answer (a stream's or a whole JSON one's) without its
+/// tool calls' ids: an id is the server's own (random in vLLM), not what a model answered,
+/// so two servers' same calls compare equal.
+pub(crate) fn without_call_ids(body: &[u8], is_stream: bool) -> Result<Value, NoMessage> {
+    let mut m = of_body(body, is_stream)?;
+    if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for c in calls.iter_mut().filter_map(Value::as_object_mut) {
+            c.remove("id");
+        }
+    }
+    Ok(m)
+}
+
 /// The assistant message a streamed chat answer's events add up to.
 pub(crate) fn of_stream(body: &[u8]) -> Result<Value, NoMessage> {
     let events = crate::sse::parse_all(body).map_err(|e| NoMessage::BadStream(e.to_string()))?;

@@ -127,7 +127,7 @@ pub(super) async fn exchange_as(
     made: Option<Frozen>,
     rows: &mut Rows,
     keep_answer: bool,
-) -> (Sample, Option<Result<serde_json::Value, String>>) {
+) -> (Sample, Option<Result<serde_json::Value, NoAnswer>>) {
     let frozen = match (&made, d.case) {
         (Some(f), _) => f,
         (None, None) => &ctx.frozen[0][0],
@@ -186,22 +186,33 @@ pub(super) async fn exchange_as(
 
 /// The assistant message of an answer, for a live session's history: `Err` says why
 /// there is none (a failed exchange, a body cut at `--max-record-body`, no message).
-fn answer_of(ctx: &Ctx, got: &Captured, outcome: Outcome) -> Result<serde_json::Value, String> {
-    use crate::oracle::answer;
+fn answer_of(ctx: &Ctx, got: &Captured, outcome: Outcome) -> Result<serde_json::Value, NoAnswer> {
     if outcome != Outcome::Ok {
-        return Err(format!("the turn ended {}", outcome.as_str()));
+        return Err(NoAnswer::Ended(outcome));
     }
     if got.body.truncated {
-        return Err(format!(
-            "its answer of {} bytes is larger than --max-record-body ({} bytes); raise the limit",
-            got.body.len, ctx.base.max_record_body
-        ));
+        return Err(NoAnswer::Truncated {
+            len: got.body.len,
+            limit: ctx.base.max_record_body,
+        });
     }
-    let read = match got.stream {
-        Some(_) => answer::of_stream(&got.body.bytes),
-        None => answer::of_json(&got.body.bytes),
-    };
-    read.map_err(|e| e.to_string())
+    Ok(crate::oracle::answer::of_body(
+        &got.body.bytes,
+        got.stream.is_some(),
+    )?)
+}
+
+/// Why an answer gives a live session's history nothing to carry.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NoAnswer {
+    #[error("the turn ended {}", .0.as_str())]
+    Ended(Outcome),
+    #[error(
+        "its answer of {len} bytes is larger than --max-record-body ({limit} bytes); raise the limit"
+    )]
+    Truncated { len: u64, limit: usize },
+    #[error(transparent)]
+    Message(#[from] crate::oracle::answer::NoMessage),
 }
 
 /// The verdict on an exchange that ended as `result` says (a cut or timed-out one's

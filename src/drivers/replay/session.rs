@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use serde_json::Value;
 
 use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
-use super::exchange::{Rows, exchange, exchange_as};
+use super::exchange::{NoAnswer, Rows, exchange, exchange_as};
 use crate::config::plan::OnFailure;
 use crate::config::sessions::History;
 use crate::metrics::Sample;
@@ -145,27 +145,36 @@ fn carry(
     ctx: &Ctx,
     live: bool,
     failed: bool,
-    answer: Option<Result<Value, String>>,
-) -> Result<Option<Value>, String> {
+    answer: Option<Result<Value, NoAnswer>>,
+) -> Result<Option<Value>, Stop> {
     match answer {
         Some(Ok(a)) => Ok(Some(a)),
-        Some(Err(why)) => Err(format!("its answer cannot continue a live history: {why}")),
-        None if failed && ctx.plan.on_failure == OnFailure::Stop => {
-            Err("it failed (on_failure: stop)".to_string())
-        }
-        None if failed && live => {
-            Err("it failed, so a live history has no answer to carry".to_string())
-        }
+        Some(Err(why)) => Err(Stop::NoAnswer(why)),
+        None if failed && ctx.plan.on_failure == OnFailure::Stop => Err(Stop::Failed),
+        None if failed && live => Err(Stop::FailedLive),
         None => Ok(None),
     }
 }
 
+/// Why a session stops before its last turn.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Stop {
+    #[error("its answer cannot continue a live history: {0}")]
+    NoAnswer(#[source] NoAnswer),
+    #[error("it failed (on_failure: stop)")]
+    Failed,
+    #[error("it failed, so a live history has no answer to carry")]
+    FailedLive,
+    #[error(
+        "its request would carry {bytes} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
+    )]
+    TooLarge { bytes: usize },
+}
+
 /// Why a turn's request is not sent: it would carry more than [`MAX_TURN_BYTES`].
-fn too_large(made: Option<&super::ctx::Frozen>) -> Option<String> {
-    let n = made.map(|f| f.body.len()).filter(|&n| n > MAX_TURN_BYTES)?;
-    Some(format!(
-        "its request would carry {n} bytes of conversation, past the {MAX_TURN_BYTES}-byte bound of a turn"
-    ))
+fn too_large(made: Option<&super::ctx::Frozen>) -> Option<Stop> {
+    let bytes = made.map(|f| f.body.len()).filter(|&n| n > MAX_TURN_BYTES)?;
+    Some(Stop::TooLarge { bytes })
 }
 
 /// A cache-busting session run's tag: the first 8 bytes of SHA-256 over where the run
@@ -211,7 +220,7 @@ impl super::ctx::Base {
         id: &str,
         k: usize,
         left: usize,
-        why: &str,
+        why: &Stop,
     ) {
         let n = self.sessions_stopped.fetch_add(1, Ordering::Relaxed) + 1;
         self.turns_not_attempted
