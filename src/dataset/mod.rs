@@ -255,16 +255,9 @@ fn session_json(s: PlanSession) -> Value {
     let turns: Vec<Value> = s
         .turns
         .into_iter()
-        .map(|t| {
-            let mut m = Map::new();
-            m.insert("messages".into(), Value::Array(t.messages));
-            if let Some(a) = t.answer {
-                m.insert("answer".into(), a);
-            }
-            Value::Object(m)
-        })
+        .map(|t| Value::Object(crate::freeze::turn_json(t.messages, t.answer)))
         .collect();
-    json!({"id": s.id, "turns": turns})
+    crate::freeze::session_json(s.id, turns)
 }
 
 /// Why a capture plan is not made (with the fix).

@@ -20,7 +20,9 @@ use serde_json::{Map, Value};
 
 use evidence::VOLATILE_POINTERS;
 pub(crate) use timing::TraceFile;
-pub(crate) use write::{Budget, Head, PlanBytesError, fill_metadata, head_map, plan_bytes};
+pub(crate) use write::{
+    Budget, Head, PlanBytesError, fill_metadata, head_map, plan_bytes, session_json, turn_json,
+};
 
 use crate::config::plan::{DEFAULT_DECISIONS_POINTER, Plan};
 use crate::model::Endpoint;

@@ -368,26 +368,48 @@ fn session_case_json(
                 .enumerate()
                 .map(|(k, &vi)| {
                     let (messages, answer) = chains.turn(c, s, k);
-                    let mut t = Map::new();
-                    t.insert("messages".into(), Value::Array(messages));
-                    if let Some(a) = answer {
-                        t.insert("answer".into(), a);
-                    }
-                    let mut oracle = Map::new();
-                    request_and_oracle(&mut oracle, &c.variants[vi], false, None);
-                    oracle.remove("request");
-                    t.extend(oracle);
+                    let mut t = turn_json(messages, answer);
+                    oracle_fields(&mut t, &c.variants[vi]);
                     if !variant_ignore[vi].is_empty() {
                         t.insert("ignore_paths".into(), json!(variant_ignore[vi]));
                     }
                     Value::Object(t)
                 })
                 .collect();
-            json!({"id": unique(chains.id(c, s), &mut used), "turns": turns})
+            session_json(unique(chains.id(c, s), &mut used), turns)
         })
         .collect();
     m.insert("sessions".into(), Value::Array(sessions));
     Value::Object(m)
+}
+
+/// A plan's turn of a session: the messages it adds, and the answer a frozen history
+/// carries for it (`plan from-jsonl --turns all`, `plan synthetic --turns`, `freeze`).
+pub(crate) fn turn_json(messages: Vec<Value>, answer: Option<Value>) -> Map<String, Value> {
+    let mut t = Map::new();
+    t.insert("messages".into(), Value::Array(messages));
+    if let Some(a) = answer {
+        t.insert("answer".into(), a);
+    }
+    t
+}
+
+/// A plan's session: its id and its turns.
+pub(crate) fn session_json(id: String, turns: Vec<Value>) -> Value {
+    json!({"id": id, "turns": turns})
+}
+
+/// A variant's oracle (its first answer) and planned prompt tokens.
+fn oracle_fields(m: &mut Map<String, Value>, v: &Variant) {
+    match &v.first {
+        Answer::Json(a) => m.insert("expected_response".into(), a.clone()),
+        Answer::StreamText(t) => m.insert("expected_stream_text".into(), json!(t)),
+        Answer::Events(e) => m.insert("expected_events".into(), json!(e)),
+        Answer::Text(t) => m.insert("expected_response_text".into(), json!(t)),
+    };
+    if let Some(n) = v.prompt_tokens {
+        m.insert("prompt_tokens".into(), json!(n));
+    }
 }
 
 /// A variant's request and oracle fields; `has_body`: the method sends one (a POST
@@ -413,15 +435,7 @@ fn request_and_oracle(
     if let (Some(ct), true) = (content_type, has_body) {
         m.insert("content_type".into(), json!(ct));
     }
-    match &v.first {
-        Answer::Json(a) => m.insert("expected_response".into(), a.clone()),
-        Answer::StreamText(t) => m.insert("expected_stream_text".into(), json!(t)),
-        Answer::Events(e) => m.insert("expected_events".into(), json!(e)),
-        Answer::Text(t) => m.insert("expected_response_text".into(), json!(t)),
-    };
-    if let Some(n) = v.prompt_tokens {
-        m.insert("prompt_tokens".into(), json!(n));
-    }
+    oracle_fields(m, v);
 }
 
 #[cfg(test)]

@@ -16,13 +16,11 @@ fn ids(tk: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
     tk.encode(text, true).unwrap().get_ids().to_vec()
 }
 
-/// `matrix-proxy plan ARGS` to stdout: the plan, parsed; stderr.
+/// `matrix-proxy plan ARGS` to stdout, which must succeed: the plan, parsed; stderr.
 fn plan(args: &[&str]) -> (Value, String) {
-    let mut all = vec!["plan"];
-    all.extend(args);
-    let (code, stdout, err) = run(&all);
+    let (code, p, err) = plan_cmd(args);
     assert_eq!(code, Some(0), "{err}");
-    (serde_json::from_str(&stdout).unwrap(), err)
+    (p, err)
 }
 
 fn variants(p: &Value) -> Vec<Value> {
@@ -208,12 +206,6 @@ fn synthetic_prompts_count_exactly_under_the_tokenizer() {
         err.contains("--shared-prefix-tokens 8 must be below --input-tokens 8"),
         "{err}"
     );
-}
-
-fn write_lines(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
 }
 
 #[test]

@@ -16,17 +16,7 @@ fn msg(role: &str, text: &str) -> Value {
     json!({"role": role, "content": text})
 }
 
-/// `matrix-proxy plan ARGS`: its exit code, the plan it printed (or null) and stderr.
-fn plan(args: &[&str]) -> (Option<i32>, Value, String) {
-    let mut all = vec!["plan"];
-    all.extend(args);
-    let (code, stdout, err) = run(&all);
-    (
-        code,
-        serde_json::from_str(&stdout).unwrap_or(Value::Null),
-        err,
-    )
-}
+use crate::support::plan_cmd as plan;
 
 /// Each session's id and its turns' (messages, answer).
 fn sessions(p: &Value) -> Vec<(String, Vec<(Value, Value)>)> {
@@ -147,9 +137,8 @@ fn every_turn_of_sharegpt_and_chat_conversations_becomes_a_session() {
         ),
     ];
     for (name, lines) in [("sharegpt", &sharegpt), ("chat", &chat)] {
-        let file = tmp.path().join(format!("{name}.jsonl"));
         let text: Vec<String> = lines.iter().map(Value::to_string).collect();
-        std::fs::write(&file, text.join("\n")).unwrap();
+        let file = write_lines(tmp.path(), &format!("{name}.jsonl"), &text);
         let base = [
             "from-jsonl",
             s(&file),

@@ -1102,3 +1102,22 @@ pub async fn replay_shards(plan: &Path, out: &Path, n: usize) {
         assert_eq!(exit_code(c, 60).await, Some(0));
     }
 }
+
+/// `matrix-proxy plan ARGS`: its exit code, the plan it printed (or null) and stderr.
+pub fn plan_cmd(args: &[&str]) -> (Option<i32>, Value, String) {
+    let mut all = vec!["plan"];
+    all.extend(args);
+    let (code, stdout, err) = run(&all);
+    (
+        code,
+        serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        err,
+    )
+}
+
+/// `lines` written to `dir/name`, one a line (a dataset, a trace).
+pub fn write_lines(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
