@@ -25,22 +25,9 @@ const SESSION_CASE_FIELDS: &[&str] = &[
     "think_seconds",
     "cache_bust",
 ];
-/// The fields of one turn.
-const TURN_FIELDS: &[&str] = &[
-    "messages",
-    "request",
-    "answer",
-    "think_seconds",
-    "ignore_paths",
-    "expected_response",
-    "expected_response_text",
-    "expected_stream_text",
-    "expected_events",
-    "expected_usage",
-    "require_done",
-    "prompt_tokens",
-];
-
+/// The fields of one turn besides a request's ([`REQUEST_FIELDS`]: a whole-request
+/// turn's body, and every turn's oracle).
+const TURN_FIELDS: &[&str] = &["messages", "answer", "think_seconds", "ignore_paths"];
 /// The answer a frozen history carries for a turn: its `answer` (as written), else its
 /// `expected_response`'s first choice's message (its `role`, `content`, `tool_calls` and
 /// `name`), else its `expected_stream_text` as an assistant message.
@@ -335,7 +322,7 @@ impl Validator {
         ctx: &TurnCtx<'_>,
     ) -> Option<(Turn, Variant)> {
         let m = self.object(v, p)?;
-        self.unknown_fields(m, p, &[TURN_FIELDS]);
+        self.unknown_fields(m, p, &[TURN_FIELDS, REQUEST_FIELDS]);
         if k == 0 && m.contains_key("think_seconds") {
             self.err(
                 join(p, "think_seconds"),
@@ -357,18 +344,22 @@ impl Validator {
         if ctx.history == History::Live && judged {
             self.err(p, "a live history's turns are recorded (a capture) or judged by drift (a campaign): each request after the first carries the server's own earlier answers, so no recorded answer applies to it; remove the expected_* field or use \"history\": \"frozen\"");
         }
-        let messages = match (m.get("messages"), m.get("request")) {
-            (Some(_), Some(_)) | (None, None) => {
-                self.err(p, "give exactly one of messages (what this turn adds to the chat) or request (a whole request, sent as written)");
+        let whole = m.contains_key("request") || m.contains_key("request_text");
+        if m.contains_key("messages") && m.contains_key("content_type") {
+            self.err(join(p, "content_type"), "a chat turn's request is the case's JSON template with its messages; content_type goes with a whole request (request or request_text)");
+        }
+        let messages = match (m.get("messages"), whole) {
+            (Some(_), true) | (None, false) => {
+                self.err(p, "give exactly one of messages (what this turn adds to the chat) or a whole request (request or request_text, sent as written)");
                 None
             }
-            (Some(Value::Array(a)), None) if !a.is_empty() && a.iter().all(Value::is_object) => {
+            (Some(Value::Array(a)), false) if !a.is_empty() && a.iter().all(Value::is_object) => {
                 if !ctx.has_template {
                     self.err(p, "a chat turn needs the case's request: the template (model, max_tokens, ...) its messages are sent in");
                 }
                 Some(Some(a.clone()))
             }
-            (Some(other), None) => {
+            (Some(other), false) => {
                 self.err(
                     join(p, "messages"),
                     format!(
@@ -378,7 +369,7 @@ impl Validator {
                 );
                 None
             }
-            (None, Some(_)) => Some(None),
+            (None, true) => Some(None),
         };
         let answer = frozen_answer(m);
         if ctx.history == History::Frozen
@@ -415,7 +406,8 @@ impl Validator {
         inherited: Inherited<'_>,
     ) -> Option<Variant> {
         let mut template_fields = m.clone();
-        if !template_fields.contains_key("request") {
+        let chat = template_fields.contains_key("messages");
+        if chat {
             // A chat turn's body is made at send time; the variant's stays empty.
             template_fields.insert("request_text".into(), Value::String(String::new()));
         }
@@ -428,7 +420,7 @@ impl Validator {
         };
         template_fields.remove("ignore_paths");
         let mut var = self.variant_body(&template_fields, p, Some(name), false, inherited)?;
-        if m.get("request").is_none() {
+        if chat {
             var.content_type = Some(HeaderValue::from_static("application/json"));
         }
         for ptr in own_ignore? {
@@ -580,6 +572,23 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} not in\n{text}");
         }
+        // A whole raw request is a turn too; a chat turn takes no content type.
+        let raw = plan(json!({"name": "raw", "sessions": [{"turns": [
+            {"request_text": "ping", "content_type": "text/plain", "expected_response_text": "pong"}]}]}))
+        .unwrap();
+        let v = &raw.cases[0].variants[0];
+        assert_eq!(&v.body[..], b"ping");
+        assert_eq!(v.content_type.as_ref().unwrap(), "text/plain");
+        let problems = plan(
+            json!({"name": "c", "request": {"model": "m"}, "sessions": [{"turns": [
+            {"messages": user("x"), "content_type": "text/plain"}]}]}),
+        )
+        .unwrap_err();
+        assert!(
+            problems[0]
+                .starts_with("cases[0].sessions[0].turns[0].content_type: a chat turn's request"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -44,9 +44,9 @@ fn synthetic_prompts_count_exactly_under_the_tokenizer() {
         "m",
     ];
     let with = |extra: &[&str]| {
-        let mut a = base.to_vec();
-        a.extend(extra);
-        plan(&a)
+        let (code, p, err) = plan_with(&base, extra);
+        assert_eq!(code, Some(0), "{err}");
+        (p, err)
     };
 
     let (p, err) = with(&[

@@ -149,11 +149,7 @@ fn every_turn_of_sharegpt_and_chat_conversations_becomes_a_session() {
             "--max-tokens",
             "5",
         ];
-        let with = |extra: &[&str]| {
-            let mut a = base.to_vec();
-            a.extend(extra);
-            plan(&a)
-        };
+        let with = |extra: &[&str]| plan_with(&base, extra);
         let (code, p, err) = with(&["--turns", "all"]);
         assert_eq!(code, Some(0), "{err}");
         assert!(err.contains("2 sessions of 5 turns"), "{err}");
@@ -309,11 +305,7 @@ fn synthetic_sessions_have_exact_token_turns_and_replay_turn_by_turn() {
         "--turns",
         "3",
     ];
-    let with = |extra: &[&str]| {
-        let mut a = base.to_vec();
-        a.extend(extra);
-        plan(&a)
-    };
+    let with = |extra: &[&str]| plan_with(&base, extra);
     let (code, p, err) = with(&["--turn-input-tokens", "16"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("3 sessions of 3 turns"), "{err}");

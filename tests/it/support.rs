@@ -1115,6 +1115,13 @@ pub fn plan_cmd(args: &[&str]) -> (Option<i32>, Value, String) {
     )
 }
 
+/// [`plan_cmd`] of `base` then `extra` arguments.
+pub fn plan_with(base: &[&str], extra: &[&str]) -> (Option<i32>, Value, String) {
+    let mut args = base.to_vec();
+    args.extend(extra);
+    plan_cmd(&args)
+}
+
 /// `lines` written to `dir/name`, one a line (a dataset, a trace).
 pub fn write_lines(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
     let path = dir.join(name);
