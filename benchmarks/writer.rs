@@ -101,6 +101,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         session_id: None,
         turn: None,
         cached_prompt_tokens: None,
+        session_lag_us: None,
         usage_from_body: false,
         memory: None,
     }

@@ -229,8 +229,14 @@ fn trace_line(t: &crate::config::load::TraceLoad) -> String {
     let picks = t.picks(None);
     let warm = picks.iter().filter(|p| p.warmup).count();
     let span = picks.last().map_or(0, |p| p.offset_us) as f64 / 1e6;
+    let requests: u64 = picks.iter().map(|p| t.requests_of(p.entry)).sum();
+    let runs = if trace.runs.is_empty() {
+        String::new()
+    } else {
+        format!("; {requests} requests, every turn of the session runs they start")
+    };
     format!(
-        "trace of {} entries over {:.3} s (mean {mean}, peak {}/s in one second); a round sends {} of them ({} as warm-up) over {span:.3} s at speedup {} (level {}/s)",
+        "trace of {} entries over {:.3} s (mean {mean}, peak {}/s in one second); a round sends {} of them ({} as warm-up{runs}) over {span:.3} s at speedup {} (level {}/s)",
         s.entries,
         s.length_seconds,
         s.peak_rate_per_second,
@@ -258,6 +264,8 @@ fn sessions_lines(plan: &crate::config::plan::Plan) {
                 .unwrap_or_default(),
             if plan.load.mode == crate::config::load::Mode::Open {
                 "each arrival starts a session (dispatch i runs session i mod sessions)".to_string()
+            } else if plan.load.mode == crate::config::load::Mode::Trace {
+                "an entry naming a session's turn 1 starts a run of it; one naming a later turn gives that turn's offset".to_string()
             } else {
                 format!(
                     "a round runs {} session(s) ({} requests)",
@@ -284,6 +292,7 @@ pub fn validate(path: &Path) -> Result<Exit, CliError> {
             plan.connection.as_str()
         );
         capture_line(&plan);
+        sessions_lines(&plan);
         return Ok(Exit::Ok);
     }
     if plan.load.mode == crate::config::load::Mode::Open {

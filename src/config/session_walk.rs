@@ -592,7 +592,7 @@ mod tests {
     }
 
     #[test]
-    fn a_live_history_has_no_recorded_oracle_and_sessions_run_in_the_closed_or_open_loop() {
+    fn a_live_history_has_no_recorded_oracle_and_sessions_run_in_every_load_mode() {
         let problems = plan(json!({
             "name": "chat", "history": "live", "request": {"model": "m"},
             "sessions": [{"id": "a", "turns": [
@@ -621,16 +621,42 @@ mod tests {
         open["metadata"] = json!({"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
             "precision": "N/A", "model_revision": "m", "runtime_revision": "r",
             "cache_policy": "none", "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"});
-        // An open loop's arrival starts a session; a trace's entries are not turns yet.
+        // An open loop's arrival starts a session; in a trace an entry naming turn 1
+        // starts a run and one naming a later turn gives its offset in that run.
         Plan::from_json_bytes(open.to_string().as_bytes()).expect("an open loop of sessions");
-        open["load"] = json!({"mode": "trace", "trace": {"entries": [{"offset_us": 0, "case": "chat", "variant": "s1/1"}]}});
-        let e = Plan::from_json_bytes(open.to_string().as_bytes()).unwrap_err();
-        assert!(
-            e.problems.iter().any(|p| p
-                .to_string()
-                .starts_with("cases[0].sessions: sessions run in the closed loop")),
-            "{e:?}"
+        let entry = |off: u64, v: &str| json!({"offset_us": off, "case": "chat", "variant": v});
+        let trace = |entries: Vec<Value>| {
+            let mut p = open.clone();
+            p["load"] = json!({"mode": "trace", "trace": {"entries": entries}});
+            Plan::from_json_bytes(p.to_string().as_bytes())
+        };
+        let p = trace(vec![entry(0, "s1/1"), entry(5, "s1/2"), entry(9, "s1/1")]).unwrap();
+        let t = p.load.trace.as_ref().unwrap();
+        let picks: Vec<u32> = t.picks(None).iter().map(|p| p.entry).collect();
+        assert_eq!(
+            picks,
+            [0, 2],
+            "a later turn's entry is not a send of its own"
         );
+        assert_eq!(t.run_at(0), Some((0, vec![Some(0), Some(5)])));
+        assert_eq!(t.run_at(2), Some((0, vec![Some(9), None])));
+        assert_eq!(t.planned(0, None), 4, "every turn of both runs");
+        for (entries, want) in [
+            (
+                vec![entry(0, "s1/2")],
+                "load.trace.entries[0]: names 's1/2' of case 'chat', a later turn, but no earlier entry names that session's turn 1",
+            ),
+            (
+                vec![entry(0, "s1/1"), entry(1, "s1/2"), entry(2, "s1/2")],
+                "load.trace.entries[2]: names 's1/2' of case 'chat', but the session's latest run already has an entry for turn 2",
+            ),
+        ] {
+            let e = trace(entries).unwrap_err();
+            assert!(
+                e.problems.iter().any(|p| p.to_string().starts_with(want)),
+                "{e:?}"
+            );
+        }
     }
 
     fn text_has(text: &str, want: &str) -> bool {

@@ -137,10 +137,12 @@ impl Shape {
     /// The health GET, readiness and warm-up of `plan`, as every process of the run (every shard of
     /// a merged run) sent them first.
     pub(crate) fn prelude_requests(self, plan: &Plan) -> u64 {
-        // A trace's readiness is its window's first entry, and it has no warm-up per
-        // variant (its first seconds are its warm-up, within its rounds).
-        if plan.load.trace.is_some() {
-            return 2 * self.preludes();
+        // A trace's readiness is its window's first entry (every turn of the session
+        // run it starts), and it has no warm-up per variant (its first seconds are its
+        // warm-up, within its rounds).
+        if let Some(t) = &plan.load.trace {
+            let first = t.picks(None).first().map_or(1, |p| t.requests_of(p.entry));
+            return (1 + first) * self.preludes();
         }
         let once = 1 + plan
             .cases
@@ -164,7 +166,8 @@ impl Shape {
         let mut total = self.prelude_requests(plan);
         if let Some(t) = &plan.load.trace {
             // Every round sends the window (its warm-up seconds included).
-            let per_round = t.picks(self.shard_of()).len() as u64;
+            let picks = t.picks(self.shard_of());
+            let per_round: u64 = picks.iter().map(|p| t.requests_of(p.entry)).sum();
             return total + plan.repetitions as u64 * per_round;
         }
         for (ci, case) in plan.cases.iter().enumerate() {

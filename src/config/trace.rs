@@ -3,8 +3,14 @@
 //! token counts and prefix block ids) and an optional session key. Read from a trace file
 //! (JSON Lines, its SHA-256 pinned by the plan; the caller opens it and hands the reader
 //! over) or from the plan's inline `load.trace.entries`, resolved against the plan's cases
-//! once, here. Held compactly (about 32 bytes an entry, plus 8 a block id in one arena,
+//! once, here. Held compactly (about 48 bytes an entry, plus 8 a block id in one arena,
 //! at most 2^26 of them), so a trace of millions of entries fits.
+//!
+//! In a case with sessions, an entry names a turn (its variant `<session id>/<k>`): one
+//! naming turn 1 starts a run of that session (a send of the round, [`Run`]); one naming
+//! a later turn gives that turn's offset in the session's latest run, which must already
+//! have started and not yet have given it or a later turn (its entry is not a send of its
+//! own: the run sends it, when due).
 
 use std::io::BufRead;
 
@@ -63,6 +69,12 @@ pub(crate) struct Trace {
     /// In offset order (non-decreasing).
     pub(crate) entries: Vec<Entry>,
     blocks: Vec<u64>,
+    /// The session runs its entries start, in entry order.
+    pub(crate) runs: Vec<Run>,
+    /// Later turns' entries, by run then turn.
+    later: Vec<Later>,
+    /// The indices of those entries, ascending: not sends of their own.
+    later_entries: Vec<u32>,
     /// SHA-256 of the file's bytes (lowercase hex), or of the inline entries as the plan
     /// wrote them (compact JSON).
     pub(crate) sha256: String,
@@ -82,6 +94,34 @@ pub(crate) struct SyntheticRules {
 pub(crate) struct Names<'a> {
     pub(crate) cases: Vec<(&'a str, Vec<Option<&'a str>>)>,
     pub(crate) synthetic: Option<SyntheticRules>,
+    /// Per case, where each variant sits in its sessions (empty: a case without them).
+    pub(crate) turns: Vec<Vec<TurnOf>>,
+}
+
+/// Where a variant of a case with sessions sits: its session (place in the case's
+/// `sessions`), its turn (from 0) and the session's turn count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TurnOf {
+    pub(crate) session: u32,
+    pub(crate) turn: u16,
+    pub(crate) turns: u16,
+}
+
+/// A run of a session the trace starts: the entry naming its turn 1, the session, and
+/// its turn count (the requests the run sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub(crate) start: u32,
+    pub(crate) session: u32,
+    pub(crate) turns: u16,
+}
+
+/// A later turn's entry: its run (index in [`Trace::runs`]), its turn (from 0), the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Later {
+    run: u32,
+    turn: u16,
+    entry: u32,
 }
 
 /// Why an entry is refused.
@@ -117,6 +157,18 @@ pub(crate) enum EntryFault {
     Tokens(String),
     #[error("session is {0} bytes, above {MAX_SESSION_BYTES}")]
     LongSession(usize),
+    #[error(
+        "names '{variant}' of case '{case}', a later turn, but no earlier entry names that session's turn 1: an entry naming a later turn gives its offset in the session's latest run, so the run's turn 1 comes first"
+    )]
+    OrphanTurn { case: String, variant: String },
+    #[error(
+        "names '{variant}' of case '{case}', but the session's latest run already has an entry for turn {given}: a run's turns come once each, in order (an entry naming turn 1 starts another run)"
+    )]
+    TurnAgain {
+        case: String,
+        variant: String,
+        given: u16,
+    },
 }
 
 /// Why a trace cannot be read.
@@ -159,10 +211,12 @@ struct Line {
     blocks: Option<Vec<u64>>,
 }
 
-/// A trace being read: entries so far and the last offset.
+/// A trace being read: entries so far and each session's latest run.
 struct Builder<'a> {
     names: &'a Names<'a>,
     trace: Trace,
+    /// (case, session) -> (its latest run's index, the last turn it was given).
+    open: std::collections::HashMap<(u32, u32), (u32, u16)>,
 }
 
 impl<'a> Builder<'a> {
@@ -172,16 +226,68 @@ impl<'a> Builder<'a> {
             trace: Trace {
                 entries: Vec::new(),
                 blocks: Vec::new(),
+                runs: Vec::new(),
+                later: Vec::new(),
+                later_entries: Vec::new(),
                 sha256: String::new(),
             },
+            open: Default::default(),
         }
     }
 
-    fn finish(self) -> Result<Trace, TraceError> {
+    fn finish(mut self) -> Result<Trace, TraceError> {
         if self.trace.entries.is_empty() {
             return Err(TraceError::Empty);
         }
+        self.trace.later.sort_unstable_by_key(|l| (l.run, l.turn));
         Ok(self.trace)
+    }
+
+    /// Entry `entry` sends `send`: where it sits in a session's run, if its case has
+    /// sessions (a turn 1 starts a run; a later turn joins the session's latest one).
+    fn turn(&mut self, send: Send, entry: u32) -> Result<(), EntryFault> {
+        let Send::Variant { case, variant } = send else {
+            return Ok(());
+        };
+        let of = self.names.turns.get(case as usize);
+        let Some(t) = of.and_then(|v| v.get(variant as usize)).copied() else {
+            return Ok(());
+        };
+        let trace = &mut self.trace;
+        if t.turn == 0 {
+            let run = trace.runs.len() as u32;
+            trace.runs.push(Run {
+                start: entry,
+                session: t.session,
+                turns: t.turns,
+            });
+            self.open.insert((case, t.session), (run, 0));
+            return Ok(());
+        }
+        let names = || {
+            let (c, v) = &self.names.cases[case as usize];
+            (c.to_string(), v[variant as usize].unwrap_or("").to_string())
+        };
+        let Some(&(run, given)) = self.open.get(&(case, t.session)) else {
+            let (case, variant) = names();
+            return Err(EntryFault::OrphanTurn { case, variant });
+        };
+        if given >= t.turn {
+            let (case, variant) = names();
+            return Err(EntryFault::TurnAgain {
+                case,
+                variant,
+                given: given + 1,
+            });
+        }
+        self.open.insert((case, t.session), (run, t.turn));
+        trace.later.push(Later {
+            run,
+            turn: t.turn,
+            entry,
+        });
+        trace.later_entries.push(entry);
+        Ok(())
     }
 
     fn push(&mut self, line: Line) -> Result<(), EntryFault> {
@@ -211,6 +317,7 @@ impl<'a> Builder<'a> {
             }
             Some(s) => Some(session_hash(&s)),
         };
+        self.turn(send, self.trace.entries.len() as u32)?;
         self.trace.entries.push(Entry {
             offset_us: line.offset_us,
             send,
@@ -391,6 +498,31 @@ impl Trace {
         }
     }
 
+    /// Whether entry `entry` gives a later turn's offset (not a send of its own).
+    pub(crate) fn is_later_turn(&self, entry: u32) -> bool {
+        self.later_entries.binary_search(&entry).is_ok()
+    }
+
+    /// The session run entry `entry` starts, if it names a turn 1.
+    pub(crate) fn run_of(&self, entry: u32) -> Option<Run> {
+        let i = self.runs.binary_search_by_key(&entry, |r| r.start).ok()?;
+        Some(self.runs[i])
+    }
+
+    /// The later turns of the run entry `entry` starts: each turn (from 0) with its
+    /// entry's offset (µs on the trace's clock), in turn order.
+    pub(crate) fn later_turns(&self, entry: u32) -> impl Iterator<Item = (u16, u64)> + '_ {
+        let run = self
+            .runs
+            .binary_search_by_key(&entry, |r| r.start)
+            .map_or(u32::MAX, |i| i as u32);
+        let from = self.later.partition_point(|l| l.run < run);
+        self.later[from..]
+            .iter()
+            .take_while(move |l| l.run == run)
+            .map(|l| (l.turn, self.entries[l.entry as usize].offset_us))
+    }
+
     /// What `validate` says of the whole trace: its length (first to last offset), its
     /// entry count, and its mean and peak rates per second (the peak: the most entries in
     /// one whole second from the trace's zero).
@@ -565,6 +697,7 @@ mod tests {
         Names {
             cases: vec![("chat", vec![Some("a"), Some("b")]), ("health", vec![None])],
             synthetic: None,
+            turns: Vec::new(),
         }
     }
 

@@ -89,7 +89,7 @@ impl TraceLoad {
         let mut per_case = vec![0u64; cases];
         for p in picks.iter().filter(|p| !p.warmup) {
             if let Some(n) = per_case.get_mut(self.case_of(p.entry)) {
-                *n += 1;
+                *n += self.requests_of(p.entry);
             }
         }
         self.counted = Counted {
@@ -164,8 +164,11 @@ impl TraceLoad {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let window = t.entries.iter().enumerate().filter(|(_, e)| {
-            e.offset_us >= self.start_us && self.end_us.is_none_or(|end| e.offset_us < end)
+        // A later turn's entry is its run's to send, not a send of its own.
+        let window = t.entries.iter().enumerate().filter(|(i, e)| {
+            e.offset_us >= self.start_us
+                && self.end_us.is_none_or(|end| e.offset_us < end)
+                && !t.is_later_turn(*i as u32)
         });
         for (k, (i, e)) in window.enumerate() {
             if let Some((s, n)) = shard {
@@ -176,12 +179,45 @@ impl TraceLoad {
             }
             let from_start = e.offset_us - self.start_us;
             out.push(Pick {
-                offset_us: (from_start as f64 / self.speedup).round() as u64,
+                offset_us: self.round_offset_us(e.offset_us),
                 entry: i as u32,
                 warmup: from_start < self.warmup_us,
             });
         }
         out
+    }
+
+    /// An offset of the trace's clock as a round's: from the window's start, over the
+    /// speed-up, rounded once (an offset before the window's start is 0).
+    fn round_offset_us(&self, offset_us: u64) -> u64 {
+        (offset_us.saturating_sub(self.start_us) as f64 / self.speedup).round() as u64
+    }
+
+    /// The requests a pick of entry `entry` sends: every turn of the session run it
+    /// starts, else one.
+    pub(crate) fn requests_of(&self, entry: u32) -> u64 {
+        let run = self.entries.as_ref().and_then(|t| t.run_of(entry));
+        run.map_or(1, |r| u64::from(r.turns))
+    }
+
+    /// The session run a pick of entry `entry` starts: its session (place in its case's
+    /// `sessions`) and each turn's offset in the round (µs from its start, as a pick's;
+    /// turn 1's is the pick's own), by turn from 0 (`None`: no entry gives that turn; it is due when the
+    /// turn before it ends and its think time has passed). `None` when the entry names
+    /// no turn 1.
+    pub(crate) fn run_at(&self, entry: u32) -> Option<(u32, Vec<Option<u64>>)> {
+        let t = self.entries.as_ref()?;
+        let run = t.run_of(entry)?;
+        let mut offsets = vec![None; usize::from(run.turns)];
+        if let (Some(first), Some(e)) = (offsets.first_mut(), t.entries.get(entry as usize)) {
+            *first = Some(self.round_offset_us(e.offset_us));
+        }
+        for (turn, off) in t.later_turns(entry) {
+            if let Some(o) = offsets.get_mut(usize::from(turn)) {
+                *o = Some(self.round_offset_us(off));
+            }
+        }
+        Some((run.session, offsets))
     }
 
     /// What entry `entry` sends, as a dispatch names it: its case, its variant, and for
@@ -207,7 +243,8 @@ impl TraceLoad {
         self.target(entry).0
     }
 
-    /// Measured sends of case `case` in one round, as shard `shard` sends them.
+    /// Measured requests of case `case` in one round, as shard `shard` sends them (a
+    /// session run's every turn).
     pub(crate) fn planned(&self, case: usize, shard: Option<(usize, usize)>) -> u64 {
         if shard.is_none() {
             return self.counted.per_case.get(case).copied().unwrap_or(0);
@@ -215,12 +252,14 @@ impl TraceLoad {
         self.picks(shard)
             .iter()
             .filter(|p| !p.warmup && self.case_of(p.entry) == case)
-            .count() as u64
+            .map(|p| self.requests_of(p.entry))
+            .sum()
     }
 
     /// The level a trace round is reported at: the window's measured entries' recorded
     /// mean rate at the speed-up, `(n - 1) / (last - first)` over their intended send
     /// times, to four significant digits (0 for fewer than two entries or one instant).
+    /// A session run is one arrival (its turn 1's entry): the rate counts sessions.
     pub(crate) fn rate(&self) -> f64 {
         self.counted.rate
     }

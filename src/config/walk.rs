@@ -91,7 +91,25 @@ pub(crate) fn trace_names(
             })
             .collect(),
         synthetic,
+        turns: cases.iter().map(turns_of).collect(),
     }
+}
+
+/// Where each variant of `case` sits in its sessions (empty without them).
+fn turns_of(case: &super::plan::Case) -> Vec<super::trace::TurnOf> {
+    let Some(s) = &case.sessions else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(case.variants.len());
+    for (i, session) in s.list.iter().enumerate() {
+        let turns = session.turns.len() as u16;
+        out.extend((0..turns).map(|turn| super::trace::TurnOf {
+            session: i as u32,
+            turn,
+            turns,
+        }));
+    }
+    out
 }
 
 impl Validator {
@@ -141,7 +159,6 @@ impl Validator {
             top_ignore.as_deref().unwrap_or(&[]),
         );
         self.judged_or_capture(is_campaign);
-        self.sessions_in_load(load_mode(top), cases.as_deref());
         let load = match (load, &cases) {
             (Some(mut l), Some(cases)) if l.trace.is_some() => {
                 self.resolve_trace(&mut l, top, cases).map(|()| l)
@@ -183,23 +200,6 @@ impl Validator {
             p.workload = super::workload::workload(root, &p);
             p
         })
-    }
-
-    /// Sessions run in the closed loop (`concurrency` sessions in flight, each round
-    /// `requests_per_case` sessions per case) or the open loop (an arrival starts a
-    /// session); not in a trace yet.
-    fn sessions_in_load(&mut self, mode: Option<&str>, cases: Option<&[super::plan::Case]>) {
-        let Some(mode) = mode.filter(|m| *m == "trace") else {
-            return;
-        };
-        for (i, c) in cases.unwrap_or(&[]).iter().enumerate() {
-            if c.sessions.is_some() {
-                self.err(
-                    format!("cases[{i}].sessions"),
-                    format!("sessions run in the closed loop (concurrency counts sessions in flight) or the open loop (each arrival starts a session); load.mode \"{mode}\" with sessions (a trace's entries as turns at their offsets) is not supported yet"),
-                );
-            }
-        }
     }
 
     /// The plan's endpoint and health endpoint: a plain plan's own; a campaign plan's
@@ -418,10 +418,13 @@ impl Validator {
                     );
                     return None;
                 }
-                if case.variants.len() != 1 || !object.is_some_and(|o| o.is_object()) {
+                if case.sessions.is_some()
+                    || case.variants.len() != 1
+                    || !object.is_some_and(|o| o.is_object())
+                {
                     self.err(
                         "load.trace.synthetic.case",
-                        format!("case '{}' is the synthetic entries' template: it needs one JSON object `request` (no variants list), whose prompt and max_tokens each entry fills", case.name),
+                        format!("case '{}' is the synthetic entries' template: it needs one JSON object `request` (no variants list, no sessions), whose prompt and max_tokens each entry fills", case.name),
                     );
                     return None;
                 }

@@ -60,6 +60,8 @@ pub(crate) struct RowIds {
     pub(crate) session_id: Option<Arc<str>>,
     /// The turn's index in its session, from 1 (`None` outside sessions and in serve).
     pub(crate) turn: Option<i32>,
+    /// A trace's session turn: its session lag (the row's `session_lag_us`).
+    pub(crate) session_lag_us: Option<i64>,
 }
 
 /// The request as it was sent, and when.
@@ -267,6 +269,7 @@ impl RunContext {
                 .filter(|_| got_stream_is_none),
             session_id: ids.session_id,
             turn: ids.turn,
+            session_lag_us: ids.session_lag_us,
             cached_prompt_tokens,
             usage_from_body: false,
             oracle_passed: verdict.oracle_passed,

@@ -152,19 +152,21 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         bearer_token_env,
         metadata,
     };
-    // A trace plan's entries name variants: a --keep-timing freeze keeps them as they are.
-    let chains: Vec<Option<sessions::Chains>> = collected
-        .cases
-        .iter()
-        .map(|c| sessions::chains(c).filter(|_| opts.keep_timing.is_none()))
-        .collect();
-    say_sessions(&collected, &chains, &mut lines);
+    let mut chains: Vec<Option<sessions::Chains>> =
+        collected.cases.iter().map(sessions::chains).collect();
+    // A trace plan's entries name turns of sessions only where the capture's order holds
+    // whole runs of them.
+    if let Some(timed) = timed.as_mut() {
+        let names = write::case_names(&collected.cases);
+        chains = timing::timed_sessions(chains, &collected.cases, timed, &names, &mut lines);
+    }
+    say_sessions(&collected, &chains, opts.keep_timing.is_some(), &mut lines);
     let budget = budget(opts, &collected, &chains, &mut lines);
     let mut value = write::plan_json(&head, &budget, &collected.cases, &chains);
     let trace = match (timed, &opts.keep_timing) {
         (Some(timed), Some(file)) => Some(keep_timing(
             &mut value,
-            &collected.cases,
+            (&collected.cases, &chains),
             timed,
             file.as_deref(),
         )?),
@@ -208,11 +210,11 @@ fn refuse_timing(sources: &[Source]) -> Result<(), FreezeError> {
 /// The frozen plan `value` (of `cases`) made a trace plan of the `timed` exchanges.
 fn keep_timing(
     value: &mut Value,
-    cases: &[collect::Case],
+    (cases, chains): (&[collect::Case], &[Option<sessions::Chains>]),
     timed: Vec<timing::Timed>,
     file: Option<&str>,
 ) -> Result<timing::TraceLoad, FreezeError> {
-    let t = timing::trace_load(timed, cases, file)?;
+    let t = timing::trace_load(timed, cases, chains, file)?;
     let load = serde_json::to_value(&t.load).unwrap_or_default();
     if let Value::Object(m) = std::mem::take(value) {
         *value = Value::Object(timing::as_trace_plan(m, load));
@@ -372,8 +374,14 @@ fn budget(
 fn say_sessions(
     collected: &collect::Collected,
     chains: &[Option<sessions::Chains>],
+    timed: bool,
     lines: &mut Vec<String>,
 ) {
+    let dispatched = if timed {
+        "each turn a trace entry at its recorded start (a turn 1's starts a run)"
+    } else {
+        "requests_per_case counts its sessions"
+    };
     let names = write::case_names(&collected.cases);
     for ((c, ch), name) in collected.cases.iter().zip(chains).zip(&names) {
         let Some(ch) = ch else {
@@ -388,7 +396,7 @@ fn say_sessions(
         };
         let turns: usize = ch.sessions.iter().map(Vec::len).sum();
         lines.push(format!(
-            "case '{name}': {} distinct chat request(s) continue one another (each the last one's messages, its answer, then more): frozen as {} session(s) of {turns} turn(s) in all, history frozen{}; requests_per_case counts its sessions",
+            "case '{name}': {} distinct chat request(s) continue one another (each the last one's messages, its answer, then more): frozen as {} session(s) of {turns} turn(s) in all, history frozen{}; {dispatched}",
             c.variants.len(),
             ch.sessions.len(),
             ch.header

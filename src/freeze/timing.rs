@@ -2,11 +2,17 @@
 //! one entry per frozen exchange at its recorded start (the run's clock: serve's for live
 //! traffic), naming the variant it froze as (repeats share one). Small traces sit in the
 //! plan; larger ones go to a file beside it, pinned by its SHA-256.
+//!
+//! A case whose chats continue one another is frozen as sessions here too
+//! ([`timed_sessions`]) when the capture's order fits a trace of sessions: each exchange's
+//! entry names its turn (`<session id>/<k>`), so a run of the session starts at its first
+//! request's start and every later turn keeps its recorded start as its offset.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::collect::Case;
+use super::sessions::Chains;
 use super::write::{case_names, variant_names};
 use crate::record::rundir::sha256_hex;
 
@@ -78,14 +84,27 @@ pub(crate) struct NeedsFile {
 pub(crate) fn trace_load(
     mut timed: Vec<Timed>,
     cases: &[Case],
+    chains: &[Option<Chains>],
     file: Option<&str>,
 ) -> Result<TraceLoad, NeedsFile> {
-    timed.sort_by_key(|t| (t.start_offset_us, t.exchange_id));
+    sort(&mut timed);
     let zero = timed.first().map_or(0, |t| t.start_offset_us);
     let names = case_names(cases);
+    // A case frozen as sessions names its variants by turn: `<session id>/<k>`.
     let variants: Vec<Option<Vec<String>>> = cases
         .iter()
-        .map(|c| (c.variants.len() > 1).then(|| variant_names(c)))
+        .zip(chains)
+        .map(
+            |(c, ch)| match ch.as_ref().and_then(|ch| Some((ch, turns_of(c, ch)?))) {
+                Some((ch, turns)) => Some(
+                    turns
+                        .iter()
+                        .map(|&(s, k)| format!("{}/{}", ch.id(c, s), k + 1))
+                        .collect(),
+                ),
+                None => (c.variants.len() > 1).then(|| variant_names(c)),
+            },
+        )
         .collect();
     let entries: Vec<Entry> = timed
         .iter()
@@ -131,6 +150,92 @@ pub(crate) fn trace_load(
         ),
         file: Some(TraceFile { bytes }),
     })
+}
+
+/// The capture's order: by start, ties by exchange id.
+fn sort(timed: &mut [Timed]) {
+    timed.sort_by_key(|t| (t.start_offset_us, t.exchange_id));
+}
+
+/// Where each variant of case `c`, frozen as `ch`, sits: (session, turn from 0), when
+/// each variant is one turn of one session. `None` when a conversation branches (one
+/// request continued two ways is a turn of two sessions, and its entry could not say
+/// which run it starts or joins).
+fn turns_of(c: &Case, ch: &Chains) -> Option<Vec<(usize, usize)>> {
+    let mut out = vec![None; c.variants.len()];
+    for (s, chain) in ch.sessions.iter().enumerate() {
+        for (k, &v) in chain.iter().enumerate() {
+            if out.get_mut(v)?.replace((s, k)).is_some() {
+                return None;
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Whether case `case`'s exchanges in `timed` (in the capture's order) are whole runs of
+/// its sessions (`turns`: each variant's session and turn): every turn after a turn 1 of
+/// its session and right after the turn before it, every run to its last turn, so the
+/// trace sends exactly the captured exchanges.
+fn whole_runs(timed: &[Timed], case: usize, turns: &[(usize, usize)], ch: &Chains) -> bool {
+    let mut open: std::collections::HashMap<usize, usize> = Default::default();
+    for t in timed.iter().filter(|t| t.case == case) {
+        let Some(&(s, k)) = turns.get(t.variant) else {
+            return false;
+        };
+        let last = ch.sessions[s].len() - 1;
+        match (k, open.get(&s)) {
+            (0, Some(_)) => return false,
+            (0, None) => {}
+            (k, Some(&at)) if at + 1 == k => {}
+            _ => return false,
+        }
+        if k == last {
+            open.remove(&s);
+        } else {
+            open.insert(s, k);
+        }
+    }
+    open.is_empty()
+}
+
+/// The cases `--keep-timing` freezes as sessions: those of `chains` whose conversations
+/// do not branch and whose captured exchanges are whole runs in order
+/// ([`whole_runs`]); any other keeps its requests as single entries, said in `lines`
+/// (`names`: the cases' names in the plan).
+pub(crate) fn timed_sessions(
+    chains: Vec<Option<Chains>>,
+    cases: &[Case],
+    timed: &mut [Timed],
+    names: &[String],
+    lines: &mut Vec<String>,
+) -> Vec<Option<Chains>> {
+    sort(timed);
+    let mut out = Vec::with_capacity(chains.len());
+    for (ci, ch) in chains.into_iter().enumerate() {
+        let Some(ch) = ch else {
+            out.push(None);
+            continue;
+        };
+        let why = match turns_of(&cases[ci], &ch) {
+            None => Some("a conversation branches (one request continued two ways)"),
+            Some(turns) if !whole_runs(timed, ci, &turns, &ch) => Some(
+                "its captured requests are not whole conversations in order (a turn sent again, or a conversation left before its last turn)",
+            ),
+            Some(_) => None,
+        };
+        match why {
+            Some(why) => {
+                lines.push(format!(
+                    "case '{}': its chats continue one another, but {why}: --keep-timing keeps its requests as single trace entries, not sessions",
+                    names.get(ci).map_or("", String::as_str)
+                ));
+                out.push(None);
+            }
+            None => out.push(Some(ch)),
+        }
+    }
+    out
 }
 
 /// The frozen plan as a trace plan: no closed-loop budget (`concurrency`,
@@ -200,9 +305,66 @@ mod tests {
     }
 
     #[test]
+    fn a_case_of_sessions_is_timed_as_runs_only_when_the_capture_holds_whole_ones() {
+        let c = case("/v1/chat", 3);
+        let chains = |sessions: Vec<Vec<usize>>| Chains {
+            template: Map::new(),
+            sessions,
+            header: None,
+        };
+        let at = |order: &[usize]| -> Vec<Timed> {
+            order
+                .iter()
+                .enumerate()
+                .map(|(i, &variant)| Timed {
+                    start_offset_us: i as i64 * 100,
+                    exchange_id: i as i64,
+                    case: 0,
+                    variant,
+                })
+                .collect()
+        };
+        let linear = chains(vec![vec![0, 1], vec![2]]);
+        let turns = turns_of(&c, &linear).unwrap();
+        assert_eq!(turns, [(0, 0), (0, 1), (1, 0)]);
+        assert!(whole_runs(&at(&[0, 2, 1, 0, 1]), 0, &turns, &linear));
+        for order in [&[1, 0][..], &[0, 0, 1], &[0, 1, 1], &[0, 2]] {
+            assert!(!whole_runs(&at(order), 0, &turns, &linear), "{order:?}");
+        }
+        // A request continued two ways is a turn of two sessions.
+        assert_eq!(turns_of(&c, &chains(vec![vec![0, 1], vec![0, 2]])), None);
+        let mut lines = Vec::new();
+        let names = ["chat".to_string()];
+        let kept = timed_sessions(
+            vec![Some(linear.clone())],
+            std::slice::from_ref(&c),
+            &mut at(&[0, 1, 2]),
+            &names,
+            &mut lines,
+        );
+        assert_eq!((kept, lines.len()), (vec![Some(linear.clone())], 0));
+        let dropped = timed_sessions(
+            vec![Some(linear.clone())],
+            std::slice::from_ref(&c),
+            &mut at(&[0, 2]),
+            &names,
+            &mut lines,
+        );
+        assert_eq!(dropped, vec![None]);
+        assert!(lines[0].starts_with("case 'chat': its chats continue one another, but its captured requests are not whole conversations"), "{lines:?}");
+        // The entries name each exchange's turn.
+        let t = trace_load(at(&[0, 2, 1]), &[c], &[Some(linear)], None).unwrap();
+        let Where::Inline { entries } = t.load.trace else {
+            panic!("inline")
+        };
+        let named: Vec<Option<String>> = entries.into_iter().map(|e| e.variant).collect();
+        assert_eq!(named, ["s1/1", "s2/1", "s1/2"].map(|n| Some(n.to_string())));
+    }
+
+    #[test]
     fn small_traces_sit_in_the_plan_and_large_ones_in_a_file_beside_it() {
         let cases = vec![case("/v1/a", 1), case("/v1/b", 2)];
-        let t = trace_load(timed(3), &cases, None).unwrap();
+        let t = trace_load(timed(3), &cases, &[None, None], None).unwrap();
         assert!(t.file.is_none());
         let e = |offset_us, case: &str, variant: Option<&str>| Entry {
             offset_us,
@@ -221,9 +383,9 @@ mod tests {
         );
         // Past INLINE_ENTRIES: a file, pinned by its hash; refused without a name for it.
         let many = INLINE_ENTRIES + 1;
-        let err = trace_load(timed(many), &cases, None).unwrap_err();
+        let err = trace_load(timed(many), &cases, &[None, None], None).unwrap_err();
         assert_eq!(err.entries, many);
-        let t = trace_load(timed(many), &cases, Some("x.trace.jsonl")).unwrap();
+        let t = trace_load(timed(many), &cases, &[None, None], Some("x.trace.jsonl")).unwrap();
         let bytes = t.file.unwrap().bytes;
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), many);
         assert_eq!(

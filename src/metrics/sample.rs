@@ -28,6 +28,9 @@ pub(crate) struct Sample {
     pub(crate) cached_prompt_tokens: Option<i64>,
     /// A session's turn: its index in the session, from 1 (`None` outside sessions).
     pub(crate) turn: Option<u16>,
+    /// A trace's session turn: how much later than its own offset it was due, µs (the
+    /// row's `session_lag_us`).
+    pub(crate) session_lag_us: Option<i64>,
     /// A failure's message (campaign cells list the distinct ones).
     pub(crate) failure: Option<String>,
     /// Open loop: the intended send time on the run's clock (`start_offset_us` is the

@@ -1,8 +1,9 @@
 //! A round's numbers per turn index of its sessions ([`TurnMetrics`]): how many turns
 //! `k` were attempted and succeeded, their first byte, time to first token (streams),
 //! latency, prompt tokens and the server's cached prompt tokens, so a prefix cache's
-//! effect on turn 2 and later is seen, not guessed. Nearest rank over the round's
-//! successful turns `k`.
+//! effect on turn 2 and later is seen, not guessed; in a trace, the session lag of turns
+//! `k` (how much later than their entries' offsets they were due). Nearest rank over the
+//! round's successful turns `k` (the session lag: over its attempted ones).
 
 use super::percentiles::Percentiles;
 use super::sample::Sample;
@@ -26,6 +27,9 @@ pub(crate) struct TurnMetrics {
     /// Successful turns whose answer reported cached tokens (the denominator of
     /// `cached_prompt_tokens`).
     pub(crate) cached_reported: u64,
+    /// A trace's sessions: how much later than its own entry's offset each attempted
+    /// turn `k` was due (empty outside a trace).
+    pub(crate) session_lag_us: Percentiles,
 }
 
 /// Per turn index, in turn order; empty when no sample is a session's turn.
@@ -60,6 +64,7 @@ fn one_turn(turn: u16, of_k: &[&Sample]) -> TurnMetrics {
         prompt_tokens: Percentiles::of(ok.iter().filter_map(|s| s.prompt_tokens()).collect()),
         cached_reported: cached.len() as u64,
         cached_prompt_tokens: Percentiles::of(cached),
+        session_lag_us: Percentiles::of(of_k.iter().filter_map(|s| s.session_lag_us).collect()),
     }
 }
 
@@ -83,6 +88,7 @@ mod tests {
     fn each_turn_index_gets_its_own_numbers_and_a_failed_turn_only_counts_as_attempted() {
         let mut failed = turn(2, 900, 70, None);
         failed.outcome = Outcome::Http;
+        failed.session_lag_us = Some(3_000);
         let samples = [
             turn(1, 40, 30, Some(0)),
             turn(1, 60, 30, Some(0)),
@@ -110,6 +116,11 @@ mod tests {
             (t[2].cached_prompt_tokens.p50, t[2].cached_reported),
             (None, 0),
             "unknown is not 0"
+        );
+        assert_eq!(
+            (t[1].session_lag_us.p50, t[0].session_lag_us.p50),
+            (Some(3_000), None),
+            "a failed turn was still due late; no lag outside a trace"
         );
         assert!(turn_metrics(&[Sample::default()]).is_empty());
     }

@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 57] = [
+pub(crate) static COLUMNS: [Column; 58] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -297,6 +297,8 @@ pub(crate) static COLUMNS: [Column; 57] = [
         "the turn's index in its session, from 1; null outside sessions"),
     column!("cached_prompt_tokens", Int64, NULLABLE, "", |r: &R| r.cached_prompt_tokens,
         "prompt tokens the server's prefix cache served: the answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's, or a stream's usage chunk's; vLLM reports it with `--enable-prompt-tokens-details`); null when the answer does not report it (never 0 for unknown)"),
+    column!("session_lag_us", Int64, NULLABLE, "us", |r: &R| r.session_lag_us,
+        "a trace's session turn: how much later than its own entry's offset the turn was due, because the turn before it and its think time ended later (`scheduled_offset_us` is the due time); 0 for a turn due at its offset (a run's first turn always); null outside a trace's sessions and for a turn no entry gives an offset"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -469,6 +471,7 @@ mod tests {
         r.session_id = Some("session".into());
         r.turn = Some(6);
         r.cached_prompt_tokens = Some(43);
+        r.session_lag_us = Some(45);
         r
     }
 
@@ -516,7 +519,7 @@ mod tests {
             let c = b.column_by_name(n).unwrap();
             c.as_any().downcast_ref::<Int64Array>().unwrap().value(0)
         };
-        let expected: [(&str, i64); 23] = [
+        let expected: [(&str, i64); 24] = [
             ("exchange_id", 7),
             ("scheduled_offset_us", 10),
             ("send_lag_us", 4),
@@ -540,6 +543,7 @@ mod tests {
             ("decisions", 39),
             ("prompt_tokens_planned", 40),
             ("cached_prompt_tokens", 43),
+            ("session_lag_us", 45),
         ];
         let got: Vec<(&str, i64)> = expected.iter().map(|(n, _)| (*n, int(n))).collect();
         assert_eq!(got, expected);

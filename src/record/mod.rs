@@ -94,6 +94,7 @@ pub(crate) mod tests_support {
             session_id: None,
             turn: None,
             cached_prompt_tokens: None,
+            session_lag_us: None,
             usage_from_body: false,
             memory: None,
         }

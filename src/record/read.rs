@@ -58,9 +58,10 @@ impl RowFacts {
     }
 }
 
-/// The columns [`PartRows`] reads. `decisions`, `session_id`, `turn` and
-/// `cached_prompt_tokens` are read when present: runs recorded before them have none.
-pub(crate) const ROW_COLUMNS: [&str; 27] = [
+/// The columns [`PartRows`] reads. `decisions`, `session_id`, `turn`,
+/// `cached_prompt_tokens` and `session_lag_us` are read when present: runs recorded
+/// before them have none.
+pub(crate) const ROW_COLUMNS: [&str; 28] = [
     "downstream_done_us",
     "target_rate_per_second",
     "scheduled_offset_us",
@@ -88,6 +89,7 @@ pub(crate) const ROW_COLUMNS: [&str; 27] = [
     "session_id",
     "turn",
     "cached_prompt_tokens",
+    "session_lag_us",
 ];
 
 /// The column a JSON answer's usage is read from when its row holds no count.
@@ -234,6 +236,7 @@ struct RowColumns<'a> {
     session: Option<&'a StringArray>,
     turn: Option<&'a Int32Array>,
     cached: Option<&'a Int64Array>,
+    session_lag: Option<&'a Int64Array>,
 }
 
 /// Row `i` of an optional-valued column.
@@ -271,6 +274,7 @@ impl<'a> RowColumns<'a> {
             session: optional_column(b, "session_id"),
             turn: optional_column(b, "turn"),
             cached: optional_column(b, "cached_prompt_tokens"),
+            session_lag: optional_column(b, "session_lag_us"),
         })
     }
 
@@ -317,6 +321,7 @@ impl<'a> RowColumns<'a> {
                 stream: self.stream(i),
                 usage_tokens: self.usage(i),
                 cached_prompt_tokens: self.cached.and_then(|c| opt(c, i)),
+                session_lag_us: self.session_lag.and_then(|c| opt(c, i)),
                 turn: self
                     .turn
                     .filter(|t| t.is_valid(i))
@@ -416,6 +421,7 @@ fn impossible(f: &RowFacts, decisions: Option<i64>) -> Option<String> {
         ("downstream_done_us", f.downstream_done_us),
         ("ttft_us", st.and_then(|t| t.ttft_us)),
         ("tpot_us", st.and_then(|t| t.tpot_us)),
+        ("session_lag_us", s.session_lag_us),
     ];
     let counts = [
         (

@@ -75,6 +75,10 @@ pub struct ExchangeRecord {
     /// stream's usage chunk's): prompt tokens the server's prefix cache served; `None`
     /// when the answer did not report it (never 0 for unknown).
     pub cached_prompt_tokens: Option<i64>,
+    /// A trace's session turn: how much later than its own entry's offset it was due
+    /// (the turn before it and its think time ended later), µs; 0 for a run's first turn;
+    /// `None` elsewhere.
+    pub session_lag_us: Option<i64>,
     /// serve: a whole JSON answer whose `usage` (token counts and cached prompt tokens)
     /// the writer thread reads from `response_body` before encoding the row
     /// ([`Self::read_usage_from_body`]), which keeps JSON parsing off serve's path.

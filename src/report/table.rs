@@ -345,8 +345,13 @@ fn outcome_cells(rs: &[&RoundMetrics]) -> [String; 2] {
 
 /// Per turn index of each case and level with sessions: ok/attempted over its measured
 /// rounds, and the median over its complete rounds of each round's p50 first byte, TTFT,
-/// latency, prompt tokens and cached prompt tokens (what a prefix cache does to turn 2 on).
+/// latency, prompt tokens and cached prompt tokens (what a prefix cache does to turn 2 on);
+/// in a trace, of each round's p50 and p99 session lag too.
 fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
+    let lagged = rounds
+        .iter()
+        .flat_map(|r| &r.turns)
+        .any(|t| t.session_lag_us.p50.is_some());
     let mut rows: Vec<Vec<String>> = vec![
         [
             "per turn",
@@ -362,6 +367,9 @@ fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
         .map(String::from)
         .to_vec(),
     ];
+    if lagged {
+        rows[0].extend(["lag p50 ms".to_string(), "lag p99 ms".to_string()]);
+    }
     for a in aggs {
         let level = a
             .rate
@@ -390,7 +398,7 @@ fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
             let tokens = |f: &dyn Fn(&crate::metrics::TurnMetrics) -> Option<i64>| {
                 median(f).map_or("-".into(), |n| format!("{n:.0}"))
             };
-            rows.push(vec![
+            let mut row = vec![
                 match &a.arm {
                     Some(arm) => format!("{arm}/{}", a.case_name),
                     None => a.case_name.clone(),
@@ -407,7 +415,12 @@ fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
                 ms(&|t| t.total_us.p50),
                 tokens(&|t| t.prompt_tokens.p50),
                 tokens(&|t| t.cached_prompt_tokens.p50),
-            ]);
+            ];
+            if lagged {
+                row.push(ms(&|t| t.session_lag_us.p50));
+                row.push(ms(&|t| t.session_lag_us.p99));
+            }
+            rows.push(row);
         }
     }
     if rows.len() == 1 {
@@ -415,5 +428,8 @@ fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
     }
     let mut out = aligned(&rows);
     out.push_str("per turn: ok/attempted over measured rounds; first byte, TTFT (streams), p50 latency, prompt and cached prompt tokens (the server's usage; - where it reported none): medians over complete rounds of each round's p50 over its turns k\n");
+    if lagged {
+        out.push_str("session lag: how much later than its trace entry's offset a turn was due (the turn before it and its think time ended later); its latency counts from when it was due\n");
+    }
     out
 }

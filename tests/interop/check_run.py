@@ -63,14 +63,17 @@ def main(run: Path) -> int:
     names = {r[0] for r in con.execute(f"select unnest(request_headers).name from '{glob}'").fetchall()}
     assert "host" in names, names
     checks += 3
-    # The last three columns: a turn's session and index, and the server's cached prompt
-    # tokens; a turn belongs to a session and counts from 1, a cached count is never negative.
+    # The last four columns: a turn's session and index, the server's cached prompt tokens
+    # and a trace turn's session lag; a turn belongs to a session and counts from 1, a
+    # cached count and a lag are never negative, and only a session's turn has a lag.
     described = con.execute(f"select column_name, column_type from (describe select * from '{glob}')").fetchall()
-    last = [tuple(r) for r in described[-3:]]
-    assert last == [("session_id", "VARCHAR"), ("turn", "INTEGER"), ("cached_prompt_tokens", "BIGINT")], last
+    last = [tuple(r) for r in described[-4:]]
+    assert last == [("session_id", "VARCHAR"), ("turn", "INTEGER"), ("cached_prompt_tokens", "BIGINT"),
+                    ("session_lag_us", "BIGINT")], last
     bad = con.execute(
         f"""select count(*) from '{glob}'
-            where (session_id is null) <> (turn is null) or turn < 1 or cached_prompt_tokens < 0"""
+            where (session_id is null) <> (turn is null) or turn < 1 or cached_prompt_tokens < 0
+               or session_lag_us < 0 or (session_lag_us is not null and turn is null)"""
     ).fetchone()[0]
     assert bad == 0, bad
     checks += 2
@@ -146,8 +149,11 @@ def main(run: Path) -> int:
         checks += 4
         if not pd.isna(r.target_rate_per_second):
             # Open loop: lag and latency from intended times, recomputed from the rows.
-            lag = sorted(int(v) for v in (sub.start_offset_us - sub.scheduled_offset_us))
-            assert lag == sorted(int(v) for v in sub.send_lag_us)
+            # A session's arrival is its first turn: send lag is the arrivals'; latency
+            # from the schedule every request's (a trace's later turn from when it was due).
+            arrivals = sub[sub.turn.isna() | (sub.turn == 1)]
+            lag = sorted(int(v) for v in (arrivals.start_offset_us - arrivals.scheduled_offset_us))
+            assert lag == sorted(int(v) for v in arrivals.send_lag_us)
             user = sorted(int(v) for v in (ok.send_lag_us + ok.total_us))
             for pct in (50, 95, 99):
                 assert int(r[f"send_lag_p{pct}_us"]) == nearest_rank(lag, pct)

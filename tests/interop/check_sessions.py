@@ -5,7 +5,10 @@ p50 / p95 / p99 of first byte, TTFT, latency, prompt and cached prompt tokens) f
 exchanges/*.parquet grouped by the `turn` column, and requires them to equal
 summary.json's rounds[].turns. Checks that every turn after the first resent the history
 (its request holds more messages than the turn before it in the same session run), and
-with --prefix-cache that turn 1 found no cached tokens and every later turn some.
+with --prefix-cache that turn 1 found no cached tokens and every later turn some. In a
+trace's sessions, recomputes each turn's session lag percentiles too and checks that every
+later turn was due (its scheduled_offset_us) no earlier than the turn before it ended, and
+sent no earlier than it was due.
 Usage: python3 tests/interop/check_sessions.py RUN_DIR [--prefix-cache]
 """
 
@@ -35,7 +38,7 @@ def main(run: Path, prefix_cache: bool) -> int:
         f"""select concurrency, repetition, dispatch_index, session_id, turn, outcome,
                    first_byte_us, ttft_us, total_us, prompt_tokens, cached_prompt_tokens,
                    json_array_length(json_extract(decode(request_body), '$.messages')) as sent,
-                   case_name
+                   case_name, scheduled_offset_us, session_lag_us, start_offset_us
             from '{glob}' where phase = 'measured' order by exchange_id"""
     ).fetchall()
     assert rows and all(r[3] is not None and r[4] is not None for r in rows), "every measured row is a turn"
@@ -58,7 +61,11 @@ def main(run: Path, prefix_cache: bool) -> int:
                     assert (got is None and v is None) or abs(got - v) < 1e-9, (field, k, got, v, t)
                     checks += 1
             assert t["cached_reported"] == sum(1 for x in ok if x[10] is not None)
-            checks += 1
+            lag = pcts([x[14] for x in of_k], 1e6)
+            for k, v in lag.items():
+                got = t["session_lag_seconds"][k]
+                assert (got is None and v is None) or abs(got - v) < 1e-9, ("session_lag_seconds", k, got, v, t)
+            checks += 2
     # Each later turn of a session run sent the history: more messages than the turn before.
     runs = {}
     for x in rows:
@@ -69,6 +76,12 @@ def main(run: Path, prefix_cache: bool) -> int:
         for a, b in zip(turns, turns[1:]):
             assert b[4] == a[4] + 1 and b[11] > a[11], (a, b)
             checks += 1
+            if b[14] is not None:
+                # A trace's later turn: due after the turn before it ended, sent when due.
+                assert b[13] >= a[15] + a[8] - 2 and b[15] >= b[13] and b[14] >= 0, (a, b)
+                checks += 1
+        if turns[0][14] is not None:
+            assert turns[0][14] == 0, turns[0]
     if prefix_cache:
         for x in rows:
             if x[5] == "ok":

@@ -406,6 +406,48 @@ async fn a_clients_multi_turn_chats_through_serve_freeze_into_sessions_that_repl
         .find(|t| t.session == "conv-a" && t.turn == 3)
         .unwrap();
     assert_eq!(last_of_a.request["messages"].as_array().unwrap().len(), 6);
+
+    // --keep-timing: the same sessions in a trace, an entry per turn at its recorded
+    // start, naming the turn; the trace replays every turn green, each turn due no
+    // earlier than its recorded start.
+    let timed_path = tmp.path().join("timed.json");
+    let (code, _, err) = run_cmd(&["freeze", s(&live), "--keep-timing", "--out", s(&timed_path)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("each turn a trace entry at its recorded start"),
+        "{err}"
+    );
+    let mut timed = read_json(&timed_path);
+    assert_eq!(timed["cases"][0]["sessions"], case["sessions"]);
+    let entries = timed["load"]["trace"]["entries"].as_array().unwrap();
+    let named: Vec<&str> = entries
+        .iter()
+        .map(|e| e["variant"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        named,
+        ["conv-a/1", "conv-a/2", "conv-a/3", "conv-b/1", "conv-b/2"]
+    );
+    timed["endpoint"] = plan["endpoint"].clone();
+    timed["health_endpoint"] = plan["health_endpoint"].clone();
+    let dir = tmp.path().join("timed-replay");
+    std::fs::create_dir(&dir).unwrap();
+    let (timed_run, exit) = replay_plan(&dir, &timed).await;
+    assert_eq!(exit, Exit::Ok);
+    let rows = Rows::read(&timed_run);
+    let (phase, lag) = (rows.strs("phase"), rows.i64s("session_lag_us"));
+    let measured: Vec<usize> = (0..rows.len())
+        .filter(|&i| phase[i].as_deref() == Some("measured"))
+        .collect();
+    let reps = timed["repetitions"].as_u64().unwrap_or(1) as usize;
+    assert_eq!(measured.len(), 5 * reps, "every turn once a repetition");
+    assert!(measured.iter().all(|&i| lag[i].is_some_and(|l| l >= 0)));
+    let outcome = rows.strs("outcome");
+    assert!(
+        measured
+            .iter()
+            .all(|&i| outcome[i].as_deref() == Some("ok"))
+    );
     mock.shutdown().await;
 }
 
@@ -638,5 +680,108 @@ async fn a_live_session_of_whole_requests_to_another_api_goes_on_turn_after_turn
         summary["load"].get("notes").is_none(),
         "no session stopped: {summary:#}"
     );
+    mock.shutdown().await;
+}
+
+/// A trace of sessions: an entry naming turn 1 starts a run, a later turn's entry gives its
+/// offset, and the turn goes out at the later of that offset and the end of the turn
+/// before it plus its think time, its session lag the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traces_session_turn_is_due_at_its_offset_or_after_the_turn_before_it() {
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut case = chat_case("live");
+    case["sessions"][0]["turns"][1]["think_seconds"] = json!(0.1);
+    let mut plan = session_plan(&mock.url(), case);
+    for key in ["concurrency", "requests_per_case", "warmup_per_case"] {
+        plan.as_object_mut().unwrap().remove(key);
+    }
+    plan["repetitions"] = json!(1);
+    let entry = |off: u64, v: &str| json!({"offset_us": off, "case": "chat", "variant": v});
+    // At speedup 2: alpha/2 is given 5 ms but waits turn 1 and 100 ms of thought; alpha/3
+    // is given 200 ms, after turn 2 has ended; beta/2 has no entry of its own.
+    plan["load"] = json!({"mode": "trace", "speedup": 2, "trace": {"entries": [
+        entry(0, "alpha/1"), entry(10_000, "alpha/2"), entry(30_000, "beta/1"),
+        entry(400_000, "alpha/3")]}});
+    let (run, exit) = replay_plan(dir.path(), &plan).await;
+    assert_eq!(exit, Exit::Ok);
+    let summary = read_json(&run.join("summary.json"));
+    let round = &summary["rounds"][0];
+    assert_eq!(
+        (&round["planned_requests"], &round["successful_requests"]),
+        (&json!(5), &json!(5)),
+        "two runs, every turn planned: {round:#}"
+    );
+    let lag2 = round["turns"][1]["session_lag_seconds"]["p50"].as_f64();
+    assert!(lag2.is_some_and(|l| l >= 0.09), "turn 2's lag: {lag2:?}");
+    let rows = Rows::read(&run);
+    let (phase, session, turn) = (
+        rows.strs("phase"),
+        rows.strs("session_id"),
+        rows.i32s("turn"),
+    );
+    let (sched, lag) = (
+        rows.i64s("scheduled_offset_us"),
+        rows.i64s("session_lag_us"),
+    );
+    let (start, total) = (rows.i64s("start_offset_us"), rows.i64s("total_us"));
+    let readiness = (0..rows.len()).filter(|&i| phase[i].as_deref() == Some("readiness"));
+    assert_eq!(
+        readiness.map(|i| turn[i]).collect::<Vec<_>>(),
+        [Some(1), Some(2), Some(3)],
+        "readiness runs the window's first run whole"
+    );
+    let at = |s: &str, k: i32| {
+        (0..rows.len())
+            .find(|&i| {
+                phase[i].as_deref() == Some("measured")
+                    && session[i].as_deref() == Some(s)
+                    && turn[i] == Some(k)
+            })
+            .unwrap_or_else(|| panic!("no measured row of {s}/{k}"))
+    };
+    let (a1, a2, a3, b1, b2) = (
+        at("alpha", 1),
+        at("alpha", 2),
+        at("alpha", 3),
+        at("beta", 1),
+        at("beta", 2),
+    );
+    let s0 = sched[a1].unwrap();
+    let end = |i: usize| start[i].unwrap() + total[i].unwrap();
+    assert_eq!(
+        (lag[a1], lag[b1]),
+        (Some(0), Some(0)),
+        "a run's first turn is due at its offset"
+    );
+    assert_eq!(sched[b1], Some(s0 + 15_000));
+    // alpha/2: due after turn 1 and its think time, later than its own 5 ms.
+    let due2 = sched[a2].unwrap();
+    assert!(
+        due2 >= end(a1) + 100_000,
+        "turn 2 due {due2}, turn 1 ended {}",
+        end(a1)
+    );
+    assert_eq!(
+        lag[a2],
+        Some(due2 - (s0 + 5_000)),
+        "its lag is due minus its own offset"
+    );
+    assert!(start[a2].unwrap() >= due2);
+    // alpha/3: due at its own 200 ms, turn 2 having ended before.
+    assert!(end(a2) < s0 + 200_000, "turn 2 ended at {}", end(a2));
+    assert_eq!((sched[a3], lag[a3]), (Some(s0 + 200_000), Some(0)));
+    assert!(start[a3].unwrap() >= s0 + 200_000);
+    // beta/2: no entry, so due when beta/1 ended; no lag.
+    assert_eq!(lag[b2], None);
+    assert!(sched[b2].unwrap() >= end(b1) && start[b2].unwrap() >= sched[b2].unwrap());
+    // summarize rebuilds the same per-turn numbers and denominators from the rows.
+    let (code, stderr) = summarize(&run);
+    assert_eq!(code, Some(0), "{stderr}");
+    let rebuilt = read_json(&run.join("summary.json"));
+    assert_eq!(rebuilt["planned_requests"], summary["planned_requests"]);
+    for key in ["turns", "planned_requests", "open_loop"] {
+        assert_eq!(rebuilt["rounds"][0][key], round[key], "{key}");
+    }
     mock.shutdown().await;
 }

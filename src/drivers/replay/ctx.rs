@@ -50,6 +50,10 @@ pub(super) struct TurnAt {
     pub(super) session: u32,
     /// The turn's place in its session, from 0 (rows say `turn` from 1).
     pub(super) turn: u16,
+    /// A trace's session: how much later than its own entry's offset the turn was due
+    /// (the end of the turn before it and its think time came later), µs; `None` when no
+    /// entry gives the turn an offset.
+    pub(super) lag_us: Option<i64>,
 }
 
 /// One arm's context (or a plain plan's): what every arm shares, and this arm's plan,

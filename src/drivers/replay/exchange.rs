@@ -272,6 +272,7 @@ fn sample_of(
         usage_tokens: verdict.usage_tokens.map(|u| u.tokens),
         cached_prompt_tokens: crate::drivers::cached_prompt_tokens(got.stream.as_ref(), verdict),
         turn: d.turn.map(|t| t.turn + 1),
+        session_lag_us: d.turn.and_then(|t| t.lag_us),
         failure: (outcome != Outcome::Ok)
             .then(|| verdict.error_message.clone())
             .flatten(),
@@ -336,6 +337,7 @@ fn row_ids(ctx: &Ctx, d: &Dispatch, exchange_id: i64) -> RowIds {
             Some(s.list.get(t.session as usize)?.id_arc.clone())
         }),
         turn: d.turn.map(|t| i32::from(t.turn) + 1),
+        session_lag_us: d.turn.and_then(|t| t.lag_us),
     }
 }
 

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::ctx::{Ctx, Dispatch, Slot};
+use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
 use super::exchange::Rows;
 use super::session::send;
 use crate::clock;
@@ -106,7 +106,10 @@ impl OpenWave {
                 let n = crate::config::load::shard_share(schedule.len(), *shard);
                 ctx.plan.cases[*case].requests_of(n as usize)
             }
-            Arrivals::Trace(picks) => picks.len() as u64,
+            Arrivals::Trace(picks) => match ctx.plan.load.trace.as_ref() {
+                Some(t) => picks.iter().map(|p| t.requests_of(p.entry)).sum(),
+                None => picks.len() as u64,
+            },
         }
     }
 
@@ -140,8 +143,16 @@ impl OpenWave {
             }
             Arrivals::Trace(picks) => {
                 let p = picks.get(i)?;
-                let (case, variant, synthetic) = ctx.plan.load.trace.as_ref()?.target(p.entry);
+                let t = ctx.plan.load.trace.as_ref()?;
+                let (case, variant, synthetic) = t.target(p.entry);
                 d.dispatch_index = i64::from(p.entry);
+                // An entry naming a session's turn 1 starts a run of that session.
+                let run = t.entries.as_ref().and_then(|e| e.run_of(p.entry));
+                d.turn = run.map(|r| TurnAt {
+                    session: r.session,
+                    turn: 0,
+                    lag_us: None,
+                });
                 if p.warmup {
                     d.phase = Phase::Warmup;
                 }

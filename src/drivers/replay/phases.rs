@@ -7,10 +7,10 @@ use crate::record::scrapes::RoundId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::ctx::{Ctx, Dispatch, Slot};
+use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
 use super::exchange::{Rows, exchange};
 use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
-use super::session::session;
+use super::session::{send, session};
 use super::wave::{LagProbe, cores, wave};
 use crate::clock;
 use crate::metrics::PhaseCounts;
@@ -159,6 +159,8 @@ async fn trace_readiness(
     if ctx.stopped() {
         return false;
     }
+    // An entry naming a session's turn 1: readiness runs that session whole.
+    let run = t.entries.as_ref().and_then(|e| e.run_of(pick.entry));
     let d = Dispatch {
         phase: Phase::Readiness,
         case: Some(case),
@@ -170,10 +172,17 @@ async fn trace_readiness(
         rate: None,
         scheduled_offset_us: None,
         synthetic,
-        turn: None,
+        turn: run.map(|r| TurnAt {
+            session: r.session,
+            turn: 0,
+            lag_us: None,
+        }),
     };
-    let s = exchange(ctx, &mut slots[0], d, &mut Rows::new(1)).await;
-    excluded.entry(Phase::Readiness).or_default().add(&s);
+    let mut sent = Vec::with_capacity(1);
+    send(ctx, &mut slots[0], d, &mut Rows::new(1), &mut sent).await;
+    for s in &sent {
+        excluded.entry(Phase::Readiness).or_default().add(s);
+    }
     !ctx.stopped()
 }
 

@@ -1,7 +1,10 @@
 //! One session of a case, run by one worker: its turns in order on the worker's
 //! connection slot (one connection for the session under `keep-alive`; a fresh one per
-//! turn under `fresh`), each after the end of the previous turn and its think time. A
-//! turn's request is made at send time (`Ctx::turn_request`): the history is the plan's
+//! turn under `fresh`), each after the end of the previous turn and its think time. In
+//! a trace (a run its turn-1 entry started) a later turn given an entry of its own is due
+//! at the later of that entry's offset and then: its `scheduled_offset_us` is the due
+//! time (its latency counts from it) and `session_lag_us` how much later than its offset
+//! that was. A turn's request is made at send time (`Ctx::turn_request`): the history is the plan's
 //! recorded answers (`history: frozen`) or the answers this session received
 //! (`history: live`, read from each answer as it ends; the bytes sent are what the row
 //! records).
@@ -38,7 +41,11 @@ pub(super) async fn send(
         .map(|s| s.list.len().max(1));
     match sessions {
         Some(count) => {
-            let which = d.dispatch_index as usize % count;
+            // A trace's arrival names its session; any other dispatch `i` runs session
+            // `i` mod the case's sessions.
+            let which = d
+                .turn
+                .map_or(d.dispatch_index as usize % count, |t| t.session as usize);
             out.extend(session(ctx, slot, d, which, rows).await);
         }
         None => out.push(exchange(ctx, slot, d, rows).await),
@@ -77,19 +84,23 @@ pub(super) async fn session(
     let tag = sessions.cache_bust.then(|| cache_tag(ctx, &base, &s.id));
     // The conversation so far, each message serialized once as the session goes.
     let mut conversation = sessions.conversation(tag.as_deref());
+    // A trace's run: each turn's own offset on the run's clock (empty otherwise).
+    let offsets = trace_offsets(ctx, &base);
+    // Readiness and a closed loop's warm-up send every session whole without its think
+    // times (they would only lengthen them); feasibility and measured rounds, and a
+    // trace's warm-up seconds, wait them.
+    let thinks = !offsets.is_empty() || matches!(base.phase, Phase::Feasibility | Phase::Measured);
     for (k, turn) in s.turns.iter().enumerate() {
-        // Readiness and warm-up send every session whole without its think times (they
-        // would only lengthen them); feasibility and measured rounds wait them.
-        let thinks = matches!(base.phase, Phase::Feasibility | Phase::Measured);
-        if k > 0 && thinks && !turn.think.is_zero() && !think(ctx, turn.think).await {
+        let Some(due) = due_of(ctx, &base, (k, turn.think), &offsets, thinks).await else {
             break;
-        }
+        };
         if ctx.stopped() {
             break;
         }
         let at = TurnAt {
             session: session as u32,
             turn: k as u16,
+            lag_us: due.lag_us,
         };
         let body = turn
             .messages
@@ -106,11 +117,13 @@ pub(super) async fn session(
             break;
         }
         // An open loop's arrival is the first turn's intended send; a later turn is due
-        // when it is sent (the end of the previous one and its think time).
+        // when it is sent (the end of the previous one and its think time). A trace's
+        // later turn is due at the later of that and its own entry's offset, and its
+        // latency counts from then.
         let d = Dispatch {
             variant: s.first_variant + k,
             turn: Some(at),
-            scheduled_offset_us: base.scheduled_offset_us.filter(|_| k == 0),
+            scheduled_offset_us: due.scheduled_us,
             ..base
         };
         let last = k + 1 == s.turns.len();
@@ -195,18 +208,79 @@ fn cache_tag(ctx: &Ctx, d: &Dispatch, id: &str) -> String {
     format!("[{}] ", crate::model::hex(&digest[..8]))
 }
 
-/// Wait `how_long` (a turn's think time) unless the run stops first; `false` when it did.
-async fn think(ctx: &Ctx, how_long: std::time::Duration) -> bool {
-    let until = crate::clock::now_ns().saturating_add(how_long.as_nanos() as u64);
+/// When a later turn was due (run clock, µs) and how much later than its own trace
+/// offset (µs; `None` without one).
+#[derive(Clone, Copy)]
+struct Due {
+    scheduled_us: Option<i64>,
+    lag_us: Option<i64>,
+}
+
+/// A trace's session run (its dispatch `base` names a pick whose entry starts one, in
+/// the warm-up seconds or the round): each turn's own offset on the run's clock (µs),
+/// turn 1's the pick's, `None` for a turn no entry gives. Empty outside a trace's rounds.
+fn trace_offsets(ctx: &Ctx, base: &Dispatch) -> Vec<Option<i64>> {
+    let (Some(t), Some(first)) = (ctx.plan.load.trace.as_ref(), base.scheduled_offset_us) else {
+        return Vec::new();
+    };
+    let Some((_, offsets)) = u32::try_from(base.dispatch_index)
+        .ok()
+        .and_then(|e| t.run_at(e))
+    else {
+        return Vec::new();
+    };
+    // The round's start on the run's clock: the pick's scheduled send less its offset.
+    let start = first - offsets.first().copied().flatten().unwrap_or(0) as i64;
+    offsets
+        .into_iter()
+        .map(|o| o.map(|o| start.saturating_add(o as i64)))
+        .collect()
+}
+
+/// When turn `k` (from 0, with its `think` time) of the run `base` dispatched is due,
+/// waiting for it when it is a later turn that waits (`thinks`): the first turn's is the
+/// dispatch's; in a trace (`offsets` not empty) a later turn's is its due time and lag;
+/// elsewhere a later turn has none (it is due when sent). `None` when the run stopped.
+async fn due_of(
+    ctx: &Ctx,
+    base: &Dispatch,
+    (k, think): (usize, std::time::Duration),
+    offsets: &[Option<i64>],
+    thinks: bool,
+) -> Option<Due> {
+    let traced = !offsets.is_empty();
+    let first = Due {
+        scheduled_us: base.scheduled_offset_us.filter(|_| k == 0),
+        lag_us: traced.then_some(0),
+    };
+    if k == 0 || !thinks {
+        return Some(first);
+    }
+    let waited = wait_due(ctx, think, offsets.get(k).copied().flatten()).await?;
+    Some(if traced { waited } else { first })
+}
+
+/// Wait for a later turn: its think time after the turn before it ended (now), and its
+/// own trace offset `own` (run clock, µs) if it has one, whichever is later. `None` when
+/// the run stopped first.
+async fn wait_due(ctx: &Ctx, think: std::time::Duration, own: Option<i64>) -> Option<Due> {
+    let t0 = ctx.base.run.run_t0_ns;
+    let now_us = crate::clock::us_between(t0, crate::clock::now_ns());
+    let ready_us = now_us.saturating_add(think.as_micros() as i64);
+    let due_us = own.map_or(ready_us, |o| o.max(ready_us));
+    let until = t0.saturating_add(due_us.max(0) as u64 * 1000);
     while !ctx.stopped() {
         let now = crate::clock::now_ns();
         if now >= until {
-            return true;
+            return Some(Due {
+                scheduled_us: Some(due_us),
+                lag_us: own.map(|o| due_us - o),
+            });
         }
         let left = (until - now).min(50_000_000);
         tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
     }
-    false
+    None
 }
 
 impl super::ctx::Base {

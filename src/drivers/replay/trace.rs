@@ -4,6 +4,11 @@
 //! intended send). The window's first `warmup_seconds` go out as `warmup` and are
 //! excluded; the rest are the round, reported per case at the trace's level (its
 //! recorded rate: `TraceLoad::rate`), in the order `summarize` rebuilds them.
+//!
+//! An entry naming a session's turn 1 starts a run of that session (`session.rs`): its
+//! later turns are sent by the run, each due at the later of its own entry's offset and
+//! the end of the turn before it plus its think time, its latency counted from then and
+//! the difference kept as its session lag.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,7 +51,7 @@ pub(super) async fn trace_round(
     // Each case's measured sends, counted once from this process's picks.
     let mut planned: BTreeMap<usize, u64> = BTreeMap::new();
     for p in picks.iter().filter(|p| !p.warmup) {
-        *planned.entry(t.case_of(p.entry)).or_default() += 1;
+        *planned.entry(t.case_of(p.entry)).or_default() += t.requests_of(p.entry);
     }
     // The probe takes a quarter of a second: a shard measures it only when its wave's
     // place in the timetable leaves the time.

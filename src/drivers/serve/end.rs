@@ -156,6 +156,7 @@ fn build_record(
         prompt_tokens_planned: None,
         session_id: None,
         turn: None,
+        session_lag_us: None,
     };
     let request = SentRequest {
         scheduled_offset_us: None,

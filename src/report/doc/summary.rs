@@ -464,6 +464,9 @@ pub(crate) struct TurnDoc {
     pub(crate) cached_prompt_tokens: Counts,
     /// Successful turns whose answer reported cached tokens.
     pub(crate) cached_reported: u64,
+    /// A trace's sessions: how much later than its own entry's offset each attempted
+    /// turn was due (null percentiles outside a trace).
+    pub(crate) session_lag_seconds: Pct,
 }
 
 /// Nearest-rank percentiles of a count (tokens).
@@ -491,6 +494,7 @@ impl TurnDoc {
             prompt_tokens: counts(&t.prompt_tokens),
             cached_prompt_tokens: counts(&t.cached_prompt_tokens),
             cached_reported: t.cached_reported,
+            session_lag_seconds: Pct::of(&t.session_lag_us),
         }
     }
 }

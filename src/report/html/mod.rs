@@ -89,7 +89,14 @@ fn turns_table(r: &RunInput) -> String {
         "<section class=\"turns\">\n<h2>Per turn: {}</h2>\n<p>Each measured round's sessions by turn index: p50 over the round's successful turns k (TTFT: streamed answers only; tokens: the server's usage, — where it reported none). From turn 2 on every request resends the conversation, so the server's prefix cache shows in TTFT and cached prompt tokens.</p>\n",
         esc(&r.label)
     );
-    h.push_str("<table class=\"grid\">\n<tr><th>case</th><th>level</th><th>repetition</th><th>turn</th><th>ok / attempted</th><th>first byte p50 ms</th><th>TTFT p50 ms</th><th>latency p50 ms</th><th>prompt tokens p50</th><th>cached prompt tokens p50</th></tr>\n");
+    let lagged = rows
+        .iter()
+        .any(|(_, t)| t.session_lag_seconds.p50.is_some());
+    h.push_str("<table class=\"grid\">\n<tr><th>case</th><th>level</th><th>repetition</th><th>turn</th><th>ok / attempted</th><th>first byte p50 ms</th><th>TTFT p50 ms</th><th>latency p50 ms</th><th>prompt tokens p50</th><th>cached prompt tokens p50</th>");
+    if lagged {
+        h.push_str("<th>session lag p50 ms</th><th>session lag p99 ms</th>");
+    }
+    h.push_str("</tr>\n");
     let ms = |v: Option<f64>| text(v.map(|s| format!("{:.1}", s * 1000.0)));
     for (round, t) in rows {
         let level = match (round.concurrency, round.rate_per_second) {
@@ -97,8 +104,17 @@ fn turns_table(r: &RunInput) -> String {
             (None, Some(rate)) => format!("{rate}/s"),
             _ => "—".into(),
         };
+        let lag = if lagged {
+            format!(
+                "<td>{}</td><td>{}</td>",
+                ms(t.session_lag_seconds.p50),
+                ms(t.session_lag_seconds.p99)
+            )
+        } else {
+            String::new()
+        };
         h.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{lag}</tr>\n",
             esc(&round.case),
             esc(&level),
             round.repetition,
