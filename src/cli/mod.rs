@@ -228,7 +228,7 @@ fn trace_line(t: &crate::config::load::TraceLoad) -> String {
         .map_or("n/a".into(), |r| format!("{r:.2}/s"));
     let picks = t.picks(None);
     let warm = picks.iter().filter(|p| p.warmup).count();
-    let span = picks.last().map_or(0, |p| p.offset_us) as f64 / 1e6;
+    let span = t.span_us() as f64 / 1e6;
     let requests: u64 = picks.iter().map(|p| t.requests_of(p.entry)).sum();
     let runs = if trace.runs.is_empty() {
         String::new()

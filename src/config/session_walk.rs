@@ -650,6 +650,11 @@ mod tests {
                 vec![entry(0, "s1/1"), entry(1, "s1/2"), entry(2, "s1/2")],
                 "load.trace.entries[2]: names 's1/2' of case 'chat', but the session's latest run already has an entry for turn 2",
             ),
+            // A later turn's offset counts in the round's length (here 285 years).
+            (
+                vec![entry(0, "s1/1"), entry((1 << 53) - 1, "s1/2")],
+                "load.trace: the window [0 s, the end) of the trace's 2 entries would take",
+            ),
         ] {
             let e = trace(entries).unwrap_err();
             assert!(

@@ -52,12 +52,12 @@ pub(crate) enum ShapeError {
     SweepLowConcurrency,
     /// `--sweep` with a plan whose cases hold sessions.
     #[error(
-        "--sweep does not go with sessions yet: its rates are open-loop arrivals of single requests, and sessions run in the closed loop"
+        "--sweep does not go with sessions yet: its feasibility and throughput probes size rates of single requests, not of sessions; run the plan's own levels (concurrency, load.rates_per_second or a trace)"
     )]
     SweepSessions,
     /// `--shard` with a plan whose cases hold sessions.
     #[error(
-        "--shard does not go with sessions yet: a shard's share of the arrivals would split no session, but its planned requests are counted per arrival; run sessions unsharded"
+        "--shard does not go with sessions yet: a shard's share of the arrivals would split no session, but the shards' session runs, planned turns and stop notes are not merged by summarize; run sessions unsharded"
     )]
     ShardSessions,
     /// `--shard` with a closed-loop plan.
@@ -141,7 +141,7 @@ impl Shape {
         // run it starts), and it has no warm-up per variant (its first seconds are its
         // warm-up, within its rounds).
         if let Some(t) = &plan.load.trace {
-            let first = t.picks(None).first().map_or(1, |p| t.requests_of(p.entry));
+            let first = t.first_pick().map_or(1, |p| t.requests_of(p.entry));
             return (1 + first) * self.preludes();
         }
         let once = 1 + plan

@@ -95,7 +95,7 @@ pub(crate) struct Names<'a> {
     pub(crate) cases: Vec<(&'a str, Vec<Option<&'a str>>)>,
     pub(crate) synthetic: Option<SyntheticRules>,
     /// Per case, where each variant sits in its sessions (empty: a case without them).
-    pub(crate) turns: Vec<Vec<TurnOf>>,
+    pub(crate) turns: Vec<Vec<Option<TurnOf>>>,
 }
 
 /// Where a variant of a case with sessions sits: its session (place in the case's
@@ -250,7 +250,7 @@ impl<'a> Builder<'a> {
             return Ok(());
         };
         let of = self.names.turns.get(case as usize);
-        let Some(t) = of.and_then(|v| v.get(variant as usize)).copied() else {
+        let Some(t) = of.and_then(|v| v.get(variant as usize)).copied().flatten() else {
             return Ok(());
         };
         let trace = &mut self.trace;

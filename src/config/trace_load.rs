@@ -92,10 +92,16 @@ impl TraceLoad {
                 *n += self.requests_of(p.entry);
             }
         }
+        // A session run's later turns may come after the window's last send.
+        let span_us = picks
+            .iter()
+            .map(|p| self.last_offset_of(p))
+            .max()
+            .unwrap_or(0);
         self.counted = Counted {
             rate: rate_of(&picks),
             per_case,
-            span_us: picks.last().map_or(0, |p| p.offset_us),
+            span_us,
         };
     }
 
@@ -125,8 +131,9 @@ impl TraceLoad {
         })
     }
 
-    /// The last send's offset in a round of the whole window (every shard's): a shard's
-    /// waves keep the shared timetable by it.
+    /// The last offset in a round of the whole window (every shard's): its last send's,
+    /// or a later turn's its session runs give. A shard's waves keep the shared timetable
+    /// by it, and a round longer than [`MAX_TRACE_ROUND_SECONDS`] is refused by it.
     pub(crate) fn span_us(&self) -> u64 {
         self.counted.span_us
     }
@@ -160,37 +167,54 @@ impl TraceLoad {
     /// them (an entry with a session key goes to the shard its key's hash names, so a
     /// session stays on one generator; others by their index in the window modulo `n`).
     pub(crate) fn picks(&self, shard: Option<(usize, usize)>) -> Vec<Pick> {
-        let Some(t) = &self.entries else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
+        self.picks_iter(shard).collect()
+    }
+
+    /// The first send of a round (readiness sends it), found without the others.
+    pub(crate) fn first_pick(&self) -> Option<Pick> {
+        self.picks_iter(None).next()
+    }
+
+    /// [`Self::picks`], one at a time.
+    fn picks_iter(&self, shard: Option<(usize, usize)>) -> impl Iterator<Item = Pick> + '_ {
+        let entries = self.entries.as_deref().map_or(&[][..], |t| &t.entries[..]);
         // A later turn's entry is its run's to send, not a send of its own.
-        let window = t.entries.iter().enumerate().filter(|(i, e)| {
+        let window = entries.iter().enumerate().filter(move |(i, e)| {
             e.offset_us >= self.start_us
                 && self.end_us.is_none_or(|end| e.offset_us < end)
-                && !t.is_later_turn(*i as u32)
+                && !self
+                    .entries
+                    .as_ref()
+                    .is_some_and(|t| t.is_later_turn(*i as u32))
         });
-        for (k, (i, e)) in window.enumerate() {
-            if let Some((s, n)) = shard {
-                let key = e.session.unwrap_or(k as u64);
-                if key % n as u64 != s as u64 {
-                    continue;
-                }
-            }
-            let from_start = e.offset_us - self.start_us;
-            out.push(Pick {
+        window
+            .enumerate()
+            .filter(move |(k, (_, e))| {
+                shard.is_none_or(|(s, n)| e.session.unwrap_or(*k as u64) % n as u64 == s as u64)
+            })
+            .map(|(_, (i, e))| Pick {
                 offset_us: self.round_offset_us(e.offset_us),
                 entry: i as u32,
-                warmup: from_start < self.warmup_us,
-            });
-        }
-        out
+                warmup: e.offset_us - self.start_us < self.warmup_us,
+            })
     }
 
     /// An offset of the trace's clock as a round's: from the window's start, over the
     /// speed-up, rounded once (an offset before the window's start is 0).
     fn round_offset_us(&self, offset_us: u64) -> u64 {
         (offset_us.saturating_sub(self.start_us) as f64 / self.speedup).round() as u64
+    }
+
+    /// The last offset in the round of pick `p`: its own, or its session run's last
+    /// later turn's.
+    fn last_offset_of(&self, p: &Pick) -> u64 {
+        let later = self
+            .entries
+            .as_ref()
+            .and_then(|t| t.later_turns(p.entry).last());
+        later.map_or(p.offset_us, |(_, off)| {
+            p.offset_us.max(self.round_offset_us(off))
+        })
     }
 
     /// The requests a pick of entry `entry` sends: every turn of the session run it

@@ -96,18 +96,22 @@ pub(crate) fn trace_names(
 }
 
 /// Where each variant of `case` sits in its sessions (empty without them).
-fn turns_of(case: &super::plan::Case) -> Vec<super::trace::TurnOf> {
+fn turns_of(case: &super::plan::Case) -> Vec<Option<super::trace::TurnOf>> {
     let Some(s) = &case.sessions else {
         return Vec::new();
     };
-    let mut out = Vec::with_capacity(case.variants.len());
+    let mut out = vec![None; case.variants.len()];
     for (i, session) in s.list.iter().enumerate() {
         let turns = session.turns.len() as u16;
-        out.extend((0..turns).map(|turn| super::trace::TurnOf {
-            session: i as u32,
-            turn,
-            turns,
-        }));
+        for turn in 0..turns {
+            if let Some(v) = out.get_mut(session.first_variant + usize::from(turn)) {
+                *v = Some(super::trace::TurnOf {
+                    session: i as u32,
+                    turn,
+                    turns,
+                });
+            }
+        }
     }
     out
 }

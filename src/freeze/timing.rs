@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::collect::Case;
 use super::sessions::Chains;
-use super::write::{case_names, variant_names};
+use super::write::{case_names, session_ids, variant_names};
 use crate::record::rundir::sha256_hex;
 
 /// Entries a plan holds inline; a trace with more goes to a file beside it.
@@ -94,17 +94,10 @@ pub(crate) fn trace_load(
     let variants: Vec<Option<Vec<String>>> = cases
         .iter()
         .zip(chains)
-        .map(
-            |(c, ch)| match ch.as_ref().and_then(|ch| Some((ch, turns_of(c, ch)?))) {
-                Some((ch, turns)) => Some(
-                    turns
-                        .iter()
-                        .map(|&(s, k)| format!("{}/{}", ch.id(c, s), k + 1))
-                        .collect(),
-                ),
-                None => (c.variants.len() > 1).then(|| variant_names(c)),
-            },
-        )
+        .map(|(c, ch)| match ch.as_ref() {
+            Some(ch) => turn_names(c, ch),
+            None => (c.variants.len() > 1).then(|| variant_names(c)),
+        })
         .collect();
     let entries: Vec<Entry> = timed
         .iter()
@@ -150,6 +143,20 @@ pub(crate) fn trace_load(
         ),
         file: Some(TraceFile { bytes }),
     })
+}
+
+/// Each variant's name in a case frozen as sessions: its turn, `<session id>/<k>`, the
+/// ids as the plan writes them (`write::session_ids`). `None` when a conversation
+/// branches ([`turns_of`]).
+fn turn_names(c: &Case, ch: &Chains) -> Option<Vec<String>> {
+    let ids = session_ids(c, ch);
+    let turns = turns_of(c, ch)?;
+    Some(
+        turns
+            .iter()
+            .map(|&(s, k)| format!("{}/{}", ids[s], k + 1))
+            .collect(),
+    )
 }
 
 /// The capture's order: by start, ties by exchange id.
@@ -352,13 +359,30 @@ mod tests {
         );
         assert_eq!(dropped, vec![None]);
         assert!(lines[0].starts_with("case 'chat': its chats continue one another, but its captured requests are not whole conversations"), "{lines:?}");
-        // The entries name each exchange's turn.
-        let t = trace_load(at(&[0, 2, 1]), &[c], &[Some(linear)], None).unwrap();
-        let Where::Inline { entries } = t.load.trace else {
-            panic!("inline")
+        // The entries name each exchange's turn, by the session ids the plan writes.
+        let named = |c: &Case| {
+            let t = trace_load(
+                at(&[0, 2, 1]),
+                std::slice::from_ref(c),
+                &[Some(linear.clone())],
+                None,
+            );
+            let Where::Inline { entries } = t.unwrap().load.trace else {
+                panic!("inline")
+            };
+            entries
+                .into_iter()
+                .map(|e| e.variant.unwrap())
+                .collect::<Vec<String>>()
         };
-        let named: Vec<Option<String>> = entries.into_iter().map(|e| e.variant).collect();
-        assert_eq!(named, ["s1/1", "s2/1", "s1/2"].map(|n| Some(n.to_string())));
+        assert_eq!(named(&c), ["s1/1", "s2/1", "s1/2"]);
+        // A client that reused its affinity header's value: the plan's second session is
+        // `conv-2`, and so are its entries.
+        let mut reused = c.clone();
+        for v in &mut reused.variants {
+            v.session = Some(("x-session-id".into(), "conv".into()));
+        }
+        assert_eq!(named(&reused), ["conv/1", "conv-2/1", "conv/2"]);
     }
 
     #[test]

@@ -360,7 +360,7 @@ fn session_case_json(
         m.insert("session_header".into(), json!(h));
     }
     m.insert("request".into(), Value::Object(chains.template.clone()));
-    let mut used = HashSet::new();
+    let ids = session_ids(c, chains);
     let sessions: Vec<Value> = (0..chains.sessions.len())
         .map(|s| {
             let turns: Vec<Value> = chains.sessions[s]
@@ -376,11 +376,20 @@ fn session_case_json(
                     Value::Object(t)
                 })
                 .collect();
-            session_json(unique(chains.id(c, s), &mut used), turns)
+            session_json(ids[s].clone(), turns)
         })
         .collect();
     m.insert("sessions".into(), Value::Array(sessions));
     Value::Object(m)
+}
+
+/// The ids of a case's sessions as the plan names them: each its [`Chains::id`], made
+/// unique (`-2`, `-3` when taken: a client may reuse an affinity header's value).
+pub(crate) fn session_ids(c: &Case, chains: &Chains) -> Vec<String> {
+    let mut used = HashSet::new();
+    (0..chains.sessions.len())
+        .map(|s| unique(chains.id(c, s), &mut used))
+        .collect()
 }
 
 /// A plan's turn of a session: the messages it adds, and the answer a frozen history

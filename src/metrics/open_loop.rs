@@ -80,7 +80,9 @@ pub(crate) fn goodput(samples: &[Sample], slo: &Slo, elapsed_seconds: f64) -> Go
 
 /// The open-loop numbers of a round at `rate`: rates, gaps and send lag over its
 /// attempted arrivals (a session's first turn is its arrival; its later turns are due when
-/// the turn before them ends and have no intended send time), latency over every request.
+/// the turn before them ends, or in a trace at their own offset if later, and are sent on
+/// the runtime's timer, not the pacer), latency over every request (from its intended
+/// send, a trace's later turn's from when it was due).
 pub(super) fn open_metrics(rate: f64, all: &[Sample]) -> OpenMetrics {
     let arrivals: Vec<&Sample> = all
         .iter()

@@ -429,7 +429,7 @@ fn turns_block(aggs: &[Aggregate], rounds: &[RoundMetrics]) -> String {
     let mut out = aligned(&rows);
     out.push_str("per turn: ok/attempted over measured rounds; first byte, TTFT (streams), p50 latency, prompt and cached prompt tokens (the server's usage; - where it reported none): medians over complete rounds of each round's p50 over its turns k\n");
     if lagged {
-        out.push_str("session lag: how much later than its trace entry's offset a turn was due (the turn before it and its think time ended later); its latency counts from when it was due\n");
+        out.push_str("session lag: how much later than its trace entry's offset a turn was due (the turn before it and its think time ended later); its scheduled_offset_us is when it was due, so the rounds' latency from the schedule counts from then (the per-turn p50 ms above from its send)\n");
     }
     out
 }

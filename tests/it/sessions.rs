@@ -699,10 +699,10 @@ async fn a_traces_session_turn_is_due_at_its_offset_or_after_the_turn_before_it(
     plan["repetitions"] = json!(1);
     let entry = |off: u64, v: &str| json!({"offset_us": off, "case": "chat", "variant": v});
     // At speedup 2: alpha/2 is given 5 ms but waits turn 1 and 100 ms of thought; alpha/3
-    // is given 200 ms, after turn 2 has ended; beta/2 has no entry of its own.
+    // is given 500 ms, after turn 2 has ended; beta/2 has no entry of its own.
     plan["load"] = json!({"mode": "trace", "speedup": 2, "trace": {"entries": [
         entry(0, "alpha/1"), entry(10_000, "alpha/2"), entry(30_000, "beta/1"),
-        entry(400_000, "alpha/3")]}});
+        entry(1_000_000, "alpha/3")]}});
     let (run, exit) = replay_plan(dir.path(), &plan).await;
     assert_eq!(exit, Exit::Ok);
     let summary = read_json(&run.join("summary.json"));
@@ -768,10 +768,10 @@ async fn a_traces_session_turn_is_due_at_its_offset_or_after_the_turn_before_it(
         "its lag is due minus its own offset"
     );
     assert!(start[a2].unwrap() >= due2);
-    // alpha/3: due at its own 200 ms, turn 2 having ended before.
-    assert!(end(a2) < s0 + 200_000, "turn 2 ended at {}", end(a2));
-    assert_eq!((sched[a3], lag[a3]), (Some(s0 + 200_000), Some(0)));
-    assert!(start[a3].unwrap() >= s0 + 200_000);
+    // alpha/3: due at its own 500 ms, turn 2 having ended before.
+    assert!(end(a2) < s0 + 500_000, "turn 2 ended at {}", end(a2));
+    assert_eq!((sched[a3], lag[a3]), (Some(s0 + 500_000), Some(0)));
+    assert!(start[a3].unwrap() >= s0 + 500_000);
     // beta/2: no entry, so due when beta/1 ended; no lag.
     assert_eq!(lag[b2], None);
     assert!(sched[b2].unwrap() >= end(b1) && start[b2].unwrap() >= sched[b2].unwrap());

@@ -150,7 +150,7 @@ async fn trace_readiness(
         .load
         .trace
         .as_ref()
-        .and_then(|t| t.picks(None).first().copied().map(|p| (t, p)));
+        .and_then(|t| t.first_pick().map(|p| (t, p)));
     let Some((t, pick)) = first else {
         return !ctx.stopped();
     };

@@ -26,8 +26,9 @@ use crate::metrics::Sample;
 use crate::model::{Outcome, Phase};
 
 /// Send dispatch `d` (its samples into `out`): one request, or in a case with sessions
-/// the session its dispatch index names (`i mod sessions`), every turn. The closed loop's
-/// workers and the open loop's senders both send this way.
+/// one run of a session, every turn: the session a trace's entry names (`d.turn`), else
+/// the one its dispatch index names (`i mod sessions`). The closed loop's workers, the
+/// open loop's and a trace's senders and a trace's readiness all send this way.
 pub(super) async fn send(
     ctx: &Ctx,
     slot: &mut Slot,
@@ -268,7 +269,7 @@ async fn wait_due(ctx: &Ctx, think: std::time::Duration, own: Option<i64>) -> Op
     let now_us = crate::clock::us_between(t0, crate::clock::now_ns());
     let ready_us = now_us.saturating_add(think.as_micros() as i64);
     let due_us = own.map_or(ready_us, |o| o.max(ready_us));
-    let until = t0.saturating_add(due_us.max(0) as u64 * 1000);
+    let until = t0.saturating_add((due_us.max(0) as u64).saturating_mul(1000));
     while !ctx.stopped() {
         let now = crate::clock::now_ns();
         if now >= until {

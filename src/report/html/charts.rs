@@ -582,7 +582,7 @@ fn timeline(r: &RunInput, i: usize) -> Option<Chart> {
         format!("timeline-{i}"),
         "timeline",
         format!("Timeline: {}", r.label),
-        "every recorded exchange of every phase: sends by start_offset_us, the schedule by scheduled_offset_us (open loops and traces: a trace's own arrivals at its speed-up), completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
+        "every recorded exchange of every phase: sends by start_offset_us, the schedule by scheduled_offset_us (open loops and traces: a trace's own arrivals at its speed-up, and a trace's later session turns when they were due), completions (ok, and failures by kind) by start_offset_us + total_us (+ 0 when no duration), counted per bin of bin_us; shaded spans are the measured rounds (first send to last completion)",
         ("time since the run's start (s)", "exchanges per bin"),
     );
     c.set("run", json!(r.label));
