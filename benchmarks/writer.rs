@@ -102,6 +102,7 @@ fn row(i: i64, body: &Bytes, run_id: &Arc<str>) -> ExchangeRecord {
         turn: None,
         cached_prompt_tokens: None,
         session_lag_us: None,
+        oracle_detail: None,
         usage_from_body: false,
         memory: None,
     }

@@ -60,6 +60,13 @@ pub(super) const REQUEST_FIELDS: &[&str] = &[
     "expected_usage",
     "require_done",
     "prompt_tokens",
+    "expected_schema",
+    "schema_of",
+    "expected_tool_calls",
+    "expected_choice",
+    "case_fold",
+    "expected_pattern",
+    "tolerance",
 ];
 
 /// Header names a plan may not set: framing and hop-by-hop headers belong to the engine.

@@ -9,6 +9,7 @@ pub(crate) mod campaign;
 mod cases;
 pub(crate) use json::ENGINE_HEADERS;
 pub(crate) mod contract;
+mod contract_spec;
 pub(crate) mod flags;
 pub(crate) mod json;
 pub(crate) mod load;

@@ -1,11 +1,13 @@
 //! A request's oracle as a plan declares it: exactly one of `expected_response`,
-//! `expected_response_text`, `expected_stream_text` or `expected_events`, with
-//! `require_done`, `expected_usage` and the ignore paths the request inherits (the plan's
-//! and its case's), resolved into an [`Oracle`].
+//! `expected_response_text`, `expected_stream_text` or `expected_events`, or a contract
+//! (`expected_schema`, `expected_tool_calls`, `expected_choice`, `expected_pattern`:
+//! `contract_spec.rs`), with `require_done`, `expected_usage`, `tolerance` and the ignore
+//! paths the request inherits (the plan's and its case's), resolved into an [`Oracle`].
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use super::contract_spec::{CONTRACT_FIELDS, asks_stream};
 use super::json::{Validator, join};
 use crate::oracle::{EventExpect, Oracle, Pointer, StreamOracle, json_kind};
 
@@ -15,6 +17,10 @@ const ORACLE_FIELDS: &[&str] = &[
     "expected_response_text",
     "expected_stream_text",
     "expected_events",
+    "expected_schema",
+    "expected_tool_calls",
+    "expected_choice",
+    "expected_pattern",
 ];
 
 /// The ignore paths a request inherits: the plan's top-level list and its case's, with
@@ -64,6 +70,7 @@ impl Validator {
             );
             ok = false;
         }
+        ok &= self.modifiers_alone(m, path);
         if !primaries.is_empty() {
             self.judged += 1;
         }
@@ -86,7 +93,20 @@ impl Validator {
                 );
                 None
             }
-            ["expected_response"] => self.json_oracle(m, path, inherited_ignore),
+            ["expected_response"] => self.json_oracle(m, path, inherited_ignore).map(|mut o| {
+                ok &= self.tolerance(m, path, &mut o);
+                o
+            }),
+            [contract] if CONTRACT_FIELDS.contains(contract) => {
+                if has_ignore {
+                    self.err(
+                        join(path, "ignore_paths"),
+                        format!("ignore_paths only applies to JSON oracles (expected_response, expected_events, expected_usage); {contract} judges a contract, not a recorded answer"),
+                    );
+                    ok = false;
+                }
+                self.contract_oracle(m, path, contract)
+            }
             ["expected_response_text"] => {
                 let (o, rules_held) = self.bytes_oracle(m, path, inherited, has_ignore);
                 ok &= rules_held;
@@ -111,12 +131,7 @@ impl Validator {
         path: &str,
         inherited_ignore: &[Pointer],
     ) -> Option<Oracle> {
-        let asks_stream = m
-            .get("request")
-            .and_then(|r| r.get("stream"))
-            .and_then(Value::as_bool)
-            == Some(true);
-        if asks_stream {
+        if asks_stream(m) {
             self.err(
                 join(path, "expected_response"),
                 "the request asks for a stream (\"stream\": true), so the answer is an event stream, not one JSON document: use expected_stream_text (with optional expected_usage) or expected_events",

@@ -95,6 +95,9 @@ pub(crate) struct Verdict {
     /// The oracle's judgment, whatever the lane made of it: `Some(false)` for a
     /// performance-fit arm's mismatch that stays `ok`; `None` when nothing was judged.
     pub(crate) oracle_passed: Option<bool>,
+    /// Why the oracle judged the answer wrong, `KIND: at POINTER: reason` (every lane);
+    /// `None` when it passed or nothing was judged.
+    pub(crate) oracle_detail: Option<String>,
 }
 
 /// An exchange's cached prompt tokens (its row's `cached_prompt_tokens`): a stream's
@@ -270,6 +273,7 @@ impl RunContext {
             session_id: ids.session_id,
             turn: ids.turn,
             session_lag_us: ids.session_lag_us,
+            oracle_detail: verdict.oracle_detail,
             cached_prompt_tokens,
             usage_from_body: false,
             oracle_passed: verdict.oracle_passed,

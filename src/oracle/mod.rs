@@ -8,36 +8,21 @@
 //! bounded by `serde_json`'s parser (128 levels), so comparison cannot overflow the stack.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use bytes::Bytes;
 use serde_json::{Number, Value};
 
 pub(crate) mod answer;
+pub(crate) mod contract;
+mod pointer;
 mod text;
+pub(crate) mod tolerance;
+
+use pointer::is_canonical_index;
+pub(crate) use pointer::{Mismatch, Pointer};
 
 pub(crate) use text::answer_reason;
 use text::{byte_window, text_difference};
-
-/// A parsed RFC 6901 JSON pointer (never the root).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Pointer {
-    text: String,
-    tokens: Vec<String>,
-}
-
-/// Why a string is not a [`Pointer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum PointerError {
-    #[error(
-        "the root pointer would ignore the whole response; use an exact-bytes oracle or remove the case"
-    )]
-    Root,
-    #[error("a JSON pointer starts with '/' (RFC 6901)")]
-    NoSlash,
-    #[error("'~' must be followed by 0 or 1 (RFC 6901)")]
-    Escape,
-}
 
 /// Why an ignore path does not name a primitive leaf of the oracle's expected value; the
 /// words follow the path (`ignore path '/a' does not exist in the oracle`).
@@ -50,79 +35,6 @@ enum LeafError {
     /// It reaches an object or an array (the kind named).
     #[error(" must end at a primitive leaf, but it reaches {0}")]
     NotALeaf(&'static str),
-}
-
-impl Pointer {
-    pub(crate) fn parse(s: &str) -> Result<Pointer, PointerError> {
-        if s.is_empty() {
-            return Err(PointerError::Root);
-        }
-        let Some(rest) = s.strip_prefix('/') else {
-            return Err(PointerError::NoSlash);
-        };
-        let mut tokens = Vec::new();
-        for raw in rest.split('/') {
-            let mut tok = String::with_capacity(raw.len());
-            let mut chars = raw.chars();
-            while let Some(c) = chars.next() {
-                if c == '~' {
-                    match chars.next() {
-                        Some('0') => tok.push('~'),
-                        Some('1') => tok.push('/'),
-                        _ => return Err(PointerError::Escape),
-                    }
-                } else {
-                    tok.push(c);
-                }
-            }
-            tokens.push(tok);
-        }
-        Ok(Pointer {
-            text: s.to_string(),
-            tokens,
-        })
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The value this pointer names in `root`, if any (array indices must be canonical).
-    pub(crate) fn resolve<'v>(&self, root: &'v Value) -> Option<&'v Value> {
-        let mut cur = root;
-        for tok in &self.tokens {
-            cur = match cur {
-                Value::Object(m) => m.get(tok)?,
-                Value::Array(a) if is_canonical_index(tok) => a.get(tok.parse::<usize>().ok()?)?,
-                _ => return None,
-            };
-        }
-        Some(cur)
-    }
-
-    /// Take the value this pointer names out of `root`: an object member is removed, an
-    /// array element becomes `null` (so later positions keep their indices). `None` when
-    /// the pointer does not resolve.
-    pub(crate) fn take(&self, root: &mut Value) -> Option<Value> {
-        let (last, parents) = self.tokens.split_last()?;
-        let mut cur = root;
-        for tok in parents {
-            cur = match cur {
-                Value::Object(m) => m.get_mut(tok)?,
-                Value::Array(a) if is_canonical_index(tok) => {
-                    a.get_mut(tok.parse::<usize>().ok()?)?
-                }
-                _ => return None,
-            };
-        }
-        match cur {
-            Value::Object(m) => m.shift_remove(last),
-            Value::Array(a) if is_canonical_index(last) => {
-                a.get_mut(last.parse::<usize>().ok()?).map(Value::take)
-            }
-            _ => None,
-        }
-    }
 }
 
 /// `v` with every object's keys sorted (serde_json keeps insertion order here): the
@@ -211,14 +123,6 @@ enum PathTok<'a> {
     Index(usize),
 }
 
-fn is_canonical_index(tok: &str) -> bool {
-    tok == "0"
-        || (!tok.is_empty()
-            && !tok.starts_with('0')
-            && tok.len() <= 18
-            && tok.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// JSON type with the integer/fractional distinction the oracle is strict about, as a
 /// phrase for messages ("an integer", "a fractional number", ...).
 pub(crate) fn json_kind(v: &Value) -> &'static str {
@@ -258,24 +162,6 @@ impl IgnoreNode {
     }
 }
 
-/// Where and why a response differs from its oracle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mismatch {
-    /// First differing JSON pointer (`""` is the whole document); `None` for exact bytes.
-    pub(crate) pointer: Option<String>,
-    pub(crate) reason: String,
-}
-
-impl fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.pointer {
-            Some(p) if p.is_empty() => write!(f, "at the document root: {}", self.reason),
-            Some(p) => write!(f, "at {p}: {}", self.reason),
-            None => write!(f, "{}", self.reason),
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub(crate) enum Oracle {
     /// Type-strict JSON equality with ignored primitive leaves.
@@ -283,6 +169,8 @@ pub(crate) enum Oracle {
         expected: Value,
         ignore_paths: Vec<Pointer>,
         ignore: IgnoreTrie,
+        /// Numeric leaves equal within these bounds (`tolerance`); none: exact.
+        tolerance: Option<Box<tolerance::TolNode>>,
     },
     /// Exact bytes.
     Bytes(Bytes),
@@ -291,6 +179,9 @@ pub(crate) enum Oracle {
     /// An event stream judged as the virtual document
     /// `{"text": ..., "usage": ..., "events": [...]}` (pointers in mismatches use it).
     Stream(Box<StreamOracle>),
+    /// A contract the answer must keep, whatever its exact text: a JSON Schema, tool
+    /// calls, a choice or a pattern ([`contract`]).
+    Contract(Box<contract::Contract>),
 }
 
 /// What one expected event's `data` must be.
@@ -328,9 +219,30 @@ impl Oracle {
             expected,
             ignore_paths: Vec::new(),
             ignore: IgnoreTrie::default(),
+            tolerance: None,
         };
         o.add_ignore_paths(ignore_paths)?;
         Ok(o)
+    }
+
+    /// The oracle's kind as documents name it: `json`, `bytes`, `stream`, a contract's
+    /// (`schema`, `tool_calls`, `choice`, `pattern`), or `none`.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Oracle::Json { .. } => "json",
+            Oracle::Bytes(_) => "bytes",
+            Oracle::Stream(_) => "stream",
+            Oracle::Contract(c) => c.kind(),
+            Oracle::Unjudged => "none",
+        }
+    }
+
+    /// A JSON oracle's numeric leaves equal within `tolerance` (its pointers already
+    /// checked against the expected value); no-op for any other oracle.
+    pub(crate) fn set_tolerance(&mut self, t: tolerance::TolNode) {
+        if let Oracle::Json { tolerance, .. } = self {
+            *tolerance = Some(Box::new(t));
+        }
     }
 
     /// Add ignore paths to a JSON oracle (validated as in [`Oracle::json`]). For an
@@ -343,6 +255,7 @@ impl Oracle {
             expected,
             ignore_paths,
             ignore,
+            ..
         } = self
         else {
             return Ok(());
@@ -367,6 +280,9 @@ impl Oracle {
     /// it resolves and needs none to; an exact-bytes oracle takes none (validation refuses
     /// top-level paths when any case has one).
     pub(crate) fn add_top_ignore_paths(&mut self, paths: &[Pointer]) -> Result<(), Vec<String>> {
+        if matches!(self, Oracle::Contract(_)) {
+            return Ok(());
+        }
         match self {
             Oracle::Stream(so) => {
                 for p in paths {
@@ -380,22 +296,27 @@ impl Oracle {
 
     /// Judge a response body.
     pub(crate) fn check(&self, body: &[u8]) -> Result<(), Mismatch> {
-        self.judge_and_read(body, None).1
+        self.judge_and_read(body, false, None).1
     }
 
     /// Judge a response body and, for a JSON oracle, read what the answer says of itself
     /// from the same parse: its `usage` ([`usage_tokens`]) whether it matched or not (a
     /// performance-fit arm's mismatching answers still count their tokens), and when it
     /// matched its decisions under `decisions` ([`count_decisions`]). Other oracles read
-    /// nothing (`Judged::default()`).
+    /// nothing (`Judged::default()`). `stream`: the answer is an event stream (a contract
+    /// reads its deltas; a streaming oracle reads it as one anyway).
     pub(crate) fn judge_and_read(
         &self,
         body: &[u8],
+        stream: bool,
         decisions: Option<&Pointer>,
     ) -> (Judged, Result<(), Mismatch>) {
         match self {
             Oracle::Json {
-                expected, ignore, ..
+                expected,
+                ignore,
+                tolerance,
+                ..
             } => {
                 let actual: Value = match serde_json::from_slice(body) {
                     Ok(v) => v,
@@ -408,7 +329,8 @@ impl Oracle {
                     }
                 };
                 let mut path = Vec::new();
-                let verdict = compare(expected, &actual, Some(&ignore.0), &mut path);
+                let at = At::new(Some(&ignore.0), tolerance.as_deref());
+                let verdict = compare(expected, &actual, at, &mut path);
                 let judged = Judged {
                     decisions: verdict
                         .is_ok()
@@ -420,6 +342,7 @@ impl Oracle {
             }
             Oracle::Bytes(expected) => (Judged::default(), same_bytes(expected, body)),
             Oracle::Stream(so) => (Judged::default(), so.check(body)),
+            Oracle::Contract(c) => (Judged::default(), c.judge(body, stream)),
             Oracle::Unjudged => (Judged::default(), Ok(())),
         }
     }
@@ -529,7 +452,7 @@ impl StreamOracle {
                                 reason: format!("event data is not valid JSON ({e})"),
                             })?;
                         let mut path = vec![PathTok::Key("events"), PathTok::Index(i)];
-                        compare(v, &actual, Some(&trie.0), &mut path)?;
+                        compare(v, &actual, At::new(Some(&trie.0), None), &mut path)?;
                     }
                 }
             }
@@ -561,7 +484,7 @@ impl StreamOracle {
                 });
             };
             let mut path = vec![PathTok::Key("usage")];
-            compare(v, actual, Some(&trie.0), &mut path)?;
+            compare(v, actual, At::new(Some(&trie.0), None), &mut path)?;
         }
         if self.require_done && !tracker.done {
             return Err(Mismatch {
@@ -603,13 +526,50 @@ fn fail(path: &[PathTok<'_>], reason: String) -> Mismatch {
     }
 }
 
+/// Where a comparison stands in its oracle's ignore paths and tolerances.
+#[derive(Clone, Copy)]
+struct At<'t> {
+    ignore: Option<&'t IgnoreNode>,
+    tol: Option<&'t tolerance::TolNode>,
+    /// The tolerance of the nearest pointer above (or the whole answer's).
+    within: Option<tolerance::Tol>,
+}
+
+impl<'t> At<'t> {
+    fn new(ignore: Option<&'t IgnoreNode>, tol: Option<&'t tolerance::TolNode>) -> At<'t> {
+        At {
+            ignore,
+            tol,
+            within: tol.and_then(|t| t.tol),
+        }
+    }
+
+    /// One step down, into the member or element named `key`.
+    fn down(self, key: &str) -> At<'t> {
+        let tol = self.tol.and_then(|t| t.child(key));
+        At {
+            ignore: self.ignore.and_then(|n| n.children.get(key)),
+            tol,
+            within: tol.and_then(|t| t.tol).or(self.within),
+        }
+    }
+
+    /// [`Self::down`] into element `i`, naming it only where a trie goes on.
+    fn down_index(self, i: usize) -> At<'t> {
+        if self.ignore.is_none() && self.tol.is_none() {
+            return self;
+        }
+        self.down(&i.to_string())
+    }
+}
+
 fn compare<'a>(
     expected: &'a Value,
     actual: &'a Value,
-    ignore: Option<&IgnoreNode>,
+    at: At<'_>,
     path: &mut Vec<PathTok<'a>>,
 ) -> Result<(), Mismatch> {
-    if let Some(node) = ignore
+    if let Some(node) = at.ignore
         && node.leaf
     {
         return if json_kind(expected) == json_kind(actual) {
@@ -626,8 +586,18 @@ fn compare<'a>(
         };
     }
     match (expected, actual) {
-        (Value::Object(e), Value::Object(a)) => compare_objects(e, a, ignore, path),
-        (Value::Array(e), Value::Array(a)) => compare_arrays(e, a, ignore, path),
+        (Value::Object(e), Value::Object(a)) => compare_objects(e, a, at, path),
+        (Value::Array(e), Value::Array(a)) => compare_arrays(e, a, at, path),
+        (Value::Number(e), Value::Number(a)) if at.within.is_some() => {
+            let (Some(x), Some(y), Some(tol)) = (e.as_f64(), a.as_f64(), at.within) else {
+                return compare_scalars(expected, actual, path);
+            };
+            if tol.holds(x, y) {
+                Ok(())
+            } else {
+                Err(fail(path, format!("expected {e} within {tol}, found {a}")))
+            }
+        }
         _ => compare_scalars(expected, actual, path),
     }
 }
@@ -636,16 +606,16 @@ fn compare<'a>(
 fn compare_objects<'a>(
     e: &'a serde_json::Map<String, Value>,
     a: &'a serde_json::Map<String, Value>,
-    ignore: Option<&IgnoreNode>,
+    at: At<'_>,
     path: &mut Vec<PathTok<'a>>,
 ) -> Result<(), Mismatch> {
     for (k, ev) in e {
         path.push(PathTok::Key(k));
-        let child = ignore.and_then(|n| n.children.get(k.as_str()));
+        let child = at.down(k);
         match a.get(k) {
             Some(av) => compare(ev, av, child, path)?,
             None => {
-                let what = if child.is_some_and(|c| c.leaf) {
+                let what = if child.ignore.is_some_and(|c| c.leaf) {
                     "ignored leaf is missing from the response"
                 } else {
                     "key is missing from the response"
@@ -666,13 +636,12 @@ fn compare_objects<'a>(
 fn compare_arrays<'a>(
     e: &'a [Value],
     a: &'a [Value],
-    ignore: Option<&IgnoreNode>,
+    at: At<'_>,
     path: &mut Vec<PathTok<'a>>,
 ) -> Result<(), Mismatch> {
     for (i, (ev, av)) in e.iter().zip(a).enumerate() {
         path.push(PathTok::Index(i));
-        let child = ignore.and_then(|n| n.children.get(&i.to_string()));
-        compare(ev, av, child, path)?;
+        compare(ev, av, at.down_index(i), path)?;
         path.pop();
     }
     if e.len() != a.len() {
@@ -754,6 +723,7 @@ fn short(v: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::pointer::PointerError;
     use super::*;
     use serde_json::json;
 

@@ -182,7 +182,7 @@ const REQUIRED: bool = false;
 
 /// Every column of `exchanges/*.parquet`, in file order (docs/output.md lists the same).
 #[rustfmt::skip]
-pub(crate) static COLUMNS: [Column; 58] = [
+pub(crate) static COLUMNS: [Column; 59] = [
     column!("run_id", Utf8, REQUIRED, "", |r: &R| Some(&*r.run_id),
         "the run (also in `config.json`)"),
     column!("exchange_id", Int64, REQUIRED, "", |r: &R| Some(r.exchange_id),
@@ -299,6 +299,8 @@ pub(crate) static COLUMNS: [Column; 58] = [
         "prompt tokens the server's prefix cache served: the answer's `usage.prompt_tokens_details.cached_tokens` (a JSON answer's, or a stream's usage chunk's; vLLM reports it with `--enable-prompt-tokens-details`); null when the answer does not report it (never 0 for unknown)"),
     column!("session_lag_us", Int64, NULLABLE, "us", |r: &R| r.session_lag_us,
         "a trace's session turn: how much later than its own entry's offset the turn was due, because the turn before it and its think time ended later (`scheduled_offset_us` is the due time); 0 for a turn due at its offset (a run's first turn always); null outside a trace's sessions and for a turn no entry gives an offset"),
+    column!("oracle_detail", Utf8, NULLABLE, "", |r: &R| r.oracle_detail.as_deref(),
+        "why the oracle judged the answer wrong, in every lane (a performance-fit arm's mismatch that stays `ok` too): its kind (`json`, `bytes`, `stream`, `schema`, `tool_calls`, `choice`, `pattern`), where (a JSON pointer) and why, e.g. `tool_calls: at /tool_calls/0/function/arguments/city: does not fit the schema: ...`; null when it passed or nothing was judged"),
 ];
 
 /// The Arrow schema of `exchanges/*.parquet`, generated from [`COLUMNS`].
@@ -472,6 +474,7 @@ mod tests {
         r.turn = Some(6);
         r.cached_prompt_tokens = Some(43);
         r.session_lag_us = Some(45);
+        r.oracle_detail = Some("detail".into());
         r
     }
 

@@ -95,6 +95,7 @@ pub(crate) mod tests_support {
             turn: None,
             cached_prompt_tokens: None,
             session_lag_us: None,
+            oracle_detail: None,
             usage_from_body: false,
             memory: None,
         }

@@ -79,6 +79,9 @@ pub struct ExchangeRecord {
     /// (the turn before it and its think time ended later), µs; 0 for a run's first turn;
     /// `None` elsewhere.
     pub session_lag_us: Option<i64>,
+    /// Why the oracle judged the answer wrong (`KIND: at POINTER: reason`), in every
+    /// lane; `None` when it passed or nothing was judged.
+    pub oracle_detail: Option<String>,
     /// serve: a whole JSON answer whose `usage` (token counts and cached prompt tokens)
     /// the writer thread reads from `response_body` before encoding the row
     /// ([`Self::read_usage_from_body`]), which keeps JSON parsing off serve's path.

@@ -63,17 +63,19 @@ def main(run: Path) -> int:
     names = {r[0] for r in con.execute(f"select unnest(request_headers).name from '{glob}'").fetchall()}
     assert "host" in names, names
     checks += 3
-    # The last four columns: a turn's session and index, the server's cached prompt tokens
-    # and a trace turn's session lag; a turn belongs to a session and counts from 1, a
-    # cached count and a lag are never negative, and only a session's turn has a lag.
+    # The last five columns: a turn's session and index, the server's cached prompt tokens,
+    # a trace turn's session lag and why an oracle judged an answer wrong; a turn belongs to
+    # a session and counts from 1, a cached count and a lag are never negative, only a
+    # session's turn has a lag, and only a judged-wrong answer has a detail.
     described = con.execute(f"select column_name, column_type from (describe select * from '{glob}')").fetchall()
-    last = [tuple(r) for r in described[-4:]]
+    last = [tuple(r) for r in described[-5:]]
     assert last == [("session_id", "VARCHAR"), ("turn", "INTEGER"), ("cached_prompt_tokens", "BIGINT"),
-                    ("session_lag_us", "BIGINT")], last
+                    ("session_lag_us", "BIGINT"), ("oracle_detail", "VARCHAR")], last
     bad = con.execute(
         f"""select count(*) from '{glob}'
             where (session_id is null) <> (turn is null) or turn < 1 or cached_prompt_tokens < 0
-               or session_lag_us < 0 or (session_lag_us is not null and turn is null)"""
+               or session_lag_us < 0 or (session_lag_us is not null and turn is null)
+               or (oracle_detail is not null) <> (oracle_passed is not null and not oracle_passed)"""
     ).fetchone()[0]
     assert bad == 0, bad
     checks += 2

@@ -118,7 +118,7 @@ async fn replay_records_cached_prompt_tokens_from_json_answers_and_usage_chunks(
     assert!(rows.i32s("turn").iter().all(Option::is_none));
     // The three are the file's last columns, in this order and of these types.
     let schema = rows.batches[0].schema();
-    let last: Vec<(String, String, bool)> = schema.fields()[schema.fields().len() - 4..]
+    let last: Vec<(String, String, bool)> = schema.fields()[schema.fields().len() - 5..]
         .iter()
         .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
         .collect();
@@ -129,7 +129,8 @@ async fn replay_records_cached_prompt_tokens_from_json_answers_and_usage_chunks(
             col("session_id", "Utf8"),
             col("turn", "Int32"),
             col("cached_prompt_tokens", "Int64"),
-            col("session_lag_us", "Int64")
+            col("session_lag_us", "Int64"),
+            col("oracle_detail", "Utf8")
         ]
     );
     // summarize reads the run back with the new columns (and refuses nothing).

@@ -5,6 +5,7 @@ mod accounting;
 mod cached_tokens;
 mod campaign;
 mod cli;
+mod contracts;
 mod crash;
 mod dataset;
 mod dataset_sessions;

@@ -440,8 +440,11 @@ fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
             ),
         );
     }
-    let (judged, verdict) =
-        oracle.judge_and_read(&got.body.bytes, Some(&ctx.plan.decisions_pointer));
+    let (judged, verdict) = oracle.judge_and_read(
+        &got.body.bytes,
+        got.stream.is_some(),
+        Some(&ctx.plan.decisions_pointer),
+    );
     let usage_tokens = match oracle {
         Oracle::Json { .. } => judged
             .usage
@@ -461,6 +464,7 @@ fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
         // A performance-fit arm answering differently is what is measured, not a fault:
         // the difference is recorded (oracle_passed false), the exchange stays `ok`.
         Err(m) if ctx.performance_fit => Verdict {
+            oracle_detail: Some(format!("{}: {m}", oracle.kind())),
             oracle_mismatch_pointer: m.pointer,
             usage_tokens,
             oracle_passed: Some(false),
@@ -469,6 +473,7 @@ fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
         Err(m) => Verdict {
             outcome: Outcome::Correctness,
             error_message: Some(format!("oracle mismatch {m}")),
+            oracle_detail: Some(format!("{}: {m}", oracle.kind())),
             oracle_mismatch_pointer: m.pointer,
             usage_tokens,
             oracle_passed: Some(false),
