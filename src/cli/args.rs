@@ -925,6 +925,14 @@ pub struct MockLatencyArgs {
         requires = "mock_worker"
     )]
     pub prefill_per_token_ms: Option<f64>,
+    /// With --mock-worker: break the tool calls of this share of the prompts that declare
+    /// tools (0 to 1): their arguments leave out a required property.
+    #[arg(
+        long = "mock-invalid-tool-call-share",
+        value_name = "SHARE",
+        requires = "mock_worker"
+    )]
+    pub invalid_tool_call_share: Option<f64>,
 }
 
 impl MockLatencyArgs {
@@ -949,6 +957,9 @@ impl MockLatencyArgs {
         if let Some(v) = self.prefill_per_token_ms {
             c.prefill_per_token_ms =
                 flags::milliseconds("--mock-prefill-per-token-ms", v).map_err(usage)?;
+        }
+        if let Some(v) = self.invalid_tool_call_share {
+            c.invalid_tool_call_share = share("--mock-invalid-tool-call-share", v)?;
         }
         Ok(c)
     }
@@ -982,6 +993,11 @@ pub struct MockArgs {
     /// text on every request, as a batched server's greedy answers differ run to run.
     #[arg(long, default_value_t = 0.0)]
     pub nondeterministic_share: f64,
+    /// Break the tool calls of this share of the prompts that declare tools (0 to 1;
+    /// which ones follows --text-seed): their arguments leave out a required property,
+    /// as a server with broken tool-call output answers.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    pub invalid_tool_call_share: f64,
     /// Stream the first N tokens (at least 1) at the usual pace, then every later token
     /// at once, in one write (a buffered server: its decode time at the boundary is a
     /// flush).
@@ -1016,21 +1032,23 @@ impl MockArgs {
             default_max_tokens: self.max_tokens,
             stall_ms: self.stall_ms,
             text_seed: self.text_seed,
-            nondeterministic_share: share(self.nondeterministic_share)?,
+            nondeterministic_share: share("--nondeterministic-share", self.nondeterministic_share)?,
+            invalid_tool_call_share: share(
+                "--invalid-tool-call-share",
+                self.invalid_tool_call_share,
+            )?,
             burst_after_first: self.burst_after_first,
             log_requests: false,
         })
     }
 }
 
-/// `--nondeterministic-share`: a share from 0 to 1.
-fn share(v: f64) -> Result<f64, CliError> {
+/// A share flag's value: from 0 to 1.
+fn share(flag: &str, v: f64) -> Result<f64, CliError> {
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
-        Err(usage(format!(
-            "--nondeterministic-share must be from 0 to 1, got {v}"
-        )))
+        Err(usage(format!("{flag} must be from 0 to 1, got {v}")))
     }
 }
 

@@ -8,6 +8,10 @@ use super::config::MockConfig;
 /// What an answer is made of (streamed or whole).
 pub(super) struct Answer<'a> {
     pub(super) chat: bool,
+    /// JSON of a schema, or a tool call, instead of free text (`structured.rs`).
+    pub(super) shaped: Option<&'a super::structured::Shaped>,
+    /// The seed of its text (`State::text_seed_for`).
+    pub(super) seed: u64,
     pub(super) prompt: &'a str,
     pub(super) tokens: u32,
     pub(super) model: &'a str,

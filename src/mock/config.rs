@@ -25,6 +25,10 @@ pub struct MockConfig {
     /// batched server's arithmetic makes some greedy answers differ run to run; the
     /// others keep their one text. 0: every answer is deterministic.
     pub nondeterministic_share: f64,
+    /// This share of prompts that declare `tools` (chosen by a hash of the prompt and
+    /// `text_seed`) get a broken tool call: arguments without a required property, or not
+    /// JSON. 0: every call is valid.
+    pub invalid_tool_call_share: f64,
     /// Stream the first N tokens at the usual pace, then all later tokens in one write,
     /// with no wait (a server that buffered them): `None` paces every token.
     pub burst_after_first: Option<u32>,
@@ -47,6 +51,7 @@ impl Default for MockConfig {
             stall_ms: 60_000,
             text_seed: 0,
             nondeterministic_share: 0.0,
+            invalid_tool_call_share: 0.0,
             burst_after_first: None,
             log_requests: true,
         }

@@ -15,6 +15,9 @@
 //! close the keep-alive connection), and for `"stream": true` answers `stream-cut` and
 //! `stream-stall`. Streamed events are paced by absolute deadlines and their write times
 //! are logged (`MockWorker::event_log`) so tests can check the tool's stamps against them.
+//! A chat request that asks for JSON of a schema (`response_format`) or declares `tools`
+//! gets JSON made from the schema or a tool call (`structured.rs`), a share of the calls
+//! broken on purpose with `invalid_tool_call_share`, for contract oracles to judge.
 //! The mock is test equipment: it must never be mistaken for a measurement of anything but
 //! the tool itself.
 
@@ -41,13 +44,17 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
 mod answer;
+mod chunks;
 mod config;
 mod prefix;
+mod structured;
 mod text;
 mod vllm;
 
 use answer::Answer;
+use chunks::{Chunks, sse};
 pub use config::MockConfig;
+use structured::Shaped;
 pub use text::{generate_text, generate_text_seeded};
 use text::{prompt_of, stream_tokens};
 
@@ -356,6 +363,22 @@ fn error(status: StatusCode, message: &str) -> Response<MockBody> {
 }
 
 impl State {
+    /// Whether `prompt` is one of the `invalid_tool_call_share` whose tool calls are
+    /// broken (by its hash with the text seed: the same prompts every run).
+    fn breaks_tool_call(&self, prompt: &str) -> bool {
+        let share = self.config.invalid_tool_call_share;
+        if share <= 0.0 {
+            return false;
+        }
+        let mut h = Sha256::new();
+        h.update(b"tool-call\n");
+        h.update(prompt.as_bytes());
+        h.update(self.config.text_seed.to_le_bytes());
+        let digest = h.finalize();
+        let x = u64::from_le_bytes(digest[..8].try_into().unwrap_or([0; 8]));
+        (x as f64) / (u64::MAX as f64) < share
+    }
+
     /// The text seed of one answer to `prompt`: the configured one, or, for a prompt in
     /// the nondeterministic share, one drawn for this request.
     fn text_seed_for(&self, prompt: &str) -> u64 {
@@ -495,8 +518,17 @@ async fn complete(
         let _waiting = vllm::Slot::waiting(st.metrics.clone());
         tokio::time::sleep(Duration::from_millis(st.config.stall_ms)).await;
     }
+    let seed = st.text_seed_for(&prompt);
+    let shaped = chat
+        .then(|| {
+            let words = generate_text_seeded(&prompt, tokens.min(8), seed);
+            structured::shaped(req, &words, st.breaks_tool_call(&prompt))
+        })
+        .flatten();
     let answer = Answer {
         chat,
+        shaped: shaped.as_ref(),
+        seed,
         prompt: &prompt,
         tokens,
         model: &model,
@@ -519,7 +551,7 @@ async fn complete(
             &json!({"error": {"message": "mock fault: internal error", "type": "server_error"}}),
         );
     }
-    let mut text = generate_text_seeded(&prompt, tokens, st.text_seed_for(&prompt));
+    let mut text = generate_text_seeded(&prompt, tokens, seed);
     if fault == Some("wrong-body") {
         text = text.chars().rev().collect();
     }
@@ -534,12 +566,22 @@ fn completion_body(st: &State, a: &Answer<'_>, text: String) -> Value {
     let created = clock::wall_now_us() / 1_000_000;
     let usage = a.usage();
     if chat {
+        let (message, finish) = match a.shaped {
+            None => (json!({"role": "assistant", "content": text}), "length"),
+            Some(Shaped::Json(doc)) => (json!({"role": "assistant", "content": doc}), "stop"),
+            Some(Shaped::Call { name, arguments }) => (
+                json!({"role": "assistant", "content": null, "tool_calls": [{
+                    "id": format!("call-mock-{n:08x}"), "type": "function",
+                    "function": {"name": name, "arguments": arguments}}]}),
+                "tool_calls",
+            ),
+        };
         json!({
             "id": format!("chatcmpl-mock-{n:08x}"),
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": usage,
         })
     } else {
@@ -580,10 +622,6 @@ fn with_fault(mut resp: Response<MockBody>, fault: Option<&str>) -> Response<Moc
     resp
 }
 
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
 /// A JSON answer's generation: wait for a batch slot, then `prefill + tokens x per_token`;
 /// `/metrics` counts it (when `served`, i.e. under no fault) with its first token at its
 /// queueing plus the prefill.
@@ -618,35 +656,6 @@ async fn generate(st: &Arc<State>, a: &Answer<'_>, served: bool) {
     }
 }
 
-/// The events of one streamed answer: its id, object, creation time and model on each.
-struct Chunks<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: i64,
-    model: &'a str,
-    chat: bool,
-}
-
-impl Chunks<'_> {
-    fn chunk(&self, choice: Value) -> Value {
-        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [choice]})
-    }
-
-    /// A piece of the answer's text (a chat's delta, a completion's text).
-    fn piece(&self, text: &str, finish: Value) -> Value {
-        if self.chat {
-            let delta = if text.is_empty() {
-                json!({})
-            } else {
-                json!({"content": text})
-            };
-            self.chunk(json!({"index": 0, "delta": delta, "finish_reason": finish}))
-        } else {
-            self.chunk(json!({"index": 0, "text": text, "finish_reason": finish}))
-        }
-    }
-}
-
 /// What a streamed answer writes, and when: the role (a chat's), a piece per token (the
 /// first after the prefill, each next after a token's time; `burst_after_first` sends the
 /// rest at once; the `stream-cut` and `stream-stall` faults at half), the finish, the usage
@@ -666,19 +675,25 @@ fn stream_steps(
     } = *a;
     let prefill = a.prefill(&st.config);
     let per_token = Duration::from_secs_f64(st.config.per_token_ms / 1000.0);
-    let words = stream_tokens(prompt, tokens, st.text_seed_for(prompt));
+    let pieces: Vec<Bytes> = match a.shaped {
+        None => stream_tokens(prompt, tokens, a.seed)
+            .iter()
+            .map(|w| sse(&c.piece(w, Value::Null)))
+            .collect(),
+        Some(s) => c.shaped_pieces(s),
+    };
     let mut steps = std::collections::VecDeque::new();
     if chat {
         steps.push_back(Step::Now(sse(&c.chunk(
             json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
         ))));
     }
-    let half = words.len() / 2;
+    let half = pieces.len() / 2;
     let burst_from = st.config.burst_after_first.map(|n| n as usize);
     let mut burst: Vec<u8> = Vec::new();
-    for (i, w) in words.iter().enumerate() {
+    for (i, piece) in pieces.into_iter().enumerate() {
         if burst_from.is_some_and(|n| i >= n.max(1)) && fault.is_none() {
-            burst.extend_from_slice(&sse(&c.piece(w, Value::Null)));
+            burst.extend_from_slice(&piece);
             continue;
         }
         if i == half && fault == Some("stream-cut") {
@@ -689,12 +704,17 @@ fn stream_steps(
         if i == half && i > 0 && fault == Some("stream-stall") {
             delay += Duration::from_millis(st.config.stall_ms);
         }
-        steps.push_back(Step::After(delay, sse(&c.piece(w, Value::Null))));
+        steps.push_back(Step::After(delay, piece));
     }
     if !burst.is_empty() {
         steps.push_back(Step::Now(Bytes::from(burst)));
     }
-    steps.push_back(Step::Now(sse(&c.piece("", json!("length")))));
+    let finish = match a.shaped {
+        None => "length",
+        Some(Shaped::Json(_)) => "stop",
+        Some(Shaped::Call { .. }) => "tool_calls",
+    };
+    steps.push_back(Step::Now(sse(&c.piece("", json!(finish)))));
     if include_usage {
         steps.push_back(Step::Now(sse(&json!({
             "id": c.id, "object": c.object, "created": c.created, "model": c.model, "choices": [],

@@ -291,6 +291,7 @@ fn extra(input: &ReplayInput) -> Extra {
             default_max_tokens: m.config.default_max_tokens,
             prefill_per_token_ms: m.config.prefill_per_token_ms,
             prefix_cache_blocks: m.config.prefix_cache_blocks,
+            invalid_tool_call_share: m.config.invalid_tool_call_share,
         }),
         runtime_threads: input.runtime_threads,
         metrics_listen: metrics_http::address(input.metrics.as_ref()),

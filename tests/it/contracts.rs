@@ -71,3 +71,71 @@ async fn contracts_judge_the_mocks_answers_and_a_broken_one_says_why_in_its_row(
     assert!(code.is_some(), "{stderr}");
     mock.shutdown().await;
 }
+
+/// Structured output and tool calls through the mock, whole and streamed: its answers keep
+/// their contracts, and with every tool call broken the tool-call cases fail, saying where.
+#[tokio::test]
+async fn the_mocks_structured_output_and_tool_calls_keep_their_contracts_until_it_breaks_them() {
+    let schema = json!({"type": "object", "required": ["city", "days"], "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}});
+    let tools =
+        json!([{"type": "function", "function": {"name": "weather", "parameters": schema}}]);
+    let ask = |stream: bool, extra: (&str, serde_json::Value)| {
+        let mut r = json!({"model": "mock", "max_tokens": 8, "stream": stream,
+            "messages": [{"role": "user", "content": "Plan a trip."}]});
+        r[extra.0] = extra.1;
+        r
+    };
+    let format = json!({"type": "json_schema", "json_schema": {"name": "trip", "schema": schema}});
+    let cases = json!([
+        {"name": "extract", "request": ask(false, ("response_format", format.clone())), "expected_schema": schema},
+        {"name": "extract-stream", "request": ask(true, ("response_format", format)), "expected_schema": schema},
+        {"name": "call", "request": ask(false, ("tools", tools.clone())), "expected_tool_calls": {"names": ["weather"]}},
+        {"name": "call-stream", "request": ask(true, ("tools", tools)), "expected_tool_calls": {"count": 1}},
+    ]);
+    for broken in [false, true] {
+        let mock = start_mock(matrix_proxy::MockConfig {
+            invalid_tool_call_share: if broken { 1.0 } else { 0.0 },
+            ..matrix_proxy::MockConfig::default()
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let plan = json!({
+            "endpoint": format!("{}/v1/chat/completions", mock.url()),
+            "health_endpoint": format!("{}/health", mock.url()),
+            "on_failure": "continue", "cases": cases,
+            "concurrency": [1], "requests_per_case": 2, "repetitions": 2, "warmup_per_case": 2,
+            "timeout_seconds": 5, "metadata": metadata(),
+        });
+        let (run, exit) = replay_plan(dir.path(), &plan).await;
+        assert_eq!(exit == Exit::Ok, !broken);
+        let rows = Rows::read(&run);
+        let (phase, case) = (rows.strs("phase"), rows.strs("case_name"));
+        let (outcome, detail) = (rows.strs("outcome"), rows.strs("oracle_detail"));
+        let measured: Vec<usize> = (0..rows.len())
+            .filter(|&i| phase[i].as_deref() == Some("measured"))
+            .collect();
+        assert_eq!(measured.len(), 16, "4 cases x 2 requests x 2 repetitions");
+        for i in measured {
+            let name = case[i].as_deref().unwrap_or_default();
+            let calls = name.starts_with("call");
+            if broken && calls {
+                assert_eq!(outcome[i].as_deref(), Some("correctness"), "{name}");
+                let d = detail[i].as_deref().unwrap_or_default();
+                assert!(
+                    d.starts_with(
+                        "tool_calls: at /tool_calls/0/function/arguments: does not fit the schema"
+                    ),
+                    "{name}: {d}"
+                );
+            } else {
+                assert_eq!(
+                    (outcome[i].as_deref(), &detail[i]),
+                    (Some("ok"), &None),
+                    "{name}"
+                );
+            }
+        }
+        mock.shutdown().await;
+    }
+}

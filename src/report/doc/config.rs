@@ -178,6 +178,9 @@ pub(crate) struct MockRecord {
     /// Only when the mock kept a prefix cache (`--mock-prefix-cache-blocks`).
     #[serde(default, skip_serializing_if = "is_zero_usize")]
     pub(crate) prefix_cache_blocks: usize,
+    /// Only when set (`--mock-invalid-tool-call-share`).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub(crate) invalid_tool_call_share: f64,
 }
 
 fn is_zero_f64(v: &f64) -> bool {
