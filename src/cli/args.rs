@@ -550,6 +550,11 @@ pub struct FreezeArgs {
     /// than 10,000 entries go to OUT's stem + `.trace.jsonl` beside it).
     #[arg(long, conflicts_with_all = ["concurrency", "requests_per_case", "warmup_per_case"])]
     pub keep_timing: bool,
+    /// Each request's oracle: its recorded answer (exact), the contract it declares
+    /// (schema: its response_format's JSON Schema, or its tools when it called one), or
+    /// (auto) the contract where its repeats differed and the exact answer elsewhere.
+    #[arg(long, value_enum, value_name = "KIND", default_value = "auto")]
+    pub oracle: FreezeOracle,
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub concurrency: Vec<usize>,
     /// Requests per case and level. Default: the smallest multiple of the variant count
@@ -575,6 +580,14 @@ pub struct FreezeArgs {
 pub enum PlanConnection {
     KeepAlive,
     Fresh,
+}
+
+/// `freeze --oracle`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum FreezeOracle {
+    Exact,
+    Schema,
+    Auto,
 }
 
 /// A plan's `on_failure` on the command line.

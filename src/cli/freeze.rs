@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::args::{FreezeArgs, PlanConnection, PlanOnFailure};
+use super::args::{FreezeArgs, FreezeOracle, PlanConnection, PlanOnFailure};
 use super::io::{CliError, Exit, report_error, tool, usage, write_new};
 use crate::config::flags;
 use crate::config::plan::OnFailure;
@@ -193,6 +193,11 @@ fn options(args: &FreezeArgs) -> Result<Options, CliError> {
         name: args.name.clone(),
         metadata,
         keep_timing: None,
+        oracle: match args.oracle {
+            FreezeOracle::Exact => freeze::OracleChoice::Exact,
+            FreezeOracle::Schema => freeze::OracleChoice::Schema,
+            FreezeOracle::Auto => freeze::OracleChoice::Auto,
+        },
         budget,
     })
 }

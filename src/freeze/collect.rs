@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::evidence::{self, Difference};
 use crate::config::ENGINE_HEADERS;
@@ -108,6 +108,35 @@ pub(crate) struct Variant {
     pub(crate) source_name: Option<String>,
     /// The session-affinity header its first row carried: (name, value).
     pub(crate) session: Option<(String, String)>,
+    /// The contract it is judged by instead of its recorded answer (`freeze --oracle`,
+    /// `contracts.rs`); `None`: its exact answer.
+    pub(crate) contract: Option<Pick>,
+}
+
+/// A contract a frozen request is judged by instead of its recorded answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Pick {
+    /// `expected_schema`: the request's own `response_format` schema.
+    Schema(Value),
+    /// `expected_tool_calls`: calls of the request's own tools.
+    ToolCalls,
+}
+
+impl Pick {
+    /// The oracle's field and value in the plan.
+    pub(crate) fn field(&self) -> (&'static str, Value) {
+        match self {
+            Pick::Schema(s) => ("expected_schema", s.clone()),
+            Pick::ToolCalls => ("expected_tool_calls", json!({})),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Pick::Schema(_) => "expected_schema",
+            Pick::ToolCalls => "expected_tool_calls",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -355,6 +384,7 @@ impl Collected {
                     prompt_tokens,
                     source_name,
                     session,
+                    contract: None,
                 });
                 self.index.insert((case, identity), variants.len() - 1);
                 (case, variants.len() - 1)

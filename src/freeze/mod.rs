@@ -9,6 +9,7 @@
 //! Nothing is sent and no run is changed.
 
 mod collect;
+mod contracts;
 mod evidence;
 mod sessions;
 mod timing;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+pub(crate) use contracts::OracleChoice;
 use evidence::VOLATILE_POINTERS;
 pub(crate) use timing::TraceFile;
 pub(crate) use write::{
@@ -48,6 +50,8 @@ pub(crate) struct Options {
     /// `--keep-timing`: a trace plan, its entries in a file of this name beside the plan
     /// when they are too many to sit in it (`Some(None)`: no file can be written).
     pub(crate) keep_timing: Option<Option<String>>,
+    /// `--oracle`: each request's recorded answer, or the contract it declares.
+    pub(crate) oracle: OracleChoice,
 }
 
 /// A frozen plan and what the freeze has to say about it.
@@ -152,6 +156,8 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         bearer_token_env,
         metadata,
     };
+    let case_names = write::case_names(&collected.cases);
+    contracts::apply(&mut collected.cases, opts.oracle, &case_names, &mut lines);
     let mut chains: Vec<Option<sessions::Chains>> =
         collected.cases.iter().map(sessions::chains).collect();
     // A trace plan's entries name turns of sessions only where the capture's order holds
@@ -654,7 +660,7 @@ fn description(sources: &[Source]) -> String {
         })
         .collect();
     format!(
-        "Frozen by matrix-proxy freeze from {}. Each oracle is the first recorded answer; ignore_paths are the leaves that differed between answers and the documented volatile fields.",
+        "Frozen by matrix-proxy freeze from {}. Each oracle is the first recorded answer, or the contract its request declares (freeze --oracle); ignore_paths are the leaves that differed between answers and the documented volatile fields.",
         each.join(" and ")
     )
 }
@@ -729,8 +735,12 @@ fn report_repeats(c: &collect::Collected, lines: &mut Vec<String>) {
                 } else {
                     String::new()
                 };
+                let judged = match &v.contract {
+                    Some(p) => format!(": judged by {} instead", p.field().0),
+                    None => String::new(),
+                };
                 differed.push(format!(
-                    "  case '{name}'{variant}: {} of {} answers differed from the first, first at {}",
+                    "  case '{name}'{variant}: {} of {} answers differed from the first, first at {}{judged}",
                     v.differed,
                     v.answers,
                     v.first_difference.as_deref().unwrap_or("?")
@@ -764,7 +774,7 @@ fn report_repeats(c: &collect::Collected, lines: &mut Vec<String>) {
         if differed.is_empty() {
             ""
         } else {
-            " (nondeterministic: frozen from the first answer, so a replay of them may fail; give the server greedy, seeded settings or drop them from the plan):"
+            " (nondeterministic: those not judged by a contract are frozen from the first answer, so a replay of them may fail; give the server greedy, seeded settings, declare a contract in the request (response_format json_schema, tools) or drop them from the plan):"
         }
     ));
     lines.extend(differed);

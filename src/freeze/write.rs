@@ -184,6 +184,10 @@ fn unique(base: String, used: &mut HashSet<String>) -> String {
 /// The ignore paths of one variant: what its repeats showed to be volatile, and the
 /// documented volatile leaves its answer has. Only a JSON oracle takes any.
 pub(crate) fn variant_ignore(v: &Variant) -> BTreeSet<String> {
+    if v.contract.is_some() {
+        // A contract judges no recorded answer: nothing of one to ignore.
+        return BTreeSet::new();
+    }
     let mut set = match &v.first {
         Answer::Json(answer) => volatile_present(answer),
         Answer::Events(events) => events.iter().flat_map(volatile_present).collect(),
@@ -222,7 +226,8 @@ pub(crate) fn plan_json(
         .iter()
         .map(|c| c.variants.iter().map(variant_ignore).collect())
         .collect();
-    let is_json = |v: &Variant| matches!(v.first, Answer::Json(_));
+    // A JSON oracle's: its recorded answer is the oracle (a contract's is not).
+    let is_json = |v: &Variant| matches!(v.first, Answer::Json(_)) && v.contract.is_none();
     let any_bytes = cases
         .iter()
         .flat_map(|c| &c.variants)
@@ -410,6 +415,14 @@ pub(crate) fn session_json(id: String, turns: Vec<Value>) -> Value {
 
 /// A variant's oracle (its first answer) and planned prompt tokens.
 fn oracle_fields(m: &mut Map<String, Value>, v: &Variant) {
+    if let Some(pick) = &v.contract {
+        let (field, value) = pick.field();
+        m.insert(field.into(), value);
+        if let Some(n) = v.prompt_tokens {
+            m.insert("prompt_tokens".into(), json!(n));
+        }
+        return;
+    }
     match &v.first {
         Answer::Json(a) => m.insert("expected_response".into(), a.clone()),
         Answer::StreamText(t) => m.insert("expected_stream_text".into(), json!(t)),
@@ -465,6 +478,7 @@ mod tests {
             prompt_tokens: None,
             source_name: None,
             session: None,
+            contract: None,
         }
     }
 

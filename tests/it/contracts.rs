@@ -139,3 +139,103 @@ async fn the_mocks_structured_output_and_tool_calls_keep_their_contracts_until_i
         mock.shutdown().await;
     }
 }
+
+/// A client's structured-output and tool-calling traffic through serve, answered
+/// differently on repeat (a batched server): `freeze` (its `auto` oracle) judges each by
+/// the contract its request declares, and the frozen plan replays green against the same
+/// nondeterministic server; `--oracle exact` keeps the recorded answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_structured_and_tool_traffic_freezes_into_contracts_that_replay_green() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig {
+        nondeterministic_share: 1.0,
+        ..matrix_proxy::MockConfig::default()
+    })
+    .await;
+    let live = tmp.path().join("live");
+    let serve = Serve::start(serve_args(&mock.url(), &live)).await;
+    let schema = json!({"type": "object", "required": ["answer"], "properties": {
+        "answer": {"type": "string"}, "confidence": {"type": "number", "minimum": 0, "maximum": 1}}});
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}}}]);
+    let bodies = [
+        json!({"model": "mock", "max_tokens": 6, "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}),
+        json!({"model": "mock", "max_tokens": 6, "stream": true, "tools": tools,
+            "messages": [{"role": "user", "content": "Look it up."}]}),
+    ];
+    let mut client = Client::connect(serve.addr).await;
+    for _ in 0..2 {
+        for b in &bodies {
+            let mut req = request(
+                "POST",
+                serve.addr,
+                "/v1/chat/completions",
+                bytes::Bytes::from(b.to_string()),
+            );
+            req.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            let (status, _, _) = client.send(req).await.unwrap();
+            assert_eq!(status, 200);
+        }
+    }
+    drop(client);
+    serve.stop().await.unwrap();
+
+    let plan_path = tmp.path().join("frozen.json");
+    let (code, _, err) = run(&["freeze", s(&live), "--out", s(&plan_path)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("judged by expected_schema"), "{err}");
+    let plan = read_json(&plan_path);
+    let cases = plan["cases"].as_array().unwrap();
+    let oracles: Vec<(serde_json::Value, serde_json::Value)> = cases
+        .iter()
+        .flat_map(|c| {
+            c["variants"]
+                .as_array()
+                .cloned()
+                .unwrap_or_else(|| vec![c.clone()])
+        })
+        .map(|v| {
+            (
+                v["expected_schema"].clone(),
+                v["expected_tool_calls"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        oracles.contains(&(schema.clone(), serde_json::Value::Null)),
+        "{plan:#}"
+    );
+    assert!(
+        oracles.contains(&(serde_json::Value::Null, json!({}))),
+        "{plan:#}"
+    );
+    let dir = tmp.path().join("replay");
+    std::fs::create_dir(&dir).unwrap();
+    let mut plan = plan;
+    plan["endpoint"] = json!(format!("{}/v1/chat/completions", mock.url()));
+    plan["health_endpoint"] = json!(format!("{}/health", mock.url()));
+    let (run_dir, exit) = replay_plan(&dir, &plan).await;
+    assert_eq!(
+        exit,
+        Exit::Ok,
+        "the contracts hold whatever words the server picks"
+    );
+    let rows = Rows::read(&run_dir);
+    assert!(rows.bools("oracle_passed").contains(&Some(true)));
+
+    let exact_path = tmp.path().join("exact.json");
+    let (code, _, err) = run(&[
+        "freeze",
+        s(&live),
+        "--oracle",
+        "exact",
+        "--out",
+        s(&exact_path),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let text = std::fs::read_to_string(&exact_path).unwrap();
+    assert!(!text.contains("expected_schema") && !text.contains("expected_tool_calls"));
+    mock.shutdown().await;
+}
