@@ -63,6 +63,9 @@ pub(crate) struct Options<'a> {
 
 /// The answer of one recorded body; `ignore` are the request's ignore paths.
 pub(crate) fn answer(body: &[u8], is_stream: bool, ignore: &[Pointer]) -> Answer {
+    if let Some(a) = with_calls(body, is_stream) {
+        return a;
+    }
     let lossy = std::str::from_utf8(body).is_err();
     if is_stream && let Ok(events) = crate::sse::parse_all(body) {
         let mut t = crate::sse::StreamTracker::default();
@@ -108,6 +111,38 @@ pub(crate) fn answer(body: &[u8], is_stream: bool, ignore: &[Pointer]) -> Answer
             message: None,
         },
     }
+}
+
+/// An answer that calls tools (a JSON message's `tool_calls`, or a stream's pieces
+/// merged): its content, then its calls canonical (keys sorted, each call's `arguments`
+/// parsed and written again when they are JSON, the server's call ids left out), so two
+/// answers that call other tools, or the same tool with other arguments, differ, and two
+/// that differ only in the ids a server picks do not. `None` for an answer without calls.
+fn with_calls(body: &[u8], is_stream: bool) -> Option<Answer> {
+    memchr::memmem::find(body, b"tool_calls")?;
+    let m = crate::oracle::answer::without_call_ids(body, is_stream).ok()?;
+    let mut calls = m
+        .get("tool_calls")?
+        .as_array()
+        .filter(|c| !c.is_empty())?
+        .clone();
+    for c in &mut calls {
+        let args = c.pointer_mut("/function/arguments");
+        if let Some(a) = args
+            && let Some(parsed) = a
+                .as_str()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        {
+            *a = Value::String(sort_keys(parsed).to_string());
+        }
+    }
+    let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
+    Some(Answer {
+        text: format!("{content}{}", sort_keys(Value::Array(calls))),
+        json: None,
+        lossy: false,
+        message: None,
+    })
 }
 
 fn from_text(text: String, lossy: bool) -> Answer {
@@ -533,6 +568,29 @@ pub(crate) fn definitions() -> Definitions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_calls_take_part_in_drift_and_their_ids_do_not() {
+        let stream = |name: &str, args: &str, id: &str| {
+            let head = serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}}]});
+            let rest = serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "function": {"arguments": args}}]}}]});
+            format!("data: {head}\n\ndata: {rest}\n\ndata: [DONE]\n\n").into_bytes()
+        };
+        let a = answer(&stream("lookup", r#"{"q": "x", "n": 1}"#, "c1"), true, &[]);
+        let same = answer(&stream("lookup", r#"{"n":1,"q":"x"}"#, "c2"), true, &[]);
+        let other = answer(&stream("search", r#"{"q": "x", "n": 1}"#, "c1"), true, &[]);
+        assert_eq!(
+            a.text, same.text,
+            "other ids and key order are the same call"
+        );
+        assert_ne!(a.text, other.text, "another tool is another answer");
+        let json = serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant",
+            "content": null, "tool_calls": [{"id": "c9", "type": "function",
+            "function": {"name": "lookup", "arguments": "{\"q\":\"x\",\"n\":1}"}}]}}]});
+        assert_eq!(answer(json.to_string().as_bytes(), false, &[]).text, a.text);
+    }
     use serde_json::json;
 
     /// [`super::drift`] as the JSON campaign.json holds.

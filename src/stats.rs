@@ -204,9 +204,106 @@ pub(crate) fn mcnemar_p(b: u64, c: u64) -> f64 {
     (2.0 * tail).min(1.0)
 }
 
+/// `P(lo <= X <= hi)` for `X ~ Binomial(n, p)`, summed in log space over its terms.
+fn binomial_mass(lo: u64, hi: u64, n: u64, p: f64) -> f64 {
+    if lo > hi || lo > n {
+        return 0.0;
+    }
+    let hi = hi.min(n);
+    if p <= 0.0 {
+        return if lo == 0 { 1.0 } else { 0.0 };
+    }
+    if p >= 1.0 {
+        return if hi == n { 1.0 } else { 0.0 };
+    }
+    let (lp, lq) = (p.ln(), (1.0 - p).ln());
+    let ln_choose = |i: u64| -> f64 {
+        ln_gamma(n as f64 + 1.0) - ln_gamma(i as f64 + 1.0) - ln_gamma((n - i) as f64 + 1.0)
+    };
+    let terms: Vec<f64> = (lo..=hi)
+        .map(|i| ln_choose(i) + i as f64 * lp + (n - i) as f64 * lq)
+        .collect();
+    let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (top.exp() * terms.iter().map(|t| (t - top).exp()).sum::<f64>()).min(1.0)
+}
+
+/// `ln Γ(x)` for `x >= 1` (Lanczos, g = 7, 9 terms: about 15 significant digits).
+fn ln_gamma(x: f64) -> f64 {
+    const G: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    let x = x - 1.0;
+    let mut a = G[0];
+    let t = x + 7.5;
+    for (i, g) in G.iter().enumerate().skip(1) {
+        a += g / (x + i as f64);
+    }
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + a.ln()
+}
+
+/// The exact (Clopper-Pearson) two-sided interval at `confidence` for a rate of `k`
+/// successes in `n` trials: `[lower, upper]` with `P(X >= k; lower) = P(X <= k; upper) =
+/// (1 - confidence) / 2`, found by bisection on the binomial tails (each end rounded
+/// outwards, so the interval never covers less than it says). `None` for no trial.
+pub(crate) fn clopper_pearson(k: u64, n: u64, confidence: f64) -> Option<(f64, f64)> {
+    if n == 0 || k > n {
+        return None;
+    }
+    let a = (1.0 - confidence) / 2.0;
+    let rate = k as f64 / n as f64;
+    let bisect = |mut lo: f64, mut hi: f64, above: &dyn Fn(f64) -> bool| {
+        for _ in 0..64 {
+            let mid = (lo + hi) / 2.0;
+            if above(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo, hi)
+    };
+    let upper = if k == n {
+        1.0
+    } else {
+        bisect(rate, 1.0, &|p| binomial_mass(0, k, n, p) > a).1
+    };
+    let lower = if k == 0 {
+        0.0
+    } else {
+        bisect(0.0, rate, &|p| binomial_mass(k, n, n, p) < a).0
+    };
+    Some((lower, upper))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clopper_pearson_matches_the_beta_quantiles() {
+        // R: binom.test(28, 40)$conf.int = 0.5347 0.8344; binom.test(0, 10): 0 0.3085.
+        let (lo, hi) = clopper_pearson(28, 40, 0.95).unwrap();
+        assert!(
+            (lo - 0.534_7).abs() < 1e-3 && (hi - 0.834_4).abs() < 1e-3,
+            "{lo} {hi}"
+        );
+        let (lo, hi) = clopper_pearson(0, 10, 0.95).unwrap();
+        assert!(lo == 0.0 && (hi - 0.308_5).abs() < 1e-3, "{hi}");
+        assert_eq!(clopper_pearson(10, 10, 0.95).map(|i| i.1), Some(1.0));
+        assert_eq!(clopper_pearson(1, 0, 0.95), None);
+        // 90 % valid over 200 distinct requests: the upper end is below 0.95.
+        let (_, hi) = clopper_pearson(180, 200, 0.95).unwrap();
+        assert!(hi < 0.95, "{hi}");
+        assert!((ln_gamma(11.0) - 3_628_800f64.ln()).abs() < 1e-9);
+    }
 
     #[test]
     fn mcnemar_matches_a_hand_computation() {

@@ -61,6 +61,15 @@ pub(crate) struct Thresholds {
     /// is past the threshold (`None`: v1's point rule).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) require_interval: Option<bool>,
+    /// v2: every arm's validity per contract oracle kind (valid distinct requests /
+    /// judged) must be at least this: fails when its 95 % interval lies below, passes when
+    /// it lies at or above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) min_valid_rate: Option<f64>,
+    /// v2: an arm's validity may fall at most this far below the reference's, paired over
+    /// the distinct requests both judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) valid_rate_floor_delta: Option<f64>,
 }
 
 impl Default for Thresholds {
@@ -78,6 +87,8 @@ impl Default for Thresholds {
             fit_min_mean_similarity: None,
             fit_min_exact_match: None,
             require_interval: None,
+            min_valid_rate: None,
+            valid_rate_floor_delta: None,
         }
     }
 }
@@ -218,6 +229,20 @@ const RANGES: &[Range] = &[
         1.0,
         Field::V2(|t| &mut t.fit_min_exact_match),
     ),
+    (
+        "min_valid_rate",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.min_valid_rate),
+    ),
+    (
+        "valid_rate_floor_delta",
+        0.0,
+        true,
+        1.0,
+        Field::V2(|t| &mut t.valid_rate_floor_delta),
+    ),
 ];
 
 /// Thresholds that only a version 2 contract may write.
@@ -228,6 +253,8 @@ const V2_ONLY: &[&str] = &[
     "fit_min_mean_similarity",
     "fit_min_exact_match",
     "require_interval",
+    "min_valid_rate",
+    "valid_rate_floor_delta",
 ];
 
 impl Contract {

@@ -82,6 +82,7 @@ pub(crate) fn add_drift(
     let reference_label = reference_name.as_deref().unwrap_or("?");
     let floor = floor(&reference, reference_label, &opts);
     let floor_rate = floor.drift.exact_match_rate;
+    let kinds = super::validity::kinds(plan);
     let mut entries = Vec::new();
     for arm in &campaign.arms {
         if !arm.available || Some(&arm.name) == reference_name.as_ref() {
@@ -97,6 +98,8 @@ pub(crate) fn add_drift(
             &opts,
         );
         e.floor_exact_match_rate = floor_rate;
+        let validity = super::validity::of(&reference, &answers, &kinds);
+        e.validity = (!validity.is_empty()).then_some(validity);
         e.exact_match_rate_minus_floor =
             e.drift.exact_match_rate.zip(floor_rate).map(|(a, f)| a - f);
         entries.push(e);
@@ -184,6 +187,7 @@ pub(crate) fn entry(
         floor_exact_match_rate: None,
         exact_match_rate_minus_floor: None,
         mcnemar: mcnemar(r, a),
+        validity: None,
         weights: None,
         drift: drift::drift(r, a, opts),
     }

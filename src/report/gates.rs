@@ -562,3 +562,93 @@ fn interval_pass(
         }
     }
 }
+
+/// Which side of a bound a validity gate reads.
+#[derive(Clone, Copy)]
+pub(super) enum ValidityBound {
+    /// v2's `min_valid_rate`: each contract kind's validity interval against a floor.
+    MinRate(f64),
+    /// v2's `valid_rate_floor_delta`: each contract kind's paired drop below the
+    /// reference against an allowance.
+    MaxDrop(f64),
+}
+
+/// v2's validity gates, one level per contract kind the arm was judged by (campaign.json's
+/// `validity`): `MinRate` fails a kind whose 95 % interval lies wholly below the floor
+/// and passes one whose interval lies wholly at or above it; `MaxDrop` fails a kind whose
+/// paired drop interval lies wholly above the allowance and passes one whose interval
+/// lies wholly at or below it. The gate fails when a kind fails, passes when every kind
+/// passes, and otherwise has nothing to read (the interval straddles the bound: more
+/// distinct requests would decide it).
+pub(super) fn validity_gate(
+    arm: &ArmView<'_>,
+    drift: Option<&DriftEntry>,
+    bound: ValidityBound,
+) -> ArmGate {
+    arm_gate(arm, || {
+        let d =
+            drift.ok_or("no drift entry: its answers were not compared with the reference's")?;
+        let kinds: Vec<&crate::report::validity::Validity> = d
+            .validity
+            .iter()
+            .flatten()
+            .filter(|v| crate::report::validity::CONTRACT_KINDS.contains(&v.kind.as_str()))
+            .collect();
+        if kinds.is_empty() {
+            return Err("no answer was judged by a contract oracle (expected_schema, expected_tool_calls, expected_choice, expected_pattern)".into());
+        }
+        let mut notes = Vec::new();
+        let levels: Vec<GateLevel> = kinds
+            .iter()
+            .map(|v| {
+                let (measured, lo, hi, limit, requests) = match bound {
+                    ValidityBound::MinRate(min) => {
+                        let [lo, hi] = v.interval.unwrap_or([0.0, 1.0]);
+                        (v.rate, lo, hi, min, v.requests)
+                    }
+                    ValidityBound::MaxDrop(max) => match &v.paired {
+                        Some(p) => (
+                            Some(p.drop),
+                            p.drop_interval[0],
+                            p.drop_interval[1],
+                            max,
+                            p.requests,
+                        ),
+                        None => (None, f64::NEG_INFINITY, f64::INFINITY, max, 0),
+                    },
+                };
+                let pass = match bound {
+                    ValidityBound::MinRate(_) if hi < limit => Some(false),
+                    ValidityBound::MinRate(_) if lo >= limit => Some(true),
+                    ValidityBound::MaxDrop(_) if lo > limit => Some(false),
+                    ValidityBound::MaxDrop(_) if hi <= limit => Some(true),
+                    _ => None,
+                };
+                notes.push(format!(
+                    "{}: {} over {requests} distinct requests, 95 % interval [{lo:.3}, {hi:.3}]",
+                    v.kind,
+                    measured.map_or("n/a".into(), |m| format!("{m:.3}"))
+                ));
+                GateLevel {
+                    metric: Some(v.kind.clone()),
+                    measured,
+                    distinct_requests: Some(requests),
+                    limit: Some(limit),
+                    pass,
+                    ..GateLevel::default()
+                }
+            })
+            .collect();
+        let pass = all3(levels.iter().map(|l| l.pass));
+        let straddles = if pass.is_none() {
+            "; an interval straddles the bound: more distinct requests would decide it"
+        } else {
+            ""
+        };
+        Ok(Compared {
+            levels,
+            pass,
+            note: Some(format!("{}{straddles}", notes.join("; "))),
+        })
+    })
+}

@@ -45,6 +45,7 @@ pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;
 pub(crate) mod table;
+pub(crate) mod validity;
 pub(crate) mod verdict;
 pub(crate) mod worker;
 

@@ -11,8 +11,9 @@ use super::doc::verdict::{
     VERDICT_SCHEMA_VERSION, VerdictDoc,
 };
 use super::gates::{
-    Answered, ArmView, Bound, Pick, RatioRule, all3, any3, arms, decode, decode_pooled, drift_gate,
-    failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
+    Answered, ArmView, Bound, Pick, RatioRule, ValidityBound, all3, any3, arms, decode,
+    decode_pooled, drift_gate, failed_gate, floor_gate, mcnemar_gate, memory, p95, ratio_gate,
+    validity_gate,
 };
 use crate::config::campaign::Lane;
 use crate::config::contract::{
@@ -229,16 +230,70 @@ fn fit_gates(
     }
 }
 
+/// One of v2's validity gates over both lanes' non-reference arms.
+struct ValidityRow {
+    name: &'static str,
+    threshold: f64,
+    passes_when: String,
+    quality: Vec<ArmGate>,
+    fit: Vec<ArmGate>,
+}
+
+/// v2's `min_valid_rate` and `valid_rate_floor_delta` for every non-reference arm of
+/// both lanes (a fit arm's broken contracts are no correctness failure of its answers,
+/// but they cost it its benefit).
+fn validity_gates(
+    campaign: &CampaignDoc,
+    t: &Thresholds,
+    (quality, fit): (&[&ArmView<'_>], &[&ArmView<'_>]),
+) -> Vec<ValidityRow> {
+    let drift = |name: &str| campaign.drift_entries().iter().find(|e| e.arm == name);
+    let run = |arms: &[&ArmView<'_>], bound: ValidityBound| -> Vec<ArmGate> {
+        arms.iter()
+            .filter(|a| !a.reference)
+            .map(|a| validity_gate(a, drift(a.name), bound))
+            .collect()
+    };
+    let mut out = Vec::new();
+    if let Some(min) = t.min_valid_rate {
+        out.push(ValidityRow {
+            name: "min_valid_rate",
+            threshold: min,
+            passes_when: "each contract oracle kind an arm was judged by (expected_schema, expected_tool_calls, expected_choice, expected_pattern): its valid distinct requests / judged, with an exact 95 % interval (a request is valid when every judged answer to it is): fails when the interval lies below the threshold, passes when it lies at or above it, else nothing to read (both lanes)".into(),
+            quality: run(quality, ValidityBound::MinRate(min)),
+            fit: run(fit, ValidityBound::MinRate(min)),
+        });
+    }
+    if let Some(d) = t.valid_rate_floor_delta {
+        out.push(ValidityRow {
+            name: "valid_rate_floor_delta",
+            threshold: d,
+            passes_when: "each contract oracle kind: how far the arm's validity falls below the reference's, paired over the distinct requests both judged ((reference-only valid - arm-only valid) / requests, with a conservative 95 % interval from exact bounds on each count): fails when the interval lies above the threshold, passes when it lies at or below it, else nothing to read (both lanes)".into(),
+            quality: run(quality, ValidityBound::MaxDrop(d)),
+            fit: run(fit, ValidityBound::MaxDrop(d)),
+        });
+    }
+    out
+}
+
 /// Each fit arm's gates at a glance: a benefit needs max_failed_requests, the answer gates
-/// the contract has, and memory or speed; ready needs latency and decode ratio too.
-fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates) -> Vec<FitArm> {
+/// the contract has (validity's too), and memory or speed; ready needs latency and decode
+/// ratio too.
+fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates, valid: &[ValidityRow]) -> Vec<FitArm> {
     let pass_of = |g: &Option<Vec<ArmGate>>, i: usize| g.as_ref().map(|g| g[i].pass);
+    let valid_of =
+        |name: &str, i: usize| valid.iter().find(|v| v.name == name).map(|v| v.fit[i].pass);
     (0..fit.len())
         .map(|i| {
             let answers = all3(
-                [pass_of(&g.sim, i), pass_of(&g.exact, i)]
-                    .into_iter()
-                    .flatten(),
+                [
+                    pass_of(&g.sim, i),
+                    pass_of(&g.exact, i),
+                    valid_of("min_valid_rate", i),
+                    valid_of("valid_rate_floor_delta", i),
+                ]
+                .into_iter()
+                .flatten(),
             );
             let benefit = all3([
                 g.failed[i].pass,
@@ -256,6 +311,8 @@ fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates) -> Vec<FitArm> {
                 min_decode_ratio: g.ratio[i].pass,
                 fit_min_mean_similarity: pass_of(&g.sim, i),
                 fit_min_exact_match: pass_of(&g.exact, i),
+                min_valid_rate: valid_of("min_valid_rate", i),
+                valid_rate_floor_delta: valid_of("valid_rate_floor_delta", i),
             }
         })
         .collect()
@@ -331,16 +388,27 @@ fn lanes(
         .iter()
         .map(|a| failed_gate(a, t.max_failed_requests))
         .collect();
+    let valid = validity_gates(campaign, t, (&quality, &fit));
     let quality_pass = all3(
         gates
             .iter()
             .flat_map(|g| &g.3)
             .chain(&failed_q)
+            .chain(valid.iter().flat_map(|v| &v.quality))
             .map(|g| g.pass),
     );
     let g = fit_gates(campaign, t, &fit, reference);
-    let fit_arms = fit_arms(&fit, &g);
+    let fit_arms = fit_arms(&fit, &g, &valid);
     push_fit_gates(&mut gates, t, failed_q, g);
+    for v in valid {
+        let results = v.quality.into_iter().chain(v.fit).collect();
+        gates.push((
+            v.name,
+            Threshold::Ratio(v.threshold),
+            v.passes_when,
+            results,
+        ));
+    }
     Lanes {
         gates,
         quality_pass,

@@ -239,3 +239,118 @@ async fn captured_structured_and_tool_traffic_freezes_into_contracts_that_replay
     assert!(!text.contains("expected_schema") && !text.contains("expected_tool_calls"));
     mock.shutdown().await;
 }
+
+/// A campaign whose arm breaks 30 % of its tool calls over 40 distinct requests: its
+/// validity per kind is in campaign.json beside the reference's, and contract v2's
+/// `min_valid_rate` and `valid_rate_floor_delta` fail it (its whole interval is below
+/// 0.95; its paired drop's is above 0.02) while the reference's twin passes both.
+#[test]
+fn an_arm_that_breaks_30_percent_of_tool_calls_fails_the_validity_gates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arm = |name: &str, reference: bool, flags: &[&str]| {
+        // No modelled latency: the test is about answers, not time.
+        let mut command = vec![
+            "{self}",
+            "mock-worker",
+            "--listen",
+            "127.0.0.1:{port}",
+            "--prefill-ms",
+            "0",
+            "--per-token-ms",
+            "0",
+        ];
+        command.extend(flags);
+        json!({"name": name, "lane": "quality", "reference": reference,
+               "recipe": {"runtime": "matrix-proxy mock", "weight_format": "none",
+                          "weight_quantization": name, "device": "cpu"},
+               "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+               "start": {"command": command}})
+    };
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "required": ["query", "limit"],
+        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}}}}}]);
+    let variants: Vec<serde_json::Value> = (0..40)
+        .map(|i| {
+            json!({"name": format!("q{i}"),
+                   "request": {"messages": [{"role": "user", "content": format!("Find item {i}.")}],
+                               "max_tokens": 6, "tools": tools},
+                   "expected_tool_calls": {"names": ["lookup"]}})
+        })
+        .collect();
+    let plan = json!({"name": "tools", "arms": [
+            arm("ref", true, &[]), arm("twin", false, &[]),
+            arm("broken", false, &["--invalid-tool-call-share", "0.3"])],
+        "cases": [{"name": "lookup", "variants": variants}],
+        "concurrency": [1], "requests_per_case": 40, "repetitions": 2, "on_failure": "continue",
+        "timeout_seconds": 10, "metadata": metadata()});
+    let path = write_plan(tmp.path(), "campaign.json", &plan);
+    let out = tmp.path().join("run");
+    let (code, _, err) = run(&["replay", s(&path), "--out", s(&out)]);
+    assert!(code == Some(0) || code == Some(1), "{err}");
+    let c = read_json(&out.join("campaign.json"));
+    let validity = |name: &str| {
+        c["drift"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["arm"] == json!(name))
+            .unwrap()["validity"][0]
+            .clone()
+    };
+    let broken = validity("broken");
+    assert_eq!(
+        (&broken["kind"], &broken["requests"]),
+        (&json!("tool_calls"), &json!(40)),
+        "{broken}"
+    );
+    let valid = broken["valid_requests"].as_u64().unwrap();
+    assert!((20..=34).contains(&valid), "about 70 % valid: {broken}");
+    assert!(broken["interval"][1].as_f64().unwrap() < 0.95, "{broken}");
+    assert_eq!(broken["reference_rate"], json!(1.0));
+    assert_eq!(broken["paired"]["only_reference_valid"], json!(40 - valid));
+    let twin = validity("twin");
+    assert_eq!(
+        (&twin["valid_requests"], &twin["rate"]),
+        (&json!(40), &json!(1.0))
+    );
+
+    let contract = json!({"contract_version": 2, "locked_at": "2026-12-01T09:00:00Z",
+        "locked_by": "test", "plan_id": "tools",
+        "thresholds": {"min_valid_rate": 0.9, "valid_rate_floor_delta": 0.02}});
+    let cpath = write_plan(tmp.path(), "contract.json", &contract);
+    let vout = tmp.path().join("verdict.json");
+    let (code, _, err) = run(&[
+        "verdict",
+        s(&out),
+        "--contract",
+        s(&cpath),
+        "--out",
+        s(&vout),
+    ]);
+    assert!(code == Some(0) || code == Some(1), "{err}");
+    let v = read_json(&vout);
+    for gate in ["min_valid_rate", "valid_rate_floor_delta"] {
+        let g = v["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["gate"] == json!(gate))
+            .unwrap();
+        let pass = |arm: &str| {
+            g["arms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["arm"] == json!(arm))
+                .unwrap()["pass"]
+                .clone()
+        };
+        assert_eq!(pass("broken"), json!(false), "{gate}: {g:#}");
+        // 40 of 40 valid: the interval [0.912, 1] clears 0.9, and no drop at all clears
+        // 0.02 only with more requests (the paired bound on 40 is about 0.1).
+        if gate == "min_valid_rate" {
+            assert_eq!(pass("twin"), json!(true), "{gate}: {g:#}");
+        }
+    }
+    assert_eq!(v["quality_lane_pass"], json!(false), "{v:#}");
+}

@@ -178,6 +178,11 @@ pub(crate) struct DriftEntry {
     /// no case has an oracle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) mcnemar: Option<crate::stats::McNemar>,
+    /// The arm's validity per oracle kind it was judged by, beside the reference's and
+    /// paired with it (`report::validity`); absent when nothing was judged (and in
+    /// compare.json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) validity: Option<Vec<crate::report::validity::Validity>>,
     /// The pooled rates weigh every pair alike; these weigh each case, and each variant,
     /// as one (absent in older files).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -137,6 +137,19 @@ pub(crate) struct FitArm {
         deserialize_with = "super::present"
     )]
     pub(crate) fit_min_exact_match: Option<Option<bool>>,
+    /// v2 only, when the contract has them: the fit arm's validity gates.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::present"
+    )]
+    pub(crate) min_valid_rate: Option<Option<bool>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::present"
+    )]
+    pub(crate) valid_rate_floor_delta: Option<Option<bool>>,
 }
 
 /// One gate over every arm it applies to.
