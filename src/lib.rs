@@ -34,6 +34,9 @@ mod telemetry;
 /// Seeded open-loop arrival schedules (the offsets a plan's `load` sends at; docs/load.md
 /// gives each round's stream, so a schedule can be recomputed outside a run).
 pub mod arrival;
+/// Measurement hooks the benchmarks call (`benchmarks/judge.rs`): an oracle's judgment of
+/// many answers, timed in process CPU.
+pub mod bench;
 /// The command line: argument shapes, the commands, exit codes (the binary is a call of
 /// [`cli::main_with_args`]; tests run commands in-process as a user runs them).
 pub mod cli;

@@ -96,6 +96,7 @@ const ALLOWED: &[Row] = &[
         ],
     ),
     ("fuzzing", &["config", "oracle", "sse", "engine", "prom"]),
+    ("bench", &["clock", "config", "oracle"]),
     ("cli", &[EVERYTHING]),
 ];
 

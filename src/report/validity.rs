@@ -4,7 +4,7 @@
 //! them. Beside it, paired over the requests both sides had judged, how far the arm falls
 //! below the reference: `b` requests only the reference kept, `c` only the arm kept, the
 //! drop `(b - c) / n` with a conservative 95 % interval from exact bounds on `b / n` and
-//! `c / n` (Bonferroni: each at 98.75 %). Campaign.json's drift entries carry it; contract
+//! `c / n` (Bonferroni: each at 97.5 %, 1.25 % in each tail). Campaign.json's drift entries carry it; contract
 //! v2's `min_valid_rate` and `valid_rate_floor_delta` read it.
 
 use std::collections::BTreeMap;
@@ -142,7 +142,8 @@ fn paired(r: &ByRequest<'_>, a: &ByRequest<'_>, kind: &str) -> Option<Paired> {
     if n == 0 {
         return None;
     }
-    // Each of the two bounds at 1 - 0.05 / 4 on each side: together at least 95 %.
+    // Each count's interval at 97.5 % (1.25 % in each tail): the drop's ends, each a
+    // difference of two ends, hold together with at least 95 %.
     let each = 1.0 - (1.0 - CONFIDENCE) / 2.0;
     let (bl, bh) = clopper_pearson(b, n, each)?;
     let (cl, ch) = clopper_pearson(c, n, each)?;
