@@ -8,7 +8,8 @@ answers with an independent Levenshtein, and when the run has verdict.json, ever
 result per arm, the lanes and the verdict are re-derived from campaign.json and the
 thresholds it recorded. The statistics a v2 verdict reads are recomputed with this file's
 own code: each cell's pooled decode estimator and its exclusions (stream_bundled from
-content_offsets_us), each drift entry's exact McNemar p-value, and one bootstrap
+content_offsets_us), each drift entry's exact McNemar p-value and validity per oracle
+kind (rates, exact intervals, the paired drop), and one bootstrap
 interval, drawn from a ChaCha8 stream written here from the block function.
 
 Usage: python3 tests/interop/check_campaign.py RUN_DIR
@@ -82,6 +83,7 @@ def main(run: Path) -> int:
             checks += 5
     checks += check_decode(con, glob, campaign)
     checks += check_mcnemar(con, glob, campaign)
+    checks += check_validity(con, glob, campaign, run)
     checks += check_interval(con, glob, campaign)
     checks += check_drift(con, glob, campaign)
     for name in ("verdict.json", "verdict-v2.json"):
@@ -188,6 +190,83 @@ def check_mcnemar(con, glob: str, campaign: dict) -> int:
         assert (m["pairs"], m["only_reference_passed"], m["only_arm_passed"]) == (len(pairs), b, c), m
         assert close(m["p_value"], mcnemar_p(b, c)), (m["p_value"], mcnemar_p(b, c))
         checks += 2
+    return checks
+
+
+ORACLE_KINDS = [("expected_response", "json"), ("expected_response_text", "bytes"),
+                ("expected_stream_text", "stream"), ("expected_events", "stream"),
+                ("expected_schema", "schema"), ("expected_tool_calls", "tool_calls"),
+                ("expected_choice", "choice"), ("expected_pattern", "pattern")]
+
+
+def binomial_mass(lo: int, hi: int, n: int, p: float) -> float:
+    """P(lo <= X <= hi) for X ~ Binomial(n, p), summed with lgamma (as src/stats.rs)."""
+    if p <= 0:
+        return 1.0 if lo == 0 else 0.0
+    if p >= 1:
+        return 1.0 if hi >= n else 0.0
+    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                                 + i * math.log(p) + (n - i) * math.log1p(-p))
+                        for i in range(lo, min(hi, n) + 1)))
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95):
+    """The exact interval by bisection on the binomial tails, ends rounded outwards."""
+    a = (1 - confidence) / 2
+    def bisect(lo, hi, above):
+        for _ in range(64):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if above(mid) else (lo, mid)
+        return lo, hi
+    upper = 1.0 if k == n else bisect(k / n, 1.0, lambda p: binomial_mass(0, k, n, p) > a)[1]
+    lower = 0.0 if k == 0 else bisect(0.0, k / n, lambda p: binomial_mass(k, n, n, p) < a)[0]
+    return lower, upper
+
+
+def check_validity(con, glob: str, campaign: dict, run: Path) -> int:
+    """Each drift entry's validity per oracle kind from the rows' oracle_passed: a
+    distinct request valid when every judged answer to it is; its rate and exact
+    interval, the reference's, and the paired drop with its Bonferroni interval."""
+    plan = json.loads((run / "plan.json").read_text())
+    kinds = {}
+    for case in plan["cases"]:
+        for v in case.get("variants") or [case]:
+            name = v.get("name") if "variants" in case else None
+            kinds[(case["name"], name)] = next((k for f, k in ORACLE_KINDS if f in v), "none")
+    rows = con.execute(
+        f"""select arm, case_name, variant, oracle_passed
+            from '{glob}' where phase = 'measured' and outcome in ('ok', 'correctness')
+              and oracle_passed is not null"""
+    ).fetchall()
+    sides: dict = {}
+    for arm, case, variant, passed in rows:
+        kind = kinds.get((case, variant), "json")
+        valid, answers, ok = sides.setdefault(arm, {}).get((kind, case, variant), (True, 0, 0))
+        sides[arm][(kind, case, variant)] = (valid and passed, answers + 1, ok + int(passed))
+    ref = sides.get(campaign["reference_arm"], {})
+    checks = 0
+    for e in campaign["drift"]:
+        mine = sides.get(e["arm"], {})
+        for v in e.get("validity") or []:
+            of_kind = {k: x for k, x in mine.items() if k[0] == v["kind"]}
+            refs = {k: x for k, x in ref.items() if k[0] == v["kind"]}
+            n = len(of_kind)
+            k = sum(1 for x in of_kind.values() if x[0])
+            assert (v["answers"], v["valid_answers"]) == (sum(x[1] for x in of_kind.values()),
+                                                         sum(x[2] for x in of_kind.values())), v
+            assert (v["requests"], v["valid_requests"]) == (n, k), v
+            lo, hi = clopper_pearson(k, n)
+            assert close(v["interval"][0], lo) and close(v["interval"][1], hi), (v, lo, hi)
+            assert (v["reference_requests"], v["reference_valid_requests"]) == (
+                len(refs), sum(1 for x in refs.values() if x[0])), v
+            both = [(refs[r][0], x[0]) for r, x in of_kind.items() if r in refs]
+            b = sum(1 for r, a in both if r and not a)
+            c = sum(1 for r, a in both if a and not r)
+            p = v["paired"]
+            assert (p["requests"], p["only_reference_valid"], p["only_arm_valid"]) == (len(both), b, c), p
+            (bl, bh), (cl, ch) = clopper_pearson(b, len(both), 0.975), clopper_pearson(c, len(both), 0.975)
+            assert close(p["drop_interval"][0], bl - ch) and close(p["drop_interval"][1], bh - cl), p
+            checks += 6
     return checks
 
 
