@@ -213,6 +213,20 @@ fn capture_line(plan: &crate::config::plan::Plan) {
         eprintln!(
             "  capture plan: answers are recorded, not judged (no case has an oracle); `matrix-proxy freeze RUN --out plan.json` turns a run of it into a plan with oracles"
         );
+        return;
+    }
+    // How many requests each kind of oracle judges (contracts compiled already).
+    let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+    for v in plan.cases.iter().flat_map(|c| &c.variants) {
+        *kinds.entry(v.oracle.kind()).or_default() += 1;
+    }
+    kinds.remove("none");
+    if kinds
+        .keys()
+        .any(|k| ["schema", "tool_calls", "choice", "pattern"].contains(k))
+    {
+        let each: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        eprintln!("  oracles by kind (requests): {}", each.join(", "));
     }
 }
 
