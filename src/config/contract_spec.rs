@@ -57,7 +57,7 @@ impl Validator {
         let contract = match field {
             "expected_schema" => self.schema_contract(m, path, v),
             "expected_tool_calls" => self.tool_calls_contract(m, path, v),
-            "expected_choice" => self.choice_contract(m, &p, v),
+            "expected_choice" => self.choice_contract(m, path, v),
             _ => self.pattern_contract(&p, v),
         };
         contract.map(|c| Oracle::Contract(Box::new(c)))
@@ -215,7 +215,13 @@ impl Validator {
 
     /// `expected_choice`: the answer's trimmed content is one of these (each compared
     /// whole; `case_fold: true` ignores case).
-    fn choice_contract(&mut self, m: &Map<String, Value>, p: &str, v: &Value) -> Option<Contract> {
+    fn choice_contract(
+        &mut self,
+        m: &Map<String, Value>,
+        path: &str,
+        v: &Value,
+    ) -> Option<Contract> {
+        let p = &join(path, "expected_choice");
         let one_of = self.strings(v, p, "choices")?;
         if one_of.len() > MAX_CHOICES {
             self.err(
@@ -229,11 +235,17 @@ impl Validator {
             Some(Value::Bool(b)) => *b,
             Some(other) => {
                 self.err(
-                    p.replace("expected_choice", "case_fold"),
+                    join(path, "case_fold"),
                     format!("must be true or false, found {}", json_kind(other)),
                 );
                 return None;
             }
+        };
+        // Folded once here: an answer is folded once, not once per choice.
+        let one_of = if case_fold {
+            one_of.iter().map(|c| c.to_lowercase()).collect()
+        } else {
+            one_of
         };
         Some(Contract::Choice { one_of, case_fold })
     }

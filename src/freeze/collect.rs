@@ -108,6 +108,9 @@ pub(crate) struct Variant {
     pub(crate) source_name: Option<String>,
     /// The session-affinity header its first row carried: (name, value).
     pub(crate) session: Option<(String, String)>,
+    /// Its first recorded answer called a tool (a JSON message's or a stream's merged
+    /// `tool_calls`).
+    pub(crate) called_tools: bool,
     /// The contract it is judged by instead of its recorded answer (`freeze --oracle`,
     /// `contracts.rs`); `None`: its exact answer.
     pub(crate) contract: Option<Pick>,
@@ -174,6 +177,8 @@ struct Planned {
     prompt_tokens: Option<i64>,
     source_name: Option<String>,
     session: Option<(String, String)>,
+    /// Its answer called a tool (`Variant::called_tools`).
+    called_tools: bool,
 }
 
 /// Why a recorded row is left out of a freeze (counted by this text).
@@ -256,10 +261,21 @@ impl Collected {
                     let v = header(&row.request_headers, name)?;
                     Some((name.to_string(), v))
                 });
+                let called_tools = memchr::memmem::find(&row.response_body, b"tool_calls")
+                    .is_some()
+                    && crate::oracle::answer::of_body(&row.response_body, row.is_stream)
+                        .ok()
+                        .and_then(|m| {
+                            m.get("tool_calls")
+                                .and_then(Value::as_array)
+                                .map(|c| !c.is_empty())
+                        })
+                        .unwrap_or(false);
                 let source = Planned {
                     prompt_tokens: row.prompt_tokens_planned,
                     source_name: row.variant,
                     session,
+                    called_tools,
                 };
                 Ok(Some(self.add(key, body, answer, source)))
             }
@@ -354,6 +370,7 @@ impl Collected {
             prompt_tokens,
             source_name,
             session,
+            called_tools,
         } = source;
         let case = match self.case_index.get(&key) {
             Some(&c) => c,
@@ -384,6 +401,7 @@ impl Collected {
                     prompt_tokens,
                     source_name,
                     session,
+                    called_tools,
                     contract: None,
                 });
                 self.index.insert((case, identity), variants.len() - 1);

@@ -157,15 +157,15 @@ pub(crate) fn freeze(opts: &Options) -> Result<Frozen, FreezeError> {
         metadata,
     };
     let case_names = write::case_names(&collected.cases);
-    contracts::apply(&mut collected.cases, opts.oracle, &case_names, &mut lines);
     let mut chains: Vec<Option<sessions::Chains>> =
         collected.cases.iter().map(sessions::chains).collect();
     // A trace plan's entries name turns of sessions only where the capture's order holds
     // whole runs of them.
     if let Some(timed) = timed.as_mut() {
-        let names = write::case_names(&collected.cases);
-        chains = timing::timed_sessions(chains, &collected.cases, timed, &names, &mut lines);
+        chains = timing::timed_sessions(chains, &collected.cases, timed, &case_names, &mut lines);
     }
+    let chosen = (&case_names[..], &chains[..]);
+    contracts::apply(&mut collected.cases, opts.oracle, chosen, &mut lines);
     say_sessions(&collected, &chains, opts.keep_timing.is_some(), &mut lines);
     let budget = budget(opts, &collected, &chains, &mut lines);
     let mut value = write::plan_json(&head, &budget, &collected.cases, &chains);

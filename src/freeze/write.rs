@@ -478,6 +478,7 @@ mod tests {
             prompt_tokens: None,
             source_name: None,
             session: None,
+            called_tools: false,
             contract: None,
         }
     }

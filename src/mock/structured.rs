@@ -8,7 +8,8 @@
 //! `minItems` items (at least one) of `items`, a string the first value of its `enum` or
 //! the answer's own words, a number or an integer its `minimum` (else 1; `maximum` caps it),
 //! a boolean `true`, `const` and `enum` their first value at any level; anything else is
-//! `null`. Nesting past 16 levels is `null` too.
+//! `null`. Nesting past 16 levels is `null` too, and so is every value past the 4,096th of
+//! one document.
 //!
 //! A broken server: `invalid_tool_call_share` of the prompts (by their hash, so the same
 //! ones every run and every arm that shares the seed) get a call whose arguments leave out
@@ -28,6 +29,10 @@ pub(super) enum Shaped {
 /// The deepest a schema is followed.
 const MAX_DEPTH: usize = 16;
 
+/// The most values one made document holds (arrays of arrays would otherwise grow as the
+/// power of their nesting): past it, every further value is `null`.
+const MAX_VALUES: usize = 4096;
+
 /// The structured answer `req` asks for, if any (`words`: the answer's own text, for
 /// strings; `broken`: this prompt gets a broken tool call).
 pub(super) fn shaped(req: &Value, words: &str, broken: bool) -> Option<Shaped> {
@@ -43,7 +48,7 @@ pub(super) fn shaped(req: &Value, words: &str, broken: bool) -> Option<Shaped> {
         })?;
         let name = tool.pointer("/function/name").and_then(Value::as_str)?;
         let params = tool.pointer("/function/parameters").unwrap_or(&Value::Null);
-        let mut args = made(params, words, 0);
+        let mut args = made(params, words, 0, &mut { MAX_VALUES });
         let arguments = match (broken, args.as_object_mut()) {
             (false, _) => args.to_string(),
             (true, Some(m)) => match first_required(params) {
@@ -64,14 +69,17 @@ pub(super) fn shaped(req: &Value, words: &str, broken: bool) -> Option<Shaped> {
     if req.pointer("/response_format/type").and_then(Value::as_str) != Some("json_schema") {
         return None;
     }
-    Some(Shaped::Json(made(schema, words, 0).to_string()))
+    Some(Shaped::Json(
+        made(schema, words, 0, &mut { MAX_VALUES }).to_string(),
+    ))
 }
 
-/// A value that fits `schema` (the subset above).
-fn made(schema: &Value, words: &str, depth: usize) -> Value {
-    if depth > MAX_DEPTH {
+/// A value that fits `schema` (the subset above), of at most `budget` values.
+fn made(schema: &Value, words: &str, depth: usize, budget: &mut usize) -> Value {
+    if depth > MAX_DEPTH || *budget == 0 {
         return Value::Null;
     }
+    *budget -= 1;
     if let Some(c) = schema.get("const") {
         return c.clone();
     }
@@ -98,7 +106,7 @@ fn made(schema: &Value, words: &str, depth: usize) -> Value {
             let mut m = Map::new();
             let props = schema.get("properties").and_then(Value::as_object);
             for (k, s) in props.into_iter().flatten() {
-                m.insert(k.clone(), made(s, words, depth + 1));
+                m.insert(k.clone(), made(s, words, depth + 1, budget));
             }
             Value::Object(m)
         }
@@ -109,7 +117,11 @@ fn made(schema: &Value, words: &str, depth: usize) -> Value {
                 .unwrap_or(1)
                 .clamp(1, 16);
             let item = schema.get("items").unwrap_or(&Value::Null);
-            Value::Array((0..n).map(|_| made(item, words, depth + 1)).collect())
+            Value::Array(
+                (0..n)
+                    .map(|_| made(item, words, depth + 1, budget))
+                    .collect(),
+            )
         }
         "string" => {
             let text: String = words
@@ -186,5 +198,19 @@ mod tests {
             None
         );
         assert_eq!(shaped(&json!({"messages": []}), "w", false), None);
+    }
+
+    #[test]
+    fn a_schema_of_nested_arrays_makes_a_bounded_document() {
+        let mut schema = json!({"type": "string"});
+        for _ in 0..16 {
+            schema = json!({"type": "array", "minItems": 16, "items": schema});
+        }
+        let req =
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}});
+        let Some(Shaped::Json(text)) = shaped(&req, "w", false) else {
+            panic!("json")
+        };
+        assert!(text.len() < 64 * 1024, "{} bytes", text.len());
     }
 }

@@ -33,6 +33,7 @@ pub(crate) enum Contract {
         of: SchemaOf,
     },
     ToolCalls(ToolCalls),
+    /// `one_of` case-folded already when `case_fold`.
     Choice {
         one_of: Vec<String>,
         case_fold: bool,
@@ -88,10 +89,19 @@ impl std::fmt::Debug for Contract {
     }
 }
 
+/// Why a schema cannot be compiled: the validator's words and where in the schema.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}{at}")]
+pub(crate) struct SchemaError {
+    message: String,
+    /// ` (at /properties/x/type)`, or empty at the schema's root.
+    at: String,
+}
+
 /// Compile a JSON Schema as contracts use it: its draft from its `$schema` (2020-12
 /// when it names none), no reference fetched from anywhere (a remote `$ref` is an
 /// error), `pattern`s under the linear-time `regex` engine within [`PATTERN_SIZE_LIMIT`].
-pub(crate) fn compile_schema(schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+pub(crate) fn compile_schema(schema: &Value) -> Result<Arc<jsonschema::Validator>, SchemaError> {
     jsonschema::options()
         .offline()
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT))
@@ -99,10 +109,13 @@ pub(crate) fn compile_schema(schema: &Value) -> Result<Arc<jsonschema::Validator
         .map(Arc::new)
         .map_err(|e| {
             let at = e.schema_path().to_string();
-            if at.is_empty() {
-                e.to_string()
-            } else {
-                format!("{e} (at {at})")
+            SchemaError {
+                message: e.to_string(),
+                at: if at.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (at {})", cut(&at))
+                },
             }
         })
 }
@@ -142,9 +155,10 @@ impl Contract {
             Contract::Choice { one_of, case_fold } => {
                 let text = content(body, stream)?;
                 let t = text.trim();
-                let hit = one_of
-                    .iter()
-                    .any(|c| c == t || (*case_fold && c.to_lowercase() == t.to_lowercase()));
+                // A case-folded contract's choices were folded once, at plan load.
+                let folded = case_fold.then(|| t.to_lowercase());
+                let t = folded.as_deref().unwrap_or(t);
+                let hit = one_of.iter().any(|c| c == t);
                 if hit {
                     return Ok(());
                 }
@@ -250,7 +264,7 @@ fn fits(schema: &jsonschema::Validator, v: &Value, at: &str) -> Result<(), Misma
     match schema.iter_errors(v).next() {
         None => Ok(()),
         Some(e) => Err(mismatch(
-            &format!("{at}{}", e.instance_path()),
+            &cut(&format!("{at}{}", e.instance_path())),
             format!("does not fit the schema: {}", cut(&e.to_string())),
         )),
     }

@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Number;
+
 use super::pointer::Pointer;
 
 /// One bound: `|expected - actual| <= abs`, or `<= rel * max(|expected|, |actual|)`.
@@ -18,8 +20,32 @@ pub(crate) struct Tol {
 impl Tol {
     /// Whether `expected` and `actual` are equal within the bound.
     pub(crate) fn holds(self, expected: f64, actual: f64) -> bool {
-        let d = (expected - actual).abs();
-        d <= self.abs || d <= self.rel * expected.abs().max(actual.abs())
+        self.holds_difference((expected - actual).abs(), expected.abs().max(actual.abs()))
+    }
+
+    /// [`Self::holds`] for two JSON numbers: two integers by their exact difference (past
+    /// 2^53 a float would round them together), anything else as floats.
+    pub(crate) fn holds_numbers(self, expected: &Number, actual: &Number) -> bool {
+        let int = |n: &Number| {
+            n.as_i64()
+                .map(i128::from)
+                .or_else(|| n.as_u64().map(i128::from))
+        };
+        match (int(expected), int(actual)) {
+            (Some(e), Some(a)) => {
+                let larger = e.unsigned_abs().max(a.unsigned_abs()) as f64;
+                self.holds_difference(e.abs_diff(a) as f64, larger)
+            }
+            _ => match (expected.as_f64(), actual.as_f64()) {
+                (Some(e), Some(a)) => self.holds(e, a),
+                _ => false,
+            },
+        }
+    }
+
+    /// `d` (a difference) within the bound, `larger` the larger magnitude of the two.
+    fn holds_difference(self, d: f64, larger: f64) -> bool {
+        d <= self.abs || d <= self.rel * larger
     }
 }
 
@@ -78,6 +104,12 @@ mod tests {
             r.holds(0.0, 0.0) && !r.holds(0.0, 1e-9),
             "0 is only near itself relatively"
         );
+        // Integers by their exact difference: 2^53 and 2^53 + 1 are one apart.
+        let exact = Tol { abs: 0.0, rel: 0.0 };
+        let n = |x: u64| Number::from(x);
+        assert!(!exact.holds_numbers(&n(1 << 53), &n((1 << 53) + 1)));
+        assert!(Tol { abs: 1.0, rel: 0.0 }.holds_numbers(&n(1 << 53), &n((1 << 53) + 1)));
+        assert!(exact.holds_numbers(&n(3), &Number::from_f64(3.0).unwrap()));
         let mut root = TolNode::whole(None);
         root.insert(&Pointer::parse("/a/0").unwrap(), t);
         assert_eq!(

@@ -354,3 +354,58 @@ fn an_arm_that_breaks_30_percent_of_tool_calls_fails_the_validity_gates() {
     }
     assert_eq!(v["quality_lane_pass"], json!(false), "{v:#}");
 }
+
+/// A tool-calling agent's conversation through serve (turn 2 sends back the call and the
+/// tool's result): `freeze --oracle schema` groups it into a session, whose chat turns
+/// keep their exact answers (a turn's oracle does not see its case's tools), and the plan
+/// is written and validates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_calling_conversation_freezes_into_a_session_that_keeps_exact_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mock = start_mock(matrix_proxy::MockConfig::default()).await;
+    let live = tmp.path().join("live");
+    let serve = Serve::start(serve_args(&mock.url(), &live)).await;
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}}}]);
+    let mut client = Client::connect(serve.addr).await;
+    let mut messages = vec![json!({"role": "user", "content": "Find the opening hours."})];
+    for turn in 0..2 {
+        let body = json!({"model": "mock", "max_tokens": 5, "tools": tools, "messages": messages});
+        let mut req = request(
+            "POST",
+            serve.addr,
+            "/v1/chat/completions",
+            bytes::Bytes::from(body.to_string()),
+        );
+        req.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        let (status, _, answer) = client.send(req).await.unwrap();
+        assert_eq!(status, 200);
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        let message = answer["choices"][0]["message"].clone();
+        let id = message["tool_calls"][0]["id"].clone();
+        messages.push(message);
+        messages
+            .push(json!({"role": "tool", "tool_call_id": id, "content": format!("result {turn}")}));
+    }
+    drop(client);
+    serve.stop().await.unwrap();
+    let plan_path = tmp.path().join("frozen.json");
+    let (code, _, err) = run(&[
+        "freeze",
+        s(&live),
+        "--oracle",
+        "schema",
+        "--out",
+        s(&plan_path),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let plan = read_json(&plan_path);
+    let case = &plan["cases"][0];
+    assert!(case["sessions"].is_array(), "{plan:#}");
+    let text = plan.to_string();
+    assert!(!text.contains("expected_tool_calls"), "{plan:#}");
+    let (code, _, err) = run(&["validate", s(&plan_path)]);
+    assert_eq!(code, Some(0), "{err}");
+    mock.shutdown().await;
+}

@@ -440,6 +440,14 @@ fn judged_by(ctx: &Ctx, oracle: &Oracle, got: &Captured) -> Verdict {
             ),
         );
     }
+    // A performance-fit arm's cut body stays `ok` as a measurement, and is no judgment:
+    // judging the part recorded would count a kept contract as broken.
+    if got.body.truncated {
+        return Verdict {
+            usage_tokens: usage_here(got),
+            ..Verdict::default()
+        };
+    }
     let (judged, verdict) = oracle.judge_and_read(
         &got.body.bytes,
         got.stream.is_some(),
