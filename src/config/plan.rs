@@ -373,6 +373,22 @@ impl Plan {
     }
 }
 
+/// A plain closed-loop plan of the one case `case` (tests of a case's fields): every
+/// problem validation found, as text, when it is refused.
+#[cfg(test)]
+pub(crate) fn one_case(case: Value) -> Result<Plan, Vec<String>> {
+    let p = serde_json::json!({
+        "endpoint": "http://127.0.0.1:8000/v1/chat/completions",
+        "concurrency": [1], "requests_per_case": 2, "timeout_seconds": 2,
+        "metadata": {"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
+            "precision": "N/A", "model_revision": "m", "runtime_revision": "r",
+            "cache_policy": "none", "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"},
+        "cases": [case],
+    });
+    Plan::from_json_bytes(p.to_string().as_bytes())
+        .map_err(|e| e.problems.iter().map(|p| p.to_string()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::covering_requests_per_case as covering;

@@ -444,18 +444,7 @@ mod tests {
     use crate::config::sessions::History;
     use serde_json::json;
 
-    fn plan(case: Value) -> Result<Plan, Vec<String>> {
-        let p = json!({
-            "endpoint": "http://127.0.0.1:8000/v1/chat/completions",
-            "concurrency": [1], "requests_per_case": 2, "timeout_seconds": 2,
-            "metadata": {"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",
-                "precision": "N/A", "model_revision": "m", "runtime_revision": "r",
-                "cache_policy": "none", "cuda_evidence": "N/A", "reservation": "N/A", "host": "h"},
-            "cases": [case],
-        });
-        Plan::from_json_bytes(p.to_string().as_bytes())
-            .map_err(|e| e.problems.iter().map(|p| p.to_string()).collect())
-    }
+    use crate::config::plan::one_case as plan;
 
     fn user(text: &str) -> Value {
         json!([{"role": "user", "content": text}])
