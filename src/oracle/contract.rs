@@ -328,3 +328,24 @@ fn cut(s: &str) -> String {
     let head: String = s.chars().take(117).collect();
     format!("{head}...")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_schema_pattern_matches_in_linear_time_and_a_ref_cycle_compiles() {
+        // Long repetitions over a long answer: linear matchers, no backtracking blow-up.
+        let long = json!({"type": "string", "pattern": "^(a|b)\\w{1000}(c|d)\\w{1000}x$"});
+        let v = compile_schema(&long).unwrap();
+        assert!(!v.is_valid(&json!("a".repeat(100_000))));
+        let fine = json!({"type": "string", "pattern": "^(a|b)\\w{10}$"});
+        assert!(compile_schema(&fine).is_ok_and(|v| v.is_valid(&json!("a0123456789"))));
+        // References that lead to each other in a loop: compiled once, judged at once.
+        let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a"});
+        let v = compile_schema(&cycle).unwrap();
+        assert!(v.is_valid(&json!(1)));
+    }
+}
