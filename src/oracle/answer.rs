@@ -113,7 +113,10 @@ pub(crate) fn of_stream(body: &[u8]) -> Result<Value, NoMessage> {
             .into_iter()
             .flatten()
         {
-            merge_call(&mut calls, call);
+            // A call past the bound: refused as a whole JSON message with as many is.
+            if !merge_call(&mut calls, call) {
+                return Err(NoMessage::NotAMessage);
+            }
             any = true;
         }
     }
@@ -146,12 +149,13 @@ pub(crate) fn of_stream(body: &[u8]) -> Result<Value, NoMessage> {
 /// must not make the history grow without bound).
 const MAX_TOOL_CALLS: usize = 128;
 
-/// One streamed piece of a tool call, merged into the call its `index` names.
-fn merge_call(calls: &mut Vec<Map<String, Value>>, piece: &Value) {
-    let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-    if index >= MAX_TOOL_CALLS {
-        return;
-    }
+/// One streamed piece of a tool call, merged into the call its `index` names; `false`
+/// (nothing merged) for an index past [`MAX_TOOL_CALLS`].
+fn merge_call(calls: &mut Vec<Map<String, Value>>, piece: &Value) -> bool {
+    let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0);
+    let Some(index) = usize::try_from(index).ok().filter(|&i| i < MAX_TOOL_CALLS) else {
+        return false;
+    };
     while calls.len() <= index {
         calls.push(Map::new());
     }
@@ -162,13 +166,13 @@ fn merge_call(calls: &mut Vec<Map<String, Value>>, piece: &Value) {
         }
     }
     let Some(f) = piece.get("function").and_then(Value::as_object) else {
-        return;
+        return true;
     };
     let function = call
         .entry("function")
         .or_insert_with(|| Value::Object(Map::new()));
     let Some(function) = function.as_object_mut() else {
-        return;
+        return true;
     };
     for key in ["name", "arguments"] {
         if let Some(s) = f.get(key).and_then(Value::as_str) {
@@ -180,6 +184,7 @@ fn merge_call(calls: &mut Vec<Map<String, Value>>, piece: &Value) {
             }
         }
     }
+    true
 }
 
 /// The fields of a message a history sends back.
@@ -252,7 +257,15 @@ mod tests {
             "data: {}\n\n",
             json!({"choices": [{"delta": {"tool_calls": [{"index": 1_000_000_000u64, "id": "x"}]}}]})
         );
-        let m = of_stream(body.as_bytes()).unwrap();
-        assert_eq!(m.get("tool_calls"), None);
+        // Refused, as a whole JSON message with more calls than the bound is: nothing
+        // is held for it, and a contract that counts calls is not judged on a part.
+        assert_eq!(of_stream(body.as_bytes()), Err(NoMessage::NotAMessage));
+        let last = format!(
+            "data: {}\n\n",
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 127, "id": "x",
+                "function": {"name": "f", "arguments": "{}"}}]}}]})
+        );
+        let m = of_stream(last.as_bytes()).unwrap();
+        assert_eq!(m["tool_calls"].as_array().map(Vec::len), Some(128));
     }
 }
