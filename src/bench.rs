@@ -56,21 +56,17 @@ fn document(i: usize) -> Value {
 }
 
 fn oracle(kind: JudgeKind) -> Option<crate::oracle::Oracle> {
-    let mut case = json!({"name": "bench", "request": {"model": "m", "messages": []}});
-    match kind {
-        JudgeKind::Exact => {
-            let mut expected = answer(kind, 0);
-            expected["id"] = json!("any");
-            case["expected_response"] = expected;
-            case["ignore_paths"] = json!(["/id"]);
-        }
-        JudgeKind::Schema => case["expected_schema"] = schema(),
-        JudgeKind::ToolCalls => {
-            case["request"]["tools"] = json!([{"type": "function",
-                "function": {"name": "plan_trip", "parameters": schema()}}]);
-            case["expected_tool_calls"] = json!({"names": ["plan_trip"]});
-        }
-    }
+    let request = json!({"model": "m", "messages": []});
+    let case = match kind {
+        JudgeKind::Exact => json!({"name": "bench", "request": request, "ignore_paths": ["/id"],
+            "expected_response": answer(kind, 0)}),
+        JudgeKind::Schema => json!({"name": "bench", "request": request,
+            "expected_schema": schema()}),
+        JudgeKind::ToolCalls => json!({"name": "bench",
+            "request": {"model": "m", "messages": [], "tools": [{"type": "function",
+                "function": {"name": "plan_trip", "parameters": schema()}}]},
+            "expected_tool_calls": {"names": ["plan_trip"]}}),
+    };
     let plan = json!({"endpoint": "http://127.0.0.1:1/v1/chat/completions", "timeout_seconds": 1,
         "concurrency": [1], "requests_per_case": 1,
         "metadata": {"gpu": "N/A", "gpu_ids": "N/A", "driver": "N/A", "cuda": "N/A",

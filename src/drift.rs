@@ -113,32 +113,11 @@ pub(crate) fn answer(body: &[u8], is_stream: bool, ignore: &[Pointer]) -> Answer
     }
 }
 
-/// An answer that calls tools (a JSON message's `tool_calls`, or a stream's pieces
-/// merged): its content, then its calls canonical (keys sorted, each call's `arguments`
-/// parsed and written again when they are JSON, the server's call ids left out), so two
-/// answers that call other tools, or the same tool with other arguments, differ, and two
-/// that differ only in the ids a server picks do not. `None` for an answer without calls.
+/// An answer that calls tools, compared as its content and its calls, canonical and
+/// without the server's ids (`oracle::answer::canonical_calls`); `None` without calls.
 fn with_calls(body: &[u8], is_stream: bool) -> Option<Answer> {
-    memchr::memmem::find(body, b"tool_calls")?;
-    let m = crate::oracle::answer::without_call_ids(body, is_stream).ok()?;
-    let mut calls = m
-        .get("tool_calls")?
-        .as_array()
-        .filter(|c| !c.is_empty())?
-        .clone();
-    for c in &mut calls {
-        let args = c.pointer_mut("/function/arguments");
-        if let Some(a) = args
-            && let Some(parsed) = a
-                .as_str()
-                .and_then(|t| serde_json::from_str::<Value>(t).ok())
-        {
-            *a = Value::String(sort_keys(parsed).to_string());
-        }
-    }
-    let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
     Some(Answer {
-        text: format!("{content}{}", sort_keys(Value::Array(calls))),
+        text: crate::oracle::answer::canonical_calls(body, is_stream)?,
         json: None,
         lossy: false,
         message: None,

@@ -261,16 +261,8 @@ impl Collected {
                     let v = header(&row.request_headers, name)?;
                     Some((name.to_string(), v))
                 });
-                let called_tools = memchr::memmem::find(&row.response_body, b"tool_calls")
-                    .is_some()
-                    && crate::oracle::answer::of_body(&row.response_body, row.is_stream)
-                        .ok()
-                        .and_then(|m| {
-                            m.get("tool_calls")
-                                .and_then(Value::as_array)
-                                .map(|c| !c.is_empty())
-                        })
-                        .unwrap_or(false);
+                let called_tools =
+                    crate::oracle::answer::calls_tools(&row.response_body, row.is_stream);
                 let source = Planned {
                     prompt_tokens: row.prompt_tokens_planned,
                     source_name: row.variant,

@@ -363,15 +363,14 @@ fn error(status: StatusCode, message: &str) -> Response<MockBody> {
 }
 
 impl State {
-    /// Whether `prompt` is one of the `invalid_tool_call_share` whose tool calls are
-    /// broken (by its hash with the text seed: the same prompts every run).
-    fn breaks_tool_call(&self, prompt: &str) -> bool {
-        let share = self.config.invalid_tool_call_share;
+    /// Whether `prompt` falls in `share` of all prompts, chosen by a hash of `salt`, the
+    /// prompt and the text seed: the same prompts every run, another set per `salt`.
+    fn in_share(&self, salt: &[u8], prompt: &str, share: f64) -> bool {
         if share <= 0.0 {
             return false;
         }
         let mut h = Sha256::new();
-        h.update(b"tool-call\n");
+        h.update(salt);
         h.update(prompt.as_bytes());
         h.update(self.config.text_seed.to_le_bytes());
         let digest = h.finalize();
@@ -379,19 +378,16 @@ impl State {
         (x as f64) / (u64::MAX as f64) < share
     }
 
+    /// Whether `prompt` is one of the `invalid_tool_call_share` whose tool calls are
+    /// broken.
+    fn breaks_tool_call(&self, prompt: &str) -> bool {
+        self.in_share(b"tool-call\n", prompt, self.config.invalid_tool_call_share)
+    }
+
     /// The text seed of one answer to `prompt`: the configured one, or, for a prompt in
     /// the nondeterministic share, one drawn for this request.
     fn text_seed_for(&self, prompt: &str) -> u64 {
-        let share = self.config.nondeterministic_share;
-        if share <= 0.0 {
-            return self.config.text_seed;
-        }
-        let mut h = Sha256::new();
-        h.update(prompt.as_bytes());
-        h.update(self.config.text_seed.to_le_bytes());
-        let digest = h.finalize();
-        let x = u64::from_le_bytes(digest[..8].try_into().unwrap_or([0; 8]));
-        if (x as f64) / (u64::MAX as f64) < share {
+        if self.in_share(b"", prompt, self.config.nondeterministic_share) {
             let d = self.draws.fetch_add(1, Ordering::Relaxed);
             self.config.text_seed ^ d.wrapping_mul(0x2545_F491_4F6C_DD1D)
         } else {

@@ -15,6 +15,7 @@
 //! ones every run and every arm that shares the seed) get a call whose arguments leave out
 //! the first required property, or are not JSON when none is required.
 
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 /// What a structured answer carries instead of free text.
@@ -33,44 +34,117 @@ const MAX_DEPTH: usize = 16;
 /// power of their nesting): past it, every further value is `null`.
 const MAX_VALUES: usize = 4096;
 
+/// What a chat request asks of its answer's shape.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Asks {
+    tools: Option<Vec<AskedTool>>,
+    tool_choice: Option<ToolChoice>,
+    response_format: Option<Format>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AskedTool {
+    function: Option<AskedFunction>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AskedFunction {
+    name: Option<String>,
+    parameters: Option<Value>,
+}
+
+/// `tool_choice`: a mode (`"none"`, `"auto"`, `"required"`) or one named function.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ToolChoice {
+    Mode(String),
+    Named { function: AskedFunction },
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Format {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    json_schema: Option<FormatSchema>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct FormatSchema {
+    schema: Option<Value>,
+}
+
+/// The parts of a JSON Schema the mock makes values from (any other is left out; a part
+/// of an unexpected type reads as absent).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SchemaNode {
+    #[serde(rename = "const")]
+    constant: Option<Value>,
+    #[serde(rename = "enum")]
+    choices: Option<Vec<Value>>,
+    #[serde(rename = "type")]
+    ty: Option<Value>,
+    properties: Option<Map<String, Value>>,
+    items: Option<Value>,
+    #[serde(rename = "minItems")]
+    min_items: Option<Value>,
+    minimum: Option<Value>,
+    maximum: Option<Value>,
+    required: Option<Vec<Value>>,
+}
+
+impl SchemaNode {
+    fn of(schema: &Value) -> SchemaNode {
+        SchemaNode::deserialize(schema).unwrap_or_default()
+    }
+}
+
 /// The structured answer `req` asks for, if any (`words`: the answer's own text, for
 /// strings; `broken`: this prompt gets a broken tool call).
 pub(super) fn shaped(req: &Value, words: &str, broken: bool) -> Option<Shaped> {
-    let none = req.get("tool_choice").and_then(Value::as_str) == Some("none");
-    if let Some(Value::Array(tools)) = req.get("tools")
-        && !none
-    {
-        let named = req
-            .pointer("/tool_choice/function/name")
-            .and_then(Value::as_str);
-        let tool = tools.iter().find(|t| {
-            named.is_none_or(|n| t.pointer("/function/name").and_then(Value::as_str) == Some(n))
-        })?;
-        let name = tool.pointer("/function/name").and_then(Value::as_str)?;
-        let params = tool.pointer("/function/parameters").unwrap_or(&Value::Null);
-        let mut args = made(params, words, 0, &mut { MAX_VALUES });
-        let arguments = match (broken, args.as_object_mut()) {
-            (false, _) => args.to_string(),
-            (true, Some(m)) => match first_required(params) {
-                Some(field) => {
-                    m.shift_remove(&field);
-                    args.to_string()
-                }
-                None => "{".to_string(),
-            },
-            (true, None) => "{".to_string(),
-        };
-        return Some(Shaped::Call {
-            name: name.to_string(),
-            arguments,
-        });
-    }
-    let schema = req.pointer("/response_format/json_schema/schema")?;
-    if req.pointer("/response_format/type").and_then(Value::as_str) != Some("json_schema") {
-        return None;
-    }
+    let asks = Asks::deserialize(req).unwrap_or_default();
+    let named = match &asks.tool_choice {
+        Some(ToolChoice::Mode(m)) if m == "none" => {
+            return json_shaped(asks.response_format, words);
+        }
+        Some(ToolChoice::Named { function }) => function.name.as_deref(),
+        _ => None,
+    };
+    let Some(tools) = asks.tools.filter(|t| !t.is_empty()) else {
+        return json_shaped(asks.response_format, words);
+    };
+    let function = tools
+        .into_iter()
+        .filter_map(|t| t.function)
+        .find(|f| named.is_none_or(|n| f.name.as_deref() == Some(n)))?;
+    let name = function.name?;
+    let params = function.parameters.unwrap_or(Value::Null);
+    let mut args = made(&params, words, 0, &mut { MAX_VALUES });
+    let arguments = match (broken, args.as_object_mut()) {
+        (false, _) => args.to_string(),
+        (true, Some(m)) => match first_required(&params) {
+            Some(field) => {
+                m.shift_remove(&field);
+                args.to_string()
+            }
+            None => "{".to_string(),
+        },
+        (true, None) => "{".to_string(),
+    };
+    Some(Shaped::Call { name, arguments })
+}
+
+/// JSON made from a `response_format` of type `json_schema`, if that is what it asks.
+fn json_shaped(format: Option<Format>, words: &str) -> Option<Shaped> {
+    let format = format.filter(|f| f.kind.as_deref() == Some("json_schema"))?;
+    let schema = format.json_schema?.schema?;
     Some(Shaped::Json(
-        made(schema, words, 0, &mut { MAX_VALUES }).to_string(),
+        made(&schema, words, 0, &mut { MAX_VALUES }).to_string(),
     ))
 }
 
@@ -80,17 +154,14 @@ fn made(schema: &Value, words: &str, depth: usize, budget: &mut usize) -> Value 
         return Value::Null;
     }
     *budget -= 1;
-    if let Some(c) = schema.get("const") {
-        return c.clone();
+    let node = SchemaNode::of(schema);
+    if let Some(c) = node.constant {
+        return c;
     }
-    if let Some(first) = schema
-        .get("enum")
-        .and_then(Value::as_array)
-        .and_then(|e| e.first())
-    {
-        return first.clone();
+    if let Some(first) = node.choices.and_then(|c| c.into_iter().next()) {
+        return first;
     }
-    let ty = match schema.get("type") {
+    let ty = match &node.ty {
         Some(Value::String(t)) => t.as_str(),
         // A list of types: the first that is not "null".
         Some(Value::Array(ts)) => ts
@@ -98,28 +169,29 @@ fn made(schema: &Value, words: &str, depth: usize, budget: &mut usize) -> Value 
             .filter_map(Value::as_str)
             .find(|t| *t != "null")
             .unwrap_or("null"),
-        _ if schema.get("properties").is_some() => "object",
+        _ if node.properties.is_some() => "object",
         _ => "null",
     };
+    let number = |v: &Option<Value>| v.as_ref().and_then(Value::as_f64);
     match ty {
-        "object" => {
-            let mut m = Map::new();
-            let props = schema.get("properties").and_then(Value::as_object);
-            for (k, s) in props.into_iter().flatten() {
-                m.insert(k.clone(), made(s, words, depth + 1, budget));
-            }
-            Value::Object(m)
-        }
+        "object" => Value::Object(
+            node.properties
+                .iter()
+                .flatten()
+                .map(|(k, s)| (k.clone(), made(s, words, depth + 1, budget)))
+                .collect(),
+        ),
         "array" => {
-            let n = schema
-                .get("minItems")
+            let n = node
+                .min_items
+                .as_ref()
                 .and_then(Value::as_u64)
                 .unwrap_or(1)
                 .clamp(1, 16);
-            let item = schema.get("items").unwrap_or(&Value::Null);
+            let item = node.items.unwrap_or(Value::Null);
             Value::Array(
                 (0..n)
-                    .map(|_| made(item, words, depth + 1, budget))
+                    .map(|_| made(&item, words, depth + 1, budget))
                     .collect(),
             )
         }
@@ -132,11 +204,8 @@ fn made(schema: &Value, words: &str, depth: usize, budget: &mut usize) -> Value 
             Value::String(if text.is_empty() { "mock".into() } else { text })
         }
         "integer" | "number" => {
-            let min = schema.get("minimum").and_then(Value::as_f64).unwrap_or(1.0);
-            let max = schema
-                .get("maximum")
-                .and_then(Value::as_f64)
-                .unwrap_or(f64::MAX);
+            let min = number(&node.minimum).unwrap_or(1.0);
+            let max = number(&node.maximum).unwrap_or(f64::MAX);
             let v = min.max(1.0).min(max).ceil().min(max);
             if ty == "integer" {
                 json!(v as i64)
@@ -151,10 +220,10 @@ fn made(schema: &Value, words: &str, depth: usize, budget: &mut usize) -> Value 
 
 /// The first property `schema` requires.
 fn first_required(schema: &Value) -> Option<String> {
-    schema
-        .get("required")?
-        .as_array()?
-        .first()?
+    SchemaNode::of(schema)
+        .required?
+        .into_iter()
+        .next()?
         .as_str()
         .map(str::to_string)
 }

@@ -5,6 +5,7 @@
 //! what a chat API accepts in a request's history (a server's extra fields, such as
 //! `refusal` or `reasoning_content`, are not sent back).
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Why an answer carries no message a history can use.
@@ -84,6 +85,99 @@ pub(crate) fn without_call_ids(body: &[u8], is_stream: bool) -> Result<Value, No
         }
     }
     Ok(m)
+}
+
+/// One tool call of an answer, as contracts and drift read it.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+pub(crate) struct ToolCall {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<String>,
+    #[serde(default)]
+    pub(crate) function: CallFunction,
+}
+
+/// A tool call's function: its name and its arguments (OpenAI sends them as a JSON text;
+/// a server that sends the object is read as it sent it).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+pub(crate) struct CallFunction {
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+    #[serde(default)]
+    pub(crate) arguments: Option<Value>,
+}
+
+/// What contracts and drift read of an assistant message: its text content and its calls.
+#[derive(Debug, Default, Deserialize)]
+struct Parts {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// The tool calls an answer (a stream's or a whole JSON one's) makes: none when it makes
+/// none; `Err` when it carries no message a history could hold.
+pub(crate) fn tool_calls(body: &[u8], is_stream: bool) -> Result<Vec<ToolCall>, NoMessage> {
+    let m = of_body(body, is_stream)?;
+    let parts = Parts::deserialize(&m).map_err(|_| NoMessage::NotAMessage)?;
+    Ok(parts.tool_calls.unwrap_or_default())
+}
+
+/// Whether an answer calls a tool (cheaply `false` for a body that never names one).
+pub(crate) fn calls_tools(body: &[u8], is_stream: bool) -> bool {
+    memchr::memmem::find(body, b"tool_calls").is_some()
+        && tool_calls(body, is_stream).is_ok_and(|c| !c.is_empty())
+}
+
+/// An answer that calls tools, as drift compares it: its text content, then its calls as
+/// canonical JSON (each call's type, name and arguments, the arguments parsed and written
+/// again with sorted keys when they are JSON text; the server's call `id` left out), so
+/// two answers that call other tools differ and two that differ only in the ids a server
+/// picks do not. `None` for an answer without calls.
+pub(crate) fn canonical_calls(body: &[u8], is_stream: bool) -> Option<String> {
+    memchr::memmem::find(body, b"tool_calls")?;
+    let m = of_body(body, is_stream).ok()?;
+    let parts = Parts::deserialize(&m).ok()?;
+    let mut calls = parts.tool_calls.filter(|c| !c.is_empty())?;
+    for c in &mut calls {
+        if let Some(Value::String(text)) = &c.function.arguments
+            && let Ok(parsed) = serde_json::from_str::<Value>(text)
+        {
+            c.function.arguments =
+                Some(Value::String(super::pointer::sort_keys(parsed).to_string()));
+        }
+    }
+    let content = match parts.content {
+        Some(Value::String(t)) => t,
+        _ => String::new(),
+    };
+    let calls = serde_json::to_value(&calls).ok()?;
+    Some(format!("{content}{}", super::pointer::sort_keys(calls)))
+}
+
+/// The text a JSON answer carries: a chat answer's `choices[0].message.content`, or a
+/// completion's `choices[0].text` (`None`: neither is text).
+pub(crate) fn json_text(answer: &Value) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Answer {
+        choices: Vec<Choice>,
+    }
+    #[derive(Deserialize)]
+    struct Choice {
+        #[serde(default)]
+        message: Option<Parts>,
+        #[serde(default)]
+        text: Option<Value>,
+    }
+    let first = Answer::deserialize(answer)
+        .ok()?
+        .choices
+        .into_iter()
+        .next()?;
+    match (first.message.and_then(|m| m.content), first.text) {
+        (Some(Value::String(t)), _) | (_, Some(Value::String(t))) => Some(t),
+        _ => None,
+    }
 }
 
 /// The assistant message a streamed chat answer's events add up to.

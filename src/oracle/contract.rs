@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::answer::ToolCall;
 use super::pointer::Mismatch;
 
 /// The most bytes a compiled regular expression may take (`expected_pattern`, and a
@@ -183,7 +184,7 @@ impl Contract {
 }
 
 impl ToolCalls {
-    fn judge(&self, calls: &[Value]) -> Result<(), Mismatch> {
+    fn judge(&self, calls: &[ToolCall]) -> Result<(), Mismatch> {
         if calls.is_empty() {
             return Err(mismatch(
                 "/tool_calls",
@@ -228,9 +229,9 @@ impl ToolCalls {
 
     /// Call `i`: its name declared by the request, its arguments JSON that fit the tool's
     /// parameters; its name.
-    fn one_call<'c>(&self, i: usize, call: &'c Value) -> Result<&'c str, Mismatch> {
+    fn one_call<'c>(&self, i: usize, call: &'c ToolCall) -> Result<&'c str, Mismatch> {
         let at = format!("/tool_calls/{i}/function");
-        let Some(name) = call.pointer("/function/name").and_then(Value::as_str) else {
+        let Some(name) = call.function.name.as_deref() else {
             return Err(mismatch(&at, "the call has no function.name".into()));
         };
         let Some(tool) = self.tools.iter().find(|t| t.name == name) else {
@@ -245,7 +246,7 @@ impl ToolCalls {
         };
         let at = format!("{at}/arguments");
         // OpenAI's arguments are a JSON text; a server that sends the object is read as is.
-        let args = match call.pointer("/function/arguments") {
+        let args = match &call.function.arguments {
             Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
                 mismatch(&at, format!("the arguments are not JSON ({e}): {}", cut(s)))
             })?,
@@ -286,30 +287,21 @@ fn content(body: &[u8], stream: bool) -> Result<String, Mismatch> {
     }
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| mismatch("", format!("the answer is not JSON ({e})")))?;
-    ["/choices/0/message/content", "/choices/0/text"]
-        .iter()
-        .find_map(|p| v.pointer(p).and_then(Value::as_str))
-        .map(str::to_string)
-        .ok_or_else(|| {
-            mismatch(
-                "/content",
-                "the answer has no text content (choices[0].message.content or choices[0].text)"
-                    .into(),
-            )
-        })
+    super::answer::json_text(&v).ok_or_else(|| {
+        mismatch(
+            "/content",
+            "the answer has no text content (choices[0].message.content or choices[0].text)".into(),
+        )
+    })
 }
 
 /// The answer's tool calls (a stream's pieces merged), none when it made none.
-fn tool_calls(body: &[u8], stream: bool) -> Result<Vec<Value>, Mismatch> {
-    let message = super::answer::of_body(body, stream).map_err(|e| {
+fn tool_calls(body: &[u8], stream: bool) -> Result<Vec<ToolCall>, Mismatch> {
+    super::answer::tool_calls(body, stream).map_err(|e| {
         mismatch(
             "/tool_calls",
             format!("the answer's message cannot be read: {e}"),
         )
-    })?;
-    Ok(match message.get("tool_calls") {
-        Some(Value::Array(calls)) => calls.clone(),
-        _ => Vec::new(),
     })
 }
 
@@ -322,11 +314,7 @@ fn mismatch(pointer: &str, reason: String) -> Mismatch {
 
 /// A peer's text in a message: at most 120 characters.
 fn cut(s: &str) -> String {
-    if s.chars().count() <= 120 {
-        return s.to_string();
-    }
-    let head: String = s.chars().take(117).collect();
-    format!("{head}...")
+    super::text::cut(s, 120)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ mod text;
 pub(crate) mod tolerance;
 
 use pointer::is_canonical_index;
-pub(crate) use pointer::{Mismatch, Pointer};
+pub(crate) use pointer::{Mismatch, Pointer, sort_keys};
 
 pub(crate) use text::answer_reason;
 use text::{byte_window, text_difference};
@@ -35,25 +35,6 @@ enum LeafError {
     /// It reaches an object or an array (the kind named).
     #[error(" must end at a primitive leaf, but it reaches {0}")]
     NotALeaf(&'static str),
-}
-
-/// `v` with every object's keys sorted (serde_json keeps insertion order here): the
-/// canonical form drift compares and the workload hash serialises.
-pub(crate) fn sort_keys(v: Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            Value::Object(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k, sort_keys(v)))
-                    .collect(),
-            )
-        }
-        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
-        other => other,
-    }
 }
 
 /// What a judged JSON answer says of itself.
@@ -712,13 +693,7 @@ fn compare_scalars(expected: &Value, actual: &Value, path: &[PathTok<'_>]) -> Re
 
 /// A value rendered for an error message, cut to 80 characters.
 fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 80 {
-        let cut: String = s.chars().take(77).collect();
-        format!("{cut}...")
-    } else {
-        s
-    }
+    text::cut(&v.to_string(), 80)
 }
 
 #[cfg(test)]

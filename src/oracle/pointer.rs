@@ -1,5 +1,6 @@
 //! RFC 6901 JSON pointers as oracles use them (ignore paths, tolerances, mismatches),
-//! and a mismatch: where and why an answer broke its oracle. A leaf of `oracle`: its other
+//! a mismatch (where and why an answer broke its oracle) and JSON's canonical form (keys
+//! sorted). A leaf of `oracle`: its other
 //! files read these, never `mod.rs`.
 
 use std::fmt;
@@ -114,6 +115,25 @@ impl fmt::Display for Mismatch {
             Some(p) => write!(f, "at {p}: {}", self.reason),
             None => write!(f, "{}", self.reason),
         }
+    }
+}
+
+/// `v` with every object's keys sorted (serde_json keeps insertion order here): the
+/// canonical form drift compares and the workload hash serialises.
+pub(crate) fn sort_keys(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
+        other => other,
     }
 }
 

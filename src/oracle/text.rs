@@ -127,3 +127,12 @@ fn windowed(text: &str, cut_before: bool, cut_after: bool) -> String {
     }
     out
 }
+
+/// `s` for a message: at most `max` characters, the last three `...` when it is cut.
+pub(super) fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(max.saturating_sub(3)).collect();
+    format!("{head}...")
+}

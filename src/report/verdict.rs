@@ -239,6 +239,15 @@ struct ValidityRow {
     fit: Vec<ArmGate>,
 }
 
+/// A validity gate as a contract writes it: its name, its threshold if written, the
+/// bound it reads, and what it passes on.
+type ValidityGate = (
+    &'static str,
+    Option<f64>,
+    fn(f64) -> ValidityBound,
+    &'static str,
+);
+
 /// v2's `min_valid_rate` and `valid_rate_floor_delta` for every non-reference arm of
 /// both lanes (a fit arm's broken contracts are no correctness failure of its answers,
 /// but they cost it its benefit).
@@ -254,26 +263,33 @@ fn validity_gates(
             .map(|a| validity_gate(a, drift(a.name), bound))
             .collect()
     };
-    let mut out = Vec::new();
-    if let Some(min) = t.min_valid_rate {
-        out.push(ValidityRow {
-            name: "min_valid_rate",
-            threshold: min,
-            passes_when: "each contract oracle kind an arm was judged by (expected_schema, expected_tool_calls, expected_choice, expected_pattern): its valid distinct requests / judged, with an exact 95 % interval (a request is valid when every judged answer to it is): fails when the interval lies below the threshold, passes when it lies at or above it, else nothing to read (both lanes)".into(),
-            quality: run(quality, ValidityBound::MinRate(min)),
-            fit: run(fit, ValidityBound::MinRate(min)),
-        });
-    }
-    if let Some(d) = t.valid_rate_floor_delta {
-        out.push(ValidityRow {
-            name: "valid_rate_floor_delta",
-            threshold: d,
-            passes_when: "each contract oracle kind: how far the arm's validity falls below the reference's, paired over the distinct requests both judged ((reference-only valid - arm-only valid) / requests, with a conservative 95 % interval from exact bounds on each count): fails when the interval lies above the threshold, passes when it lies at or below it, else nothing to read (both lanes)".into(),
-            quality: run(quality, ValidityBound::MaxDrop(d)),
-            fit: run(fit, ValidityBound::MaxDrop(d)),
-        });
-    }
-    out
+    let gates: [ValidityGate; 2] = [
+        (
+            "min_valid_rate",
+            t.min_valid_rate,
+            ValidityBound::MinRate,
+            "each contract oracle kind an arm was judged by (expected_schema, expected_tool_calls, expected_choice, expected_pattern): its valid distinct requests / judged, with an exact 95 % interval (a request is valid when every judged answer to it is): fails when the interval lies below the threshold, passes when it lies at or above it, else nothing to read (both lanes)",
+        ),
+        (
+            "valid_rate_floor_delta",
+            t.valid_rate_floor_delta,
+            ValidityBound::MaxDrop,
+            "each contract oracle kind: how far the arm's validity falls below the reference's, paired over the distinct requests both judged ((reference-only valid - arm-only valid) / requests, with a conservative 95 % interval from exact bounds on each count): fails when the interval lies above the threshold, passes when it lies at or below it, else nothing to read (both lanes)",
+        ),
+    ];
+    gates
+        .into_iter()
+        .filter_map(|(name, threshold, bound, passes_when)| {
+            let threshold = threshold?;
+            Some(ValidityRow {
+                name,
+                threshold,
+                passes_when: passes_when.into(),
+                quality: run(quality, bound(threshold)),
+                fit: run(fit, bound(threshold)),
+            })
+        })
+        .collect()
 }
 
 /// Each fit arm's gates at a glance: a benefit needs max_failed_requests, the answer gates

@@ -428,3 +428,16 @@ fn freeze_full(
         body,
     }
 }
+
+/// Wait (on the runtime's timer, in slices that see a stop) until `ns` on the monotonic
+/// clock.
+pub(super) async fn wait_until(ctx: &Ctx, ns: u64) {
+    while !ctx.stopped() {
+        let now = crate::clock::now_ns();
+        if now >= ns {
+            return;
+        }
+        let left = (ns - now).min(50_000_000);
+        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
+    }
+}

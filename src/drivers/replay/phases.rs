@@ -7,7 +7,7 @@ use crate::record::scrapes::RoundId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
+use super::ctx::{Ctx, Dispatch, Slot, TurnAt, wait_until};
 use super::exchange::{Rows, exchange};
 use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
 use super::session::{send, session};
@@ -287,19 +287,6 @@ pub(super) async fn feasibility(
     };
     let counts = excluded.entry(Phase::Feasibility).or_default();
     samples.iter().for_each(|s| counts.add(s));
-}
-
-/// Wait (on the runtime's timer, in slices that see a stop) until `ns` on the monotonic
-/// clock.
-pub(super) async fn wait_until(ctx: &Ctx, ns: u64) {
-    while !ctx.stopped() {
-        let now = clock::now_ns();
-        if now >= ns {
-            return;
-        }
-        let left = (ns - now).min(50_000_000);
-        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
-    }
 }
 
 /// What a measured round sends: an open level's wave, or a closed level's concurrency.

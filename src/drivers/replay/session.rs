@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 
-use super::ctx::{Ctx, Dispatch, Slot, TurnAt};
+use super::ctx::{Ctx, Dispatch, Slot, TurnAt, wait_until};
 use super::exchange::{NoAnswer, Rows, exchange, exchange_as};
 use crate::config::plan::OnFailure;
 use crate::config::sessions::History;
@@ -254,10 +254,12 @@ async fn due_of(
         scheduled_us: base.scheduled_offset_us.filter(|_| k == 0),
         lag_us: traced.then_some(0),
     };
-    if k == 0 || !thinks {
+    let own = offsets.get(k).copied().flatten();
+    // Outside a trace a turn with no think time is due at once: no clock read, no wait.
+    if k == 0 || !thinks || (!traced && think.is_zero()) {
         return Some(first);
     }
-    let waited = wait_due(ctx, think, offsets.get(k).copied().flatten()).await?;
+    let waited = wait_due(ctx, think, own).await?;
     Some(if traced { waited } else { first })
 }
 
@@ -270,18 +272,11 @@ async fn wait_due(ctx: &Ctx, think: std::time::Duration, own: Option<i64>) -> Op
     let ready_us = now_us.saturating_add(think.as_micros() as i64);
     let due_us = own.map_or(ready_us, |o| o.max(ready_us));
     let until = t0.saturating_add((due_us.max(0) as u64).saturating_mul(1000));
-    while !ctx.stopped() {
-        let now = crate::clock::now_ns();
-        if now >= until {
-            return Some(Due {
-                scheduled_us: Some(due_us),
-                lag_us: own.map(|o| due_us - o),
-            });
-        }
-        let left = (until - now).min(50_000_000);
-        tokio::time::sleep(std::time::Duration::from_nanos(left)).await;
-    }
-    None
+    wait_until(ctx, until).await;
+    (!ctx.stopped()).then_some(Due {
+        scheduled_us: Some(due_us),
+        lag_us: own.map(|o| due_us - o),
+    })
 }
 
 impl super::ctx::Base {

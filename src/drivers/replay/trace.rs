@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::ctx::Ctx;
+use super::ctx::wait_until;
 use super::open::{Arrivals, OpenPool, OpenWave, open_wave};
-use super::phases::{label, saturated_line, timetable_start, wait_until};
+use super::phases::{label, saturated_line, timetable_start};
 use super::wave::{LagProbe, cores};
 use crate::clock;
 use crate::metrics::{self, GeneratorLoad, PhaseCounts, RoundMetrics, Sample};
