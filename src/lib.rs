@@ -27,6 +27,7 @@ mod record;
 mod redact;
 mod report;
 mod run;
+mod search;
 mod sse;
 mod stats;
 mod telemetry;

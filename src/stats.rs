@@ -283,9 +283,70 @@ pub(crate) fn clopper_pearson(k: u64, n: u64, confidence: f64) -> Option<(f64, f
     Some((lower, upper))
 }
 
+/// The two-sided standard normal quantile at `confidence`: z with P(|Z| <= z) =
+/// confidence (1.96 at 0.95, 2.576 at 0.99).
+pub(crate) fn z_two_sided(confidence: f64) -> f64 {
+    use statrs::distribution::{ContinuousCDF, Normal};
+    Normal::standard().inverse_cdf(1.0 - (1.0 - confidence) / 2.0)
+}
+
+/// Requests a tail percentile `p` needs for its order-statistic bound to span at most
+/// ±`margin` in rank at `confidence`: n = (z / δ)² · p(1 − p), rounded up (MLPerf's rule;
+/// MLPerf then rounds up to a multiple of 8,192).
+pub(crate) fn sample_size(p: f64, margin: f64, confidence: f64) -> u64 {
+    let z = z_two_sided(confidence);
+    ((z / margin).powi(2) * p * (1.0 - p)).ceil() as u64
+}
+
+/// The distribution-free bound on the `p` percentile of `n` samples at `confidence`: the
+/// 1-based ranks of the order statistics between which it lies, `n p ∓ z √(n p (1 − p))`
+/// (the normal approximation to the binomial count below the true percentile; with
+/// `n` = [`sample_size`] these are the ranks n(p ± δ)). A rank below 1 is `None` (no
+/// lower bound: 0), one above `n` is `None` (no upper bound: the samples cannot say).
+pub(crate) fn percentile_ranks(n: u64, p: f64, confidence: f64) -> (Option<u64>, Option<u64>) {
+    if n == 0 {
+        return (None, None);
+    }
+    let z = z_two_sided(confidence);
+    let (nf, spread) = (n as f64, z * (n as f64 * p * (1.0 - p)).sqrt());
+    let lo = (nf * p - spread).floor();
+    // A hair of float error must not push the maximum's rank past n.
+    let hi = (nf * p + spread - 1e-9).ceil();
+    let lo = (lo >= 1.0).then_some(lo as u64);
+    let hi = (hi <= nf).then_some(hi.max(1.0) as u64);
+    (lo, hi)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mlperf_s_sample_size_for_p90_at_99_percent_and_half_a_point() {
+        // MLPerf's 24,576 queries: (2.5758 / 0.005)² · 0.9 · 0.1 = 23,886, rounded up to a
+        // multiple of 8,192.
+        let n = sample_size(0.90, 0.005, 0.99);
+        assert_eq!(n, 23_886);
+        assert_eq!(n.div_ceil(8192) * 8192, 24_576);
+        assert!((z_two_sided(0.95) - 1.959964).abs() < 1e-5);
+        // p99 at ±1 point, 95 %: 381 requests.
+        assert_eq!(sample_size(0.99, 0.01, 0.95), 381);
+    }
+
+    #[test]
+    fn percentile_ranks_at_the_planned_size_are_n_times_p_plus_minus_margin() {
+        let n = sample_size(0.90, 0.05, 0.95);
+        let (lo, hi) = percentile_ranks(n, 0.90, 0.95);
+        let (lo, hi) = (lo.unwrap() as f64, hi.unwrap() as f64);
+        assert!((lo - n as f64 * 0.85).abs() <= 1.0, "{lo} {n}");
+        assert!((hi - n as f64 * 0.95).abs() <= 1.0, "{hi} {n}");
+        // p99 at its size: the upper rank is within the samples; with fewer, it is not.
+        let n99 = sample_size(0.99, 0.01, 0.95);
+        assert!(percentile_ranks(n99, 0.99, 0.95).1.is_some());
+        assert_eq!(percentile_ranks(50, 0.99, 0.95).1, None);
+        assert_eq!(percentile_ranks(50, 0.01, 0.95).0, None);
+        assert_eq!(percentile_ranks(0, 0.5, 0.95), (None, None));
+    }
 
     #[test]
     fn clopper_pearson_matches_the_beta_quantiles() {

@@ -40,6 +40,7 @@ const ALLOWED: &[Row] = &[
     ("stats", &[]),
     ("prom", &[]),
     ("metrics", &["model", "arrival"]),
+    ("search", &["config", "metrics", "model", "stats"]),
     ("telemetry", &["model"]),
     ("net", &["clock"]),
     ("engine", &["clock", "model", "budget", "sse", "net"]),
@@ -49,6 +50,7 @@ const ALLOWED: &[Row] = &[
         "report",
         &[
             "clock", "model", "redact", "oracle", "drift", "metrics", "stats", "record", "config",
+            "search",
         ],
     ),
     (
@@ -76,6 +78,7 @@ const ALLOWED: &[Row] = &[
             "report",
             "telemetry",
             "prom",
+            "search",
         ],
     ),
     ("mock", &["clock", "net"]),
@@ -93,6 +96,7 @@ const ALLOWED: &[Row] = &[
             "mock",
             "telemetry",
             "drivers",
+            "search",
         ],
     ),
     ("fuzzing", &["config", "oracle", "sse", "engine", "prom"]),

@@ -883,6 +883,8 @@ pub struct ReplayArgs {
     /// `load.arrival` and `load.seed`, `requests_per_case` arrivals a round), in one run.
     #[arg(long, value_name = "N")]
     pub sweep: Option<usize>,
+    #[command(flatten)]
+    pub search: super::search::SearchArgs,
     /// Open-loop plans only: be shard I of N generator machines. This process sends the
     /// arrivals whose index is I modulo N of every round's seeded schedule (the shards'
     /// union is the unsharded schedule), writes its rows under `OUT/exchanges/shard=I/`

@@ -189,3 +189,7 @@ pub(crate) fn write_new(flag: &str, out: &Path, bytes: &[u8]) -> Result<(), CliE
         _ => tool(format!("{flag} {}: {e}", out.display())),
     })
 }
+
+/// Open files a run needs besides its connections: standard streams, the runtime's
+/// epoll and wakers, the recorder's part and ledger, the TLS roots, DNS.
+pub(super) const RESERVED_FDS: u64 = 64;

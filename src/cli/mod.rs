@@ -23,6 +23,7 @@ mod recover;
 mod replay;
 mod report_cmd;
 mod scrape;
+mod search;
 mod serve;
 mod summarize;
 

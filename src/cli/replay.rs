@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::args::{REPLAY_GRACE_SECONDS, ReplayArgs};
 use super::io::{
-    CliError, Exit, argv, load_plan, print_json, print_stdout, read_token, run_error,
+    CliError, Exit, RESERVED_FDS, argv, load_plan, print_json, print_stdout, read_token, run_error,
     runtime_threads, seconds, tool, usage,
 };
 use crate::clock;
@@ -46,6 +46,7 @@ async fn resolve(args: &ReplayArgs) -> Result<ReplayInput, CliError> {
     let (bytes, plan) = load_plan(&args.plan)?;
     campaign_conflicts(args, &plan)?;
     let (shape, start_at_us) = shape_of(args, &plan)?;
+    let search = super::search::resolve(&args.search, &plan)?;
     // Hash the binary off the runtime's threads (config.json records it).
     let _ = tokio::task::spawn_blocking(rundir::binary_sha256).await;
     let plan = match &args.endpoint {
@@ -117,6 +118,7 @@ async fn resolve(args: &ReplayArgs) -> Result<ReplayInput, CliError> {
         argv: argv(&crate::redact::Redaction::default()),
         metrics,
         scrape,
+        search,
     })
 }
 
@@ -137,6 +139,11 @@ fn campaign_conflicts(args: &ReplayArgs, plan: &Plan) -> Result<(), CliError> {
 
 /// What `--sweep` or `--shard` make of the plan, and a shard's start (wall-clock µs).
 fn shape_of(args: &ReplayArgs, plan: &Plan) -> Result<(Shape, Option<i64>), CliError> {
+    if let Some(kind) = args.search.search.as_deref() {
+        let kind =
+            crate::config::search::SearchKind::parse(kind).map_err(|e| usage(e.to_string()))?;
+        return Ok((Shape::search(plan, kind).map_err(usage)?, None));
+    }
     let sweep = match args.sweep {
         Some(n) => Some(Shape::sweep(plan, n).map_err(usage)?),
         None => None,
@@ -269,10 +276,6 @@ fn shard_spec(args: &ReplayArgs, plan: &Plan) -> Result<Option<(Shape, i64)>, Cl
     let at = flags::start_at(at, clock::wall_now_us()).map_err(usage)?;
     Ok(Some((shape, at)))
 }
-
-/// Open files a run needs besides its connections: standard streams, the runtime's
-/// epoll and wakers, the recorder's part and ledger, the TLS roots, DNS.
-const RESERVED_FDS: u64 = 64;
 
 /// Raise the soft open-file limit to what the plan's largest concurrency needs (one
 /// socket per worker, two with the in-process mock worker holding the other end), and

@@ -56,6 +56,7 @@ pub fn summarize_cmd(dir: &Path, quiet: bool, json: bool) -> Result<Exit, CliErr
     let finished = run.config.finished_at.is_some();
     match run.config.command {
         Command::Replay => {
+            refuse_search(&run, dir)?;
             let original: Option<Summary> = rebuild::original_summary(dir);
             let plan = run.replay_plan().map_err(report_error)?;
             let tokens = crate::run::finish::prompt_tokens_of_run(&run, plan).map_err(run_error)?;
@@ -164,4 +165,15 @@ fn write_and_show<T: serde::Serialize>(
         print_stdout(&table(), "the table", dir).map_err(tool)?;
     }
     Ok(())
+}
+
+/// A `--search` run's summary is not rebuilt: its probes were planned as it went.
+fn refuse_search(run: &crate::run::open::FinishedRun, dir: &Path) -> Result<(), CliError> {
+    if run.shape().search_kind().is_none() {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "{}: a --search run plans each probe as it goes (search.json holds them), so its summary cannot be rebuilt from the rows alone; its own summary.json, search.json and rounds.parquet are left as they are",
+        dir.display()
+    )))
 }

@@ -70,6 +70,12 @@ pub(crate) struct Thresholds {
     /// the distinct requests both judged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) valid_rate_floor_delta: Option<f64>,
+    /// v2: a fit arm's operating point (`replay --search`) over the reference's, per case:
+    /// with each knee bracketed between its last pass and first fail, the ratio lies in
+    /// [pass_arm / fail_ref, fail_arm / pass_ref]; passes when that whole range is at or
+    /// above this, fails when it lies below.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) min_capacity_ratio: Option<f64>,
 }
 
 impl Default for Thresholds {
@@ -89,6 +95,7 @@ impl Default for Thresholds {
             require_interval: None,
             min_valid_rate: None,
             valid_rate_floor_delta: None,
+            min_capacity_ratio: None,
         }
     }
 }
@@ -243,6 +250,13 @@ const RANGES: &[Range] = &[
         1.0,
         Field::V2(|t| &mut t.valid_rate_floor_delta),
     ),
+    (
+        "min_capacity_ratio",
+        0.0,
+        false,
+        f64::MAX,
+        Field::V2(|t| &mut t.min_capacity_ratio),
+    ),
 ];
 
 /// Thresholds that only a version 2 contract may write.
@@ -255,6 +269,7 @@ const V2_ONLY: &[&str] = &[
     "require_interval",
     "min_valid_rate",
     "valid_rate_floor_delta",
+    "min_capacity_ratio",
 ];
 
 impl Contract {

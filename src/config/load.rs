@@ -111,14 +111,37 @@ impl Load {
         level: usize,
         rep: Option<usize>,
     ) -> Vec<u64> {
-        let slot = rep.map_or(0xF_FFFF, |r| (r as u64).min(0xF_FFFE));
-        let stream = ((case as u64) << 40) | ((level as u64 & 0xF_FFFF) << 20) | slot;
         let extent = match (rep, self.extent) {
             (Some(_), e) => e,
             (None, Extent::DurationUs(d)) => Extent::DurationUs(d.min(FEASIBILITY_US)),
             (None, Extent::Requests(n)) => Extent::Requests(n.min(rate.ceil().max(1.0) as u64)),
         };
+        let stream = Self::stream(case, level, rep);
         arrival::schedule(self.arrival, rate, self.seed, stream, extent)
+    }
+
+    /// `replay --search`'s measured round at `rate`: `requests` arrivals of the plan's
+    /// process, on the stream of (case, the probe's level index, repetition).
+    pub(crate) fn schedule_requests(
+        &self,
+        rate: f64,
+        (case, level, rep): (usize, usize, usize),
+        requests: u64,
+    ) -> Vec<u64> {
+        let stream = Self::stream(case, level, Some(rep));
+        arrival::schedule(
+            self.arrival,
+            rate,
+            self.seed,
+            stream,
+            Extent::Requests(requests),
+        )
+    }
+
+    /// The seeded stream of (case, level index, repetition; `None`: feasibility).
+    fn stream(case: usize, level: usize, rep: Option<usize>) -> u64 {
+        let slot = rep.map_or(0xF_FFFF, |r| (r as u64).min(0xF_FFFE));
+        ((case as u64) << 40) | ((level as u64 & 0xF_FFFF) << 20) | slot
     }
 
     /// The plan's `load` as config.json and the workload record it.

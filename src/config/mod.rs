@@ -15,6 +15,7 @@ pub(crate) mod json;
 pub(crate) mod load;
 mod oracle_spec;
 pub(crate) mod plan;
+pub(crate) mod search;
 mod session_walk;
 pub(crate) mod sessions;
 pub(crate) mod shape;

@@ -5,6 +5,7 @@
 
 use super::load::shard_share;
 use super::plan::Plan;
+use super::search::SearchKind;
 use crate::model::Level;
 
 /// How one run shapes its plan.
@@ -22,6 +23,9 @@ pub(crate) enum Shape {
     /// A sharded run merged by `summarize`: every round whole, and each of `count`
     /// shards sent its own prelude (health GET, readiness, warm-up).
     Merged { count: usize },
+    /// `replay --search`: the plan's prelude, then per case the probes the search chooses
+    /// as it goes (none of the plan's own levels).
+    Search(SearchKind),
 }
 
 /// Why `--sweep` or `--shard` does not go with a plan (with the fix).
@@ -60,6 +64,21 @@ pub(crate) enum ShapeError {
         "--shard does not go with sessions yet: a shard's share of the arrivals would split no session, but the shards' session runs, planned turns and stop notes are not merged by summarize; run sessions unsharded"
     )]
     ShardSessions,
+    /// `--search` with a trace plan.
+    #[error(
+        "--search does not go with a trace plan: a trace sends its own arrivals at their recorded times; search with a plan of cases (freeze the trace's run without --keep-timing)"
+    )]
+    SearchTrace,
+    /// `--search` with a plan whose cases hold sessions.
+    #[error(
+        "--search does not go with sessions yet: its probes size loads of single requests, and a session's turns are not independent samples of a percentile; run the plan's own levels"
+    )]
+    SearchSessions,
+    /// `--search rate` with a campaign plan.
+    #[error(
+        "--search rate does not go with a campaign plan: a campaign's arms run closed loops; use --search concurrency"
+    )]
+    SearchRateCampaign,
     /// `--shard` with a closed-loop plan.
     #[error(
         "--shard goes with an open-loop plan (load.mode \"open\" or \"trace\"): closed-loop workers cannot be split across machines without a barrier per round"
@@ -97,6 +116,35 @@ impl Shape {
             return Err(ShapeError::SweepLowConcurrency);
         }
         Ok(Shape::Sweep(n))
+    }
+
+    /// `--search KIND` for `plan`: refused (with the reason) for a trace plan, sessions,
+    /// and a rate search of a campaign.
+    pub(crate) fn search(plan: &Plan, kind: SearchKind) -> Result<Shape, ShapeError> {
+        if plan.load.trace.is_some() {
+            return Err(ShapeError::SearchTrace);
+        }
+        if plan.cases.iter().any(|c| c.sessions.is_some()) {
+            return Err(ShapeError::SearchSessions);
+        }
+        if plan.campaign.is_some() && kind == SearchKind::Rate {
+            return Err(ShapeError::SearchRateCampaign);
+        }
+        Ok(Shape::Search(kind))
+    }
+
+    /// What a search varies, under `--search`.
+    pub(crate) fn search_kind(self) -> Option<SearchKind> {
+        match self {
+            Shape::Search(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Whether the run's levels are the ones its rounds ran at (`--sweep`, `--search`),
+    /// not the plan's.
+    pub(crate) fn levels_from_rounds(self) -> bool {
+        matches!(self, Shape::Sweep(_) | Shape::Search(_))
     }
 
     /// Shard `index` of `count` for `plan`: refused unless `plan` is an open loop.
@@ -164,6 +212,10 @@ impl Shape {
             return self.prelude_requests(plan) + plan.cases.len() as u64 * per_case;
         }
         let mut total = self.prelude_requests(plan);
+        if self.search_kind().is_some() {
+            // The probes are planned as the search goes (each says its own count).
+            return total;
+        }
         if let Some(t) = &plan.load.trace {
             // Every round sends the window (its warm-up seconds included).
             let picks = t.picks(self.shard_of());

@@ -28,6 +28,8 @@ pub(crate) const WORKER_METRICS: &str = "worker_metrics.parquet";
 pub(crate) const GPU: &str = "gpu.parquet";
 pub(crate) const ROUNDS_ORIG: &str = "rounds.orig.parquet";
 pub(crate) const CAMPAIGN: &str = "campaign.json";
+/// `replay --search`: every probe, the answer and why the search stopped.
+pub(crate) const SEARCH: &str = "search.json";
 /// The pre-registered verdict (the contract the run was started with).
 pub(crate) const VERDICT: &str = "verdict.json";
 /// A verdict of a contract the run was not started with.

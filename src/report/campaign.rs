@@ -173,7 +173,27 @@ pub(crate) fn campaign_doc(
         drift_floor: None,
         intervals: None,
         drift_unavailable_reason: None,
+        operating_points: Vec::new(),
     }
+}
+
+/// campaign.json's operating points: each search of a campaign's arms, as found.
+pub(crate) fn operating_points(
+    doc: &crate::search::doc::SearchDoc,
+) -> Vec<super::doc::campaign::OperatingPoint> {
+    doc.searches
+        .iter()
+        .filter_map(|s| {
+            Some(super::doc::campaign::OperatingPoint {
+                arm: s.arm.clone()?,
+                case: s.case.clone(),
+                kind: doc.kind.clone(),
+                last_pass: s.last_pass,
+                first_fail: s.first_fail,
+                stopped: s.stopped.as_str().to_string(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

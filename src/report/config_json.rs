@@ -71,6 +71,8 @@ pub(crate) fn finished(config: &mut Config) {
 pub(crate) struct ReplayKeys<'a> {
     /// What the flags made of the plan (`--sweep`, `--shard`).
     pub(crate) shape: Shape,
+    /// `--search`'s settings.
+    pub(crate) search: Option<crate::report::doc::config::SearchRecord>,
     pub(crate) plan_path: &'a str,
     pub(crate) plan_sha256: &'a str,
     pub(crate) run_t0_ns: u64,
@@ -109,6 +111,7 @@ pub(crate) fn replay_fields(plan: &Plan, k: ReplayKeys<'_>) -> Fields {
             load: plan.load.to_json(),
             slo: plan.slo.as_ref().map(crate::config::load::slo_json),
             sweep: k.shape.sweep_rates(),
+            search: k.search,
         },
         connection_policy: plan.connection.as_str().into(),
         on_failure: plan.on_failure.as_str().into(),

@@ -79,6 +79,15 @@ pub(super) struct Compared {
 }
 
 impl Compared {
+    /// Levels, the gate's result over them, and a note.
+    pub(super) fn new(
+        levels: Vec<GateLevel>,
+        pass: Option<bool>,
+        note: Option<String>,
+    ) -> Compared {
+        Compared { levels, pass, note }
+    }
+
     /// Levels that each carry their own `pass`: the gate holds when every one does, and
     /// has nothing to read when one has nothing and none fails (the first such level's
     /// note says why).

@@ -32,6 +32,7 @@
 
 pub(crate) mod answers;
 pub(crate) mod campaign;
+pub(crate) mod capacity;
 pub(crate) mod compare;
 pub(crate) mod config_json;
 pub(crate) mod doc;
@@ -44,6 +45,7 @@ pub(crate) mod opened;
 pub(crate) mod rebuild;
 pub(crate) mod rounds;
 pub(crate) mod routes;
+pub(crate) mod search;
 pub(crate) mod table;
 pub(crate) mod validity;
 pub(crate) mod verdict;
@@ -109,7 +111,7 @@ pub(crate) fn case_levels(
             return Vec::new();
         }
     }
-    if shape.sweep_rates().is_none() {
+    if !shape.levels_from_rounds() {
         return plan_levels(plan);
     }
     let mut out: Vec<(Level, usize)> = Vec::new();
@@ -117,6 +119,15 @@ pub(crate) fn case_levels(
         let l = r.level();
         if !out.iter().any(|(x, _)| *x == l) {
             out.push((l, sweep_rounds(plan, l)));
+        }
+    }
+    if shape.search_kind().is_some() {
+        // A search's probes at a level are its rounds there: planned as it went.
+        for (l, k) in out.iter_mut() {
+            *k = rounds
+                .iter()
+                .filter(|r| r.case_name == case && r.level() == *l)
+                .count();
         }
     }
     out
@@ -237,6 +248,17 @@ pub(crate) fn prompt_tokens_mismatch(
     evidence.take_prompt_tokens().map(Some)
 }
 
+/// Requests a search planned, health GET included: each arm's prelude, each probe's
+/// feasibility wave as sent, and each probe's requests as planned when it started.
+fn searched_requests(plan: &Plan, m: &Measured<'_>, arms: u64) -> u64 {
+    let feasibility = m
+        .excluded
+        .get(&Phase::Feasibility)
+        .map_or(0, |c| c.attempted);
+    let probes: u64 = m.rounds.iter().map(|r| r.planned_requests).sum();
+    m.shape.prelude_requests(plan) * arms + feasibility + probes
+}
+
 /// A replay's summary.json from what it measured and what it recorded.
 pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Summary {
     let mut failures: BTreeMap<Outcome, u64> = BTreeMap::new();
@@ -251,7 +273,11 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
         }
     }
     let arms = plan.campaign.as_ref().map_or(1, |c| c.arms.len());
-    let planned_rounds = arms * planned_rounds(plan, m.shape, m.rounds);
+    let planned_rounds = match m.shape.search_kind() {
+        // A search plans each probe as it goes: every round that ran was planned.
+        Some(_) => m.rounds.len(),
+        None => arms * planned_rounds(plan, m.shape, m.rounds),
+    };
     let complete = m.ending == Ending::Passed
         && m.failures == 0
         && m.rounds.len() == planned_rounds
@@ -277,7 +303,10 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
             .collect(),
         ending: m.ending,
         planned_rounds,
-        planned_requests: planned_requests(plan, m.shape, m.rounds) * arms as u64,
+        planned_requests: match m.shape.search_kind() {
+            Some(_) => searched_requests(plan, m, arms as u64),
+            None => planned_requests(plan, m.shape, m.rounds) * arms as u64,
+        },
         load: LoadNote {
             mode: plan.load.mode.as_str().into(),
             sweep: m.shape.sweep_rates(),

@@ -122,6 +122,13 @@ impl OpenedRun {
                 count: s.count,
             };
         }
+        let budget = self.config.replay().map(|r| &r.effective_budget);
+        if let Some(kind) = budget
+            .and_then(|b| b.search.as_ref())
+            .and_then(|s| crate::config::search::SearchKind::parse(&s.kind).ok())
+        {
+            return Shape::Search(kind);
+        }
         match self.config.replay().and_then(|r| r.effective_budget.sweep) {
             Some(n) => Shape::Sweep(n),
             None => Shape::Plain,

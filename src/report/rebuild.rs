@@ -114,7 +114,7 @@ fn levels_of_rows(
     facts: &[RowFacts],
     case: &str,
 ) -> Vec<(Level, usize)> {
-    if shape.sweep_rates().is_none() {
+    if !shape.levels_from_rounds() {
         return super::plan_levels(plan);
     }
     let mut seen: Vec<(i64, Level)> = Vec::new();

@@ -5,6 +5,7 @@
 //! inclusive, with a relative tolerance of 1e-9 so binary rounding (1.1 x 100 is
 //! 110.00000000000001) cannot fail a value written at the boundary.
 
+use super::capacity::capacity_gate;
 use super::doc::campaign::CampaignDoc;
 use super::doc::verdict::{
     ArmGate, ContractDoc, Evaluation, FitArm, Gate, Gates, MissingEvidence, Rules, Threshold,
@@ -186,6 +187,8 @@ struct FitGates {
     ratio: Vec<ArmGate>,
     sim: Option<Vec<ArmGate>>,
     exact: Option<Vec<ArmGate>>,
+    /// v2's `min_capacity_ratio`, when the contract has it.
+    capacity: Option<Vec<ArmGate>>,
 }
 
 fn fit_gates(
@@ -227,6 +230,11 @@ fn fit_gates(
         ratio: ratio_gates(speed_pick, t.min_decode_ratio, false),
         sim: answers(t.fit_min_mean_similarity, Answered::Similarity),
         exact: answers(t.fit_min_exact_match, Answered::ExactMatch),
+        capacity: t.min_capacity_ratio.map(|min| {
+            fit.iter()
+                .map(|a| capacity_gate(a, reference.name, &campaign.operating_points, min))
+                .collect()
+        }),
     }
 }
 
@@ -319,7 +327,11 @@ fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates, valid: &[ValidityRow]) -> Vec<Fi
             FitArm {
                 arm: fit[i].name.into(),
                 benefit,
-                ready: all3([benefit, g.lat[i].pass, g.ratio[i].pass]),
+                ready: all3(
+                    [benefit, g.lat[i].pass, g.ratio[i].pass]
+                        .into_iter()
+                        .chain(pass_of(&g.capacity, i)),
+                ),
                 max_failed_requests: g.failed[i].pass,
                 fit_min_memory_reduction: g.mem[i].pass,
                 fit_min_decode_speedup: g.speed[i].pass,
@@ -329,6 +341,7 @@ fn fit_arms(fit: &[&ArmView<'_>], g: &FitGates, valid: &[ValidityRow]) -> Vec<Fi
                 fit_min_exact_match: pass_of(&g.exact, i),
                 min_valid_rate: valid_of("min_valid_rate", i),
                 valid_rate_floor_delta: valid_of("valid_rate_floor_delta", i),
+                min_capacity_ratio: pass_of(&g.capacity, i),
             }
         })
         .collect()
@@ -369,6 +382,14 @@ fn push_fit_gates(gates: &mut Vec<GateRow>, t: &Thresholds, failed_q: Vec<ArmGat
         format!("a fit arm's {decode_value} >= threshold x the reference's{interval}"),
         g.ratio,
     ));
+    if let (Some(min), Some(results)) = (t.min_capacity_ratio, g.capacity) {
+        gates.push((
+            "min_capacity_ratio",
+            Threshold::Ratio(min),
+            "a fit arm's operating point (replay --search) over the reference's, per case: with each knee between its last pass and first fail, the ratio lies in [pass_arm / fail_ref, fail_arm / pass_ref]; passes when that whole range is at or above the threshold, fails when it lies below, else nothing to read".into(),
+            results,
+        ));
+    }
     for (name, what, min, results) in [
         (
             "fit_min_mean_similarity",

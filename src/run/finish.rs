@@ -23,6 +23,7 @@ use crate::report::doc::verdict::VerdictDoc;
 use crate::report::evidence::{EvidenceError, Wants};
 use crate::report::verdict::Provenance;
 use crate::report::{self, Ending, Recording, config_json};
+use crate::search::doc::SearchDoc;
 
 /// What is read back from a run's `exchanges/` after its rounds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -120,6 +121,8 @@ pub(crate) struct RunFacts<'a> {
     pub(crate) plan: &'a Plan,
     pub(crate) shape: Shape,
     pub(crate) contract: Option<&'a ContractInput>,
+    /// `--search`'s question (search.json).
+    pub(crate) search: Option<&'a crate::config::search::SearchSpec>,
     /// Rows were recorded (not `--no-record`).
     pub(crate) record_exchanges: bool,
     /// The command prints the table (not `--quiet`, not `--json`).
@@ -167,7 +170,11 @@ pub(crate) fn replay_documents(
         Ending::Passed if record_error.is_some() => Ending::Failed,
         other => other,
     };
+    let search = write_search(facts, &result, &mut problems);
     let mut campaign = campaign_doc(plan, &result, &scraped);
+    if let (Some(c), Some(doc)) = (campaign.as_mut(), &search) {
+        c.operating_points = report::campaign::operating_points(doc);
+    }
     let recorded = facts.record_exchanges && record_error.is_none();
     let want = Wanted {
         prompt_tokens: recorded,
@@ -213,7 +220,8 @@ pub(crate) fn replay_documents(
         problems.push(e.to_string());
     }
     let table = facts.table.then(|| {
-        report::table(plan, &result.rounds, &aggregates, &result.excluded) + &reported.text
+        let rounds = report::table(plan, &result.rounds, &aggregates, &result.excluded);
+        rounds + &search_text(search.as_ref()) + &reported.text
     });
     if let Some(e) = record_error {
         problems.insert(0, e.to_string());
@@ -228,6 +236,24 @@ pub(crate) fn replay_documents(
         first_failure: result.first_failure,
         problems,
     }
+}
+
+/// search.json of a `--search` run, written (a problem when it cannot be).
+fn write_search(
+    facts: &RunFacts<'_>,
+    result: &ReplayResult,
+    problems: &mut Vec<String>,
+) -> Option<SearchDoc> {
+    let doc = SearchDoc::of(facts.search?, result.searches.clone());
+    if let Err(e) = facts.dir.write_json(rundir::SEARCH, &doc) {
+        problems.push(e.to_string());
+    }
+    Some(doc)
+}
+
+/// The search's block of the table (empty without a search).
+fn search_text(doc: Option<&SearchDoc>) -> String {
+    doc.map(report::search::table).unwrap_or_default()
 }
 
 /// campaign.json as the arms' measures and the worker's scrapes make it (a campaign plan),

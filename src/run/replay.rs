@@ -97,6 +97,8 @@ pub(crate) struct ReplayInput {
     pub(crate) metrics: Option<tokio::net::TcpListener>,
     /// `--worker-metrics`: the URL with its engine, the interval and the timeout.
     pub(crate) scrape: Option<scrape::ScrapeSpec>,
+    /// `--search` and its settings, checked (the plan's shape is `Shape::Search`).
+    pub(crate) search: Option<crate::config::search::SearchSpec>,
 }
 
 /// The run: its directory created, the driver run, the recorder closed, the documents
@@ -144,6 +146,7 @@ pub(crate) async fn run(
             record_exchanges: input.recording.exchanges,
             grace: input.grace,
             shard_start_ns: created.shard_start_ns,
+            search: input.search.clone(),
         },
         input.engine,
         run.clone(),
@@ -171,6 +174,7 @@ pub(crate) async fn run(
         plan: &plan,
         shape: input.plan.shape,
         contract: input.contract.as_ref(),
+        search: input.search.as_ref(),
         record_exchanges: input.recording.exchanges,
         table: !quiet && !input.output.json,
     };
@@ -234,6 +238,7 @@ fn create_run(input: &ReplayInput) -> Result<Created, RunError> {
         &plan.plan,
         config_json::ReplayKeys {
             shape: plan.shape,
+            search: input.search.as_ref().map(search_record),
             plan_path: &plan.path.display().to_string(),
             plan_sha256: &rundir::sha256_hex(&plan.bytes),
             run_t0_ns,
@@ -312,6 +317,22 @@ fn extra(input: &ReplayInput) -> Extra {
     }
 }
 
+/// config.json's record of `--search`.
+fn search_record(
+    s: &crate::config::search::SearchSpec,
+) -> crate::report::doc::config::SearchRecord {
+    crate::report::doc::config::SearchRecord {
+        kind: s.kind.as_str().into(),
+        slo: s.slo_text(),
+        confidence: s.confidence,
+        margin: s.margin,
+        good_share_min: s.good_share_min,
+        budget_seconds: s.budget.map(|b| b.as_secs_f64()),
+        from: s.from,
+        ceiling: s.ceiling,
+    }
+}
+
 /// config.json's record of the contract a run was started with.
 fn contract_record(
     c: &crate::config::contract::Contract,
@@ -331,12 +352,23 @@ fn contract_record(
 /// fraction of the prompts is a finding).
 fn banner(input: &ReplayInput, dir: &RunDir) {
     let plan = &input.plan.plan;
+    let planned = match &input.search {
+        Some(s) => format!(
+            "searching by {} for {}: {} requests per probe, probes chosen as it goes",
+            s.kind.as_str(),
+            s.slo_text(),
+            crate::search::judge::planned_requests(s)
+        ),
+        None => format!(
+            "{} planned requests",
+            input.plan.shape.planned_requests(plan)
+        ),
+    };
     if !input.output.quiet {
         eprintln!(
-            "matrix-proxy: replaying {} -> {} ({} planned requests, {} connections); run directory {}",
+            "matrix-proxy: replaying {} -> {} ({planned}, {} connections); run directory {}",
             input.plan.path.display(),
             targets(plan),
-            input.plan.shape.planned_requests(plan),
             plan.connection.as_str(),
             dir.path.display()
         );

@@ -12,7 +12,7 @@ fn recipe(q: &str) -> Value {
 }
 
 /// Processes whose command line holds `marker` (the test's own unique argument).
-fn processes_with(marker: &str) -> Vec<String> {
+pub(crate) fn processes_with(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()

@@ -23,6 +23,7 @@ mod plan_campaign;
 mod replay;
 mod report;
 mod scrape;
+mod search;
 mod second_hour;
 mod secrets;
 mod serve;

@@ -13,6 +13,7 @@ use super::ctx::{Base, Ctx, Slot};
 use super::launch::{self, GpuSample, LaunchError, Sampler, Server, Who};
 use super::open::OpenPool;
 use super::phases::{At, Senders, feasibility, measured_round, prelude};
+use super::search::{ArmSearch, probe};
 use super::trace::trace_round;
 use crate::clock;
 use crate::config::campaign::{Arm, Lane, Schedule};
@@ -495,11 +496,20 @@ async fn measure(
         return measure_trace(plan, runs, rounds).await;
     }
     for ci in 0..plan.cases.len() {
+        if base.search.is_some() {
+            search_case(base, runs, rounds, ci).await;
+            continue;
+        }
         match base.shape.sweep_rates() {
             Some(n) => sweep(base, plan, runs, rounds, ci, n).await,
             None => {
                 for (li, level) in plan.levels().into_iter().enumerate() {
-                    let at = At { ci, level, li };
+                    let at = At {
+                        ci,
+                        level,
+                        li,
+                        requests: None,
+                    };
                     measure_level(plan, runs, rounds, at, plan.repetitions).await;
                 }
             }
@@ -523,6 +533,60 @@ async fn measure_trace(plan: &Plan, runs: &mut [ArmRun], rounds: &mut Vec<RoundM
     }
     got.sort_by_key(|(ci, rep, _)| (*ci, *rep));
     rounds.extend(got.into_iter().map(|(_, _, r)| r));
+}
+
+/// `--search` for case `ci`: each live arm's search, one probe per arm in turn (arm k of
+/// step r in rotation r, as repetitions are interleaved), until every search has
+/// stopped. A probe's round is kept as any measured round; a campaign's cells (paired
+/// comparisons at equal concurrency) are not filled by probes, whose loads differ by arm.
+async fn search_case(
+    base: &Arc<Base>,
+    runs: &mut [ArmRun],
+    rounds: &mut Vec<RoundMetrics>,
+    ci: usize,
+) {
+    let mut searches: Vec<Option<ArmSearch>> = runs
+        .iter()
+        .map(|a| a.live().and_then(|ctx| ArmSearch::new(base, ctx, ci)))
+        .collect();
+    let n = runs.len();
+    for step in 0.. {
+        let mut asked = false;
+        for k in 0..n {
+            let i = crate::config::campaign::interleaved_arm(n, step, k);
+            let (a, Some(s)) = (&mut runs[i], searches[i].as_mut()) else {
+                continue;
+            };
+            let Some(ctx) = a.live().cloned() else {
+                s.arm_stopped();
+                continue;
+            };
+            let Some(next) = s.next() else { continue };
+            asked = true;
+            if let Level::Concurrency(c) = next.1.level
+                && a.slots.len() < c
+            {
+                a.slots.resize_with(c, || None);
+            }
+            let senders = Senders {
+                slots: &mut a.slots,
+                pool: &a.pool,
+            };
+            let m = probe(&ctx, senders, s, next, &mut a.excluded).await;
+            if a.check_server() {
+                drop_rounds_of(a, rounds);
+                continue;
+            }
+            rounds.extend(m.map(|m| m.round));
+        }
+        if !asked {
+            break;
+        }
+    }
+    let done = searches.into_iter().flatten().map(ArmSearch::finish);
+    if let Ok(mut all) = base.searches.lock() {
+        all.extend(done);
+    }
 }
 
 /// GuideLLM's sweep for case `ci`: one closed round at c = 1 (the synchronous rate), one
@@ -551,6 +615,7 @@ async fn sweep(
         ci,
         level: Level::Concurrency(1),
         li: 0,
+        requests: None,
     };
     measure_level(plan, runs, rounds, sync_at, 1).await;
     let sync = measured(rounds, before);
@@ -559,6 +624,7 @@ async fn sweep(
         ci,
         level: Level::Concurrency(max_c),
         li: 1,
+        requests: None,
     };
     measure_level(plan, runs, rounds, probe_at, 1).await;
     let probe = measured(rounds, before);
@@ -602,6 +668,7 @@ async fn sweep(
             ci,
             level: Level::Rate(r),
             li: k,
+            requests: None,
         };
         measure_level(plan, runs, rounds, at, plan.repetitions).await;
     }
@@ -640,7 +707,7 @@ async fn measure_level(
                 slots: &mut a.slots,
                 pool: &a.pool,
             };
-            feasibility(&ctx, senders, at, &mut a.excluded).await;
+            let _ = feasibility(&ctx, senders, at, &mut a.excluded).await;
             if a.check_server() {
                 drop_rounds_of(a, rounds);
             }

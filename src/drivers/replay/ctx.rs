@@ -245,9 +245,22 @@ pub(super) struct Base {
     /// (`session.rs`).
     pub(super) sessions_stopped: AtomicU64,
     pub(super) turns_not_attempted: AtomicU64,
+    /// `--search`, and its budget's end on the monotonic clock.
+    pub(super) search: Option<crate::config::search::SearchSpec>,
+    pub(super) search_budget_end_ns: Option<u64>,
+    /// Each finished search (search.json).
+    pub(super) searches: std::sync::Mutex<Vec<crate::search::doc::SearchRun>>,
 }
 
 impl Base {
+    /// Every finished search, in run order (search.json).
+    pub(super) fn take_searches(&self) -> Vec<crate::search::doc::SearchRun> {
+        self.searches
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
+    }
+
     /// The context of one arm (or of a plain plan: `arm` `None`) running `plan`.
     pub(super) fn ctx(
         self: &Arc<Self>,

@@ -18,6 +18,7 @@ mod exchange;
 mod launch;
 mod open;
 mod phases;
+mod search;
 mod session;
 mod trace;
 mod wave;
@@ -61,6 +62,8 @@ pub(crate) struct ReplayOptions {
     /// `--shard`'s `--start-at` on the monotonic clock: the first open wave's start (the
     /// share of each wave this process sends is the shape's shard).
     pub(crate) shard_start_ns: Option<u64>,
+    /// `--search`: the question, checked (the shape is `Shape::Search`).
+    pub(crate) search: Option<crate::config::search::SearchSpec>,
 }
 
 /// What a replay measured: `report` turns it into summary.json, campaign.json and the
@@ -79,6 +82,8 @@ pub(crate) struct ReplayResult {
     pub(crate) first_failure: Option<String>,
     /// Each campaign arm's measurements (empty for a plain plan).
     pub(crate) arms: Vec<ArmMeasures>,
+    /// `--search`: each (arm, case)'s search, in run order.
+    pub(crate) searches: Vec<crate::search::doc::SearchRun>,
 }
 
 fn progress_bar(quiet: bool, planned: u64) -> ProgressBar {
@@ -166,6 +171,9 @@ pub(crate) async fn run(
         notes: std::sync::Mutex::new(Vec::new()),
         sessions_stopped: AtomicU64::new(0),
         turns_not_attempted: AtomicU64::new(0),
+        search_budget_end_ns: search_budget_end(opts.search.as_ref()),
+        search: opts.search,
+        searches: std::sync::Mutex::new(Vec::new()),
     });
     let live = match (base.progress.is_hidden(), base.run.telemetry()) {
         (false, Some(t)) => Some(tokio::spawn(live_line(base.progress.clone(), t.clone()))),
@@ -205,7 +213,14 @@ pub(crate) async fn run(
         notes,
         first_failure: base.first_failure.get().cloned(),
         arms: arms::measures(runs),
+        searches: base.take_searches(),
     }
+}
+
+/// `--budget-seconds`' end on the monotonic clock, from the driver's start.
+fn search_budget_end(search: Option<&crate::config::search::SearchSpec>) -> Option<u64> {
+    let b = search?.budget?;
+    Some(crate::clock::now_ns().saturating_add(b.as_nanos() as u64))
 }
 
 /// Wait for the interrupt, then give in-flight exchanges `grace` to finish before they

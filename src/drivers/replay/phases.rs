@@ -208,13 +208,22 @@ pub(super) struct At {
     pub(super) ci: usize,
     pub(super) level: Level,
     pub(super) li: usize,
+    /// A search probe's measured requests (`None`: the plan's `requests_per_case`, or an
+    /// open level's own extent).
+    pub(super) requests: Option<usize>,
 }
 
 impl At {
     /// The open wave of repetition `rep` (`None`: the feasibility wave) at this level;
     /// a shard's share of it, at its place in the shared timetable.
     pub(super) fn open_wave(self, ctx: &Ctx, rate: f64, rep: Option<usize>) -> OpenWave {
-        let schedule = ctx.plan.load.schedule(rate, self.ci, self.li, rep);
+        let schedule = match (self.requests, rep) {
+            (Some(n), Some(r)) => {
+                let at = (self.ci, self.li, r);
+                ctx.plan.load.schedule_requests(rate, at, n as u64)
+            }
+            _ => ctx.plan.load.schedule(rate, self.ci, self.li, rep),
+        };
         let start_ns = timetable_start(ctx, schedule.last().copied().unwrap_or(0));
         OpenWave {
             phase: if rep.is_some() {
@@ -249,13 +258,13 @@ pub(super) fn timetable_start(ctx: &Ctx, span_us: u64) -> Option<u64> {
 }
 
 /// The excluded feasibility wave of a level: one closed wave of min(c, n), or an open
-/// level's own arrivals for its first second.
+/// level's own arrivals for its first second; its samples (a search's pace).
 pub(super) async fn feasibility(
     ctx: &Arc<Ctx>,
     senders: Senders<'_>,
     at: At,
     excluded: &mut BTreeMap<Phase, PhaseCounts>,
-) {
+) -> Vec<Sample> {
     let case = &ctx.plan.cases[at.ci];
     ctx.base.progress.set_message(label(
         ctx,
@@ -287,6 +296,7 @@ pub(super) async fn feasibility(
     };
     let counts = excluded.entry(Phase::Feasibility).or_default();
     samples.iter().for_each(|s| counts.add(s));
+    samples
 }
 
 /// What a measured round sends: an open level's wave, or a closed level's concurrency.
@@ -343,7 +353,7 @@ pub(super) async fn measured_round(
             (sent.into_iter().map(|s| s.sample).collect(), planned)
         }
         Work::Closed(c) => {
-            let n = ctx.plan.requests_per_case;
+            let n = at.requests.unwrap_or(ctx.plan.requests_per_case);
             let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
             (s, ctx.plan.cases[at.ci].requests_of(n))
         }

@@ -51,6 +51,26 @@ pub(crate) struct CampaignDoc {
     /// Why there is no drift (only under `--no-record`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) drift_unavailable_reason: Option<String>,
+    /// `replay --search`: each arm's operating point per case, as search.json found it
+    /// (absent without a search); v2's `min_capacity_ratio` reads it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) operating_points: Vec<OperatingPoint>,
+}
+
+/// One arm's operating point for one case: its knee bracketed between the highest load
+/// that passed and the lowest that failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct OperatingPoint {
+    pub(crate) arm: String,
+    pub(crate) case: String,
+    /// `rate` or `concurrency`.
+    pub(crate) kind: String,
+    /// The highest load that passed (null: none did).
+    pub(crate) last_pass: Option<f64>,
+    /// The lowest load that failed (null: none did, or the search stopped first).
+    pub(crate) first_fail: Option<f64>,
+    /// search.json's `stopped` (`found`, `no_passing_load`, `budget`, ...).
+    pub(crate) stopped: String,
 }
 
 /// One arm.

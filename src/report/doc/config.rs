@@ -150,6 +150,24 @@ pub(crate) struct Budget {
     /// The plan's `slo` as validated (the input's own shape, echoed).
     pub(crate) slo: Option<serde_json::Value>,
     pub(crate) sweep: Option<usize>,
+    /// `--search` and its settings (search.json holds its probes).
+    pub(crate) search: Option<SearchRecord>,
+}
+
+/// config.json's record of `replay --search`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct SearchRecord {
+    /// `rate` or `concurrency`.
+    pub(crate) kind: String,
+    pub(crate) slo: String,
+    pub(crate) confidence: f64,
+    pub(crate) margin: f64,
+    pub(crate) good_share_min: Option<f64>,
+    pub(crate) budget_seconds: Option<f64>,
+    /// The first probe's load and the highest a probe may ask for.
+    pub(crate) from: f64,
+    pub(crate) ceiling: f64,
 }
 
 /// What replay's flags set beside the plan.

@@ -150,6 +150,14 @@ pub(crate) struct FitArm {
         deserialize_with = "super::present"
     )]
     pub(crate) valid_rate_floor_delta: Option<Option<bool>>,
+    /// v2 only, when the contract has it: the fit arm's operating point against the
+    /// reference's.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::present"
+    )]
+    pub(crate) min_capacity_ratio: Option<Option<bool>>,
 }
 
 /// One gate over every arm it applies to.

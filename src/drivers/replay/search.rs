@@ -1,0 +1,210 @@
+//! `replay --search` in the driver: one (arm, case)'s [`Search`] run probe by probe. A
+//! probe is the level's feasibility wave (excluded; it opens the level's connections and
+//! gives the pace the budget is checked at), then one measured round of the probe's
+//! planned requests: a closed wave at the concurrency, or the plan's arrival process at
+//! the rate (`requests` arrivals on the seeded stream of the probe's index). The rounds go
+//! to summary.json and rounds.parquet as any measured round; the search's verdicts to
+//! search.json. `arms.rs` interleaves the arms' searches probe by probe.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::ctx::{Base, Ctx};
+use super::phases::{At, Measured, Senders, feasibility, label, measured_round};
+use crate::clock;
+use crate::config::search::SearchKind;
+use crate::metrics::{PhaseCounts, Sample};
+use crate::model::{Level, Phase};
+use crate::search::doc::{SearchRun, StopReason};
+use crate::search::judge::RequestView;
+use crate::search::{Ask, ProbeFacts, Search, named};
+
+/// One (arm, case)'s search and what the driver keeps beside it: the budget's end, the
+/// pace seen so far, the repetitions taken at each level.
+pub(super) struct ArmSearch {
+    search: Search,
+    ci: usize,
+    /// `--budget-seconds`' end on the monotonic clock, shared by every search of the run.
+    budget_end_ns: Option<u64>,
+    budget_seconds: Option<f64>,
+    /// Median exchange time of the latest probe or feasibility wave, in seconds.
+    pace_s: Option<f64>,
+    /// Probes run so far (a rate probe's schedule stream).
+    probes: usize,
+    /// Rounds taken at each level (the next probe's repetition there).
+    reps: BTreeMap<u64, usize>,
+}
+
+impl ArmSearch {
+    pub(super) fn new(base: &Base, ctx: &Ctx, ci: usize) -> Option<ArmSearch> {
+        let spec = base.search.as_ref()?;
+        Some(ArmSearch {
+            search: Search::new(spec, ctx.arm.as_deref(), &ctx.plan.cases[ci].name),
+            ci,
+            budget_end_ns: base.search_budget_end_ns,
+            budget_seconds: spec.budget.map(|b| b.as_secs_f64()),
+            pace_s: None,
+            probes: 0,
+            reps: BTreeMap::new(),
+        })
+    }
+
+    /// The next probe, as the driver runs it; `None` once the search has stopped.
+    pub(super) fn next(&mut self) -> Option<(Ask, At, usize)> {
+        let ask = self.search.next()?;
+        let level = match self.search.kind() {
+            SearchKind::Concurrency => Level::Concurrency(ask.load as usize),
+            SearchKind::Rate => Level::Rate(ask.load),
+        };
+        let rep = *self.reps.get(&ask.load.to_bits()).unwrap_or(&0);
+        let at = At {
+            ci: self.ci,
+            level,
+            li: self.probes,
+            requests: Some(ask.requests as usize),
+        };
+        Some((ask, at, rep))
+    }
+
+    /// The arm stopped: the search ends, saying so.
+    pub(super) fn arm_stopped(&mut self) {
+        self.search.stop(
+            StopReason::Stopped,
+            format!(
+                "the arm stopped before the search ended (a failure under on_failure: stop, its server's exit, or Ctrl-C); {}",
+                self.undecided()
+            ),
+        );
+    }
+
+    /// Whether `--budget-seconds` holds the probe `ask` at the pace seen; when it does
+    /// not, the search stops saying what it could not decide.
+    fn fits(&mut self, ask: Ask) -> bool {
+        let (Some(end), Some(budget)) = (self.budget_end_ns, self.budget_seconds) else {
+            return true;
+        };
+        let left = end.saturating_sub(clock::now_ns()) as f64 / 1e9;
+        let n = ask.requests as f64;
+        let (need, at_pace) = match (self.search.kind(), self.pace_s) {
+            (SearchKind::Rate, pace) => (n / ask.load + pace.unwrap_or(0.0), String::new()),
+            (SearchKind::Concurrency, Some(p)) => (
+                n * p / ask.load,
+                format!(" at the median exchange time measured, {:.0} ms", p * 1e3),
+            ),
+            (SearchKind::Concurrency, None) => return left > 0.0,
+        };
+        if need <= left {
+            return true;
+        }
+        let because = format!(
+            "the probe at {} needs {} requests, about {need:.1} s{at_pace}, and {left:.1} s of --budget-seconds {budget} are left: {}",
+            self.search.named(ask.load),
+            ask.requests,
+            self.undecided()
+        );
+        self.search.stop(StopReason::Budget, because);
+        false
+    }
+
+    /// What is not decided, in words.
+    fn undecided(&self) -> String {
+        let doc_pass_fail = self.search.bracket();
+        match doc_pass_fail {
+            (None, None) => "the SLOs could not be decided at any load".to_string(),
+            (Some(p), None) => format!(
+                "{} passed; no failing load was found above it",
+                self.search.named(p)
+            ),
+            (None, Some(f)) => format!(
+                "{} failed; no passing load was found below it",
+                self.search.named(f)
+            ),
+            (Some(p), Some(f)) => format!(
+                "the knee lies between {} (passed) and {} (failed), not narrowed further",
+                self.search.named(p),
+                self.search.named(f)
+            ),
+        }
+    }
+
+    /// What the probe measured, judged.
+    fn observe(&mut self, ask: Ask, rep: usize, m: &Measured) {
+        let views: Vec<RequestView> = m.samples.iter().map(RequestView::of).collect();
+        let r = &m.round;
+        // A stray late send (a scheduler hiccup) is in its request's latency from the
+        // schedule, which counts against the SLO; more than 1 % of them late means the
+        // load offered was not the load asked for.
+        let saturation = match (&r.open, &r.generator) {
+            (Some(o), _) if o.late_sends * 100 > r.attempted_requests => Some(format!(
+                "{} of {} sends (more than 1 %) fell more than {} ms behind their schedule",
+                o.late_sends,
+                r.attempted_requests,
+                crate::metrics::SATURATION_LAG_US / 1000
+            )),
+            (_, Some(g)) => g.warning.clone(),
+            _ => None,
+        };
+        self.pace_s = median_s(&m.samples).or(self.pace_s);
+        let facts = ProbeFacts {
+            repetition: rep,
+            attempted: r.attempted_requests,
+            successful: r.successful_requests,
+            elapsed_seconds: r.elapsed_seconds,
+            saturation,
+        };
+        self.search.observe(ask, views, facts);
+    }
+
+    pub(super) fn finish(self) -> SearchRun {
+        self.search.finish()
+    }
+}
+
+/// The median exchange time of `samples`, in seconds.
+fn median_s(samples: &[Sample]) -> Option<f64> {
+    let mut t: Vec<i64> = samples.iter().filter_map(|s| s.total_us).collect();
+    t.sort_unstable();
+    crate::metrics::nearest_rank(&t, 50).map(|us| us as f64 / 1e6)
+}
+
+/// Run the search's next probe on one arm: the feasibility wave, the budget checked at
+/// its pace, the measured round, judged. `None` when the probe's round did not run (the
+/// budget, or the arm stopped).
+pub(super) async fn probe(
+    ctx: &Arc<Ctx>,
+    senders: Senders<'_>,
+    s: &mut ArmSearch,
+    (ask, at, rep): (Ask, At, usize),
+    excluded: &mut BTreeMap<Phase, PhaseCounts>,
+) -> Option<Measured> {
+    ctx.base.progress.set_message(label(
+        ctx,
+        &format!(
+            "search {}: probe {}",
+            ctx.case_names[at.ci],
+            named(s.search.kind(), ask.load)
+        ),
+    ));
+    ctx.base.progress.inc_length(ask.requests);
+    let Senders { slots, pool } = senders;
+    let warm = feasibility(ctx, Senders { slots, pool }, at, excluded).await;
+    s.pace_s = median_s(&warm).or(s.pace_s);
+    if ctx.stopped() {
+        s.arm_stopped();
+        return None;
+    }
+    if !s.fits(ask) {
+        let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
+        ctx.base.progress.println(line);
+        return None;
+    }
+    let m = measured_round(ctx, Senders { slots, pool }, at, rep).await;
+    s.probes += 1;
+    *s.reps.entry(ask.load.to_bits()).or_insert(0) += 1;
+    if ctx.stopped() {
+        s.arm_stopped();
+        return Some(m);
+    }
+    s.observe(ask, rep, &m);
+    Some(m)
+}

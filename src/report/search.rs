@@ -1,0 +1,113 @@
+//! `replay --search`'s text for the terminal: per search, every probe (its load, its
+//! requests, each SLO's percentile with its bound's interval, goodput, verdict), the
+//! answer and why the search stopped.
+
+use crate::search::doc::{ProbeDoc, SearchDoc, SearchRun};
+
+/// The search's block, printed after the rounds' table.
+pub(crate) fn table(doc: &SearchDoc) -> String {
+    let mut t = format!(
+        "\nsearch by {}: {} at {:.0} % together ({:.2} % each, Bonferroni), margin ±{}\n",
+        doc.kind,
+        doc.slos.join(", "),
+        doc.confidence * 100.0,
+        doc.statement_confidence * 100.0,
+        doc.margin
+    );
+    for s in &doc.searches {
+        t.push_str(&run_block(doc, s));
+    }
+    t
+}
+
+/// `c=8` or `12.5/s`.
+fn load(doc: &SearchDoc, l: f64) -> String {
+    match doc.kind.as_str() {
+        "rate" => format!("{l}/s"),
+        _ => format!("c={l}"),
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x:.1}"))
+}
+
+fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
+    let arm = s
+        .arm
+        .as_deref()
+        .map_or(String::new(), |a| format!("[{a}] "));
+    let mut t = format!(
+        "  {arm}case {}: {} requests per probe\n  {:>3}  {:<8} {:>9} {:>9}  {:<44} {:>9}  verdict\n",
+        s.case,
+        s.planned_requests_per_probe,
+        "#",
+        "step",
+        "load",
+        "judged",
+        "SLOs: estimate [lower, upper] ms",
+        "goodput/s"
+    );
+    for p in &s.probes {
+        t.push_str(&probe_line(doc, p));
+    }
+    match &s.answer {
+        Some(a) => {
+            let above = match (a.first_fail, a.saturated_at) {
+                (Some(f), _) => format!("{} fails", load(doc, f)),
+                (None, Some(x)) => format!("the generator saturated at {}", load(doc, x)),
+                (None, None) => "nothing above it failed".into(),
+            };
+            t.push_str(&format!(
+                "  answer: {} ({above}); {}: {}\n",
+                load(doc, a.load),
+                if a.confirmed {
+                    "confirmed"
+                } else {
+                    "NOT confirmed on repetition"
+                },
+                a.confirmations.join(", ")
+            ));
+        }
+        None => t.push_str("  answer: none\n"),
+    }
+    t.push_str(&format!(
+        "  stopped ({}): {} ({:.1} s of probes)\n",
+        s.stopped.as_str(),
+        s.stopped_because,
+        s.elapsed_seconds
+    ));
+    t
+}
+
+fn probe_line(doc: &SearchDoc, p: &ProbeDoc) -> String {
+    let slos: Vec<String> = p
+        .slos
+        .iter()
+        .map(|s| {
+            format!(
+                "{} [{}, {}]",
+                ms(s.estimate_ms),
+                ms(s.lower_ms),
+                ms(s.upper_ms)
+            )
+        })
+        .collect();
+    let note = p
+        .saturation
+        .as_deref()
+        .map(|s| format!(" (generator: {s})"))
+        .or_else(|| p.note.as_deref().map(|n| format!(" ({n})")))
+        .unwrap_or_default();
+    format!(
+        "  {:>3}  {:<8} {:>9} {:>9}  {:<44} {:>9}  {}{note}\n",
+        p.index,
+        p.step.as_str(),
+        load(doc, p.load),
+        format!("{}/{}", p.judged_requests, p.attempted_requests),
+        slos.join("; "),
+        p.goodput_per_second
+            .map_or("-".into(), |g| format!("{g:.1}")),
+        p.verdict.as_str()
+    )
+}

@@ -1,0 +1,332 @@
+//! `replay --search` against the mock, whose knee is known: with `max_batch` B and a
+//! prefill time, a closed loop of c <= B never queues and one of B + 1 always does, so
+//! the highest concurrency within a TTFT bound just above the prefill is B. The search
+//! finds it over three seeds, says when a budget cannot decide, never answers a load the
+//! generator could not hold, and gives a campaign's arms a capacity ratio its gate reads.
+
+use serde_json::{Value, json};
+
+use crate::campaign::processes_with;
+use crate::support::*;
+use matrix_proxy::cli::{self, Exit};
+
+/// A plan of one streamed case (no oracle: a capture plan) against `url`.
+fn plan(url: &str, seed: u64) -> Value {
+    json!({
+        "name": "knee",
+        "endpoint": format!("{url}/v1/chat/completions"),
+        "health_endpoint": format!("{url}/health"),
+        "cases": [{"name": "chat", "variants": [
+            {"name": "a", "request": {"model": "mock", "max_tokens": 4, "stream": true,
+             "messages": [{"role": "user", "content": "hi"}]}},
+            {"name": "b", "request": {"model": "mock", "max_tokens": 4, "stream": true,
+             "messages": [{"role": "user", "content": "hello there"}]}}]}],
+        "load": {"mode": "closed", "seed": seed, "max_in_flight": 1},
+        "concurrency": [2], "requests_per_case": 8, "repetitions": 2, "warmup_per_case": 2,
+        "timeout_seconds": 10, "metadata": metadata(),
+    })
+}
+
+/// `matrix-proxy replay --quiet --out OUT PLAN EXTRA...`, parsed as the binary would.
+fn args(plan: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> cli::ReplayArgs {
+    use clap::Parser;
+    let mut argv = vec![
+        "matrix-proxy",
+        "replay",
+        "--quiet",
+        "--out",
+        s(out),
+        s(plan),
+    ];
+    argv.extend_from_slice(extra);
+    match cli::Cli::try_parse_from(argv).unwrap().command {
+        cli::Command::Replay(a) => a,
+        other => panic!("not replay: {other:?}"),
+    }
+}
+
+fn mock(max_batch: usize, seed: u64) -> matrix_proxy::MockConfig {
+    matrix_proxy::MockConfig {
+        prefill_ms: 20.0,
+        per_token_ms: 1.0,
+        max_batch,
+        text_seed: seed,
+        log_requests: false,
+        ..matrix_proxy::MockConfig::default()
+    }
+}
+
+const KNEE: &[&str] = &[
+    "--search",
+    "concurrency",
+    "--slo",
+    "ttft_p90<=26ms",
+    "--margin",
+    "0.05",
+    "--search-from",
+    "3",
+];
+
+#[tokio::test]
+async fn a_concurrency_search_finds_the_mocks_batch_size_over_three_seeds() {
+    for seed in [1, 2, 3] {
+        let m = start_mock(mock(4, seed)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_plan(dir.path(), "p.json", &plan(&m.url(), seed));
+        let out = dir.path().join("run");
+        let run = cli::replay_cmd(args(&path, &out, KNEE), Default::default());
+        let exit = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .expect("the search ends within 60 s")
+            .unwrap();
+        assert_eq!(exit, Exit::Ok, "seed {seed}");
+        let doc = read_json(&out.join("search.json"));
+        let s = &doc["searches"][0];
+        let a = &s["answer"];
+        assert_eq!(
+            (&a["load"], &a["first_fail"], &a["confirmed"], &s["stopped"]),
+            (&json!(4.0), &json!(5.0), &json!(true), &json!("found")),
+            "seed {seed}: {s:#}"
+        );
+        // p90 at ±5 points and 95 %: 139 requests a probe, each judged on its order
+        // statistics at ranks 118 and 133.
+        let probes = s["probes"].as_array().unwrap();
+        assert!(probes.iter().all(|p| p["planned_requests"] == json!(139)));
+        assert!(
+            probes
+                .iter()
+                .all(|p| p["slos"][0]["ranks"] == json!([118, 133]))
+        );
+        // The confirmation: the best pass and the first fail, interleaved, twice each.
+        let confirms: Vec<&Value> = probes
+            .iter()
+            .filter(|p| p["step"] == json!("confirm"))
+            .map(|p| &p["load"])
+            .collect();
+        assert_eq!(
+            confirms,
+            [&json!(4.0), &json!(5.0), &json!(4.0), &json!(5.0)]
+        );
+        // Every probe's requests are measured rows at its concurrency, and its bound is
+        // the order statistics of those rows' TTFTs.
+        let rows = Rows::read(&out);
+        let (phase, conc, rep) = (
+            rows.strs("phase"),
+            rows.i32s("concurrency"),
+            rows.i32s("repetition"),
+        );
+        let ttft = rows.i64s("ttft_us");
+        for p in probes {
+            let (c, r) = (
+                p["load"].as_f64().unwrap() as i32,
+                p["repetition"].as_i64().unwrap() as i32,
+            );
+            let mut v: Vec<i64> = (0..rows.len())
+                .filter(|&i| {
+                    phase[i].as_deref() == Some("measured")
+                        && conc[i] == Some(c)
+                        && rep[i] == Some(r)
+                })
+                .map(|i| ttft[i].unwrap())
+                .collect();
+            assert_eq!(v.len(), 139, "probe {p}");
+            v.sort_unstable();
+            let upper = p["slos"][0]["upper_ms"].as_f64().unwrap();
+            assert!((v[132] as f64 / 1e3 - upper).abs() < 1e-9, "probe {p}");
+        }
+        let summary = read_json(&out.join("summary.json"));
+        assert_eq!(summary["complete"], json!(true), "{summary:#}");
+        let config = read_json(&out.join("config.json"));
+        assert_eq!(
+            config["effective_budget"]["search"]["kind"],
+            json!("concurrency")
+        );
+        m.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_p99_slo_with_a_budget_too_small_says_it_cannot_be_decided() {
+    let m = start_mock(mock(4, 1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_plan(dir.path(), "p.json", &plan(&m.url(), 1));
+    let out = dir.path().join("run");
+    let extra = [
+        "--search",
+        "concurrency",
+        "--slo",
+        "ttft_p99<=26ms",
+        "--search-from",
+        "1",
+        "--budget-seconds",
+        "2",
+    ];
+    let exit = replay(args(&path, &out, &extra)).await.unwrap();
+    assert_eq!(exit, Exit::Ok);
+    let s = read_json(&out.join("search.json"))["searches"][0].clone();
+    assert_eq!(
+        (&s["stopped"], &s["answer"]),
+        (&json!("budget"), &Value::Null),
+        "{s:#}"
+    );
+    // p99 at ±1 point and 95 %: 381 requests, about 9 s at c = 1: not started.
+    let why = s["stopped_because"].as_str().unwrap();
+    assert!(why.contains("needs 381 requests"), "{why}");
+    assert!(
+        why.contains("the SLOs could not be decided at any load"),
+        "{why}"
+    );
+    assert_eq!(s["probes"], json!([]));
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_probe_that_saturates_the_generator_is_never_the_answer() {
+    // Eight requests in flight against a 50 ms server: 160/s at most, and sends fall
+    // behind well before. The SLO is loose, so only the generator's lateness ends the
+    // doubling.
+    let m = start_mock(matrix_proxy::MockConfig {
+        prefill_ms: 50.0,
+        per_token_ms: 0.0,
+        log_requests: false,
+        ..matrix_proxy::MockConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = plan(&m.url(), 1);
+    p["load"]["max_in_flight"] = json!(8);
+    let path = write_plan(dir.path(), "p.json", &p);
+    let out = dir.path().join("run");
+    let extra = [
+        "--search",
+        "rate",
+        "--slo",
+        "e2e_p50<=5s",
+        "--margin",
+        "0.15",
+        "--search-from",
+        "20",
+    ];
+    let exit = replay(args(&path, &out, &extra)).await.unwrap();
+    assert_eq!(exit, Exit::Ok);
+    let s = read_json(&out.join("search.json"))["searches"][0].clone();
+    let probes = s["probes"].as_array().unwrap();
+    let saturated: Vec<f64> = probes
+        .iter()
+        .filter(|p| p["verdict"] == json!("saturated") && p["step"] != json!("confirm"))
+        .map(|p| p["load"].as_f64().unwrap())
+        .collect();
+    assert!(!saturated.is_empty(), "{s:#}");
+    assert!(
+        probes
+            .iter()
+            .filter(|p| p["verdict"] == json!("saturated"))
+            .all(|p| p["saturation"].is_string())
+    );
+    let a = &s["answer"];
+    let answer = a["load"].as_f64().unwrap();
+    assert!(saturated.iter().all(|&l| l > answer), "{s:#}");
+    assert_eq!(
+        (&a["first_fail"], &s["stopped"]),
+        (&Value::Null, &json!("generator_saturated"))
+    );
+    assert!(
+        probes
+            .iter()
+            .any(|p| p["load"].as_f64() == Some(answer) && p["verdict"] == json!("pass"))
+    );
+    m.shutdown().await;
+}
+
+#[test]
+fn a_campaign_s_capacity_gate_reads_each_arms_operating_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arm = |name: &str, lane: &str, batch: &str| {
+        json!({"name": name, "lane": lane, "reference": lane == "quality",
+         "recipe": {"runtime": "matrix-proxy mock", "weight_format": "none", "weight_quantization": "none", "device": "cpu"},
+         "endpoint": "http://127.0.0.1:{port}/v1/chat/completions",
+         "start": {"command": ["{self}", "mock-worker", "--listen", "127.0.0.1:{port}",
+            "--max-batch", batch, "--prefill-ms", "20", "--per-token-ms", "1", "--stall-ms", "85131"]}})
+    };
+    let mut p = plan("http://127.0.0.1:1", 1);
+    for k in ["endpoint", "health_endpoint"] {
+        p.as_object_mut().unwrap().remove(k);
+    }
+    p["cases"][0]["path"] = json!("/v1/chat/completions");
+    p["arms"] = json!([
+        arm("ref", "quality", "4"),
+        arm("half", "performance-fit", "2")
+    ]);
+    let path = write_plan(tmp.path(), "p.json", &p);
+    let contract = |min: f64| {
+        json!({"contract_version": 2, "locked_at": "2026-01-01T00:00:00Z", "locked_by": "test",
+            "plan_id": "knee", "thresholds": {"min_capacity_ratio": min}})
+    };
+    let c3 = write_plan(tmp.path(), "c3.json", &contract(0.3));
+    let c8 = write_plan(tmp.path(), "c8.json", &contract(0.8));
+    let out = tmp.path().join("run");
+    let o = bin()
+        .args([
+            "replay",
+            "--quiet",
+            "--out",
+            s(&out),
+            "--contract",
+            s(&c3),
+            s(&path),
+        ])
+        .args(KNEE)
+        .output()
+        .unwrap();
+    assert!(
+        processes_with("85131").is_empty(),
+        "left behind: {:?}",
+        processes_with("85131")
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let campaign = read_json(&out.join("campaign.json"));
+    let points = campaign["operating_points"].as_array().unwrap();
+    let point = |arm: &str| {
+        points
+            .iter()
+            .find(|p| p["arm"] == json!(arm))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        (&point("ref")["last_pass"], &point("ref")["first_fail"]),
+        (&json!(4.0), &json!(5.0)),
+        "{stderr}"
+    );
+    assert_eq!(
+        (&point("half")["last_pass"], &point("half")["first_fail"]),
+        (&json!(2.0), &json!(3.0)),
+        "{stderr}"
+    );
+    // [2 / 5, 3 / 4]: around one half; the gate passes at 0.3 ...
+    let gate = |v: &Value| {
+        v["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["gate"] == json!("min_capacity_ratio"))
+            .unwrap()["arms"][0]
+            .clone()
+    };
+    let g = gate(&read_json(&out.join("verdict.json")));
+    assert_eq!(g["pass"], json!(true), "{g:#}");
+    assert_eq!(g["levels"][0]["interval"], json!([0.4, 0.75]), "{g:#}");
+    // ... and fails at 0.8, read post hoc from the same run.
+    let post = tmp.path().join("post.json");
+    let o = bin()
+        .args(["verdict", "--contract", s(&c8), "--out", s(&post), s(&out)])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.code().is_some(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let g = gate(&read_json(&post));
+    assert_eq!(g["pass"], json!(false), "{g:#}");
+}
