@@ -119,6 +119,7 @@ fn read_run(dir: &Path) -> Result<RunInput, CliError> {
             .filter(|m| !m.is_empty()),
         campaign: run.campaign().map_err(report_error)?.cloned(),
         verdict: run.verdict().map_err(report_error)?.cloned(),
+        search: run.search().map_err(report_error)?.cloned(),
         worker: run.worker_metrics().map_err(report_error)?,
         gpu: run.gpu().map_err(report_error)?,
         facts,

@@ -72,6 +72,8 @@ pub(crate) struct OpenedRun {
     pub(crate) plan: Doc<Plan>,
     pub(crate) summary: Doc<AnySummary>,
     pub(crate) campaign: Doc<CampaignDoc>,
+    /// search.json (`replay --search`).
+    pub(crate) search: Doc<crate::search::doc::SearchDoc>,
     /// verdict.json, else verdict.post-hoc.json.
     pub(crate) verdict: Doc<VerdictDoc>,
     /// Every shard of a sharded output folder, by index (empty otherwise).
@@ -90,6 +92,11 @@ impl OpenedRun {
     /// summary.json (`None`: the run wrote none, or a sharded run was not merged yet).
     pub(crate) fn summary(&self) -> Result<Option<&AnySummary>, ReportError> {
         doc(&self.summary)
+    }
+
+    /// search.json (`None`: not a `--search` run).
+    pub(crate) fn search(&self) -> Result<Option<&crate::search::doc::SearchDoc>, ReportError> {
+        doc(&self.search)
     }
 
     /// campaign.json (`None`: not a campaign run).

@@ -138,6 +138,7 @@ impl FinishedRun {
                 summary: optional_doc::<Summary>(&dir.join(SUMMARY))
                     .map(|s| s.map(|s| AnySummary::Replay(Box::new(s)))),
                 campaign: Ok(None),
+                search: Ok(None),
                 verdict: Ok(None),
                 shards,
             }));
@@ -162,6 +163,7 @@ impl FinishedRun {
         Ok(FinishedRun(OpenedRun {
             dir: dir.to_path_buf(),
             campaign: optional_doc(&dir.join(CAMPAIGN)),
+            search: optional_doc(&dir.join(crate::record::rundir::SEARCH)),
             config,
             plan,
             summary,

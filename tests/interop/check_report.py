@@ -228,6 +228,65 @@ def check_rounds(con, runs, chart, cache):
     return n
 
 
+SEARCH_VALUE = {
+    "ttft": "coalesce(ttft_us, first_byte_us) + coalesce(send_lag_us, 0)",
+    "tpot": "tpot_us",
+    "e2e": LATENCY,
+}
+
+
+def probe_values(con, run, arm, case, kind, probe, quantity):
+    """A probe's values of `quantity` from its rows, sorted; a failed row is above every
+    bound (inf), an ok row without a value (a TPOT of one token) is no sample."""
+    level = f"concurrency = {int(probe['load'])}" if kind == "concurrency" else f"target_rate_per_second = {float(probe['load'])!r}"
+    rows = con.execute(f"""select outcome = 'ok', {SEARCH_VALUE[quantity]} from {run.view}
+        where phase = 'measured' and {arm_filter(arm)} and case_name = {sql_str(case)}
+          and {level} and repetition = {int(probe['repetition'])}""").fetchall()
+    inf = float("inf")
+    return sorted(inf if not ok else (inf if x is None and quantity != "tpot" else x)
+                  for ok, x in rows if not (ok and x is None and quantity == "tpot"))
+
+
+def check_search(con, runs, chart):
+    """A search chart is search.json's probes, and each probe's percentile and its bound
+    are the nearest rank and the order statistics at the recorded ranks of its own rows
+    (DuckDB), failed rows above every bound; an extension pools two rounds and is checked
+    against search.json only."""
+    checks = 0
+    for series in chart["series"]:
+        run = runs[series["run"]]
+        doc = json.loads((run.dir / "search.json").read_text())
+        search = next(x for x in doc["searches"] if x["arm"] == series["arm"] and x["case"] == series["case"])
+        probes = search["probes"]
+        knee = search["answer"]["load"] if search["answer"] else None
+        assert chart["knee"] == knee, (chart["id"], chart["knee"], knee)
+        if series["name"] == "goodput":
+            want = [[p["load"], p["goodput_per_second"], None, None] for p in probes if p["goodput_per_second"] is not None]
+            assert series["points"] == want, chart["id"]
+            checks += len(want)
+            continue
+        k = doc["slos"].index(series["name"])
+        quantity, pct = series["name"].split("<=")[0].split("_p")
+        p = float(pct) / 100
+        assert len(series["points"]) == len(probes), chart["id"]
+        for point, probe in zip(series["points"], probes):
+            b = probe["slos"][k]
+            assert point == [probe["load"], b["estimate_ms"], b["lower_ms"], b["upper_ms"]], (chart["id"], point)
+            if probe["step"] == "extend":
+                continue
+            v = probe_values(con, run, series["arm"], series["case"], doc["kind"], probe, quantity)
+            assert len(v) == b["samples"], (chart["id"], probe["index"], len(v), b["samples"])
+            ms = lambda x: None if x == float("inf") else x / 1000
+            n = len(v)
+            rank = min(max(-(-round(p * n * 1e9) // 10**9), 1), n)
+            assert close(ms(v[rank - 1]), b["estimate_ms"]), (chart["id"], probe["index"], v[rank - 1], b)
+            lo, hi = b["ranks"]
+            assert close(ms(v[lo - 1]) if lo else 0.0, b["lower_ms"]), (chart["id"], probe["index"], b)
+            assert close(ms(v[hi - 1]) if hi else None, b["upper_ms"]), (chart["id"], probe["index"], b)
+            checks += 4
+    return checks
+
+
 def check_drift(runs, chart):
     n = 0
     for s in chart["series"]:
@@ -318,6 +377,8 @@ def main(report: Path, dirs) -> int:
                 groups_drawn.add((s["run"], s["case"], s["arm"], s["concurrency"], s["rate_per_second"], s["outcome"] == "ok"))
         elif fid.startswith("drift-"):
             checks += check_drift(runs, chart)
+        elif chart["kind"] == "search":
+            checks += check_search(con, runs, chart)
         elif chart["kind"] == "rounds":
             checks += check_rounds(con, runs, chart, cache)
         elif chart["kind"] == "timeline":

@@ -210,6 +210,13 @@ impl Ctx {
         self.base.halted.store(true, Ordering::Relaxed);
     }
 
+    /// Whether `phase` is a `--search` probe's (its feasibility wave or its round), where
+    /// `on_failure: stop` does not apply: overload failing requests is what a probe
+    /// measures.
+    pub(super) fn probing(&self, phase: Phase) -> bool {
+        self.base.search.is_some() && matches!(phase, Phase::Measured | Phase::Feasibility)
+    }
+
     /// Stop new dispatch (a failure under `on_failure: stop`, or a recorder error).
     pub(super) fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);

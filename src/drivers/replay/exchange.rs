@@ -164,8 +164,9 @@ pub(super) async fn exchange_as(
     let exchange_id = ctx.base.run.next_exchange_id();
     let sample = sample_of(&d, exchange_id, start_offset_us, &got, &verdict);
     let answer = keep_answer.then(|| answer_of(ctx, &got, outcome));
-    // A failure stops dispatch before anything else happens (recording may wait).
-    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop {
+    // A failure stops dispatch before anything else happens (recording may wait); a
+    // search's probes go on: a failed request is a sample above every bound.
+    if outcome != Outcome::Ok && ctx.plan.on_failure == OnFailure::Stop && !ctx.probing(d.phase) {
         ctx.stop();
     }
     if ctx.base.record_exchanges {

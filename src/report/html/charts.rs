@@ -41,7 +41,7 @@ pub(crate) struct Chart {
 }
 
 impl Chart {
-    fn new(
+    pub(super) fn new(
         id: String,
         kind: &'static str,
         title: String,
@@ -60,11 +60,11 @@ impl Chart {
         }
     }
 
-    fn set(&mut self, key: &str, v: Value) {
+    pub(super) fn set(&mut self, key: &str, v: Value) {
         self.extra.insert(key.into(), v);
     }
 
-    fn push(&mut self, series: Value) {
+    pub(super) fn push(&mut self, series: Value) {
         self.series.push(series);
     }
 
@@ -111,6 +111,7 @@ pub(super) fn all(runs: &[RunInput]) -> Vec<Chart> {
     for kind in ["concurrency", "rate"] {
         charts.extend(round_charts(runs, kind));
     }
+    charts.extend(super::search::charts(runs));
     charts.extend(drift_charts(runs));
     charts.extend(serve_charts(runs));
     for (i, r) in runs.iter().enumerate() {

@@ -21,6 +21,8 @@ pub(crate) struct RunInput {
     pub(crate) plan_metadata: Option<serde_json::Map<String, Value>>,
     pub(crate) campaign: Option<CampaignDoc>,
     pub(crate) verdict: Option<VerdictDoc>,
+    /// search.json (`replay --search`).
+    pub(crate) search: Option<crate::search::doc::SearchDoc>,
     pub(crate) facts: Vec<RowFacts>,
     /// The worker's scraped metrics and the GPU's telemetry (empty without them).
     pub(crate) worker: Vec<crate::record::scrapes::ScrapeRow>,

@@ -11,6 +11,7 @@
 
 mod charts;
 mod input;
+mod search;
 
 pub(crate) use input::RunInput;
 use input::esc;

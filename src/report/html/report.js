@@ -168,7 +168,47 @@
     });
   }
 
-  var DRAW = { cdf: cdf, rounds: rounds, timeline: timeline, series: series };
+  // A search: each probe's value at its load, its bound as a bar, the SLOs' bounds as
+  // dashed lines and the answer as a vertical line.
+  function search(svg, spec) {
+    var xs = [], ys = [];
+    spec.series.forEach(function (s) {
+      s.points.forEach(function (p) {
+        xs.push(p[0]);
+        p.slice(1).forEach(function (v) { if (v !== null) { ys.push(v); } });
+      });
+    });
+    spec.lines.forEach(function (l) { ys.push(l.y); });
+    if (spec.knee !== null) { xs.push(spec.knee); }
+    var xe = extent(xs, false), pad = (xe[1] - xe[0]) * 0.05 || 0.5;
+    var f = frame(svg, [xe[0] - pad, xe[1] + pad], extent(ys, true), spec);
+    spec.lines.forEach(function (l, i) {
+      el("line", { x1: M.l, x2: W - M.r, y1: f.sy(l.y), y2: f.sy(l.y), "class": "mark slo",
+        stroke: COLORS[i % COLORS.length], "stroke-dasharray": "6,4" }, svg)
+        .appendChild(document.createElementNS(NS, "title")).textContent = l.label;
+    });
+    if (spec.knee !== null) {
+      el("line", { x1: f.sx(spec.knee), x2: f.sx(spec.knee), y1: M.t, y2: H - M.b,
+        "class": "mark knee", stroke: "#000", "stroke-dasharray": "2,3" }, svg)
+        .appendChild(document.createElementNS(NS, "title")).textContent = "answer: " + spec.knee;
+    }
+    spec.series.forEach(function (s, i) {
+      var c = COLORS[i % COLORS.length];
+      s.points.forEach(function (p) {
+        if (p[1] === null) { return; }
+        if (p[2] !== null && p[3] !== null) {
+          el("line", { x1: f.sx(p[0]), x2: f.sx(p[0]), y1: f.sy(p[2]), y2: f.sy(p[3]),
+            stroke: c, "class": "mark bar" }, svg);
+        }
+        el("circle", { cx: f.sx(p[0]), cy: f.sy(p[1]), r: 4, fill: c, "class": "mark point" }, svg)
+          .appendChild(document.createElementNS(NS, "title")).textContent =
+            s.name + " at " + p[0] + ": " + fmt(p[1]) +
+            (p[2] !== null && p[3] !== null ? " [" + fmt(p[2]) + ", " + fmt(p[3]) + "]" : "");
+      });
+    });
+  }
+
+  var DRAW = { cdf: cdf, rounds: rounds, timeline: timeline, series: series, search: search };
 
   document.querySelectorAll("figure.chart").forEach(function (fig) {
     var plot = fig.querySelector(".plot");
