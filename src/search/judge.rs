@@ -209,6 +209,21 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_plans_what_its_most_demanding_slo_needs_under_bonferroni() {
+        // docs/load.md's table: p99 and p95 at ±1 point, each at 97.5 %: the p95 needs
+        // 2,387 requests; p99 alone at 95 %: 381; a median at ±1 point: 9,604.
+        assert_eq!(
+            planned_requests(&spec("ttft_p99<=1s,e2e_p95<=8s", 0.01)),
+            2387
+        );
+        assert_eq!(planned_requests(&spec("ttft_p99<=1s", 0.01)), 381);
+        assert_eq!(planned_requests(&spec("tpot_p50<=50ms", 0.01)), 9604);
+        let mut with_share = spec("ttft_p99<=1s", 0.01);
+        with_share.good_share_min = Some(0.9);
+        assert_eq!(statement_confidence(&with_share), 0.975);
+    }
+
+    #[test]
     fn failures_count_above_every_bound_and_a_missing_tpot_is_not_a_sample() {
         let s = spec("ttft_p50<=100ms,tpot_p50<=10ms", 0.1);
         let mut v = views(std::iter::repeat_n(1, 200));

@@ -330,3 +330,64 @@ fn a_campaign_s_capacity_gate_reads_each_arms_operating_point() {
     let g = gate(&read_json(&post));
     assert_eq!(g["pass"], json!(false), "{g:#}");
 }
+
+#[test]
+fn a_search_is_refused_where_it_cannot_run_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write_plan(tmp.path(), "p.json", &plan("http://127.0.0.1:9", 1));
+    let out = tmp.path().join("run");
+    for (extra, says) in [
+        (
+            &[
+                "--search",
+                "concurrency",
+                "--slo",
+                "ttft_p99<=1s",
+                "--sweep",
+                "3",
+            ][..],
+            "cannot be used with",
+        ),
+        (&["--slo", "ttft_p99<=1s"][..], "--slo needs --search"),
+        (&["--search", "concurrency"][..], "--search needs --slo"),
+        (
+            &["--search", "latency", "--slo", "ttft_p99<=1s"][..],
+            "give rate",
+        ),
+        (
+            &[
+                "--search",
+                "concurrency",
+                "--slo",
+                "ttft_p99<=1s",
+                "--margin",
+                "0.05",
+            ][..],
+            "give --margin at most 0.01",
+        ),
+        (
+            &[
+                "--search",
+                "concurrency",
+                "--slo",
+                "ttft_p99<=1s",
+                "--budget-seconds",
+                "0",
+            ][..],
+            "--budget-seconds 0",
+        ),
+    ] {
+        let o = bin()
+            .args(["replay", "--quiet", "--out", s(&out), s(&path)])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+        assert!(
+            !out.exists(),
+            "{extra:?}: nothing is written before the input is checked"
+        );
+    }
+}

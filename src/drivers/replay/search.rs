@@ -185,7 +185,11 @@ pub(super) async fn probe(
             named(s.search.kind(), ask.load)
         ),
     ));
-    ctx.base.progress.inc_length(ask.requests);
+    let warm_planned = match at.level {
+        Level::Concurrency(c) => c.min(ctx.plan.requests_per_case) as u64,
+        Level::Rate(r) => ctx.plan.load.schedule(r, at.ci, at.li, None).len() as u64,
+    };
+    ctx.base.progress.inc_length(warm_planned + ask.requests);
     let Senders { slots, pool } = senders;
     let warm = feasibility(ctx, Senders { slots, pool }, at, excluded).await;
     s.pace_s = median_s(&warm).or(s.pace_s);

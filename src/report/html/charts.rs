@@ -111,7 +111,6 @@ pub(super) fn all(runs: &[RunInput]) -> Vec<Chart> {
     for kind in ["concurrency", "rate"] {
         charts.extend(round_charts(runs, kind));
     }
-    charts.extend(super::search::charts(runs));
     charts.extend(drift_charts(runs));
     charts.extend(serve_charts(runs));
     for (i, r) in runs.iter().enumerate() {

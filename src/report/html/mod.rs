@@ -28,7 +28,8 @@ const STYLE: &str = include_str!("report.css");
 
 /// The report's HTML: provenance first, then every chart, then campaign tables.
 pub(crate) fn render(runs: &[RunInput], generated_at: &str) -> String {
-    let charts = charts::all(runs);
+    let mut charts = charts::all(runs);
+    charts.extend(search::charts(runs));
     let mut h = String::with_capacity(64 << 10);
     let title = match runs {
         [one] => format!("matrix-proxy report: {}", one.label),
