@@ -139,6 +139,7 @@ fn campaign_conflicts(args: &ReplayArgs, plan: &Plan) -> Result<(), CliError> {
 
 /// What `--sweep` or `--shard` make of the plan, and a shard's start (wall-clock µs).
 fn shape_of(args: &ReplayArgs, plan: &Plan) -> Result<(Shape, Option<i64>), CliError> {
+    super::search::conflicts(&args.search, args.sweep.is_some(), args.shard.is_some())?;
     if let Some(kind) = args.search.search.as_deref() {
         let kind =
             crate::config::search::SearchKind::parse(kind).map_err(|e| usage(e.to_string()))?;

@@ -9,6 +9,9 @@ use crate::config::search::{self, SearchKind, SearchSpec};
 
 /// The highest concurrency a search may probe (with what the open-file limit holds).
 const MAX_SEARCH_CONCURRENCY: u64 = 4096;
+/// The most requests one probe may plan (MLPerf's p99 at 99 % and ±0.05 % is about
+/// 263,000).
+const MAX_PROBE_REQUESTS: u64 = 1_000_000;
 /// The highest rate a search may probe, per second.
 const MAX_SEARCH_RATE: f64 = 1_000_000.0;
 
@@ -20,7 +23,7 @@ pub struct SearchArgs {
     /// a probe fails (or the generator saturates), bisects, then confirms the knee by
     /// repeating the best pass and the first fail, interleaved, twice each. Writes
     /// search.json. Replaces --sweep (refused together); not with --shard.
-    #[arg(long, value_name = "KIND", conflicts_with_all = ["sweep", "shard"])]
+    #[arg(long, value_name = "KIND")]
     pub search: Option<String>,
     /// The SLOs a probe must meet, comma-separated bounds on per-request percentiles of
     /// ttft, tpot and e2e (from the scheduled send): "ttft_p99<=500ms,tpot_p50<=50ms,e2e_p95<=8s".
@@ -74,7 +77,34 @@ pub(super) fn resolve(args: &SearchArgs, plan: &Plan) -> Result<Option<SearchSpe
         from,
         ceiling: ceiling(kind),
     };
-    spec.check().map(Some).map_err(|e| usage(e.to_string()))
+    let spec = spec.check().map_err(|e| usage(e.to_string()))?;
+    let n = crate::search::judge::planned_requests(&spec);
+    if n > MAX_PROBE_REQUESTS {
+        return Err(usage(format!(
+            "--margin {} with --slo {} asks for {n} requests a probe (n = (z / δ)² p (1 − p)); at most {MAX_PROBE_REQUESTS}: give a wider --margin or a lower --confidence",
+            spec.margin,
+            spec.slo_text()
+        )));
+    }
+    Ok(Some(spec))
+}
+
+/// What `--search` does not go with, with the fix.
+pub(super) fn conflicts(args: &SearchArgs, sweep: bool, shard: bool) -> Result<(), CliError> {
+    if args.search.is_none() {
+        return Ok(());
+    }
+    if sweep {
+        return Err(usage(
+            "--search replaces --sweep: give one (the search chooses its own loads; a sweep places rates between two measured throughputs)",
+        ));
+    }
+    if shard {
+        return Err(usage(
+            "--search does not go with --shard: each probe's load follows from the last one's verdict, which the shards would have to agree on; search from one generator",
+        ));
+    }
+    Ok(())
 }
 
 /// The highest load a probe may ask for: a concurrency the open-file limit holds (one

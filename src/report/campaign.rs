@@ -191,6 +191,7 @@ pub(crate) fn operating_points(
                 last_pass: s.last_pass,
                 first_fail: s.first_fail,
                 stopped: s.stopped.as_str().to_string(),
+                confirmed: s.answer.as_ref().is_some_and(|a| a.confirmed),
             })
         })
         .collect()

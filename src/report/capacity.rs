@@ -51,7 +51,20 @@ pub(super) fn capacity_gate(
                 continue;
             };
             let (low, high) = ratio_range(p, r);
-            let pass = if high.is_some_and(|h| h < min && !ge(h, min)) {
+            // A knee its repeats contradicted (or never confirmed) is no evidence either way.
+            let unconfirmed: Vec<&str> = [p, r]
+                .iter()
+                .filter(|x| !x.confirmed && x.last_pass.is_some())
+                .map(|x| x.arm.as_str())
+                .collect();
+            let pass = if !unconfirmed.is_empty() {
+                notes.push(format!(
+                    "{}: the knee of {} was not confirmed on repetition",
+                    p.case,
+                    unconfirmed.join(" and ")
+                ));
+                None
+            } else if high.is_some_and(|h| h < min && !ge(h, min)) {
                 Some(false)
             } else if ge(low, min) {
                 Some(true)
@@ -105,7 +118,35 @@ mod tests {
             last_pass: pass,
             first_fail: fail,
             stopped: "found".into(),
+            confirmed: true,
         }
+    }
+
+    fn gate(points: &[OperatingPoint], min: f64) -> Option<bool> {
+        let arm = ArmView {
+            name: "fit",
+            quality: false,
+            reference: false,
+            unavailable: None,
+            cells: Vec::new(),
+        };
+        capacity_gate(&arm, "ref", points, min).pass
+    }
+
+    #[test]
+    fn the_gate_passes_fails_or_has_nothing_to_read_as_the_range_lies() {
+        let points = [
+            point("fit", Some(2.0), Some(3.0)),
+            point("ref", Some(4.0), Some(5.0)),
+        ];
+        assert_eq!(gate(&points, 0.3), Some(true));
+        assert_eq!(gate(&points, 0.8), Some(false));
+        assert_eq!(gate(&points, 0.5), None);
+        // A knee its repeats contradicted reads nothing, whatever its range.
+        let mut shaky = points.clone();
+        shaky[1].confirmed = false;
+        assert_eq!(gate(&shaky, 0.3), None);
+        assert_eq!(gate(&points[1..], 0.3), None, "no point of the arm");
     }
 
     #[test]

@@ -121,15 +121,6 @@ pub(crate) fn case_levels(
             out.push((l, sweep_rounds(plan, l)));
         }
     }
-    if shape.search_kind().is_some() {
-        // A search's probes at a level are its rounds there: planned as it went.
-        for (l, k) in out.iter_mut() {
-            *k = rounds
-                .iter()
-                .filter(|r| r.case_name == case && r.level() == *l)
-                .count();
-        }
-    }
     out
 }
 
@@ -210,6 +201,13 @@ pub(crate) fn aggregates(plan: &Plan, shape: Shape, rounds: &[RoundMetrics]) -> 
                         r.arm.as_deref() == arm && r.case_name == case.name && r.level() == level
                     })
                     .collect();
+                // A search's probes at a level are this arm's rounds there, planned as it
+                // went; a level only another arm probed is none of this arm's.
+                let planned = match shape.search_kind() {
+                    Some(_) if rs.is_empty() => continue,
+                    Some(_) => rs.len(),
+                    None => planned,
+                };
                 let mut a = metrics::aggregate(&case.name, level, planned, &rs);
                 a.arm = arm.map(str::to_string);
                 out.push(a);
@@ -234,6 +232,9 @@ pub(crate) struct Measured<'a> {
     pub(crate) notes: &'a [String],
     /// Every sample of the worker's `/metrics` (`--worker-metrics`; empty without).
     pub(crate) worker: &'a [crate::record::scrapes::ScrapeRow],
+    /// `--search`: a search stopped before it finished (its budget, its arm's stop), so
+    /// the run did not do what it set out to.
+    pub(crate) search_unfinished: bool,
 }
 
 /// The plan's input token counts against the server's, as `evidence` read them back from
@@ -279,6 +280,7 @@ pub(crate) fn summary(plan: &Plan, m: &Measured<'_>, recording: Recording) -> Su
         None => arms * planned_rounds(plan, m.shape, m.rounds),
     };
     let complete = m.ending == Ending::Passed
+        && !m.search_unfinished
         && m.failures == 0
         && m.rounds.len() == planned_rounds
         && m.rounds.iter().all(|r| r.complete);

@@ -312,6 +312,7 @@ fn rebuilt(
         failures,
         notes,
         worker: &[],
+        search_unfinished: false,
     };
     let summary = super::summary(
         plan,

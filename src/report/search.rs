@@ -54,6 +54,11 @@ fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
     match &s.answer {
         Some(a) => {
             let above = match (a.first_fail, a.saturated_at) {
+                (Some(f), Some(x)) if x < f => format!(
+                    "the generator saturated at {}, {} fails",
+                    load(doc, x),
+                    load(doc, f)
+                ),
                 (Some(f), _) => format!("{} fails", load(doc, f)),
                 (None, Some(x)) => format!("the generator saturated at {}", load(doc, x)),
                 (None, None) => "nothing above it failed".into(),

@@ -196,6 +196,7 @@ pub(crate) fn replay_documents(
             failures: result.failures,
             notes: &result.notes,
             worker,
+            search_unfinished: search.as_ref().is_some_and(SearchDoc::unfinished),
         },
         Recording {
             worker_metrics_limits: scraped.limits.clone(),

@@ -26,6 +26,8 @@ use judge::RequestView;
 pub(crate) const RATE_RESOLUTION: f64 = 0.05;
 /// The first rate is halved at most this many times (down to 1/64 of it).
 const MAX_HALVINGS: u32 = 6;
+/// A concurrency probe sends at least this many requests per worker.
+pub(crate) const PER_WORKER: u64 = 10;
 /// Each of the best pass and the first fail is repeated this many times at the end.
 const CONFIRM_REPEATS: usize = 2;
 
@@ -104,9 +106,9 @@ impl Search {
         if self.stopped.is_some() {
             return None;
         }
-        let ask = |load, step| Ask {
+        let ask = |load: f64, step| Ask {
             load,
-            requests: self.requests,
+            requests: self.requests_at(load),
             step,
         };
         if let Some((load, _)) = &self.extending {
@@ -119,14 +121,47 @@ impl Search {
         }
     }
 
-    /// The highest passing and the lowest failing load so far.
-    pub(crate) fn bracket(&self) -> (Option<f64>, Option<f64>) {
-        (self.pass, self.fail)
+    /// What the search has not decided, in words (for a stop from outside).
+    pub(crate) fn undecided(&self) -> String {
+        if let (Some(p), Phase::Confirm(queue)) = (self.pass, &self.phase) {
+            return format!(
+                "the knee was bracketed ({} passed) but {} of its {} confirmation repeats did not run: the answer is unconfirmed",
+                self.named(p),
+                queue.len(),
+                queue.len() + self.confirmations.len()
+            );
+        }
+        match (self.pass, self.fail) {
+            (None, None) => "the SLOs could not be decided at any load".to_string(),
+            (Some(p), None) => format!(
+                "{} passed; no failing load was found above it",
+                self.named(p)
+            ),
+            (None, Some(f)) => format!(
+                "{} failed; no passing load was found below it",
+                self.named(f)
+            ),
+            (Some(p), Some(f)) => format!(
+                "the knee lies between {} (passed) and {} (failed), not narrowed further",
+                self.named(p),
+                self.named(f)
+            ),
+        }
     }
 
     /// Why the search stopped, once it has.
     pub(crate) fn stopped_because(&self) -> Option<String> {
         self.stopped.as_ref().map(|(_, why)| why.clone())
+    }
+
+    /// Requests a probe at `load` plans: the statistics' n, and for a concurrency at
+    /// least [`PER_WORKER`] per worker, so that the end of the probe (its last c requests
+    /// running as the others finish, at less than c) is at most a tenth of it.
+    fn requests_at(&self, load: f64) -> u64 {
+        match self.spec.kind {
+            SearchKind::Concurrency => self.requests.max(PER_WORKER * load as u64),
+            SearchKind::Rate => self.requests,
+        }
     }
 
     /// The search stops from outside (the budget, the arm's stop), with the reason.
@@ -147,7 +182,10 @@ impl Search {
         }
         let (slos, good_share, mut verdict) = judge::judge(&self.spec, &judged);
         let mut note = None;
-        if facts.saturation.is_some() {
+        // A probe that fails while the generator held sends back fails: its latencies
+        // from the schedule already count the wait, and a real arrival would have waited
+        // at least as long. One that would pass or straddle is not trusted.
+        if facts.saturation.is_some() && verdict != Verdict::Fail {
             verdict = Verdict::Saturated;
         }
         let rate = |k: u64| (facts.elapsed_seconds > 0.0).then(|| k as f64 / facts.elapsed_seconds);
@@ -219,7 +257,7 @@ impl Search {
                 Some(next) => Phase::Down(next, 1),
                 None => return self.no_pass(l),
             },
-            Phase::Down(l, k) if !passed => match self.down(l).filter(|_| k < MAX_HALVINGS) {
+            Phase::Down(l, k) if !passed => match self.down(l).filter(|_| self.may_halve(k)) {
                 Some(next) => Phase::Down(next, k + 1),
                 None => return self.no_pass(l),
             },
@@ -233,6 +271,12 @@ impl Search {
     /// The next load up: double, at most the ceiling.
     fn up(&self, l: f64) -> f64 {
         round_load(self.spec.kind, (l * 2.0).min(self.spec.ceiling))
+    }
+
+    /// Whether a rate may be halved again after `k` halvings (a concurrency goes down to
+    /// 1 whatever it started at).
+    fn may_halve(&self, k: u32) -> bool {
+        self.spec.kind == SearchKind::Concurrency || k < MAX_HALVINGS
     }
 
     /// The next load down, `None` at the lowest.
@@ -320,13 +364,23 @@ impl Search {
     }
 
     fn no_pass(&mut self, lowest: f64) {
-        self.stopped = Some((
-            StopReason::NoPassingLoad,
-            format!(
-                "no load meets the SLOs: the lowest probed, {}, failed",
-                self.named(lowest)
+        self.stopped = Some(match self.fail {
+            Some(_) => (
+                StopReason::NoPassingLoad,
+                format!(
+                    "no load meets the SLOs: the lowest probed, {}, failed",
+                    self.named(lowest)
+                ),
             ),
-        ));
+            // Only saturated probes: nothing about the server was read.
+            None => (
+                StopReason::GeneratorSaturated,
+                format!(
+                    "the generator could not hold even {}, so nothing about the server was read; a generator with more room (load.max_in_flight, cores) would",
+                    self.named(lowest)
+                ),
+            ),
+        });
     }
 
     /// `c=8` or `12.5/s`.
@@ -340,20 +394,30 @@ impl Search {
             .stopped
             .take()
             .unwrap_or((StopReason::Stopped, "the search did not finish".to_string()));
-        let answer = match (stopped, self.pass) {
-            (StopReason::Found | StopReason::GeneratorSaturated | StopReason::Ceiling, Some(p)) => {
-                Some(Answer {
-                    load: p,
-                    first_fail: self.fail,
-                    saturated_at: self.saturated,
-                    confirmed: self.confirmations.iter().all(|(_, want, got)| want == got),
-                    confirmations: self
-                        .confirmations
-                        .iter()
-                        .map(|(l, _, got)| format!("{}:{}", self.named(*l), got.as_str()))
-                        .collect(),
-                })
-            }
+        // A knee bracketed to its resolution keeps its answer when its confirmation was
+        // cut (the budget, the arm's stop): unconfirmed, with the repeats that ran.
+        let bracketed = self.ending.is_some()
+            || matches!(
+                stopped,
+                StopReason::Found | StopReason::GeneratorSaturated | StopReason::Ceiling
+            );
+        let planned_confirmations = match &self.phase {
+            Phase::Confirm(queue) => queue.len(),
+            _ => 0,
+        };
+        let answer = match (bracketed, self.pass) {
+            (true, Some(p)) => Some(Answer {
+                load: p,
+                first_fail: self.fail,
+                saturated_at: self.saturated,
+                confirmed: planned_confirmations == 0
+                    && self.confirmations.iter().all(|(_, want, got)| want == got),
+                confirmations: self
+                    .confirmations
+                    .iter()
+                    .map(|(l, _, got)| format!("{}:{}", self.named(*l), got.as_str()))
+                    .collect(),
+            }),
             _ => None,
         };
         SearchRun {
@@ -372,6 +436,13 @@ impl Search {
 }
 
 impl doc::SearchDoc {
+    /// A search stopped before it finished: its budget, or its arm's stop.
+    pub(crate) fn unfinished(&self) -> bool {
+        self.searches
+            .iter()
+            .any(|s| matches!(s.stopped, StopReason::Budget | StopReason::Stopped))
+    }
+
     /// search.json: the question and every search of the run.
     pub(crate) fn of(spec: &SearchSpec, searches: Vec<SearchRun>) -> doc::SearchDoc {
         doc::SearchDoc {

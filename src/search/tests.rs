@@ -81,7 +81,13 @@ fn a_concurrency_knee_is_bracketed_bisected_and_confirmed() {
         vec!["c=8:pass", "c=9:fail", "c=8:pass", "c=9:fail"]
     );
     assert_eq!(run.probes.len(), 12);
-    assert!(run.probes.iter().all(|p| p.planned_requests == 139));
+    // The statistics' 139, and at least 10 per worker at c = 16.
+    assert!(
+        run.probes
+            .iter()
+            .all(|p| p.planned_requests == 139.max(10 * p.load as u64))
+    );
+    assert_eq!(run.probes[4].planned_requests, 160);
 }
 
 #[test]
@@ -202,4 +208,70 @@ fn every_probe_passing_up_to_the_ceiling_stops_there() {
     assert_eq!(&loads(&asked)[..2], &[64.0, 100.0]);
     assert_eq!(run.stopped, StopReason::Ceiling);
     assert_eq!(run.answer.unwrap().load, 100.0);
+}
+
+#[test]
+fn a_concurrency_is_halved_down_to_one_however_high_it_started() {
+    let (run, asked) = drive(
+        Search::new(&spec(SearchKind::Concurrency, 128.0), None, "c"),
+        knee(1.0),
+    );
+    assert_eq!(
+        &loads(&asked)[..8],
+        &[128.0, 64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0]
+    );
+    assert_eq!(run.answer.unwrap().load, 1.0);
+}
+
+#[test]
+fn only_saturated_probes_say_the_generator_not_the_server_could_not_hold_the_load() {
+    let (run, _) = drive(
+        Search::new(&spec(SearchKind::Concurrency, 4.0), None, "c"),
+        |_, _| None,
+    );
+    assert_eq!(run.stopped, StopReason::GeneratorSaturated);
+    assert!(
+        run.stopped_because
+            .contains("nothing about the server was read")
+    );
+    assert!(run.answer.is_none());
+}
+
+#[test]
+fn a_probe_that_fails_while_its_generator_fell_behind_still_fails() {
+    let mut s = Search::new(&spec(SearchKind::Concurrency, 4.0), None, "c");
+    let ask = s.next().unwrap();
+    let late = ProbeFacts {
+        saturation: Some("late".into()),
+        ..ProbeFacts::default()
+    };
+    s.observe(ask, views(ask.requests, 1000), late.clone());
+    let ask = s.next().unwrap();
+    s.observe(ask, views(ask.requests, 10), late);
+    let run = s.finish();
+    assert_eq!(run.probes[0].verdict, Verdict::Fail);
+    assert_eq!(run.probes[1].verdict, Verdict::Saturated);
+    assert_eq!(run.first_fail, Some(4.0));
+}
+
+#[test]
+fn a_budget_that_cuts_the_confirmation_keeps_the_knee_unconfirmed() {
+    let mut s = Search::new(&spec(SearchKind::Concurrency, 4.0), None, "c");
+    // 4 passes, 8 fails, 6 fails, 5 fails: bracketed at 4 and 5; then one repeat runs.
+    for ms in [10, 1000, 1000, 1000, 10] {
+        let ask = s.next().unwrap();
+        s.observe(ask, views(ask.requests, ms), ProbeFacts::default());
+    }
+    assert_eq!(s.next().unwrap().step, Step::Confirm);
+    let why = s.undecided();
+    assert!(
+        why.contains("3 of its 4 confirmation repeats did not run"),
+        "{why}"
+    );
+    s.stop(StopReason::Budget, why);
+    let run = s.finish();
+    let a = run.answer.unwrap();
+    assert_eq!((a.load, a.first_fail, a.confirmed), (4.0, Some(5.0), false));
+    assert_eq!(a.confirmations, vec!["c=4:pass"]);
+    assert_eq!(run.stopped, StopReason::Budget);
 }

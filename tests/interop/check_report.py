@@ -12,8 +12,10 @@ Usage: python3 tests/interop/check_report.py REPORT.html RUN_DIR [RUN_DIR ...]
 """
 
 import json
+import math
 import re
 import sys
+from statistics import NormalDist
 from pathlib import Path
 
 import duckdb
@@ -280,6 +282,12 @@ def check_search(con, runs, chart):
             n = len(v)
             rank = min(max(-(-round(p * n * 1e9) // 10**9), 1), n)
             assert close(ms(v[rank - 1]), b["estimate_ms"]), (chart["id"], probe["index"], v[rank - 1], b)
+            # The ranks from n, p and the statement's confidence: n p ∓ z √(n p (1 − p)).
+            z = NormalDist().inv_cdf(1 - (1 - doc["statement_confidence"]) / 2)
+            spread = z * math.sqrt(n * p * (1 - p))
+            want_lo, want_hi = math.floor(n * p - spread), math.ceil(n * p + spread - 1e-9)
+            want = [want_lo if want_lo >= 1 else None, max(want_hi, 1) if want_hi <= n else None]
+            assert b["ranks"] == want, (chart["id"], probe["index"], b["ranks"], want)
             lo, hi = b["ranks"]
             assert close(ms(v[lo - 1]) if lo else 0.0, b["lower_ms"]), (chart["id"], probe["index"], b)
             assert close(ms(v[hi - 1]) if hi else None, b["upper_ms"]), (chart["id"], probe["index"], b)

@@ -346,7 +346,7 @@ fn a_search_is_refused_where_it_cannot_run_with_the_reason() {
                 "--sweep",
                 "3",
             ][..],
-            "cannot be used with",
+            "--search replaces --sweep",
         ),
         (&["--slo", "ttft_p99<=1s"][..], "--slo needs --search"),
         (&["--search", "concurrency"][..], "--search needs --slo"),

@@ -252,9 +252,10 @@ pub(super) struct Base {
     /// (`session.rs`).
     pub(super) sessions_stopped: AtomicU64,
     pub(super) turns_not_attempted: AtomicU64,
-    /// `--search`, and its budget's end on the monotonic clock.
+    /// `--search`, and when its first probe started on the monotonic clock (its
+    /// `--budget-seconds` run from there, shared by every search of the run).
     pub(super) search: Option<crate::config::search::SearchSpec>,
-    pub(super) search_budget_end_ns: Option<u64>,
+    pub(super) search_started_ns: std::sync::OnceLock<u64>,
     /// Each finished search (search.json).
     pub(super) searches: std::sync::Mutex<Vec<crate::search::doc::SearchRun>>,
 }

@@ -171,7 +171,7 @@ pub(crate) async fn run(
         notes: std::sync::Mutex::new(Vec::new()),
         sessions_stopped: AtomicU64::new(0),
         turns_not_attempted: AtomicU64::new(0),
-        search_budget_end_ns: search_budget_end(opts.search.as_ref()),
+        search_started_ns: std::sync::OnceLock::new(),
         search: opts.search,
         searches: std::sync::Mutex::new(Vec::new()),
     });
@@ -215,12 +215,6 @@ pub(crate) async fn run(
         arms: arms::measures(runs),
         searches: base.take_searches(),
     }
-}
-
-/// `--budget-seconds`' end on the monotonic clock, from the driver's start.
-fn search_budget_end(search: Option<&crate::config::search::SearchSpec>) -> Option<u64> {
-    let b = search?.budget?;
-    Some(crate::clock::now_ns().saturating_add(b.as_nanos() as u64))
 }
 
 /// Wait for the interrupt, then give in-flight exchanges `grace` to finish before they

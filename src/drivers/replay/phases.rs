@@ -276,17 +276,12 @@ pub(super) async fn feasibility(
     ));
     let samples = match at.level {
         Level::Concurrency(c) => {
-            let n = ctx.plan.requests_per_case;
-            wave(
-                ctx,
-                senders.slots,
-                at.ci,
-                Phase::Feasibility,
-                c,
-                None,
-                c.min(n),
-            )
-            .await
+            // A search's probe opens every one of its c connections before it is timed.
+            let n = match at.requests {
+                Some(_) => c,
+                None => c.min(ctx.plan.requests_per_case),
+            };
+            wave(ctx, senders.slots, at.ci, Phase::Feasibility, c, None, n).await
         }
         Level::Rate(r) => open_wave(ctx, senders.pool, at.open_wave(ctx, r, None))
             .await

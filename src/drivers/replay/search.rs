@@ -24,8 +24,6 @@ use crate::search::{Ask, ProbeFacts, Search, named};
 pub(super) struct ArmSearch {
     search: Search,
     ci: usize,
-    /// `--budget-seconds`' end on the monotonic clock, shared by every search of the run.
-    budget_end_ns: Option<u64>,
     budget_seconds: Option<f64>,
     /// Median exchange time of the latest probe or feasibility wave, in seconds.
     pace_s: Option<f64>,
@@ -41,7 +39,6 @@ impl ArmSearch {
         Some(ArmSearch {
             search: Search::new(spec, ctx.arm.as_deref(), &ctx.plan.cases[ci].name),
             ci,
-            budget_end_ns: base.search_budget_end_ns,
             budget_seconds: spec.budget.map(|b| b.as_secs_f64()),
             pace_s: None,
             probes: 0,
@@ -72,18 +69,54 @@ impl ArmSearch {
             StopReason::Stopped,
             format!(
                 "the arm stopped before the search ended (a failure under on_failure: stop, its server's exit, or Ctrl-C); {}",
-                self.undecided()
+                self.search.undecided()
             ),
         );
     }
 
-    /// Whether `--budget-seconds` holds the probe `ask` at the pace seen; when it does
-    /// not, the search stops saying what it could not decide.
-    fn fits(&mut self, ask: Ask) -> bool {
-        let (Some(end), Some(budget)) = (self.budget_end_ns, self.budget_seconds) else {
+    /// Seconds of `--budget-seconds` left (`None`: no budget), counted from the run's
+    /// first probe.
+    fn left_s(&self, base: &Base) -> Option<f64> {
+        let budget = self.budget_seconds?;
+        let started = *base.search_started_ns.get_or_init(clock::now_ns);
+        let spent = clock::now_ns().saturating_sub(started) as f64 / 1e9;
+        Some(budget - spent)
+    }
+
+    /// Whether any budget is left for the probe `ask`; when none is, the search stops.
+    fn any_left(&mut self, base: &Base, ask: Ask) -> bool {
+        match self.left_s(base) {
+            Some(left) if left <= 0.0 => {
+                let because = format!(
+                    "--budget-seconds {} was spent before the probe at {}: {}",
+                    self.budget_seconds.unwrap_or_default(),
+                    self.search.named(ask.load),
+                    self.search.undecided()
+                );
+                self.search.stop(StopReason::Budget, because);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether the probe `ask` is short enough: a rate probe of at most a day, and one
+    /// `--budget-seconds` holds at the pace seen; when not, the search stops saying what
+    /// it could not decide.
+    fn fits(&mut self, base: &Base, ask: Ask) -> bool {
+        if self.search.kind() == SearchKind::Rate && ask.requests as f64 / ask.load > DAY_S {
+            let because = format!(
+                "the probe at {} needs {} requests, more than a day at that rate: {}",
+                self.search.named(ask.load),
+                ask.requests,
+                self.search.undecided()
+            );
+            self.search.stop(StopReason::Budget, because);
+            return false;
+        }
+        let (Some(left), Some(budget)) = (self.left_s(base), self.budget_seconds) else {
             return true;
         };
-        let left = end.saturating_sub(clock::now_ns()) as f64 / 1e9;
         let n = ask.requests as f64;
         let (need, at_pace) = match (self.search.kind(), self.pace_s) {
             (SearchKind::Rate, pace) => (n / ask.load + pace.unwrap_or(0.0), String::new()),
@@ -100,31 +133,10 @@ impl ArmSearch {
             "the probe at {} needs {} requests, about {need:.1} s{at_pace}, and {left:.1} s of --budget-seconds {budget} are left: {}",
             self.search.named(ask.load),
             ask.requests,
-            self.undecided()
+            self.search.undecided()
         );
         self.search.stop(StopReason::Budget, because);
         false
-    }
-
-    /// What is not decided, in words.
-    fn undecided(&self) -> String {
-        let doc_pass_fail = self.search.bracket();
-        match doc_pass_fail {
-            (None, None) => "the SLOs could not be decided at any load".to_string(),
-            (Some(p), None) => format!(
-                "{} passed; no failing load was found above it",
-                self.search.named(p)
-            ),
-            (None, Some(f)) => format!(
-                "{} failed; no passing load was found below it",
-                self.search.named(f)
-            ),
-            (Some(p), Some(f)) => format!(
-                "the knee lies between {} (passed) and {} (failed), not narrowed further",
-                self.search.named(p),
-                self.search.named(f)
-            ),
-        }
     }
 
     /// What the probe measured, judged.
@@ -160,6 +172,9 @@ impl ArmSearch {
     }
 }
 
+/// The longest rate probe a search runs.
+const DAY_S: f64 = 86_400.0;
+
 /// The median exchange time of `samples`, in seconds.
 fn median_s(samples: &[Sample]) -> Option<f64> {
     let mut t: Vec<i64> = samples.iter().filter_map(|s| s.total_us).collect();
@@ -186,10 +201,15 @@ pub(super) async fn probe(
         ),
     ));
     let warm_planned = match at.level {
-        Level::Concurrency(c) => c.min(ctx.plan.requests_per_case) as u64,
+        Level::Concurrency(c) => c as u64,
         Level::Rate(r) => ctx.plan.load.schedule(r, at.ci, at.li, None).len() as u64,
     };
     ctx.base.progress.inc_length(warm_planned + ask.requests);
+    if !s.any_left(&ctx.base, ask) {
+        let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
+        ctx.base.progress.println(line);
+        return None;
+    }
     let Senders { slots, pool } = senders;
     let warm = feasibility(ctx, Senders { slots, pool }, at, excluded).await;
     s.pace_s = median_s(&warm).or(s.pace_s);
@@ -197,7 +217,7 @@ pub(super) async fn probe(
         s.arm_stopped();
         return None;
     }
-    if !s.fits(ask) {
+    if !s.fits(&ctx.base, ask) {
         let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
         ctx.base.progress.println(line);
         return None;

@@ -71,6 +71,10 @@ pub(crate) struct OperatingPoint {
     pub(crate) first_fail: Option<f64>,
     /// search.json's `stopped` (`found`, `no_passing_load`, `budget`, ...).
     pub(crate) stopped: String,
+    /// Whether the answer's confirmation repeats all agreed (false: they did not, or the
+    /// search has no answer); the capacity gate reads only confirmed knees.
+    #[serde(default)]
+    pub(crate) confirmed: bool,
 }
 
 /// One arm.
