@@ -279,6 +279,23 @@ impl SearchSpec {
     }
 }
 
+#[cfg(test)]
+impl SearchSpec {
+    /// A search of `kind` for `slos` at 95 % and `margin`, from 1 with a ceiling of 4096.
+    pub(crate) fn for_test(kind: SearchKind, slos: &str, margin: f64) -> SearchSpec {
+        SearchSpec {
+            kind,
+            slos: parse_slos(slos).unwrap_or_default(),
+            good_share_min: None,
+            confidence: 0.95,
+            margin,
+            budget: None,
+            from: 1.0,
+            ceiling: 4096.0,
+        }
+    }
+}
+
 /// `--budget-seconds`, checked.
 pub(crate) fn budget(seconds: Option<f64>) -> Result<Option<Duration>, SearchError> {
     match seconds {
@@ -293,16 +310,7 @@ mod tests {
     use super::*;
 
     fn spec(slos: &str, margin: f64) -> SearchSpec {
-        SearchSpec {
-            kind: SearchKind::Concurrency,
-            slos: parse_slos(slos).unwrap(),
-            good_share_min: None,
-            confidence: 0.95,
-            margin,
-            budget: None,
-            from: 1.0,
-            ceiling: 4096.0,
-        }
+        SearchSpec::for_test(SearchKind::Concurrency, slos, margin)
     }
 
     #[test]

@@ -99,6 +99,9 @@ pub(crate) struct GeneratorLoad {
     pub(crate) lag_max_us: Option<i64>,
     /// Why the generator may have been the bottleneck (`None`: no sign of it).
     pub(crate) warning: Option<String>,
+    /// The warning is the tool's own load (its CPU, or lateness while it was busy), not
+    /// the host's scheduling noise: a search does not read such a round as the server's.
+    pub(crate) bottleneck: bool,
 }
 
 /// CPU share from which a round is flagged as bounded by the generator.
@@ -141,6 +144,7 @@ impl GeneratorLoad {
                 p99 as f64 / 1000.0
             )
         };
+        let own = busy.is_some() || (late.is_some() && cpu_share >= HOST_NOISE_CPU_SHARE);
         let bottleneck = "the load generator may be the bottleneck of this round, not the worker";
         let warning = match (busy, late) {
             (None, None) => None,
@@ -161,6 +165,7 @@ impl GeneratorLoad {
             lag_us,
             lag_max_us,
             warning,
+            bottleneck: own,
         }
     }
 }

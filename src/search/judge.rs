@@ -165,19 +165,12 @@ fn good_share(spec: &SearchSpec, views: &[RequestView], min: f64, c: f64) -> Goo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::search::{SearchKind, parse_slos};
+    use crate::config::search::SearchKind;
 
     fn spec(slos: &str, margin: f64) -> SearchSpec {
-        SearchSpec {
-            kind: SearchKind::Concurrency,
-            slos: parse_slos(slos).unwrap(),
-            good_share_min: None,
-            confidence: 0.95,
-            margin,
-            budget: None,
-            from: 1.0,
-            ceiling: 64.0,
-        }
+        let mut s = SearchSpec::for_test(SearchKind::Concurrency, slos, margin);
+        s.ceiling = 64.0;
+        s
     }
 
     fn views(ttft_ms: impl IntoIterator<Item = i64>) -> Vec<RequestView> {

@@ -3,19 +3,11 @@
 //! follows the bracket, the bisection and the confirmation probe by probe.
 
 use super::*;
-use crate::config::search::parse_slos;
 
 fn spec(kind: SearchKind, from: f64) -> SearchSpec {
-    SearchSpec {
-        kind,
-        slos: parse_slos("ttft_p90<=100ms").unwrap(),
-        good_share_min: None,
-        confidence: 0.95,
-        margin: 0.05,
-        budget: None,
-        from,
-        ceiling: 256.0,
-    }
+    let mut s = SearchSpec::for_test(kind, "ttft_p90<=100ms", 0.05);
+    (s.from, s.ceiling) = (from, 256.0);
+    s
 }
 
 /// `n` requests whose TTFTs are all `ms`.

@@ -8,7 +8,6 @@ use serde_json::{Value, json};
 
 use crate::campaign::processes_with;
 use crate::support::*;
-use matrix_proxy::cli::{self, Exit};
 
 /// A plan of one streamed case (no oracle: a capture plan) against `url`.
 fn plan(url: &str, seed: u64) -> Value {
@@ -27,22 +26,19 @@ fn plan(url: &str, seed: u64) -> Value {
     })
 }
 
-/// `matrix-proxy replay --quiet --out OUT PLAN EXTRA...`, parsed as the binary would.
-fn args(plan: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> cli::ReplayArgs {
-    use clap::Parser;
-    let mut argv = vec![
-        "matrix-proxy",
-        "replay",
-        "--quiet",
-        "--out",
-        s(out),
-        s(plan),
-    ];
+/// `matrix-proxy replay --quiet --out OUT PLAN EXTRA...` as a process of its own (its
+/// generator's CPU is its own, not every test's of this binary), which must end within
+/// `secs`; its exit code.
+async fn search(
+    plan: &std::path::Path,
+    out: &std::path::Path,
+    extra: &[&str],
+    secs: u64,
+) -> Option<i32> {
+    let mut argv = vec!["replay", "--quiet", "--out", s(out), s(plan)];
     argv.extend_from_slice(extra);
-    match cli::Cli::try_parse_from(argv).unwrap().command {
-        cli::Command::Replay(a) => a,
-        other => panic!("not replay: {other:?}"),
-    }
+    let mut child = spawn_bin(argv);
+    exit_code(&mut child, secs).await
 }
 
 fn mock(max_batch: usize, seed: u64) -> matrix_proxy::MockConfig {
@@ -74,12 +70,9 @@ async fn a_concurrency_search_finds_the_mocks_batch_size_over_three_seeds() {
         let dir = tempfile::tempdir().unwrap();
         let path = write_plan(dir.path(), "p.json", &plan(&m.url(), seed));
         let out = dir.path().join("run");
-        let run = cli::replay_cmd(args(&path, &out, KNEE), Default::default());
-        let exit = tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .expect("the search ends within 60 s")
-            .unwrap();
-        assert_eq!(exit, Exit::Ok, "seed {seed}");
+        // The search ends within 60 s (exit_code panics past them).
+        let exit = search(&path, &out, KNEE, 60).await;
+        assert_eq!(exit, Some(0), "seed {seed}");
         let doc = read_json(&out.join("search.json"));
         let s = &doc["searches"][0];
         let a = &s["answer"];
@@ -161,8 +154,7 @@ async fn a_p99_slo_with_a_budget_too_small_says_it_cannot_be_decided() {
         "--budget-seconds",
         "2",
     ];
-    let exit = replay(args(&path, &out, &extra)).await.unwrap();
-    assert_eq!(exit, Exit::Ok);
+    assert_eq!(search(&path, &out, &extra, 60).await, Some(0));
     let s = read_json(&out.join("search.json"))["searches"][0].clone();
     assert_eq!(
         (&s["stopped"], &s["answer"]),
@@ -207,8 +199,7 @@ async fn a_probe_that_saturates_the_generator_is_never_the_answer() {
         "--search-from",
         "20",
     ];
-    let exit = replay(args(&path, &out, &extra)).await.unwrap();
-    assert_eq!(exit, Exit::Ok);
+    assert_eq!(search(&path, &out, &extra, 60).await, Some(0));
     let s = read_json(&out.join("search.json"))["searches"][0].clone();
     let probes = s["probes"].as_array().unwrap();
     let saturated: Vec<f64> = probes

@@ -153,7 +153,8 @@ impl ArmSearch {
                 r.attempted_requests,
                 crate::metrics::SATURATION_LAG_US / 1000
             )),
-            (_, Some(g)) => g.warning.clone(),
+            // The host's scheduling noise is in the times (against the SLO), not a limit.
+            (_, Some(g)) if g.bottleneck => g.warning.clone(),
             _ => None,
         };
         self.pace_s = median_s(&m.samples).or(self.pace_s);

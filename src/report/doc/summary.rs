@@ -242,6 +242,8 @@ impl Generator {
             lag_us: self.dispatch_lag_seconds.percentiles(),
             lag_max_us: super::us(self.dispatch_lag_max_seconds),
             warning: self.warning.clone(),
+            // Read back, the warning's cause is not kept: only a live search reads it.
+            bottleneck: false,
         }
     }
 }
