@@ -149,6 +149,34 @@ impl Search {
         }
     }
 
+    /// The latest probe's line for the progress display: its load, its SLOs' estimates
+    /// with their bounds, and its verdict.
+    pub(crate) fn last_line(&self) -> Option<String> {
+        let p = self.probes.last()?;
+        let slos: Vec<String> = p
+            .slos
+            .iter()
+            .map(|s| {
+                let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+                format!(
+                    "{} {} ms [{}, {}]",
+                    s.slo,
+                    ms(s.estimate_ms),
+                    ms(s.lower_ms),
+                    ms(s.upper_ms)
+                )
+            })
+            .collect();
+        Some(format!(
+            "{} {} ({} requests): {}; {}",
+            p.step.as_str(),
+            self.named(p.load),
+            p.judged_requests,
+            slos.join(", "),
+            p.verdict.as_str()
+        ))
+    }
+
     /// Why the search stopped, once it has.
     pub(crate) fn stopped_because(&self) -> Option<String> {
         self.stopped.as_ref().map(|(_, why)| why.clone())

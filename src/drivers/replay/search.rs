@@ -231,5 +231,11 @@ pub(super) async fn probe(
         return Some(m);
     }
     s.observe(ask, rep, &m);
+    if let Some(line) = s.search.last_line() {
+        let case = &ctx.case_names[at.ci];
+        ctx.base
+            .progress
+            .println(label(ctx, &format!("search {case}: {line}")));
+    }
     Some(m)
 }
