@@ -59,7 +59,7 @@ pub(super) fn capacity_gate(
                 .collect();
             let pass = if !unconfirmed.is_empty() {
                 notes.push(format!(
-                    "{}: the knee of {} was not confirmed on repetition",
+                    "{}: the knee of {} was not confirmed (a repeat disagreed, not every repeat ran, or the search did not bracket it: search.json says which)",
                     p.case,
                     unconfirmed.join(" and ")
                 ));

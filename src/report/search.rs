@@ -38,9 +38,14 @@ fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
         .as_deref()
         .map_or(String::new(), |a| format!("[{a}] "));
     let mut t = format!(
-        "  {arm}case {}: {} requests per probe\n  {:>3}  {:<8} {:>9} {:>9}  {:<44} {:>9}  verdict\n",
+        "  {arm}case {}: {} requests per probe{}\n  {:>3}  {:<8} {:>9} {:>9}  {:<44} {:>9}  verdict\n",
         s.case,
         s.planned_requests_per_probe,
+        if doc.kind == "concurrency" {
+            " (at least 10 per worker)"
+        } else {
+            ""
+        },
         "#",
         "step",
         "load",
@@ -67,9 +72,15 @@ fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
                 "  answer: {} ({above}); {}: {}\n",
                 load(doc, a.load),
                 if a.confirmed {
-                    "confirmed"
+                    "confirmed".to_string()
+                } else if a.confirmations.len() < a.confirmations_planned {
+                    format!(
+                        "NOT confirmed: {} of its {} repeats ran",
+                        a.confirmations.len(),
+                        a.confirmations_planned
+                    )
                 } else {
-                    "NOT confirmed on repetition"
+                    "NOT confirmed: a repeat disagreed".to_string()
                 },
                 a.confirmations.join(", ")
             ));

@@ -354,7 +354,7 @@ fn banner(input: &ReplayInput, dir: &RunDir) {
     let plan = &input.plan.plan;
     let planned = match &input.search {
         Some(s) => format!(
-            "searching by {} for {}: {} requests per probe, probes chosen as it goes",
+            "searching by {} for {}: {} requests per probe (a concurrency probe at least 10 per worker), probes chosen as it goes",
             s.kind.as_str(),
             s.slo_text(),
             crate::search::judge::planned_requests(s)

@@ -130,6 +130,8 @@ pub(crate) enum StopReason {
     Ceiling,
     /// `--budget-seconds` cannot hold the next probe.
     Budget,
+    /// The next rate probe would last more than a day.
+    ProbeTooLong,
     /// The arm stopped (its failure under `on_failure: stop`, its server's exit, Ctrl-C).
     Stopped,
 }
@@ -142,6 +144,7 @@ impl StopReason {
             StopReason::GeneratorSaturated => "generator_saturated",
             StopReason::Ceiling => "ceiling",
             StopReason::Budget => "budget",
+            StopReason::ProbeTooLong => "probe_too_long",
             StopReason::Stopped => "stopped",
         }
     }
@@ -160,6 +163,9 @@ pub(crate) struct Answer {
     pub(crate) confirmed: bool,
     /// The confirmation repeats' verdicts, in run order (`8:pass`, `9:fail`, ...).
     pub(crate) confirmations: Vec<String>,
+    /// The repeats the confirmation planned (more than ran: it was cut, by the budget or
+    /// the arm's stop).
+    pub(crate) confirmations_planned: usize,
 }
 
 /// One search: an arm's (a campaign's) case.
@@ -167,7 +173,8 @@ pub(crate) struct Answer {
 pub(crate) struct SearchRun {
     pub(crate) arm: Option<String>,
     pub(crate) case: String,
-    /// Requests each probe plans (the most any SLO needs).
+    /// Requests each probe plans for its statistics (the most any SLO needs); a
+    /// concurrency probe plans at least 10 per worker (each probe's `planned_requests`).
     pub(crate) planned_requests_per_probe: u64,
     pub(crate) probes: Vec<ProbeDoc>,
     /// The highest passing and lowest failing load seen (whatever the search reached).

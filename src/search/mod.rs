@@ -48,6 +48,10 @@ pub(crate) struct ProbeFacts {
     pub(crate) elapsed_seconds: f64,
     /// Why the generator did not hold the load (`None`: it did).
     pub(crate) saturation: Option<String>,
+    /// The saturation is late open-loop sends, whose wait is in each request's latency
+    /// from its schedule (a fail still fails); not the tool's CPU, which delays reading
+    /// the answers and inflates the times themselves.
+    pub(crate) wait_in_latency: bool,
 }
 
 enum Phase {
@@ -210,10 +214,11 @@ impl Search {
         }
         let (slos, good_share, mut verdict) = judge::judge(&self.spec, &judged);
         let mut note = None;
-        // A probe that fails while the generator held sends back fails: its latencies
+        // A probe that fails while the generator held its sends back fails: its latencies
         // from the schedule already count the wait, and a real arrival would have waited
-        // at least as long. One that would pass or straddle is not trusted.
-        if facts.saturation.is_some() && verdict != Verdict::Fail {
+        // at least as long. One that would pass or straddle is not trusted, nor any
+        // verdict of a probe whose generator's CPU was the limit (late reads inflate it).
+        if facts.saturation.is_some() && !(verdict == Verdict::Fail && facts.wait_in_latency) {
             verdict = Verdict::Saturated;
         }
         let rate = |k: u64| (facts.elapsed_seconds > 0.0).then(|| k as f64 / facts.elapsed_seconds);
@@ -392,8 +397,17 @@ impl Search {
     }
 
     fn no_pass(&mut self, lowest: f64) {
-        self.stopped = Some(match self.fail {
-            Some(_) => (
+        let lowest_saturated = self.saturated.is_some_and(|s| s <= lowest);
+        self.stopped = Some(match (self.fail, lowest_saturated) {
+            (Some(f), true) => (
+                StopReason::GeneratorSaturated,
+                format!(
+                    "{} failed, and the generator could not hold {} below it, so nothing lower about the server was read",
+                    self.named(f),
+                    self.named(lowest)
+                ),
+            ),
+            (Some(_), false) => (
                 StopReason::NoPassingLoad,
                 format!(
                     "no load meets the SLOs: the lowest probed, {}, failed",
@@ -401,7 +415,7 @@ impl Search {
                 ),
             ),
             // Only saturated probes: nothing about the server was read.
-            None => (
+            (None, _) => (
                 StopReason::GeneratorSaturated,
                 format!(
                     "the generator could not hold even {}, so nothing about the server was read; a generator with more room (load.max_in_flight, cores) would",
@@ -429,7 +443,7 @@ impl Search {
                 stopped,
                 StopReason::Found | StopReason::GeneratorSaturated | StopReason::Ceiling
             );
-        let planned_confirmations = match &self.phase {
+        let unrun_confirmations = match &self.phase {
             Phase::Confirm(queue) => queue.len(),
             _ => 0,
         };
@@ -438,8 +452,9 @@ impl Search {
                 load: p,
                 first_fail: self.fail,
                 saturated_at: self.saturated,
-                confirmed: planned_confirmations == 0
+                confirmed: unrun_confirmations == 0
                     && self.confirmations.iter().all(|(_, want, got)| want == got),
+                confirmations_planned: self.confirmations.len() + unrun_confirmations,
                 confirmations: self
                     .confirmations
                     .iter()
@@ -466,9 +481,12 @@ impl Search {
 impl doc::SearchDoc {
     /// A search stopped before it finished: its budget, or its arm's stop.
     pub(crate) fn unfinished(&self) -> bool {
-        self.searches
-            .iter()
-            .any(|s| matches!(s.stopped, StopReason::Budget | StopReason::Stopped))
+        self.searches.iter().any(|s| {
+            matches!(
+                s.stopped,
+                StopReason::Budget | StopReason::Stopped | StopReason::ProbeTooLong
+            )
+        })
     }
 
     /// search.json: the question and every search of the run.

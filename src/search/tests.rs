@@ -234,16 +234,44 @@ fn a_probe_that_fails_while_its_generator_fell_behind_still_fails() {
     let mut s = Search::new(&spec(SearchKind::Concurrency, 4.0), None, "c");
     let ask = s.next().unwrap();
     let late = ProbeFacts {
-        saturation: Some("late".into()),
+        saturation: Some("late sends".into()),
+        wait_in_latency: true,
         ..ProbeFacts::default()
     };
     s.observe(ask, views(ask.requests, 1000), late.clone());
     let ask = s.next().unwrap();
     s.observe(ask, views(ask.requests, 10), late);
+    // The tool's own CPU was the limit: its late reads inflate the times, so even a fail
+    // is not the server's.
+    let busy = ProbeFacts {
+        saturation: Some("matrix-proxy used 97% of its cores".into()),
+        ..ProbeFacts::default()
+    };
+    let ask = s.next().unwrap();
+    s.observe(ask, views(ask.requests, 1000), busy);
     let run = s.finish();
     assert_eq!(run.probes[0].verdict, Verdict::Fail);
     assert_eq!(run.probes[1].verdict, Verdict::Saturated);
+    assert_eq!(run.probes[2].verdict, Verdict::Saturated);
     assert_eq!(run.first_fail, Some(4.0));
+}
+
+#[test]
+fn a_fail_above_saturated_probes_below_is_no_verdict_on_the_server_below() {
+    // 8 fails, then 4, 2 and 1 saturate: nothing below 8 was read.
+    let at = |load: f64, _| (load >= 8.0).then_some(1000);
+    let (run, asked) = drive(
+        Search::new(&spec(SearchKind::Concurrency, 8.0), None, "c"),
+        at,
+    );
+    assert_eq!(loads(&asked), vec![8.0, 4.0, 2.0, 1.0]);
+    assert_eq!(run.stopped, StopReason::GeneratorSaturated);
+    assert!(
+        run.stopped_because
+            .contains("c=8 failed, and the generator could not hold c=1"),
+        "{}",
+        run.stopped_because
+    );
 }
 
 #[test]
@@ -265,5 +293,6 @@ fn a_budget_that_cuts_the_confirmation_keeps_the_knee_unconfirmed() {
     let a = run.answer.unwrap();
     assert_eq!((a.load, a.first_fail, a.confirmed), (4.0, Some(5.0), false));
     assert_eq!(a.confirmations, vec!["c=4:pass"]);
+    assert_eq!(a.confirmations_planned, 4);
     assert_eq!(run.stopped, StopReason::Budget);
 }

@@ -252,10 +252,10 @@ pub(super) struct Base {
     /// (`session.rs`).
     pub(super) sessions_stopped: AtomicU64,
     pub(super) turns_not_attempted: AtomicU64,
-    /// `--search`, and when its first probe started on the monotonic clock (its
-    /// `--budget-seconds` run from there, shared by every search of the run).
+    /// `--search`, and the time every search of the run has spent in its probes, which
+    /// its `--budget-seconds` caps.
     pub(super) search: Option<crate::config::search::SearchSpec>,
-    pub(super) search_started_ns: std::sync::OnceLock<u64>,
+    pub(super) search_spent_ns: AtomicU64,
     /// Each finished search (search.json).
     pub(super) searches: std::sync::Mutex<Vec<crate::search::doc::SearchRun>>,
 }

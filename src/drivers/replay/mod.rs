@@ -171,7 +171,7 @@ pub(crate) async fn run(
         notes: std::sync::Mutex::new(Vec::new()),
         sessions_stopped: AtomicU64::new(0),
         turns_not_attempted: AtomicU64::new(0),
-        search_started_ns: std::sync::OnceLock::new(),
+        search_spent_ns: AtomicU64::new(0),
         search: opts.search,
         searches: std::sync::Mutex::new(Vec::new()),
     });

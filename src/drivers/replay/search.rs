@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::ctx::{Base, Ctx};
 use super::phases::{At, Measured, Senders, feasibility, label, measured_round};
@@ -74,17 +75,28 @@ impl ArmSearch {
         );
     }
 
-    /// Seconds of `--budget-seconds` left (`None`: no budget), counted from the run's
-    /// first probe.
+    /// Seconds of `--budget-seconds` left (`None`: no budget): the budget less the time
+    /// every search of the run has spent in its probes (their feasibility waves and
+    /// measured rounds; never an arm's start-up or prelude).
     fn left_s(&self, base: &Base) -> Option<f64> {
         let budget = self.budget_seconds?;
-        let started = *base.search_started_ns.get_or_init(clock::now_ns);
-        let spent = clock::now_ns().saturating_sub(started) as f64 / 1e9;
+        let spent = base.search_spent_ns.load(Ordering::Relaxed) as f64 / 1e9;
         Some(budget - spent)
     }
 
-    /// Whether any budget is left for the probe `ask`; when none is, the search stops.
-    fn any_left(&mut self, base: &Base, ask: Ask) -> bool {
+    /// Whether the probe `ask` may start at all: a rate probe of at most a day, and some
+    /// budget left; when not, the search stops saying what it could not decide.
+    fn may_start(&mut self, base: &Base, ask: Ask) -> bool {
+        if self.search.kind() == SearchKind::Rate && ask.requests as f64 / ask.load > DAY_S {
+            let because = format!(
+                "the probe at {} needs {} requests, more than a day at that rate: {}",
+                self.search.named(ask.load),
+                ask.requests,
+                self.search.undecided()
+            );
+            self.search.stop(StopReason::ProbeTooLong, because);
+            return false;
+        }
         match self.left_s(base) {
             Some(left) if left <= 0.0 => {
                 let because = format!(
@@ -100,20 +112,9 @@ impl ArmSearch {
         }
     }
 
-    /// Whether the probe `ask` is short enough: a rate probe of at most a day, and one
-    /// `--budget-seconds` holds at the pace seen; when not, the search stops saying what
-    /// it could not decide.
+    /// Whether `--budget-seconds` holds the probe `ask`'s measured round at the pace
+    /// seen; when not, the search stops saying what it could not decide.
     fn fits(&mut self, base: &Base, ask: Ask) -> bool {
-        if self.search.kind() == SearchKind::Rate && ask.requests as f64 / ask.load > DAY_S {
-            let because = format!(
-                "the probe at {} needs {} requests, more than a day at that rate: {}",
-                self.search.named(ask.load),
-                ask.requests,
-                self.search.undecided()
-            );
-            self.search.stop(StopReason::Budget, because);
-            return false;
-        }
         let (Some(left), Some(budget)) = (self.left_s(base), self.budget_seconds) else {
             return true;
         };
@@ -146,8 +147,12 @@ impl ArmSearch {
         // A stray late send (a scheduler hiccup) is in its request's latency from the
         // schedule, which counts against the SLO; more than 1 % of them late means the
         // load offered was not the load asked for.
+        let late = r
+            .open
+            .as_ref()
+            .is_some_and(|o| o.late_sends * 100 > r.attempted_requests);
         let saturation = match (&r.open, &r.generator) {
-            (Some(o), _) if o.late_sends * 100 > r.attempted_requests => Some(format!(
+            (Some(o), _) if late => Some(format!(
                 "{} of {} sends (more than 1 %) fell more than {} ms behind their schedule",
                 o.late_sends,
                 r.attempted_requests,
@@ -163,6 +168,7 @@ impl ArmSearch {
             attempted: r.attempted_requests,
             successful: r.successful_requests,
             elapsed_seconds: r.elapsed_seconds,
+            wait_in_latency: late,
             saturation,
         };
         self.search.observe(ask, views, facts);
@@ -175,6 +181,18 @@ impl ArmSearch {
 
 /// The longest rate probe a search runs.
 const DAY_S: f64 = 86_400.0;
+
+/// A search's stop, on the progress display.
+fn say_stop(ctx: &Ctx, s: &ArmSearch) {
+    let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
+    ctx.base.progress.println(label(ctx, &line));
+}
+
+/// Time since `t0_ns` spent in a probe, counted against `--budget-seconds`.
+fn spent(ctx: &Ctx, t0_ns: u64) {
+    let ns = clock::now_ns().saturating_sub(t0_ns);
+    ctx.base.search_spent_ns.fetch_add(ns, Ordering::Relaxed);
+}
 
 /// The median exchange time of `samples`, in seconds.
 fn median_s(samples: &[Sample]) -> Option<f64> {
@@ -205,25 +223,28 @@ pub(super) async fn probe(
         Level::Concurrency(c) => c as u64,
         Level::Rate(r) => ctx.plan.load.schedule(r, at.ci, at.li, None).len() as u64,
     };
-    ctx.base.progress.inc_length(warm_planned + ask.requests);
-    if !s.any_left(&ctx.base, ask) {
-        let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
-        ctx.base.progress.println(line);
+    if !s.may_start(&ctx.base, ask) {
+        say_stop(ctx, s);
         return None;
     }
+    ctx.base.progress.inc_length(warm_planned);
     let Senders { slots, pool } = senders;
+    let t0 = clock::now_ns();
     let warm = feasibility(ctx, Senders { slots, pool }, at, excluded).await;
+    spent(ctx, t0);
     s.pace_s = median_s(&warm).or(s.pace_s);
     if ctx.stopped() {
         s.arm_stopped();
         return None;
     }
     if !s.fits(&ctx.base, ask) {
-        let line = format!("search: {}", s.search.stopped_because().unwrap_or_default());
-        ctx.base.progress.println(line);
+        say_stop(ctx, s);
         return None;
     }
+    ctx.base.progress.inc_length(ask.requests);
+    let t0 = clock::now_ns();
     let m = measured_round(ctx, Senders { slots, pool }, at, rep).await;
+    spent(ctx, t0);
     s.probes += 1;
     *s.reps.entry(ask.load.to_bits()).or_insert(0) += 1;
     if ctx.stopped() {
