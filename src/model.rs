@@ -230,6 +230,16 @@ impl Level {
     }
 }
 
+/// `x` to four significant digits (a measured or placed rate: a level's label, and the
+/// rows' key); `x` itself when it is not a positive finite number.
+pub(crate) fn four_digits(x: f64) -> f64 {
+    if !(x.is_finite() && x > 0.0) {
+        return x;
+    }
+    let scale = 10f64.powi(3 - x.log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
 /// A plan's per-request bounds (`slo`), in microseconds, each optional: an exchange is
 /// good output when it passed its oracle and met every bound given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-/// What the search varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the search varies (`rate` or `concurrency` in search.json and campaign.json).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum SearchKind {
     /// Open-loop arrival rates (requests per second), the plan's arrival process.
     Rate,

@@ -303,10 +303,7 @@ fn rate_of(picks: &[Pick]) -> f64 {
     match (measured.first(), measured.last()) {
         (Some(a), Some(b)) if b.offset_us > a.offset_us => {
             let rate = (measured.len() - 1) as f64 / ((b.offset_us - a.offset_us) as f64 / 1e6);
-            // Four significant digits: a level's label, and the rows' key.
-            let digits = 3 - rate.abs().log10().floor() as i32;
-            let f = 10f64.powi(digits);
-            (rate * f).round() / f
+            crate::model::four_digits(rate)
         }
         _ => 0.0,
     }

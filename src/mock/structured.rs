@@ -261,7 +261,9 @@ mod tests {
             panic!("call")
         };
         let broken: Value = serde_json::from_str(&arguments).unwrap();
-        assert!(broken.get("city").is_none() && !validator.is_valid(&broken));
+        // The first required property left out, the rest as answered.
+        assert_eq!(broken, json!({"days": 2, "unit": "C", "tags": [true]}));
+        assert!(!validator.is_valid(&broken));
         assert_eq!(
             shaped(&json!({"tools": tools, "tool_choice": "none"}), "w", false),
             None

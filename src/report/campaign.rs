@@ -187,7 +187,7 @@ pub(crate) fn operating_points(
             Some(super::doc::campaign::OperatingPoint {
                 arm: s.arm.clone()?,
                 case: s.case.clone(),
-                kind: doc.kind.clone(),
+                kind: doc.kind,
                 last_pass: s.last_pass,
                 first_fail: s.first_fail,
                 stopped: s.stopped.as_str().to_string(),

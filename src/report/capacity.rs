@@ -114,7 +114,7 @@ mod tests {
         OperatingPoint {
             arm: arm.into(),
             case: "chat".into(),
-            kind: "concurrency".into(),
+            kind: crate::config::search::SearchKind::Concurrency,
             last_pass: pass,
             first_fail: fail,
             stopped: "found".into(),

@@ -2,13 +2,14 @@
 //! requests, each SLO's percentile with its bound's interval, goodput, verdict), the
 //! answer and why the search stopped.
 
+use crate::config::search::SearchKind;
 use crate::search::doc::{ProbeDoc, SearchDoc, SearchRun};
 
 /// The search's block, printed after the rounds' table.
 pub(crate) fn table(doc: &SearchDoc) -> String {
     let mut t = format!(
         "\nsearch by {}: {} at {:.0} % together ({:.2} % each, Bonferroni), margin ±{}\n",
-        doc.kind,
+        doc.kind.as_str(),
         doc.slos.join(", "),
         doc.confidence * 100.0,
         doc.statement_confidence * 100.0,
@@ -22,14 +23,7 @@ pub(crate) fn table(doc: &SearchDoc) -> String {
 
 /// `c=8` or `12.5/s`.
 fn load(doc: &SearchDoc, l: f64) -> String {
-    match doc.kind.as_str() {
-        "rate" => format!("{l}/s"),
-        _ => format!("c={l}"),
-    }
-}
-
-fn ms(v: Option<f64>) -> String {
-    v.map_or("-".into(), |x| format!("{x:.1}"))
+    crate::search::named(doc.kind, l)
 }
 
 fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
@@ -41,7 +35,7 @@ fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
         "  {arm}case {}: {} requests per probe{}\n  {:>3}  {:<8} {:>9} {:>9}  {:<44} {:>9}  verdict\n",
         s.case,
         s.planned_requests_per_probe,
-        if doc.kind == "concurrency" {
+        if doc.kind == SearchKind::Concurrency {
             " (at least 10 per worker)"
         } else {
             ""
@@ -97,18 +91,7 @@ fn run_block(doc: &SearchDoc, s: &SearchRun) -> String {
 }
 
 fn probe_line(doc: &SearchDoc, p: &ProbeDoc) -> String {
-    let slos: Vec<String> = p
-        .slos
-        .iter()
-        .map(|s| {
-            format!(
-                "{} [{}, {}]",
-                ms(s.estimate_ms),
-                ms(s.lower_ms),
-                ms(s.upper_ms)
-            )
-        })
-        .collect();
+    let slos: Vec<String> = p.slos.iter().map(|s| s.bounds_text()).collect();
     let note = p
         .saturation
         .as_deref()

@@ -74,6 +74,19 @@ pub(crate) struct SloDoc {
     pub(crate) verdict: Verdict,
 }
 
+impl SloDoc {
+    /// `22.0 [21.9, 22.1]`: the estimate and its bound in ms, `-` where there is none.
+    pub(crate) fn bounds_text(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        format!(
+            "{} [{}, {}]",
+            ms(self.estimate_ms),
+            ms(self.lower_ms),
+            ms(self.upper_ms)
+        )
+    }
+}
+
 /// The share of a probe's requests meeting every bound at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct GoodShareDoc {
@@ -192,7 +205,7 @@ pub(crate) struct SearchRun {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SearchDoc {
     /// `rate` or `concurrency`.
-    pub(crate) kind: String,
+    pub(crate) kind: crate::config::search::SearchKind,
     pub(crate) slos: Vec<String>,
     pub(crate) confidence: f64,
     /// Each SLO's (and the good share's) confidence under Bonferroni.

@@ -160,16 +160,7 @@ impl Search {
         let slos: Vec<String> = p
             .slos
             .iter()
-            .map(|s| {
-                let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
-                format!(
-                    "{} {} ms [{}, {}]",
-                    s.slo,
-                    ms(s.estimate_ms),
-                    ms(s.lower_ms),
-                    ms(s.upper_ms)
-                )
-            })
+            .map(|s| format!("{} {} ms", s.slo, s.bounds_text()))
             .collect();
         Some(format!(
             "{} {} ({} requests): {}; {}",
@@ -492,7 +483,7 @@ impl doc::SearchDoc {
     /// search.json: the question and every search of the run.
     pub(crate) fn of(spec: &SearchSpec, searches: Vec<SearchRun>) -> doc::SearchDoc {
         doc::SearchDoc {
-            kind: spec.kind.as_str().into(),
+            kind: spec.kind,
             slos: spec.slos.iter().map(|s| s.text.clone()).collect(),
             confidence: spec.confidence,
             statement_confidence: judge::statement_confidence(spec),
@@ -509,20 +500,22 @@ impl doc::SearchDoc {
 fn round_load(kind: SearchKind, l: f64) -> f64 {
     match kind {
         SearchKind::Concurrency => l.round().max(1.0),
-        SearchKind::Rate if l > 0.0 => {
-            let scale = 10f64.powi(3 - l.log10().floor() as i32);
-            (l * scale).round() / scale
-        }
+        SearchKind::Rate if l > 0.0 => crate::model::four_digits(l),
         SearchKind::Rate => 0.0,
+    }
+}
+
+/// A probe's load as the driver and the rows name it: a concurrency or a rate.
+pub(crate) fn level(kind: SearchKind, load: f64) -> crate::model::Level {
+    match kind {
+        SearchKind::Concurrency => crate::model::Level::Concurrency(load as usize),
+        SearchKind::Rate => crate::model::Level::Rate(load),
     }
 }
 
 /// `c=8` or `12.5/s`.
 pub(crate) fn named(kind: SearchKind, load: f64) -> String {
-    match kind {
-        SearchKind::Concurrency => format!("c={load}"),
-        SearchKind::Rate => format!("{load}/s"),
-    }
+    level(kind, load).named()
 }
 
 #[cfg(test)]

@@ -683,8 +683,7 @@ pub(super) fn sweep_rates(lo: f64, hi: f64, n: usize) -> Vec<f64> {
         if !(exact.is_finite() && exact > 0.0) {
             continue;
         }
-        let scale = 10f64.powi(3 - exact.log10().floor() as i32);
-        let r = (exact * scale).round() / scale;
+        let r = crate::model::four_digits(exact);
         if r > lo && r < hi && !out.contains(&r) {
             out.push(r);
         }

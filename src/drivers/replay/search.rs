@@ -50,10 +50,7 @@ impl ArmSearch {
     /// The next probe, as the driver runs it; `None` once the search has stopped.
     pub(super) fn next(&mut self) -> Option<(Ask, At, usize)> {
         let ask = self.search.next()?;
-        let level = match self.search.kind() {
-            SearchKind::Concurrency => Level::Concurrency(ask.load as usize),
-            SearchKind::Rate => Level::Rate(ask.load),
-        };
+        let level = crate::search::level(self.search.kind(), ask.load);
         let rep = *self.reps.get(&ask.load.to_bits()).unwrap_or(&0);
         let at = At {
             ci: self.ci,
@@ -162,7 +159,7 @@ impl ArmSearch {
             (_, Some(g)) if g.bottleneck => g.warning.clone(),
             _ => None,
         };
-        self.pace_s = median_s(&m.samples).or(self.pace_s);
+        self.pace_s = r.total_us.p50.map(|us| us as f64 / 1e6).or(self.pace_s);
         let facts = ProbeFacts {
             repetition: rep,
             attempted: r.attempted_requests,
@@ -196,9 +193,8 @@ fn spent(ctx: &Ctx, t0_ns: u64) {
 
 /// The median exchange time of `samples`, in seconds.
 fn median_s(samples: &[Sample]) -> Option<f64> {
-    let mut t: Vec<i64> = samples.iter().filter_map(|s| s.total_us).collect();
-    t.sort_unstable();
-    crate::metrics::nearest_rank(&t, 50).map(|us| us as f64 / 1e6)
+    let t: Vec<i64> = samples.iter().filter_map(|s| s.total_us).collect();
+    crate::metrics::Percentiles::of(t).p50.map(|us| us as f64 / 1e6)
 }
 
 /// Run the search's next probe on one arm: the feasibility wave, the budget checked at

@@ -64,7 +64,7 @@ pub(crate) struct OperatingPoint {
     pub(crate) arm: String,
     pub(crate) case: String,
     /// `rate` or `concurrency`.
-    pub(crate) kind: String,
+    pub(crate) kind: crate::config::search::SearchKind,
     /// The highest load that passed (null: none did).
     pub(crate) last_pass: Option<f64>,
     /// The lowest load that failed (null: none did, or the search stopped first).

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::charts::Chart;
 use super::input::RunInput;
+use crate::config::search::SearchKind;
 use crate::search::doc::{SearchDoc, SearchRun};
 
 const SCOPE: &str = "search.json: every probe of the search (bracket, bisect, extension, confirmation) at its load; a percentile's bar is its distribution-free bound (the order statistics at ranks n p ∓ z √(n p (1 − p))), the dashed line its SLO, the vertical line the answer (the highest load that passed); an extension's point pools both runs of its load";
@@ -28,9 +29,9 @@ pub(super) fn charts(runs: &[RunInput]) -> Vec<Chart> {
 }
 
 fn x_label(doc: &SearchDoc) -> &'static str {
-    match doc.kind.as_str() {
-        "rate" => "target rate (requests/s)",
-        _ => "concurrency",
+    match doc.kind {
+        SearchKind::Rate => "target rate (requests/s)",
+        SearchKind::Concurrency => "concurrency",
     }
 }
 
