@@ -194,7 +194,9 @@ fn spent(ctx: &Ctx, t0_ns: u64) {
 /// The median exchange time of `samples`, in seconds.
 fn median_s(samples: &[Sample]) -> Option<f64> {
     let t: Vec<i64> = samples.iter().filter_map(|s| s.total_us).collect();
-    crate::metrics::Percentiles::of(t).p50.map(|us| us as f64 / 1e6)
+    crate::metrics::Percentiles::of(t)
+        .p50
+        .map(|us| us as f64 / 1e6)
 }
 
 /// Run the search's next probe on one arm: the feasibility wave, the budget checked at
