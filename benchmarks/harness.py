@@ -150,7 +150,7 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None, metrics=Fal
     err = tmp / f"replay-{tag}.err"
     with open(err, "w") as ef:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=ef)
-        threads, rusage, rc = watch_threads(proc)
+        threads, rusage, rc, hwm_kib = watch_threads(proc)
     if rc != 0:
         sys.exit(f"replay failed ({rc}): {err.read_text()}")
     s = json.loads((out / "summary.json").read_text())
@@ -164,7 +164,9 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None, metrics=Fal
         sum(x["attempted_requests"] for x in s["excluded_phases"].values())
     cpu_s = rusage.ru_utime + rusage.ru_stime
     guard = {"requests": requests, "cpu_us_per_request": 1e6 * cpu_s / max(requests, 1), "threads": threads,
-             "rows_ok": None, "bodies_ok": None}
+             "rows_ok": None, "bodies_ok": None,
+             # Peak resident memory (Linux: KiB), and the rows one measured round holds.
+             "peak_rss_kib": hwm_kib, "round_rows": plan["requests_per_case"]}
     if record:
         guard["rows_ok"] = s.get("rows_written") == requests
         guard["bodies_ok"] = sample_bodies(out / "exchanges")
@@ -176,10 +178,17 @@ def replay(c, n, tmp, fresh=False, tag="", record=True, binary=None, metrics=Fal
 
 def watch_threads(proc, every_s=0.2):
     """Wait for a process, reading each of its threads' name, allowed CPUs and CPU ticks
-    every `every_s` (the last reading of a thread is kept). Returns (threads: name ->
-    {cpus, ticks}, rusage of the process, exit status)."""
+    every `every_s` (the last reading of a thread is kept), and the process's peak resident
+    memory (`VmHWM`, its last reading: wait4's `ru_maxrss` is not the child's own here).
+    Returns (threads: name -> {cpus, ticks}, rusage of the process, exit status, peak KiB)."""
     seen = {}
+    hwm = None
     while True:
+        try:
+            m = re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{proc.pid}/status").read_text())
+            hwm = int(m.group(1)) if m else hwm
+        except OSError:
+            pass
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
                 status = (task / "status").read_text()
@@ -204,7 +213,7 @@ def watch_threads(proc, every_s=0.2):
         entry["cpus"].add(t["cpus"])
         entry["ticks"] += t["ticks"]
         entry["count"] += 1
-    return threads, rusage, proc.returncode
+    return threads, rusage, proc.returncode, hwm
 
 
 def sample_bodies(exchanges, n=20):
@@ -679,9 +688,13 @@ def guard_section(gen):
              "`Cpus_allowed_list` from /proc, read every 0.2 s (the generator is pinned to CPU 0), and its share "
              "of the CPU ticks seen at each thread's last reading (a lower bound for threads busy in the last "
              "0.2 s of the run, such as the recorder finishing its parts). Rows: `rows_written` = requests sent, every run. Bodies: 20 measured rows "
-             "per run read back from the Parquet parts with pyarrow and compared with the upstream's body.", "",
+             "per run read back from the Parquet parts with pyarrow and compared with the upstream's body. "
+             "Peak RSS: the process's `VmHWM` read every 0.2 s (median over runs), and per 1,000 rows of one measured round "
+             "(a recording replay holds a round's rows until the round ends; `--no-record` beside it is what "
+             "the rest of the process takes).", "",
              "| c | generator | CPU µs/request | threads (CPUs allowed, share of CPU) | rows = requests | bodies | "
-             "rows encoded during rounds |", "|---|---|---|---|---|---|---|"]
+             "rows encoded during rounds | peak RSS MiB | peak RSS KiB per 1,000 round rows |",
+             "|---|---|---|---|---|---|---|---|---|"]
     bad = []
     for k, c in cells:
         gs = [x["guard"] for x in gen[(k, c)] if "guard" in x]
@@ -706,8 +719,11 @@ def guard_section(gen):
                 bad.append(f"{GEN_NAMES.get(k, k)} c={c}: {key} failed")
             return f"{sum(1 for v in vals if v)}/{len(vals)} runs"
         enc = [g.get("encoded_during_rounds") for g in gs if g.get("encoded_during_rounds") is not None]
+        rss = [g["peak_rss_kib"] for g in gs if g.get("peak_rss_kib")]
+        per = [g["peak_rss_kib"] * 1000 / g["round_rows"] for g in gs if g.get("peak_rss_kib")]
+        rss_cells = (f"{statistics.median(rss) / 1024:.0f} | {statistics.median(per):,.0f}" if rss else "- | -")
         lines.append(f"| {c} | {GEN_NAMES.get(k, k)} | {cpu:.1f} | {th} | {verdict('rows_ok')} | "
-                     f"{verdict('bodies_ok')} | {sum(enc) if enc else '-'} |")
+                     f"{verdict('bodies_ok')} | {sum(enc) if enc else '-'} | {rss_cells} |")
     lines += ["", "Guard failures: " + "; ".join(bad) + "." if bad else "No guard failed."]
     return lines
 

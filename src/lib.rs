@@ -56,4 +56,4 @@ pub use model::{Outcome, Phase, Timings};
 pub use record::rundir::sha256_hex;
 /// The recorder, for writing exchange rows without a driver (`benchmarks/writer.rs`), and
 /// the name of its ledger file in `exchanges/` (which readers skip).
-pub use record::{ExchangeRecord, LEDGER, Recorder, RecorderOptions};
+pub use record::{ExchangeRecord, LEDGER, Recorder, RecorderOptions, WireHead};

@@ -17,7 +17,9 @@ use http::{HeaderMap, Method};
 use crate::budget::BudgetHold;
 use crate::engine::{Captured, CopiedBody};
 use crate::model::{AnswerUsage, Outcome, Phase, StreamColumns};
-use crate::record::{ExchangeRecord, RecordError, Recorder, RecorderOptions, WriterStats};
+use crate::record::{
+    ExchangeRecord, RecordError, Recorder, RecorderOptions, WireHead, WriterStats,
+};
 use crate::telemetry::Telemetry;
 
 /// What both drivers share for one run: its id, its start on the monotonic clock, the
@@ -255,7 +257,7 @@ impl RunContext {
             request_body_truncated: request.body.truncated,
             request_body: request.body.bytes,
             status: got.status,
-            response_headers: got.response_headers,
+            response_head: WireHead::new(got.response_head),
             response_body_len: got.body.len as i64,
             response_body_truncated: got.body.truncated,
             response_body: got.body.bytes,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 
 use crate::budget::{BudgetHold, MemoryBudget};
 use crate::clock;
@@ -33,7 +33,8 @@ pub(crate) struct Capture {
     first_body_ns: Option<u64>,
     pub(super) end_ns: Option<u64>,
     pub(super) status: Option<StatusCode>,
-    response_headers: HeaderMap,
+    /// The response head as read (empty until one came).
+    response_head: Bytes,
     /// Response body bytes kept (copied out of the connection's read buffer) within the
     /// limits.
     body: BodyCopy,
@@ -49,7 +50,8 @@ pub(crate) struct Captured {
     pub(crate) connection_reused: bool,
     pub(crate) connection_retried: bool,
     pub(crate) status: Option<i32>,
-    pub(crate) response_headers: HeaderMap,
+    /// The final response head's bytes as read (empty when none came).
+    pub(crate) response_head: Bytes,
     pub(crate) body: CopiedBody,
     pub(crate) timings: Timings,
     /// `None`: the response was not an event stream.
@@ -202,7 +204,7 @@ impl Capture {
             first_body_ns: None,
             end_ns: None,
             status: None,
-            response_headers: HeaderMap::new(),
+            response_head: Bytes::new(),
             body: BodyCopy::new(body_limit, budget),
             stamps: None,
             sse: None,
@@ -301,9 +303,9 @@ impl Capture {
         self.t0_ns
     }
 
-    /// Keep the response head's headers for the row (serve forwards the originals).
-    pub(crate) fn keep_response_headers(&mut self, headers: HeaderMap) {
-        self.response_headers = headers;
+    /// Keep the final response head's bytes as read, for the row.
+    pub(crate) fn keep_response_head(&mut self, wire: Bytes) {
+        self.response_head = wire;
     }
 
     /// The exchange goes out on connection `id`, kept alive from an earlier exchange.
@@ -340,7 +342,7 @@ impl Capture {
             connection_reused: self.connection_reused,
             connection_retried: self.connection_retried,
             status: self.status.map(|s| i32::from(s.as_u16())),
-            response_headers: std::mem::take(&mut self.response_headers),
+            response_head: std::mem::take(&mut self.response_head),
             body: self.body.take(),
             timings: self.timings(),
             stream: self.stream_columns(),

@@ -204,12 +204,12 @@ pub(crate) async fn read_response<R: AsyncRead + Unpin>(
     method: &Method,
     cap: &mut Capture,
 ) -> Result<bool, ExchangeError> {
-    let (head, head_ns) = read_head(io, buf, method).await?;
+    let (head, wire, head_ns) = read_head(io, buf, method).await?;
     cap.status = Some(head.status);
     if http1::is_event_stream(&head.headers) {
         cap.on_event_stream(head.framing == Framing::Close);
     }
-    cap.keep_response_headers(head.headers);
+    cap.keep_response_head(wire);
     let clean = match head.framing {
         Framing::Empty => {
             cap.on_body_end(head_ns);
@@ -226,12 +226,13 @@ pub(crate) async fn read_response<R: AsyncRead + Unpin>(
 }
 
 /// Read until a final response head (informational ones other than 101 are skipped, as
-/// hyper does); returns it and when the read that completed it returned.
+/// hyper does); returns it, a copy of its bytes as read (for the record: one allocation
+/// the size of the head) and when the read that completed it returned.
 pub(super) async fn read_head<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     method: &Method,
-) -> Result<(codec::Head, u64), ExchangeError> {
+) -> Result<(codec::Head, Bytes, u64), ExchangeError> {
     // When the read that completed the head returned (the buffer starts empty: a
     // connection with bytes left over is never reused).
     let mut at = None;
@@ -240,11 +241,13 @@ pub(super) async fn read_head<R: AsyncRead + Unpin>(
             let parsed = codec::parse_head(buf, method)
                 .map_err(|m| ExchangeError::upstream_message(format!("{SEND}: {m}")))?;
             if let Some((head, n)) = parsed {
-                buf.advance(n);
                 if matches!(head.status.as_u16(), 100 | 102..=199) {
+                    buf.advance(n);
                     continue;
                 }
-                return Ok((head, at.unwrap_or_else(clock::now_ns)));
+                let wire = Bytes::copy_from_slice(&buf[..n]);
+                buf.advance(n);
+                return Ok((head, wire, at.unwrap_or_else(clock::now_ns)));
             }
         }
         at = Some(read_some(io, buf, SEND).await?);

@@ -30,15 +30,16 @@ impl LeanConn {
     }
 
     /// Read the final response head to a `method` request (informational heads other
-    /// than 101 skipped) and when the read that completed it returned; its status and
-    /// whether it is an event stream go into `cap`.
+    /// than 101 skipped) and when the read that completed it returned; its status, its
+    /// bytes as read and whether it is an event stream go into `cap`.
     pub(crate) async fn read_head(
         &mut self,
         method: &Method,
         cap: &mut Capture,
     ) -> Result<(Head, u64), ExchangeError> {
-        let (head, at) = lean::read_head(&mut self.io, &mut self.buf, method).await?;
+        let (head, wire, at) = lean::read_head(&mut self.io, &mut self.buf, method).await?;
         cap.status = Some(head.status);
+        cap.keep_response_head(wire);
         if http1::is_event_stream(&head.headers) {
             cap.on_event_stream(head.framing == Framing::Close);
         }

@@ -11,16 +11,14 @@
 
 use std::sync::Arc;
 
+use super::row::{ExchangeRecord, HeaderFields};
+use crate::redact::Redaction;
 use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray, StringArray,
     StructArray, TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
-use http::HeaderMap;
-
-use super::row::ExchangeRecord;
-use crate::redact::Redaction;
 
 /// What one header weighs in an encoding step besides its bytes ([`Column::step_end`]).
 const HEADER_STEP_BYTES: usize = 512;
@@ -39,7 +37,7 @@ pub(crate) enum Fill {
     /// Microseconds since the Unix epoch, UTC.
     TimestampUtc(fn(&ExchangeRecord) -> i64),
     /// `List<Struct<name, value>>` in wire order; secret values redacted.
-    Headers(for<'a> fn(&'a ExchangeRecord) -> &'a HeaderMap),
+    Headers(for<'a> fn(&'a ExchangeRecord) -> HeaderFields<'a>),
     Int64List(for<'a> fn(&'a ExchangeRecord) -> Option<&'a [i64]>),
 }
 
@@ -120,9 +118,9 @@ impl Column {
             // A header costs a list entry, a struct and a redaction check besides its
             // bytes (measured: about as much as 512 bytes of a body).
             Fill::Headers(f) => until(&|r| {
-                f(r).iter()
-                    .map(|(k, v)| HEADER_STEP_BYTES + k.as_str().len() + v.len())
-                    .sum()
+                let mut sum = 0;
+                f(r).for_each(|k, v| sum += HEADER_STEP_BYTES + k.len() + v.len());
+                sum
             }),
             Fill::Int64List(f) => until(&|r| f(r).map_or(0, |v| v.len() * 8)),
             Fill::Int32(_)
@@ -223,7 +221,7 @@ pub(crate) static COLUMNS: [Column; 59] = [
         "request method"),
     column!("url", RedactedUrl, REQUIRED, "", |r: &R| &*r.url,
         "full URL; values of secret query parameters (`api_key`, `apikey`, `key`, `token`, `access_token`) are `<redacted>`"),
-    column!("request_headers", Headers, REQUIRED, "", |r: &R| r.request_headers.as_ref(),
+    column!("request_headers", Headers, REQUIRED, "", |r: &R| HeaderFields::Map(&r.request_headers),
         "headers as sent, duplicates kept; secret values are `<redacted>`"),
     column!("request_body", Binary, REQUIRED, "bytes", |r: &R| &r.request_body[..],
         "body bytes as sent (up to `--max-record-body`)"),
@@ -233,8 +231,8 @@ pub(crate) static COLUMNS: [Column; 59] = [
         "`request_body` holds fewer bytes than `request_body_len`"),
     column!("status", Int32, NULLABLE, "", |r: &R| r.status,
         "response status; null if no response head arrived"),
-    column!("response_headers", Headers, REQUIRED, "", |r: &R| &r.response_headers,
-        "response headers, duplicates kept, secret values `<redacted>`"),
+    column!("response_headers", Headers, REQUIRED, "", |r: &R| HeaderFields::Wire(&r.response_head),
+        "response headers in the order the worker sent them, names in lower case, duplicates kept, secret values `<redacted>`"),
     column!("response_body", Binary, REQUIRED, "bytes", |r: &R| &r.response_body[..],
         "body bytes received (also the partial bytes of a cut or timed-out response)"),
     column!("response_body_len", Int64, REQUIRED, "bytes", |r: &R| Some(r.response_body_len),
@@ -358,13 +356,15 @@ fn header_list_type() -> DataType {
 fn headers_array(
     rows: &[ExchangeRecord],
     redact: &Redaction,
-    pick: for<'a> fn(&'a ExchangeRecord) -> &'a HeaderMap,
+    pick: for<'a> fn(&'a ExchangeRecord) -> HeaderFields<'a>,
 ) -> ArrayRef {
     let (mut count, mut name_bytes, mut value_bytes) = (0, 0, 0);
-    for (name, value) in rows.iter().flat_map(pick) {
-        count += 1;
-        name_bytes += name.as_str().len();
-        value_bytes += value.len();
+    for r in rows {
+        pick(r).for_each(|name, value| {
+            count += 1;
+            name_bytes += name.len();
+            value_bytes += value.len();
+        });
     }
     let mut names = StringBuilder::with_capacity(count, name_bytes);
     let mut values = BinaryBuilder::with_capacity(count, value_bytes);
@@ -372,11 +372,11 @@ fn headers_array(
     offsets.push(0);
     let mut n: i32 = 0;
     for r in rows {
-        for (name, value) in pick(r) {
-            names.append_value(name.as_str());
-            values.append_value(redact.header_value(name, value.as_bytes()));
+        pick(r).for_each(|name, value| {
+            names.append_value(name);
+            values.append_value(redact.header_value(name, value));
             n += 1;
-        }
+        });
         offsets.push(n);
     }
     let names: ArrayRef = Arc::new(names.finish());

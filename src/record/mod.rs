@@ -30,8 +30,8 @@ pub(crate) mod scrapes;
 pub(crate) mod writer;
 
 pub use ledger::LEDGER;
-pub use row::ExchangeRecord;
 pub(crate) use row::SCHEMA_VERSION;
+pub use row::{ExchangeRecord, WireHead};
 pub(crate) use writer::RecordError;
 pub use writer::{Recorder, RecorderOptions};
 pub(crate) use writer::{SERVE_SLICE, WriterStats, default_hold_bytes};
@@ -78,7 +78,7 @@ pub(crate) mod tests_support {
             request_body_len: body.len() as i64,
             request_body_truncated: false,
             status: Some(200),
-            response_headers: HeaderMap::new(),
+            response_head: WireHead::default(),
             response_body: Bytes::new(),
             response_body_len: 0,
             response_body_truncated: false,

@@ -46,7 +46,9 @@ pub struct ExchangeRecord {
     pub request_body_len: i64,
     pub request_body_truncated: bool,
     pub status: Option<i32>,
-    pub response_headers: HeaderMap,
+    /// The response head as the worker sent it; its fields become the `response_headers`
+    /// column on the writer thread (secret values redacted there).
+    pub response_head: WireHead,
     pub response_body: Bytes,
     pub response_body_len: i64,
     pub response_body_truncated: bool,
@@ -120,12 +122,116 @@ impl ExchangeRecord {
             8 * (s.event_offsets_us.capacity() + s.content_offsets_us.capacity())
         });
         ROW + headers(&self.request_headers)
-            + headers(&self.response_headers)
+            + self.response_head.0.len()
             + self.request_body.len()
             + self.response_body.len()
             + self.url.len()
             + stream
             + self.error_message.as_ref().map_or(0, String::len)
             + self.session_id.as_ref().map_or(0, |s| s.len())
+    }
+}
+
+/// A response head kept as read off the wire: the status line and the header fields
+/// through the blank line, one allocation the size of the head. Its fields are parsed
+/// (again: the exchange already checked them) only when the row is encoded, on the writer
+/// thread, instead of a `HeaderMap` of small allocations built on the exchange's path and
+/// held until then. Empty when no head came.
+#[derive(Debug, Clone, Default)]
+pub struct WireHead(Bytes);
+
+/// Header fields at most in one head, as the exchange's parser allows.
+const MAX_FIELDS: usize = 100;
+
+impl WireHead {
+    /// `raw`: a whole head, as `httparse` accepted it (anything else reads as no fields).
+    pub fn new(raw: Bytes) -> WireHead {
+        WireHead(raw)
+    }
+
+    /// Each field in wire order, the name in lower case (as `HeaderName` spells it).
+    pub(crate) fn for_each_field(&self, mut f: impl FnMut(&str, &[u8])) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut res = httparse::Response::new(&mut fields);
+        if !matches!(res.parse(&self.0), Ok(httparse::Status::Complete(_))) {
+            return;
+        }
+        let mut name = String::new();
+        for h in res.headers.iter() {
+            name.clear();
+            name.push_str(h.name);
+            name.make_ascii_lowercase();
+            f(&name, h.value);
+        }
+    }
+}
+
+/// A header list column's source: a map (the request's, built to forward or send it) or
+/// a head as read ([`WireHead`]).
+#[derive(Clone, Copy)]
+pub(crate) enum HeaderFields<'a> {
+    Map(&'a HeaderMap),
+    Wire(&'a WireHead),
+}
+
+impl HeaderFields<'_> {
+    /// Each field: its name in lower case, its value.
+    pub(crate) fn for_each(self, mut f: impl FnMut(&str, &[u8])) {
+        match self {
+            HeaderFields::Map(m) => m.iter().for_each(|(k, v)| f(k.as_str(), v.as_bytes())),
+            HeaderFields::Wire(w) => w.for_each_field(f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(raw: &'static [u8]) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        WireHead::new(Bytes::from_static(raw))
+            .for_each_field(|n, v| out.push((n.to_string(), v.to_vec())));
+        out
+    }
+
+    #[test]
+    fn a_wire_head_gives_its_fields_in_wire_order_with_lower_case_names() {
+        let got = fields(
+            b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nContent-Type: application/json\r\n\
+              set-cookie: b=2\r\nX-Odd:  spaced value \r\n\r\n",
+        );
+        let want = [
+            ("set-cookie", &b"a=1"[..]),
+            ("content-type", b"application/json"),
+            ("set-cookie", b"b=2"),
+            ("x-odd", b"spaced value"),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect();
+        assert_eq!(got, want);
+        // As the `HeaderMap` the exchange parsed would hold them (the same names and
+        // values; only the map groups a repeated name).
+        let mut map = HeaderMap::new();
+        for (n, v) in &want {
+            map.append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        let mut from_map = Vec::new();
+        HeaderFields::Map(&map).for_each(|n, v| from_map.push((n.to_string(), v.to_vec())));
+        let mut sorted = got.clone();
+        sorted.sort();
+        from_map.sort();
+        assert_eq!(sorted, from_map);
+        // No head (a failed exchange), or bytes that are not a whole head: no fields.
+        assert!(fields(b"").is_empty());
+        assert!(fields(b"HTTP/1.1 200 OK\r\nx: 1\r\n").is_empty());
     }
 }

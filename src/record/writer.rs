@@ -53,16 +53,16 @@ pub struct RecorderOptions {
     /// [`ExchangeRecord::approx_bytes`] counts them) unencoded; 0 (the default): never
     /// hold. Replay sets it (`--record-hold`, else [`default_hold_bytes`]).
     pub hold_bytes: usize,
-    /// Encode in slices of at most about this much work, sleeping between them, so that
-    /// a request on the same core never waits behind more than one slice (serve sets
-    /// [`SERVE_SLICE`]); `None` (the default): encode without pausing.
+    /// Encode in slices of at most about this much work, giving the core back between
+    /// them, so that a request on the same core never waits behind more than one slice
+    /// (serve sets [`SERVE_SLICE`]); `None` (the default): encode without pausing.
     pub slice: Option<Duration>,
     /// The ledger file; `None` (the default): beside `dir`, named after it with
     /// `.ledger` (`RUN/exchanges.ledger`).
     pub ledger: Option<PathBuf>,
 }
 
-/// The budget of a slice of serve's recorder: it sleeps once its work since it last
+/// The budget of a slice of serve's recorder: it yields once its work since it last
 /// rested passes this (checked after each step, so one step may run past it).
 pub const SERVE_SLICE: Duration = Duration::from_micros(40);
 
@@ -131,8 +131,9 @@ impl RecordError {
 enum Msg {
     /// One row, or rows gathered by one submitter ([`Recorder::submit_many`]).
     Rows(Vec<ExchangeRecord>),
-    /// Keep rows unencoded until the matching [`Msg::Release`] (holds nest).
-    Hold,
+    /// Keep rows unencoded until the matching [`Msg::Release`] (holds nest); the rows
+    /// the round plans to send, for the hold queue's reservation.
+    Hold(usize),
     /// End one hold; when none is left, encode what was held, then answer.
     Release(tokio::sync::oneshot::Sender<()>),
     /// Finish every part and stop (sent by [`Recorder::finish`]).
@@ -263,9 +264,12 @@ impl Recorder {
     /// [`RecorderOptions::hold_bytes`]) instead of encoding them: replay calls it as a
     /// measured round starts, so that no request waits behind Parquet encoding. Holds
     /// nest (each is ended by one release); rows already taken off the queue and not yet
-    /// encoded are held too.
-    pub fn hold(&self) {
-        let _ = self.tx.send(Msg::Hold);
+    /// encoded are held too. `planned_rows`: the rows the round plans to send; the writer
+    /// reserves its hold queue for them at once ([`hold_reservation`]), so that a round's
+    /// rows never grow the queue by doubling it (each growth a copy of every row held and
+    /// fresh pages, on the generator's core, while requests are in flight).
+    pub fn hold(&self, planned_rows: usize) {
+        let _ = self.tx.send(Msg::Hold(planned_rows));
     }
 
     /// End a hold. When it was the last, wait until the writer has encoded every row
@@ -468,6 +472,14 @@ enum Polled {
     Idle,
 }
 
+/// How many more rows' room the hold queue reserves for a round planning `planned` rows:
+/// all of them, but never more room than the hold's bound (`hold_bytes`) could fill with
+/// rows (each held row counts at least its own size), so the reservation is bounded by
+/// `--record-hold` as the held rows are; none when nothing is held.
+fn hold_reservation(planned: usize, hold_bytes: usize) -> usize {
+    planned.min(hold_bytes / std::mem::size_of::<(ExchangeRecord, usize)>())
+}
+
 /// Rows freed in one step after their batch is encoded.
 const FREE_STEP_ROWS: usize = 64;
 
@@ -524,7 +536,11 @@ impl Writer {
                         self.on_row(rec)?;
                     }
                 }
-                Some(Polled::Msg(Msg::Hold)) => self.holds += 1,
+                Some(Polled::Msg(Msg::Hold(planned))) => {
+                    self.holds += 1;
+                    let more = hold_reservation(planned, self.opts.hold_bytes);
+                    self.pending.reserve(more);
+                }
                 Some(Polled::Msg(Msg::Release(done))) => {
                     self.holds = self.holds.saturating_sub(1);
                     if !self.holding() {
@@ -825,7 +841,7 @@ mod hold {
     #[test]
     fn held_rows_wait_unencoded_until_release_and_the_ledger_counts_them() {
         let t = Setup::new(256 << 20);
-        t.rec.hold();
+        t.rec.hold(5_000);
         t.submit(5_000);
         // Longer than the idle wait (0.5 s) after which rows are otherwise encoded.
         std::thread::sleep(Duration::from_millis(800));
@@ -847,7 +863,7 @@ mod hold {
     #[test]
     fn past_the_hold_bound_rows_are_encoded_during_the_hold_and_counted() {
         let t = Setup::new(3_000 * row(0, b"x").approx_bytes());
-        t.rec.hold();
+        t.rec.hold(5_000);
         t.submit(8_000);
         t.release();
         let stats = t.rec.finish().unwrap();
@@ -861,10 +877,23 @@ mod hold {
     }
 
     #[test]
+    fn the_hold_queue_is_reserved_for_the_planned_rows_within_the_bound() {
+        let size = std::mem::size_of::<(ExchangeRecord, usize)>();
+        assert_eq!(hold_reservation(100_000, 1 << 30), 100_000);
+        // The bound caps it: never more room than the bound's bytes of rows.
+        assert_eq!(hold_reservation(100_000, 1_000 * size), 1_000);
+        assert_eq!(hold_reservation(100_000, 0), 0);
+        assert_eq!(hold_reservation(0, 1 << 30), 0);
+        // Every held row counts at least its own size, so the reservation is never more
+        // rows than the bound lets the queue hold.
+        assert!(row(0, b"").approx_bytes() >= size);
+    }
+
+    #[test]
     fn holds_nest_and_a_zero_bound_never_holds() {
         let t = Setup::new(256 << 20);
-        t.rec.hold();
-        t.rec.hold();
+        t.rec.hold(5_000);
+        t.rec.hold(5_000);
         t.submit(3_000);
         t.release();
         assert!(
@@ -876,7 +905,7 @@ mod hold {
         t.rec.finish().unwrap();
 
         let t = Setup::new(0);
-        t.rec.hold();
+        t.rec.hold(5_000);
         t.submit(3_000);
         // Longer than the idle wait (0.5 s): with no bound, the idle flush still runs.
         std::thread::sleep(Duration::from_millis(800));

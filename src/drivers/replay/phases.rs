@@ -335,23 +335,23 @@ pub(super) async fn measured_round(
     {
         wait_until(ctx, start.saturating_sub(5_000_000)).await;
     }
+    let n = at.requests.unwrap_or(ctx.plan.requests_per_case);
+    let planned = match &work {
+        Work::Open(w) => w.planned(ctx),
+        Work::Closed(_) => ctx.plan.cases[at.ci].requests_of(n),
+    };
     // The round's rows are encoded after it, not while requests are in flight.
     if ctx.base.record_exchanges {
-        recorder.hold();
+        recorder.hold(usize::try_from(planned).unwrap_or(usize::MAX));
     }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());
-    let (samples, planned) = match work {
+    let samples = match work {
         Work::Open(w) => {
-            let planned = w.planned(ctx);
             let sent = open_wave(ctx, senders.pool, w).await;
-            (sent.into_iter().map(|s| s.sample).collect(), planned)
+            sent.into_iter().map(|s| s.sample).collect()
         }
-        Work::Closed(c) => {
-            let n = at.requests.unwrap_or(ctx.plan.requests_per_case);
-            let s = wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await;
-            (s, ctx.plan.cases[at.ci].requests_of(n))
-        }
+        Work::Closed(c) => wave(ctx, senders.slots, at.ci, Phase::Measured, c, Some(rep), n).await,
     };
     let (cpu1, wall1) = (clock::process_cpu_ns(), clock::now_ns());
     let lags = probe.stop().await;

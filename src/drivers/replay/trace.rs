@@ -70,7 +70,7 @@ pub(super) async fn trace_round(
     }
     let recorder = &ctx.base.run.recorder;
     if ctx.base.record_exchanges {
-        recorder.hold();
+        recorder.hold(usize::try_from(wave.planned(ctx)).unwrap_or(usize::MAX));
     }
     let probe = LagProbe::start();
     let (cpu0, wall0) = (clock::process_cpu_ns(), clock::now_ns());

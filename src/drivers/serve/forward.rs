@@ -450,7 +450,7 @@ async fn respond(
     let keep = reply.keep && !framing.close;
     let mut body = ResponseBody::new(&head, head_ns, framing.body, &mut p.cap);
     // The head goes out without the hop-by-hop fields; the record keeps the worker's
-    // map as it came (moved, not copied).
+    // head as it came (its bytes, kept when it was read).
     let wire = write::response_head(
         reply.http10,
         head.status,
@@ -458,7 +458,6 @@ async fn respond(
         &framing,
         keep,
     );
-    p.cap.keep_response_headers(head.headers);
     let to = Upstream {
         conn: &mut conn,
         body: &mut body,
