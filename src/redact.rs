@@ -93,10 +93,14 @@ impl Redaction {
             .any(|q| q.as_bytes().eq_ignore_ascii_case(&decoded))
     }
 
-    /// `value`, or `<redacted>` when the header `name` (in lower case, as `HeaderName`
-    /// spells it) is a secret one.
+    /// `value`, or `<redacted>` when the header `name` (ASCII case ignored) is a secret
+    /// one.
     pub(crate) fn header_value<'a>(&self, name: &str, value: &'a [u8]) -> &'a [u8] {
-        if self.headers.iter().any(|h| h.as_str() == name) {
+        if self
+            .headers
+            .iter()
+            .any(|h| h.as_str().eq_ignore_ascii_case(name))
+        {
             REDACTED
         } else {
             value

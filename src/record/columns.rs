@@ -11,14 +11,15 @@
 
 use std::sync::Arc;
 
-use super::row::{ExchangeRecord, HeaderFields};
-use crate::redact::Redaction;
 use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray, StringArray,
     StructArray, TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+
+use super::row::{ExchangeRecord, HeaderFields};
+use crate::redact::Redaction;
 
 /// What one header weighs in an encoding step besides its bytes ([`Column::step_end`]).
 const HEADER_STEP_BYTES: usize = 512;

@@ -53,6 +53,9 @@ pub(super) struct Pacer {
     pub(super) longest: Duration,
     /// Slices that ended by giving the core back ([`Pacer::step`]).
     pub(super) pauses: u64,
+    /// The writer is behind (its queue half full, so requests will soon wait for room in
+    /// it): work runs unpaced until it catches up ([`Pacer::behind`]).
+    behind: bool,
 }
 
 impl Pacer {
@@ -65,6 +68,7 @@ impl Pacer {
             rested: true,
             longest: Duration::ZERO,
             pauses: 0,
+            behind: false,
         }
     }
 
@@ -77,11 +81,21 @@ impl Pacer {
         }
     }
 
-    /// A step ended: pause when the slice has used its budget.
+    /// Whether the writer is behind: while it is, steps do not give the core back. A
+    /// yielding writer gets the core only when the scheduler's turn comes back to it; on a
+    /// core that serve keeps busy that is too rarely to keep up (measured: under 1,000
+    /// connections its queue filled and held every client), and once rows wait for room
+    /// the writer, not a slice of it, is what requests wait behind.
+    pub(super) fn behind(&mut self, behind: bool) {
+        self.behind = behind;
+    }
+
+    /// A step ended: pause when the slice has used its budget (and the writer is not
+    /// behind).
     pub(super) fn step(&mut self) {
         let Some(budget) = self.budget else { return };
         self.begin();
-        if clock::now_ns().saturating_sub(self.since_ns) < budget.as_nanos() as u64 {
+        if self.behind || clock::now_ns().saturating_sub(self.since_ns) < budget.as_nanos() as u64 {
             return;
         }
         self.measure();
@@ -479,6 +493,17 @@ mod tests {
         }
         paced.end();
         assert_eq!(paced.pauses, 50);
+        // Behind, it keeps the core: no pause until it has caught up.
+        paced.behind(true);
+        paced.begin();
+        for _ in 0..50 {
+            paced.step();
+        }
+        paced.end();
+        assert_eq!(paced.pauses, 50);
+        paced.behind(false);
+        paced.step();
+        assert_eq!(paced.pauses, 51);
         // Under its budget it does not pause: a slice of busy work split over two calls
         // without a rest between them is measured as one.
         let mut measured = Pacer::new(Some(Duration::from_secs(60)));

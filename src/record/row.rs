@@ -140,11 +140,14 @@ impl ExchangeRecord {
 #[derive(Debug, Clone, Default)]
 pub struct WireHead(Bytes);
 
-/// Header fields at most in one head, as the exchange's parser allows.
+/// Header fields at most in one head: the exchange's parser's limit
+/// (`engine::http1::codec::MAX_HEADERS`, with the same default `httparse` settings), so
+/// every head it accepted parses here too; a head that did not would record no fields.
 const MAX_FIELDS: usize = 100;
 
 impl WireHead {
-    /// `raw`: a whole head, as `httparse` accepted it (anything else reads as no fields).
+    /// `raw`: a whole head, as `httparse` accepted it (anything else reads as no fields),
+    /// in a buffer of its own (its length is what the row counts in memory).
     pub fn new(raw: Bytes) -> WireHead {
         WireHead(raw)
     }

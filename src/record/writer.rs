@@ -532,6 +532,9 @@ impl Writer {
                 None => continue,
                 Some(Polled::Msg(Msg::Rows(rows))) => {
                     slots.add_permits(rows.len());
+                    // Half the queue still waiting: encode unpaced until it drains.
+                    let free = slots.available_permits();
+                    self.pacer.behind(free < self.queue_rows() / 2);
                     for rec in rows {
                         self.on_row(rec)?;
                     }
@@ -539,7 +542,7 @@ impl Writer {
                 Some(Polled::Msg(Msg::Hold(planned))) => {
                     self.holds += 1;
                     let more = hold_reservation(planned, self.opts.hold_bytes);
-                    self.pending.reserve(more);
+                    self.pending.reserve_exact(more);
                 }
                 Some(Polled::Msg(Msg::Release(done))) => {
                     self.holds = self.holds.saturating_sub(1);
@@ -569,6 +572,11 @@ impl Writer {
                 self.roll_if_old()?;
             }
         }
+    }
+
+    /// The queue's size in rows, as [`Recorder::start`] sized its semaphore.
+    fn queue_rows(&self) -> usize {
+        self.opts.queue_rows.clamp(1, Semaphore::MAX_PERMITS)
     }
 
     /// Rows are being held ([`Recorder::hold`] with a bound above 0): no idle flush, no

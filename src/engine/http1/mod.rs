@@ -58,9 +58,8 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The fields of `h` that [`strip_hop_by_hop`] keeps, in order, without changing `h`
-/// (serve writes a response head from them and keeps the worker's map for the record
-/// as it came, with no copy of it), then `te: trailers` when a `TE` field asked for
-/// trailers.
+/// (serve writes a response head from them; the record keeps the worker's head as read),
+/// then `te: trailers` when a `TE` field asked for trailers.
 pub(crate) fn end_to_end(h: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
     let trailers = has_token(h, header::TE, "trailers").then_some(("te", &b"trailers"[..]));
     h.iter()
