@@ -487,19 +487,16 @@ mod tests {
     fn the_pacer_gives_the_core_back_between_slices_only_when_it_has_a_budget() {
         // A zero budget: every step ends a slice and gives the core back.
         let mut paced = Pacer::new(Some(Duration::ZERO));
-        paced.begin();
-        for _ in 0..50 {
-            paced.step();
-        }
-        paced.end();
+        let fifty_steps = |p: &mut Pacer| {
+            p.begin();
+            (0..50).for_each(|_| p.step());
+            p.end();
+        };
+        fifty_steps(&mut paced);
         assert_eq!(paced.pauses, 50);
         // Behind, it keeps the core: no pause until it has caught up.
         paced.behind(true);
-        paced.begin();
-        for _ in 0..50 {
-            paced.step();
-        }
-        paced.end();
+        fifty_steps(&mut paced);
         assert_eq!(paced.pauses, 50);
         paced.behind(false);
         paced.step();
