@@ -82,7 +82,8 @@ fn collect(chunks: &[&[u8]]) -> Vec<(Option<String>, String)> {
 }
 
 /// The lean client's response codec against hyper's client on the same bytes: both
-/// accept them with the same status and body, or both refuse them. The input is what a
+/// accept them with the same status, header fields (ours as the row records them) and
+/// body, or both refuse them. The input is what a
 /// worker sends to a GET, then closes.
 /// Then serve as a transducer of the same answer ([`serve_response`]).
 pub fn http1_response(data: &[u8]) {
@@ -122,13 +123,19 @@ fn same_as_hyper<T: PartialEq + std::fmt::Debug>(
     }
 }
 
-/// What the lean client's reader (`engine::lean::read_response`, the code replay runs)
-/// makes of `data` followed by the end of the stream, read `step` bytes at a time.
+/// A response as a reader took it: status, header fields (sorted: a `HeaderMap` groups a
+/// repeated name, the record keeps wire order) and body.
+type ResponseView = (u16, Vec<(String, Vec<u8>)>, Vec<u8>);
+
+/// What the lean client's reader (`engine::lean::read_response`, the code replay runs and
+/// serve's upstream side reads heads with) makes of `data` followed by the end of the
+/// stream, read `step` bytes at a time: the status, the header fields as the row records
+/// them (from the head kept as read) and the body.
 fn lean_view(
     rt: &tokio::runtime::Runtime,
     data: &[u8],
     step: usize,
-) -> Result<(u16, Vec<u8>), Refused> {
+) -> Result<ResponseView, Refused> {
     rt.block_on(async {
         let mut io = Pieces { data, step };
         let mut buf = bytes::BytesMut::new();
@@ -137,8 +144,13 @@ fn lean_view(
             .await
             .map_err(|e| Refused::Ours(e.message))?;
         let got = cap.into_captured();
+        let mut recorded = Vec::new();
+        crate::record::WireHead::new(got.response_head)
+            .for_each_field(|n, v| recorded.push((n.to_string(), v.to_vec())));
+        recorded.sort();
         Ok((
             got.status.and_then(|s| u16::try_from(s).ok()).unwrap_or(0),
+            recorded,
             got.body.bytes.to_vec(),
         ))
     })
@@ -165,7 +177,7 @@ impl tokio::io::AsyncRead for Pieces<'_> {
 }
 
 /// What hyper's HTTP/1 client makes of `data` sent in answer to a GET, then a close.
-fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>), Refused> {
+fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<ResponseView, Refused> {
     let hyper = |e: &dyn std::fmt::Display| Refused::Hyper(e.to_string());
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -198,13 +210,15 @@ fn hyper_view(rt: &tokio::runtime::Runtime, data: &[u8]) -> Result<(u16, Vec<u8>
                 .map_err(|e| hyper(&e))?;
             let resp = send.send_request(req).await.map_err(|e| hyper(&e))?;
             let status = resp.status().as_u16();
+            let mut head = fields(resp.headers());
+            head.sort();
             let body = resp
                 .into_body()
                 .collect()
                 .await
                 .map_err(|e| hyper(&e))?
                 .to_bytes();
-            Ok((status, body.to_vec()))
+            Ok((status, head, body.to_vec()))
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), run)
             .await
@@ -349,12 +363,22 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
-        assert_eq!(hyper_view(&rt, ok), Ok((200, b"hello".to_vec())));
-        assert_eq!(lean_view(&rt, ok, 3), Ok((200, b"hello".to_vec())));
+        // An interim head first (skipped by both), names in mixed case, one repeated.
+        let ok = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nSet-Cookie: b=2\r\n\
+                   Content-Length: 5\r\nset-cookie: a=1\r\n\r\nhello";
+        let field = |n: &str, v: &[u8]| (n.to_string(), v.to_vec());
+        let fields = vec![
+            field("content-length", b"5"),
+            field("set-cookie", b"a=1"),
+            field("set-cookie", b"b=2"),
+        ];
+        let want = Ok((200, fields, b"hello".to_vec()));
+        assert_eq!(hyper_view(&rt, ok), want);
+        assert_eq!(lean_view(&rt, ok, 3), want);
         let chunked =
             b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
-        assert_eq!(hyper_view(&rt, chunked), Ok((201, b"hi".to_vec())));
+        let te = vec![field("transfer-encoding", b"chunked")];
+        assert_eq!(hyper_view(&rt, chunked), Ok((201, te, b"hi".to_vec())));
         let bad = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello";
         assert!(matches!(hyper_view(&rt, bad), Err(Refused::Hyper(_))));
         assert!(matches!(lean_view(&rt, bad, 1), Err(Refused::Ours(_))));

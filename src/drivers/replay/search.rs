@@ -85,28 +85,32 @@ impl ArmSearch {
     /// budget left; when not, the search stops saying what it could not decide.
     fn may_start(&mut self, base: &Base, ask: Ask) -> bool {
         if self.search.kind() == SearchKind::Rate && ask.requests as f64 / ask.load > DAY_S {
-            let because = format!(
-                "the probe at {} needs {} requests, more than a day at that rate: {}",
+            let why = format!(
+                "the probe at {} needs {} requests, more than a day at that rate",
                 self.search.named(ask.load),
                 ask.requests,
-                self.search.undecided()
             );
-            self.search.stop(StopReason::ProbeTooLong, because);
-            return false;
+            return self.stop(StopReason::ProbeTooLong, why);
         }
         match self.left_s(base) {
             Some(left) if left <= 0.0 => {
-                let because = format!(
-                    "--budget-seconds {} was spent before the probe at {}: {}",
+                let why = format!(
+                    "--budget-seconds {} was spent before the probe at {}",
                     self.budget_seconds.unwrap_or_default(),
                     self.search.named(ask.load),
-                    self.search.undecided()
                 );
-                self.search.stop(StopReason::Budget, because);
-                false
+                self.stop(StopReason::Budget, why)
             }
             _ => true,
         }
+    }
+
+    /// Stop the search for `reason`: `why`, then what it could not decide. Always `false`
+    /// (the probe does not start).
+    fn stop(&mut self, reason: StopReason, why: String) -> bool {
+        let because = format!("{why}: {}", self.search.undecided());
+        self.search.stop(reason, because);
+        false
     }
 
     /// Whether `--budget-seconds` holds the probe `ask`'s measured round at the pace
@@ -127,14 +131,12 @@ impl ArmSearch {
         if need <= left {
             return true;
         }
-        let because = format!(
-            "the probe at {} needs {} requests, about {need:.1} s{at_pace}, and {left:.1} s of --budget-seconds {budget} are left: {}",
+        let why = format!(
+            "the probe at {} needs {} requests, about {need:.1} s{at_pace}, and {left:.1} s of --budget-seconds {budget} are left",
             self.search.named(ask.load),
             ask.requests,
-            self.search.undecided()
         );
-        self.search.stop(StopReason::Budget, because);
-        false
+        self.stop(StopReason::Budget, why)
     }
 
     /// What the probe measured, judged.
