@@ -99,7 +99,7 @@ const ALLOWED: &[Row] = &[
             "search",
         ],
     ),
-    ("fuzzing", &["config", "oracle", "sse", "engine", "prom"]),
+    ("fuzzing", &["config", "oracle", "sse", "engine", "record", "prom"]),
     ("bench", &["clock", "config", "oracle"]),
     ("cli", &[EVERYTHING]),
 ];
