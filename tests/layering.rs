@@ -99,7 +99,10 @@ const ALLOWED: &[Row] = &[
             "search",
         ],
     ),
-    ("fuzzing", &["config", "oracle", "sse", "engine", "record", "prom"]),
+    (
+        "fuzzing",
+        &["config", "oracle", "sse", "engine", "record", "prom"],
+    ),
     ("bench", &["clock", "config", "oracle"]),
     ("cli", &[EVERYTHING]),
 ];
