@@ -11,7 +11,8 @@
 #     reruns some cells; see benchmarks/README.md)
 #   STREAMS=1 ONLY=stream:64,stream:256,serve-stream:64 bash benchmarks/run.sh
 #     (LLM-shaped streams instead: benchmarks/streams.py, nginx's canned SSE and the paced mock;
-#     PEERS=1 adds AIPerf and GuideLLM, installed into venvs under target/peers/ on first use)
+#     PEERS=1 adds AIPerf, GuideLLM and inference-perf, installed into venvs under target/peers/
+#     on first use; inference-perf needs python3.12 on PATH or pyenv's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 streams="${STREAMS:-0}"

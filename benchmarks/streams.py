@@ -30,9 +30,10 @@ Every replay records its exchanges (as a campaign would). Within a round the cli
 a cell run one after another, their order rotated every round. Knobs: ROUNDS (default
 3), ONLY, NEW_BIN. The table goes to stdout and to benchmarks/results/<date>-streams.md.
 
-PEERS=1 adds AIPerf and GuideLLM (pinned in PEER_VERSIONS) to every `stream:C` cell, on
-CPU 0 like replay, each installed from PyPI into a venv of its own under target/peers/ on
-first use (GuideLLM's is ~6 GB), both given a local tokenizer trained by
+PEERS=1 adds AIPerf, GuideLLM and inference-perf (pinned in PEER_VERSIONS) to every
+`stream:C` cell, on CPU 0 like replay, each installed from PyPI into a venv of its own
+under target/peers/ on first use (inference-perf 0.7 needs Python 3.12: python3.12 on
+PATH or pyenv's; GuideLLM's is ~6 GB), both given a local tokenizer trained by
 benchmarks/peer_tokenizer.py from the embedded corpus (no Hub download), 8 prompt tokens
 and 32 output tokens, no warm-up; on the canned worker they are asked for
 min(replay's count, max(4 C, 1000)) requests (they run at a few hundred a second), on
@@ -49,6 +50,15 @@ the paced one for replay's count:
   --disable-console`; req/s, TTFT p50, ITL p50 and the request totals from the first
   benchmark of its JSON, in flight from the per-request timings in the same file
   (requests asked for but in none of its totals are shown beside the failures).
+- inference-perf: its config (JSON, which its YAML loader reads) asks for chat streamed
+  to the vllm server type, a `concurrent` stage of exactly N requests at C in one worker
+  process (pinned to one core; its default, os.cpu_count(), ignores the pinning),
+  `shared_prefix` data with no prefix, 8-token questions and 32 output tokens (its only
+  synthetic generator that sends chat with a max_tokens of its own, given an empty
+  multimodal block), no Prometheus; req/s, counts and TTFT p50 (`median`) from its
+  summary_lifecycle_metrics.json, in flight and the ITL (the median gap between content
+  chunks: its own inter_token_latency gives every token of a chunk the chunk's time, by
+  its tokenizer's count) from per_request_lifecycle_metrics.json.
 Each peer's CPU is its whole process tree (wait4) less a one-request run's (its startup).
 """
 
@@ -75,7 +85,9 @@ CANNED, PACED, SERVE = 18090, 18091, 18092
 TOKENS, PREFILL_MS, TOKEN_MS = 32, 50.0, 10.0
 PEERS = os.environ.get("PEERS") == "1"
 PEER_DIR = ROOT / "target" / "peers"
-PEER_VERSIONS = {"aiperf": "0.13.0", "guidellm": "0.8.1"}
+PEER_VERSIONS = {"aiperf": "0.13.0", "guidellm": "0.8.1", "inference-perf": "0.7.0"}
+# Peers that need a newer Python than the one running this script.
+PEER_PYTHON = {"inference-perf": "3.12"}
 META = {k: "N/A: benchmark" for k in ["gpu", "gpu_ids", "driver", "cuda", "precision", "model_revision",
                                       "runtime_revision", "cache_policy", "cuda_evidence", "reservation", "host"]}
 
@@ -257,7 +269,7 @@ def ensure_peers():
         venv = PEER_DIR / name
         exe = venv / "bin" / name
         if not exe.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([peer_python(name), "-m", "venv", str(venv)], check=True)
             subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", f"{name}=={version}"], check=True)
         exes[name] = exe
     tok = PEER_DIR / "tokenizer"
@@ -266,6 +278,19 @@ def ensure_peers():
         subprocess.run([str(python), str(ROOT / "benchmarks" / "peer_tokenizer.py"), str(tok),
                         str(ROOT / "src" / "dataset" / "corpus.txt")], check=True, stdout=subprocess.DEVNULL)
     return exes, tok
+
+
+def peer_python(name):
+    """The interpreter a peer's venv is made with: this one, or the newer one it needs
+    (python3.X on PATH, else pyenv's)."""
+    need = PEER_PYTHON.get(name)
+    if need is None:
+        return sys.executable
+    found = shutil.which(f"python{need}") or next(iter(sorted(Path.home().glob(f".pyenv/versions/{need}*/bin/python"))), None)
+    if not found:
+        sys.exit(f"{name} {PEER_VERSIONS[name]} needs Python {need}: install python{need} (or `pyenv install {need}`)"
+                 " and run again")
+    return str(found)
 
 
 def run_peer(name, cmd, tmp, tag):
@@ -337,7 +362,70 @@ def guidellm(exe, tok, tmp, port, c, n, tag):
     }
 
 
-PEER_RUNS = {"aiperf": aiperf, "guidellm": guidellm}
+def inference_perf_config(tok, out, port, c, n):
+    """inference-perf's config (JSON, which its YAML loader reads as is): chat completions
+    streamed, a concurrent stage of exactly n requests at c in flight in one worker process
+    (it is pinned to one core; its default is os.cpu_count(), which ignores the pinning),
+    shared_prefix prompts (its only synthetic generator that sends chat with a max_tokens
+    of its own: random and synthetic send /v1/completions only, and the rest send the
+    client's fixed 30) with no prefix, 8-token questions and 32 output tokens, no
+    Prometheus, and the summary and per-request reports under out."""
+    return {
+        "api": {"type": "chat", "streaming": True},
+        "server": {"type": "vllm", "model_name": "mock", "base_url": f"http://127.0.0.1:{port}", "ignore_eos": True},
+        "tokenizer": {"pretrained_model_name_or_path": str(tok)},
+        # An empty multimodal block is what makes shared_prefix send chat (its text-only
+        # path sends completions); it adds no media. 100 prompts, cycled, whatever n is,
+        # so its start-up work does not grow with n.
+        "data": {"type": "shared_prefix", "multimodal": {}, "shared_prefix": {
+            "num_groups": 1, "num_prompts_per_group": 100, "system_prompt_len": 0, "question_len": 8,
+            "output_len": TOKENS, "seed": 1}},
+        "load": {"type": "concurrent", "stages": [{"num_requests": n, "concurrency_level": c}], "num_workers": 1,
+                 "interval": 0, "request_timeout": 60, "base_seed": 1},
+        "report": {"request_lifecycle": {
+            "summary": True, "per_stage": False, "per_request": True, "per_adapter": False,
+            "per_request_fields": {"request": False, "response": False, "info": True, "response_chunks": False,
+                                   "computed_metrics": False}},
+            "prometheus": None},
+        "storage": {"local_storage": {"path": str(out)}},
+    }
+
+
+def inference_perf(exe, tok, tmp, port, c, n, tag):
+    """inference-perf's own numbers from its summary_lifecycle_metrics.json (req/s, counts,
+    TTFT p50); in flight and the ITL per chunk from the per-request timings (one
+    perf_counter clock across its processes) in per_request_lifecycle_metrics.json."""
+    out = tmp / f"inference-perf-{tag}"
+    cfg = tmp / f"inference-perf-{tag}.yaml"
+    cfg.write_text(json.dumps(inference_perf_config(tok, out, port, c, n)))
+    cpu, span = run_peer("inference-perf", ["env", "HF_HUB_OFFLINE=1", str(exe), "--config_file", str(cfg)], tmp, tag)
+    cfg.unlink()
+    summary = out / "summary_lifecycle_metrics.json"
+    if not summary.exists():
+        sys.exit(f"inference-perf {tag}: no summary_lifecycle_metrics.json under {out}")
+    s = json.loads(summary.read_text())
+    spans, gaps = [], []
+    for r in json.loads((out / "per_request_lifecycle_metrics.json").read_text()):
+        if r["error"] is None:
+            spans.append((r["start_time"], r["end_time"]))
+            times = ((r["info"] or {}).get("response_metrics") or {}).get("chunk_times") or []
+            gaps += [b - a for a, b in zip(times, times[1:])]
+    shutil.rmtree(out, ignore_errors=True)
+    ok = s["successes"]
+    ttft = (ok.get("latency") or {}).get("time_to_first_token")
+    return {
+        "rps": ok["throughput"]["requests_per_sec"], "count": ok["count"], "cpu": cpu, "span": span, "spans": spans,
+        "ttft_p50_ms": ttft["median"] * 1e3 if ttft else None,
+        # Its own inter_token_latency re-tokenizes each chunk with the local tokenizer and
+        # gives every token of a chunk the chunk's time (zero gaps inside a chunk): with a
+        # tokenizer not the mock's, another quantity. The gap between content chunks (one
+        # mock token each) is the quantity the others report.
+        "itl_p50_ms": statistics.median(gaps) * 1e3 if gaps else None,
+        "failed": s["failures"]["count"],
+    }
+
+
+PEER_RUNS = {"aiperf": aiperf, "guidellm": guidellm, "inference-perf": inference_perf}
 
 
 def peer_cell(name, peers, startup_cpu, tmp, cores, port, c, n, tag):
