@@ -33,7 +33,8 @@ a cell run one after another, their order rotated every round. Knobs: ROUNDS (de
 PEERS=1 adds AIPerf, GuideLLM and inference-perf (pinned in PEER_VERSIONS) to every
 `stream:C` cell, on CPU 0 like replay, each installed from PyPI into a venv of its own
 under target/peers/ on first use (inference-perf 0.7 needs Python 3.12: python3.12 on
-PATH or pyenv's; GuideLLM's is ~6 GB), both given a local tokenizer trained by
+PATH or pyenv's, else it is left out with a warning; GuideLLM's is ~6 GB), all given a
+local tokenizer trained by
 benchmarks/peer_tokenizer.py from the embedded corpus (no Hub download), 8 prompt tokens
 and 32 output tokens, no warm-up; on the canned worker they are asked for
 min(replay's count, max(4 C, 1000)) requests (they run at a few hundred a second), on
@@ -263,13 +264,19 @@ def med(s, f):
 
 def ensure_peers():
     """Each peer in a venv of its own under target/peers/ (pip, pinned), and the local
-    tokenizer both are given (trained once by peer_tokenizer.py; no Hub download)."""
+    tokenizer all are given (trained once by peer_tokenizer.py; no Hub download). A peer
+    whose Python cannot be found is left out, with a warning."""
     exes = {}
     for name, version in PEER_VERSIONS.items():
         venv = PEER_DIR / name
         exe = venv / "bin" / name
         if not exe.exists():
-            subprocess.run([peer_python(name), "-m", "venv", str(venv)], check=True)
+            python = peer_python(name)
+            if python is None:
+                print(f"warning: {name} {version} needs Python {PEER_PYTHON[name]}: install python{PEER_PYTHON[name]}"
+                      f" (or `pyenv install {PEER_PYTHON[name]}`) to measure it; left out", file=sys.stderr)
+                continue
+            subprocess.run([python, "-m", "venv", str(venv)], check=True)
             subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", f"{name}=={version}"], check=True)
         exes[name] = exe
     tok = PEER_DIR / "tokenizer"
@@ -282,15 +289,13 @@ def ensure_peers():
 
 def peer_python(name):
     """The interpreter a peer's venv is made with: this one, or the newer one it needs
-    (python3.X on PATH, else pyenv's)."""
+    (python3.X on PATH, else pyenv's under $PYENV_ROOT); None when there is none."""
     need = PEER_PYTHON.get(name)
     if need is None:
         return sys.executable
-    found = shutil.which(f"python{need}") or next(iter(sorted(Path.home().glob(f".pyenv/versions/{need}*/bin/python"))), None)
-    if not found:
-        sys.exit(f"{name} {PEER_VERSIONS[name]} needs Python {need}: install python{need} (or `pyenv install {need}`)"
-                 " and run again")
-    return str(found)
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = shutil.which(f"python{need}") or next(iter(sorted(pyenv.glob(f"versions/{need}.*/bin/python"))), None)
+    return str(found) if found else None
 
 
 def run_peer(name, cmd, tmp, tag):
@@ -406,22 +411,22 @@ def inference_perf(exe, tok, tmp, port, c, n, tag):
     s = json.loads(summary.read_text())
     spans, gaps = [], []
     for r in json.loads((out / "per_request_lifecycle_metrics.json").read_text()):
-        if r["error"] is None:
+        if r.get("error") is None:
             spans.append((r["start_time"], r["end_time"]))
             times = ((r["info"] or {}).get("response_metrics") or {}).get("chunk_times") or []
             gaps += [b - a for a, b in zip(times, times[1:])]
     shutil.rmtree(out, ignore_errors=True)
-    ok = s["successes"]
+    ok = s.get("successes") or {}
     ttft = (ok.get("latency") or {}).get("time_to_first_token")
     return {
-        "rps": ok["throughput"]["requests_per_sec"], "count": ok["count"], "cpu": cpu, "span": span, "spans": spans,
+        "rps": (ok.get("throughput") or {}).get("requests_per_sec", 0.0), "count": ok.get("count", 0), "cpu": cpu, "span": span, "spans": spans,
         "ttft_p50_ms": ttft["median"] * 1e3 if ttft else None,
         # Its own inter_token_latency re-tokenizes each chunk with the local tokenizer and
         # gives every token of a chunk the chunk's time (zero gaps inside a chunk): with a
         # tokenizer not the mock's, another quantity. The gap between content chunks (one
         # mock token each) is the quantity the others report.
         "itl_p50_ms": statistics.median(gaps) * 1e3 if gaps else None,
-        "failed": s["failures"]["count"],
+        "failed": (s.get("failures") or {}).get("count", 0),
     }
 
 
@@ -585,7 +590,7 @@ def main():
         peers, startup = None, {}
         if PEERS:
             peers = ensure_peers()
-            for name in PEER_RUNS:  # a one-request run: the CPU each spends starting and stopping
+            for name in peers[0]:  # a one-request run: the CPU each spends starting and stopping
                 startup[name] = PEER_RUNS[name](peers[0][name], peers[1], tmp, CANNED, 1, 1, "startup")["cpu"]
         for r in range(ROUNDS):
             for kind, c in cells:
@@ -593,7 +598,7 @@ def main():
                     got.setdefault(("serve", c, "replay"), []).append(serve_pair(tmp, con, mock.pid, c, r))
                     continue
                 for worker, port in (("canned", CANNED), ("paced", PACED)):
-                    clients = ["replay"] + (["wrk"] if worker == "canned" else []) + (list(PEER_RUNS) if peers else [])
+                    clients = ["replay"] + (["wrk"] if worker == "canned" else []) + (list(peers[0]) if peers else [])
                     for client in clients[r % len(clients):] + clients[:r % len(clients)]:  # order rotated
                         if client == "replay":
                             row = stream_cell(tmp, con, cores, worker, port, c, r)
