@@ -23,8 +23,9 @@ use crate::engine::upstream::whole_body;
 /// A request as a server hands it on: method, target, fields (without
 /// `Transfer-Encoding`, which serve writes and does not record), body data.
 type Req = (String, String, Vec<(String, Vec<u8>)>, Vec<u8>);
-/// A response as a client reads it: status and body data.
-type Resp = (u16, Vec<u8>);
+/// A response as a client reads it: status, end-to-end fields ([`end_to_end_fields`]) and
+/// body data.
+type Resp = (u16, Vec<(String, Vec<u8>)>, Vec<u8>);
 
 /// The honest request a client sends next on the same connection (the one a smuggled
 /// request would answer in its place).
@@ -37,6 +38,27 @@ const UPSTREAM_HOST: &str = "upstream.test";
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// A response's fields without those serve writes itself (its framing and `Connection`),
+/// sorted (a map groups a repeated name; the record keeps wire order).
+fn end_to_end_fields<'a>(h: impl Iterator<Item = (&'a str, &'a [u8])>) -> Vec<(String, Vec<u8>)> {
+    let serves = [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+    ];
+    let mut v: Vec<(String, Vec<u8>)> = h
+        .filter(|(n, _)| !serves.iter().any(|s| s.as_str().eq_ignore_ascii_case(n)))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_vec()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A map's fields as [`end_to_end_fields`] reads them.
+fn map_fields(h: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+    end_to_end_fields(h.iter().map(|(n, v)| (n.as_str(), v.as_bytes())))
 }
 
 fn fields(h: &HeaderMap) -> Vec<(String, Vec<u8>)> {
@@ -156,7 +178,8 @@ pub fn serve_response(data: &[u8]) {
 
 /// What serve writes to an HTTP/1.1 client for the worker's answer `data` to a GET (then
 /// the worker's close) reads, under hyper's client, the lenient and the strict reader, as
-/// exactly the response serve recorded, then a second one on the same connection. Panics
+/// exactly the response serve recorded (its status, body and the end-to-end fields of
+/// the head the row keeps), then a second one on the same connection. Panics
 /// otherwise; returns whether serve relayed a response (else it answers 502 itself).
 pub fn serve_response_forwarded(data: &[u8]) -> bool {
     let Some((client, recorded)) = relay_response(data) else {
@@ -164,7 +187,7 @@ pub fn serve_response_forwarded(data: &[u8]) -> bool {
     };
     let rt = super::views::runtime();
     let wire = [client.as_slice(), NEXT_RESPONSE].concat();
-    let want = vec![recorded, (200, b"next".to_vec())];
+    let want = vec![recorded, (200, Vec::new(), b"next".to_vec())];
     let views = [
         ("hyper's client", hyper_responses(&rt, &client)),
         ("a lenient reader", read_responses(&wire, Reader::Lenient)),
@@ -183,16 +206,17 @@ pub fn serve_response_forwarded(data: &[u8]) -> bool {
 }
 
 /// The bytes serve writes to an HTTP/1.1 client for the worker's answer `data`, and the
-/// status and body it records; `None` where serve answers 502 itself (no head it takes, a
-/// 101, a coding other than chunked, a malformed or cut body).
+/// status, fields and body it records (the fields as the row reads them from the head it
+/// keeps, less the hop-by-hop ones by serve's own rule); `None` where serve answers 502
+/// itself (no head it takes, a 101, a coding other than chunked, a malformed or cut body).
 fn relay_response(data: &[u8]) -> Option<(Vec<u8>, Resp)> {
     let get = Method::GET;
     let mut at = 0;
-    let head = loop {
+    let (head, kept) = loop {
         let (head, n) = parse_head(&data[at..], &get).ok()??;
         at += n;
         if !matches!(head.status.as_u16(), 100 | 102..=199) {
-            break head;
+            break (head, &data[at - n..at]);
         }
     };
     if head.status == StatusCode::SWITCHING_PROTOCOLS
@@ -210,7 +234,23 @@ fn relay_response(data: &[u8]) -> Option<(Vec<u8>, Resp)> {
     );
     let (body, recorded) = whole_body(&head, &data[at..], framing.body).ok()?;
     client.extend_from_slice(&body);
-    Some((client, (head.status.as_u16(), recorded)))
+    Some((
+        client,
+        (head.status.as_u16(), recorded_fields(kept), recorded),
+    ))
+}
+
+/// The end-to-end fields of the head the row keeps (`kept`, as read), by serve's rule
+/// (`http1::end_to_end`) over the fields the row records.
+fn recorded_fields(kept: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut row = HeaderMap::new();
+    crate::record::WireHead::new(bytes::Bytes::copy_from_slice(kept)).for_each_field(|n, v| {
+        // A head the codec took has fields a map takes: it built one from them.
+        let name = HeaderName::from_bytes(n.as_bytes()).expect("a recorded field name");
+        let value = HeaderValue::from_bytes(v).expect("a recorded field value");
+        row.append(name, value);
+    });
+    end_to_end_fields(end_to_end(&row))
 }
 
 /// The two responses hyper's client reads on one connection: `first` in answer to its
@@ -252,8 +292,13 @@ fn hyper_responses(rt: &tokio::runtime::Runtime, first: &[u8]) -> Result<Vec<Res
                     .map_err(Unread::hyper)?;
                 let resp = send.send_request(req).await.map_err(Unread::hyper)?;
                 let status = resp.status().as_u16();
+                let fields = map_fields(resp.headers());
                 let body = resp.into_body().collect().await;
-                out.push((status, body.map_err(Unread::hyper)?.to_bytes().to_vec()));
+                out.push((
+                    status,
+                    fields,
+                    body.map_err(Unread::hyper)?.to_bytes().to_vec(),
+                ));
             }
             Ok(out)
         };
@@ -538,7 +583,7 @@ fn read_responses(wire: &[u8], r: Reader) -> Result<Vec<Resp>, Unread> {
         at += n;
         let (data, used) = read_body(&wire[at..], body, r)?;
         at += used;
-        out.push((code, data));
+        out.push((code, map_fields(&h), data));
     }
     Ok(out)
 }

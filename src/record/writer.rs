@@ -80,6 +80,12 @@ impl RecorderOptions {
             ledger: None,
         }
     }
+
+    /// The queue's size in rows as its semaphore holds it: `queue_rows`, at least 1 and at
+    /// most what a semaphore takes.
+    fn queue_slots(&self) -> usize {
+        self.queue_rows.clamp(1, Semaphore::MAX_PERMITS)
+    }
 }
 
 /// Default of [`RecorderOptions::hold_bytes`]: an eighth of the memory this process may
@@ -175,7 +181,7 @@ const BATCH_BYTES: usize = 32 << 20;
 impl Recorder {
     pub fn start(opts: RecorderOptions) -> io::Result<Recorder> {
         let (tx, rx) = mpsc::channel();
-        let queue_rows = opts.queue_rows.clamp(1, Semaphore::MAX_PERMITS);
+        let queue_rows = opts.queue_slots();
         let slots = Arc::new(Semaphore::new(queue_rows));
         let thread_slots = slots.clone();
         let live = Arc::new(WriterLive::default());
@@ -534,7 +540,7 @@ impl Writer {
                     slots.add_permits(rows.len());
                     // Half the queue still waiting: encode unpaced until it drains.
                     let free = slots.available_permits();
-                    self.pacer.behind(free < self.queue_rows() / 2);
+                    self.pacer.behind(free < self.opts.queue_slots() / 2);
                     for rec in rows {
                         self.on_row(rec)?;
                     }
@@ -572,11 +578,6 @@ impl Writer {
                 self.roll_if_old()?;
             }
         }
-    }
-
-    /// The queue's size in rows, as [`Recorder::start`] sized its semaphore.
-    fn queue_rows(&self) -> usize {
-        self.opts.queue_rows.clamp(1, Semaphore::MAX_PERMITS)
     }
 
     /// Rows are being held ([`Recorder::hold`] with a bound above 0): no idle flush, no

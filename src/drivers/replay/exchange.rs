@@ -29,7 +29,7 @@
 //!    ids follow completion closely and the metrics can break ties by them even under
 //!    `--no-record`), turns the capture into `Captured`, builds
 //!    the row with `RunContext::row` (the one row constructor of both
-//!    drivers; the response head is its bytes as read; the request's headers are is shared (`Arc`): replay's
+//!    drivers; the response head is its bytes as read; the request's headers are shared (`Arc`): replay's
 //!    rows of one frozen request all point at one map, serve's is the one clone made before
 //!    sending; bodies are `Bytes`, the request body is shared, not copied) and
 //!    submits it after the exchange has ended. A measured wave's worker gathers its rows
