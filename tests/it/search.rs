@@ -1,8 +1,10 @@
 //! `replay --search` against the mock, whose knee is known: with `max_batch` B and a
 //! prefill time, a closed loop of c <= B never queues and one of B + 1 always does, so
-//! the highest concurrency within a TTFT bound just above the prefill is B. The search
-//! finds it over three seeds, says when a budget cannot decide, never answers a load the
-//! generator could not hold, and gives a campaign's arms a capacity ratio its gate reads.
+//! the highest concurrency within a TTFT bound between the prefill (20 ms) and a queued
+//! request's TTFT (about 44 ms) is B. The bound is midway (32 ms): at 26 ms a CI machine
+//! busy with the other tests once pushed c = B over it. The search finds it over three
+//! seeds, says when a budget cannot decide, never answers a load the generator could not
+//! hold, and gives a campaign's arms a capacity ratio its gate reads.
 
 use serde_json::{Value, json};
 
@@ -56,7 +58,7 @@ const KNEE: &[&str] = &[
     "--search",
     "concurrency",
     "--slo",
-    "ttft_p90<=26ms",
+    "ttft_p90<=32ms",
     "--margin",
     "0.05",
     "--search-from",
