@@ -119,9 +119,8 @@ impl Column {
             // A header costs a list entry, a struct and a redaction check besides its
             // bytes (measured: about as much as 512 bytes of a body).
             Fill::Headers(f) => until(&|r| {
-                let mut sum = 0;
-                f(r).for_each(|k, v| sum += HEADER_STEP_BYTES + k.len() + v.len());
-                sum
+                let (fields, bytes) = f(r).sizes();
+                fields * HEADER_STEP_BYTES + bytes
             }),
             Fill::Int64List(f) => until(&|r| f(r).map_or(0, |v| v.len() * 8)),
             Fill::Int32(_)
@@ -359,16 +358,17 @@ fn headers_array(
     redact: &Redaction,
     pick: for<'a> fn(&'a ExchangeRecord) -> HeaderFields<'a>,
 ) -> ArrayRef {
-    let (mut count, mut name_bytes, mut value_bytes) = (0, 0, 0);
+    // Sized from each source's bounds (a head as read is not parsed for it, only to fill
+    // the builders): names and values each get room for all the bytes, at most twice
+    // what they use.
+    let (mut count, mut bytes) = (0, 0);
     for r in rows {
-        pick(r).for_each(|name, value| {
-            count += 1;
-            name_bytes += name.len();
-            value_bytes += value.len();
-        });
+        let (fields, b) = pick(r).sizes();
+        count += fields;
+        bytes += b;
     }
-    let mut names = StringBuilder::with_capacity(count, name_bytes);
-    let mut values = BinaryBuilder::with_capacity(count, value_bytes);
+    let mut names = StringBuilder::with_capacity(count, bytes);
+    let mut values = BinaryBuilder::with_capacity(count, bytes);
     let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
     offsets.push(0);
     let mut n: i32 = 0;
