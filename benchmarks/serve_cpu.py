@@ -1,64 +1,112 @@
-"""serve's CPU per request, an old build and a new one alternated (old, new, old, new ...):
+"""serve's CPU per request, an old build and a new one alternated:
 `python3 benchmarks/serve_cpu.py OLD_BIN NEW_BIN` (RUNS pairs, default 6).
 
 The harness's pinning: an nginx upstream (1 KiB JSON) and serve on CPU 1, wrk -c64 on
 CPU 0. Each run starts a fresh serve (recording), warms it with 1 s of wrk, then reads its
 CPU ticks (utime + stime from /proc/PID/stat, and its recorder thread's from
 /proc/PID/task/TID/stat) around 3 s of wrk: CPU per request is ticks / requests wrk
-completed. Throughput on this shared VM spreads 10-40 %; CPU per request spreads less and
-says where a change moved the work. Prints every run, the medians and the per-pair ratios.
+completed (ticks are 10 ms: ~75 of them a run, so one run resolves ~1.5 %). Work the
+recorder still had queued when wrk stopped is left out, and the warm-up's is in: both
+small in steady state. The order within a pair swaps every pair (old new, new old, ...),
+since the machine drifts. Prints every run, the medians and the per-pair ratios new / old.
+Throughput on this shared VM spreads 10-40 %; CPU per request spreads less and says where
+a change moved the work.
 """
+
 import os
-import shutil
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness as h
-if len(sys.argv) != 3:
-    sys.exit("usage: python3 benchmarks/serve_cpu.py OLD_BIN NEW_BIN")
-OLD, NEW = sys.argv[1], sys.argv[2]
-RUNS = int(os.environ.get("RUNS", "6"))
-tmp = Path(tempfile.mkdtemp())
-(tmp / "logs").mkdir()
-conf = tmp / "up.conf"
-conf.write_text(f"""
+import harness as h  # noqa: E402  (ports, the body, serve's command line)
+import procs  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def ticks(stat):
+    """utime + stime of a /proc .../stat file."""
+    f = open(stat).read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+
+
+def wrk(secs):
+    """wrk -c64 on CPU 0 against serve for `secs`: requests completed; exits on any error
+    or non-2xx answer (a dead upstream would otherwise be measured as cheap 502s)."""
+    r = subprocess.run(["taskset", "-c", "0", "wrk", "-t1", "-c64", f"-d{secs}s", f"http://127.0.0.1:{h.MPX}/"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or "Non-2xx" in r.stdout or "Socket errors" in r.stdout:
+        sys.exit(f"wrk failed or saw errors:\n{r.stdout}{r.stderr}")
+    return int(re.search(r"(\d+) requests in", r.stdout).group(1))
+
+
+def one(binary, tmp, tag):
+    """One run of `binary`: (requests/s, CPU µs per request, the recorder's µs per request)."""
+    out = tmp / f"run-{tag}"
+    p = procs.start(h.serve_cmd(binary, h.MPX, out), 1, tmp / "logs" / f"serve-{tag}.log")
+    try:
+        procs.wait_port(h.MPX)
+        wrk(1)
+        task = Path(f"/proc/{p.pid}/task")
+        rec = [t for t in task.iterdir() if (t / "comm").read_text().strip() == "matrix-recorder"]
+        if not rec:
+            sys.exit(f"{binary}: no matrix-recorder thread (is recording on?)")
+        whole, recorder = f"/proc/{p.pid}/stat", rec[0] / "stat"
+        t0, r0 = ticks(whole), ticks(recorder)
+        n = wrk(3)
+        t1, r1 = ticks(whole), ticks(recorder)
+    finally:
+        p.send_signal(2)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        procs.procs.remove(p)
+        shutil.rmtree(out, ignore_errors=True)
+    us = lambda d: d / TICK / n * 1e6
+    return n / 3, us(t1 - t0), us(r1 - r0)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: python3 benchmarks/serve_cpu.py OLD_BIN NEW_BIN")
+    bins = {"old": sys.argv[1], "new": sys.argv[2]}
+    runs = int(os.environ.get("RUNS", "6"))
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "logs").mkdir()
+    conf = tmp / "up.conf"
+    conf.write_text(f"""
 worker_processes 1; daemon off; pid {tmp}/up.pid; error_log {tmp}/logs/up.err;
 events {{ worker_connections 8192; }}
 http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
   server {{ listen 127.0.0.1:{h.UP} backlog=8192; location / {{ default_type application/json; return 200 '{h.BODY}'; }} }} }}
 """)
-up = subprocess.Popen(["taskset", "-c", "1", "nginx", "-c", str(conf)])
-time.sleep(0.5)
-tick = os.sysconf("SC_CLK_TCK")
-res = {"old": [], "new": []}
-for i in range(RUNS):
-    for side, b in (("old", OLD), ("new", NEW)):
-        out = tmp / f"run-{side}-{i}"
-        p = subprocess.Popen(["taskset", "-c", "1"] + h.serve_cmd(b, h.MPX, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.8)
-        subprocess.run(["taskset", "-c", "0", "wrk", "-t1", "-c64", "-d1s", f"http://127.0.0.1:{h.MPX}/"], capture_output=True)
-        def ticks(path=f"/proc/{p.pid}/stat"):
-            f = open(path).read().rsplit(")", 1)[1].split()
-            return int(f[11]) + int(f[12])
-        rec = [t for t in os.listdir(f"/proc/{p.pid}/task") if open(f"/proc/{p.pid}/task/{t}/comm").read().strip() == "matrix-recorder"][0]
-        rpath = f"/proc/{p.pid}/task/{rec}/stat"
-        t0, r0 = ticks(), ticks(rpath)
-        r = subprocess.run(["taskset", "-c", "0", "wrk", "-t1", "-c64", "-d3s", f"http://127.0.0.1:{h.MPX}/"], capture_output=True, text=True)
-        t1, r1 = ticks(), ticks(rpath)
-        res.setdefault(side + " recorder", []).append((r1 - r0) / tick / int(re.search(r"(\d+) requests in", r.stdout).group(1)) * 1e6)
-        n = int(re.search(r"(\d+) requests in", r.stdout).group(1))
-        us = (t1 - t0) / tick / n * 1e6
-        res[side].append(us)
-        print(f"run {i+1} {side}: {n/3:.0f} req/s, {us:.2f} us CPU/request, recorder {res[side + ' recorder'][-1]:.2f}", flush=True)
-        p.send_signal(2); p.wait(timeout=30)
-up.terminate(); up.wait()
-shutil.rmtree(tmp, ignore_errors=True)
-for s in res:
-    v = sorted(res[s]); print(s, "median", v[len(v)//2] if len(v) % 2 else (v[len(v)//2-1]+v[len(v)//2])/2, v)
-for k in ("", " recorder"):
-    ratios = sorted(n/o for o, n in zip(res["old" + k], res["new" + k]))
-    print("new/old per pair" + k, [round(x, 3) for x in ratios])
+    res = {side: {"cpu": [], "rec": []} for side in bins}
+    try:
+        procs.start(["nginx", "-p", str(tmp), "-c", str(conf)], 1, tmp / "logs" / "up.log")
+        procs.wait_port(h.UP)
+        for i in range(runs):
+            order = ("old", "new") if i % 2 == 0 else ("new", "old")
+            for side in order:
+                rps, cpu, rec = one(bins[side], tmp, f"{side}-{i}")
+                res[side]["cpu"].append(cpu)
+                res[side]["rec"].append(rec)
+                print(f"pair {i + 1} {side}: {rps:,.0f} req/s, {cpu:.2f} µs CPU/request, recorder {rec:.2f}", flush=True)
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    for key, what in (("cpu", "whole process"), ("rec", "recorder thread")):
+        old, new = res["old"][key], res["new"][key]
+        ratios = sorted(n / o for o, n in zip(old, new))
+        print(f"{what}: old median {statistics.median(old):.2f} µs, new median {statistics.median(new):.2f} µs; "
+              f"new/old per pair median {statistics.median(ratios):.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -244,12 +244,22 @@ fn relay_response(data: &[u8]) -> Option<(Vec<u8>, Resp)> {
 /// (`http1::end_to_end`) over the fields the row records.
 fn recorded_fields(kept: &[u8]) -> Vec<(String, Vec<u8>)> {
     let mut row = HeaderMap::new();
-    crate::record::WireHead::new(bytes::Bytes::copy_from_slice(kept)).for_each_field(|n, v| {
+    let head = crate::record::WireHead::new(bytes::Bytes::copy_from_slice(kept));
+    let (mut count, mut names, mut values) = (0, 0, 0);
+    head.for_each_field(|n, v| {
+        (count, names, values) = (count + 1, names + n.len(), values + v.len());
         // A head the codec took has fields a map takes: it built one from them.
         let name = HeaderName::from_bytes(n.as_bytes()).expect("a recorded field name");
         let value = HeaderValue::from_bytes(v).expect("a recorded field value");
         row.append(name, value);
     });
+    // The bounds the writer sizes its steps and buffers with, read without parsing, hold
+    // for every head the codec takes.
+    let (c, k, v) = head.sizes();
+    assert!(
+        c >= count && k >= names && v >= values,
+        "sizes below the fields of {kept:?}"
+    );
     end_to_end_fields(end_to_end(&row))
 }
 

@@ -119,8 +119,8 @@ impl Column {
             // A header costs a list entry, a struct and a redaction check besides its
             // bytes (measured: about as much as 512 bytes of a body).
             Fill::Headers(f) => until(&|r| {
-                let (fields, bytes) = f(r).sizes();
-                fields * HEADER_STEP_BYTES + bytes
+                let (fields, names, values) = f(r).sizes();
+                fields * HEADER_STEP_BYTES + names.max(values)
             }),
             Fill::Int64List(f) => until(&|r| f(r).map_or(0, |v| v.len() * 8)),
             Fill::Int32(_)
@@ -358,17 +358,18 @@ fn headers_array(
     redact: &Redaction,
     pick: for<'a> fn(&'a ExchangeRecord) -> HeaderFields<'a>,
 ) -> ArrayRef {
-    // Sized from each source's bounds (a head as read is not parsed for it, only to fill
-    // the builders): names and values each get room for all the bytes, at most twice
-    // what they use.
-    let (mut count, mut bytes) = (0, 0);
+    // Sized from each source's bounds (a head as read is not parsed for them, only to fill
+    // the builders): exact for a map; for a head, names and values each get room for the
+    // whole head (about 3x what names use and 2x what values use in a typical head).
+    let (mut count, mut name_bytes, mut value_bytes) = (0, 0, 0);
     for r in rows {
-        let (fields, b) = pick(r).sizes();
+        let (fields, names, values) = pick(r).sizes();
         count += fields;
-        bytes += b;
+        name_bytes += names;
+        value_bytes += values;
     }
-    let mut names = StringBuilder::with_capacity(count, bytes);
-    let mut values = BinaryBuilder::with_capacity(count, bytes);
+    let mut names = StringBuilder::with_capacity(count, name_bytes);
+    let mut values = BinaryBuilder::with_capacity(count, value_bytes);
     let mut offsets: Vec<i32> = Vec::with_capacity(rows.len() + 1);
     offsets.push(0);
     let mut n: i32 = 0;

@@ -152,12 +152,13 @@ impl WireHead {
         WireHead(raw)
     }
 
-    /// An upper bound on its fields and on their names' and values' bytes, without
-    /// parsing it: a field is a line between the status line and the blank one, and its
-    /// name and value are within the head's bytes.
-    fn sizes(&self) -> (usize, usize) {
+    /// Upper bounds on its fields and on their names' and their values' bytes, without
+    /// parsing it: httparse ends every line of a head it accepts with a line feed, a field
+    /// is at least one line between the status line and the blank one, and names and
+    /// values are within the head's bytes.
+    pub(crate) fn sizes(&self) -> (usize, usize, usize) {
         let lines = memchr::memchr_iter(b'\n', &self.0).count();
-        (lines.saturating_sub(2), self.0.len())
+        (lines.saturating_sub(2), self.0.len(), self.0.len())
     }
 
     /// Each field in wire order, the name in lower case (as `HeaderName` spells it).
@@ -206,15 +207,14 @@ impl HeaderFields<'_> {
         }
     }
 
-    /// How many fields, and how many bytes of names and values, at most; exact for a
-    /// map, an upper bound for a head as read (not parsed for it: encoding sizes its
-    /// steps and buffers with this, and parses each head once, as it encodes it).
-    pub(crate) fn sizes(self) -> (usize, usize) {
+    /// How many fields, how many bytes of names and how many of values, at most: exact
+    /// for a map, upper bounds for a head as read (not parsed for them: encoding sizes
+    /// its steps and buffers with these, and parses each head once, as it encodes it).
+    pub(crate) fn sizes(self) -> (usize, usize, usize) {
         match self {
-            HeaderFields::Map(m) => (
-                m.len(),
-                m.iter().map(|(k, v)| k.as_str().len() + v.len()).sum(),
-            ),
+            HeaderFields::Map(m) => m.iter().fold((0, 0, 0), |(n, k, v), (name, value)| {
+                (n + 1, k + name.as_str().len(), v + value.len())
+            }),
             HeaderFields::Wire(w) => w.sizes(),
         }
     }
@@ -263,18 +263,37 @@ mod tests {
         sorted.sort();
         from_map.sort();
         assert_eq!(sorted, from_map);
-        // What encoding sizes its steps and buffers with, unparsed: an upper bound on the
-        // fields and their bytes (here the fields exactly: one line each).
-        let raw = b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nContent-Type: application/json\r\n\
-              set-cookie: b=2\r\nX-Odd:  spaced value \r\n\r\n";
-        let (count, bytes) = HeaderFields::Wire(&WireHead::new(Bytes::from_static(raw))).sizes();
-        let used: usize = got.iter().map(|(n, v)| n.len() + v.len()).sum();
-        assert_eq!(count, 4);
-        assert!(bytes >= used && bytes == raw.len(), "{bytes} {used}");
-        assert_eq!(HeaderFields::Map(&map).sizes(), (4, used));
-        assert_eq!(HeaderFields::Wire(&WireHead::default()).sizes(), (0, 0));
+        // The map's sizes are exact.
+        let names: usize = got.iter().map(|(n, _)| n.len()).sum();
+        let values: usize = got.iter().map(|(_, v)| v.len()).sum();
+        assert_eq!(HeaderFields::Map(&map).sizes(), (4, names, values));
         // No head (a failed exchange), or bytes that are not a whole head: no fields.
         assert!(fields(b"").is_empty());
         assert!(fields(b"HTTP/1.1 200 OK\r\nx: 1\r\n").is_empty());
+    }
+
+    /// What encoding sizes its steps and buffers with, unparsed, bounds what the parse
+    /// yields: CRLF or bare LF lines, no fields, an empty head, a head that does not parse.
+    #[test]
+    fn a_wire_heads_unparsed_sizes_bound_its_fields() {
+        for raw in [
+            &b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nX-Odd:  spaced value \r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\nA: 1\nB: two\nC:\n\n",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nx: 1\r\n",
+            b"",
+        ] {
+            let got = fields(raw);
+            let head = WireHead::new(Bytes::from_static(raw));
+            let (count, names, values) = HeaderFields::Wire(&head).sizes();
+            assert!(count >= got.len(), "{count} < {} in {raw:?}", got.len());
+            assert!(names >= got.iter().map(|(n, _)| n.len()).sum::<usize>());
+            assert!(values >= got.iter().map(|(_, v)| v.len()).sum::<usize>());
+        }
+        // Tight where every line is a field: the bare-LF head's three.
+        assert_eq!(fields(b"HTTP/1.1 200 OK\nA: 1\nB: two\nC:\n\n").len(), 3);
+        let bare = WireHead::new(Bytes::from_static(b"HTTP/1.1 200 OK\nA: 1\nB: two\nC:\n\n"));
+        assert_eq!(bare.sizes().0, 3);
+        assert_eq!(WireHead::default().sizes(), (0, 0, 0));
     }
 }
