@@ -378,15 +378,22 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(tmp):
-    (tmp / "logs").mkdir()
-    up_conf = tmp / "upstream.conf"
-    up_conf.write_text(f"""
+def upstream_conf(tmp):
+    """The nginx upstream's config (1 KiB of JSON on 127.0.0.1:UP, keep-alive without
+    limits), written under `tmp` (which has logs/); its path."""
+    conf = tmp / "upstream.conf"
+    conf.write_text(f"""
 worker_processes 1; daemon off; pid {tmp}/up.pid; error_log {tmp}/logs/up.err;
 events {{ worker_connections 8192; }}
 http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
   server {{ listen 127.0.0.1:{UP} backlog=8192; location / {{ default_type application/json; return 200 '{BODY}'; }} }} }}
 """)
+    return conf
+
+
+def run(tmp):
+    (tmp / "logs").mkdir()
+    up_conf = upstream_conf(tmp)
     ngx_conf = tmp / "proxy.conf"
     ngx_conf.write_text(f"""
 worker_processes 1; daemon off; pid {tmp}/ngx.pid; error_log {tmp}/logs/ngx.err;

@@ -80,13 +80,7 @@ def main():
     runs = int(os.environ.get("RUNS", "6"))
     tmp = Path(tempfile.mkdtemp())
     (tmp / "logs").mkdir()
-    conf = tmp / "up.conf"
-    conf.write_text(f"""
-worker_processes 1; daemon off; pid {tmp}/up.pid; error_log {tmp}/logs/up.err;
-events {{ worker_connections 8192; }}
-http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
-  server {{ listen 127.0.0.1:{h.UP} backlog=8192; location / {{ default_type application/json; return 200 '{h.BODY}'; }} }} }}
-""")
+    conf = h.upstream_conf(tmp)
     res = {side: {"cpu": [], "rec": []} for side in bins}
     try:
         procs.start(["nginx", "-p", str(tmp), "-c", str(conf)], 1, tmp / "logs" / "up.log")
