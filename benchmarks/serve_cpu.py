@@ -5,7 +5,8 @@ The harness's pinning: an nginx upstream (1 KiB JSON) and serve on CPU 1, wrk -c
 CPU 0. Each run starts a fresh serve (recording), warms it with 1 s of wrk, then reads its
 CPU ticks (utime + stime from /proc/PID/stat, and its recorder thread's from
 /proc/PID/task/TID/stat) around 3 s of wrk: CPU per request is ticks / requests wrk
-completed (ticks are 10 ms: ~75 of them a run, so one run resolves ~1.5 %). Work the
+completed (ticks are 10 ms: ~230 of them a run for the process, ~45 for its recorder
+thread, so one run resolves ~0.5 % and ~2 %). Work the
 recorder still had queued when wrk stopped is left out, and the warm-up's is in: both
 small in steady state. The order within a pair swaps every pair (old new, new old, ...),
 since the machine drifts. Prints every run, the medians and the per-pair ratios new / old.
@@ -67,6 +68,7 @@ def one(binary, tmp, tag):
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
         procs.procs.remove(p)
         shutil.rmtree(out, ignore_errors=True)
     us = lambda d: d / TICK / n * 1e6
@@ -82,6 +84,7 @@ def main():
     (tmp / "logs").mkdir()
     conf = h.upstream_conf(tmp)
     res = {side: {"cpu": [], "rec": []} for side in bins}
+    done = False
     try:
         procs.start(["nginx", "-p", str(tmp), "-c", str(conf)], 1, tmp / "logs" / "up.log")
         procs.wait_port(h.UP)
@@ -92,9 +95,13 @@ def main():
                 res[side]["cpu"].append(cpu)
                 res[side]["rec"].append(rec)
                 print(f"pair {i + 1} {side}: {rps:,.0f} req/s, {cpu:.2f} µs CPU/request, recorder {rec:.2f}", flush=True)
+        done = True
     finally:
         procs.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if done:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"stopped early: the logs are in {tmp / 'logs'}", file=sys.stderr)
     for key, what in (("cpu", "whole process"), ("rec", "recorder thread")):
         old, new = res["old"][key], res["new"][key]
         ratios = sorted(n / o for o, n in zip(old, new))

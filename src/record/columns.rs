@@ -117,7 +117,9 @@ impl Column {
             Fill::RedactedUrl(f) => until(&|r| f(r).len()),
             Fill::Binary(f) => until(&|r| f(r).len()),
             // A header costs a list entry, a struct and a redaction check besides its
-            // bytes (measured: about as much as 512 bytes of a body).
+            // bytes (measured: about as much as 512 bytes of a body). Its bytes count
+            // once: a head's length bounds its names and its values alike, and a map's
+            // larger side is near enough beside the 512s.
             Fill::Headers(f) => until(&|r| {
                 let (fields, names, values) = f(r).sizes();
                 fields * HEADER_STEP_BYTES + names.max(values)
@@ -359,8 +361,9 @@ fn headers_array(
     pick: for<'a> fn(&'a ExchangeRecord) -> HeaderFields<'a>,
 ) -> ArrayRef {
     // Sized from each source's bounds (a head as read is not parsed for them, only to fill
-    // the builders): exact for a map; for a head, names and values each get room for the
-    // whole head (about 3x what names use and 2x what values use in a typical head).
+    // the builders): exact for a map (before redaction: a short secret value becomes the
+    // longer `<redacted>`, and the builder grows); for a head, names and values each get
+    // room for the whole head (about 3x what names use and 2x what values use).
     let (mut count, mut name_bytes, mut value_bytes) = (0, 0, 0);
     for r in rows {
         let (fields, names, values) = pick(r).sizes();
