@@ -6,9 +6,9 @@ CPU 0. Each run starts a fresh serve (recording), warms it with 1 s of wrk, then
 CPU ticks (utime + stime from /proc/PID/stat, and its recorder thread's from
 /proc/PID/task/TID/stat) around 3 s of wrk: CPU per request is ticks / requests wrk
 completed (ticks are 10 ms: ~230 of them a run for the process, ~45 for its recorder
-thread, so one run resolves ~0.5 % and ~2 %). Work the
-recorder still had queued when wrk stopped is left out, and the warm-up's is in: both
-small in steady state. The order within a pair swaps every pair (old new, new old, ...),
+thread, so one run resolves ~0.5 % and ~2 %). The window opens and closes with the
+process idle (`harness.settle`): the recorder's work for the measured requests is in,
+the warm-up's is not. The order within a pair swaps every pair (old new, new old, ...),
 since the machine drifts. Prints every run, the medians and the per-pair ratios new / old.
 Throughput on this shared VM spreads 10-40 %; CPU per request spreads less and says where
 a change moved the work.
@@ -29,12 +29,6 @@ import harness as h  # noqa: E402  (ports, the body, serve's command line)
 import procs  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def ticks(stat):
-    """utime + stime of a /proc .../stat file."""
-    f = open(stat).read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
 
 
 def wrk(secs):
@@ -58,10 +52,14 @@ def one(binary, tmp, tag):
         rec = [t for t in task.iterdir() if (t / "comm").read_text().strip() == "matrix-recorder"]
         if not rec:
             sys.exit(f"{binary}: no matrix-recorder thread (is recording on?)")
-        whole, recorder = f"/proc/{p.pid}/stat", rec[0] / "stat"
-        t0, r0 = ticks(whole), ticks(recorder)
+        recorder = rec[0] / "stat"
+        # The window opens once the warm-up's rows are encoded and closes once the
+        # measured ones are: all of their work, and none of another window's.
+        h.settle(p)
+        t0, r0 = h.cpu_ticks(p.pid), h.cpu_ticks(p.pid, recorder)
         n = wrk(3)
-        t1, r1 = ticks(whole), ticks(recorder)
+        h.settle(p)
+        t1, r1 = h.cpu_ticks(p.pid), h.cpu_ticks(p.pid, recorder)
     finally:
         p.send_signal(2)
         try:
